@@ -1,0 +1,1 @@
+"""CLI verbs; see ``pipeline.cli.main``."""

