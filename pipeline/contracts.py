@@ -1,0 +1,217 @@
+"""Typed models for everything that crosses a stage or process boundary.
+
+build ──DigestsFile──▶ dispatch ──DispatchPayload──▶ infra accept ──(queue)──▶
+worker ──Grading + RunStatus──▶ evidence ──(artifacts dir)──▶ publish ──▶ verify
+
+Every image reference is re-validated here with ``pipeline.digests`` on load,
+so a consumer can never hold an unvalidated reference.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+
+from pipeline.digests import parse_ref, validate_digest, validate_name
+from pipeline.errors import ValidationError
+
+COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+CORRELATION_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{7,127}\Z")
+REPOSITORY_RE = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}\Z")
+IMAGE_ROLES = ("runner", "api")
+
+
+def _commit(value: str) -> str:
+    if not COMMIT_RE.match(value):
+        raise ValueError("must be a full 40-character lowercase hex commit SHA")
+    return value
+
+
+def _correlation(value: str) -> str:
+    if not CORRELATION_RE.match(value):
+        raise ValueError("must be 8-128 characters of [A-Za-z0-9._-], starting with a letter or digit (no spaces)")
+    return value
+
+
+def _repository(value: str) -> str:
+    if not REPOSITORY_RE.match(value):
+        raise ValueError("must be 'owner/name'")
+    return value
+
+
+def _as_value_error(check: Callable[[str], str]) -> Callable[[str], str]:
+    # pydantic reports ValueError with the field's location; keep the validator's rule text.
+    def run(value: str) -> str:
+        try:
+            return check(value)
+        except ValidationError as exc:
+            raise ValueError(exc.rule) from None
+
+    return run
+
+
+_digest = _as_value_error(validate_digest)
+_name = _as_value_error(validate_name)
+_ref = _as_value_error(lambda value: parse_ref(value).ref)
+
+
+CommitSha = Annotated[str, AfterValidator(_commit)]
+CorrelationId = Annotated[str, AfterValidator(_correlation)]
+RepositorySlug = Annotated[str, AfterValidator(_repository)]
+Digest = Annotated[str, AfterValidator(_digest)]
+ImageName = Annotated[str, AfterValidator(_name)]
+PinnedRef = Annotated[str, AfterValidator(_ref)]
+
+
+def load_model[M: BaseModel](model: type[M], data: object, source: str) -> M:
+    """Validate ``data`` as ``model``; raise our ValidationError naming the first bad field."""
+    try:
+        return model.model_validate(data)
+    except PydanticValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(root)"
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValidationError(f"{source}: {field}", message, first.get("input")) from None
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- build -> dispatch ---------------------------------------------------------
+
+class SourceInfo(_Frozen):
+    commit: CommitSha
+    ref: str = Field(max_length=255)
+    repository: str = Field(max_length=255)
+
+
+class ImageEntry(_Frozen):
+    name: ImageName
+    digest: Digest
+    ref: PinnedRef
+    tags: tuple[str, ...] = ()
+
+    def model_post_init(self, __context: object) -> None:
+        if self.ref != f"{self.name}@{self.digest}":
+            raise ValueError("ref must equal '<name>@<digest>' of the same entry")
+
+
+class DigestsFile(_Frozen):
+    """``benchseal.digests/v1``: what ``benchseal build`` emits."""
+
+    schema_: Literal["benchseal.digests/v1"] = Field(alias="schema")
+    source: SourceInfo
+    images: dict[Literal["runner", "api"], ImageEntry]
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --- dispatch -> infra ---------------------------------------------------------
+
+class PayloadSource(_Frozen):
+    repository: RepositorySlug
+    commit: CommitSha
+    tag: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+
+
+class DispatchPayload(_Frozen):
+    """``benchseal.dispatch/v1``: the ``client_payload`` / workflow inputs sent to infra.
+
+    At most 10 top-level keys (GitHub's repository_dispatch limit).
+    """
+
+    schema_: Literal["benchseal.dispatch/v1"] = Field(alias="schema")
+    correlation_id: CorrelationId
+    source: PayloadSource
+    runner: PinnedRef
+    api: PinnedRef
+    suite: str = Field(default="smoke", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    agent: str = Field(default="oracle", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --- worker -> evidence / api ----------------------------------------------------
+
+RunState = Literal["QUEUED", "CLAIMED", "RUNNING", "SUCCEEDED", "FAILED", "INFRA_ERROR"]
+TrialOutcome = Literal["resolved", "unresolved", "infra_error"]
+
+
+class TrialRecord(_Frozen):
+    task: str
+    trial_name: str
+    outcome: TrialOutcome
+    reward: float | None
+    exception_type: str | None = None
+    runner_digest: Digest | None = None
+    agent_name: str
+    agent_version: str | None = None
+    harbor_version: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    agent_seconds: float | None = None
+    verifier_seconds: float | None = None
+    total_seconds: float | None = None
+
+
+class GradeCounts(_Frozen):
+    total: int = Field(ge=0)
+    completed: int = Field(ge=0)
+    resolved: int = Field(ge=0)
+    unresolved: int = Field(ge=0)
+    infra_errors: int = Field(ge=0)
+
+
+class Grading(_Frozen):
+    """What the worker concludes from Harbor's result.json files.
+
+    ``score`` is resolved / completed for a SUCCEEDED run and None otherwise:
+    a failed run carries status and counts, never a score.
+    """
+
+    run_id: str
+    status: Literal["SUCCEEDED", "FAILED", "INFRA_ERROR"]
+    reason: str | None = None
+    suite: str
+    agent: str
+    counts: GradeCounts
+    score: float | None
+    trials: tuple[TrialRecord, ...] = ()
+    harbor_version: str | None = None
+    runner_ref: PinnedRef
+    api_ref: PinnedRef
+    started_at: str
+    finished_at: str
+
+    def model_post_init(self, __context: object) -> None:
+        if self.status != "SUCCEEDED" and self.score is not None:
+            raise ValueError(f"score must be null for a {self.status} run")
+
+
+class RunStatus(_Frozen):
+    """``run.json`` in each run directory: what the API image serves."""
+
+    run_id: str
+    correlation_id: CorrelationId
+    state: RunState
+    attempts: int = Field(ge=0)
+    suite: str
+    agent: str
+    source: PayloadSource
+    runner: PinnedRef
+    api: PinnedRef
+    created_at: str
+    updated_at: str
+    score: float | None = None
+    counts: GradeCounts | None = None
