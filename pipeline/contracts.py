@@ -215,3 +215,18 @@ class RunStatus(_Frozen):
     updated_at: str
     score: float | None = None
     counts: GradeCounts | None = None
+
+
+# --- worker -> publish (durable outbox) --------------------------------------------
+
+class PublicationRequest(_Frozen):
+    """One outbox row: deliver the artifacts of a terminal run to a target.
+
+    Written in the same transaction that marks the run terminal.
+    """
+
+    run_id: str
+    target: Literal["github", "local"]
+    tag: str = Field(min_length=1, max_length=128)
+    artifacts_dir: str
+    options: dict[str, str] = Field(default_factory=dict)
