@@ -41,7 +41,8 @@ find_python() {
   local cand
   for cand in python3.13 python3.12 /root/.pyenv/versions/3.13*/bin/python3.13 /root/.pyenv/versions/3.12*/bin/python3.12 python3; do
     # pyenv shims exist for versions that are not active: run them to be sure.
-    if "$cand" -c 'import sys, venv; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1; then
+    # ensurepip is what `python -m venv` needs; Debian ships it separately (python3-venv).
+    if "$cand" -c 'import sys, venv, ensurepip; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1; then
       "$cand" -c 'import sys; print(sys.executable)'
       return 0
     fi
@@ -51,8 +52,9 @@ find_python() {
 VENV=$ROOT/.venv
 if [ ! -x "$VENV/bin/python" ]; then
   PY=$(find_python) || {
-    log "no Python >= 3.12 found; installing Debian's python3 and python3-venv"
-    apt-get install -y -qq python3 python3-venv >/dev/null
+    log "no Python >= 3.12 with venv found; installing Debian's python3 and python3-venv"
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends python3 python3-venv >/dev/null
     PY=$(find_python) || { log "error: no Python >= 3.12 available (Debian 12 ships 3.11)"; exit 1; }
   }
   log "creating venv with $PY"
