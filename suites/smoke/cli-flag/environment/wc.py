@@ -1,0 +1,17 @@
+"""Count the words of a file."""
+
+import argparse
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="wc.py")
+    parser.add_argument("path")
+    args = parser.parse_args(argv)
+    with open(args.path, encoding="utf-8") as handle:
+        text = handle.read()
+    print(len(text.split()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
