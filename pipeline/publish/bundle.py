@@ -1,0 +1,104 @@
+"""What a publication carries: the release section and the asset files of one run.
+
+Built from a run's ``artifacts/`` directory. Only files the evidence stage vouched
+for are published: the top-level files named in SHA256SUMS (re-hashed here, so a
+file changed after checksumming is never published), SHA256SUMS itself and the
+Sigstore bundles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import CheckFailed, ValidationError
+from pipeline.publish.body import SectionFacts, facts_from_summary, render_section
+
+SUMS = "SHA256SUMS"
+SUMMARY = "summary.json"
+
+
+@dataclass(frozen=True)
+class Asset:
+    name: str
+    path: Path
+    sha256: str  # hex
+    size: int
+
+    @property
+    def digest(self) -> str:
+        """In the form GitHub's release-asset ``digest`` field uses."""
+        return f"sha256:{self.sha256}"
+
+
+@dataclass(frozen=True)
+class ReleaseBundle:
+    tag: str
+    run_id: str
+    artifacts_dir: Path
+    facts: SectionFacts
+    section: str
+    assets: tuple[Asset, ...]
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _parse_sums(path: Path) -> dict[str, str]:
+    entries: dict[str, str] = {}
+    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        hexdigest, sep, name = line.partition("  ")
+        if not sep:
+            hexdigest, sep, name = line.partition(" *")
+        if not sep or len(hexdigest) != 64 or any(c not in "0123456789abcdef" for c in hexdigest):
+            raise ValidationError(f"{path}: line {number}", "must be '<64 hex>  <file>' (sha256sum format)", line)
+        entries[name] = hexdigest
+    return entries
+
+
+def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = ()) -> ReleaseBundle:
+    """Read and check a run's artifacts; raise CheckFailed when they are not publishable."""
+    artifacts_dir = artifacts_dir.resolve()
+    sums_path = artifacts_dir / SUMS
+    summary_path = artifacts_dir / SUMMARY
+    for required in (sums_path, summary_path):
+        if not required.is_file():
+            raise CheckFailed(f"cannot publish {artifacts_dir}: {required.name} is missing")
+    sums = _parse_sums(sums_path)
+    if SUMMARY not in sums:
+        raise CheckFailed(f"{sums_path}: does not cover {SUMMARY}")
+    assets: list[Asset] = []
+    for name, expected in sorted(sums.items()):
+        if "/" in name:
+            continue  # nested evidence (trial logs) stays in the run dir; release assets are flat
+        path = artifacts_dir / name
+        actual = sha256_file(path) if path.is_file() else "(missing)"
+        if actual != expected:
+            raise CheckFailed(f"{path}: sha256 {actual} does not match SHA256SUMS ({expected}); re-run evidence")
+        assets.append(Asset(name, path, actual, path.stat().st_size))
+    extra = [sums_path, *sorted(artifacts_dir.glob("*.sigstore.json"))]
+    for path in extra:
+        if path.name not in sums:
+            assets.append(Asset(path.name, path, sha256_file(path), path.stat().st_size))
+    summary = json.loads(summary_path.read_text("utf-8"))
+    if not isinstance(summary, dict):
+        raise ValidationError(f"{summary_path}", "must be a JSON object")
+    facts = facts_from_summary(summary, tag)
+    return ReleaseBundle(
+        tag=tag,
+        run_id=facts.run_id,
+        artifacts_dir=artifacts_dir,
+        facts=facts,
+        section=render_section(facts, verify_commands),
+        assets=tuple(sorted(assets, key=lambda a: a.name)),
+    )

@@ -1,0 +1,215 @@
+"""Durable delivery of the publication outbox.
+
+The worker writes a publication row in the same transaction that makes a run
+terminal (``SqliteQueue.complete``). This loop delivers those rows:
+
+- claim a due row with a lease (two publishers never deliver one row at once; a
+  publisher that dies leaves the lease to expire and the row to be claimed again);
+- run the target's idempotent ``publish`` (re-delivery after a crash between the
+  publication and ``mark_published`` changes nothing: exactly once in effect);
+- on failure record the error and a retry time with exponential backoff;
+- after the retry budget, write ``publisher-error.json`` into the run's artifacts
+  (re-checksummed and re-signed with the rest) and keep the row for a later retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from pipeline.contracts import PublicationRequest
+from pipeline.errors import Error
+from pipeline.fsutil import atomic_write_json
+from pipeline.paths import REPO_ROOT
+from pipeline.publish.bundle import load_bundle
+from pipeline.publish.targets import (
+    GitHubTarget,
+    LocalTarget,
+    PublishError,
+    PublishPolicy,
+    PublishResult,
+    Target,
+    github_repo,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLISHER_ERROR = "publisher-error.json"
+DEFAULT_LOCAL_ROOT = REPO_ROOT / "dist" / "releases"
+
+
+class _Publication(Protocol):
+    @property
+    def id(self) -> int: ...
+    @property
+    def request(self) -> PublicationRequest: ...
+    @property
+    def attempts(self) -> int: ...
+
+
+class OutboxQueue(Protocol):
+    """The part of ``pipeline.infra.queue.SqliteQueue`` the publisher uses."""
+
+    def pending_publications(self, limit: int = 10, now: Any = None) -> list[Any]: ...
+    def claim_publication(self, pub_id: int, lease_seconds: float) -> bool: ...
+    def mark_published(self, pub_id: int, result: Any) -> None: ...
+    def record_publication_failure(self, pub_id: int, error: str, retry_at: Any) -> None: ...
+
+
+TargetFactory = Callable[[PublicationRequest], Target]
+Resealer = Callable[[Path], None]
+"""Re-checksums and re-signs an artifacts dir after publisher-error.json was written."""
+
+
+@dataclass(frozen=True)
+class OutboxConfig:
+    max_attempts: int = 5
+    base_delay: float = 2.0
+    max_delay: float = 300.0
+    later_delay: float = 3600.0  # after the budget: how long until the row is tried again
+    lease_seconds: float = 300.0
+    batch: int = 10
+
+    def delay(self, attempts: int) -> float:
+        """Backoff before attempt ``attempts + 1`` (``attempts`` failures so far)."""
+        if attempts >= self.max_attempts:
+            return self.later_delay
+        return float(min(self.max_delay, self.base_delay * 2 ** max(0, attempts - 1)))
+
+
+@dataclass
+class DeliveryReport:
+    published: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"published": self.published, "failed": self.failed, "skipped": self.skipped}
+
+
+def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory:
+    """local -> LocalTarget(options.root or dist/releases); github -> GitHubTarget(options.repository)."""
+
+    def make(request: PublicationRequest) -> Target:
+        if request.target == "local":
+            return LocalTarget(Path(request.options.get("root") or DEFAULT_LOCAL_ROOT))
+        repository = request.options.get("repository")
+        if not repository:
+            raise PublishError("publication options.repository is required for the github target", retryable=False)
+        return GitHubTarget(github_repo(repository, base_url=request.options.get("api_url")), policy)
+
+    return make
+
+
+def verify_commands(artifacts_dir: Path) -> list[str]:
+    """The cosign command lines shown in the release body (from the evidence stage)."""
+    from pipeline.evidence import cosign_commands
+
+    return list(cosign_commands(artifacts_dir))
+
+
+def default_resealer() -> Resealer:
+    def reseal(artifacts_dir: Path) -> None:
+        from pipeline.evidence import reseal as evidence_reseal
+        from pipeline.evidence.signing import default_signer
+
+        evidence_reseal(artifacts_dir, signer=default_signer())
+
+    return reseal
+
+
+def publish_request(request: PublicationRequest, target: Target) -> PublishResult:
+    """One delivery attempt of one publication (the unit the outbox retries)."""
+    artifacts = Path(request.artifacts_dir)
+    bundle = load_bundle(artifacts, request.tag, verify_commands(artifacts))
+    if bundle.run_id not in {request.run_id, "unknown"}:
+        raise PublishError(
+            f"{artifacts}/summary.json is for run {bundle.run_id}, the publication for {request.run_id}",
+            retryable=False,
+        )
+    return target.publish(bundle, manual=request.options.get("trigger") == "manual")
+
+
+def _write_publisher_error(request: PublicationRequest, attempts: int, error: str, reseal: Resealer) -> None:
+    artifacts = Path(request.artifacts_dir)
+    atomic_write_json(
+        artifacts / PUBLISHER_ERROR,
+        {
+            "schema": "benchseal.publisher-error/v1",
+            "run_id": request.run_id,
+            "tag": request.tag,
+            "target": request.target,
+            "attempts": attempts,
+            "error": error,
+            "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "note": "publication is retried later; this file records why it has not happened yet",
+        },
+    )
+    reseal(artifacts)
+
+
+def deliver_pending(
+    queue: OutboxQueue,
+    *,
+    targets: TargetFactory | None = None,
+    config: OutboxConfig | None = None,
+    reseal: Resealer | None = None,
+    clock: Callable[[], float] = time.time,
+) -> DeliveryReport:
+    """Deliver every due outbox row once; returns what happened."""
+    config = config or OutboxConfig()
+    targets = targets or default_target_factory()
+    reseal = reseal or default_resealer()
+    report = DeliveryReport()
+    for pub in queue.pending_publications(limit=config.batch, now=_as_dt(clock())):
+        if not queue.claim_publication(pub.id, config.lease_seconds):
+            report.skipped += 1  # another publisher holds it
+            continue
+        request: PublicationRequest = pub.request
+        try:
+            result = publish_request(request, targets(request))
+        except Exception as exc:
+            message = exc.diagnostics() if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
+            retryable = not isinstance(exc, PublishError) or exc.retryable
+            attempts = pub.attempts + 1 if retryable else max(pub.attempts + 1, config.max_attempts)
+            if attempts >= config.max_attempts:
+                try:
+                    _write_publisher_error(request, attempts, message, reseal)
+                except Exception as seal_exc:  # the row must still record the failure
+                    log.error("could not write %s for run %s: %s", PUBLISHER_ERROR, request.run_id, seal_exc)
+            retry_at = _as_dt(clock() + config.delay(attempts))
+            queue.record_publication_failure(pub.id, message, retry_at)
+            log.warning("publication %s (run %s) failed, attempt %d: %s", pub.id, request.run_id, attempts, message)
+            report.failed.append({"id": pub.id, "run_id": request.run_id, "attempts": attempts, "error": message,
+                                  "retry_at": retry_at.isoformat()})
+            continue
+        queue.mark_published(pub.id, result.to_json_dict())
+        report.published.append({"id": pub.id, "run_id": request.run_id, **result.to_json_dict()})
+    return report
+
+
+def run_forever(
+    queue: OutboxQueue,
+    *,
+    interval: float = 5.0,
+    stop: threading.Event | None = None,
+    **kwargs: Any,
+) -> None:
+    """The publisher loop (``benchseal publish --pending`` without ``--once``): until ``stop`` is set."""
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            deliver_pending(queue, **kwargs)
+        except Error as exc:
+            log.error("publisher loop: %s", exc.diagnostics())
+        stop.wait(interval)
+
+
+def _as_dt(epoch: float) -> datetime:
+    return datetime.fromtimestamp(epoch, UTC)

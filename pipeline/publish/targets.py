@@ -1,0 +1,340 @@
+"""Publication targets behind one interface: a local directory and a GitHub Release.
+
+Both are idempotent: publishing the same bundle twice changes nothing the second
+time, and a publication interrupted at any point is completed by the next attempt
+(the outbox retries the whole ``publish`` call, so every step must be safe to repeat).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pipeline.errors import CheckFailed, Error, InfrastructureError
+from pipeline.fsutil import atomic_write_text
+from pipeline.publish.body import splice
+from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
+
+if TYPE_CHECKING:
+    from github.GitRelease import GitRelease
+    from github.GitReleaseAsset import GitReleaseAsset
+    from github.Repository import Repository
+
+AssetAction = Literal["kept", "uploaded", "replaced"]
+Strategy = Literal["local", "in-place", "draft", "companion"]
+COMPANION_SUFFIX = "-benchmark"
+
+
+class PublishError(Error):
+    """A publication attempt failed. ``retryable`` False means retrying cannot help."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, retryable: bool = True) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    target: Literal["local", "github"]
+    tag: str
+    location: str
+    strategy: Strategy
+    body_changed: bool
+    assets: dict[str, AssetAction] = field(default_factory=dict)
+    asset_location: str | None = None
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PublishPolicy:
+    # Manual (non-tag-triggered) publication may touch only prereleases unless this is set.
+    allow_manual_full_release: bool = False
+    # Create the release (as a draft) when the tag has none; off by default: a missing release
+    # usually means the wrong repository or tag.
+    create_missing_release: bool = False
+
+
+class Target(Protocol):
+    def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult: ...
+
+
+# --- local directory -----------------------------------------------------------------
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directories (Linux renameat2); False where unsupported."""
+    libc_name = ctypes.util.find_library("c")
+    if libc_name is None:
+        return False
+    libc = ctypes.CDLL(libc_name, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is None:
+        return False
+    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return bool(rc == 0)
+
+
+class LocalTarget:
+    """``<root>/<tag>/``: body.md plus every asset. Replaced as a whole, atomically."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def release_dir(self, tag: str) -> Path:
+        if "/" in tag or tag in {".", ".."} or tag.startswith("."):
+            raise CheckFailed(f"tag {tag!r} cannot name a directory under {self.root}")
+        return self.root / tag
+
+    def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult:
+        dest = self.release_dir(bundle.tag)
+        old_body = (dest / "body.md").read_text("utf-8") if (dest / "body.md").is_file() else ""
+        body = splice(old_body, bundle.section)
+        actions: dict[str, AssetAction] = {}
+        for asset in bundle.assets:
+            existing = dest / asset.name
+            if existing.is_file():
+                actions[asset.name] = "kept" if sha256_file(existing) == asset.sha256 else "replaced"
+            else:
+                actions[asset.name] = "uploaded"
+        wanted = {a.name for a in bundle.assets} | {"body.md"}
+        present = {p.name for p in dest.iterdir()} if dest.is_dir() else set()
+        unchanged = body == old_body and all(v == "kept" for v in actions.values()) and present == wanted
+        if not unchanged:
+            self._replace(dest, body, bundle.assets)
+        return PublishResult("local", bundle.tag, str(dest), "local", body != old_body, actions)
+
+    def _replace(self, dest: Path, body: str, assets: tuple[Asset, ...]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{dest.name}.staging."))
+        try:
+            for asset in assets:
+                shutil.copyfile(asset.path, stage / asset.name)
+                if sha256_file(stage / asset.name) != asset.sha256:
+                    raise CheckFailed(f"{asset.path} changed while it was being published")
+            atomic_write_text(stage / "body.md", body)
+            os.chmod(stage, 0o755)  # noqa: S103 -- a published release is world-readable
+            if dest.is_dir() and _exchange(stage, dest):
+                return  # stage now holds the old release; removed below
+            if dest.is_dir():
+                # No renameat2: two renames, the old copy kept until the new one is in place.
+                aside = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{dest.name}.old."))
+                os.replace(dest, aside / "release")
+                os.replace(stage, dest)
+                shutil.rmtree(aside, ignore_errors=True)
+                return
+            os.replace(stage, dest)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+# --- GitHub Release ------------------------------------------------------------------
+
+def _content_type(name: str) -> str:
+    if name.endswith(".json"):
+        return "application/json"
+    if name == "SHA256SUMS" or name.endswith((".txt", ".md")):
+        return "text/plain"
+    return "application/octet-stream"
+
+
+def _is_immutable_refusal(exc: Exception) -> bool:
+    """GitHub answers 422 naming immutability when assets change on an immutable release."""
+    from github import GithubException
+
+    return isinstance(exc, GithubException) and exc.status == 422 and "immutable" in str(exc.data).lower()
+
+
+def _is_already_exists(exc: Exception) -> bool:
+    from github import GithubException
+
+    return isinstance(exc, GithubException) and exc.status == 422 and "already_exists" in str(exc.data)
+
+
+def _translate(exc: Exception, what: str) -> PublishError:
+    """Every client failure becomes a PublishError; 4xx other than 408/429 cannot heal by waiting."""
+    from github import GithubException
+
+    if isinstance(exc, PublishError):
+        return exc
+    if isinstance(exc, GithubException):
+        retryable = exc.status >= 500 or exc.status in {408, 429} or (exc.status == 403 and "rate limit" in str(exc.data))
+        return PublishError(f"{what}: GitHub answered {exc.status}: {exc.data}", retryable=retryable)
+    # requests' ConnectionError / Timeout / RetryError (PyGithub surfaces persistent 5xx this way)
+    return PublishError(f"{what}: {type(exc).__name__}: {exc}", retryable=True)
+
+
+class GitHubTarget:
+    """A GitHub Release found by tag.
+
+    Order of work, chosen so that an interruption anywhere is repaired by a re-run:
+    1. find the release; refuse when its tag differs or policy forbids it;
+    2. choose where the assets go, from the API's answer: the release itself when it is a
+       draft or mutable; when GitHub reports it ``immutable`` (or refuses an asset change
+       with 422 naming immutability), a companion release ``<tag>-benchmark`` that is
+       filled as a draft and published only when its assets are complete;
+    3. sync assets by their ``digest`` (same sha256 kept, different replaced, partial
+       ``starter`` uploads deleted, a 422 ``already_exists`` from a lost response resolved
+       by re-reading);
+    4. PATCH the body section last (notes stay editable on immutable releases), so a
+       visible section means the assets are complete.
+    """
+
+    def __init__(self, repo: Repository, policy: PublishPolicy | None = None) -> None:
+        self.repo = repo
+        self.policy = policy or PublishPolicy()
+
+    def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult:
+        try:
+            return self._publish(bundle, manual=manual)
+        except Exception as exc:
+            raise _translate(exc, f"publishing {bundle.tag} to {self.repo.full_name}") from exc
+
+    # The steps ----------------------------------------------------------------------
+
+    def _publish(self, bundle: ReleaseBundle, *, manual: bool) -> PublishResult:
+        release = self._find(bundle.tag)
+        if release is None:
+            if not self.policy.create_missing_release:
+                raise PublishError(f"{self.repo.full_name} has no release for tag {bundle.tag}", retryable=True)
+            release = self.repo.create_git_release(
+                tag=bundle.tag, name=bundle.tag, message="", draft=True, prerelease=manual,
+                target_commitish=bundle.facts.source_commit,
+            )
+        if release.tag_name != bundle.tag:
+            raise PublishError(
+                f"release {release.id} has tag {release.tag_name!r}, the run is for {bundle.tag!r}: refusing",
+                retryable=False,
+            )
+        if manual and not release.prerelease and not self.policy.allow_manual_full_release:
+            raise PublishError(
+                f"release {bundle.tag} is not a prerelease; manual publication needs allow_manual_full_release",
+                retryable=False,
+            )
+        strategy: Strategy = "draft" if release.draft else "in-place"
+        holder = release
+        if not release.draft and bool(release.raw_data.get("immutable")):
+            strategy, holder = "companion", self._companion(release, bundle)
+        try:
+            actions = self._sync_assets(holder, bundle.assets)
+        except Exception as exc:
+            if strategy != "in-place" or not _is_immutable_refusal(exc):
+                raise
+            # The release did not say it was immutable, but GitHub refused like one.
+            strategy, holder = "companion", self._companion(release, bundle)
+            actions = self._sync_assets(holder, bundle.assets)
+        section = bundle.section
+        if strategy == "companion":
+            section += (
+                f"\n\nThis release is immutable, so the benchmark assets are on the companion release "
+                f"[{holder.tag_name}]({holder.html_url})."
+            )
+            if holder.draft:
+                holder.update_release(name=holder.title, message=splice(holder.body or "", section),
+                                      draft=False, prerelease=holder.prerelease)
+            elif splice(holder.body or "", section) != (holder.body or ""):
+                holder.update_release(name=holder.title, message=splice(holder.body or "", section),
+                                      draft=False, prerelease=holder.prerelease)
+        old = release.body or ""
+        new = splice(old, section)
+        if new != old:
+            # PATCH keeps draft/prerelease as they are; PyGithub would otherwise send draft=false.
+            release.update_release(name=release.title or release.tag_name, message=new,
+                                   draft=release.draft, prerelease=release.prerelease)
+        return PublishResult(
+            "github", bundle.tag, release.html_url, strategy, new != old, actions,
+            asset_location=holder.html_url,
+        )
+
+    def _find(self, tag: str) -> GitRelease | None:
+        from github import UnknownObjectException
+
+        try:
+            return self.repo.get_release(tag)
+        except UnknownObjectException:
+            pass
+        # Drafts have no tag yet and are invisible to /releases/tags/{tag}: look in the list.
+        matches = [r for r in self.repo.get_releases() if r.tag_name == tag]
+        return min(matches, key=lambda r: r.id) if matches else None
+
+    def _companion(self, release: GitRelease, bundle: ReleaseBundle) -> GitRelease:
+        tag = release.tag_name + COMPANION_SUFFIX
+        found = self._find(tag)
+        drafts = [r for r in self.repo.get_releases() if r.tag_name == tag and r.draft]
+        for extra in drafts:
+            # A create whose response was lost may have made a second draft: keep the oldest.
+            if found is not None and extra.id != found.id and "benchseal" in (extra.body or ""):
+                extra.delete_release()
+        if found is not None:
+            return found
+        return self.repo.create_git_release(
+            tag=tag, name=f"{release.tag_name} benchmark", message=splice("", bundle.section), draft=True,
+            prerelease=release.prerelease, target_commitish=release.target_commitish,
+        )
+
+    def _sync_assets(self, release: GitRelease, assets: tuple[Asset, ...]) -> dict[str, AssetAction]:
+        existing: dict[str, GitReleaseAsset] = {a.name: a for a in release.get_assets()}
+        actions: dict[str, AssetAction] = {}
+        for asset in assets:
+            current = existing.get(asset.name)
+            if current is not None and self._matches(current, asset):
+                actions[asset.name] = "kept"
+                continue
+            if current is not None:
+                current.delete_asset()
+            self._upload(release, asset)
+            actions[asset.name] = "replaced" if current is not None else "uploaded"
+        return actions
+
+    @staticmethod
+    def _matches(remote: GitReleaseAsset, asset: Asset) -> bool:
+        if remote.state != "uploaded" or remote.size != asset.size:
+            return False
+        if remote.digest:
+            return remote.digest == asset.digest
+        # Servers without the digest field: fetch the bytes and hash them.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "asset"
+            remote.download_asset(str(path))
+            return sha256_file(path) == asset.sha256
+
+    def _upload(self, release: GitRelease, asset: Asset) -> None:
+        try:
+            uploaded = release.upload_asset(str(asset.path), name=asset.name, content_type=_content_type(asset.name))
+        except Exception as exc:
+            if not _is_already_exists(exc):
+                raise
+            # An earlier upload landed but its answer was lost (timeout, retried POST): re-read.
+            again = {a.name: a for a in release.get_assets()}.get(asset.name)
+            if again is not None and self._matches(again, asset):
+                return
+            if again is not None:
+                again.delete_asset()
+            uploaded = release.upload_asset(str(asset.path), name=asset.name, content_type=_content_type(asset.name))
+        if uploaded.digest and uploaded.digest != asset.digest:
+            raise PublishError(f"GitHub stored {asset.name} with digest {uploaded.digest}, expected {asset.digest}")
+
+
+def github_repo(repository: str, *, base_url: str | None = None, token: str | None = None,
+                timeout: float = 30.0) -> Repository:
+    """The repository handle for a GitHubTarget: token from $GITHUB_TOKEN (never argv)."""
+    from pipeline.dispatch import client as gh_client  # the github stage's factory (no POST retries)
+
+    token = token if token is not None else os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
+    if not token:
+        raise InfrastructureError("GITHUB_TOKEN is not set: the GitHub target needs a token with contents: write")
+    base = base_url or os.environ.get("GITHUB_API_URL") or "https://api.github.com"
+    gh = gh_client.make_github(base_url=base, token=token, timeout=timeout)
+    return gh.get_repo(repository)
