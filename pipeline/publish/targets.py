@@ -230,8 +230,13 @@ class GitHubTarget:
         try:
             actions = self._sync_assets(holder, bundle.assets)
         except Exception as exc:
-            if strategy != "in-place" or not _is_immutable_refusal(exc):
+            if not _is_immutable_refusal(exc):
                 raise
+            if strategy != "in-place":
+                raise PublishError(
+                    f"release {holder.tag_name} is immutable and holds other assets than run {bundle.run_id}: "
+                    "publish this run under a new tag", retryable=False,
+                ) from exc
             # The release did not say it was immutable, but GitHub refused like one.
             strategy, holder = "companion", self._companion(release, bundle)
             actions = self._sync_assets(holder, bundle.assets)
@@ -239,20 +244,20 @@ class GitHubTarget:
         if strategy == "companion":
             section += (
                 f"\n\nThis release is immutable, so the benchmark assets are on the companion release "
-                f"[{holder.tag_name}]({holder.html_url})."
+                f"`{holder.tag_name}`."
             )
-            if holder.draft:
-                holder.update_release(name=holder.title, message=splice(holder.body or "", section),
-                                      draft=False, prerelease=holder.prerelease)
-            elif splice(holder.body or "", section) != (holder.body or ""):
-                holder.update_release(name=holder.title, message=splice(holder.body or "", section),
-                                      draft=False, prerelease=holder.prerelease)
+            companion_body = splice(holder.body or "", section)
+            if holder.draft or companion_body != (holder.body or ""):
+                # Publishing the companion only now: its assets are complete, and on an
+                # immutable repository they are locked from here on.
+                holder = holder.update_release(name=holder.title or holder.tag_name, message=companion_body,
+                                               draft=False, prerelease=holder.prerelease)
         old = release.body or ""
         new = splice(old, section)
         if new != old:
             # PATCH keeps draft/prerelease as they are; PyGithub would otherwise send draft=false.
-            release.update_release(name=release.title or release.tag_name, message=new,
-                                   draft=release.draft, prerelease=release.prerelease)
+            release = release.update_release(name=release.title or release.tag_name, message=new,
+                                             draft=release.draft, prerelease=release.prerelease)
         return PublishResult(
             "github", bundle.tag, release.html_url, strategy, new != old, actions,
             asset_location=holder.html_url,
@@ -327,14 +332,17 @@ class GitHubTarget:
             raise PublishError(f"GitHub stored {asset.name} with digest {uploaded.digest}, expected {asset.digest}")
 
 
-def github_repo(repository: str, *, base_url: str | None = None, token: str | None = None,
-                timeout: float = 30.0) -> Repository:
-    """The repository handle for a GitHubTarget: token from $GITHUB_TOKEN (never argv)."""
-    from pipeline.dispatch import client as gh_client  # the github stage's factory (no POST retries)
+def github_repo(repository: str, *, base_url: str | None = None, token: str | None = None) -> Repository:
+    """The repository handle for a GitHubTarget: token from $GITHUB_TOKEN (never argv).
+
+    The client comes from the github stage's factory, which does not retry POSTs (a
+    retried upload could race itself; our own retry is the outbox, on idempotent steps).
+    """
+    from pipeline.dispatch.client import make_client
 
     token = token if token is not None else os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
     if not token:
         raise InfrastructureError("GITHUB_TOKEN is not set: the GitHub target needs a token with contents: write")
     base = base_url or os.environ.get("GITHUB_API_URL") or "https://api.github.com"
-    gh = gh_client.make_github(base_url=base, token=token, timeout=timeout)
-    return gh.get_repo(repository)
+    repo: Repository = make_client(base_url=base, token=token).get_repo(repository)
+    return repo

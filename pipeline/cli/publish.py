@@ -1,0 +1,101 @@
+"""``benchseal publish``: deliver the publication outbox, or publish one run's artifacts by hand.
+
+    benchseal publish --pending [--loop] [--json]          # outbox rows written by the worker
+    benchseal publish ARTIFACTS --tag vX.Y.Z --target local|github [--repo OWNER/NAME] [--json]
+
+The GitHub token is read from $GITHUB_TOKEN (never from argv). A hand publication is
+"manual": it may touch only prereleases unless --allow-full-release is given.
+Exit codes: 0 published; 1 a publication failed (the outbox row stays for a retry); 2 usage.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pipeline.contracts import PublicationRequest
+from pipeline.errors import CheckFailed, UsageError
+
+
+def publish(
+    artifacts: Annotated[Path | None, typer.Argument(help="A run's artifacts directory (manual publication).")] = None,
+    pending: bool = typer.Option(False, "--pending", help="Deliver the due rows of the infra outbox."),
+    loop: bool = typer.Option(False, "--loop", help="With --pending: keep delivering until SIGTERM."),
+    interval: float = typer.Option(5.0, "--interval", min=0.1, help="Seconds between outbox polls (--loop)."),
+    max_attempts: int = typer.Option(5, "--max-attempts", min=1, help="Retry budget before publisher-error.json."),
+    tag: str | None = typer.Option(None, "--tag", help="Release tag (manual publication)."),
+    target: str = typer.Option("local", "--target", help="local or github."),
+    repo: str | None = typer.Option(None, "--repo", help="OWNER/NAME for --target github."),
+    api_url: str | None = typer.Option(None, "--api-url", help="GitHub API base URL (default $GITHUB_API_URL)."),
+    root: Annotated[Path | None, typer.Option("--root", help="Local target root (default dist/releases).")] = None,
+    allow_full_release: bool = typer.Option(False, "--allow-full-release",
+                                            help="Allow a manual publication to a non-prerelease."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable report."),
+) -> None:
+    """Publish benchmark evidence to a GitHub Release or dist/releases/<tag>/."""
+    import signal
+    import threading
+
+    from pipeline.publish import outbox
+    from pipeline.publish.targets import PublishError, PublishPolicy
+
+    policy = PublishPolicy(allow_manual_full_release=allow_full_release)
+    if pending:
+        if artifacts is not None or tag is not None:
+            raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS or --tag")
+        from pipeline.infra.queue import SqliteQueue
+
+        queue = SqliteQueue()
+        config = outbox.OutboxConfig(max_attempts=max_attempts)
+        targets = outbox.default_target_factory(policy)
+        if loop:
+            stop = threading.Event()
+            signal.signal(signal.SIGTERM, lambda *_: stop.set())
+            signal.signal(signal.SIGINT, lambda *_: stop.set())
+            outbox.run_forever(queue, interval=interval, stop=stop, targets=targets, config=config)
+            return
+        report = outbox.deliver_pending(queue, targets=targets, config=config)
+        if as_json:
+            typer.echo(json.dumps(report.to_json_dict(), indent=2))
+        else:
+            for item in report.published:
+                typer.echo(f"published run {item['run_id']} -> {item['location']} ({item['strategy']})")
+            for item in report.failed:
+                typer.echo(f"failed run {item['run_id']} (attempt {item['attempts']}, retry at {item['retry_at']}): "
+                           f"{item['error']}", err=True)
+        if report.failed:
+            raise typer.Exit(1)
+        return
+
+    if artifacts is None or tag is None:
+        raise UsageError("give --pending, or ARTIFACTS and --tag")
+    if target not in ("local", "github"):
+        raise UsageError(f"invalid --target: must be local or github (got {target!r})")
+    options = {"trigger": "manual"}
+    if root is not None:
+        options["root"] = str(root.resolve())
+    if target == "github":
+        if not repo:
+            raise UsageError("--target github needs --repo OWNER/NAME")
+        options["repository"] = repo
+        if api_url:
+            options["api_url"] = api_url
+    request = PublicationRequest(run_id="unknown", target=target, tag=tag,  # type: ignore[arg-type]
+                                 artifacts_dir=str(artifacts.resolve()), options=options)
+    try:
+        result = outbox.publish_request(request, outbox.default_target_factory(policy)(request))
+    except PublishError as exc:
+        raise CheckFailed(exc.diagnostics()) from None
+    if as_json:
+        typer.echo(json.dumps(result.to_json_dict(), indent=2))
+    else:
+        changed = sum(1 for action in result.assets.values() if action != "kept")
+        typer.echo(f"published {tag} -> {result.location} ({result.strategy}; {changed} asset(s) changed, "
+                   f"body {'updated' if result.body_changed else 'unchanged'})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="publish")(publish)

@@ -1,0 +1,28 @@
+"""The short human report printed at the end of ``benchseal release --local``."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.release.local import ReleaseReport
+
+
+def render_report(report: ReleaseReport, console: Console) -> None:
+    score = "not scored" if report.score is None else f"{report.score:.3f}"
+    table = Table(title=f"benchseal {report.tag}: {report.status}", show_header=True)
+    for column in ("score", "completed", "resolved", "unresolved", "infra errors", "total"):
+        table.add_column(column, justify="right")
+    counts = report.counts
+    table.add_row(score, str(counts.get("completed")), str(counts.get("resolved")), str(counts.get("unresolved")),
+                  str(counts.get("infra_errors")), str(counts.get("total")))
+    console.print(table)
+    for role, ref in sorted(report.images.items()):
+        console.print(f"{role:7} {ref}")
+    console.print(f"images  {'reused (unchanged since the last release run)' if report.images_reused else 'built'}")
+    console.print(f"run     {report.run_id}")
+    console.print(f"release {report.release_dir}  (body.md + {len(report.publication.get('assets', {}))} assets)")
+    console.print(f"verified: benchseal verify ok, {len(report.verified.get('cosign_commands', []))} cosign/sha256sum "
+                  "commands ok")
+    total = sum(v for v in report.stages.values() if v > 0)
+    console.print("stages  " + ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items()) + f"  (total {total:.1f}s)")
