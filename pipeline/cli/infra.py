@@ -1,0 +1,70 @@
+"""``benchseal infra``: accept dispatches and inspect the queue."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from pipeline.errors import ValidationError
+
+infra_app = typer.Typer(help="Benchmark infra: accept dispatch payloads, inspect runs.", no_args_is_help=True)
+
+
+def _read_payload(source: str, limit: int) -> bytes:
+    # Read at most limit + 1 bytes: the size bound holds before anything is parsed.
+    if source == "-":
+        data = sys.stdin.buffer.read(limit + 1)
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ValidationError("--payload", "must be an existing file or '-'", source)
+        with path.open("rb") as handle:
+            data = handle.read(limit + 1)
+    return data
+
+
+@infra_app.command("accept")
+def accept(
+    payload: str = typer.Option(..., "--payload", help="Payload JSON file, or '-' for stdin."),
+    db: Path | None = typer.Option(None, "--db", help="Queue database (default: state dir infra/queue.sqlite3)."),
+    policy_path: Path | None = typer.Option(None, "--policy", help="Infra policy (default: policies/infra.yaml)."),
+    as_json: bool = typer.Option(False, "--json", help="Print {run_id, created} as JSON."),
+) -> None:
+    """Validate a dispatch payload and enqueue it exactly once; print the run id."""
+    from pipeline.infra.accept import accept_payload
+    from pipeline.infra.policy import load_policy
+
+    policy = load_policy(policy_path)
+    result = accept_payload(_read_payload(payload, policy.max_payload_bytes), db=db, policy=policy)
+    if as_json:
+        typer.echo(json.dumps({"run_id": result.run_id, "created": result.created}, sort_keys=True))
+    else:
+        typer.echo(result.run_id)
+
+
+@infra_app.command("status")
+def status(
+    run_id: str | None = typer.Argument(None, help="Show one run (with its events); default: list all runs."),
+    db: Path | None = typer.Option(None, "--db"),
+) -> None:
+    """Show runs as JSON lines (or one run with its audit trail)."""
+    from pipeline.infra.queue import SqliteQueue
+
+    with SqliteQueue(db) as queue:
+        if run_id is None:
+            for record in queue.list_runs():
+                typer.echo(json.dumps({"run_id": record.run_id, "state": record.state, "attempts": record.attempts,
+                                       "correlation_id": record.correlation_id, "reason": record.reason}, sort_keys=True))
+            return
+        record = queue.get_run(run_id)
+        events = [{"at": e.at, "event": e.event, "from": e.from_state, "to": e.to_state, "detail": e.detail} for e in queue.events(run_id)]
+        typer.echo(json.dumps({"run_id": record.run_id, "state": record.state, "attempts": record.attempts,
+                               "reason": record.reason, "score": record.grading.score if record.grading else None,
+                               "events": events}, indent=2, sort_keys=True))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(infra_app, name="infra")
