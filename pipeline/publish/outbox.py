@@ -102,7 +102,11 @@ def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory
         repository = request.options.get("repository")
         if not repository:
             raise PublishError("publication options.repository is required for the github target", retryable=False)
-        return GitHubTarget(github_repo(repository, base_url=request.options.get("api_url")), policy)
+        release_id = request.options.get("release_id")
+        if release_id is not None and not release_id.isdigit():
+            raise PublishError(f"publication options.release_id must be digits (got {release_id!r})", retryable=False)
+        return GitHubTarget(github_repo(repository, base_url=request.options.get("api_url")), policy,
+                            release_id=int(release_id) if release_id else None)
 
     return make
 

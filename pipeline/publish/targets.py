@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pipeline.errors import CheckFailed, Error, InfrastructureError
+from pipeline.errors import CheckFailed, Error
 from pipeline.fsutil import atomic_write_text
 from pipeline.publish.body import splice
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
@@ -164,15 +164,21 @@ def _is_already_exists(exc: Exception) -> bool:
 
 
 def _translate(exc: Exception, what: str) -> PublishError:
-    """Every client failure becomes a PublishError; 4xx other than 408/429 cannot heal by waiting."""
+    """Every client failure becomes a PublishError; only transient ones (5xx, rate limit,
+    network, timeout: the github stage's ``classify``) are worth retrying."""
     from github import GithubException
+
+    from pipeline.dispatch.client import classify
 
     if isinstance(exc, PublishError):
         return exc
+    transient = classify(exc)
     if isinstance(exc, GithubException):
-        retryable = exc.status >= 500 or exc.status in {408, 429} or (exc.status == 403 and "rate limit" in str(exc.data))
-        return PublishError(f"{what}: GitHub answered {exc.status}: {exc.data}", retryable=retryable)
-    # requests' ConnectionError / Timeout / RetryError (PyGithub surfaces persistent 5xx this way)
+        return PublishError(f"{what}: GitHub answered {exc.status}: {exc.data}", retryable=transient is not None)
+    if transient is not None:
+        return PublishError(f"{what}: {transient.reason}: {exc}", retryable=True)
+    if isinstance(exc, Error):
+        return PublishError(f"{what}: {exc.diagnostics()}", retryable=False)
     return PublishError(f"{what}: {type(exc).__name__}: {exc}", retryable=True)
 
 
@@ -192,9 +198,12 @@ class GitHubTarget:
        visible section means the assets are complete.
     """
 
-    def __init__(self, repo: Repository, policy: PublishPolicy | None = None) -> None:
+    def __init__(self, repo: Repository, policy: PublishPolicy | None = None, *, release_id: int | None = None) -> None:
         self.repo = repo
         self.policy = policy or PublishPolicy()
+        # A release named by id (e.g. created by the tag workflow) instead of found by tag;
+        # its tag is still checked against the run's.
+        self.release_id = release_id
 
     def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult:
         try:
@@ -205,7 +214,7 @@ class GitHubTarget:
     # The steps ----------------------------------------------------------------------
 
     def _publish(self, bundle: ReleaseBundle, *, manual: bool) -> PublishResult:
-        release = self._find(bundle.tag)
+        release = self.repo.get_release(self.release_id) if self.release_id is not None else self._find(bundle.tag)
         if release is None:
             if not self.policy.create_missing_release:
                 raise PublishError(f"{self.repo.full_name} has no release for tag {bundle.tag}", retryable=True)
@@ -250,13 +259,13 @@ class GitHubTarget:
             if holder.draft or companion_body != (holder.body or ""):
                 # Publishing the companion only now: its assets are complete, and on an
                 # immutable repository they are locked from here on.
-                holder = holder.update_release(name=holder.title or holder.tag_name, message=companion_body,
+                holder = holder.update_release(name=holder.name or holder.tag_name, message=companion_body,
                                                draft=False, prerelease=holder.prerelease)
         old = release.body or ""
         new = splice(old, section)
         if new != old:
             # PATCH keeps draft/prerelease as they are; PyGithub would otherwise send draft=false.
-            release = release.update_release(name=release.title or release.tag_name, message=new,
+            release = release.update_release(name=release.name or release.tag_name, message=new,
                                              draft=release.draft, prerelease=release.prerelease)
         return PublishResult(
             "github", bundle.tag, release.html_url, strategy, new != old, actions,
@@ -317,7 +326,8 @@ class GitHubTarget:
 
     def _upload(self, release: GitRelease, asset: Asset) -> None:
         try:
-            uploaded = release.upload_asset(str(asset.path), name=asset.name, content_type=_content_type(asset.name))
+            uploaded = release.upload_asset(str(asset.path), label=asset.name, name=asset.name,
+                                            content_type=_content_type(asset.name))
         except Exception as exc:
             if not _is_already_exists(exc):
                 raise
@@ -327,22 +337,20 @@ class GitHubTarget:
                 return
             if again is not None:
                 again.delete_asset()
-            uploaded = release.upload_asset(str(asset.path), name=asset.name, content_type=_content_type(asset.name))
+            uploaded = release.upload_asset(str(asset.path), label=asset.name, name=asset.name,
+                                            content_type=_content_type(asset.name))
         if uploaded.digest and uploaded.digest != asset.digest:
             raise PublishError(f"GitHub stored {asset.name} with digest {uploaded.digest}, expected {asset.digest}")
 
 
-def github_repo(repository: str, *, base_url: str | None = None, token: str | None = None) -> Repository:
-    """The repository handle for a GitHubTarget: token from $GITHUB_TOKEN (never argv).
+def github_repo(repository: str, *, base_url: str | None = None, token: str | None = None,
+                timeout: int = 30) -> Repository:
+    """The repository handle for a GitHubTarget: token from $GITHUB_TOKEN/$GH_TOKEN (never argv).
 
-    The client comes from the github stage's factory, which does not retry POSTs (a
-    retried upload could race itself; our own retry is the outbox, on idempotent steps).
+    The client comes from the github stage's factory, which never retries POSTs at the
+    transport (a retried upload races itself); our retry is the outbox, over idempotent steps.
     """
     from pipeline.dispatch.client import make_client
 
-    token = token if token is not None else os.environ.get("GITHUB_TOKEN") or os.environ.get("GH_TOKEN")
-    if not token:
-        raise InfrastructureError("GITHUB_TOKEN is not set: the GitHub target needs a token with contents: write")
-    base = base_url or os.environ.get("GITHUB_API_URL") or "https://api.github.com"
-    repo: Repository = make_client(base_url=base, token=token).get_repo(repository)
+    repo: Repository = make_client(base_url=base_url, token=token, timeout=timeout).get_repo(repository)
     return repo

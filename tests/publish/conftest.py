@@ -1,0 +1,51 @@
+"""Fixtures for the publish tests: a run's artifacts dir (real files, real SHA256SUMS) and the GitHub emulator."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SUMMARY: dict[str, Any] = {
+    "schema": "benchseal.summary/v1",
+    "status": "SUCCEEDED",
+    "suite": "smoke",
+    "counts": {"total": 3, "completed": 3, "resolved": 3, "unresolved": 0, "infra_errors": 0},
+    "score": 1.0,
+    "run_id": "run-gh-1",
+    "source": {"repository": "acme/widget", "commit": "c" * 40, "tag": "v1.0.0"},
+}
+
+MakeArtifacts = Callable[..., Path]
+
+
+@pytest.fixture
+def make_artifacts(tmp_path: Path) -> MakeArtifacts:
+    """Write summary.json, an SBOM, a bundle and SHA256SUMS; keyword overrides change summary.json."""
+
+    def make(name: str = "run", **summary: Any) -> Path:
+        art = tmp_path / name / "artifacts"
+        art.mkdir(parents=True, exist_ok=True)
+        (art / "summary.json").write_text(json.dumps({**SUMMARY, **summary}, sort_keys=True))
+        (art / "sbom-runner.cdx.json").write_text('{"bomFormat": "CycloneDX", "specVersion": "1.6"}')
+        sums = "".join(f"{hashlib.sha256((art / n).read_bytes()).hexdigest()}  {n}\n"
+                       for n in ("sbom-runner.cdx.json", "summary.json"))
+        (art / "SHA256SUMS").write_text(sums)
+        (art / "SHA256SUMS.sigstore.json").write_text(json.dumps({"for": hashlib.sha256(sums.encode()).hexdigest()}))
+        return art
+
+    return make
+
+
+@pytest.fixture
+def emulator() -> Iterator[Any]:
+    from pipeline.testing.github import GitHubEmulator
+
+    with GitHubEmulator() as emu:
+        yield emu
+    assert emu.violations == [], f"OpenAPI violations: {emu.violations}"
+    assert emu.callback_errors == []
