@@ -79,6 +79,8 @@ def facts_from_summary(summary: Mapping[str, Any], tag: str) -> SectionFacts:
     agent_version = _get(summary, "agent.version", "agent_version")
     if isinstance(agent_name, Mapping):
         agent_name = "unknown"
+    if isinstance(agent_version, list):
+        agent_version = ", ".join(str(v) for v in agent_version)
     agent = f"{agent_name} {agent_version}" if agent_version else str(agent_name)
     return SectionFacts(
         tag=tag,
@@ -99,7 +101,7 @@ def facts_from_summary(summary: Mapping[str, Any], tag: str) -> SectionFacts:
         agent=agent,
         source_repository=str(_get(summary, "source.repository", default="unknown")),
         source_commit=str(_get(summary, "source.commit", default="unknown")),
-        run_id=str(_get(summary, "run_id", "infra.run_id", "run.id", default="unknown")),
+        run_id=str(_get(summary, "infra_run_id", "run_id", "infra.run_id", default="unknown")),
         correlation_id=str(_get(summary, "correlation_id", "infra.correlation_id", default="unknown")),
     )
 
