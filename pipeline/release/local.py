@@ -33,6 +33,21 @@ from pipeline.release.stages import StageClock
 
 TAG_RE = re.compile(r"\Av\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?\Z")
 DEFAULT_REGISTRY = "127.0.0.1:5055"
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
+
+
+def _queue_wait(events: Sequence[Any]) -> float:
+    """Seconds from accept to the (last) claim, from the queue's audit trail."""
+    from datetime import datetime
+
+    accepted = next((e.at for e in events if e.event == "accepted"), None)
+    claimed = [e.at for e in events if e.event == "claimed"]
+    if accepted is None or not claimed:
+        return 0.0
+    def parse(text: str) -> datetime:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    return max(0.0, (parse(claimed[-1]) - parse(accepted)).total_seconds())
 
 
 @dataclass
@@ -127,7 +142,7 @@ def release_local(
         with clock.stage("build", f"Building runner and api images into {registry}"):
             ensure_base(registry)
             digests = build_images(["runner", "api"], registry, out=work / "digests.json", tags=(tag,))
-        images = {role: entry.ref for role, entry in digests.images.items()}
+        images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
         last_path = state_dir("release") / "last-digests.json"
         reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
         atomic_write_json(last_path, images)
@@ -144,16 +159,13 @@ def release_local(
         with clock.stage("dispatch", "Dispatching to infra accept"):
             accepted = accept_payload(payload.to_json_dict())
         run_id = accepted.run_id
-        accepted_at = time.monotonic()
 
         def finalize(record: Any, grading: Grading, run_dir: Path) -> Sequence[PublicationRequest]:
             started = time.monotonic()
             result = write_evidence(run_dir, grading, payload, signer=signer)
             clock.add("evidence", time.monotonic() - started)
-            signing = getattr(result, "signing_seconds", None)
-            if isinstance(signing, int | float):
-                clock.add("signing", float(signing))
-                clock.add("evidence", -float(signing))
+            clock.add("signing", result.signing_seconds)
+            clock.add("evidence", -result.signing_seconds)
             return [PublicationRequest(
                 run_id=grading.run_id, target="local", tag=tag, artifacts_dir=str(run_dir / "artifacts"),
                 options={"root": str(dist), "trigger": "tag"},
@@ -162,16 +174,18 @@ def release_local(
         queue = SqliteQueue()
         grading: Grading | None = None
         with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
-            for _ in range(50):  # other queued runs may be ahead of ours
-                outcome = run_once(WorkerConfig(), finalize=finalize)
+            config = WorkerConfig()
+            for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
+                outcome = run_once(config, finalize=finalize)
                 if outcome is None:
                     break
-                if getattr(outcome, "run_id", None) == run_id:
-                    grading = getattr(outcome, "grading", None)
+                if outcome.run_id == run_id and outcome.state in TERMINAL:
+                    grading = outcome.grading
                     break
         if grading is None:
-            raise CheckFailed(f"the worker did not finish run {run_id}")
-        clock.add("queue_wait", 0.0 * accepted_at)
+            record = queue.get_run(run_id)
+            raise CheckFailed(f"the worker did not finish run {run_id} (state {record.state}: {record.reason})")
+        clock.add("queue_wait", _queue_wait(queue.events(run_id)))
         trial_agent = sum(t.agent_seconds or 0.0 for t in grading.trials)
         trial_verifier = sum(t.verifier_seconds or 0.0 for t in grading.trials)
         trial_total = sum(t.total_seconds or 0.0 for t in grading.trials)
@@ -180,12 +194,14 @@ def release_local(
             delivered = deliver_pending(queue)
         mine = [p for p in delivered.published if p.get("run_id") == run_id]
         if not mine:
-            raise CheckFailed(f"publication of run {run_id} failed: {delivered.failed or 'not delivered'}")
+            failed = [f for f in delivered.failed if f.get("run_id") == run_id]
+            raise CheckFailed(f"publication of run {run_id} failed: {failed or 'not delivered'}")
 
         release_dir = dist / tag
         with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
-            verify_release(release_dir, policy=None, trusted_root=sigstore.trusted_root, offline=True)
+            verify_release(release_dir, trusted_root=sigstore.trusted_root, offline=True)
             ran = run_commands(verify_commands(release_dir), release_dir)
+        queue.close()
 
     stages = dict(clock.seconds)
     return ReleaseReport(
