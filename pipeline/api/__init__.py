@@ -1,0 +1,1 @@
+"""The api image's service: run status and results over HTTP (FastAPI)."""

@@ -1,0 +1,83 @@
+"""FastAPI app: health, run list, run status (run.json), results (summary.json).
+
+Reads ``<runs>/<run_id>/run.json`` (pipeline.contracts.RunStatus) and
+``<runs>/<run_id>/artifacts/summary.json``; read-only, no state of its own.
+Run ids are validated before they touch the filesystem (no traversal).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+
+from pipeline import __version__
+from pipeline.contracts import RunStatus, load_model
+from pipeline.errors import ValidationError
+
+RUN_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+
+
+def _run_dir(runs: Path, run_id: str) -> Path:
+    if not RUN_ID_RE.match(run_id) or ".." in run_id:
+        raise HTTPException(status_code=400, detail="run_id: must be 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit")
+    path = runs / run_id
+    if path.resolve().parent != runs.resolve():
+        raise HTTPException(status_code=400, detail="run_id: must name a directory directly under the runs directory")
+    return path
+
+
+def _read_status(path: Path) -> RunStatus:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise HTTPException(status_code=500, detail=f"run.json unreadable: {exc.__class__.__name__}") from None
+    try:
+        return load_model(RunStatus, data, "run.json")
+    except ValidationError as exc:
+        raise HTTPException(status_code=500, detail=exc.diagnostics()) from None
+
+
+def create_app(runs: Path) -> FastAPI:
+    app = FastAPI(title="benchseal api", version=__version__)
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "version": __version__}
+
+    @app.get("/runs")
+    def list_runs() -> dict[str, list[dict[str, str]]]:
+        found: list[dict[str, str]] = []
+        if runs.is_dir():
+            for child in sorted(runs.iterdir()):
+                status_file = child / "run.json"
+                if not (RUN_ID_RE.match(child.name) and status_file.is_file()):
+                    continue
+                try:
+                    state = str(json.loads(status_file.read_text()).get("state", "UNKNOWN"))
+                except (OSError, json.JSONDecodeError, AttributeError):
+                    state = "UNREADABLE"
+                found.append({"run_id": child.name, "state": state})
+        return {"runs": found}
+
+    @app.get("/runs/{run_id}")
+    def get_run(run_id: str) -> dict[str, Any]:
+        path = _run_dir(runs, run_id) / "run.json"
+        if not path.is_file():
+            raise HTTPException(status_code=404, detail=f"run {run_id} not found")
+        return _read_status(path).model_dump(mode="json")
+
+    @app.get("/runs/{run_id}/results")
+    def get_results(run_id: str) -> Any:
+        path = _run_dir(runs, run_id) / "artifacts" / "summary.json"
+        if not path.is_file():
+            raise HTTPException(status_code=404, detail=f"no results for run {run_id}")
+        try:
+            return json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise HTTPException(status_code=500, detail=f"summary.json unreadable: {exc.__class__.__name__}") from None
+
+    return app

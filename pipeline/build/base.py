@@ -1,0 +1,282 @@
+"""Base images: mmdebstrap rootfs -> single-layer OCI image -> registry + lock.
+
+``images/base/spec.toml`` says what goes in. The rootfs tarball is cached per
+spec hash (mmdebstrap takes ~30 s and depends on the Debian mirror of the day);
+the compressed layer is cached per tarball hash. ``images/base.lock.json`` is
+GENERATED (gitignored): it records what this machine built and pushed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tarfile
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import paths
+from pipeline.build import oci
+from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball, file_sha256
+from pipeline.build.push import Registry
+from pipeline.digests import ImageRef, validate_name
+from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.fsutil import atomic_write_json
+
+SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
+LOCK_PATH = paths.REPO_ROOT / "images" / "base.lock.json"
+LOCK_SCHEMA = "benchseal.base-lock/v1"
+_SAFE_PATH = re.compile(r"\A/[A-Za-z0-9._/-]+\Z")
+_PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
+
+
+@dataclass(frozen=True)
+class BaseSpec:
+    name: str
+    repository: str
+    suite: str
+    variant: str
+    epoch: int
+    include: tuple[str, ...]
+    remove: tuple[str, ...]
+    env: dict[str, str]
+    cmd: tuple[str, ...]
+
+    @property
+    def spec_hash(self) -> str:
+        data = {
+            "suite": self.suite,
+            "variant": self.variant,
+            "epoch": self.epoch,
+            "include": list(self.include),
+            "remove": list(self.remove),
+            "env": self.env,
+            "cmd": list(self.cmd),
+        }
+        return hashlib.sha256(oci.canonical_bytes(data)).hexdigest()
+
+    def mmdebstrap_argv(self, out: Path) -> list[str]:
+        hook = "rm -f " + " ".join(f'"$1{p}"' for p in self.remove)
+        return [
+            "mmdebstrap",
+            "--quiet",
+            f"--variant={self.variant}",
+            f"--include={','.join(self.include)}",
+            f"--customize-hook={hook}",
+            self.suite,
+            str(out),
+        ]
+
+
+def load_specs(path: Path = SPEC_PATH) -> dict[str, BaseSpec]:
+    raw = tomllib.loads(path.read_text())
+    epoch = raw.get("source_date_epoch")
+    if not isinstance(epoch, int) or epoch <= 0:
+        raise ValidationError(f"{path}: source_date_epoch", "must be a positive integer (fixed, not the commit time)", epoch)
+    remove = tuple(raw.get("remove", ()))
+    for p in remove:
+        if not _SAFE_PATH.match(p):
+            raise ValidationError(f"{path}: remove", "entries must be absolute paths of [A-Za-z0-9._/-]", p)
+    config = raw.get("config", {})
+    specs: dict[str, BaseSpec] = {}
+    for name, image in raw.get("images", {}).items():
+        include = tuple(image.get("include", ()))
+        for pkg in include:
+            if not _PACKAGE.match(pkg):
+                raise ValidationError(f"{path}: images.{name}.include", "must be Debian package names", pkg)
+        specs[name] = BaseSpec(
+            name=name,
+            repository=image["repository"],
+            suite=raw["suite"],
+            variant=raw["variant"],
+            epoch=epoch,
+            include=include,
+            remove=remove,
+            env=dict(config.get("env", {})),
+            cmd=tuple(config.get("cmd", ())),
+        )
+    return specs
+
+
+def _tarball_cache() -> Path:
+    return paths.state_dir("cache", "base")
+
+
+def rootfs_tarball(spec: BaseSpec) -> Path:
+    """The mmdebstrap tarball for ``spec``: from the cache, else made now."""
+    out = _tarball_cache() / f"{spec.name}-{spec.spec_hash[:20]}.tar"
+    if out.is_file():
+        return out
+    tmp = out.with_name(out.stem + ".partial.tar")
+    tmp.unlink(missing_ok=True)
+    env = dict(os.environ, SOURCE_DATE_EPOCH=str(spec.epoch))
+    proc = subprocess.run(spec.mmdebstrap_argv(tmp), env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise InfrastructureError(f"mmdebstrap for base {spec.name!r} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    os.replace(tmp, out)
+    return out
+
+
+def packages(tarball: Path) -> dict[str, str]:
+    """``{package: version}`` of everything installed in the rootfs (its dpkg status file)."""
+    with tarfile.open(tarball) as tar:
+        member = next((m for m in ("./var/lib/dpkg/status", "var/lib/dpkg/status") if m in tar.getnames()), None)
+        if member is None:
+            raise CheckFailed(f"{tarball}: no var/lib/dpkg/status")
+        handle = tar.extractfile(member)
+        if handle is None:
+            raise CheckFailed(f"{tarball}: dpkg status is not a file")
+        text = handle.read().decode()
+    result: dict[str, str] = {}
+    for stanza in text.split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        if fields.get("Status") == "install ok installed":
+            arch = fields.get("Architecture", "all")
+            key = fields["Package"] if arch in ("all", "amd64") else f"{fields['Package']}:{arch}"
+            result[key] = fields["Version"]
+    return dict(sorted(result.items()))
+
+
+@dataclass(frozen=True)
+class AssembledBase:
+    manifest: bytes
+    config: bytes
+    layer: Layer
+
+    @property
+    def digest(self) -> str:
+        return oci.sha256_digest(self.manifest)
+
+
+def assemble(spec: BaseSpec, tarball: Path, store: BlobStore, use_cache: bool = True) -> AssembledBase:
+    """One-layer OCI image of ``tarball``; the same tarball always gives the same manifest bytes."""
+    cache = LayerCache(store, enabled=use_cache)
+    key = "rootfs-" + file_sha256(tarball)
+    layer = cache.get(key)
+    if layer is None:
+        layer = compress_tarball(tarball, store)
+        cache.put(key, layer)
+    created = oci.timestamp(spec.epoch)
+    config = oci.canonical_bytes(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "created": created,
+            "config": {"Env": [f"{k}={v}" for k, v in sorted(spec.env.items())], "Cmd": list(spec.cmd)},
+            "rootfs": {"type": "layers", "diff_ids": [layer.diff_id]},
+            "history": [{"created": created, "created_by": " ".join(spec.mmdebstrap_argv(Path("rootfs.tar"))[:-1])}],
+        }
+    )
+    manifest = oci.manifest_bytes(config, [oci.layer_descriptor(layer)])
+    store.put_bytes(config)
+    store.put_bytes(manifest)
+    return AssembledBase(manifest=manifest, config=config, layer=layer)
+
+
+def push_assembled(registry: Registry, repository: str, image: AssembledBase, store: BlobStore) -> str:
+    registry.push_file_blob(repository, image.layer.digest, store.path(image.layer.digest))
+    config_digest = oci.sha256_digest(image.config)
+    registry.push_blob(repository, config_digest, len(image.config), lambda: image.config)
+    digest = registry.put_manifest(repository, image.digest, image.manifest)
+    registry.put_manifest(repository, "latest", image.manifest)
+    return digest
+
+
+def read_lock(path: Path = LOCK_PATH) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    if data.get("schema") != LOCK_SCHEMA:
+        raise ValidationError(f"{path}: schema", f"must be {LOCK_SCHEMA!r}", data.get("schema"))
+    images: dict[str, Any] = data.get("images", {})
+    return images
+
+
+def _lock_ref(name: str, entry: dict[str, Any]) -> ImageRef:
+    from pipeline.digests import parse_ref
+
+    ref = parse_ref(entry.get("ref"), f"base lock images.{name}.ref")
+    if ref.name != entry.get("name") or ref.digest != entry.get("digest"):
+        raise ValidationError(f"base lock images.{name}", "ref must equal name@digest", entry.get("ref"))
+    return ref
+
+
+def ensure_base(registry: str, rebuild: bool = False) -> dict[str, ImageRef]:
+    """Every base image present in ``registry`` (host:port) by digest; build what is missing.
+
+    Idempotent: when the lock names an image the registry serves with that
+    digest (and the spec has not changed), nothing is built or pushed.
+    """
+    validate_name(f"{registry}/x", "registry")
+    with build_lock():
+        return _ensure_base(registry, rebuild)
+
+
+def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
+    specs = load_specs()
+    lock = read_lock()
+    client = Registry(registry)
+    store = BlobStore()
+    refs: dict[str, ImageRef] = {}
+    changed = False
+    for name, spec in specs.items():
+        entry = lock.get(name)
+        if entry and not rebuild and entry.get("spec_hash") in (spec.spec_hash, None):
+            ref = _lock_ref(name, entry)
+            # A lock entry without spec_hash names a base the user supplies: use it as is.
+            if (ref.registry == registry or entry.get("spec_hash") is None) and Registry(ref.registry).has_manifest(ref):
+                refs[name] = ref
+                continue
+        tarball = rootfs_tarball(spec)
+        image = assemble(spec, tarball, store)
+        repo_name = f"{registry}/{spec.repository}"
+        digest = push_assembled(client, spec.repository, image, store)
+        ref = ImageRef(repo_name, digest)
+        refs[name] = ref
+        lock[name] = {
+            "name": ref.name,
+            "digest": ref.digest,
+            "ref": ref.ref,
+            "spec_hash": spec.spec_hash,
+            "suite": spec.suite,
+            "variant": spec.variant,
+            "epoch": spec.epoch,
+            "include": list(spec.include),
+            "rootfs_sha256": file_sha256(tarball),
+            "layer": image.layer.to_json(),
+            "packages": packages(tarball),
+        }
+        changed = True
+    if changed:
+        atomic_write_json(LOCK_PATH, {"schema": LOCK_SCHEMA, "images": lock})
+    return refs
+
+
+def ensure_local(ref: ImageRef) -> None:
+    """Pull ``ref`` by digest into the local engine; check RepoDigests lists exactly that ref.
+
+    Harbor task Dockerfiles say ``FROM <name>@sha256:...``, which resolves
+    locally only when the engine holds the image WITH that RepoDigest
+    (``docker load`` would leave RepoDigests empty).
+    """
+    pull = subprocess.run(["docker", "pull", "--quiet", ref.ref], capture_output=True, text=True, check=False)
+    if pull.returncode != 0:
+        raise InfrastructureError(f"docker pull {ref.ref} failed: {pull.stderr.strip()[-500:]}")
+    inspect = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref.ref],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if inspect.returncode != 0:
+        raise CheckFailed(f"{ref.ref} is not in the local engine after pull: {inspect.stderr.strip()}")
+    repo_digests = json.loads(inspect.stdout or "[]") or []
+    # Several digests can be listed for one image: match ours by repository, never take [0].
+    ours = [d for d in repo_digests if d.partition("@")[0] == ref.name]
+    if ref.ref not in ours:
+        raise CheckFailed(f"local image RepoDigests {ours} for {ref.name} does not contain {ref.digest}")

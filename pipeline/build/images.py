@@ -1,0 +1,310 @@
+"""Assemble the runner and api images from ``images/<role>/image.toml`` (no ``docker build``).
+
+image = base manifest's layers (reused as is, never re-compressed)
+      + one layer per ``[[layers]]`` entry, written deterministically
+      + a canonical config and manifest.
+
+Epochs: dependency layers use the base spec's fixed epoch (they change only
+when a lock changes, so their blobs are shared across commits); the app layer
+and the config ``created`` use SOURCE_DATE_EPOCH, default the commit time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+import time
+import tomllib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import __version__, paths
+from pipeline.build import oci, wheels
+from pipeline.build.base import LOCK_PATH, load_specs
+from pipeline.build.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
+from pipeline.build.push import PushStats, Registry, validate_tag
+from pipeline.contracts import DigestsFile, ImageEntry, SourceInfo
+from pipeline.digests import ImageRef, validate_name
+from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
+
+IMAGES_DIR = paths.REPO_ROOT / "images"
+BUILDER_VERSION = "benchseal-build/1"
+APP_ROOT = "/opt/benchseal"
+# Copied into the image beside the package, so pipeline.paths.REPO_ROOT/<dir> works there too.
+APP_DIRS = ("pipeline", "suites", "policies")
+_EXCLUDE_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
+_EXCLUDE_SUFFIXES = (".pyc", ".pyo", ".tmp", ".swp")
+ROLES = ("runner", "api")
+
+
+def _git(*args: str) -> str:
+    proc = subprocess.run(["git", "-C", str(paths.REPO_ROOT), *args], capture_output=True, text=True, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def source_info() -> SourceInfo:
+    """commit = HEAD; ref = $GITHUB_REF or refs/heads/<branch> / refs/tags/<tag>; repository = $GITHUB_REPOSITORY."""
+    commit = _git("rev-parse", "HEAD")
+    if not commit:
+        raise InfrastructureError(f"{paths.REPO_ROOT} is not a git checkout with a commit (git rev-parse HEAD failed)")
+    ref = os.environ.get("GITHUB_REF") or _git("symbolic-ref", "-q", "HEAD")
+    if not ref:
+        tag = _git("describe", "--exact-match", "--tags", "HEAD")
+        ref = f"refs/tags/{tag}" if tag else "HEAD"
+    return SourceInfo(commit=commit, ref=ref, repository=os.environ.get("GITHUB_REPOSITORY") or "local/benchseal")
+
+
+def source_date_epoch() -> int:
+    configured = os.environ.get("SOURCE_DATE_EPOCH")
+    value = configured if configured is not None else _git("log", "-1", "--format=%ct")
+    if not value.isdigit():
+        raise ValidationError("SOURCE_DATE_EPOCH", "must be a non-negative integer (seconds since 1970)", value)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ImageSpec:
+    role: str
+    directory: Path
+    repository: str
+    base: str
+    config: dict[str, Any]
+    layers: tuple[dict[str, Any], ...]
+
+
+def load_image_spec(role: str) -> ImageSpec:
+    if role not in ROLES:
+        raise ValidationError("image", f"must be one of {', '.join(ROLES)}", role)
+    directory = IMAGES_DIR / role
+    raw = tomllib.loads((directory / "image.toml").read_text())
+    return ImageSpec(
+        role=role,
+        directory=directory,
+        repository=raw["repository"],
+        base=raw["base"],
+        config=raw.get("config", {}),
+        layers=tuple(raw.get("layers", ())),
+    )
+
+
+@dataclass
+class BuildResult:
+    role: str
+    ref: ImageRef
+    manifest: bytes
+    tags: tuple[str, ...]
+    stats: PushStats
+    seconds_build: float = 0.0
+    seconds_push: float = 0.0
+    layers_built: list[str] = field(default_factory=list)
+
+
+def _wheel_cache() -> Path:
+    return paths.state_dir("cache", "wheels")
+
+
+def _wheels_layer(spec: ImageSpec, layer: dict[str, Any], epoch: int, store: BlobStore, cache: LayerCache, built: list[str]) -> Layer:
+    locks = [spec.directory / item["lock"] for item in layer.get("locks", ())] + [
+        spec.directory / item["lock"] for item in layer.get("extract", ())
+    ]
+    key_data = {
+        "builder": BUILDER_VERSION,
+        "layer": layer,
+        "epoch": epoch,
+        "locks": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in locks},
+    }
+    key = "wheels-" + hashlib.sha256(oci.canonical_bytes(key_data)).hexdigest()
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    with tempfile.TemporaryDirectory(prefix="benchseal-layer-") as tmp:
+        root = Path(tmp)
+        files: list[Path] = []
+        for item in layer.get("locks", ()):
+            found = wheels.download(spec.directory / item["lock"], _wheel_cache(), item["python_version"], item["platforms"])
+            files.extend(found.values())
+        wheels.install(files, root, layer["site_packages"], layer["scripts"], layer["interpreter"])
+        for item in layer.get("extract", ()):
+            sdists = wheels.download(spec.directory / item["lock"], _wheel_cache(), "", (), binary=False)
+            (archive,) = sdists.values()
+            target = root / item["path"].lstrip("/")
+            wheels.extract_member(archive, item["member"], target)
+            target.chmod(int(item.get("mode", 0o644)))
+        entries = tree_entries(root, "/", _EXCLUDE_DIRS, _EXCLUDE_SUFFIXES)
+        entries += [Entry(link["path"], "symlink", target=link["target"]) for link in layer.get("symlinks", ())]
+        result = build_layer(entries, epoch, store)
+    cache.put(key, result)
+    built.append(result.digest)
+    return result
+
+
+def _app_entries() -> list[Entry]:
+    entries: list[Entry] = []
+    for name in APP_DIRS:
+        source = paths.REPO_ROOT / name
+        if source.is_dir():
+            entries += tree_entries(source, f"{APP_ROOT}/{name}", _EXCLUDE_DIRS | {f"{name}.egg-info"}, _EXCLUDE_SUFFIXES)
+    script = (
+        b"#!/usr/bin/python3\n"
+        b"import sys\n"
+        b"from pipeline.cli.main import main\n"
+        b"sys.exit(main())\n"
+    )
+    entries.append(Entry("/usr/local/bin/benchseal", "file", mode=0o755, data=script))
+    # Debian's python3 reads .pth files in /usr/local/lib/python3.13/dist-packages.
+    entries.append(Entry("/usr/local/lib/python3.13/dist-packages/benchseal.pth", "file", data=f"{APP_ROOT}\n".encode()))
+    return entries
+
+
+def _app_layer(epoch: int, store: BlobStore, cache: LayerCache, built: list[str]) -> Layer:
+    entries = _app_entries()
+    key = "app-" + hashlib.sha256(f"{BUILDER_VERSION}\n{epoch}\n{entries_key(entries)}".encode()).hexdigest()
+    cached = cache.get(key)
+    if cached is not None:
+        return cached
+    result = build_layer(entries, epoch, store)
+    cache.put(key, result)
+    built.append(result.digest)
+    return result
+
+
+def _base_manifest(base: ImageRef, store: BlobStore) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(manifest, config) of the base: from the local blob store, else from its registry."""
+    client = Registry(base.registry)
+    raw = store.read(base.digest) if store.has(base.digest) else client.get_manifest(base.repository, base.digest)
+    manifest: dict[str, Any] = json.loads(raw)
+    config_digest = manifest["config"]["digest"]
+    config_raw = store.read(config_digest) if store.has(config_digest) else client.get_blob(base.repository, config_digest)
+    store.put_bytes(raw)
+    store.put_bytes(config_raw)
+    config: dict[str, Any] = json.loads(config_raw)
+    return manifest, config
+
+
+def assemble(spec: ImageSpec, base: ImageRef, source: SourceInfo, store: BlobStore, use_cache: bool = True) -> tuple[bytes, bytes, list[str]]:
+    """(manifest bytes, config bytes, digests of layers built now) for ``spec`` on ``base``."""
+    cache = LayerCache(store, enabled=use_cache)
+    built: list[str] = []
+    deps_epoch = load_specs()[spec.base].epoch if spec.base in load_specs() else 0
+    app_epoch = source_date_epoch()
+    base_manifest, base_config = _base_manifest(base, store)
+    new_layers: list[tuple[Layer, str]] = []
+    for layer in spec.layers:
+        kind = layer.get("kind")
+        if kind == "wheels":
+            new_layers.append((_wheels_layer(spec, layer, deps_epoch, store, cache, built), f"benchseal: wheels {layer.get('comment', '')}".strip()))
+        elif kind == "app":
+            new_layers.append((_app_layer(app_epoch, store, cache, built), f"benchseal: app {__version__}"))
+        else:
+            raise ValidationError(f"images/{spec.role}/image.toml: layers.kind", "must be 'wheels' or 'app'", kind)
+
+    created = oci.timestamp(app_epoch)
+    inner = dict(base_config.get("config") or {})
+    cfg = spec.config
+    inner["Env"] = oci.merge_env(list(inner.get("Env") or [oci.DEFAULT_PATH]), dict(cfg.get("env", {})))
+    for key, value in (("Entrypoint", cfg.get("entrypoint")), ("Cmd", cfg.get("cmd"))):
+        if value:
+            inner[key] = list(value)
+        else:
+            inner.pop(key, None)
+    inner["WorkingDir"] = cfg.get("workdir", "/")
+    if cfg.get("exposed_ports"):
+        inner["ExposedPorts"] = {port: {} for port in cfg["exposed_ports"]}
+    inner["Labels"] = {
+        **(inner.get("Labels") or {}),
+        "org.opencontainers.image.base.digest": base.digest,
+        "org.opencontainers.image.base.name": base.name,
+        "org.opencontainers.image.revision": source.commit,
+        "org.opencontainers.image.source": source.repository,
+        "org.opencontainers.image.title": f"benchseal-{spec.role}",
+        "org.opencontainers.image.version": __version__,
+    }
+    config = {
+        "architecture": base_config.get("architecture", "amd64"),
+        "os": base_config.get("os", "linux"),
+        "created": created,
+        "config": inner,
+        "rootfs": {
+            "type": "layers",
+            "diff_ids": list(base_config["rootfs"]["diff_ids"]) + [layer.diff_id for layer, _ in new_layers],
+        },
+        "history": list(base_config.get("history") or []) + [{"created": created, "created_by": why} for _, why in new_layers],
+    }
+    config_bytes = oci.canonical_bytes(config)
+    manifest = oci.manifest_bytes(config_bytes, list(base_manifest["layers"]) + [oci.layer_descriptor(layer) for layer, _ in new_layers])
+    store.put_bytes(config_bytes)
+    store.put_bytes(manifest)
+    return manifest, config_bytes, built
+
+
+def push_image(client: Registry, repository: str, manifest: bytes, store: BlobStore, base: ImageRef | None, tags: Sequence[str]) -> str:
+    """Push blobs (only missing ones) and the manifest, by digest and under ``tags``."""
+    data = json.loads(manifest)
+    for desc in [*data["layers"], data["config"]]:
+        digest, size = desc["digest"], int(desc["size"])
+        mount = base.repository if base is not None and base.registry == client.host else None
+        if store.has(digest):
+            client.push_file_blob(repository, digest, store.path(digest), mount_from=mount)
+        elif base is not None:
+            source = Registry(base.registry)
+            client.push_blob(repository, digest, size, lambda d=digest, s=source: s.open_blob(base.repository, d), mount_from=mount)  # type: ignore[misc]
+        else:
+            raise CheckFailed(f"blob {digest} of {repository} is neither cached nor in a base registry")
+    digest = client.put_manifest(repository, oci.sha256_digest(manifest), manifest)
+    for tag in tags:
+        if client.put_manifest(repository, tag, manifest) != digest:
+            raise CheckFailed(f"tag {tag} of {repository} does not resolve to {digest}")
+    return digest
+
+
+def default_tags(source: SourceInfo, extra: Sequence[str] = ()) -> tuple[str, ...]:
+    tags = [f"git-{source.commit[:12]}"]
+    if source.ref.startswith("refs/tags/"):
+        tags.append(source.ref.removeprefix("refs/tags/"))
+    tags += list(extra)
+    return tuple(dict.fromkeys(validate_tag(t) for t in tags))
+
+
+def build_image(
+    role: str,
+    registry: str,
+    bases: dict[str, ImageRef],
+    source: SourceInfo,
+    tags: Sequence[str] = (),
+    use_cache: bool = True,
+) -> BuildResult:
+    spec = load_image_spec(role)
+    if spec.base not in bases:
+        raise UsageError(f"image {role}: base {spec.base!r} is not in {LOCK_PATH.name} / images/base/spec.toml")
+    base = bases[spec.base]
+    store = BlobStore()
+    started = time.monotonic()
+    manifest, _, built = assemble(spec, base, source, store, use_cache=use_cache)
+    assembled = time.monotonic()
+    client = Registry(registry)
+    name = validate_name(f"{registry}/{spec.repository}", f"images.{role}.name")
+    all_tags = default_tags(source, tags)
+    digest = push_image(client, spec.repository, manifest, store, base, all_tags)
+    return BuildResult(
+        role=role,
+        ref=ImageRef(name, digest),
+        manifest=manifest,
+        tags=all_tags,
+        stats=client.stats,
+        seconds_build=assembled - started,
+        seconds_push=time.monotonic() - assembled,
+        layers_built=built,
+    )
+
+
+def digests_file(source: SourceInfo, results: Sequence[BuildResult]) -> DigestsFile:
+    images = {
+        r.role: ImageEntry(name=r.ref.name, digest=r.ref.digest, ref=r.ref.ref, tags=r.tags)
+        for r in results
+    }
+    return DigestsFile.model_validate({"schema": "benchseal.digests/v1", "source": source, "images": images})

@@ -1,0 +1,50 @@
+"""``benchseal base build|show``: the mmdebstrap base images and their lock."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from pipeline.fsutil import canonical_json
+
+base_app = typer.Typer(help="Debian base images (mmdebstrap, fixed SOURCE_DATE_EPOCH) pushed by digest.", no_args_is_help=True)
+
+
+def _default_registry() -> str:
+    import os
+
+    return os.environ.get("BENCHSEAL_REGISTRY", "127.0.0.1:5055")
+
+
+@base_app.command()
+def build(
+    registry: str = typer.Option(None, "--registry", help="host:port (default $BENCHSEAL_REGISTRY or 127.0.0.1:5055)."),
+    rebuild: bool = typer.Option(False, "--rebuild", help="Assemble and push even when the lock and registry agree."),
+    local: bool = typer.Option(False, "--local", help="Also pull each base by digest into the local engine."),
+) -> None:
+    """Build (if needed) and push the base images; write images/base.lock.json. Idempotent."""
+    from pipeline.build import ensure_base, ensure_local
+
+    refs = ensure_base(registry or _default_registry(), rebuild=rebuild)
+    if local:
+        for ref in refs.values():
+            ensure_local(ref)
+    typer.echo(canonical_json({name: ref.ref for name, ref in refs.items()}), nl=False)
+
+
+@base_app.command()
+def show() -> None:
+    """Print the lock (name, ref, epoch, package count) without building."""
+    from pipeline.build.base import LOCK_PATH, read_lock
+
+    lock = read_lock()
+    if not lock:
+        typer.echo(f"no lock at {LOCK_PATH}; run `benchseal base build`", err=True)
+        raise typer.Exit(1)
+    summary = {name: {"ref": e["ref"], "epoch": e.get("epoch"), "packages": len(e.get("packages", {}))} for name, e in lock.items()}
+    typer.echo(json.dumps(summary, indent=2, sort_keys=True))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(base_app, name="base")
