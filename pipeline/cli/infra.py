@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -28,10 +29,10 @@ def _read_payload(source: str, limit: int) -> bytes:
 
 @infra_app.command("accept")
 def accept(
-    payload: str = typer.Option(..., "--payload", help="Payload JSON file, or '-' for stdin."),
-    db: Path | None = typer.Option(None, "--db", help="Queue database (default: state dir infra/queue.sqlite3)."),
-    policy_path: Path | None = typer.Option(None, "--policy", help="Infra policy (default: policies/infra.yaml)."),
-    as_json: bool = typer.Option(False, "--json", help="Print {run_id, created} as JSON."),
+    payload: Annotated[str, typer.Option("--payload", help="Payload JSON file, or '-' for stdin.")],
+    db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
+    policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print {run_id, created} as JSON.")] = False,
 ) -> None:
     """Validate a dispatch payload and enqueue it exactly once; print the run id."""
     from pipeline.infra.accept import accept_payload
@@ -47,8 +48,8 @@ def accept(
 
 @infra_app.command("status")
 def status(
-    run_id: str | None = typer.Argument(None, help="Show one run (with its events); default: list all runs."),
-    db: Path | None = typer.Option(None, "--db"),
+    run_id: Annotated[str | None, typer.Argument(help="Show one run (with its events); default: list all runs.")] = None,
+    db: Annotated[Path | None, typer.Option("--db")] = None,
 ) -> None:
     """Show runs as JSON lines (or one run with its audit trail)."""
     from pipeline.infra.queue import SqliteQueue

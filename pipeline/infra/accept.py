@@ -97,7 +97,10 @@ def validate_payload(data: bytes | dict[str, Any], policy: InfraPolicy | None = 
             raise ValidationError(_path(first.absolute_path), first.message)
         raise ValidationError(_path(first.absolute_path), f"schema rule {first.validator!r}: {first.message[:200]}", first.instance)
 
-    payload = load_model(DispatchPayload, obj, "payload")
+    try:
+        payload = load_model(DispatchPayload, obj, "payload")
+    except ValidationError as exc:
+        raise ValidationError(exc.field.replace("payload: ", "payload.", 1), exc.rule, exc.value) from None
     roles: tuple[Literal["runner", "api"], ...] = ("runner", "api")
     for role in roles:
         policy.check_image(role, parse_ref(getattr(payload, role), f"payload.{role}"), field=f"payload.{role}")

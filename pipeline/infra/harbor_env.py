@@ -22,7 +22,7 @@ from harbor.environments.docker import COMPOSE_NO_NETWORK_PATH, ENV_COMPOSE_NAME
 from harbor.environments.docker.docker import DockerEnvironment
 
 # Values for the compose subprocess currently being started from this asyncio task.
-_exec_values: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("benchseal_exec_values", default={})
+_exec_values: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("benchseal_exec_values", default=None)
 
 IMPORT_PATH = "pipeline.infra.harbor_env:SecretSafeDockerEnvironment"
 
@@ -52,12 +52,13 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         # which _compose_env_vars fills in (persistent env is merged there).
         names = sorted(self._startup_env())
         path.write_text(json.dumps({"services": {"main": {"environment": names}}}, indent=2))
-        return path
+        result: Path = path
+        return result
 
     def _compose_env_vars(self, include_os_env: bool = True) -> dict[str, str]:
         env: dict[str, str] = super()._compose_env_vars(include_os_env=include_os_env)
         env.update(self._startup_env())
-        env.update(_exec_values.get())
+        env.update(_exec_values.get() or {})
         return env
 
     async def _compose_exec(

@@ -76,10 +76,19 @@ def run_suite(
     specs = plan_trials(run_id, discover_tasks(suite_dir))
     atomic_write_json(
         out_dir / TRIALS_FILE,
-        {"run_id": run_id, "agent": agent, "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]},
+        {"run_id": run_id, "agent": agent, "harbor_version": _harbor_version(), "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]},
     )
     asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency))
     return specs
+
+
+def _harbor_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("harbor")
+    except PackageNotFoundError:
+        return None
 
 
 async def _run_all(

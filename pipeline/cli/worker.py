@@ -1,0 +1,46 @@
+"""``benchseal worker``: claim queued runs and run their Harbor trials in the runner image."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def worker(
+    once: Annotated[bool, typer.Option("--once", help="Take at most one run through one attempt, then exit.")] = False,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=8, help="Runs handled in parallel.")] = 1,
+    db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
+    policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
+    base_ref: Annotated[str | None, typer.Option("--base-ref", help="Task base image by digest (default: images/base.lock.json).")] = None,
+) -> None:
+    """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
+    import logging
+    import signal
+
+    from pipeline.infra.policy import load_policy
+    from pipeline.infra.worker import WorkerConfig, run_forever, run_once
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref)
+
+    def _stop(signum: int, _frame: object) -> None:
+        config.stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    if once:
+        outcome = run_once(config)
+        if outcome is None:
+            typer.echo(json.dumps({"run_id": None, "state": None}))
+            return
+        typer.echo(json.dumps({"run_id": outcome.run_id, "state": outcome.state, "reason": outcome.reason,
+                               "score": outcome.grading.score if outcome.grading else None}, sort_keys=True))
+        return
+    run_forever(config, concurrency=concurrency)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("worker")(worker)

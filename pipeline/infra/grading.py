@@ -1,0 +1,173 @@
+"""Grade a run from Harbor's result.json files (never from an exit code).
+
+Per planned trial (``trials.json``, written by ``benchseal trial run``):
+
+* no result.json, or no reward without an agent error -> ``infra_error``;
+* ``exception_info`` from the agent (timeout, non-zero exit) -> the agent's
+  fault: graded by its reward like any completed trial (usually unresolved);
+* any other ``exception_info`` (environment, verifier, Docker) -> ``infra_error``;
+* reward 1 -> ``resolved``; otherwise ``unresolved``.
+
+A run whose infrastructure errors exceed the policy threshold is FAILED with
+no score; otherwise score = resolved / completed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pipeline.contracts import GradeCounts, Grading, TrialOutcome, TrialRecord
+from pipeline.infra.policy import InfraPolicy
+from pipeline.infra.queue import RunRecord
+from pipeline.infra.trial import TRIALS_FILE
+
+# Exceptions that are the agent's doing, not the infrastructure's.
+AGENT_EXCEPTIONS = frozenset(
+    {
+        "AgentTimeoutError",
+        "AgentSetupTimeoutError",
+        "NonZeroAgentExitCodeError",
+        "AgentAuthenticationError",
+        "ModelNotFoundError",
+        "UnsupportedModelParametersError",
+        "OutputTokenExceededError",
+        "ContextWindowExceededError",
+        "AgentSafetyRefusalError",
+    }
+)
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What ``docker inspect`` of the runner container said it ran."""
+
+    image_id: str | None
+    digest: str | None  # the RepoDigest of the payload's repository, when present
+
+
+def _seconds(phase: Any) -> float | None:
+    if not isinstance(phase, dict) or not phase.get("started_at") or not phase.get("finished_at"):
+        return None
+    start = datetime.fromisoformat(str(phase["started_at"]).replace("Z", "+00:00"))
+    end = datetime.fromisoformat(str(phase["finished_at"]).replace("Z", "+00:00"))
+    return round((end - start).total_seconds(), 3)
+
+
+def read_plan(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / TRIALS_FILE
+    if not path.is_file():
+        return None
+    try:
+        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data
+
+
+def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runner: RunnerInfo, harbor_version: str | None) -> TrialRecord:
+    base: dict[str, Any] = {"task": task, "trial_name": trial_name, "agent_name": agent,
+                            "runner_digest": runner.digest, "harbor_version": harbor_version}
+    try:
+        data = json.loads(result_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return TrialRecord(**base, outcome="infra_error", reward=None, exception_type="MissingTrialResult")
+    except (OSError, ValueError):
+        return TrialRecord(**base, outcome="infra_error", reward=None, exception_type="UnreadableTrialResult")
+    info = data.get("agent_info") or {}
+    verifier = data.get("verifier_result") or {}
+    rewards = verifier.get("rewards") or {}
+    raw_reward = rewards.get("reward")
+    reward = float(raw_reward) if isinstance(raw_reward, int | float) else None
+    exception = data.get("exception_info") or None
+    exception_type = str(exception.get("exception_type")) if isinstance(exception, dict) else None
+    outcome: TrialOutcome
+    if exception_type is not None and exception_type not in AGENT_EXCEPTIONS:
+        outcome = "infra_error"
+    elif reward is None:
+        outcome = "unresolved" if exception_type in AGENT_EXCEPTIONS else "infra_error"
+        exception_type = exception_type or "NoReward"
+    else:
+        outcome = "resolved" if reward >= 1.0 else "unresolved"
+    return TrialRecord(
+        **{**base, "agent_name": str(info.get("name") or agent)},
+        outcome=outcome,
+        reward=reward,
+        exception_type=exception_type,
+        agent_version=None if info.get("version") is None else str(info["version"]),
+        started_at=data.get("started_at"),
+        finished_at=data.get("finished_at"),
+        agent_seconds=_seconds(data.get("agent_execution")),
+        verifier_seconds=_seconds(data.get("verifier")),
+        total_seconds=_seconds({"started_at": data.get("started_at"), "finished_at": data.get("finished_at")}),
+    )
+
+
+def grade_run(
+    run_dir: Path,
+    record: RunRecord,
+    policy: InfraPolicy,
+    runner: RunnerInfo,
+    *,
+    started_at: str,
+    finished_at: str,
+    failure: str | None = None,
+) -> Grading:
+    """Grade ``run_dir``; ``failure`` (timeout, runner usage error) forces FAILED with no score."""
+    payload = record.payload
+    plan = read_plan(run_dir) or {}
+    harbor_version = plan.get("harbor_version")
+    planned = [(str(t["task"]), str(t["trial_name"])) for t in plan.get("trials", [])]
+    trials = tuple(
+        grade_trial(run_dir / "harbor" / name / "result.json", task, name, payload.agent, runner, harbor_version)
+        for task, name in planned
+    )
+    resolved = sum(t.outcome == "resolved" for t in trials)
+    unresolved = sum(t.outcome == "unresolved" for t in trials)
+    infra = sum(t.outcome == "infra_error" for t in trials)
+    counts = GradeCounts(total=len(trials), completed=resolved + unresolved, resolved=resolved,
+                         unresolved=unresolved, infra_errors=infra)
+    reason: str | None = failure
+    if reason is None and not trials:
+        reason = "no trials were planned (trials.json missing or empty)"
+    if reason is None and policy.infra_errors_exceed_threshold(infra, len(trials)):
+        reason = (f"{infra} of {len(trials)} trials are infrastructure errors, more than "
+                  f"{policy.infra_error_threshold_percent:g}% allowed")
+    if reason is None and counts.completed == 0:
+        reason = "no trial completed"
+    ok = reason is None
+    return Grading(
+        run_id=record.run_id,
+        status="SUCCEEDED" if ok else "FAILED",
+        reason=reason,
+        suite=payload.suite,
+        agent=payload.agent,
+        counts=counts,
+        score=round(resolved / counts.completed, 6) if ok else None,
+        trials=trials,
+        harbor_version=harbor_version,
+        runner_ref=payload.runner,
+        api_ref=payload.api,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def infra_error_grading(record: RunRecord, reason: str, *, started_at: str, finished_at: str) -> Grading:
+    """The grading of a run that ended in INFRA_ERROR: counts only, no score."""
+    return Grading(
+        run_id=record.run_id,
+        status="INFRA_ERROR",
+        reason=reason,
+        suite=record.payload.suite,
+        agent=record.payload.agent,
+        counts=GradeCounts(total=0, completed=0, resolved=0, unresolved=0, infra_errors=0),
+        score=None,
+        runner_ref=record.payload.runner,
+        api_ref=record.payload.api,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
