@@ -1,0 +1,84 @@
+"""Evidence of a run: summary, SBOMs, provenance, checksums, Sigstore bundles.
+
+``write_evidence`` writes ``<run_dir>/artifacts/`` completely. Order matters:
+content first (summary, SBOMs, statements), then its bundles, then SHA256SUMS over
+every file so far (bundles included), then SHA256SUMS's own bundle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.contracts import DispatchPayload, Grading
+
+if TYPE_CHECKING:
+    from pipeline.evidence.signing import Signer
+
+__all__ = ["EvidenceResult", "cosign_commands", "reseal", "write_evidence"]
+
+SBOM_NAMES = {"runner": "sbom-runner.cdx.json", "api": "sbom-api.cdx.json"}
+MANIFEST_NAMES = {"runner": "manifest-runner.oci.json", "api": "manifest-api.oci.json"}
+
+
+@dataclass(frozen=True)
+class EvidenceResult:
+    artifacts: Path
+    summary: Path
+    checksums: Path
+    sboms: dict[str, Path]
+    statements: tuple[Path, ...]
+    bundles: tuple[Path, ...]
+    identity: str
+    issuer: str
+    trusted_root: Path | None
+    signing_seconds: float = 0.0
+
+
+def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *, signer: Signer) -> EvidenceResult:
+    """Write and sign every artifact of a terminal run into ``run_dir/artifacts``.
+
+    Idempotent: a retry rewrites every file atomically with the same content
+    (bundles differ: each signature gets a new certificate and log entry).
+    """
+    import time
+
+    from pipeline.evidence import artifacts, provenance, sbom
+
+    out = run_dir / "artifacts"
+    out.mkdir(parents=True, exist_ok=True)
+    summary = artifacts.write_summary(out, artifacts.build_summary(grading, payload))
+    sboms = {role: sbom.write_sbom(ref, out / SBOM_NAMES[role], manifest_out=out / MANIFEST_NAMES[role])
+             for role, ref in (("runner", grading.runner_ref), ("api", grading.api_ref))}
+    statements = (
+        provenance.write_statement(out / provenance.IMAGES, provenance.images_statement(payload)),
+        provenance.write_statement(out / provenance.SUMMARY, provenance.summary_statement(summary, grading, payload)),
+    )
+    signing = time.monotonic()
+    bundles = [signer.sign_file(summary), *(signer.sign_file(p) for p in sboms.values())]
+    bundles += [signer.sign_statement(p) for p in statements]
+    signing = time.monotonic() - signing
+    checksums = artifacts.write_checksums(out)
+    started = time.monotonic()
+    bundles.append(signer.sign_file(checksums))
+    signing += time.monotonic() - started
+    return EvidenceResult(
+        artifacts=out, summary=summary, checksums=checksums, sboms=sboms, statements=statements,
+        bundles=tuple(bundles), identity=signer.identity, issuer=signer.issuer, trusted_root=signer.trusted_root,
+        signing_seconds=signing,
+    )
+
+
+def reseal(artifacts_dir: Path, *, signer: Signer) -> Path:
+    """Re-checksum every file (e.g. after publisher-error.json was added) and re-sign SHA256SUMS."""
+    from pipeline.evidence.artifacts import recheck_and_resign
+
+    return recheck_and_resign(artifacts_dir, signer)
+
+
+def cosign_commands(artifacts_dir: Path, **options: object) -> list[str]:
+    """The consumer's verification commands (cosign + sha256sum -c), run inside the release dir."""
+    from pipeline.verify.external import cosign_commands as commands
+
+    return commands(artifacts_dir, **options)  # type: ignore[arg-type]

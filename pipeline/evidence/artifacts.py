@@ -1,0 +1,139 @@
+"""summary.json and SHA256SUMS of a run's published artifacts.
+
+``SHA256SUMS`` is exactly what ``sha256sum -c`` reads: ``<64 hex><space><space><name>``
+per line, sorted by name, covering every file in the artifacts directory except
+SHA256SUMS itself and its own bundle (which signs it). Hashing is streamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline import paths
+from pipeline.contracts import DispatchPayload, Grading
+from pipeline.digests import parse_ref
+from pipeline.errors import CheckFailed, ValidationError
+from pipeline.evidence.signing import BUNDLE_SUFFIX, sha256_file
+from pipeline.fsutil import atomic_write_text, canonical_json
+
+if TYPE_CHECKING:
+    from pipeline.evidence.signing import Signer
+
+SUMMARY_SCHEMA = "benchseal.summary/v1"
+SUMMARY = "summary.json"
+CHECKSUMS = "SHA256SUMS"
+CHECKSUMS_BUNDLE = CHECKSUMS + BUNDLE_SUFFIX
+PUBLISHER_ERROR = "publisher-error.json"
+EVALUATION_METHOD = "harbor-verifier-reward: a trial is resolved when its verifier reward is >= 1; score = resolved / completed"
+_LINE_RE = re.compile(r"\A([0-9a-f]{64})  ([A-Za-z0-9._+-]+)\Z")
+_NAME_RE = re.compile(r"\A[A-Za-z0-9._+-]+\Z")
+
+
+def suite_revision(suite: str, suites_root: Path | None = None) -> str | None:
+    """``sha256:<hex>`` over the suite directory's files (relative path + content hash), or None."""
+    root = (suites_root or paths.REPO_ROOT / "suites") / suite
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for file in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        rel = file.relative_to(root).as_posix()
+        digest.update(f"{sha256_file(file)}  {rel}\n".encode())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version: str | None = None,
+                  suites_root: Path | None = None) -> dict[str, Any]:
+    """The benchseal.summary/v1 document for a graded run."""
+    runner = parse_ref(grading.runner_ref, "grading.runner_ref")
+    api = parse_ref(grading.api_ref, "grading.api_ref")
+    if runner.ref != payload.runner or api.ref != payload.api:
+        raise CheckFailed("grading image refs differ from the dispatch payload's: the run did not use the dispatched images")
+    agent_versions = sorted({t.agent_version for t in grading.trials if t.agent_version})
+    harbor_versions = sorted({t.harbor_version for t in grading.trials if t.harbor_version})
+    counts = grading.counts
+    return {
+        "schema": SUMMARY_SCHEMA,
+        "suite": grading.suite,
+        "dataset": {"name": grading.suite, "revision": suite_revision(grading.suite, suites_root)},
+        "evaluation_method": EVALUATION_METHOD,
+        "status": grading.status,
+        "reason": grading.reason,
+        "counts": counts.model_dump(mode="json"),
+        "score": grading.score,
+        "source": payload.source.model_dump(mode="json"),
+        "images": {
+            "runner": {"name": runner.name, "digest": runner.digest, "ref": runner.ref},
+            "api": {"name": api.name, "digest": api.digest, "ref": api.ref},
+        },
+        "harbor_version": grading.harbor_version or harbor_version or (harbor_versions[0] if harbor_versions else None),
+        "agent": {"name": grading.agent, "version": agent_versions[0] if len(agent_versions) == 1 else (agent_versions or None)},
+        "infra_run_id": grading.run_id,
+        "run_id": grading.run_id,
+        "correlation_id": payload.correlation_id,
+        "timings": {
+            "started_at": grading.started_at,
+            "finished_at": grading.finished_at,
+            "trials": [
+                {"task": t.task, "trial": t.trial_name, "outcome": t.outcome, "reward": t.reward,
+                 "total_seconds": t.total_seconds, "agent_seconds": t.agent_seconds,
+                 "verifier_seconds": t.verifier_seconds}
+                for t in grading.trials
+            ],
+        },
+    }
+
+
+def write_summary(artifacts: Path, summary: dict[str, Any]) -> Path:
+    path = artifacts / SUMMARY
+    atomic_write_text(path, canonical_json(summary))
+    return path
+
+
+def checksummed_files(artifacts: Path) -> list[Path]:
+    """Every published file that SHA256SUMS must cover (sorted by name)."""
+    files = []
+    for path in sorted(artifacts.iterdir(), key=lambda p: p.name):
+        if path.name in (CHECKSUMS, CHECKSUMS_BUNDLE) or path.name.startswith("."):
+            continue
+        if not path.is_file() or path.is_symlink():
+            raise CheckFailed(f"{path}: artifacts must be regular files (no directories or symlinks)")
+        if not _NAME_RE.match(path.name):
+            raise ValidationError(str(path), "artifact names must match [A-Za-z0-9._+-]+")
+        files.append(path)
+    return files
+
+
+def render_checksums(files: list[Path]) -> str:
+    return "".join(f"{sha256_file(p)}  {p.name}\n" for p in files)
+
+
+def write_checksums(artifacts: Path) -> Path:
+    path = artifacts / CHECKSUMS
+    atomic_write_text(path, render_checksums(checksummed_files(artifacts)))
+    return path
+
+
+def parse_checksums(text: str, source: str = CHECKSUMS) -> dict[str, str]:
+    """Strictly parse a SHA256SUMS file: name -> hex; reject anything sha256sum would not write."""
+    entries: dict[str, str] = {}
+    if not text.endswith("\n"):
+        raise CheckFailed(f"{source}: must end with a newline")
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = _LINE_RE.match(line)
+        if not match:
+            raise CheckFailed(f"{source}: line {number} is not '<64 lowercase hex>  <name>'")
+        digest, name = match.groups()
+        if name in entries:
+            raise CheckFailed(f"{source}: {name} is listed twice")
+        entries[name] = digest
+    return entries
+
+
+def recheck_and_resign(artifacts: Path, signer: Signer) -> Path:
+    """After a file was added (e.g. publisher-error.json): rewrite SHA256SUMS and re-sign it."""
+    path = write_checksums(artifacts)
+    signer.sign_file(path)
+    return path

@@ -1,0 +1,177 @@
+"""Keyless Sigstore signing (sigstore-python) of release artifacts.
+
+Production: ``ambient_signer()`` takes the ambient GitHub Actions OIDC token
+(``permissions: id-token: write``) and signs against the public-good instance.
+Local and tests: ``local_signer()`` signs against the private instance on
+127.0.0.1 (``pipeline.evidence.sigstore_local``).
+
+Bundles use Rekor v1 unless asked otherwise: cosign 2.5 (the Debian 13 package,
+one of the three verifiers consumers use) cannot verify Rekor v2 entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.errors import InfrastructureError, ValidationError
+from pipeline.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from sigstore.models import ClientTrustConfig
+
+BUNDLE_SUFFIX = ".sigstore.json"
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+_CHUNK = 1 << 20
+
+
+def bundle_path(path: Path) -> Path:
+    return path.with_name(path.name + BUNDLE_SUFFIX)
+
+
+def sha256_file(path: Path) -> str:
+    """Streamed SHA-256 (hex) of a file of any size."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass
+class Signer:
+    """Signs files into ``<file>.sigstore.json`` (bundle v0.3) and statements into DSSE bundles.
+
+    ``token`` returns a fresh OIDC identity token; the signing certificate is cached
+    by sigstore-python and renewed with a new token when it expires.
+    """
+
+    trust_config: ClientTrustConfig
+    token: Callable[[], str]
+    identity: str
+    issuer: str
+    trusted_root: Path | None = None  # where a verifier finds the matching root (None: public-good)
+    rekor_version: int = 1
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _context: Any = field(default=None, repr=False)
+    _signer_cm: Any = field(default=None, repr=False)
+    _signer: Any = field(default=None, repr=False)
+    _renew_at: float = field(default=0.0, repr=False)
+
+    def _current(self) -> Any:
+        from sigstore.oidc import IdentityToken
+        from sigstore.sign import SigningContext
+
+        if self._context is None:
+            self.trust_config.force_tlog_version = self.rekor_version
+            self._context = SigningContext.from_trust_config(self.trust_config)
+        # Fulcio certificates live 10 minutes; renew well before expiry.
+        if self._signer is None or time.monotonic() >= self._renew_at:
+            self.close()
+            try:
+                self._signer_cm = self._context.signer(IdentityToken(self.token()), cache=True)
+                self._signer = self._signer_cm.__enter__()
+            except Exception as exc:
+                raise InfrastructureError(f"could not obtain a signing certificate: {type(exc).__name__}: {exc}") from None
+            self._renew_at = time.monotonic() + 300
+        return self._signer
+
+    def close(self) -> None:
+        if self._signer_cm is not None:
+            self._signer_cm.__exit__(None, None, None)
+        self._signer_cm = None
+        self._signer = None
+
+    def sign_file(self, path: Path) -> Path:
+        """Sign ``path`` (streamed hash) into ``<path>.sigstore.json``; return the bundle path."""
+        from sigstore.hashes import Hashed
+        from sigstore_models.common.v1 import HashAlgorithm
+
+        hashed = Hashed(algorithm=HashAlgorithm.SHA2_256, digest=bytes.fromhex(sha256_file(path)))
+        with self._lock:
+            try:
+                bundle = self._current().sign_artifact(hashed)
+            except InfrastructureError:
+                raise
+            except Exception as exc:
+                raise InfrastructureError(f"signing {path.name} failed: {type(exc).__name__}: {exc}") from None
+        out = bundle_path(path)
+        atomic_write_text(out, bundle.to_json())
+        return out
+
+    def sign_statement(self, statement_path: Path) -> Path:
+        """Sign the in-toto statement in ``statement_path`` (exact bytes) as a DSSE bundle."""
+        from sigstore import dsse
+        from sigstore.errors import Error as SigstoreError
+
+        try:
+            statement = dsse.Statement(statement_path.read_bytes())
+        except SigstoreError as exc:
+            raise ValidationError(str(statement_path), f"not an in-toto v1 statement: {exc}") from None
+        with self._lock:
+            try:
+                bundle = self._current().sign_dsse(statement)
+            except InfrastructureError:
+                raise
+            except Exception as exc:
+                raise InfrastructureError(f"signing {statement_path.name} failed: {type(exc).__name__}: {exc}") from None
+        out = bundle_path(statement_path)
+        atomic_write_text(out, bundle.to_json())
+        return out
+
+
+def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: str | None = None) -> Signer:
+    """A signer for the private instance on 127.0.0.1 (started if needed)."""
+    from sigstore.models import ClientTrustConfig
+
+    from pipeline.evidence import sigstore_local
+
+    instance = sigstore_local.ensure_running(state)
+    config = ClientTrustConfig.from_json(instance.client_trust_config(rekor_version).read_text())
+    identity = subject or instance.identity
+    return Signer(
+        trust_config=config,
+        token=lambda: sigstore_local.mint_token(instance, subject=identity),
+        identity=identity,
+        issuer=instance.issuer,
+        trusted_root=instance.trusted_root,
+        rekor_version=rekor_version,
+    )
+
+
+def ambient_signer(*, identity: str | None = None) -> Signer:
+    """A keyless signer using the ambient GitHub Actions OIDC token, public-good instance."""
+    from sigstore.models import ClientTrustConfig
+    from sigstore.oidc import IdentityToken, detect_credential
+
+    def token() -> str:
+        raw = detect_credential()
+        if raw is None:
+            raise InfrastructureError("no ambient OIDC credential (GitHub Actions needs `permissions: id-token: write`)")
+        return raw
+
+    first = token()
+    parsed = IdentityToken(first)
+    tokens = iter([first])
+    return Signer(
+        trust_config=ClientTrustConfig.production(),
+        token=lambda: next(tokens, None) or token(),
+        identity=identity or str(parsed.identity),
+        issuer=str(parsed.issuer),
+        trusted_root=None,
+        rekor_version=1,
+    )
+
+
+def default_signer() -> Signer:
+    """Ambient GitHub OIDC (public-good) inside GitHub Actions with id-token access; the local instance otherwise."""
+    import os
+
+    if os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL"):
+        return ambient_signer()
+    return local_signer()

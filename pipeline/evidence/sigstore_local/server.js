@@ -1,0 +1,520 @@
+'use strict';
+// A private Sigstore instance on 127.0.0.1 for local releases and tests.
+//
+// Built from @sigstore/mock (sigstore-js's own test doubles): its CA (with CT log)
+// issues Fulcio certificates and its TSA answers RFC 3161 requests. This server adds
+// what the mock leaves to its callers, so that unmodified sigstore-python, sigstore-js
+// and cosign clients can sign and verify against it:
+//   * an OIDC issuer that mints ES256 identity tokens, and a Fulcio front that VERIFIES
+//     them (signature, issuer, audience, expiry) and the CSR's proof of possession;
+//   * two append-only transparency logs (Rekor v1 and Rekor v2 APIs) over real RFC 6962
+//     Merkle trees, with the entry bodies real Rekor would store (the mock logs the raw
+//     request), signed checkpoints and inclusion proofs, and v1 signed entry timestamps;
+//   * a DER RFC 3161 front for the mock TSA (the mock expects JSON), with whole-second
+//     times and the client's nonce kept exactly;
+//   * trusted_root.json and client trust configs (one per Rekor API version).
+//
+// Usage: node server.js --state DIR [--port N]
+// Writes DIR/instance.json (atomically) once it listens; exits on SIGTERM/SIGINT.
+
+const crypto = require('crypto');
+const fs = require('fs');
+const http = require('http');
+const path = require('path');
+
+require('reflect-metadata');
+const asn1js = require('asn1js');
+const canonicalize = require('canonicalize');
+const jose = require('jose');
+const pkijs = require('pkijs');
+const x509 = require('@peculiar/x509');
+const mock = require('@sigstore/mock');
+
+const LOCAL_ISSUER = 'https://oidc.benchseal.invalid';
+const LOCAL_IDENTITY = 'https://benchseal.invalid/signers/local';
+const AUDIENCE = 'sigstore';
+const MAX_BODY = 4 * 1024 * 1024;
+
+function args(argv) {
+  const out = { port: 0, state: null };
+  for (let i = 2; i < argv.length; i += 2) {
+    if (argv[i] === '--state') out.state = argv[i + 1];
+    else if (argv[i] === '--port') out.port = Number(argv[i + 1]);
+    else throw new Error(`unknown argument ${argv[i]}`);
+  }
+  if (!out.state) throw new Error('--state DIR is required');
+  return out;
+}
+
+function wholeSecondNow() {
+  return new Date(Math.floor(Date.now() / 1000) * 1000);
+}
+
+function writeAtomic(file, text) {
+  const tmp = `${file}.${process.pid}.tmp`;
+  fs.writeFileSync(tmp, text, { mode: 0o644 });
+  fs.renameSync(tmp, file);
+}
+
+function ecKeyPair() {
+  return crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' });
+}
+
+function spkiDer(publicKey) {
+  return publicKey.export({ format: 'der', type: 'spki' });
+}
+
+function sha256(...parts) {
+  const h = crypto.createHash('sha256');
+  for (const p of parts) h.update(p);
+  return h.digest();
+}
+
+// --- RFC 6962 Merkle tree ---------------------------------------------------------
+class MerkleLog {
+  constructor(name, origin, keyPair) {
+    this.name = name;
+    this.origin = origin;
+    this.privateKey = keyPair.privateKey;
+    this.publicDer = spkiDer(keyPair.publicKey);
+    this.logId = sha256(this.publicDer);
+    this.leaves = [];
+    // Some verifiers (sigstore-go) treat log index 0 as "unset": start the log with a
+    // genesis leaf so every client entry has an index >= 1.
+    this.append(Buffer.from(canonicalize({ genesis: name, origin, at: new Date().toISOString() })));
+  }
+
+  append(body) {
+    this.leaves.push(sha256(Buffer.from([0]), body));
+    return this.leaves.length - 1;
+  }
+
+  root(lo, hi) {
+    const n = hi - lo;
+    if (n === 1) return this.leaves[lo];
+    const k = largestPowerOfTwoBelow(n);
+    return sha256(Buffer.from([1]), this.root(lo, lo + k), this.root(lo + k, hi));
+  }
+
+  // PATH(m, D[lo:hi]) from RFC 6962 2.1.1, leaf to root.
+  path(m, lo, hi) {
+    const n = hi - lo;
+    if (n === 1) return [];
+    const k = largestPowerOfTwoBelow(n);
+    if (m < k) return [...this.path(m, lo, lo + k), this.root(lo + k, hi)];
+    return [...this.path(m - k, lo + k, hi), this.root(lo, lo + k)];
+  }
+
+  proof(index) {
+    const size = this.leaves.length;
+    const rootHash = this.root(0, size);
+    return { index, size, rootHash, hashes: this.path(index, 0, size), checkpoint: this.checkpoint(size, rootHash) };
+  }
+
+  checkpoint(size, rootHash) {
+    const note = `${this.origin}\n${size}\n${rootHash.toString('base64')}\n`;
+    const sig = crypto.sign('sha256', Buffer.from(note), this.privateKey);
+    const hintAndSig = Buffer.concat([this.logId.subarray(0, 4), sig]);
+    return `${note}\n\u2014 ${this.origin} ${hintAndSig.toString('base64')}\n`;
+  }
+}
+
+function largestPowerOfTwoBelow(n) {
+  let k = 1;
+  while (k * 2 < n) k *= 2;
+  return k;
+}
+
+// --- Rekor v1 -------------------------------------------------------------------
+// Rekor v1 stores, for hashedrekord, the canonicalized proposed entry; for dsse it
+// stores hashes of the envelope and payload plus the signatures, not the envelope.
+function rekorV1Body(proposed) {
+  if (proposed.kind === 'hashedrekord' && proposed.apiVersion === '0.0.1') {
+    const spec = proposed.spec;
+    if (!spec?.signature?.content || !spec?.signature?.publicKey?.content || !spec?.data?.hash?.value) {
+      throw new Error('hashedrekord: missing signature, public key or data hash');
+    }
+    return { apiVersion: '0.0.1', kind: 'hashedrekord', spec };
+  }
+  if (proposed.kind === 'dsse' && proposed.apiVersion === '0.0.1') {
+    const content = proposed.spec?.proposedContent;
+    if (!content?.envelope || !Array.isArray(content.verifiers) || content.verifiers.length === 0) {
+      throw new Error('dsse: missing envelope or verifiers');
+    }
+    const envelope = JSON.parse(content.envelope);
+    const payload = Buffer.from(envelope.payload, 'base64');
+    return {
+      apiVersion: '0.0.1',
+      kind: 'dsse',
+      spec: {
+        envelopeHash: { algorithm: 'sha256', value: sha256(Buffer.from(content.envelope)).toString('hex') },
+        payloadHash: { algorithm: 'sha256', value: sha256(payload).toString('hex') },
+        signatures: envelope.signatures.map((s) => ({ signature: s.sig, verifier: content.verifiers[0] })),
+      },
+    };
+  }
+  throw new Error(`unsupported entry kind ${proposed.kind}/${proposed.apiVersion}`);
+}
+
+function rekorV1Entry(log, tlog, proposed) {
+  const body = Buffer.from(canonicalize(rekorV1Body(proposed)));
+  const index = log.append(body);
+  const integratedTime = Math.floor(Date.now() / 1000);
+  const logID = log.logId;
+  // The mock TLog signs the SET exactly as Rekor does; its key is this log's key.
+  const set = tlog.calculateSET({ body, timestamp: integratedTime, logIndex: index, logID });
+  const proof = log.proof(index);
+  const uuid = sha256(Buffer.from([0]), body).toString('hex');
+  return {
+    [uuid]: {
+      body: body.toString('base64'),
+      integratedTime,
+      logID: logID.toString('hex'),
+      logIndex: index,
+      verification: {
+        inclusionProof: {
+          logIndex: index,
+          treeSize: proof.size,
+          rootHash: proof.rootHash.toString('hex'),
+          hashes: proof.hashes.map((h) => h.toString('hex')),
+          checkpoint: proof.checkpoint,
+        },
+        signedEntryTimestamp: set.toString('base64'),
+      },
+    },
+  };
+}
+
+// --- Rekor v2 -------------------------------------------------------------------
+// The client sends a CreateEntryRequest; the log stores the Entry built from it.
+function rekorV2Body(request) {
+  const hr = request.hashedRekordRequestV002;
+  if (hr) {
+    if (!hr.digest || !hr.signature?.content || !hr.signature?.verifier) {
+      throw new Error('hashedRekordRequestV002: missing digest, signature or verifier');
+    }
+    if (Buffer.from(hr.digest, 'base64').length !== 32) throw new Error('digest must be a SHA-256 digest');
+    return {
+      kind: 'hashedrekord',
+      apiVersion: '0.0.2',
+      spec: {
+        hashedRekordV002: {
+          data: { algorithm: 'SHA2_256', digest: hr.digest },
+          signature: hr.signature,
+        },
+      },
+    };
+  }
+  const dr = request.dsseRequestV002;
+  if (dr) {
+    const env = dr.envelope;
+    if (!env?.payload || !Array.isArray(env.signatures) || !Array.isArray(dr.verifiers)) {
+      throw new Error('dsseRequestV002: missing envelope or verifiers');
+    }
+    return {
+      kind: 'dsse',
+      apiVersion: '0.0.2',
+      spec: {
+        dsseV002: {
+          payloadHash: { algorithm: 'SHA2_256', digest: sha256(Buffer.from(env.payload, 'base64')).toString('base64') },
+          signatures: env.signatures.map((s) => ({ content: s.sig, verifier: dr.verifiers[0] })),
+        },
+      },
+    };
+  }
+  throw new Error('unsupported Rekor v2 request');
+}
+
+function rekorV2Entry(log, request) {
+  const entry = rekorV2Body(request);
+  const body = Buffer.from(canonicalize(entry));
+  const index = log.append(body);
+  const proof = log.proof(index);
+  return {
+    logIndex: String(index),
+    logId: { keyId: log.logId.toString('base64') },
+    kindVersion: { kind: entry.kind, version: entry.apiVersion },
+    integratedTime: '0',
+    inclusionProof: {
+      logIndex: String(index),
+      rootHash: proof.rootHash.toString('base64'),
+      treeSize: String(proof.size),
+      hashes: proof.hashes.map((h) => h.toString('base64')),
+      checkpoint: { envelope: proof.checkpoint },
+    },
+    canonicalizedBody: body.toString('base64'),
+  };
+}
+
+// --- TSA ------------------------------------------------------------------------
+function patchTsa(tsa) {
+  // Whole seconds: sigstore-js rejects fractional seconds other than 3 digits.
+  tsa.getCurrentTime = wholeSecondNow;
+  // The mock builds the nonce from a JS number; clients send 64-bit nonces. Keep the
+  // request's INTEGER as is.
+  const tstInfo = tsa.tstInfo.bind(tsa);
+  tsa.tstInfo = (req) => {
+    const info = tstInfo({ ...req, nonce: 0 });
+    info.nonce = req.nonceInteger;
+    if (!req.nonceInteger) delete info.nonce;
+    return info;
+  };
+}
+
+async function timestamp(tsa, der) {
+  const asn = asn1js.fromBER(new Uint8Array(der).buffer);
+  if (asn.offset === -1) throw new Error('TimeStampReq is not DER');
+  const req = new pkijs.TimeStampReq({ schema: asn.result });
+  const hashed = Buffer.from(req.messageImprint.hashedMessage.valueBlock.valueHexView);
+  return tsa.timestamp({
+    artifactHash: hashed,
+    hashAlgorithmOID: req.messageImprint.hashAlgorithm.algorithmId,
+    nonce: 0,
+    nonceInteger: req.nonce,
+    policyOID: req.reqPolicy || '1.3.6.1.4.1.57264.2',
+    certReq: req.certReq ?? false,
+  });
+}
+
+// --- Fulcio front ---------------------------------------------------------------
+async function signingCert(ctx, headers, text) {
+  const auth = headers.authorization || '';
+  const match = /^Bearer (\S+)$/.exec(auth);
+  const json = JSON.parse(text);
+  const token = match ? match[1] : json.credentials?.oidcIdentityToken;
+  if (!token) return { statusCode: 401, response: JSON.stringify({ message: 'missing bearer token' }) };
+  try {
+    await jose.jwtVerify(token, ctx.oidcPublicKey, { issuer: LOCAL_ISSUER, audience: AUDIENCE, algorithms: ['ES256'] });
+  } catch (e) {
+    return { statusCode: 401, response: JSON.stringify({ message: `identity token rejected: ${e.message}` }) };
+  }
+  let pem;
+  if (json.certificateSigningRequest) {
+    // sigstore-python sends base64(PEM); the mock expects the PEM itself.
+    const raw = Buffer.from(json.certificateSigningRequest, 'base64').toString('utf8');
+    pem = raw.includes('BEGIN') ? raw : json.certificateSigningRequest;
+    const csr = new x509.Pkcs10CertificateRequest(pem);
+    if (!(await csr.verify())) {
+      return { statusCode: 400, response: JSON.stringify({ message: 'CSR signature (proof of possession) is invalid' }) };
+    }
+  }
+  const forwarded = {
+    credentials: { oidcIdentityToken: token },
+    ...(pem ? { certificateSigningRequest: pem } : { publicKeyRequest: json.publicKeyRequest }),
+  };
+  return ctx.fulcio.fn(JSON.stringify(forwarded));
+}
+
+async function mintToken(ctx, text) {
+  const req = text ? JSON.parse(text) : {};
+  const claims = { ...(req.claims || {}) };
+  const sub = req.sub || LOCAL_IDENTITY;
+  const ttl = Math.min(Number(req.ttl_seconds || 600), 3600);
+  const jwt = await new jose.SignJWT(claims)
+    .setProtectedHeader({ alg: 'ES256', kid: ctx.oidcKid })
+    .setIssuer(LOCAL_ISSUER)
+    .setSubject(sub)
+    .setAudience(AUDIENCE)
+    .setIssuedAt()
+    .setNotBefore(Math.floor(Date.now() / 1000) - 5)
+    .setExpirationTime(Math.floor(Date.now() / 1000) + ttl)
+    .sign(ctx.oidcPrivateKey);
+  return { statusCode: 200, response: JSON.stringify({ token: jwt }), contentType: 'application/json' };
+}
+
+// --- trust material -------------------------------------------------------------
+function trustMaterial(ctx, base, started) {
+  const start = new Date(started.getTime() - 60_000).toISOString().replace(/\.\d{3}Z$/, 'Z');
+  const key = (log) => ({
+    rawBytes: log.publicDer.toString('base64'),
+    keyDetails: 'PKIX_ECDSA_P256_SHA_256',
+    validFor: { start },
+  });
+  const tlog = (log, url) => ({
+    baseUrl: url,
+    hashAlgorithm: 'SHA2_256',
+    publicKey: key(log),
+    logId: { keyId: log.logId.toString('base64') },
+  });
+  const ctPublic = ctx.ctlog.publicKey;
+  const trustedRoot = {
+    mediaType: 'application/vnd.dev.sigstore.trustedroot+json;version=0.1',
+    tlogs: [tlog(ctx.rekor1, `${base}/rekor`), tlog(ctx.rekor2, `${base}/rekor2`)],
+    certificateAuthorities: [
+      {
+        subject: { organization: 'sigstore.mock', commonName: 'sigstore' },
+        uri: base,
+        certChain: { certificates: [{ rawBytes: Buffer.from(ctx.ca.rootCertificate).toString('base64') }] },
+        validFor: { start },
+      },
+    ],
+    ctlogs: [
+      {
+        baseUrl: `${base}/ct`,
+        hashAlgorithm: 'SHA2_256',
+        publicKey: { rawBytes: Buffer.from(ctPublic).toString('base64'), keyDetails: 'PKIX_ECDSA_P256_SHA_256', validFor: { start } },
+        logId: { keyId: Buffer.from(ctx.ctlog.logID).toString('base64') },
+      },
+    ],
+    timestampAuthorities: [
+      {
+        subject: { organization: 'sigstore.mock', commonName: 'tsa' },
+        uri: `${base}/tsa`,
+        certChain: {
+          certificates: [
+            { rawBytes: Buffer.from(ctx.tsa.intCertificate).toString('base64') },
+            { rawBytes: Buffer.from(ctx.tsa.rootCertificate).toString('base64') },
+          ],
+        },
+        validFor: { start },
+      },
+    ],
+  };
+  const service = (url, version) => ({ url, majorApiVersion: version, validFor: { start }, operator: 'benchseal.local' });
+  const signingConfig = (rekorVersion) => ({
+    mediaType: 'application/vnd.dev.sigstore.signingconfig.v0.2+json',
+    caUrls: [service(base, 1)],
+    oidcUrls: [service(`${base}/oidc`, 1)],
+    rekorTlogUrls: [rekorVersion === 2 ? service(`${base}/rekor2`, 2) : service(`${base}/rekor`, 1)],
+    rekorTlogConfig: { selector: 'ANY' },
+    tsaUrls: [service(`${base}/tsa/api/v1/timestamp`, 1)],
+    tsaConfig: { selector: 'ANY' },
+  });
+  const clientConfig = (rekorVersion) => ({
+    mediaType: 'application/vnd.dev.sigstore.clienttrustconfig.v0.1+json',
+    trustedRoot,
+    signingConfig: signingConfig(rekorVersion),
+  });
+  return { trustedRoot, clientConfig };
+}
+
+// --- HTTP -----------------------------------------------------------------------
+function readBody(req) {
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    let size = 0;
+    req.on('data', (c) => {
+      size += c.length;
+      if (size > MAX_BODY) {
+        reject(new Error('request body too large'));
+        req.destroy();
+      } else chunks.push(c);
+    });
+    req.on('end', () => resolve(Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+async function route(ctx, req, body) {
+  const url = new URL(req.url, 'http://127.0.0.1');
+  const p = url.pathname;
+  const json = (obj, statusCode = 200) => ({ statusCode, response: JSON.stringify(obj), contentType: 'application/json' });
+  if (req.method === 'GET' && p === '/healthz') return json({ ok: true, pid: process.pid, counts: ctx.counts });
+  if (req.method === 'GET' && p === '/trusted_root.json') return json(ctx.trust.trustedRoot);
+  if (req.method !== 'POST') return json({ message: 'not found' }, 404);
+  const text = body.toString('utf8');
+  try {
+    switch (p) {
+      case '/oidc/token':
+        return await mintToken(ctx, text);
+      case '/api/v2/signingCert':
+        ctx.counts.fulcio += 1;
+        return await signingCert(ctx, req.headers, text);
+      case '/rekor/api/v1/log/entries':
+        ctx.counts.rekor1 += 1;
+        return json(rekorV1Entry(ctx.rekor1, ctx.rekor1Mock, JSON.parse(text)), 201);
+      case '/rekor2/api/v2/log/entries':
+        ctx.counts.rekor2 += 1;
+        return json(rekorV2Entry(ctx.rekor2, JSON.parse(text)), 201);
+      case '/tsa/api/v1/timestamp':
+        ctx.counts.tsa += 1;
+        return { statusCode: 201, response: Buffer.from(await timestamp(ctx.tsa, body)), contentType: 'application/timestamp-reply' };
+      default:
+        return json({ message: 'not found' }, 404);
+    }
+  } catch (e) {
+    return json({ message: String(e && e.message ? e.message : e) }, 400);
+  }
+}
+
+async function main() {
+  const opts = args(process.argv);
+  fs.mkdirSync(opts.state, { recursive: true });
+  const started = wholeSecondNow();
+
+  const ctlog = await mock.initializeCTLog(ecKeyPair());
+  const ca = await mock.initializeCA(ecKeyPair(), ctlog);
+  ca.getCurrentTime = wholeSecondNow;
+  const tsa = await mock.initializeTSA(ecKeyPair());
+  patchTsa(tsa);
+  const oidcKeys = ecKeyPair();
+  const rekor1Keys = ecKeyPair();
+  const rekor2Keys = ecKeyPair();
+
+  const server = http.createServer();
+  await new Promise((resolve, reject) => {
+    server.once('error', reject);
+    server.listen(opts.port, '127.0.0.1', resolve);
+  });
+  const port = server.address().port;
+  const base = `http://127.0.0.1:${port}`;
+  const ctx = {
+    ca,
+    ctlog,
+    tsa,
+    fulcio: mock.fulcioHandler(ca),
+    oidcPrivateKey: oidcKeys.privateKey,
+    oidcPublicKey: oidcKeys.publicKey,
+    oidcKid: sha256(spkiDer(oidcKeys.publicKey)).toString('hex').slice(0, 16),
+    rekor1: new MerkleLog('rekor', `127.0.0.1:${port}/rekor`, rekor1Keys),
+    rekor1Mock: await mock.initializeTLog(`${base}/rekor`, rekor1Keys),
+    rekor2: new MerkleLog('rekor2', `127.0.0.1:${port}/rekor2`, rekor2Keys),
+    counts: { fulcio: 0, rekor1: 0, rekor2: 0, tsa: 0 },
+  };
+  ctx.trust = trustMaterial(ctx, base, started);
+
+  server.on('request', (req, res) => {
+    readBody(req)
+      .then((body) => route(ctx, req, body))
+      .then(({ statusCode, response, contentType }) => {
+        res.writeHead(statusCode, { 'Content-Type': contentType || 'application/json' });
+        res.end(response);
+      })
+      .catch((e) => {
+        res.writeHead(500, { 'Content-Type': 'application/json' });
+        res.end(JSON.stringify({ message: String(e) }));
+      });
+  });
+
+  const file = (name) => path.join(opts.state, name);
+  writeAtomic(file('trusted_root.json'), JSON.stringify(ctx.trust.trustedRoot, null, 2) + '\n');
+  writeAtomic(file('client_trust_config.json'), JSON.stringify(ctx.trust.clientConfig(1), null, 2) + '\n');
+  writeAtomic(file('client_trust_config_rekor2.json'), JSON.stringify(ctx.trust.clientConfig(2), null, 2) + '\n');
+  writeAtomic(
+    file('instance.json'),
+    JSON.stringify(
+      {
+        pid: process.pid,
+        url: base,
+        port,
+        started_at: started.toISOString(),
+        issuer: LOCAL_ISSUER,
+        identity: LOCAL_IDENTITY,
+        token_url: `${base}/oidc/token`,
+        trusted_root: file('trusted_root.json'),
+        client_trust_config: { 1: file('client_trust_config.json'), 2: file('client_trust_config_rekor2.json') },
+      },
+      null,
+      2,
+    ) + '\n',
+  );
+
+  const stop = () => server.close(() => process.exit(0));
+  process.on('SIGTERM', stop);
+  process.on('SIGINT', stop);
+}
+
+main().catch((e) => {
+  process.stderr.write(`sigstore-local: ${e && e.stack ? e.stack : e}\n`);
+  process.exit(1);
+});

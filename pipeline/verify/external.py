@@ -1,0 +1,147 @@
+"""The two independent verifiers beside sigstore-python: cosign and sigstore-js.
+
+Also the consumer's command lines (``cosign verify-blob ...``, ``sha256sum -c``) for
+the release body: ``cosign_commands(dir)``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline import paths
+from pipeline.errors import InfrastructureError
+from pipeline.verify.policy import Expectation, expectation
+
+SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
+SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
+_ISSUER_OID = "1.3.6.1.4.1.57264.1.8"
+
+
+def cosign_path() -> Path | None:
+    """The cosign that scripts/install-tools.sh installed, else one on PATH."""
+    tools = paths.home() / "tools" / "bin" / "cosign"
+    if tools.exists():
+        return tools
+    found = shutil.which("cosign")
+    return Path(found) if found else None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    output: str
+
+
+def cosign_verify(target: Path, bundle: Path, identity: str, issuer: str, *, trusted_root: Path | None,
+                  dsse: bool = False, check_claims: bool = True) -> Outcome:
+    """Run the real cosign; ok when it exits 0."""
+    cosign = cosign_path()
+    if cosign is None:
+        raise InfrastructureError("cosign is not installed (run scripts/install-tools.sh)")
+    argv = [str(cosign), *_cosign_args(str(target), str(bundle), identity, issuer,
+                                        str(trusted_root) if trusted_root else None, dsse, check_claims)]
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    return Outcome(done.returncode == 0, (done.stderr + done.stdout).strip())
+
+
+def _cosign_args(target: str, bundle: str, identity: str, issuer: str, trusted_root: str | None,
+                 dsse: bool, check_claims: bool) -> list[str]:
+    verb = ["verify-blob-attestation", "--type", SLSA_PROVENANCE] if dsse else ["verify-blob"]
+    args = [*verb, "--new-bundle-format", "--bundle", bundle,
+            "--certificate-identity", identity, "--certificate-oidc-issuer", issuer]
+    if dsse and not check_claims:
+        args.append("--check-claims=false")
+    if trusted_root:
+        args += ["--trusted-root", trusted_root, "--offline"]
+    return [*args, target]
+
+
+def sigstore_js_verify(trusted_root: Path, jobs: list[dict[str, str | None]]) -> list[Outcome]:
+    """Verify many bundles with @sigstore/verify in one node process (offline)."""
+    node = shutil.which("node")
+    if node is None:
+        raise InfrastructureError("node is not installed (run `make setup`)")
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump({"trusted_root": str(trusted_root), "jobs": jobs}, handle)
+        spec = Path(handle.name)
+    try:
+        done = subprocess.run([node, str(SIGSTORE_JS), str(spec)], capture_output=True, text=True, check=False,
+                              timeout=120, cwd=str(paths.REPO_ROOT))
+    finally:
+        spec.unlink(missing_ok=True)
+    if done.returncode not in (0, 1):
+        raise InfrastructureError(f"sigstore-js verifier failed: {done.stderr.strip()}")
+    results = json.loads(done.stdout)["results"]
+    return [Outcome(bool(r["ok"]), str(r.get("error") or "")) for r in results]
+
+
+def bundle_issuer(bundle: Path) -> str | None:
+    """The OIDC issuer recorded in a bundle's signing certificate (None if unreadable)."""
+    import base64
+
+    from cryptography import x509
+
+    try:
+        data = json.loads(bundle.read_text("utf-8"))
+        material = data["verificationMaterial"]
+        raw = (material.get("certificate") or material["x509CertificateChain"]["certificates"][0])["rawBytes"]
+        cert = x509.load_der_x509_certificate(base64.b64decode(raw))
+        ext = cert.extensions.get_extension_for_oid(x509.ObjectIdentifier(_ISSUER_OID))
+        value = ext.value.value  # type: ignore[attr-defined]
+        # DER UTF8String: tag 0x0c, length, text
+        return bytes(value[2:]).decode("utf-8") if value[:1] == b"\x0c" else bytes(value).decode("utf-8")
+    except (OSError, KeyError, IndexError, ValueError, x509.ExtensionNotFound):
+        return None
+
+
+def _local_expectations(directory: Path, policy: Path | None) -> tuple[Expectation, Path | None] | None:
+    from pipeline.evidence import sigstore_local
+
+    if bundle_issuer(directory / "SHA256SUMS.sigstore.json") != sigstore_local.LOCAL_ISSUER:
+        return None
+    summary = json.loads((directory / "summary.json").read_text("utf-8"))
+    root = sigstore_local.default_state() / "trusted_root.json"
+    return expectation(policy, "local", summary), root if root.is_file() else None
+
+
+def cosign_commands(directory: Path, *, policy: Path | None = None, trusted_root: Path | None = None,
+                    profile: str | None = None, cosign: str | None = None) -> list[str]:
+    """Consumer command lines, to run inside the release directory.
+
+    Bundles made by the local instance get ``--trusted-root`` (that instance's root)
+    and ``--offline``; public-good bundles need neither.
+    """
+    directory = Path(directory)
+    summary = json.loads((directory / "summary.json").read_text("utf-8"))
+    local = None if profile == "production" else _local_expectations(directory, policy)
+    if profile == "local" or trusted_root is not None or local is not None:
+        expect = local[0] if local else expectation(policy, "local", summary)
+        root = trusted_root or (local[1] if local else None)
+    else:
+        expect, root = expectation(policy, profile or "production", summary), None
+    binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
+    lines = ["sha256sum -c SHA256SUMS"]
+    for bundle in sorted(directory.glob("*.sigstore.json")):
+        target = bundle.name.removesuffix(".sigstore.json")
+        dsse = b'"dsseEnvelope"' in bundle.read_bytes()
+        if dsse and target == "provenance-summary.intoto.json":
+            # Check the claim that matters: summary.json is the statement's subject.
+            args = _cosign_args("summary.json", bundle.name, expect.identity, expect.issuer,
+                                str(root) if root else None, True, True)
+        elif dsse and target == "provenance-images.intoto.json":
+            # The subjects are image manifests: check each published manifest is one.
+            for manifest in sorted(directory.glob("manifest-*.oci.json")):
+                lines.append(shlex.join([binary, *_cosign_args(manifest.name, bundle.name, expect.identity,
+                                                               expect.issuer, str(root) if root else None, True, True)]))
+            continue
+        else:
+            args = _cosign_args(target, bundle.name, expect.identity, expect.issuer,
+                                str(root) if root else None, dsse, False)
+        lines.append(shlex.join([binary, *args]))
+    return lines

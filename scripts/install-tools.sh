@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Extra tools for the evidence stage: the real `cosign` (Debian 13 package, 2.5.x).
+# Run by scripts/setup.sh. Idempotent and fast once done: it returns at once when
+# the tools dir already holds a working cosign.
+#   Debian 13: apt-get install cosign, linked into the tools dir.
+#   Debian 12: apt-get download cosign from a trixie list derived from this machine's
+#              own apt sources (private apt state; the system's lists stay untouched),
+#              then dpkg -x into the tools dir. cosign is a static Go binary that
+#              needs only libc6 >= 2.34, which bookworm has.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+STATE=${BENCHSEAL_HOME:-$PWD/.benchseal}
+TOOLS=$STATE/tools
+BIN=$TOOLS/bin
+log() { printf '[install-tools] %s\n' "$*" >&2; }
+
+if [ -x "$BIN/cosign" ] && "$BIN/cosign" version >/dev/null 2>&1; then
+  exit 0
+fi
+mkdir -p "$BIN"
+codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+
+if [ "$codename" != "bookworm" ]; then
+  # Debian 13 (or later) carries cosign itself.
+  if ! command -v cosign >/dev/null 2>&1; then
+    log "installing cosign with apt"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends cosign >/dev/null 2>&1 || {
+      apt-get update -qq && apt-get install -y -qq --no-install-recommends cosign >/dev/null; }
+  fi
+  ln -sf "$(command -v cosign)" "$BIN/cosign"
+  "$BIN/cosign" version >/dev/null
+  log "cosign ready: $BIN/cosign"
+  exit 0
+fi
+
+# --- Debian 12: derive a trixie source list from the configured bookworm entries ----
+APT=$TOOLS/apt-trixie
+rm -rf "$APT"
+mkdir -p "$APT/sources.list.d" "$APT/lists/partial" "$APT/cache/archives/partial" "$APT/pkg"
+: > "$APT/sources.list"
+
+# deb822 (*.sources): keep stanzas of Types deb whose Suites include plain "bookworm";
+# write them with Suites: trixie and the same URIs, Components and Signed-By.
+for f in /etc/apt/sources.list.d/*.sources; do
+  [ -f "$f" ] || continue
+  awk -v out="$APT/sources.list.d/trixie-$(basename "$f")" '
+    function flush() {
+      if (types ~ /(^| )deb( |$)/ && suites ~ /(^| )bookworm( |$)/ && uris != "") {
+        printf "Types: deb\nURIs: %s\nSuites: trixie\nComponents: %s\n", uris, comps >> out
+        if (signed != "") printf "Signed-By: %s\n", signed >> out
+        printf "\n" >> out
+      }
+      types = ""; suites = ""; uris = ""; comps = ""; signed = ""
+    }
+    /^[[:space:]]*$/ { flush(); next }
+    /^[[:space:]]*#/ { next }
+    {
+      key = $1; sub(/:$/, "", key); val = $0; sub(/^[^:]*:[[:space:]]*/, "", val)
+      if (key == "Types") types = val
+      else if (key == "Suites") suites = val
+      else if (key == "URIs") uris = val
+      else if (key == "Components") comps = val
+      else if (key == "Signed-By") signed = val
+    }
+    END { flush() }
+  ' "$f"
+done
+# One-line format (sources.list and *.list): "deb [opts] URI bookworm COMPONENTS".
+for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+  [ -f "$f" ] || continue
+  awk '$1 == "deb" {
+         for (i = 2; i <= NF; i++) if ($i == "bookworm") { $i = "trixie"; print; break }
+       }' "$f" >> "$APT/sources.list"
+done
+if ! grep -qs . "$APT/sources.list" "$APT"/sources.list.d/*.sources; then
+  log "error: no bookworm entry in the machine's apt sources to derive a trixie list from"
+  exit 1
+fi
+
+apt_opts=(
+  -o "Dir::Etc::SourceList=$APT/sources.list"
+  -o "Dir::Etc::SourceParts=$APT/sources.list.d"
+  -o "Dir::State::Lists=$APT/lists"
+  -o "Dir::Cache=$APT/cache"
+  -o "Dir::State::status=/dev/null"
+  -o "APT::Get::List-Cleanup=0"
+)
+log "fetching the trixie package list (private apt state under $APT)"
+apt-get "${apt_opts[@]}" update -qq >"$APT/update.log" 2>&1 || { cat "$APT/update.log" >&2; exit 1; }
+(cd "$APT/pkg" && apt-get "${apt_opts[@]}" download cosign >"$APT/download.log" 2>&1) ||
+  { cat "$APT/download.log" >&2; exit 1; }
+deb=$(ls "$APT"/pkg/cosign_*.deb)
+rm -rf "$TOOLS/cosign-root"
+dpkg -x "$deb" "$TOOLS/cosign-root"
+ln -sf "$TOOLS/cosign-root/usr/bin/cosign" "$BIN/cosign"
+"$BIN/cosign" version >/dev/null
+# Keep only the unpacked package; the lists are large and not needed again.
+rm -rf "$APT/lists" "$APT/cache"
+log "cosign ready: $BIN/cosign ($(basename "$deb"))"
