@@ -1,0 +1,258 @@
+"""Send the digests to the infra repository and wait, fail-closed, for the run.
+
+``repository_dispatch`` (event_type + client_payload, <= 10 keys) carries the
+``benchseal.dispatch/v1`` payload as is. ``workflow_dispatch`` (when a workflow
+file is named) carries it as string inputs ``payload`` (canonical JSON),
+``tag`` and ``correlation_id``, asks for ``return_run_details`` and watches the
+returned run; a server that rejects that field (older GitHub Enterprise: 400
+or 422) is asked once more without it, and the run is then found by title.
+
+A dispatch POST is sent at most once per accepted request: the transport
+never retries POST, and a 5xx or network error after sending is ambiguous
+(the event may exist), so it is never re-sent; the correlation id then tells
+whether a run appeared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.contracts import CORRELATION_RE, DigestsFile, DispatchPayload, PayloadSource, load_model
+from pipeline.digests import validate_ref
+from pipeline.dispatch.client import classify
+from pipeline.dispatch.correlate import Clock, Correlator, PollConfig, RunState, SystemClock, watch_run
+from pipeline.dispatch.resolve import validate_repo, validate_tag
+from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
+
+if TYPE_CHECKING:
+    import github
+
+DEFAULT_EVENT_TYPE = "benchseal-benchmark"
+MAX_CLIENT_PAYLOAD_KEYS = 10
+EVENT_TYPE_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+_SLUG_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    run_id: int
+    html_url: str
+    conclusion: str
+    correlation_id: str
+    mode: str = "repository_dispatch"  # or "workflow_dispatch" / "workflow_dispatch+run-name"
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {"run_id": self.run_id, "html_url": self.html_url, "conclusion": self.conclusion,
+                "correlation_id": self.correlation_id, "mode": self.mode}
+
+
+def new_correlation_id(env: Mapping[str, str] | None = None) -> str:
+    """``<repo>-<run id>-<attempt>-<random>`` from the Actions environment, bounded and space-free."""
+    env = os.environ if env is None else env
+    repo = env.get("GITHUB_REPOSITORY", "").rpartition("/")[2] or "local"
+    run_id = env.get("GITHUB_RUN_ID", "") or datetime.now(UTC).strftime("%Y%m%d%H%M%S")
+    attempt = env.get("GITHUB_RUN_ATTEMPT", "") or "1"
+    parts = [_SLUG_RE.sub("-", p).strip("-._")[:40] or "x" for p in (repo, run_id, attempt)]
+    value = "-".join([*parts, secrets.token_hex(6)])
+    if not value[0].isalnum():
+        value = "c" + value
+    value = value[:128]
+    if not CORRELATION_RE.match(value):  # cannot happen with the rules above; fail loudly if it does
+        raise ValidationError("correlation_id", "generated id does not match the correlation rule", value)
+    return value
+
+
+def validate_correlation(value: str, field: str = "correlation") -> str:
+    if not CORRELATION_RE.match(value):
+        raise ValidationError(field, "must be 8-128 characters of [A-Za-z0-9._-], starting with a letter or digit "
+                                     "(no spaces)", value)
+    return value
+
+
+def load_digests(path: Path) -> DigestsFile:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"digests file {path} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise ValidationError(str(path), f"must be a readable JSON document ({type(exc).__name__})") from None
+    return load_model(DigestsFile, data, str(path))
+
+
+def build_payload(
+    digests: DigestsFile,
+    *,
+    correlation_id: str,
+    tag: str | None = None,
+    repository: str | None = None,
+    suite: str = "smoke",
+    agent: str = "oracle",
+) -> DispatchPayload:
+    """The payload: the digests file's refs only (each re-validated) plus source commit, tag, correlation."""
+    refs: dict[str, str] = {}
+    for role in ("runner", "api"):
+        entry = digests.images.get(role)
+        if entry is None:
+            raise ValidationError(f"digests.images.{role}", "is required")
+        refs[role] = validate_ref(entry.ref, f"digests.images.{role}.ref")
+        if refs[role] != f"{entry.name}@{entry.digest}":
+            raise ValidationError(f"digests.images.{role}.ref", "must equal name@digest", entry.ref)
+    source_ref = digests.source.ref
+    chosen_tag = validate_tag(tag or source_ref.removeprefix("refs/tags/"), "tag")
+    slug = validate_repo(repository or digests.source.repository, "source.repository")
+    data = {
+        "schema": "benchseal.dispatch/v1",
+        "correlation_id": validate_correlation(correlation_id),
+        "source": PayloadSource(repository=slug, commit=digests.source.commit, tag=chosen_tag).model_dump(),
+        "runner": refs["runner"],
+        "api": refs["api"],
+        "suite": suite,
+        "agent": agent,
+    }
+    return load_model(DispatchPayload, data, "payload")
+
+
+def client_payload(payload: DispatchPayload) -> dict[str, object]:
+    data = payload.to_json_dict()
+    if len(data) > MAX_CLIENT_PAYLOAD_KEYS:
+        raise ValidationError("client_payload", f"GitHub allows at most {MAX_CLIENT_PAYLOAD_KEYS} top-level keys",
+                              sorted(data))
+    # Re-validate what is about to leave the process.
+    validate_ref(data["runner"], "payload.runner")
+    validate_ref(data["api"], "payload.api")
+    return data
+
+
+def workflow_inputs(payload: DispatchPayload) -> dict[str, str]:
+    """workflow_dispatch inputs are flat strings: the payload travels as compact sorted JSON."""
+    text = json.dumps(payload.to_json_dict(), sort_keys=True, separators=(",", ":"))
+    return {"payload": text, "tag": payload.source.tag, "correlation_id": payload.correlation_id}
+
+
+def _server_time(headers: Mapping[str, Any] | None) -> datetime | None:
+    for key, value in (headers or {}).items():
+        if key.lower() == "date":
+            try:
+                return parsedate_to_datetime(str(value)).astimezone(UTC)
+            except (TypeError, ValueError):
+                return None
+    return None
+
+
+def _post(gh: github.Github, url: str, body: dict[str, Any], clock: Clock,
+          poll: PollConfig) -> tuple[int, dict[str, Any] | None, datetime, str | None]:
+    """POST once. Returns (status, data, since, ambiguity); raises on a definitive rejection."""
+    from github import GithubException
+
+    before = clock.now()
+    try:
+        headers, data = gh.requester.requestJsonAndCheck("POST", url, input=body)
+    except GithubException as exc:
+        transient = classify(exc)
+        since = before - timedelta(seconds=poll.skew_s)
+        if transient is not None and transient.rate_limited:
+            raise InfrastructureError(
+                f"dispatch to {url} was rate limited ({transient.reason}); it was not processed and not retried"
+            ) from None
+        if transient is not None:
+            return exc.status, None, since, transient.reason
+        raise
+    except Exception as exc:
+        transient = classify(exc)
+        if transient is None:
+            raise
+        return 0, None, before - timedelta(seconds=poll.skew_s), transient.reason
+    server = _server_time(headers)
+    start = min(before, server) if server else before
+    return 200, data if isinstance(data, dict) else None, start - timedelta(seconds=poll.skew_s), None
+
+
+def dispatch_and_wait(
+    gh: github.Github,
+    repo: str,
+    payload: DispatchPayload,
+    *,
+    workflow: str | None,
+    event_type: str = DEFAULT_EVENT_TYPE,
+    timeout_s: float = 3600.0,
+    poll: PollConfig | None = None,
+    clock: Clock | None = None,
+) -> DispatchResult:
+    """Dispatch once, find exactly one run, wait for it; CheckFailed unless it concludes ``success``."""
+    from github import GithubException, UnknownObjectException
+
+    poll = poll or PollConfig()
+    clock = clock or SystemClock()
+    validate_repo(repo)
+    correlation = validate_correlation(payload.correlation_id, "payload.correlation_id")
+    if not EVENT_TYPE_RE.match(event_type):
+        raise ValidationError("event_type", "must be 1-100 characters of [A-Za-z0-9._-]", event_type)
+    if timeout_s <= 0:
+        raise ValidationError("timeout", "must be positive", timeout_s)
+    deadline = clock.now() + timedelta(seconds=timeout_s)
+    try:
+        repository = gh.get_repo(repo)
+        wf = repository.get_workflow(workflow) if workflow else None
+    except UnknownObjectException:
+        what = f"workflow {workflow!r} in {repo}" if workflow else f"repository {repo}"
+        raise CheckFailed(f"{what} not found (or the token cannot see it)") from None
+    except GithubException as exc:
+        raise InfrastructureError(f"reading {repo}: GitHub answered HTTP {exc.status}") from None
+
+    mode = "repository_dispatch"
+    run_id: int | None = None
+    try:
+        if wf is None:
+            body: dict[str, Any] = {"event_type": event_type, "client_payload": client_payload(payload)}
+            _, _, since, ambiguous = _post(gh, f"/repos/{repo}/dispatches", body, clock, poll)
+        else:
+            mode = "workflow_dispatch"
+            url = f"/repos/{repo}/actions/workflows/{wf.id}/dispatches"
+            body = {"ref": repository.default_branch, "inputs": workflow_inputs(payload), "return_run_details": True}
+            try:
+                _, data, since, ambiguous = _post(gh, url, body, clock, poll)
+            except GithubException as exc:
+                if exc.status not in (400, 422):
+                    raise
+                # Rejected before anything ran (older GHES does not know the
+                # field): safe to send once more without it.
+                body.pop("return_run_details")
+                mode = "workflow_dispatch+run-name"
+                _, data, since, ambiguous = _post(gh, url, body, clock, poll)
+            if data and isinstance(data.get("workflow_run_id"), int):
+                run_id = data["workflow_run_id"]
+    except GithubException as exc:
+        message = exc.data.get("message") if isinstance(exc.data, dict) else None
+        raise CheckFailed(f"dispatch to {repo} rejected: HTTP {exc.status}"
+                          + (f": {str(message).splitlines()[0]}" if message else "")) from None
+
+    if run_id is not None:
+        state = watch_run(repository, run_id, correlation, deadline=deadline, poll=poll, clock=clock)
+    else:
+        event = "repository_dispatch" if wf is None else "workflow_dispatch"
+        correlator = Correlator(repository, correlation, since=since, event=event, workflow=wf, poll=poll, clock=clock)
+        try:
+            found = correlator.find()
+        except CheckFailed as exc:
+            if ambiguous:
+                raise CheckFailed(f"{exc} (the dispatch itself answered {ambiguous}; it was not re-sent, "
+                                  "to avoid a duplicate benchmark)") from None
+            raise
+        state = correlator.follow(found, deadline)
+    return _conclude(state, correlation, mode)
+
+
+def _conclude(state: RunState, correlation: str, mode: str) -> DispatchResult:
+    if state.conclusion != "success":
+        raise CheckFailed(f"workflow run {state.run_id} ({state.html_url}) concluded {state.conclusion!r}, "
+                          "not 'success'")
+    return DispatchResult(state.run_id, state.html_url, state.conclusion, correlation, mode)
