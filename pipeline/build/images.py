@@ -59,9 +59,10 @@ def source_info() -> SourceInfo:
     return SourceInfo(commit=commit, ref=ref, repository=os.environ.get("GITHUB_REPOSITORY") or "local/benchseal")
 
 
-def source_date_epoch() -> int:
+def source_date_epoch(commit: str = "HEAD") -> int:
+    """$SOURCE_DATE_EPOCH, else the committer time of ``commit``."""
     configured = os.environ.get("SOURCE_DATE_EPOCH")
-    value = configured if configured is not None else _git("log", "-1", "--format=%ct")
+    value = configured if configured is not None else _git("log", "-1", "--format=%ct", commit)
     if not value.isdigit():
         raise ValidationError("SOURCE_DATE_EPOCH", "must be a non-negative integer (seconds since 1970)", value)
     return int(value)
@@ -143,10 +144,10 @@ def _wheels_layer(spec: ImageSpec, layer: dict[str, Any], epoch: int, store: Blo
     return result
 
 
-def _app_entries() -> list[Entry]:
+def _app_entries(app_root: Path) -> list[Entry]:
     entries: list[Entry] = []
     for name in APP_DIRS:
-        source = paths.REPO_ROOT / name
+        source = app_root / name
         if source.is_dir():
             entries += tree_entries(source, f"{APP_ROOT}/{name}", _EXCLUDE_DIRS | {f"{name}.egg-info"}, _EXCLUDE_SUFFIXES)
     script = (
@@ -161,8 +162,8 @@ def _app_entries() -> list[Entry]:
     return entries
 
 
-def _app_layer(epoch: int, store: BlobStore, cache: LayerCache, built: list[str]) -> Layer:
-    entries = _app_entries()
+def _app_layer(app_root: Path, epoch: int, store: BlobStore, cache: LayerCache, built: list[str]) -> Layer:
+    entries = _app_entries(app_root)
     key = "app-" + hashlib.sha256(f"{BUILDER_VERSION}\n{epoch}\n{entries_key(entries)}".encode()).hexdigest()
     cached = cache.get(key)
     if cached is not None:
@@ -186,12 +187,25 @@ def _base_manifest(base: ImageRef, store: BlobStore) -> tuple[dict[str, Any], di
     return manifest, config
 
 
-def assemble(spec: ImageSpec, base: ImageRef, source: SourceInfo, store: BlobStore, use_cache: bool = True) -> tuple[bytes, bytes, list[str]]:
-    """(manifest bytes, config bytes, digests of layers built now) for ``spec`` on ``base``."""
+def assemble(
+    spec: ImageSpec,
+    base: ImageRef,
+    source: SourceInfo,
+    store: BlobStore,
+    use_cache: bool = True,
+    app_root: Path | None = None,
+    epoch: int | None = None,
+) -> tuple[bytes, bytes, list[str]]:
+    """(manifest bytes, config bytes, digests of layers built now) for ``spec`` on ``base``.
+
+    ``app_root`` (default the checkout) holds the app directories; ``epoch``
+    (default SOURCE_DATE_EPOCH / commit time) stamps the app layer and config.
+    """
     cache = LayerCache(store, enabled=use_cache)
     built: list[str] = []
-    deps_epoch = load_specs()[spec.base].epoch if spec.base in load_specs() else 0
-    app_epoch = source_date_epoch()
+    base_specs = load_specs()
+    deps_epoch = base_specs[spec.base].epoch if spec.base in base_specs else 0
+    app_epoch = source_date_epoch(source.commit) if epoch is None else epoch
     base_manifest, base_config = _base_manifest(base, store)
     new_layers: list[tuple[Layer, str]] = []
     for layer in spec.layers:
@@ -199,7 +213,7 @@ def assemble(spec: ImageSpec, base: ImageRef, source: SourceInfo, store: BlobSto
         if kind == "wheels":
             new_layers.append((_wheels_layer(spec, layer, deps_epoch, store, cache, built), f"benchseal: wheels {layer.get('comment', '')}".strip()))
         elif kind == "app":
-            new_layers.append((_app_layer(app_epoch, store, cache, built), f"benchseal: app {__version__}"))
+            new_layers.append((_app_layer(app_root or paths.REPO_ROOT, app_epoch, store, cache, built), f"benchseal: app {__version__}"))
         else:
             raise ValidationError(f"images/{spec.role}/image.toml: layers.kind", "must be 'wheels' or 'app'", kind)
 
@@ -277,6 +291,8 @@ def build_image(
     source: SourceInfo,
     tags: Sequence[str] = (),
     use_cache: bool = True,
+    app_root: Path | None = None,
+    epoch: int | None = None,
 ) -> BuildResult:
     spec = load_image_spec(role)
     if spec.base not in bases:
@@ -284,7 +300,7 @@ def build_image(
     base = bases[spec.base]
     store = BlobStore()
     started = time.monotonic()
-    manifest, _, built = assemble(spec, base, source, store, use_cache=use_cache)
+    manifest, _, built = assemble(spec, base, source, store, use_cache=use_cache, app_root=app_root, epoch=epoch)
     assembled = time.monotonic()
     client = Registry(registry)
     name = validate_name(f"{registry}/{spec.repository}", f"images.{role}.name")
