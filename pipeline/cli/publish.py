@@ -33,6 +33,7 @@ def publish(
     root: Annotated[Path | None, typer.Option("--root", help="Local target root (default dist/releases).")] = None,
     allow_full_release: bool = typer.Option(False, "--allow-full-release",
                                             help="Allow a manual publication to a non-prerelease."),
+    db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report."),
 ) -> None:
     """Publish benchmark evidence to a GitHub Release or dist/releases/<tag>/."""
@@ -48,7 +49,7 @@ def publish(
             raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS or --tag")
         from pipeline.infra.queue import SqliteQueue
 
-        queue = SqliteQueue()
+        queue = SqliteQueue(db)
         config = outbox.OutboxConfig(max_attempts=max_attempts)
         targets = outbox.default_target_factory(policy)
         if loop:

@@ -17,7 +17,6 @@ import re
 import secrets
 import shlex
 import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,8 +24,8 @@ from typing import Any
 
 from rich.console import Console
 
-from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, load_model
-from pipeline.errors import CheckFailed, InfrastructureError, UsageError
+from pipeline.contracts import Grading
+from pipeline.errors import CheckFailed, UsageError
 from pipeline.fsutil import atomic_write_json
 from pipeline.paths import REPO_ROOT, state_dir
 from pipeline.release.stages import StageClock
@@ -70,27 +69,6 @@ class ReleaseReport:
         return dict(self.__dict__)
 
 
-def _git(*args: str) -> str:
-    done = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise InfrastructureError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
-    return done.stdout.strip()
-
-
-def source_info(tag: str) -> dict[str, str]:
-    """HEAD commit, and the repository from the origin remote (``local/benchseal`` without one)."""
-    commit = _git("rev-parse", "HEAD")
-    repository = "local/benchseal"
-    try:
-        url = _git("remote", "get-url", "origin")
-    except InfrastructureError:
-        url = ""
-    match = re.search(r"[:/]([A-Za-z0-9-]{1,39})/([A-Za-z0-9._-]{1,100}?)(?:\.git)?/?\Z", url)
-    if match:
-        repository = f"{match.group(1)}/{match.group(2)}"
-    return {"repository": repository, "commit": commit, "tag": tag}
-
-
 def correlation_id(tag: str, commit: str) -> str:
     # Unique per invocation: a re-run benchmarks again instead of being folded into the
     # earlier run by accept's idempotency key.
@@ -122,54 +100,39 @@ def release_local(
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
-    from pipeline.build import build_images, ensure_base
-    from pipeline.evidence import sigstore_local, write_evidence
+    from pipeline.build import build_images
+    from pipeline.dispatch.dispatch import build_payload
     from pipeline.evidence.signing import local_signer
     from pipeline.infra.accept import accept_payload
     from pipeline.infra.queue import SqliteQueue
     from pipeline.infra.worker import WorkerConfig, run_once
+    from pipeline.publish.finalize import evidence_finalizer
     from pipeline.publish.outbox import deliver_pending, verify_commands
     from pipeline.verify import verify_release
 
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)
-    source = source_info(tag)
     with StageClock(console) as clock:
         with clock.stage("setup", "Private Sigstore instance"):
-            sigstore = sigstore_local.ensure_running()
-            signer = local_signer()
+            signer = local_signer()  # starts the instance unless it answers
 
         with clock.stage("build", f"Building runner and api images into {registry}"):
-            ensure_base(registry)
             digests = build_images(["runner", "api"], registry, out=work / "digests.json", tags=(tag,))
         images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
         last_path = state_dir("release") / "last-digests.json"
         reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
         atomic_write_json(last_path, images)
 
-        payload = load_model(DispatchPayload, {
-            "schema": "benchseal.dispatch/v1",
-            "correlation_id": correlation_id(tag, source["commit"]),
-            "source": source,
-            "runner": images["runner"],
-            "api": images["api"],
-            "suite": suite,
-            "agent": agent,
-        }, "release payload")
+        # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.
+        payload = build_payload(digests, correlation_id=correlation_id(tag, digests.source.commit), tag=tag,
+                                suite=suite, agent=agent)
+        source = payload.source.model_dump()
         with clock.stage("dispatch", "Dispatching to infra accept"):
             accepted = accept_payload(payload.to_json_dict())
         run_id = accepted.run_id
 
-        def finalize(record: Any, grading: Grading, run_dir: Path) -> Sequence[PublicationRequest]:
-            started = time.monotonic()
-            result = write_evidence(run_dir, grading, payload, signer=signer)
-            clock.add("evidence", time.monotonic() - started)
-            clock.add("signing", result.signing_seconds)
-            clock.add("evidence", -result.signing_seconds)
-            return [PublicationRequest(
-                run_id=grading.run_id, target="local", tag=tag, artifacts_dir=str(run_dir / "artifacts"),
-                options={"root": str(dist), "trigger": "tag"},
-            )]
+        timings: dict[str, float] = {}
+        finalize = evidence_finalizer(target="local", signer=signer, options={"root": str(dist)}, timings=timings)
 
         queue = SqliteQueue()
         grading: Grading | None = None
@@ -185,6 +148,9 @@ def release_local(
         if grading is None:
             record = queue.get_run(run_id)
             raise CheckFailed(f"the worker did not finish run {run_id} (state {record.state}: {record.reason})")
+        for name, seconds in timings.items():
+            clock.add(name, seconds)
+        clock.add("worker", -sum(timings.values()))  # worker = pulls + trials + grading only
         clock.add("queue_wait", _queue_wait(queue.events(run_id)))
         trial_agent = sum(t.agent_seconds or 0.0 for t in grading.trials)
         trial_verifier = sum(t.verifier_seconds or 0.0 for t in grading.trials)
@@ -199,7 +165,7 @@ def release_local(
 
         release_dir = dist / tag
         with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
-            verify_release(release_dir, trusted_root=sigstore.trusted_root, offline=True)
+            verify_release(release_dir, trusted_root=signer.trusted_root, offline=True)
             ran = run_commands(verify_commands(release_dir), release_dir)
         queue.close()
 

@@ -1,0 +1,62 @@
+"""The worker's finalizer: evidence + signatures, then the outbox rows for the run.
+
+``run_once(config, finalize=evidence_finalizer(...))`` calls it after grading and
+BEFORE the terminal transition; the requests it returns are stored in the same
+transaction that makes the run terminal, so a worker killed at any point leaves
+either a non-terminal run (retried) or a terminal run with its publication queued.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pipeline.contracts import Grading, PublicationRequest
+
+if TYPE_CHECKING:
+    from pipeline.evidence.signing import Signer
+    from pipeline.infra.queue import RunRecord
+
+Finalize = Callable[["RunRecord", Grading, Path], Sequence[PublicationRequest]]
+
+
+def evidence_finalizer(
+    *,
+    target: Literal["github", "local"],
+    signer: Signer | Callable[[], Signer],
+    options: Mapping[str, str] | None = None,
+    timings: dict[str, float] | None = None,
+) -> Finalize:
+    """Write and sign the run's evidence, then ask for its publication.
+
+    ``target`` "github" publishes to the source repository's release for the payload's
+    tag (``options`` may add ``api_url``, ``release_id``); "local" to ``options.root``.
+    ``signer`` may be a factory, called once on first use (so an idle worker needs no
+    OIDC token). ``timings`` (optional) accumulates ``evidence`` and ``signing`` seconds.
+    """
+    chosen: list[Signer] = []
+
+    def get_signer() -> Signer:
+        if not chosen:
+            chosen.append(signer() if callable(signer) else signer)
+        return chosen[0]
+
+    def finalize(record: RunRecord, grading: Grading, run_dir: Path) -> Sequence[PublicationRequest]:
+        from pipeline.evidence import write_evidence
+
+        started = time.monotonic()
+        result = write_evidence(run_dir, grading, record.payload, signer=get_signer())
+        if timings is not None:
+            timings["evidence"] = timings.get("evidence", 0.0) + time.monotonic() - started - result.signing_seconds
+            timings["signing"] = timings.get("signing", 0.0) + result.signing_seconds
+        opts: dict[str, Any] = {"trigger": "tag", **(options or {})}
+        if target == "github":
+            opts.setdefault("repository", record.payload.source.repository)
+        return [PublicationRequest(
+            run_id=grading.run_id, target=target, tag=record.payload.source.tag,
+            artifacts_dir=str(result.artifacts), options={k: str(v) for k, v in opts.items()},
+        )]
+
+    return finalize

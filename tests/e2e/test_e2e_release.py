@@ -1,0 +1,234 @@
+"""The whole chain with the GitHub target, against the GitHub emulator playing Actions.
+
+One real worker run (smoke suite, oracle agent, real runner image, real Harbor) is
+shared by every assertion here:
+
+tag release exists -> ``dispatch_and_wait`` (repository_dispatch, run found by its
+run-name) -> the emulated benchmark.yml job pipes the payload into
+``benchseal infra accept`` (the real CLI) and runs the worker once, with the
+evidence finalizer (real SBOMs, real Sigstore signatures on the private instance)
+-> the run's conclusion follows the worker -> the worker "dies" right after the
+terminal transition (nothing publishes in its process) -> a publisher delivers the
+outbox row through a 502 on upload, a timed-out upload and a 500 on PATCH, then a
+separate ``benchseal publish --pending`` process finishes it -> exactly one
+correct publication, verified by cosign and ``benchseal verify`` on the downloaded
+assets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from pipeline.contracts import DigestsFile
+from pipeline.dispatch.client import make_client
+from pipeline.publish.body import START, splice
+from pipeline.publish.bundle import load_bundle
+from pipeline.publish.outbox import OutboxConfig, deliver_pending, verify_commands
+from pipeline.publish.targets import GitHubTarget, Target
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SOURCE = "acme/widget"
+INFRA = "acme/bench-infra"
+LOCKED = "acme/locked"
+TAG = "v1.0.0"
+NOTES = "## What's new\n\n* faster widgets\n"
+BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
+
+
+class World:
+    def __init__(self, emulator: Any, db: Path, artifacts: Path, dispatch: Any, outcome: Any, state: str) -> None:
+        self.emulator = emulator
+        self.db = db
+        self.artifacts = artifacts
+        self.dispatch = dispatch
+        self.outcome = outcome
+        self.state = state
+
+
+def _env(emulator: Any, home: Path) -> dict[str, str]:
+    env = dict(os.environ, GITHUB_TOKEN=emulator.token, GITHUB_API_URL=emulator.base_url,
+               BENCHSEAL_HOME=str(home), HARBOR_TELEMETRY="0", NO_PROXY="127.0.0.1,localhost")
+    env.pop("GH_TOKEN", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, signer_v1: Any) -> Iterator[World]:
+    from pipeline.dispatch.correlate import PollConfig
+    from pipeline.dispatch.dispatch import build_payload
+    from pipeline.infra.worker import WorkerConfig, run_once
+    from pipeline.publish.finalize import evidence_finalizer
+    from pipeline.testing.github import GitHubEmulator
+
+    home = tmp_path_factory.mktemp("e2e-home")
+    db = home / "infra" / "queue.sqlite3"
+    with GitHubEmulator() as emu:
+        emu.add_repo(SOURCE)
+        emu.add_repo(INFRA)
+        emu.add_workflow(INFRA, ".github/workflows/benchmark.yml",
+                         (REPO_ROOT / ".github/workflows/benchmark.yml").read_text("utf-8"))
+        gh = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0)
+        gh.get_repo(SOURCE).create_git_release(tag=TAG, name=TAG, message=NOTES)
+        finalize = evidence_finalizer(target="github", signer=signer_v1, options={"api_url": emu.base_url})
+        outcomes: list[Any] = []
+
+        def benchmark_job(handle: Any, event: Any) -> None:
+            # What benchmark.yml's job does on the infra host: accept, then the worker's run.
+            handle.start()
+            accepted = subprocess.run([BENCHSEAL, "infra", "accept", "--payload", "-", "--json", "--db", str(db)],
+                                      input=json.dumps(dict(handle.payload)), capture_output=True, text=True,
+                                      env=_env(emu, home), check=False, timeout=60)
+            if accepted.returncode != 0:
+                handle.complete("failure")
+                raise AssertionError(f"infra accept failed: {accepted.stderr}")
+            outcome = run_once(WorkerConfig(db=db), finalize=finalize)
+            outcomes.append(outcome)
+            handle.complete("success" if outcome is not None and outcome.state == "SUCCEEDED" else "failure")
+
+        emu.on_dispatch(benchmark_job)
+        payload = build_payload(built_images, correlation_id="e2e-widget-v1.0.0-0001", tag=TAG, repository=SOURCE)
+        result = None
+        error: BaseException | None = None
+        try:
+            result = run_dispatch(gh, payload, PollConfig(attempts=60, interval_s=1.0, skew_s=5.0))
+        except BaseException as exc:  # reported after the job thread finished
+            error = exc
+        emu.wait_callbacks(timeout=600)
+        assert emu.callback_errors == [], emu.callback_errors
+        if error is not None:
+            raise error
+        (outcome,) = outcomes
+        from pipeline.infra.queue import SqliteQueue
+
+        with SqliteQueue(db) as queue:
+            state = queue.get_run(outcome.run_id).state
+            artifacts = queue.run_dir(outcome.run_id) / "artifacts"
+        yield World(emu, db, artifacts, result, outcome, state)
+        assert emu.violations == [], emu.violations
+
+
+def run_dispatch(gh: Any, payload: Any, poll: Any) -> Any:
+    from pipeline.dispatch.dispatch import dispatch_and_wait
+
+    return dispatch_and_wait(gh, INFRA, payload, workflow=None, timeout_s=900, poll=poll)
+
+
+def _download(emulator: Any, repo: str, tag: str, dest: Path) -> dict[str, bytes]:
+    release = emulator.release(repo, tag)
+    dest.mkdir(parents=True, exist_ok=True)
+    files: dict[str, bytes] = {}
+    for asset in release.assets:
+        url = f"{emulator.origin}/{repo}/releases/download/{tag}/{asset.name}"
+        data = requests.get(url, timeout=30).content
+        (dest / asset.name).write_bytes(data)
+        files[asset.name] = data
+    return files
+
+
+def _verify_downloaded(directory: Path, signer: Any) -> None:
+    from pipeline.release.local import run_commands
+    from pipeline.verify import verify_release
+
+    verify_release(directory, trusted_root=signer.trusted_root, offline=True)
+    from pipeline.evidence import cosign_commands
+
+    commands = cosign_commands(directory, trusted_root=signer.trusted_root)
+    assert any(c.split()[0].endswith("cosign") for c in commands)
+    ran = run_commands(commands, directory)
+    assert len(ran) == len(commands) >= 7  # sha256sum + one cosign per bundle
+
+
+def test_run_concluded_with_the_worker(world: World) -> None:
+    assert world.outcome.state == "SUCCEEDED" and world.state == "SUCCEEDED"
+    assert world.dispatch.conclusion == "success"
+    run = world.emulator.get_run(INFRA, world.dispatch.run_id)
+    assert run.conclusion == "success" and run.display_title.endswith(" e2e-widget-v1.0.0-0001")
+    assert world.outcome.grading.score == 1.0
+    # The worker ended with the terminal transition: the publication waits in the outbox.
+    from pipeline.infra.queue import SqliteQueue
+
+    with SqliteQueue(world.db) as queue:
+        (pub,) = queue.list_publications(world.outcome.run_id)
+    assert pub.state == "PENDING" and pub.request.target == "github" and pub.request.tag == TAG
+    assert world.emulator.release(SOURCE, TAG).assets == []
+
+
+def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path, signer_v1: Any) -> None:
+    emu = world.emulator
+    from pipeline.infra.queue import SqliteQueue
+
+    fast = OutboxConfig(max_attempts=10, base_delay=0.0, max_delay=0.0, lease_seconds=30)
+
+    def impatient(_: Any) -> Target:
+        return GitHubTarget(make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0,
+                                        timeout=1).get_repo(SOURCE))
+
+    faults = [("repos/upload-release-asset", [502], 0.0),
+              ("repos/upload-release-asset", [500], 2.5),   # answered after the client gave up
+              ("repos/update-release", [500], 0.0)]
+    with SqliteQueue(world.db) as queue:
+        for operation, statuses, delay in faults:
+            emu.inject_fault(operation, statuses, delay=delay)
+            report = deliver_pending(queue, targets=impatient, config=fast, reseal=_never)
+            assert report.published == [] and len(report.failed) == 1, report
+    # A separate publisher process (the worker's process is long gone) delivers the row.
+    done = subprocess.run([BENCHSEAL, "publish", "--pending", "--json", "--db", str(world.db)],
+                          capture_output=True, text=True, env=_env(emu, tmp_path), check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert [p["run_id"] for p in report["published"]] == [world.outcome.run_id]
+    with SqliteQueue(world.db) as queue:
+        (pub,) = queue.list_publications(world.outcome.run_id)
+    assert pub.state == "DELIVERED" and pub.attempts == len(faults) + 1
+
+    # Exactly the artifacts, each once, byte for byte; the body is the notes plus one section.
+    artifacts = world.artifacts
+    expected = {p.name: p.read_bytes() for p in artifacts.iterdir() if p.is_file()}
+    downloaded = _download(emu, SOURCE, TAG, tmp_path / "downloaded")
+    assert downloaded == expected
+    assert sorted(a.name for a in emu.release(SOURCE, TAG).assets) == sorted(expected)
+    bundle = load_bundle(artifacts, TAG, verify_commands(artifacts))
+    body = emu.release(SOURCE, TAG).body
+    assert body == splice(NOTES, bundle.section)
+    assert body.count(START) == 1 and "| Score | **1.000** (3/3 resolved) |" in body
+    assert not any(r.status == 422 for r in emu.requests)
+    _verify_downloaded(tmp_path / "downloaded", signer_v1)
+
+    # A re-delivery (a publisher that crashed before marking) changes nothing.
+    before = sum(emu.count(method=m) for m in ("POST", "PATCH", "DELETE"))
+    again = GitHubTarget(make_client(base_url=emu.base_url, token=emu.token).get_repo(SOURCE)).publish(bundle)
+    assert set(again.assets.values()) == {"kept"} and not again.body_changed
+    assert sum(emu.count(method=m) for m in ("POST", "PATCH", "DELETE")) == before
+
+
+def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Path, signer_v1: Any) -> None:
+    emu = world.emulator
+    emu.add_repo(LOCKED, immutable_releases=True)
+    repo = make_client(base_url=emu.base_url, token=emu.token).get_repo(LOCKED)
+    repo.create_git_release(tag=TAG, name=TAG, message=NOTES)
+    bundle = load_bundle(world.artifacts, TAG, verify_commands(world.artifacts))
+    result = GitHubTarget(repo).publish(bundle)
+    assert result.strategy == "companion"
+    assert emu.release(LOCKED, TAG).assets == [] and emu.release(LOCKED, TAG).immutable
+    companion = emu.release(LOCKED, TAG + "-benchmark")
+    assert companion.immutable and not companion.draft
+    downloaded = _download(emu, LOCKED, TAG + "-benchmark", tmp_path / "companion")
+    assert downloaded == {p.name: p.read_bytes() for p in world.artifacts.iterdir() if p.is_file()}
+    assert emu.release(LOCKED, TAG).body.startswith(NOTES + "\n" + START)
+    _verify_downloaded(tmp_path / "companion", signer_v1)
+
+
+def _never(path: Path) -> None:
+    raise AssertionError(f"the retry budget must not run out here ({path})")
+
