@@ -15,8 +15,11 @@ def worker(
     db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
     policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
     base_ref: Annotated[str | None, typer.Option("--base-ref", help="Task base image by digest (default: images/base.lock.json).")] = None,
+    suites_dir: Annotated[Path | None, typer.Option("--suites-dir", help="Where suites live (default: <repo>/suites).")] = None,
+    term_grace: Annotated[float, typer.Option("--term-grace", min=0, help="Seconds a run may finish after SIGTERM before its lease is released.")] = 30.0,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
+    import dataclasses
     import logging
     import signal
 
@@ -24,7 +27,9 @@ def worker(
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref)
+    config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace)
+    if suites_dir is not None:
+        config = dataclasses.replace(config, suites_dir=suites_dir)
 
     def _stop(signum: int, _frame: object) -> None:
         config.stop.set()

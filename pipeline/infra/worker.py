@@ -272,9 +272,6 @@ def _attempt(
     run_dir = queue.run_dir(run_id)
     started = _now()
     queue.start(run_id, token)
-    _archive_previous_attempt(run_dir, record.attempts)
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
     runner = RunnerInfo(image_id=None, digest=None)
     failure: str | None = None
     released = False
@@ -282,6 +279,12 @@ def _attempt(
         runner_ref = parse_ref(payload.runner, "payload.runner")
         policy.check_image("runner", runner_ref, field="payload.runner")
         client = _docker()
+        # A worker killed with -9 leaves its runner container running: stop it
+        # before this attempt touches the run dir, so two attempts never overlap.
+        for name in kill_leftovers(client, run_id):
+            log.warning("run %s: removed leftover container %s", run_id, name)
+        _archive_previous_attempt(run_dir, record.attempts)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         pull_by_digest(client, runner_ref)
         base = resolve_base_ref(config, runner_ref.registry)
         pull_by_digest(client, base)
@@ -289,8 +292,6 @@ def _attempt(
         if not suite_src.is_dir():
             raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
         render_suite(suite_src, run_dir / "suite", base)
-        for name in kill_leftovers(client, run_id):
-            log.warning("run %s: removed leftover container %s", run_id, name)
         runner, failure, released = _run_container(client, record, runner_ref, run_dir, config, policy)
     except (InfraFailure, CheckFailed, InfrastructureError) as exc:
         _copy_evidence(run_dir)

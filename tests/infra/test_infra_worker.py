@@ -1,0 +1,284 @@
+"""The worker end to end: real engine, real registry, real runner image, real Harbor trials."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml
+
+from pipeline.contracts import DigestsFile, Grading, PublicationRequest
+from pipeline.infra.accept import accept_payload
+from pipeline.infra.policy import load_policy
+from pipeline.infra.queue import RunRecord, SqliteQueue
+from pipeline.infra.worker import LABEL_RUN, WorkerConfig, run_once
+from pipeline.paths import REPO_ROOT
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+CANARY = "bs-canary-" + hashlib.sha256(str(os.getpid()).encode()).hexdigest()[:24]
+PROBE = Path(__file__).parent / "data" / "secret-probe"
+
+
+@pytest.fixture(scope="module")
+def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> dict[str, Any]:
+    """A policy allowing the built images, a suites dir (smoke, and smoke + the secret probe), a short lease."""
+    root = tmp_path_factory.mktemp("infra-worker")
+    runner, api = built_images.images["runner"], built_images.images["api"]
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data["images"] = {
+        role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
+        for role, e in (("runner", runner), ("api", api))
+    }
+    data["suites"] = {"smoke": {"timeout_seconds": 300}, "probe": {"timeout_seconds": 300}}
+    data["lease_seconds"] = 4
+    data["secret_env"] = ["BENCHSEAL_AGENT_API_KEY"]
+    policy_path = root / "infra.yaml"
+    policy_path.write_text(yaml.safe_dump(data))
+    suites = root / "suites"
+    shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
+    shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "probe")
+    shutil.copytree(PROBE, suites / "probe" / "secret-probe")
+    return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
+            "runner": runner.ref, "runner_name": runner.name, "api": api.ref}
+
+
+def _payload(setup: dict[str, Any], correlation: str, **overrides: Any) -> dict[str, Any]:
+    payload = {
+        "schema": "benchseal.dispatch/v1",
+        "correlation_id": correlation,
+        "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567", "tag": "v9.9.9"},
+        "runner": setup["runner"],
+        "api": setup["api"],
+        "suite": "smoke",
+        "agent": "oracle",
+    }
+    payload.update(overrides)
+    return payload
+
+
+def _config(setup: dict[str, Any], db: Path) -> WorkerConfig:
+    return WorkerConfig(db=db, policy=setup["policy"], suites_dir=setup["suites"])
+
+
+def _all_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+
+
+class ArgvScanner(threading.Thread):
+    """Scan every /proc/*/cmdline for a needle until stopped."""
+
+    def __init__(self, needle: bytes) -> None:
+        super().__init__(daemon=True)
+        self.needle, self.hits, self.scans, self.stop = needle, [], 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for entry in os.scandir("/proc"):
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                        cmdline = handle.read()
+                except OSError:
+                    continue
+                if self.needle in cmdline:
+                    self.hits.append((entry.name, cmdline.replace(b"\0", b" ")[:300]))
+            self.scans += 1
+
+
+@pytest.fixture(scope="module")
+def oracle_probe_run(infra_setup: dict[str, Any]) -> dict[str, Any]:
+    """ONE oracle run of smoke + secret probe, scanned for the canary; reused by several tests."""
+    db = infra_setup["root"] / "oracle" / "queue.sqlite3"
+    accepted = accept_payload(_payload(infra_setup, "oracle-probe-0001", suite="probe"), db=db, policy=infra_setup["policy"])
+    seen_states: list[str] = []
+
+    def finalize(record: RunRecord, grading: Grading, run_dir: Path) -> list[PublicationRequest]:
+        with SqliteQueue(db) as q:
+            seen_states.append(q.get_run(record.run_id).state)
+        (run_dir / "artifacts" / "finalized.txt").write_text(grading.status)
+        return [PublicationRequest(run_id=record.run_id, target="local", tag="v9.9.9", artifacts_dir=str(run_dir / "artifacts"))]
+
+    scanner = ArgvScanner(CANARY.encode())
+    old = os.environ.get("BENCHSEAL_AGENT_API_KEY")
+    os.environ["BENCHSEAL_AGENT_API_KEY"] = CANARY
+    scanner.start()
+    # Control: the scanner does see a canary that IS in an argv.
+    control = subprocess.Popen(["sh", "-c", "sleep 3", CANARY])
+    try:
+        outcome = run_once(_config(infra_setup, db), finalize)
+    finally:
+        scanner.stop.set()
+        scanner.join()
+        control.wait()
+        if old is None:
+            os.environ.pop("BENCHSEAL_AGENT_API_KEY", None)
+        else:
+            os.environ["BENCHSEAL_AGENT_API_KEY"] = old
+    return {"db": db, "run_id": accepted.run_id, "outcome": outcome, "scanner": scanner,
+            "control_pid": str(control.pid), "finalize_states": seen_states}
+
+
+def test_oracle_run_succeeds_with_score_one(oracle_probe_run, infra_setup):
+    outcome = oracle_probe_run["outcome"]
+    assert outcome is not None and outcome.run_id == oracle_probe_run["run_id"]
+    assert outcome.state == "SUCCEEDED", outcome.reason
+    grading = outcome.grading
+    assert grading.score == 1.0
+    assert grading.counts.total == 4 and grading.counts.resolved == 4 and grading.counts.infra_errors == 0
+    digest = infra_setup["runner"].partition("@")[2]
+    for trial in grading.trials:
+        assert trial.runner_digest == digest  # what docker inspect said the container ran
+        assert trial.harbor_version == "0.26.0"
+        assert trial.agent_name == "oracle" and trial.agent_version
+        assert trial.total_seconds and trial.agent_seconds is not None and trial.verifier_seconds is not None
+    with SqliteQueue(oracle_probe_run["db"]) as q:
+        record = q.get_run(outcome.run_id)
+        run_dir = q.run_dir(outcome.run_id)
+        assert record.state == "SUCCEEDED" and record.attempts == 1
+        pubs = q.list_publications(outcome.run_id)
+        assert [p.request.target for p in pubs] == ["local"] and pubs[0].state == "PENDING"
+    status = json.loads((run_dir / "run.json").read_text())
+    assert status["state"] == "SUCCEEDED" and status["score"] == 1.0
+    assert Grading.model_validate_json((run_dir / "grading.json").read_text()) == grading
+    # Evidence in artifacts/, and the finalize hook ran before the terminal transition.
+    assert (run_dir / "artifacts" / "evidence" / "harbor").is_dir()
+    assert (run_dir / "artifacts" / "evidence" / "grading.json").is_file()
+    assert oracle_probe_run["finalize_states"] == ["RUNNING"]
+    assert (run_dir / "artifacts" / "finalized.txt").read_text() == "SUCCEEDED"
+    # No runner container left behind.
+    client = docker.from_env()
+    assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={outcome.run_id}"}) == []
+
+
+def test_secret_reaches_agent_but_never_argv_logs_or_artifacts(oracle_probe_run):
+    scanner = oracle_probe_run["scanner"]
+    hits = [h for h in scanner.hits if h[0] != oracle_probe_run["control_pid"]]
+    assert scanner.scans > 10
+    assert any(h[0] == oracle_probe_run["control_pid"] for h in scanner.hits), "scanner failed its control"
+    assert hits == [], hits
+    with SqliteQueue(oracle_probe_run["db"]) as q:
+        run_dir = q.run_dir(oracle_probe_run["run_id"])
+    # Delivered: the probe wrote the canary's hash (and saw no network but loopback).
+    probe = next((run_dir / "harbor").glob("secret-probe__*"))
+    written = next(probe.rglob("secret.sha256")).read_text().strip()
+    assert written == hashlib.sha256(CANARY.encode()).hexdigest()
+    assert next(probe.rglob("net.txt")).read_text().split() == ["lo"]
+    config = json.loads((probe / "config.json").read_text())
+    assert config["agent"]["env"] == {"BENCHSEAL_AGENT_API_KEY": "${BENCHSEAL_AGENT_API_KEY}"}
+    leaked = [p for p in _all_files(run_dir) if CANARY.encode() in p.read_bytes()]
+    leaked += [p for p in _all_files(oracle_probe_run["db"].parent) if p.suffix != "" and CANARY.encode() in p.read_bytes()]
+    assert leaked == []
+
+
+def test_nop_run_scores_zero(infra_setup):
+    db = infra_setup["root"] / "nop" / "queue.sqlite3"
+    accept_payload(_payload(infra_setup, "nop-run-000001", agent="nop"), db=db, policy=infra_setup["policy"])
+    outcome = run_once(_config(infra_setup, db))
+    assert outcome is not None and outcome.state == "SUCCEEDED", outcome and outcome.reason
+    assert outcome.grading.score == 0.0
+    assert outcome.grading.counts.completed == 3 and outcome.grading.counts.unresolved == 3
+    assert all(t.agent_name == "nop" and t.reward == 0.0 for t in outcome.grading.trials)
+
+
+def test_broken_runner_digest_ends_in_infra_error_without_score(infra_setup):
+    db = infra_setup["root"] / "broken" / "queue.sqlite3"
+    missing = f"{infra_setup['runner_name']}@sha256:{'0' * 64}"
+    accepted = accept_payload(_payload(infra_setup, "broken-runner-01", runner=missing), db=db, policy=infra_setup["policy"])
+    states = []
+    for _ in range(infra_setup["policy"].max_attempts):
+        outcome = run_once(_config(infra_setup, db))
+        assert outcome is not None
+        states.append(outcome.state)
+    assert states == ["QUEUED"] * (infra_setup["policy"].max_attempts - 1) + ["INFRA_ERROR"]
+    assert run_once(_config(infra_setup, db)) is None
+    with SqliteQueue(db) as q:
+        record = q.get_run(accepted.run_id)
+        run_dir = q.run_dir(accepted.run_id)
+    assert record.state == "INFRA_ERROR" and record.grading is not None and record.grading.score is None
+    assert "pull" in (record.reason or "")
+    status = json.loads((run_dir / "run.json").read_text())
+    assert status["state"] == "INFRA_ERROR" and status["score"] is None
+
+
+def _worker_cmd(setup: dict[str, Any], db: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipeline", "worker", "--once", "--db", str(db), "--policy", str(setup["policy_path"]),
+            "--suites-dir", str(setup["suites"]), *extra]
+
+
+def _wait_for(predicate, what: str, limit: float = 120.0) -> None:
+    end = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.2)
+
+
+def _runner_containers(run_id: str) -> list[Any]:
+    return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+
+
+def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
+    db = infra_setup["root"] / "kill9" / "queue.sqlite3"
+    accepted = accept_payload(_payload(infra_setup, "kill-nine-000001"), db=db, policy=infra_setup["policy"])
+    run_id = accepted.run_id
+    worker = subprocess.Popen(_worker_cmd(infra_setup, db), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        # Mid-trial: the runner container exists and Harbor has planned the trials.
+        _wait_for(lambda: bool(_runner_containers(run_id)) and (db.parent / "runs" / run_id / "trials.json").is_file(),
+                  "the runner container to start trials")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    with SqliteQueue(db) as q:
+        assert q.get_run(run_id).state == "RUNNING"  # stuck until the lease expires
+    def requeued() -> bool:
+        with SqliteQueue(db) as q:
+            q.requeue_expired()
+            return q.get_run(run_id).state == "QUEUED"
+
+    _wait_for(requeued, "the lease to expire", limit=60)
+    restarted = subprocess.run(_worker_cmd(infra_setup, db), capture_output=True, text=True, timeout=300, check=False)
+    assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+    with SqliteQueue(db) as q:
+        runs = q.list_runs()
+        record = q.get_run(run_id)
+        events = [e.event for e in q.events(run_id)]
+    assert [r.run_id for r in runs] == [run_id]  # not duplicated
+    assert record.state == "SUCCEEDED" and record.attempts == 2 and record.grading and record.grading.score == 1.0
+    assert events.count("claimed") == 2 and "lease_expired" in events and events.count("completed") == 1
+    assert _runner_containers(run_id) == []  # the orphan of attempt 1 was removed
+
+
+def test_sigterm_releases_the_lease(infra_setup):
+    db = infra_setup["root"] / "sigterm" / "queue.sqlite3"
+    accepted = accept_payload(_payload(infra_setup, "sigterm-run-0001", agent="nop"), db=db, policy=infra_setup["policy"])
+    worker = subprocess.Popen(_worker_cmd(infra_setup, db, "--term-grace", "0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        _wait_for(lambda: bool(_runner_containers(accepted.run_id)), "the runner container")
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=60)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, out
+    with SqliteQueue(db) as q:
+        record = q.get_run(accepted.run_id)
+        events = [e.event for e in q.events(accepted.run_id)]
+    assert record.state == "QUEUED" and record.attempts == 0 and record.lease_token is None
+    assert events[-1] == "released"
+    assert _runner_containers(accepted.run_id) == []
