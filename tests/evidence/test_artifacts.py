@@ -1,0 +1,87 @@
+"""summary.json, SHA256SUMS (checked by the real sha256sum -c), and resealing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import CheckFailed
+from pipeline.evidence import artifacts, reseal
+from pipeline.verify import verify_release
+from tests.fixtures.sigstore import make_inputs
+
+RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
+API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
+
+
+def test_summary_fields(tmp_path: Path) -> None:
+    suites = tmp_path / "suites"
+    (suites / "smoke" / "t1").mkdir(parents=True)
+    (suites / "smoke" / "t1" / "task.toml").write_text("x = 1\n")
+    grading, payload = make_inputs({"runner": RUNNER, "api": API})
+    summary = artifacts.build_summary(grading, payload, suites_root=suites)
+    assert summary["schema"] == "benchseal.summary/v1"
+    assert summary["images"]["runner"] == {"name": "127.0.0.1:5055/benchseal/runner", "digest": "sha256:" + "1" * 64,
+                                           "ref": RUNNER}
+    assert summary["dataset"]["name"] == "smoke" and summary["dataset"]["revision"].startswith("sha256:")
+    assert summary["score"] == 0.5 and summary["status"] == "SUCCEEDED"
+    assert summary["counts"]["resolved"] == 1
+    assert summary["source"]["commit"] == payload.source.commit and summary["source"]["tag"] == "v9.9.9"
+    assert summary["harbor_version"] == "0.26.0" and summary["agent"] == {"name": "oracle", "version": "1.0"}
+    assert summary["infra_run_id"] == "run-evidence-0001" and summary["correlation_id"] == "evidence-test-0001"
+    assert summary["timings"]["started_at"] == "2026-12-02T10:00:00Z" and len(summary["timings"]["trials"]) == 2
+    # the revision changes with the suite's content
+    before = summary["dataset"]["revision"]
+    (suites / "smoke" / "t1" / "task.toml").write_text("x = 2\n")
+    assert artifacts.build_summary(grading, payload, suites_root=suites)["dataset"]["revision"] != before
+
+
+def test_summary_refuses_images_other_than_dispatched() -> None:
+    grading, _ = make_inputs({"runner": RUNNER, "api": API})
+    _, other = make_inputs({"runner": RUNNER.replace("1" * 64, "3" * 64), "api": API})
+    with pytest.raises(CheckFailed):
+        artifacts.build_summary(grading, other)
+
+
+def test_sha256sums_is_sha256sum_format(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text("{}\n")
+    (tmp_path / "b.bin").write_bytes(bytes(range(256)) * 5000)
+    (tmp_path / "c.txt.sigstore.json").write_text("{}")
+    path = artifacts.write_checksums(tmp_path)
+    lines = path.read_text().splitlines()
+    assert [line.split("  ")[1] for line in lines] == ["a.json", "b.bin", "c.txt.sigstore.json"]
+    done = subprocess.run(["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=tmp_path, capture_output=True, text=True,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert artifacts.parse_checksums(path.read_text()) == {
+        name: h for h, name in (line.split("  ") for line in lines)}
+    (tmp_path / "b.bin").write_bytes(b"changed")
+    assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, check=False).returncode == 1
+
+
+@pytest.mark.parametrize("text", [
+    "abc  x\n", "A" * 64 + "  x\n", "a" * 64 + " x\n", "a" * 64 + "  x", "a" * 64 + "  ../x\n",
+    "a" * 64 + "  x\n" + "b" * 64 + "  x\n",
+])
+def test_parse_checksums_is_strict(text: str) -> None:
+    with pytest.raises(CheckFailed):
+        artifacts.parse_checksums(text)
+
+
+@pytest.mark.slow
+def test_publisher_error_is_checksummed_and_resealed(release_copy: Path, signer_v1: object,
+                                                     sigstore_instance: object) -> None:
+    root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
+    old_bundle = (release_copy / "SHA256SUMS.sigstore.json").read_bytes()
+    (release_copy / "publisher-error.json").write_text(json.dumps({"error": "upload failed"}) + "\n")
+    with pytest.raises(CheckFailed, match="publisher-error.json: not covered by SHA256SUMS"):
+        verify_release(release_copy, trusted_root=root)
+    reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
+    assert "publisher-error.json" in (release_copy / "SHA256SUMS").read_text()
+    assert (release_copy / "SHA256SUMS.sigstore.json").read_bytes() != old_bundle
+    verify_release(release_copy, trusted_root=root)
+    shutil.rmtree(release_copy)

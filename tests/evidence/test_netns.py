@@ -1,0 +1,64 @@
+"""Signing and verification inside a fresh network namespace that has only loopback.
+
+If any part of the flow (Fulcio, Rekor, TSA, OIDC, verification) needed an address
+outside 127.0.0.0/8 it would fail here: the namespace has no other interface.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = r"""
+import json, socket, sys
+from pathlib import Path
+from sigstore.models import Bundle, TrustedRoot
+from sigstore.verify import Verifier, policy
+from pipeline.evidence import sigstore_local
+from pipeline.evidence.signing import local_signer
+from pipeline.verify.external import sigstore_js_verify
+
+state, work = Path(sys.argv[1]), Path(sys.argv[2])
+out = {"interfaces": [name for _, name in socket.if_nameindex()], "verified": []}
+try:
+    for rekor in (1, 2):
+        signer = local_signer(rekor_version=rekor, state=state)
+        artifact = work / f"file-{rekor}.txt"
+        artifact.write_text(f"signed in a namespace with Rekor v{rekor}\n")
+        bundle = signer.sign_file(artifact)
+        verifier = Verifier(trusted_root=TrustedRoot.from_file(str(signer.trusted_root)))
+        verifier.verify_artifact(artifact.read_bytes(), Bundle.from_json(bundle.read_bytes()),
+                                 policy.Identity(identity=signer.identity, issuer=signer.issuer))
+        js = sigstore_js_verify(signer.trusted_root, [{"bundle": str(bundle), "artifact": str(artifact),
+                                                       "identity": signer.identity, "issuer": signer.issuer}])
+        out["verified"].append({"rekor": rekor, "python": True, "js": js[0].ok})
+        signer.close()
+finally:
+    sigstore_local.stop(state)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_sign_and_verify_with_loopback_only(tmp_path: Path) -> None:
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        pytest.skip("unshare/ip not available")
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot unshare the network namespace here: {probe.stderr.decode().strip()}")
+    script = tmp_path / "inside.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run(
+        ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+         sys.executable, str(script), str(tmp_path / "state"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, check=False, cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["interfaces"] == ["lo"]
+    assert result["verified"] == [{"rekor": 1, "python": True, "js": True}, {"rekor": 2, "python": True, "js": True}]

@@ -1,0 +1,80 @@
+"""SBOMs read from images in the local registry, by digest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import CheckFailed
+from pipeline.evidence import sbom
+
+pytestmark = pytest.mark.docker
+
+
+def _components(text: str) -> dict[str, dict[str, object]]:
+    return {c["purl"]: c for c in json.loads(text)["components"]}
+
+
+def test_handmade_image_layers_and_whiteouts(handmade_image: object, tmp_path: Path) -> None:
+    out = sbom.write_sbom(handmade_image.ref, tmp_path / "sbom.cdx.json",  # type: ignore[attr-defined]
+                          manifest_out=tmp_path / "manifest.json")
+    text = out.read_text()
+    sbom.validate_sbom_text(text)
+    data = json.loads(text)
+    assert data["specVersion"] == "1.6" and data["bomFormat"] == "CycloneDX"
+    meta = data["metadata"]["component"]
+    digest = handmade_image.digest  # type: ignore[attr-defined]
+    assert meta["type"] == "container"
+    assert meta["name"] == handmade_image.name and meta["version"] == digest  # type: ignore[attr-defined]
+    assert meta["purl"].startswith(f"pkg:oci/handmade@{digest}?")
+    assert "repository_url=127.0.0.1:5055/benchseal-evidence-test/handmade" in meta["purl"]
+    assert (tmp_path / "manifest.json").read_bytes() == handmade_image.manifest  # type: ignore[attr-defined]
+    purls = set(_components(text))
+    # the second layer's dpkg status wins; deinstalled packages are not listed
+    assert "pkg:deb/debian/python3.13@3.13.5-3?arch=amd64&distro=debian-13" in purls
+    assert not any("python3.13@3.13.5-2" in p for p in purls)
+    assert not any("removed-pkg" in p for p in purls)
+    assert "pkg:deb/debian/base-files@13.8%2Bdeb13u8?arch=amd64&distro=debian-13" in purls
+    # .wh.gone-2.0.dist-info deleted it; the opaque site-packages hid bar_baz and kept qux
+    pypi = {p.split("@")[0] for p in purls if p.startswith("pkg:pypi/")}
+    assert pypi == {"pkg:pypi/foo", "pkg:pypi/qux"}
+
+
+def test_digest_is_checked_against_the_manifest(handmade_image: object) -> None:
+    ref = handmade_image.ref  # type: ignore[attr-defined]
+    wrong = ref[:-4] + ("0000" if not ref.endswith("0000") else "1111")
+    with pytest.raises(CheckFailed):
+        sbom.read_image(wrong)
+
+
+def test_dpkg_status_parsing() -> None:
+    packages = sbom.parse_dpkg_status(
+        "Package: a\nStatus: install ok installed\nVersion: 1:2.0-1\nArchitecture: amd64\nSource: asrc (2.0-1)\n\n"
+        "Package: b\nStatus: purge ok not-installed\nVersion: 1\n\n"
+        "Package: c\nStatus: install ok half-configured\nVersion: 3\n")
+    assert [(p.name, p.version, p.arch, p.source) for p in packages] == [("a", "1:2.0-1", "amd64", "asrc")]
+
+
+def test_real_built_images(request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """Known packages of the runner and api images, with the versions the images really carry."""
+    try:
+        built = request.getfixturevalue("built_images")
+    except pytest.FixtureLookupError:
+        pytest.skip("the build stage's built_images fixture is not available")
+    runner = built.images["runner"]
+    text = sbom.write_sbom(runner.ref, tmp_path / "runner.cdx.json").read_text()
+    sbom.validate_sbom_text(text)
+    data = json.loads(text)
+    assert data["metadata"]["component"]["version"] == runner.digest
+    names = {(c["name"], c["version"]) for c in data["components"]}
+    assert ("harbor", "0.26.0") in names
+    deb = {c["name"]: c["version"] for c in data["components"] if c["purl"].startswith("pkg:deb/")}
+    assert deb.get("python3.13", "").startswith("3.13.")
+    assert "libc6" in deb
+    api = built.images["api"]
+    api_text = sbom.write_sbom(api.ref, tmp_path / "api.cdx.json").read_text()
+    sbom.validate_sbom_text(api_text)
+    api_names = {c["name"] for c in json.loads(api_text)["components"]}
+    assert "fastapi" in api_names and "python3.13" in api_names

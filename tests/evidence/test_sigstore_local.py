@@ -1,0 +1,128 @@
+"""Sign -> verify round trips on the private instance (Rekor v1 and v2, artifacts and DSSE)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from sigstore.errors import VerificationError
+from sigstore.models import Bundle, TrustedRoot
+from sigstore.verify import Verifier, policy
+
+from pipeline.errors import InfrastructureError
+from pipeline.evidence import sigstore_local
+from pipeline.evidence.signing import local_signer
+from pipeline.verify.external import cosign_verify, sigstore_js_verify
+
+STATEMENT = (b'{"_type":"https://in-toto.io/Statement/v1","subject":[{"name":"x.bin","digest":{"sha256":"'
+             + b"ab" * 32 + b'"}}],"predicateType":"https://slsa.dev/provenance/v1","predicate":{"k":"v"}}')
+
+
+def _kind(bundle: Path) -> tuple[str, str]:
+    entry = json.loads(bundle.read_text())["verificationMaterial"]["tlogEntries"][0]
+    return entry["kindVersion"]["kind"], entry["kindVersion"]["version"]
+
+
+@pytest.mark.parametrize("rekor", [1, 2])
+def test_round_trip_artifact_and_dsse(rekor: int, request: pytest.FixtureRequest, sigstore_instance: object,
+                                      tmp_path: Path) -> None:
+    signer = request.getfixturevalue(f"signer_v{rekor}")
+    artifact = tmp_path / "x.bin"
+    artifact.write_bytes(b"\x00payload\xff" * 1000)
+    statement = tmp_path / "x.intoto.json"
+    statement.write_bytes(STATEMENT)
+    blob_bundle = signer.sign_file(artifact)
+    dsse_bundle = signer.sign_statement(statement)
+    assert blob_bundle.name == "x.bin.sigstore.json"
+    assert json.loads(blob_bundle.read_text())["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    assert _kind(blob_bundle) == ("hashedrekord", "0.0.1" if rekor == 1 else "0.0.2")
+    assert _kind(dsse_bundle) == (("dsse", "0.0.1") if rekor == 1 else ("hashedrekord", "0.0.2"))
+
+    root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
+    verifier = Verifier(trusted_root=TrustedRoot.from_file(str(root)))
+    identity = policy.Identity(identity=signer.identity, issuer=signer.issuer)
+    verifier.verify_artifact(artifact.read_bytes(), Bundle.from_json(blob_bundle.read_bytes()), identity)
+    payload_type, payload = verifier.verify_dsse(Bundle.from_json(dsse_bundle.read_bytes()), identity)
+    assert (payload_type, payload) == ("application/vnd.in-toto+json", STATEMENT)
+
+    wrong = policy.Identity(identity=signer.identity + "/other", issuer=signer.issuer)
+    with pytest.raises(VerificationError):
+        verifier.verify_artifact(artifact.read_bytes(), Bundle.from_json(blob_bundle.read_bytes()), wrong)
+    with pytest.raises(VerificationError):
+        verifier.verify_artifact(artifact.read_bytes() + b"!", Bundle.from_json(blob_bundle.read_bytes()), identity)
+
+    job = {"identity": signer.identity, "issuer": signer.issuer}
+    js = sigstore_js_verify(root, [
+        {**job, "bundle": str(blob_bundle), "artifact": str(artifact)},
+        {**job, "bundle": str(dsse_bundle), "artifact": None, "payload_file": str(statement)},
+        {**job, "bundle": str(blob_bundle), "artifact": str(statement)},
+        {**job, "identity": "https://benchseal.invalid/signers/someone-else", "bundle": str(dsse_bundle), "artifact": None},
+    ])
+    assert [o.ok for o in js] == [True, True, False, False], js
+
+
+def test_cosign_round_trip_rekor_v1(signer_v1: object, sigstore_instance: object, cosign_bin: Path, tmp_path: Path) -> None:
+    artifact = tmp_path / "y.txt"
+    artifact.write_text("cosign checks this\n")
+    bundle = signer_v1.sign_file(artifact)  # type: ignore[attr-defined]
+    root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
+    ident, iss = signer_v1.identity, signer_v1.issuer  # type: ignore[attr-defined]
+    assert cosign_verify(artifact, bundle, ident, iss, trusted_root=root).ok
+    assert not cosign_verify(artifact, bundle, ident + "x", iss, trusted_root=root).ok
+    assert not cosign_verify(artifact, bundle, ident, "https://token.actions.githubusercontent.com", trusted_root=root).ok
+    artifact.write_text("cosign checks this!\n")
+    assert not cosign_verify(artifact, bundle, ident, iss, trusted_root=root).ok
+
+
+def test_fulcio_rejects_a_forged_token(sigstore_instance: object) -> None:
+    """A token not signed by the instance's OIDC key gets no certificate."""
+    import base64
+
+    header = base64.urlsafe_b64encode(b'{"alg":"none"}').rstrip(b"=").decode()
+    claims = base64.urlsafe_b64encode(json.dumps({
+        "iss": sigstore_local.LOCAL_ISSUER, "sub": sigstore_local.LOCAL_IDENTITY, "aud": "sigstore",
+        "iat": 1, "exp": 4102444800}).encode()).rstrip(b"=").decode()
+    url = sigstore_instance.url + "/api/v2/signingCert"  # type: ignore[attr-defined]
+    request = urllib.request.Request(url, data=b'{"certificateSigningRequest": "x"}', method="POST",
+                                     headers={"Authorization": f"Bearer {header}.{claims}.", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 401
+    assert b"identity token rejected" in info.value.read()
+
+
+def test_signer_reports_an_instance_that_is_gone(tmp_path: Path) -> None:
+    state = tmp_path / "short-lived"
+    signer = local_signer(state=state)
+    sigstore_local.stop(state)
+    assert sigstore_local.status(state)["answers"] is False
+    artifact = tmp_path / "z"
+    artifact.write_text("z")
+    with pytest.raises(InfrastructureError):
+        signer.sign_file(artifact)
+
+
+def test_cli_start_status_stop(tmp_path: Path) -> None:
+    state = str(tmp_path / "cli-state")
+    cli = [sys.executable, "-m", "pipeline", "sigstore"]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args, "--state", state], capture_output=True, text=True, timeout=60, check=False)
+
+    started = run("start")
+    assert started.returncode == 0, started.stderr
+    status = run("status", "--json")
+    info = json.loads(status.stdout)
+    assert status.returncode == 0 and info["answers"] is True and isinstance(info["pid"], int)
+    again = run("start")
+    assert again.returncode == 0 and f"pid {info['pid']}" in again.stdout  # idempotent: same process
+    assert run("stop").returncode == 0
+    assert run("status").returncode == 1
+    proc = Path(f"/proc/{info['pid']}/status")
+    # Gone, or a zombie awaiting a reaper that is not ours.
+    assert not proc.exists() or "State:\tZ" in proc.read_text()
