@@ -282,3 +282,23 @@ def test_sigterm_releases_the_lease(infra_setup):
     assert record.state == "QUEUED" and record.attempts == 0 and record.lease_token is None
     assert events[-1] == "released"
     assert _runner_containers(accepted.run_id) == []
+
+
+def test_suite_timeout_kills_runner_and_trial_containers(infra_setup):
+    from pipeline.infra.policy import SuitePolicy
+
+    policy = infra_setup["policy"].model_copy(update={"suites": {"smoke": SuitePolicy(timeout_seconds=8)}})
+    db = infra_setup["root"] / "timeout" / "queue.sqlite3"
+    accepted = accept_payload(_payload(infra_setup, "timeout-run-0001"), db=db, policy=policy)
+    outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=infra_setup["suites"]))
+    assert outcome is not None and outcome.state == "FAILED"
+    assert outcome.grading is not None and outcome.grading.score is None
+    assert "timed out" in (outcome.reason or "")
+    assert _runner_containers(accepted.run_id) == []
+    short = accepted.run_id[-12:]
+    leftovers = [c.name for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"})
+                 if short in c.labels.get("com.docker.compose.project", "")]
+    assert leftovers == []
+    with SqliteQueue(db) as q:
+        run_dir = q.run_dir(accepted.run_id)
+    assert (run_dir / "artifacts" / "evidence" / "logs" / "runner.log").is_file()  # evidence kept on failure too

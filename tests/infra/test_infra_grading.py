@@ -1,0 +1,123 @@
+"""Grading from Harbor result.json files, and the smoke suite's shape (harbor lint, FROM placeholder)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.contracts import DispatchPayload
+from pipeline.digests import ImageRef
+from pipeline.errors import CheckFailed
+from pipeline.infra.grading import RunnerInfo, grade_run
+from pipeline.infra.queue import SqliteQueue
+from pipeline.infra.trial import TRIALS_FILE, discover_tasks, plan_trials
+from pipeline.infra.worker import BASE_PLACEHOLDER, render_suite
+from pipeline.paths import REPO_ROOT
+
+REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
+SMOKE = REPO_ROOT / "suites" / "smoke"
+HARBOR = REPO_ROOT / ".venv" / "bin" / "harbor"
+
+
+def _result(reward: float | None = 1.0, exception: str | None = None) -> dict[str, Any]:
+    data = json.loads(json.dumps(REAL_RESULT))
+    data["verifier_result"] = None if reward is None else {"rewards": {"reward": reward}}
+    data["exception_info"] = None if exception is None else {
+        "exception_type": exception, "exception_message": "boom", "exception_traceback": "", "occurred_at": data["started_at"]}
+    return data
+
+
+def _run(tmp_path: Path, make_payload, results: list[dict[str, Any] | None], policy):
+    with SqliteQueue(tmp_path / "q.sqlite3") as q:
+        payload = DispatchPayload.model_validate(make_payload())
+        run_id, _ = q.enqueue(payload, max_attempts=3)
+        record = q.get_run(run_id)
+        run_dir = q.run_dir(run_id)
+    tasks = [f"task-{i}" for i in range(len(results))]
+    specs = plan_trials(run_id, tasks)
+    (run_dir / TRIALS_FILE).write_text(json.dumps({"harbor_version": "0.26.0", "trials": [
+        {"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+    for spec, result in zip(specs, results, strict=True):
+        if result is not None:
+            (run_dir / "harbor" / spec.trial_name).mkdir(parents=True)
+            (run_dir / "harbor" / spec.trial_name / "result.json").write_text(json.dumps(result))
+    digest = payload.runner.partition("@")[2]
+    return grade_run(run_dir, record, policy, RunnerInfo(image_id="sha256:" + "1" * 64, digest=digest),
+                     started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T00:01:00Z")
+
+
+def test_all_resolved_scores_one(tmp_path, make_payload, infra_policy):
+    grading = _run(tmp_path, make_payload, [_result(1.0)] * 3, infra_policy)
+    assert grading.status == "SUCCEEDED" and grading.score == 1.0
+    assert grading.counts.resolved == 3 and grading.harbor_version == "0.26.0"
+    trial = grading.trials[0]
+    assert trial.agent_seconds and trial.verifier_seconds and trial.total_seconds
+    assert trial.runner_digest == make_payload()["runner"].partition("@")[2]
+
+
+def test_score_is_resolved_over_completed_and_agent_errors_count_as_completed(tmp_path, make_payload, infra_policy):
+    grading = _run(tmp_path, make_payload, [_result(1.0), _result(0.0), _result(0.0, "AgentTimeoutError"), _result(1.0)], infra_policy)
+    assert grading.status == "SUCCEEDED"
+    assert (grading.counts.completed, grading.counts.resolved, grading.counts.unresolved) == (4, 2, 2)
+    assert grading.score == 0.5
+    assert grading.trials[2].exception_type == "AgentTimeoutError" and grading.trials[2].outcome == "unresolved"
+
+
+def test_missing_and_errored_trials_are_infra_errors_below_threshold(tmp_path, make_payload, infra_policy):
+    # 1 of 3 (33%) is within the 34% threshold: scored over the completed trials only.
+    grading = _run(tmp_path, make_payload, [_result(1.0), _result(0.0), None], infra_policy)
+    assert grading.status == "SUCCEEDED" and grading.counts.infra_errors == 1
+    assert grading.score == 0.5
+    assert grading.trials[2].exception_type == "MissingTrialResult"
+
+
+def test_infra_errors_above_threshold_fail_the_run_without_score(tmp_path, make_payload, infra_policy):
+    grading = _run(tmp_path, make_payload, [_result(1.0), _result(None, "RuntimeError"), _result(1.0, "EnvironmentStartTimeoutError")], infra_policy)
+    assert grading.status == "FAILED" and grading.score is None
+    assert grading.counts.infra_errors == 2 and grading.counts.resolved == 1
+    assert "infrastructure errors" in (grading.reason or "")
+
+
+def test_missing_reward_without_exception_is_an_infra_error(tmp_path, make_payload, infra_policy):
+    grading = _run(tmp_path, make_payload, [_result(None)] * 2, infra_policy)
+    assert grading.status == "FAILED" and grading.score is None
+    assert {t.exception_type for t in grading.trials} == {"NoReward"}
+
+
+# --- the smoke suite -----------------------------------------------------------
+
+def test_smoke_suite_has_three_offline_tasks():
+    tasks = discover_tasks(SMOKE)
+    assert len(tasks) >= 3
+    for task in tasks:
+        dockerfile = (SMOKE / task / "environment" / "Dockerfile").read_text()
+        assert dockerfile.splitlines()[0] == f"FROM {BASE_PLACEHOLDER}"
+        assert "STOPSIGNAL SIGKILL" in dockerfile
+        test_sh = (SMOKE / task / "tests" / "test.sh").read_text()
+        assert "python3" in test_sh and "pip" not in test_sh and "curl" not in test_sh
+        assert (SMOKE / task / "solution" / "solve.sh").is_file()
+
+
+def test_smoke_suite_is_harbor_lint_clean():
+    tasks = [str(SMOKE / t) for t in discover_tasks(SMOKE)] + [str(Path(__file__).parent / "data" / "secret-probe")]
+    result = subprocess.run([str(HARBOR), "lint", "--json", *tasks], capture_output=True, text=True, check=False,
+                            env={**os.environ, "HARBOR_TELEMETRY": "0"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout or "[]") == []
+
+
+def test_render_suite_pins_base_by_digest_and_refuses_other_froms(tmp_path):
+    base = ImageRef("127.0.0.1:5055/benchseal/base", "sha256:" + "c" * 64)
+    render_suite(SMOKE, tmp_path / "suite", base)
+    for task in discover_tasks(tmp_path / "suite"):
+        assert (tmp_path / "suite" / task / "environment" / "Dockerfile").read_text().splitlines()[0] == f"FROM {base.ref}"
+    hostile = tmp_path / "hostile"
+    render_suite(SMOKE, hostile, base)
+    (hostile / "fix-mean" / "environment" / "Dockerfile").write_text("FROM ubuntu:latest\n")
+    with pytest.raises(CheckFailed):
+        render_suite(hostile, tmp_path / "again", base)
