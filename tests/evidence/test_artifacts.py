@@ -78,7 +78,7 @@ def test_publisher_error_is_checksummed_and_resealed(release_copy: Path, signer_
     root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
     old_bundle = (release_copy / "SHA256SUMS.sigstore.json").read_bytes()
     (release_copy / "publisher-error.json").write_text(json.dumps({"error": "upload failed"}) + "\n")
-    with pytest.raises(CheckFailed, match="publisher-error.json: not covered by SHA256SUMS"):
+    with pytest.raises(CheckFailed, match=r"publisher-error\.json: not covered by SHA256SUMS"):
         verify_release(release_copy, trusted_root=root)
     reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
     assert "publisher-error.json" in (release_copy / "SHA256SUMS").read_text()
