@@ -372,8 +372,8 @@ class GitHubEmulator:
     def start(self) -> GitHubEmulator:
         self._server = make_server("127.0.0.1", 0, self._wsgi, threaded=True, request_handler=_QuietHandler)
         self._server.daemon_threads = True  # type: ignore[attr-defined]
-        self._serve_thread = threading.Thread(target=self._server.serve_forever, name="github-emulator",
-                                              daemon=True)
+        self._serve_thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                              name="github-emulator", daemon=True)
         self._serve_thread.start()
         return self
 
@@ -571,6 +571,9 @@ class GitHubEmulator:
                             path)
         if download and request.method == "GET":
             return self._download(download.groupdict())
+        storage = re.match(r"\A/api/storage/assets/(?P<asset_id>[0-9]+)\Z", path)
+        if storage and request.method == "GET":
+            return self._download_by_id(storage.group("asset_id"))
         prefix = UPLOADS_PREFIX if path.startswith(UPLOADS_PREFIX + "/") else API_PREFIX
         if not path.startswith(prefix + "/") and path != prefix:
             return self._json_response(404, {"message": "Not Found", "documentation_url": DOCS_URL})
@@ -1036,7 +1039,8 @@ class GitHubEmulator:
         data = self._asset_json(ctx, repo, release, asset)
         if "application/octet-stream" in ctx.request.headers.get("Accept", ""):
             ctx.status = 302
-            ctx.headers["location"] = data["browser_download_url"]
+            # Same host, under /api/ (PyGithub only follows redirects there), like a storage URL.
+            ctx.headers["location"] = f"{ctx.origin}/api/storage/assets/{asset.id}"
             return None
         return data
 
@@ -1057,6 +1061,15 @@ class GitHubEmulator:
             if asset is None:
                 return Response(b"Not Found", status=404)
             return Response(asset.data, status=200, content_type="application/octet-stream")
+
+    def _download_by_id(self, asset_id: str) -> Response:
+        with self._lock:
+            for repo in self._repos.values():
+                for release in repo.releases.values():
+                    for asset in release.assets:
+                        if str(asset.id) == asset_id:
+                            return Response(asset.data, status=200, content_type="application/octet-stream")
+        return Response(b"Not Found", status=404)
 
     # dispatch and runs
 

@@ -22,7 +22,7 @@ SPEC_FILE = Path(__file__).with_name("openapi") / "github-rest-subset.json"
 VALIDATION_ORIGIN = "http://github.emulator"
 # Error statuses the emulator (or an injected fault) may answer with. GitHub
 # documents only some per operation; a GitHub-shaped error body is still checked.
-ERROR_STATUSES = ("400", "401", "403", "404", "409", "422", "429", "500", "502", "503")
+ERROR_STATUSES = ("400", "401", "403", "404", "409", "422", "429", "500", "502", "503", "504")
 
 Spec = dict[str, Any]
 
