@@ -30,6 +30,12 @@ from pipeline.fsutil import atomic_write_json
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
 LOCK_PATH = paths.REPO_ROOT / "images" / "base.lock.json"
 LOCK_SCHEMA = "benchseal.base-lock/v1"
+
+
+def lock_path() -> Path:
+    """The base lock: ``$BENCHSEAL_BASE_LOCK`` or images/base.lock.json (a benchmark's scratch registry uses its own)."""
+    configured = os.environ.get("BENCHSEAL_BASE_LOCK")
+    return Path(configured) if configured else LOCK_PATH
 _SAFE_PATH = re.compile(r"\A/[A-Za-z0-9._/-]+\Z")
 _PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
 
@@ -187,7 +193,8 @@ def push_assembled(registry: Registry, repository: str, image: AssembledBase, st
     return digest
 
 
-def read_lock(path: Path = LOCK_PATH) -> dict[str, Any]:
+def read_lock(path: Path | None = None) -> dict[str, Any]:
+    path = path or lock_path()
     if not path.is_file():
         return {}
     data = json.loads(path.read_text())
@@ -253,7 +260,7 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
         }
         changed = True
     if changed:
-        atomic_write_json(LOCK_PATH, {"schema": LOCK_SCHEMA, "images": lock})
+        atomic_write_json(lock_path(), {"schema": LOCK_SCHEMA, "images": lock})
     return refs
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.build import ensure_base, ensure_local
-from pipeline.build.base import LOCK_PATH, assemble, load_specs, read_lock, rootfs_tarball
+from pipeline.build.base import assemble, load_specs, lock_path, read_lock, rootfs_tarball
 from pipeline.build.images import build_image
 from pipeline.build.layers import BlobStore
 from pipeline.build.oci import MANIFEST_TYPE
@@ -175,9 +175,9 @@ def test_base_assembly_is_deterministic_and_matches_the_lock(base_refs: dict[str
 
 
 def test_ensure_base_is_idempotent(image_registry: str, base_refs: dict[str, ImageRef]) -> None:
-    before = LOCK_PATH.stat().st_mtime_ns
+    before = lock_path().stat().st_mtime_ns
     assert ensure_base(image_registry) == base_refs
-    assert LOCK_PATH.stat().st_mtime_ns == before
+    assert lock_path().stat().st_mtime_ns == before
     lock = read_lock()
     assert lock["base"]["packages"]["python3"].startswith("3.13")
     assert "docker-cli" in lock["runner-base"]["packages"]
