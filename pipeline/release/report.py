@@ -18,11 +18,13 @@ def render_report(report: ReleaseReport, console: Console) -> None:
                   str(counts.get("infra_errors")), str(counts.get("total")))
     console.print(table)
     for role, ref in sorted(report.images.items()):
-        console.print(f"{role:7} {ref}")
+        console.print(f"{role:7} {ref}", soft_wrap=True, highlight=False)
     console.print(f"images  {'reused (unchanged since the last release run)' if report.images_reused else 'built'}")
     console.print(f"run     {report.run_id}")
-    console.print(f"release {report.release_dir}  (body.md + {len(report.publication.get('assets', {}))} assets)")
+    console.print(f"release {report.release_dir}  (body.md + {len(report.publication.get('assets', {}))} assets)",
+                  soft_wrap=True, highlight=False)
     console.print(f"verified: benchseal verify ok, {len(report.verified.get('cosign_commands', []))} cosign/sha256sum "
                   "commands ok")
     total = sum(v for v in report.stages.values() if v > 0)
-    console.print("stages  " + ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items()) + f"  (total {total:.1f}s)")
+    console.print("stages  " + ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items()) + f"  (total {total:.1f}s)",
+                  soft_wrap=True, highlight=False)
