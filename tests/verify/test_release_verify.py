@@ -165,7 +165,7 @@ def test_correctly_signed_but_unbound_summary_is_rejected(release_copy: Path, si
     (release_copy / "summary.json").write_text(json.dumps(summary))
     signer_v1.sign_file(release_copy / "summary.json")  # type: ignore[attr-defined]
     reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
-    with pytest.raises(CheckFailed, match="not digest-pinned"):
+    with pytest.raises(CheckFailed, match=r"not digest-pinned"):
         verify_release(release_copy, trusted_root=sigstore_instance.trusted_root)  # type: ignore[attr-defined]
     done = _cli(release_copy, "--trusted-root", str(sigstore_instance.trusted_root))  # type: ignore[attr-defined]
     assert done.returncode == 1 and "not digest-pinned" in done.stderr
@@ -176,11 +176,11 @@ def test_missing_bundle_and_extra_file(release_copy: Path, sigstore_instance: ob
     (release_copy / "body.md").write_text("release notes are not an asset\n")
     verify_release(release_copy, trusted_root=root)
     (release_copy / "stray.txt").write_text("x")
-    with pytest.raises(CheckFailed, match="stray.txt: not covered"):
+    with pytest.raises(CheckFailed, match=r"stray\.txt: not covered"):
         verify_release(release_copy, trusted_root=root)
     (release_copy / "stray.txt").unlink()
     (release_copy / "sbom-api.cdx.json.sigstore.json").unlink()
-    with pytest.raises(CheckFailed, match="sbom-api.cdx.json.sigstore.json"):
+    with pytest.raises(CheckFailed, match=r"sbom-api\.cdx\.json\.sigstore\.json"):
         verify_release(release_copy, trusted_root=root)
 
 
@@ -196,5 +196,5 @@ def test_cli_usage_errors_exit_2(tmp_path: Path, signed_release: Path) -> None:
 def test_wrong_trusted_root_is_rejected(signed_release: Path) -> None:
     """Local bundles do not verify under the public-good root (offline, embedded)."""
     staging = REPO / "tests" / "data" / "sigstore" / "public-good" / "trusted_root.json"
-    with pytest.raises(CheckFailed, match="SHA256SUMS.sigstore.json"):
+    with pytest.raises(CheckFailed, match=r"SHA256SUMS\.sigstore\.json"):
         verify_release(signed_release, trusted_root=staging, profile="local")

@@ -1,0 +1,119 @@
+"""Evidence benchmark: SHA256SUMS throughput vs sha256sum, signing time, SBOM time per image.
+
+    .venv/bin/python bench/evidence.py [--size-mib 1024] [--files 20]
+
+Uses a private Sigstore instance of its own (scratch state dir, stopped at the end)
+and the runner/api images in the local registry (built with the build stage's cache).
+Prints figures only; asserts nothing about time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _big_file(path: Path, mib: int) -> None:
+    block = os.urandom(1 << 20)
+    with path.open("wb") as handle:
+        for i in range(mib):
+            handle.write(block[i % 251:] + block[: i % 251])
+
+
+def bench_checksums(scratch: Path, mib: int) -> None:
+    from pipeline.evidence.artifacts import write_checksums
+
+    artifacts = scratch / "sums"
+    artifacts.mkdir()
+    _big_file(artifacts / "big.bin", mib)
+    subprocess.run(["sha256sum", str(artifacts / "big.bin")], capture_output=True, check=True)  # warm the page cache
+    started = time.perf_counter()
+    write_checksums(artifacts)
+    ours = time.perf_counter() - started
+    started = time.perf_counter()
+    subprocess.run(["sha256sum", str(artifacts / "big.bin")], capture_output=True, check=True)
+    theirs = time.perf_counter() - started
+    print(f"SHA256SUMS over {mib} MiB: benchseal {ours:.2f}s ({mib / ours:.0f} MiB/s), "
+          f"sha256sum {theirs:.2f}s ({mib / theirs:.0f} MiB/s), ratio benchseal/sha256sum = {ours / theirs:.2f}")
+    shutil.rmtree(artifacts)
+
+
+def bench_signing(scratch: Path, count: int) -> None:
+    from pipeline.evidence import sigstore_local
+    from pipeline.evidence.signing import local_signer
+
+    state = scratch / "sigstore"
+    started = time.perf_counter()
+    sigstore_local.ensure_running(state)
+    print(f"local Sigstore instance start: {time.perf_counter() - started:.2f}s")
+    files = []
+    for i in range(count):
+        path = scratch / f"file-{i}.json"
+        path.write_text(f'{{"n": {i}}}\n')
+        files.append(path)
+    try:
+        for rekor in (1, 2):
+            signer = local_signer(rekor_version=rekor, state=state)
+            started = time.perf_counter()
+            signer.sign_file(files[0])  # includes the Fulcio certificate
+            first = time.perf_counter() - started
+            started = time.perf_counter()
+            for path in files[1:]:
+                signer.sign_file(path)
+            rest = time.perf_counter() - started
+            print(f"sign {count} files (Rekor v{rekor}): first {first * 1000:.0f} ms (certificate + log entry + TSA), "
+                  f"then {rest / max(1, count - 1) * 1000:.0f} ms/file, total {first + rest:.2f}s")
+            signer.close()
+    finally:
+        sigstore_local.stop(state)
+
+
+def _image_refs() -> dict[str, str]:
+    from pipeline.build import build_images
+    from pipeline.host import registry as reg
+
+    registry = reg.default_registry()
+    reg.start(registry)
+    digests = build_images(["runner", "api"], registry.address)
+    return {role: entry.ref for role, entry in digests.images.items()}
+
+
+def bench_sbom(scratch: Path) -> None:
+    from pipeline.evidence.sbom import build_bom, read_image, render_bom
+
+    for role, ref in _image_refs().items():
+        started = time.perf_counter()
+        contents = read_image(ref)
+        read = time.perf_counter() - started
+        started = time.perf_counter()
+        text = render_bom(build_bom(contents))
+        render = time.perf_counter() - started
+        print(f"SBOM {role}: read+unpack {read:.2f}s, CycloneDX render {render:.2f}s, "
+              f"{len(contents.debian)} deb + {len(contents.python)} pypi components, {len(text) // 1024} KiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--size-mib", type=int, default=1024)
+    parser.add_argument("--files", type=int, default=20)
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="benchseal-bench-evidence-"))
+    try:
+        bench_checksums(scratch, args.size_mib)
+        bench_signing(scratch, args.files)
+        bench_sbom(scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
