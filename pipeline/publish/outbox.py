@@ -112,10 +112,13 @@ def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory
 
 
 def verify_commands(artifacts_dir: Path) -> list[str]:
-    """The cosign command lines shown in the release body (from the evidence stage)."""
+    """The command lines the release body shows (from the evidence stage).
+
+    They name plain ``cosign``: the consumer's own, not this machine's tools path.
+    """
     from pipeline.evidence import cosign_commands
 
-    return list(cosign_commands(artifacts_dir))
+    return list(cosign_commands(artifacts_dir, cosign="cosign"))
 
 
 def default_signer() -> Any:

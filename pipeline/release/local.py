@@ -107,7 +107,8 @@ def release_local(
     from pipeline.infra.queue import SqliteQueue
     from pipeline.infra.worker import WorkerConfig, run_once
     from pipeline.publish.finalize import evidence_finalizer
-    from pipeline.publish.outbox import deliver_pending, verify_commands
+    from pipeline.evidence import cosign_commands
+    from pipeline.publish.outbox import deliver_pending
     from pipeline.verify import verify_release
 
     dist = dist or REPO_ROOT / "dist" / "releases"
@@ -166,7 +167,8 @@ def release_local(
         release_dir = dist / tag
         with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
             verify_release(release_dir, trusted_root=signer.trusted_root, offline=True)
-            ran = run_commands(verify_commands(release_dir), release_dir)
+            # The body's commands, with this machine's cosign binary.
+            ran = run_commands(cosign_commands(release_dir), release_dir)
         queue.close()
 
     stages = dict(clock.seconds)

@@ -183,8 +183,10 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path,
             report = deliver_pending(queue, targets=impatient, config=fast, reseal=_never)
             assert report.published == [] and len(report.failed) == 1, report
     # A separate publisher process (the worker's process is long gone) delivers the row.
+    # Same BENCHSEAL_HOME as this process: the body's verify commands name the same trusted root.
+    env = dict(_env(emu, tmp_path), BENCHSEAL_HOME=os.environ.get("BENCHSEAL_HOME", str(REPO_ROOT / ".benchseal")))
     done = subprocess.run([BENCHSEAL, "publish", "--pending", "--json", "--db", str(world.db)],
-                          capture_output=True, text=True, env=_env(emu, tmp_path), check=False, timeout=120)
+                          capture_output=True, text=True, env=env, check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert [p["run_id"] for p in report["published"]] == [world.outcome.run_id]
