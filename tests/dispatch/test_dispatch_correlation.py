@@ -96,7 +96,7 @@ def test_id_that_is_a_substring_of_another_runs_id_does_not_match(
     for title in (f"Benchmark v1.2.3 {CID}-2", f"Benchmark v1.2.3 x{CID}", f"Benchmark v1.2.3 {CID}.retry",
                   f"{CID}", f"Benchmark v1.2.3 {CID} later"):
         github_emulator.create_run(infra_repo, display_title=title, status="completed", conclusion="success")
-    with pytest.raises(CheckFailed, match="no workflow run .* after 30 polls"):
+    with pytest.raises(CheckFailed, match=r"no workflow run .* after 30 polls"):
         dispatch_and_wait(github_client, infra_repo, payload(), workflow=None, event_type="nobody-listens",
                           timeout_s=600, poll=POLL, clock=synced_clock)
     assert github_emulator.count(LIST_OP) == 30  # bounded: exactly the configured polls
@@ -118,7 +118,7 @@ def test_duplicate_delivery_fails(github_emulator: GitHubEmulator, github_client
                                   synced_clock: SyncedClock) -> None:
     github_emulator.dispatch_copies = 2  # GitHub delivered the event twice
     github_emulator.on_dispatch(complete("success"))
-    with pytest.raises(CheckFailed, match="2 workflow runs .* match correlation"):
+    with pytest.raises(CheckFailed, match=r"2 workflow runs .* match correlation"):
         run(github_client, infra_repo, synced_clock)
     assert github_emulator.count(DISPATCH_OP) == 1
 
@@ -281,7 +281,7 @@ def test_workflow_run_with_foreign_title_is_refused(github_emulator: GitHubEmula
 
 def test_missing_workflow_or_repository_fails(github_emulator: GitHubEmulator, github_client: Any, infra_repo: str,
                                               synced_clock: SyncedClock) -> None:
-    with pytest.raises(CheckFailed, match="workflow 'nope.yml'"):
+    with pytest.raises(CheckFailed, match=r"workflow 'nope\.yml'"):
         run(github_client, infra_repo, synced_clock, workflow="nope.yml")
     with pytest.raises(CheckFailed, match="repository acme/missing"):
         run(github_client, "acme/missing", synced_clock)

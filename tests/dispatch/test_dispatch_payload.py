@@ -52,7 +52,7 @@ def test_bad_refs_in_the_digests_file_are_rejected(tmp_path: Path, bad_ref: str)
     data["images"]["runner"]["ref"] = bad_ref
     path = tmp_path / "digests.json"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValidationError, match="images.runner"):
+    with pytest.raises(ValidationError, match=r"images\.runner"):
         load_digests(path)
 
 

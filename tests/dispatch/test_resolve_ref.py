@@ -54,7 +54,7 @@ def test_nesting_beyond_the_bound_is_refused(github_emulator: GitHubEmulator, gi
 
 
 def test_missing_tag(github_client: Any, repo: str) -> None:
-    with pytest.raises(CheckFailed, match="tag 'v9.9.9' not found in acme/widget"):
+    with pytest.raises(CheckFailed, match=r"tag 'v9\.9\.9' not found in acme/widget"):
         resolve_tag(github_client, repo, "v9.9.9")
 
 

@@ -120,7 +120,7 @@ def test_outputs_consumed_exist_upstream(name: str) -> None:
     jobs = load(name)["jobs"]
     for job_name, job in jobs.items():
         for output, expr in (job.get("outputs") or {}).items():
-            for step_id, key in STEP_OUTPUT.findall(expr):
+            for step_id, _key in STEP_OUTPUT.findall(expr):
                 assert step_id in {s.get("id") for s in steps(job)}, f"{job_name}.outputs.{output}"
         text = yaml.safe_dump(job)
         for parent, key in NEEDS_OUTPUT.findall(text):
