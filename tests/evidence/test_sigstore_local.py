@@ -126,3 +126,34 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
     proc = Path(f"/proc/{info['pid']}/status")
     # Gone, or a zombie awaiting a reaper that is not ours.
     assert not proc.exists() or "State:\tZ" in proc.read_text()
+
+
+def test_restart_keeps_earlier_bundles_verifiable(tmp_path: Path, cosign_bin: Path) -> None:
+    """A restart makes new keys; the old instance's keys stay in trusted_root.json, retired."""
+    state = tmp_path / "rotating"
+    first = local_signer(state=state)
+    old_artifact = tmp_path / "old.txt"
+    old_artifact.write_text("signed before the restart\n")
+    old_bundle = first.sign_file(old_artifact)
+    first.close()
+    sigstore_local.stop(state)
+    second = local_signer(state=state)
+    new_artifact = tmp_path / "new.txt"
+    new_artifact.write_text("signed after the restart\n")
+    new_bundle = second.sign_file(new_artifact)
+    second.close()
+    sigstore_local.stop(state)
+
+    root_path = state / "trusted_root.json"
+    root = json.loads(root_path.read_text())
+    assert len(root["certificateAuthorities"]) == 2 and len(root["tlogs"]) == 4
+    assert "end" in root["certificateAuthorities"][0]["validFor"]
+    verifier = Verifier(trusted_root=TrustedRoot.from_file(str(root_path)))
+    ident = policy.Identity(identity=second.identity, issuer=second.issuer)
+    for artifact, bundle in ((old_artifact, old_bundle), (new_artifact, new_bundle)):
+        verifier.verify_artifact(artifact.read_bytes(), Bundle.from_json(bundle.read_bytes()), ident)
+        assert cosign_verify(artifact, bundle, second.identity, second.issuer, trusted_root=root_path).ok
+    js = sigstore_js_verify(root_path, [
+        {"bundle": str(b), "artifact": str(a), "identity": second.identity, "issuer": second.issuer}
+        for a, b in ((old_artifact, old_bundle), (new_artifact, new_bundle))])
+    assert [o.ok for o in js] == [True, True], js

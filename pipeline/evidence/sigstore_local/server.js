@@ -323,7 +323,7 @@ async function mintToken(ctx, text) {
 }
 
 // --- trust material -------------------------------------------------------------
-function trustMaterial(ctx, base, started) {
+function trustMaterial(ctx, base, started, previousRootFile) {
   const start = new Date(started.getTime() - 60_000).toISOString().replace(/\.\d{3}Z$/, 'Z');
   const key = (log) => ({
     rawBytes: log.publicDer.toString('base64'),
@@ -337,7 +337,7 @@ function trustMaterial(ctx, base, started) {
     logId: { keyId: log.logId.toString('base64') },
   });
   const ctPublic = ctx.ctlog.publicKey;
-  const trustedRoot = {
+  const fresh = {
     mediaType: 'application/vnd.dev.sigstore.trustedroot+json;version=0.1',
     tlogs: [tlog(ctx.rekor1, `${base}/rekor`), tlog(ctx.rekor2, `${base}/rekor2`)],
     certificateAuthorities: [
@@ -370,6 +370,7 @@ function trustMaterial(ctx, base, started) {
       },
     ],
   };
+  const trustedRoot = mergePrevious(fresh, previousRootFile, started);
   const service = (url, version) => ({ url, majorApiVersion: version, validFor: { start }, operator: 'benchseal.local' });
   const signingConfig = (rekorVersion) => ({
     mediaType: 'application/vnd.dev.sigstore.signingconfig.v0.2+json',
@@ -386,6 +387,37 @@ function trustMaterial(ctx, base, started) {
     signingConfig: signingConfig(rekorVersion),
   });
   return { trustedRoot, clientConfig };
+}
+
+// Earlier instances of this state dir stay trusted for what they signed: their keys and
+// certificates are kept in the new trusted root with a validity end of now (the way
+// Sigstore itself rotates keys), at most MAX_GENERATIONS of them.
+const MAX_GENERATIONS = 20;
+
+function retire(entry, endIso) {
+  const copy = JSON.parse(JSON.stringify(entry));
+  const holder = copy.publicKey ? copy.publicKey : copy;
+  holder.validFor = holder.validFor || {};
+  if (!holder.validFor.end) holder.validFor.end = endIso;
+  return copy;
+}
+
+function mergePrevious(trustedRoot, file, started) {
+  let previous;
+  try {
+    previous = JSON.parse(fs.readFileSync(file, 'utf8'));
+  } catch {
+    return trustedRoot;
+  }
+  const end = started.toISOString().replace(/\.\d{3}Z$/, 'Z');
+  const keep = (list) => (list || []).slice(-MAX_GENERATIONS * 2).map((e) => retire(e, end));
+  return {
+    ...trustedRoot,
+    tlogs: [...keep(previous.tlogs), ...trustedRoot.tlogs],
+    certificateAuthorities: [...keep(previous.certificateAuthorities).slice(-MAX_GENERATIONS), ...trustedRoot.certificateAuthorities],
+    ctlogs: [...keep(previous.ctlogs).slice(-MAX_GENERATIONS), ...trustedRoot.ctlogs],
+    timestampAuthorities: [...keep(previous.timestampAuthorities).slice(-MAX_GENERATIONS), ...trustedRoot.timestampAuthorities],
+  };
 }
 
 // --- HTTP -----------------------------------------------------------------------
@@ -471,7 +503,7 @@ async function main() {
     rekor2: new MerkleLog('rekor2', `127.0.0.1:${port}/rekor2`, rekor2Keys),
     counts: { fulcio: 0, rekor1: 0, rekor2: 0, tsa: 0 },
   };
-  ctx.trust = trustMaterial(ctx, base, started);
+  ctx.trust = trustMaterial(ctx, base, started, path.join(opts.state, 'trusted_root.json'));
 
   server.on('request', (req, res) => {
     readBody(req)
