@@ -18,9 +18,9 @@ from pathlib import Path
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
-from pipeline.contracts import DigestsFile, load_model  # noqa: E402
-from pipeline.dispatch import PollConfig, build_payload, dispatch_and_wait, make_client  # noqa: E402
-from pipeline.testing.github import FakeClock, GitHubEmulator  # noqa: E402
+from pipeline.contracts import DigestsFile, load_model
+from pipeline.dispatch import PollConfig, build_payload, dispatch_and_wait, make_client
+from pipeline.testing.github import FakeClock, GitHubEmulator
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = "acme/bench-infra"
