@@ -102,12 +102,12 @@ def release_local(
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
     from pipeline.build import build_images
     from pipeline.dispatch.dispatch import build_payload
+    from pipeline.evidence import cosign_commands
     from pipeline.evidence.signing import local_signer
     from pipeline.infra.accept import accept_payload
     from pipeline.infra.queue import SqliteQueue
     from pipeline.infra.worker import WorkerConfig, run_once
     from pipeline.publish.finalize import evidence_finalizer
-    from pipeline.evidence import cosign_commands
     from pipeline.publish.outbox import deliver_pending
     from pipeline.verify import verify_release
 
