@@ -13,6 +13,8 @@ import pytest
 
 from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle, SystemClock
 
+pytestmark = pytest.mark.slow  # real processes, ~1-2 s each
+
 BENCHSEAL = [sys.executable, "-m", "pipeline"]
 CID = "widget-900-1-feedface0001"
 

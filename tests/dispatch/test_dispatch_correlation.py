@@ -60,6 +60,7 @@ def test_happy_path_repository_dispatch(github_emulator: GitHubEmulator, github_
     assert event.client_payload is not None and len(event.client_payload) <= 10
     assert event.client_payload["runner"] == RUNNER_REF and event.client_payload["api"] == API_REF
     assert event.client_payload["source"] == {"repository": "acme/widget", "commit": "c" * 40, "tag": "v1.2.3"}
+    assert event.benchseal_payload() == payload().to_json_dict()
     assert github_emulator.count(DISPATCH_OP) == 1
 
 
@@ -252,6 +253,7 @@ def test_workflow_dispatch_with_run_details_watches_that_run(
     assert (result.run_id, result.mode) == (created.id, "workflow_dispatch")
     assert created.event == "workflow_dispatch" and created.display_title == f"Benchmark v1.2.3 {CID}"
     assert seen[0].inputs is not None and set(seen[0].inputs) == {"payload", "tag", "correlation_id"}
+    assert seen[0].benchseal_payload() == payload().to_json_dict()
     assert github_emulator.count("actions/create-workflow-dispatch") == 1
     assert github_emulator.count("actions/list-workflow-runs") == 0  # watched by id, no title search
 

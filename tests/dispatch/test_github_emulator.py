@@ -153,3 +153,29 @@ def test_spec_copy_and_corrections_are_documented() -> None:
     docs = (root / "docs/github.md").read_text()
     for name, _why, _fn in SPEC_CORRECTIONS:
         assert f"`{name}`" in docs
+
+
+def test_emulator_serves_standalone_for_the_demo(tmp_path: Path) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    state = tmp_path / "emulator.json"
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.testing.github", "--state", str(state),
+                             "--repo", REPO, "--workflow", f"{REPO}={root / '.github/workflows/benchmark.yml'}"],
+                            cwd=root)
+    try:
+        for _ in range(200):
+            if state.exists():
+                break
+            time.sleep(0.05)
+        info = json.loads(state.read_text())
+        assert info["pid"] == proc.pid and state.stat().st_mode & 0o077 == 0
+        workflows = client(info["base_url"], info["token"]).get_repo(REPO).get_workflows()
+        assert [w.path for w in workflows] == [".github/workflows/benchmark.yml"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0

@@ -206,6 +206,17 @@ class DispatchEvent:
     inputs: Mapping[str, Any] | None
     ref: str | None
 
+    def benchseal_payload(self) -> Mapping[str, Any] | None:
+        """The ``benchseal.dispatch/v1`` payload, whichever way it travelled
+        (client_payload, or the ``payload`` input of a workflow_dispatch)."""
+        if self.client_payload is not None:
+            return self.client_payload
+        raw = (self.inputs or {}).get("payload")
+        if isinstance(raw, str):
+            data = json.loads(raw)
+            return data if isinstance(data, dict) else None
+        return None
+
 
 @dataclass
 class Fault:
