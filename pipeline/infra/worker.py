@@ -41,7 +41,7 @@ from typing import Any
 
 from pipeline.contracts import Grading, PublicationRequest, RunState
 from pipeline.digests import ImageRef, parse_ref
-from pipeline.errors import CheckFailed, Error, InfrastructureError
+from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading
 from pipeline.infra.policy import InfraPolicy, load_policy
@@ -275,6 +275,7 @@ def _attempt(
     runner = RunnerInfo(image_id=None, digest=None)
     failure: str | None = None
     released = False
+    client: Any = None
     try:
         runner_ref = parse_ref(payload.runner, "payload.runner")
         policy.check_image("runner", runner_ref, field="payload.runner")
@@ -293,25 +294,33 @@ def _attempt(
             raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
         render_suite(suite_src, run_dir / "suite", base)
         runner, failure, released = _run_container(client, record, runner_ref, run_dir, config, policy)
+    except ValidationError as exc:
+        # The payload no longer passes the policy: retrying cannot help.
+        failure = f"rejected: {exc.diagnostics()}"
     except (InfraFailure, CheckFailed, InfrastructureError) as exc:
-        _copy_evidence(run_dir)
         return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir)
-    except Error:
-        _copy_evidence(run_dir)
-        raise
+    except Exception as exc:  # an unexpected engine/SDK error is still an infrastructure error, never a stuck run
+        log.exception("run %s: unexpected error", run_id)
+        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir)
+    finally:
+        if client is not None:
+            client.close()
     if released:
         queue.release(run_id, token, "worker stopping (SIGTERM)")
         _copy_evidence(run_dir)
         return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="released on SIGTERM", runner_digest=runner.digest)
     if failure is None and not (run_dir / "trials.json").is_file():
-        _copy_evidence(run_dir)
         return _infra(queue, record, token, "runner produced no trials.json", started, finalize, run_dir)
-    if runner.digest != runner_ref.digest:
-        failure = failure or f"runner container ran {runner.digest}, not {runner_ref.digest}"
+    if failure is None and runner.digest != runner_ref.digest:
+        failure = f"runner container ran {runner.digest}, not {runner_ref.digest}"
     grading = grade_run(run_dir, record, policy, runner, started_at=started, finished_at=_now(), failure=failure)
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
-    publications = list(finalize(record, grading, run_dir)) if finalize else []
+    try:
+        publications = list(finalize(record, grading, run_dir)) if finalize else []
+    except Exception as exc:
+        log.exception("run %s: finalize failed", run_id)
+        return _infra(queue, record, token, f"finalize failed: {type(exc).__name__}: {exc}", started, None, run_dir)
     queue.complete(run_id, token, grading, publications)
     return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason, runner_digest=runner.digest)
 
@@ -320,6 +329,7 @@ def _infra(
     queue: SqliteQueue, record: RunRecord, token: str, reason: str, started: str, finalize: Finalizer | None, run_dir: Path
 ) -> RunOutcome:
     log.error("run %s attempt %d: %s", record.run_id, record.attempts, reason)
+    _copy_evidence(run_dir)
     if record.attempts < record.max_attempts:
         state = queue.fail_infra(record.run_id, token, reason)
         return RunOutcome(run_id=record.run_id, state=state, grading=None, reason=reason)
@@ -327,7 +337,11 @@ def _infra(
                                   started_at=started, finished_at=_now())
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
-    publications = list(finalize(record, grading, run_dir)) if finalize else []
+    try:
+        publications = list(finalize(record, grading, run_dir)) if finalize else []
+    except Exception:
+        log.exception("run %s: finalize failed on a terminal INFRA_ERROR; completing without publications", record.run_id)
+        publications = []
     queue.complete(record.run_id, token, grading, publications)
     return RunOutcome(run_id=record.run_id, state="INFRA_ERROR", grading=grading, reason=grading.reason)
 

@@ -302,3 +302,34 @@ def test_suite_timeout_kills_runner_and_trial_containers(infra_setup):
     with SqliteQueue(db) as q:
         run_dir = q.run_dir(accepted.run_id)
     assert (run_dir / "artifacts" / "evidence" / "logs" / "runner.log").is_file()  # evidence kept on failure too
+
+
+def test_worker_loop_with_concurrency_drains_the_queue_and_stops_on_sigterm(infra_setup, tmp_path):
+    data = yaml.safe_load(infra_setup["policy_path"].read_text())
+    data["max_attempts"] = 1
+    policy_path = tmp_path / "one-attempt.yaml"
+    policy_path.write_text(yaml.safe_dump(data))
+    policy = load_policy(policy_path)
+    db = tmp_path / "loop" / "queue.sqlite3"
+    missing = f"{infra_setup['runner_name']}@sha256:{'0' * 64}"
+    ids = [accept_payload(_payload(infra_setup, f"loop-run-{i:06d}", runner=missing), db=db, policy=policy).run_id
+           for i in range(4)]
+    cmd = [sys.executable, "-m", "pipeline", "worker", "--concurrency", "2", "--db", str(db), "--policy", str(policy_path),
+           "--suites-dir", str(infra_setup["suites"])]
+    worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        def drained() -> bool:
+            with SqliteQueue(db) as q:
+                return all(q.get_run(i).state == "INFRA_ERROR" for i in ids)
+
+        _wait_for(drained, "the queue to drain")
+        worker.send_signal(signal.SIGTERM)
+        out, _ = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    assert worker.returncode == 0, out
+    with SqliteQueue(db) as q:
+        assert all(q.get_run(i).attempts == 1 for i in ids)
+        claimers = {next(e.detail for e in q.events(i) if e.event == "claimed") for i in ids}
+    assert len(claimers) == 1  # one worker process (two threads), each run claimed exactly once

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Offline verifier: python3 unittest only (nothing is downloaded).
 mkdir -p /logs/verifier
-if python3 /tests/test_probe.py -v; then
+if python3 /tests/probe_check.py -v; then
   echo 1 > /logs/verifier/reward.txt
 else
   echo 0 > /logs/verifier/reward.txt
