@@ -34,10 +34,19 @@ def accept(
     policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print {run_id, created} as JSON.")] = False,
 ) -> None:
-    """Validate a dispatch payload and enqueue it exactly once; print the run id."""
+    """Validate a dispatch payload and enqueue it exactly once; print the run id.
+
+    Meant to be callable through a narrow sudo rule: under sudo (SUDO_UID set)
+    the caller may not choose another database or policy.
+    """
+    import os
+
+    from pipeline.errors import UsageError
     from pipeline.infra.accept import accept_payload
     from pipeline.infra.policy import load_policy
 
+    if os.environ.get("SUDO_UID") and (db is not None or policy_path is not None):
+        raise UsageError("--db and --policy are not accepted under sudo")
     policy = load_policy(policy_path)
     result = accept_payload(_read_payload(payload, policy.max_payload_bytes), db=db, policy=policy)
     if as_json:

@@ -181,3 +181,35 @@ def test_release_does_not_use_up_an_attempt(make_payload, queue_db):
         record = q.get_run(run_id)
         assert record.state == "QUEUED" and record.attempts == 0
         assert q.claim("w", 60) is not None
+
+
+def test_heartbeat_failures_never_stop_the_heartbeat_thread(make_payload, queue_db):
+    from pipeline.infra.worker import _Heartbeat
+
+    q = SqliteQueue(queue_db)
+    run_id, _ = q.enqueue(_payload(make_payload, 6), max_attempts=3)
+    claim = q.claim("w", 60)
+    assert claim and claim.lease_token
+    beat = _Heartbeat(q, run_id, claim.lease_token, lease=60, every=0.02)
+    beat.start()
+    q.close()  # every heartbeat now raises (closed database)
+    deadline = threading.Event()
+    while beat.failures < 3 and not deadline.wait(0.05):
+        pass
+    assert beat.is_alive() and beat.failures >= 3
+    beat.done.set()
+    beat.join(timeout=5)
+    assert not beat.is_alive()
+
+
+def test_accept_under_sudo_refuses_db_and_policy_overrides(make_payload, tmp_path, queue_db):
+    import os
+    import subprocess
+    import sys
+
+    payload = tmp_path / "p.json"
+    payload.write_text(json.dumps(make_payload()))
+    result = subprocess.run([sys.executable, "-m", "pipeline", "infra", "accept", "--payload", str(payload), "--db", str(queue_db)],
+                            capture_output=True, text=True, env={**os.environ, "SUDO_UID": "1000"}, check=False)
+    assert result.returncode == 2 and "under sudo" in result.stderr
+    assert not queue_db.exists()
