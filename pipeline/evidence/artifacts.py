@@ -8,6 +8,7 @@ SHA256SUMS itself and its own bundle (which signs it). Hashing is streamed.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,8 +28,13 @@ SUMMARY = "summary.json"
 CHECKSUMS = "SHA256SUMS"
 CHECKSUMS_BUNDLE = CHECKSUMS + BUNDLE_SUFFIX
 PUBLISHER_ERROR = "publisher-error.json"
+# Nested evidence (the worker's copies of Harbor trial dirs under artifacts/evidence/) is
+# not published (release assets are flat); its files are listed in this top-level file,
+# which SHA256SUMS covers and so signs transitively.
+NESTED_SUMS = "evidence-SHA256SUMS"
 EVALUATION_METHOD = "harbor-verifier-reward: a trial is resolved when its verifier reward is >= 1; score = resolved / completed"
 _LINE_RE = re.compile(r"\A([0-9a-f]{64})  ([A-Za-z0-9._+-]+)\Z")
+_NESTED_LINE_RE = re.compile(r"\A([0-9a-f]{64})  ([^\\\n]+)\Z")
 _NAME_RE = re.compile(r"\A[A-Za-z0-9._+-]+\Z")
 
 
@@ -92,14 +98,29 @@ def write_summary(artifacts: Path, summary: dict[str, Any]) -> Path:
     return path
 
 
+def nested_files(artifacts: Path) -> list[Path]:
+    """Regular files below the artifacts dir's subdirectories (symlinks are not followed)."""
+    found = []
+    for directory in sorted(p for p in artifacts.iterdir() if p.is_dir() and not p.is_symlink()):
+        for root, dirs, names in os.walk(directory):
+            dirs.sort()
+            for name in sorted(names):
+                path = Path(root) / name
+                if path.is_file() and not path.is_symlink():
+                    found.append(path)
+    return found
+
+
 def checksummed_files(artifacts: Path) -> list[Path]:
-    """Every published file that SHA256SUMS must cover (sorted by name)."""
+    """Every published (top-level) file that SHA256SUMS must cover (sorted by name)."""
     files = []
     for path in sorted(artifacts.iterdir(), key=lambda p: p.name):
         if path.name in (CHECKSUMS, CHECKSUMS_BUNDLE) or path.name.startswith("."):
             continue
+        if path.is_dir() and not path.is_symlink():
+            continue  # nested evidence: listed in NESTED_SUMS
         if not path.is_file() or path.is_symlink():
-            raise CheckFailed(f"{path}: artifacts must be regular files (no directories or symlinks)")
+            raise CheckFailed(f"{path}: published artifacts must be regular files (no symlinks)")
         if not _NAME_RE.match(path.name):
             raise ValidationError(str(path), "artifact names must match [A-Za-z0-9._+-]+")
         files.append(path)
@@ -111,21 +132,35 @@ def render_checksums(files: list[Path]) -> str:
 
 
 def write_checksums(artifacts: Path) -> Path:
+    nested = nested_files(artifacts)
+    if nested:
+        lines = []
+        for p in nested:
+            rel = p.relative_to(artifacts).as_posix()
+            if "\\" in rel or "\n" in rel:
+                raise CheckFailed(f"{p}: a nested evidence file name must not contain a backslash or newline")
+            lines.append(f"{sha256_file(p)}  {rel}\n")
+        atomic_write_text(artifacts / NESTED_SUMS, "".join(lines))
+    else:
+        (artifacts / NESTED_SUMS).unlink(missing_ok=True)
     path = artifacts / CHECKSUMS
     atomic_write_text(path, render_checksums(checksummed_files(artifacts)))
     return path
 
 
-def parse_checksums(text: str, source: str = CHECKSUMS) -> dict[str, str]:
+def parse_checksums(text: str, source: str = CHECKSUMS, *, nested: bool = False) -> dict[str, str]:
     """Strictly parse a SHA256SUMS file: name -> hex; reject anything sha256sum would not write."""
     entries: dict[str, str] = {}
     if not text.endswith("\n"):
         raise CheckFailed(f"{source}: must end with a newline")
+    pattern = _NESTED_LINE_RE if nested else _LINE_RE
     for number, line in enumerate(text.splitlines(), start=1):
-        match = _LINE_RE.match(line)
+        match = pattern.match(line)
         if not match:
             raise CheckFailed(f"{source}: line {number} is not '<64 lowercase hex>  <name>'")
         digest, name = match.groups()
+        if nested and (name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/"))):
+            raise CheckFailed(f"{source}: line {number} is not a relative path inside the artifacts dir")
         if name in entries:
             raise CheckFailed(f"{source}: {name} is listed twice")
         entries[name] = digest

@@ -117,7 +117,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
 
 
 def verify_checksums(directory: Path) -> dict[str, str]:
-    from pipeline.evidence.artifacts import CHECKSUMS_BUNDLE, parse_checksums
+    from pipeline.evidence.artifacts import CHECKSUMS_BUNDLE, NESTED_SUMS, nested_files, parse_checksums
     from pipeline.evidence.signing import sha256_file
 
     entries = parse_checksums((directory / CHECKSUMS).read_text("utf-8"))
@@ -127,10 +127,23 @@ def verify_checksums(directory: Path) -> dict[str, str]:
             raise CheckFailed(f"{CHECKSUMS}: lists {name}, which is missing")
         if sha256_file(path) != expected:
             raise CheckFailed(f"{name}: sha256 does not match SHA256SUMS")
+    subdirs = [p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()]
     for path in sorted(directory.iterdir()):
         if path.name in entries or path.name in (CHECKSUMS, CHECKSUMS_BUNDLE) or path.name in NOT_ASSETS:
             continue
+        if path in subdirs and NESTED_SUMS in entries:
+            continue  # checked below
         raise CheckFailed(f"{path.name}: not covered by SHA256SUMS")
+    if subdirs and NESTED_SUMS in entries:
+        # Nested evidence is present only in a run dir (releases are flat): check it all.
+        nested = parse_checksums((directory / NESTED_SUMS).read_text("utf-8"), NESTED_SUMS, nested=True)
+        for name, expected in nested.items():
+            path = directory / name
+            if not path.is_file() or path.is_symlink() or sha256_file(path) != expected:
+                raise CheckFailed(f"{name}: missing or does not match {NESTED_SUMS}")
+        for path in nested_files(directory):
+            if path.relative_to(directory).as_posix() not in nested:
+                raise CheckFailed(f"{path.relative_to(directory).as_posix()}: not covered by {NESTED_SUMS}")
     return entries
 
 

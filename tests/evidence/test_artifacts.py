@@ -85,3 +85,38 @@ def test_publisher_error_is_checksummed_and_resealed(release_copy: Path, signer_
     assert (release_copy / "SHA256SUMS.sigstore.json").read_bytes() != old_bundle
     verify_release(release_copy, trusted_root=root)
     shutil.rmtree(release_copy)
+
+
+@pytest.mark.slow
+def test_nested_evidence_is_listed_and_checked(release_copy: Path, signer_v1: object, sigstore_instance: object,
+                                               tmp_path: Path) -> None:
+    """The worker's trial dirs under artifacts/evidence/ are not release assets but are checksummed."""
+    root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
+    trial = release_copy / "evidence" / "harbor" / "task__1"
+    trial.mkdir(parents=True)
+    (trial / "result.json").write_text('{"reward": 1}\n')
+    (trial / "trial log.txt").write_text("ok\n")
+    reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
+    sums = (release_copy / "SHA256SUMS").read_text()
+    assert "evidence-SHA256SUMS" in sums and "/" not in sums
+    nested = (release_copy / "evidence-SHA256SUMS").read_text()
+    assert "  evidence/harbor/task__1/result.json\n" in nested
+    for listing in ("SHA256SUMS", "evidence-SHA256SUMS"):
+        assert subprocess.run(["sha256sum", "-c", "--strict", listing], cwd=release_copy, capture_output=True,
+                              check=False).returncode == 0
+    verify_release(release_copy, trusted_root=root)
+    # a release is flat: the nested files are not there, and it still verifies
+    flat = tmp_path / "flat"
+    flat.mkdir()
+    for path in release_copy.iterdir():
+        if path.is_file():
+            shutil.copy2(path, flat / path.name)
+    verify_release(flat, trusted_root=root)
+    # in the run dir, tampered or unlisted nested files are caught
+    (trial / "result.json").write_text('{"reward": 0}\n')
+    with pytest.raises(CheckFailed, match=r"result\.json: missing or does not match"):
+        verify_release(release_copy, trusted_root=root)
+    (trial / "result.json").write_text('{"reward": 1}\n')
+    (trial / "extra.txt").write_text("x")
+    with pytest.raises(CheckFailed, match=r"extra\.txt: not covered by evidence-SHA256SUMS"):
+        verify_release(release_copy, trusted_root=root)
