@@ -55,7 +55,9 @@ def make_retry(total: int = 3, backoff_factor: float = 0.5) -> Retry:
         # Hand the last 5xx to PyGithub (a GithubException with a status)
         # instead of a bare requests RetryError.
         raise_on_status=False,
-        respect_retry_after_header=backoff_factor > 0,
+        # Never sleep an unbounded Retry-After inside the transport; rate
+        # limits surface to the caller, which waits within its own bounds.
+        respect_retry_after_header=False,
     )
 
 

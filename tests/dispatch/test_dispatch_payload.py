@@ -12,7 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.contracts import CORRELATION_RE, DigestsFile, load_model
-from pipeline.dispatch import build_payload, load_digests, make_client, new_correlation_id, token_from_env
+from pipeline.dispatch import (
+    build_payload,
+    load_digests,
+    make_client,
+    new_correlation_id,
+    title_matches,
+    token_from_env,
+)
 from pipeline.dispatch.client import make_retry
 from pipeline.dispatch.dispatch import client_payload, workflow_inputs
 from pipeline.errors import UsageError, ValidationError
@@ -81,6 +88,16 @@ def test_generated_correlation_ids_always_match_the_contract(repo: str, run_id: 
 def test_bad_correlation_ids_are_rejected(cid: str) -> None:
     with pytest.raises(ValidationError, match="correlation"):
         build_payload(digests(), correlation_id=cid)
+
+
+_IDS = st.from_regex(CORRELATION_RE, fullmatch=True)
+
+
+@given(mine=_IDS, other=_IDS, prefix=st.sampled_from(["Benchmark v1.2.3 ", "x ", "Benchmark  "]))
+def test_a_title_matches_only_its_own_correlation_id(mine: str, other: str, prefix: str) -> None:
+    assert title_matches(prefix + mine, mine)
+    assert title_matches(prefix + other, mine) == (other == mine)
+    assert not title_matches(mine, mine)  # the token must be delimited by a space
 
 
 def test_transport_never_retries_post_but_retries_get_on_5xx() -> None:
