@@ -1,0 +1,96 @@
+"""Benchmark ``benchseal release vX.Y.Z --local``: cold and warm wall time, split by stage.
+
+Cold: a fresh BENCHSEAL_HOME (no layer or wheel caches, no Sigstore instance, an
+empty queue); the registry and the engine's image store are the machine's (shared),
+so "cold" means benchseal's own caches are cold. Warm: the same home again, nothing
+changed (images must be reused: same digests).
+
+Prints one row per stage and the pipeline overhead as a fraction of the whole:
+overhead = wall time - the worker's benchmark work (image pulls, the runner
+container, Harbor trials, grading). Goal: at most 10% when warm.
+
+Usage: .venv/bin/python bench/release.py [--tag v0.0.0-bench] [--keep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+STAGES = ["setup", "build", "push", "dispatch", "queue_wait", "worker", "evidence", "signing", "publication",
+          "verification"]
+
+
+def run_release(tag: str, home: Path, dist: Path) -> tuple[dict[str, Any], float]:
+    env = dict(os.environ, BENCHSEAL_HOME=str(home), HARBOR_TELEMETRY="0", NO_PROXY="127.0.0.1,localhost")
+    started = time.monotonic()
+    done = subprocess.run([str(REPO / ".venv" / "bin" / "benchseal"), "release", tag, "--local", "--json",
+                           "--dist", str(dist)], capture_output=True, text=True, env=env, check=False)
+    wall = time.monotonic() - started
+    if done.returncode != 0:
+        sys.exit(f"benchseal release failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report, wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tag", default="v0.0.0-bench")
+    parser.add_argument("--keep", action="store_true", help="Keep the temporary home and dist.")
+    args = parser.parse_args()
+
+    from pipeline import paths
+
+    scratch = Path(tempfile.mkdtemp(prefix="benchseal-bench-release-"))
+    home, dist = scratch / "home", scratch / "dist"
+    home.mkdir()
+    # Tools (cosign) are installed by `make setup` into the default home: share them, not the caches.
+    tools = paths.home() / "tools"
+    if tools.is_dir():
+        (home / "tools").symlink_to(tools, target_is_directory=True)
+    try:
+        cold, cold_wall = run_release(args.tag, home, dist)
+        warm, warm_wall = run_release(args.tag, home, dist)
+    finally:
+        from pipeline.evidence import sigstore_local
+
+        sigstore_local.stop(home / "sigstore")  # the instance this benchmark started, by its pid
+        if not args.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    print(f"benchseal release {args.tag} --local: cold vs warm (seconds)")
+    print(f"{'stage':<16}{'cold':>10}{'warm':>10}")
+    for stage in STAGES:
+        print(f"{stage:<16}{cold['stages'].get(stage, 0.0):>10.2f}{warm['stages'].get(stage, 0.0):>10.2f}")
+    print(f"{'wall (process)':<16}{cold_wall:>10.2f}{warm_wall:>10.2f}")
+    print()
+    print("trials (summed over the suite's trials, which run concurrently inside the worker stage):")
+    for key in ("agent", "verifier", "harbor_overhead", "total"):
+        print(f"  {key:<16}{cold['trials'].get(key, 0.0):>10.2f}{warm['trials'].get(key, 0.0):>10.2f}")
+    print()
+    for name, report, wall in (("cold", cold, cold_wall), ("warm", warm, warm_wall)):
+        work = report["stages"].get("worker", 0.0)
+        overhead = max(0.0, wall - work)
+        print(f"{name}: pipeline overhead {overhead:.1f}s of {wall:.1f}s = {overhead / wall:.1%} "
+              f"(benchmark work = worker stage {work:.1f}s); images reused: {report['images_reused']}; "
+              f"bytes pushed: {report.get('bytes_pushed', 0)}")
+    print(f"warm/cold wall ratio: {warm_wall / cold_wall:.2f}")
+    same = cold["images"] == warm["images"]
+    print(f"same digests cold and warm: {same}")
+    print("goal: warm overhead <= 10%:", "met" if max(0.0, warm_wall - warm["stages"].get("worker", 0.0))
+          / warm_wall <= 0.10 else "NOT met")
+
+
+if __name__ == "__main__":
+    main()
