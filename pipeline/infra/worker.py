@@ -432,6 +432,9 @@ def run_forever(config: WorkerConfig, concurrency: int = 1, finalize: Finalizer 
             except Error as exc:
                 log.error("worker: %s", exc.diagnostics())
                 outcome = None
+            except Exception:  # keep the loop alive; the run's lease expires and it is requeued
+                log.exception("worker: unexpected error")
+                outcome = None
             if outcome is None:
                 config.stop.wait(poll_seconds)
 
