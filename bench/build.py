@@ -10,6 +10,8 @@ registry. Prints figures only; asserts nothing about time.
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import shutil
 import socket
@@ -18,6 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
+print = functools.partial(print, flush=True)
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -33,13 +36,18 @@ def main() -> None:
     os.environ["BENCHSEAL_HOME"] = str(scratch / "home")
     os.environ["BENCHSEAL_BASE_LOCK"] = str(scratch / "base.lock.json")
     from pipeline.build.base import ensure_base, load_specs, rootfs_tarball
-    from pipeline.build.images import build_image, source_date_epoch, source_info
+    from pipeline.build.images import APP_DIRS, build_image, source_date_epoch, source_info
     from pipeline.build.layers import BlobStore, compress_tarball
     from pipeline.host import registry as reg
 
     registry = reg.Registry(address=f"127.0.0.1:{_free_port()}", state=scratch / "registry")
     registry.state.mkdir(parents=True)
     reg.start(registry)
+    # Other sessions edit the shared tree while this runs: build every time from one snapshot.
+    app = scratch / "app"
+    for name in APP_DIRS:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, app / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     try:
         source = source_info()
         epoch = source_date_epoch(source.commit)
@@ -50,11 +58,13 @@ def main() -> None:
 
         cold: dict[str, float] = {}
         digests: dict[str, str] = {}
+        manifests: dict[str, bytes] = {}
         for role in ("runner", "api"):
             t = time.monotonic()
-            result = build_image(role, registry.address, bases, source, epoch=epoch)
+            result = build_image(role, registry.address, bases, source, epoch=epoch, app_root=app)
             cold[role] = time.monotonic() - t
             digests[role] = result.ref.digest
+            manifests[role] = result.manifest
             print(
                 f"cold build+push {role:6s}: {cold[role]:7.1f} s  (assemble {result.seconds_build:.1f} s, push {result.seconds_push:.1f} s, "
                 f"{result.stats.bytes_uploaded / 1e6:.1f} MB uploaded, {result.stats.blobs_mounted} blobs mounted from the base)"
@@ -62,7 +72,7 @@ def main() -> None:
 
         for role in ("runner", "api"):
             t = time.monotonic()
-            again = build_image(role, registry.address, bases, source, epoch=epoch)
+            again = build_image(role, registry.address, bases, source, epoch=epoch, app_root=app)
             warm = time.monotonic() - t
             print(
                 f"warm rebuild    {role:6s}: {warm:7.2f} s  bytes pushed on unchanged rebuild: {again.stats.bytes_uploaded} "
@@ -70,8 +80,12 @@ def main() -> None:
             )
 
         t = time.monotonic()
-        nocache = build_image("runner", registry.address, bases, source, epoch=epoch, use_cache=False)
+        nocache = build_image("runner", registry.address, bases, source, epoch=epoch, app_root=app, use_cache=False)
         print(f"no-cache rebuild runner  : {time.monotonic() - t:7.1f} s  same digest as cold: {nocache.ref.digest == digests['runner']}")
+        if nocache.manifest != manifests["runner"]:
+            old, new = json.loads(manifests["runner"]), json.loads(nocache.manifest)
+            for i, (a, b) in enumerate(zip(old["layers"], new["layers"], strict=False)):
+                print(f"  layer {i}: {'same' if a == b else f'DIFFERS {a} {b}'}")
 
         spec = load_specs()["runner-base"]
         tarball = rootfs_tarball(spec)

@@ -120,7 +120,10 @@ def rootfs_tarball(spec: BaseSpec) -> Path:
     tmp = out.with_name(out.stem + ".partial.tar")
     tmp.unlink(missing_ok=True)
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(spec.epoch))
-    proc = subprocess.run(spec.mmdebstrap_argv(tmp), env=env, capture_output=True, text=True, check=False)
+    try:
+        proc = subprocess.run(spec.mmdebstrap_argv(tmp), env=env, capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise InfrastructureError(f"cannot run mmdebstrap ({exc}); `make setup` installs it") from exc
     if proc.returncode != 0:
         tmp.unlink(missing_ok=True)
         raise InfrastructureError(f"mmdebstrap for base {spec.name!r} failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -271,7 +274,10 @@ def ensure_local(ref: ImageRef) -> None:
     locally only when the engine holds the image WITH that RepoDigest
     (``docker load`` would leave RepoDigests empty).
     """
-    pull = subprocess.run(["docker", "pull", "--quiet", ref.ref], capture_output=True, text=True, check=False)
+    try:
+        pull = subprocess.run(["docker", "pull", "--quiet", ref.ref], capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise InfrastructureError(f"cannot run the docker CLI: {exc}") from exc
     if pull.returncode != 0:
         raise InfrastructureError(f"docker pull {ref.ref} failed: {pull.stderr.strip()[-500:]}")
     inspect = subprocess.run(

@@ -216,3 +216,23 @@ def test_cli_build_rejects_an_unknown_image(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "image" in proc.stderr and "runner" in proc.stderr
     assert not (tmp_path / "d.json").exists()
+
+
+def test_ensure_local_fails_for_a_digest_the_registry_lacks(image_registry: str) -> None:
+    from pipeline.errors import InfrastructureError
+
+    with pytest.raises(InfrastructureError, match="docker pull"):
+        ensure_local(ImageRef(f"{image_registry}/{TEST_REPO_PREFIX}/absent", "sha256:" + "0" * 64))
+
+
+def test_cli_base_build_is_a_no_op_when_the_lock_matches(image_registry: str, base_refs: dict[str, ImageRef]) -> None:
+    before = lock_path().stat().st_mtime_ns
+    proc = subprocess.run(
+        [str(Path(".venv/bin/benchseal").resolve()), "base", "build", "--registry", image_registry],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {name: ref.ref for name, ref in base_refs.items()}
+    assert lock_path().stat().st_mtime_ns == before
