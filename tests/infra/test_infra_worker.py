@@ -230,6 +230,12 @@ def _runner_containers(run_id: str) -> list[Any]:
     return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
 
 
+def _trial_containers(run_id: str) -> list[Any]:
+    short = run_id[-12:]
+    return [c for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"})
+            if short in c.labels.get("com.docker.compose.project", "")]
+
+
 def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
     db = infra_setup["root"] / "kill9" / "queue.sqlite3"
     accepted = accept_payload(_payload(infra_setup, "kill-nine-000001"), db=db, policy=infra_setup["policy"])
@@ -239,6 +245,13 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
         # Mid-trial: the runner container exists and Harbor has planned the trials.
         _wait_for(lambda: bool(_runner_containers(run_id)) and (db.parent / "runs" / run_id / "trials.json").is_file(),
                   "the runner container to start trials")
+        _wait_for(lambda: bool(_trial_containers(run_id)), "a trial container")
+        # While it runs: the runner was started by digest, and nothing in the run has a network.
+        runner_container = _runner_containers(run_id)[0]
+        assert runner_container.attrs["Config"]["Image"] == infra_setup["runner"]
+        assert runner_container.attrs["HostConfig"]["NetworkMode"] == "none"
+        for container in _trial_containers(run_id):
+            assert container.attrs["HostConfig"]["NetworkMode"] == "none", container.name
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
     finally:
@@ -262,6 +275,7 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
     assert record.state == "SUCCEEDED" and record.attempts == 2 and record.grading and record.grading.score == 1.0
     assert events.count("claimed") == 2 and "lease_expired" in events and events.count("completed") == 1
     assert _runner_containers(run_id) == []  # the orphan of attempt 1 was removed
+    assert _trial_containers(run_id) == []
 
 
 def test_sigterm_releases_the_lease(infra_setup):
@@ -295,10 +309,7 @@ def test_suite_timeout_kills_runner_and_trial_containers(infra_setup):
     assert outcome.grading is not None and outcome.grading.score is None
     assert "timed out" in (outcome.reason or "")
     assert _runner_containers(accepted.run_id) == []
-    short = accepted.run_id[-12:]
-    leftovers = [c.name for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"})
-                 if short in c.labels.get("com.docker.compose.project", "")]
-    assert leftovers == []
+    assert _trial_containers(accepted.run_id) == []
     with SqliteQueue(db) as q:
         run_dir = q.run_dir(accepted.run_id)
     assert (run_dir / "artifacts" / "evidence" / "logs" / "runner.log").is_file()  # evidence kept on failure too
