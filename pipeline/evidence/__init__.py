@@ -7,6 +7,7 @@ every file so far (bundles included), then SHA256SUMS's own bundle.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,8 +50,11 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
     out = run_dir / "artifacts"
     out.mkdir(parents=True, exist_ok=True)
     summary = artifacts.write_summary(out, artifacts.build_summary(grading, payload))
-    sboms = {role: sbom.write_sbom(ref, out / SBOM_NAMES[role], manifest_out=out / MANIFEST_NAMES[role])
-             for role, ref in (("runner", grading.runner_ref), ("api", grading.api_ref))}
+    # The two images are read in parallel: most of the time is network and zlib (no GIL).
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {role: pool.submit(sbom.write_sbom, ref, out / SBOM_NAMES[role], manifest_out=out / MANIFEST_NAMES[role])
+                   for role, ref in (("runner", grading.runner_ref), ("api", grading.api_ref))}
+        sboms = {role: future.result() for role, future in futures.items()}
     statements = (
         provenance.write_statement(out / provenance.IMAGES, provenance.images_statement(payload)),
         provenance.write_statement(out / provenance.SUMMARY, provenance.summary_statement(summary, grading, payload)),

@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_cli_writes_verifiable_evidence(tmp_path: Path, evidence_images: dict[str, str]) -> None:
-    grading, payload = make_inputs(evidence_images)
+def test_cli_writes_verifiable_evidence(tmp_path: Path, handmade_image: object, handmade_api_image: object) -> None:
+    grading, payload = make_inputs({"runner": handmade_image.ref, "api": handmade_api_image.ref})  # type: ignore[attr-defined]
     run_dir = tmp_path / "runs" / grading.run_id
     run_dir.mkdir(parents=True)
     (run_dir / "grading.json").write_text(grading.model_dump_json())

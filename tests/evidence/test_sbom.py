@@ -57,24 +57,31 @@ def test_dpkg_status_parsing() -> None:
     assert [(p.name, p.version, p.arch, p.source) for p in packages] == [("a", "1:2.0-1", "amd64", "asrc")]
 
 
-def test_real_built_images(request: pytest.FixtureRequest, tmp_path: Path) -> None:
-    """Known packages of the runner and api images, with the versions the images really carry."""
-    try:
-        built = request.getfixturevalue("built_images")
-    except pytest.FixtureLookupError:
+def test_real_built_images(request: pytest.FixtureRequest, evidence_images: dict[str, str]) -> None:
+    """Known packages of the runner and api images, with the versions the images really carry.
+
+    Reads the SBOMs of the session's signed release (made from the build stage's images).
+    """
+    if evidence_images["kind"] != "built":
         pytest.skip("the build stage's built_images fixture is not available")
+    built = request.getfixturevalue("built_images")
+    release = request.getfixturevalue("signed_release")
     runner = built.images["runner"]
-    text = sbom.write_sbom(runner.ref, tmp_path / "runner.cdx.json").read_text()
+    text = (release / "sbom-runner.cdx.json").read_text()
     sbom.validate_sbom_text(text)
     data = json.loads(text)
     assert data["metadata"]["component"]["version"] == runner.digest
+    assert data["metadata"]["component"]["name"] == runner.name
     names = {(c["name"], c["version"]) for c in data["components"]}
     assert ("harbor", "0.26.0") in names
     deb = {c["name"]: c["version"] for c in data["components"] if c["purl"].startswith("pkg:deb/")}
     assert deb.get("python3.13", "").startswith("3.13.")
+    assert "pkg:deb/debian/python3.13@" + deb["python3.13"].replace("+", "%2B") + "?arch=amd64&distro=debian-13" in {
+        c["purl"] for c in data["components"]}
     assert "libc6" in deb
-    api = built.images["api"]
-    api_text = sbom.write_sbom(api.ref, tmp_path / "api.cdx.json").read_text()
+    api_text = (release / "sbom-api.cdx.json").read_text()
     sbom.validate_sbom_text(api_text)
-    api_names = {c["name"] for c in json.loads(api_text)["components"]}
+    api = json.loads(api_text)
+    assert api["metadata"]["component"]["version"] == built.images["api"].digest
+    api_names = {c["name"] for c in api["components"]}
     assert "fastapi" in api_names and "python3.13" in api_names
