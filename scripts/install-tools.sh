@@ -14,13 +14,19 @@ TOOLS=$STATE/tools
 BIN=$TOOLS/bin
 log() { printf '[install-tools] %s\n' "$*" >&2; }
 
-if [ -x "$BIN/cosign" ] && "$BIN/cosign" version >/dev/null 2>&1; then
+# APT_ETC (default /etc/apt) and --print-trixie-sources exist for the tests of the
+# source-list derivation; setup never passes them.
+APT_ETC=${APT_ETC:-/etc/apt}
+PRINT_ONLY=0
+[ "${1:-}" = "--print-trixie-sources" ] && PRINT_ONLY=1
+
+if [ "$PRINT_ONLY" = 0 ] && [ -x "$BIN/cosign" ] && [ -s "$TOOLS/cosign.version" ] && "$BIN/cosign" version >/dev/null 2>&1; then
   exit 0
 fi
 mkdir -p "$BIN"
 codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
 
-if [ "$codename" != "bookworm" ]; then
+if [ "$PRINT_ONLY" = 0 ] && [ "$codename" != "bookworm" ]; then
   # Debian 13 (or later) carries cosign itself.
   if ! command -v cosign >/dev/null 2>&1; then
     log "installing cosign with apt"
@@ -30,19 +36,21 @@ if [ "$codename" != "bookworm" ]; then
   fi
   ln -sf "$(command -v cosign)" "$BIN/cosign"
   "$BIN/cosign" version >/dev/null
+  dpkg-query -W -f='${Version}\n' cosign > "$TOOLS/cosign.version"
   log "cosign ready: $BIN/cosign"
   exit 0
 fi
 
 # --- Debian 12: derive a trixie source list from the configured bookworm entries ----
 APT=$TOOLS/apt-trixie
+[ "$PRINT_ONLY" = 1 ] && APT=$(mktemp -d)
 rm -rf "$APT"
 mkdir -p "$APT/sources.list.d" "$APT/lists/partial" "$APT/cache/archives/partial" "$APT/pkg"
 : > "$APT/sources.list"
 
 # deb822 (*.sources): keep stanzas of Types deb whose Suites include plain "bookworm";
 # write them with Suites: trixie and the same URIs, Components and Signed-By.
-for f in /etc/apt/sources.list.d/*.sources; do
+for f in "$APT_ETC"/sources.list.d/*.sources; do
   [ -f "$f" ] || continue
   awk -v out="$APT/sources.list.d/trixie-$(basename "$f")" '
     function flush() {
@@ -67,7 +75,7 @@ for f in /etc/apt/sources.list.d/*.sources; do
   ' "$f"
 done
 # One-line format (sources.list and *.list): "deb [opts] URI bookworm COMPONENTS".
-for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+for f in "$APT_ETC"/sources.list "$APT_ETC"/sources.list.d/*.list; do
   [ -f "$f" ] || continue
   awk '$1 == "deb" {
          for (i = 2; i <= NF; i++) if ($i == "bookworm") { $i = "trixie"; print; break }
@@ -76,6 +84,12 @@ done
 if ! grep -qs . "$APT/sources.list" "$APT"/sources.list.d/*.sources; then
   log "error: no bookworm entry in the machine's apt sources to derive a trixie list from"
   exit 1
+fi
+
+if [ "$PRINT_ONLY" = 1 ]; then
+  cat "$APT/sources.list" "$APT"/sources.list.d/*.sources 2>/dev/null || true
+  rm -rf "$APT"
+  exit 0
 fi
 
 apt_opts=(
@@ -95,6 +109,8 @@ rm -rf "$TOOLS/cosign-root"
 dpkg -x "$deb" "$TOOLS/cosign-root"
 ln -sf "$TOOLS/cosign-root/usr/bin/cosign" "$BIN/cosign"
 "$BIN/cosign" version >/dev/null
+# cosign built by Debian reports "devel": record the package version beside it.
+dpkg-deb -f "$deb" Version > "$TOOLS/cosign.version"
 # Keep only the unpacked package; the lists are large and not needed again.
 rm -rf "$APT/lists" "$APT/cache"
 log "cosign ready: $BIN/cosign ($(basename "$deb"))"

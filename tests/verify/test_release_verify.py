@@ -102,6 +102,15 @@ def _flip_signature(bundle: Path) -> None:
     bundle.write_text(json.dumps(data))
 
 
+def _flip_certificate(bundle: Path) -> None:
+    data = json.loads(bundle.read_text())
+    cert = data["verificationMaterial"]["certificate"]
+    raw = bytearray(base64.b64decode(cert["rawBytes"]))
+    raw[len(raw) // 2] ^= 0x01
+    cert["rawBytes"] = base64.b64encode(bytes(raw)).decode()
+    bundle.write_text(json.dumps(data))
+
+
 def _flip_byte(path: Path) -> None:
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0x01
@@ -120,9 +129,10 @@ def test_flipped_byte_in_artifact_is_rejected(name: str, release_copy: Path, ver
     assert not any(ok for ok, _ in results.values()), results
 
 
+@pytest.mark.parametrize("part", ["signature", "certificate"])
 @pytest.mark.parametrize("name", BUNDLES)
-def test_flipped_signature_in_bundle_is_rejected(name: str, release_copy: Path, verifiers) -> None:  # type: ignore[no-untyped-def]
-    _flip_signature(release_copy / name)
+def test_flipped_byte_in_bundle_is_rejected(name: str, part: str, release_copy: Path, verifiers) -> None:  # type: ignore[no-untyped-def]
+    (_flip_signature if part == "signature" else _flip_certificate)(release_copy / name)
     results = verifiers(release_copy)
     assert not any(ok for ok, _ in results.values()), results
     assert name in results["sigstore-python"][1]
