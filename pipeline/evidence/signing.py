@@ -144,26 +144,37 @@ def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: 
     )
 
 
-def ambient_signer(*, identity: str | None = None) -> Signer:
-    """A keyless signer using the ambient GitHub Actions OIDC token, public-good instance."""
+def ambient_signer(*, identity: str | None = None, trust_config: ClientTrustConfig | None = None,
+                   trusted_root: Path | None = None) -> Signer:
+    """A keyless signer using the ambient GitHub Actions OIDC token, public-good instance.
+
+    ``trust_config``/``trusted_root`` replace the public-good instance (tests run the
+    whole ambient-credential path against the private instance this way).
+    """
     from sigstore.models import ClientTrustConfig
     from sigstore.oidc import IdentityToken, detect_credential
 
     def token() -> str:
-        raw = detect_credential()
+        try:
+            raw = detect_credential()
+        except Exception as exc:
+            raise InfrastructureError(f"ambient OIDC credential: {exc}") from None
         if raw is None:
             raise InfrastructureError("no ambient OIDC credential (GitHub Actions needs `permissions: id-token: write`)")
         return raw
 
     first = token()
-    parsed = IdentityToken(first)
+    try:
+        parsed = IdentityToken(first)
+    except Exception as exc:
+        raise InfrastructureError(f"the ambient OIDC token is not usable for Sigstore: {exc}") from None
     tokens = iter([first])
     return Signer(
-        trust_config=ClientTrustConfig.production(),
+        trust_config=trust_config or ClientTrustConfig.production(),
         token=lambda: next(tokens, None) or token(),
         identity=identity or str(parsed.identity),
         issuer=str(parsed.issuer),
-        trusted_root=None,
+        trusted_root=trusted_root,
         rekor_version=1,
     )
 
