@@ -100,7 +100,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
         raise CheckFailed(f"{name}: not a valid Sigstore bundle: {exc}") from None
     identity = policy.Identity(identity=expect.identity, issuer=expect.issuer)
     try:
-        if b'"dsseEnvelope"' in raw:
+        if bundle._dsse_envelope is not None:
             payload_type, payload = verifier.verify_dsse(bundle, identity)
             if payload_type != INTOTO_PAYLOAD_TYPE:
                 raise CheckFailed(f"{name}: DSSE payload type is {payload_type!r}, not {INTOTO_PAYLOAD_TYPE!r}")

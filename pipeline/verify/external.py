@@ -81,6 +81,14 @@ def sigstore_js_verify(trusted_root: Path, jobs: list[dict[str, str | None]]) ->
     return [Outcome(bool(r["ok"]), str(r.get("error") or "")) for r in results]
 
 
+def _is_dsse(bundle: Path) -> bool:
+    try:
+        data = json.loads(bundle.read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and "dsseEnvelope" in data
+
+
 def bundle_issuer(bundle: Path) -> str | None:
     """The OIDC issuer recorded in a bundle's signing certificate (None if unreadable)."""
     import base64
@@ -129,7 +137,7 @@ def cosign_commands(directory: Path, *, policy: Path | None = None, trusted_root
     lines = ["sha256sum -c SHA256SUMS"]
     for bundle in sorted(directory.glob("*.sigstore.json")):
         target = bundle.name.removesuffix(".sigstore.json")
-        dsse = b'"dsseEnvelope"' in bundle.read_bytes()
+        dsse = _is_dsse(bundle)
         if dsse and target == "provenance-summary.intoto.json":
             # Check the claim that matters: summary.json is the statement's subject.
             args = _cosign_args("summary.json", bundle.name, expect.identity, expect.issuer,
