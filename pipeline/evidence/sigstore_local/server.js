@@ -370,7 +370,7 @@ function trustMaterial(ctx, base, started, previousRootFile) {
       },
     ],
   };
-  const trustedRoot = mergePrevious(fresh, previousRootFile, started);
+  const trustedRoot = mergePrevious(fresh, previousRootFile);
   const service = (url, version) => ({ url, majorApiVersion: version, validFor: { start }, operator: 'benchseal.local' });
   const signingConfig = (rekorVersion) => ({
     mediaType: 'application/vnd.dev.sigstore.signingconfig.v0.2+json',
@@ -402,14 +402,15 @@ function retire(entry, endIso) {
   return copy;
 }
 
-function mergePrevious(trustedRoot, file, started) {
+function mergePrevious(trustedRoot, file) {
   let previous;
   try {
     previous = JSON.parse(fs.readFileSync(file, 'utf8'));
   } catch {
     return trustedRoot;
   }
-  const end = started.toISOString().replace(/\.\d{3}Z$/, 'Z');
+  // Round up: what the old instance signed within this second must stay inside its validity.
+  const end = new Date(Math.ceil(Date.now() / 1000) * 1000 + 1000).toISOString().replace(/\.\d{3}Z$/, 'Z');
   const keep = (list) => (list || []).slice(-MAX_GENERATIONS * 2).map((e) => retire(e, end));
   return {
     ...trustedRoot,
