@@ -5,10 +5,11 @@ shared by every assertion here:
 
 tag release exists -> ``dispatch_and_wait`` (repository_dispatch, run found by its
 run-name) -> the emulated benchmark.yml job pipes the payload into
-``benchseal infra accept`` (the real CLI) and runs the worker once, with the
-evidence finalizer (real SBOMs, real Sigstore signatures on the private instance)
--> the run's conclusion follows the worker -> the worker "dies" right after the
-terminal transition (nothing publishes in its process) -> a publisher delivers the
+``benchseal infra accept`` (the real CLI) and starts the worker service
+(``python -m pipeline.publish.service``, the systemd unit's command: evidence
+finalizer with real SBOMs and real Sigstore signatures on a private instance)
+-> the run's conclusion follows the worker -> the worker is SIGKILLed right after
+the terminal transition (its publisher is off) -> a publisher delivers the
 outbox row through a 502 on upload, a timed-out upload and a 500 on PATCH, then a
 separate ``benchseal publish --pending`` process finishes it -> exactly one
 correct publication, verified by cosign and ``benchseal verify`` on the downloaded
@@ -21,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,13 +49,20 @@ BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 
 
 class World:
-    def __init__(self, emulator: Any, db: Path, artifacts: Path, dispatch: Any, outcome: Any, state: str) -> None:
+    def __init__(self, emulator: Any, home: Path, db: Path, artifacts: Path, dispatch: Any, state: str,
+                 run_id: str, score: float | None) -> None:
         self.emulator = emulator
+        self.home = home
         self.db = db
         self.artifacts = artifacts
         self.dispatch = dispatch
-        self.outcome = outcome
         self.state = state
+        self.run_id = run_id
+        self.score = score
+
+    @property
+    def trusted_root(self) -> Path:
+        return self.home / "sigstore" / "trusted_root.json"
 
 
 def _env(emulator: Any, home: Path) -> dict[str, str]:
@@ -63,59 +72,96 @@ def _env(emulator: Any, home: Path) -> dict[str, str]:
     return env
 
 
+def _wait_terminal(db: Path, correlation: str, worker: subprocess.Popen[bytes], timeout: float = 600) -> str:
+    from pipeline.infra.queue import SqliteQueue, run_id_for
+
+    deadline = time.monotonic() + timeout
+    with SqliteQueue(db) as queue:
+        while time.monotonic() < deadline:
+            state = queue.get_run(run_id_for(correlation)).state
+            if state in ("SUCCEEDED", "FAILED", "INFRA_ERROR"):
+                return str(state)
+            if worker.poll() is not None:
+                raise AssertionError(f"the worker service exited {worker.returncode} before the run ended")
+            time.sleep(0.5)
+    raise AssertionError("the run did not become terminal in time")
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, signer_v1: Any) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[World]:
+    from pipeline import paths
     from pipeline.dispatch.correlate import PollConfig
     from pipeline.dispatch.dispatch import build_payload
-    from pipeline.infra.worker import WorkerConfig, run_once
-    from pipeline.publish.finalize import evidence_finalizer
+    from pipeline.evidence import sigstore_local
     from pipeline.testing.github import GitHubEmulator
 
     home = tmp_path_factory.mktemp("e2e-home")
+    if (paths.home() / "tools").is_dir():  # cosign, installed by make setup
+        (home / "tools").symlink_to(paths.home() / "tools", target_is_directory=True)
     db = home / "infra" / "queue.sqlite3"
-    with GitHubEmulator() as emu:
-        emu.add_repo(SOURCE)
-        emu.add_repo(INFRA)
-        emu.add_workflow(INFRA, ".github/workflows/benchmark.yml",
-                         (REPO_ROOT / ".github/workflows/benchmark.yml").read_text("utf-8"))
-        gh = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0)
-        gh.get_repo(SOURCE).create_git_release(tag=TAG, name=TAG, message=NOTES)
-        finalize = evidence_finalizer(target="github", signer=signer_v1, options={"api_url": emu.base_url})
-        outcomes: list[Any] = []
+    logs = tmp_path_factory.mktemp("e2e-logs")
+    env_patch = pytest.MonkeyPatch()
+    # This process, the accept CLI, the worker service and the publisher all share one state dir
+    # (and so one private Sigstore instance and trusted root).
+    env_patch.setenv("BENCHSEAL_HOME", str(home))
+    correlation = "e2e-widget-v1.0.0-0001"
+    try:
+        with GitHubEmulator() as emu:
+            emu.add_repo(SOURCE)
+            emu.add_repo(INFRA)
+            emu.add_workflow(INFRA, ".github/workflows/benchmark.yml",
+                             (REPO_ROOT / ".github/workflows/benchmark.yml").read_text("utf-8"))
+            gh = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0)
+            gh.get_repo(SOURCE).create_git_release(tag=TAG, name=TAG, message=NOTES)
+            states: list[str] = []
 
-        def benchmark_job(handle: Any, event: Any) -> None:
-            # What benchmark.yml's job does on the infra host: accept, then the worker's run.
-            handle.start()
-            accepted = subprocess.run([BENCHSEAL, "infra", "accept", "--payload", "-", "--json", "--db", str(db)],
-                                      input=json.dumps(dict(handle.payload)), capture_output=True, text=True,
-                                      env=_env(emu, home), check=False, timeout=60)
-            if accepted.returncode != 0:
-                handle.complete("failure")
-                raise AssertionError(f"infra accept failed: {accepted.stderr}")
-            outcome = run_once(WorkerConfig(db=db), finalize=finalize)
-            outcomes.append(outcome)
-            handle.complete("success" if outcome is not None and outcome.state == "SUCCEEDED" else "failure")
+            def benchmark_job(handle: Any, event: Any) -> None:
+                # benchmark.yml's job on the infra host: accept, then the worker service runs it.
+                handle.start()
+                accepted = subprocess.run(
+                    [BENCHSEAL, "infra", "accept", "--payload", "-", "--json", "--db", str(db)],
+                    input=json.dumps(dict(handle.payload)), capture_output=True, text=True,
+                    env=_env(emu, home), check=False, timeout=60)
+                if accepted.returncode != 0:
+                    handle.complete("failure")
+                    raise AssertionError(f"infra accept failed: {accepted.stderr}")
+                with (logs / "worker.log").open("wb") as log:
+                    worker = subprocess.Popen(
+                        [sys.executable, "-m", "pipeline.publish.service", "--target", "github", "--signer", "local",
+                         "--no-publisher", "--db", str(db), "--api-url", emu.base_url],
+                        env=_env(emu, home), stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+                    try:
+                        state = _wait_terminal(db, correlation, worker)
+                    finally:
+                        # Killed right after the terminal transition: nothing was published by it.
+                        worker.kill()
+                        worker.wait(timeout=30)
+                states.append(state)
+                handle.complete("success" if state == "SUCCEEDED" else "failure")
 
-        emu.on_dispatch(benchmark_job)
-        payload = build_payload(built_images, correlation_id="e2e-widget-v1.0.0-0001", tag=TAG, repository=SOURCE)
-        result = None
-        error: BaseException | None = None
-        try:
-            result = run_dispatch(gh, payload, PollConfig(attempts=60, interval_s=1.0, skew_s=5.0))
-        except BaseException as exc:  # reported after the job thread finished
-            error = exc
-        emu.wait_callbacks(timeout=600)
-        assert emu.callback_errors == [], emu.callback_errors
-        if error is not None:
-            raise error
-        (outcome,) = outcomes
-        from pipeline.infra.queue import SqliteQueue
+            emu.on_dispatch(benchmark_job)
+            payload = build_payload(built_images, correlation_id=correlation, tag=TAG, repository=SOURCE)
+            result = None
+            error: BaseException | None = None
+            try:
+                result = run_dispatch(gh, payload, PollConfig(attempts=60, interval_s=1.0, skew_s=5.0))
+            except BaseException as exc:  # reported after the job thread finished
+                error = exc
+            emu.wait_callbacks(timeout=600)
+            assert emu.callback_errors == [], (emu.callback_errors, (logs / "worker.log").read_text()[-3000:])
+            if error is not None:
+                raise error
+            from pipeline.infra.queue import SqliteQueue, run_id_for
 
-        with SqliteQueue(db) as queue:
-            state = queue.get_run(outcome.run_id).state
-            artifacts = queue.run_dir(outcome.run_id) / "artifacts"
-        yield World(emu, db, artifacts, result, outcome, state)
-        assert emu.violations == [], emu.violations
+            with SqliteQueue(db) as queue:
+                record = queue.get_run(run_id_for(correlation))
+                artifacts = queue.run_dir(record.run_id) / "artifacts"
+            yield World(emu, home, db, artifacts, result, states[0], record.run_id,
+                        record.grading.score if record.grading else None)
+            assert emu.violations == [], emu.violations
+    finally:
+        sigstore_local.stop(home / "sigstore")  # the instance the worker service started, by its pid
+        env_patch.undo()
 
 
 def run_dispatch(gh: Any, payload: Any, poll: Any) -> Any:
@@ -136,35 +182,33 @@ def _download(emulator: Any, repo: str, tag: str, dest: Path) -> dict[str, bytes
     return files
 
 
-def _verify_downloaded(directory: Path, signer: Any) -> None:
+def _verify_downloaded(directory: Path, trusted_root: Path) -> None:
+    from pipeline.evidence import cosign_commands
     from pipeline.release.local import run_commands
     from pipeline.verify import verify_release
 
-    verify_release(directory, trusted_root=signer.trusted_root, offline=True)
-    from pipeline.evidence import cosign_commands
-
-    commands = cosign_commands(directory, trusted_root=signer.trusted_root)
+    verify_release(directory, trusted_root=trusted_root, offline=True)
+    commands = cosign_commands(directory, trusted_root=trusted_root)
     assert any(c.split()[0].endswith("cosign") for c in commands)
     ran = run_commands(commands, directory)
     assert len(ran) == len(commands) >= 7  # sha256sum + one cosign per bundle
 
 
 def test_run_concluded_with_the_worker(world: World) -> None:
-    assert world.outcome.state == "SUCCEEDED" and world.state == "SUCCEEDED"
+    assert world.state == "SUCCEEDED" and world.score == 1.0
     assert world.dispatch.conclusion == "success"
     run = world.emulator.get_run(INFRA, world.dispatch.run_id)
     assert run.conclusion == "success" and run.display_title.endswith(" e2e-widget-v1.0.0-0001")
-    assert world.outcome.grading.score == 1.0
     # The worker ended with the terminal transition: the publication waits in the outbox.
     from pipeline.infra.queue import SqliteQueue
 
     with SqliteQueue(world.db) as queue:
-        (pub,) = queue.list_publications(world.outcome.run_id)
+        (pub,) = queue.list_publications(world.run_id)
     assert pub.state == "PENDING" and pub.request.target == "github" and pub.request.tag == TAG
     assert world.emulator.release(SOURCE, TAG).assets == []
 
 
-def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path, signer_v1: Any) -> None:
+def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path) -> None:
     emu = world.emulator
     from pipeline.infra.queue import SqliteQueue
 
@@ -183,15 +227,13 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path,
             report = deliver_pending(queue, targets=impatient, config=fast, reseal=_never)
             assert report.published == [] and len(report.failed) == 1, report
     # A separate publisher process (the worker's process is long gone) delivers the row.
-    # Same BENCHSEAL_HOME as this process: the body's verify commands name the same trusted root.
-    env = dict(_env(emu, tmp_path), BENCHSEAL_HOME=os.environ.get("BENCHSEAL_HOME", str(REPO_ROOT / ".benchseal")))
     done = subprocess.run([BENCHSEAL, "publish", "--pending", "--json", "--db", str(world.db)],
-                          capture_output=True, text=True, env=env, check=False, timeout=120)
+                          capture_output=True, text=True, env=_env(emu, world.home), check=False, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    assert [p["run_id"] for p in report["published"]] == [world.outcome.run_id]
+    assert [p["run_id"] for p in report["published"]] == [world.run_id]
     with SqliteQueue(world.db) as queue:
-        (pub,) = queue.list_publications(world.outcome.run_id)
+        (pub,) = queue.list_publications(world.run_id)
     assert pub.state == "DELIVERED" and pub.attempts == len(faults) + 1
 
     # Exactly the artifacts, each once, byte for byte; the body is the notes plus one section.
@@ -205,7 +247,7 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path,
     assert body == splice(NOTES, bundle.section)
     assert body.count(START) == 1 and "| Score | **1.000** (3/3 resolved) |" in body
     assert not any(r.status == 422 for r in emu.requests)
-    _verify_downloaded(tmp_path / "downloaded", signer_v1)
+    _verify_downloaded(tmp_path / "downloaded", world.trusted_root)
 
     # A re-delivery (a publisher that crashed before marking) changes nothing.
     before = sum(emu.count(method=m) for m in ("POST", "PATCH", "DELETE"))
@@ -214,7 +256,7 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path,
     assert sum(emu.count(method=m) for m in ("POST", "PATCH", "DELETE")) == before
 
 
-def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Path, signer_v1: Any) -> None:
+def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Path) -> None:
     emu = world.emulator
     emu.add_repo(LOCKED, immutable_releases=True)
     repo = make_client(base_url=emu.base_url, token=emu.token).get_repo(LOCKED)
@@ -228,7 +270,7 @@ def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Pat
     downloaded = _download(emu, LOCKED, TAG + "-benchmark", tmp_path / "companion")
     assert downloaded == {p.name: p.read_bytes() for p in world.artifacts.iterdir() if p.is_file()}
     assert emu.release(LOCKED, TAG).body.startswith(NOTES + "\n" + START)
-    _verify_downloaded(tmp_path / "companion", signer_v1)
+    _verify_downloaded(tmp_path / "companion", world.trusted_root)
 
 
 def _never(path: Path) -> None:
