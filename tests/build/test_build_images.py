@@ -137,7 +137,7 @@ def test_runner_pulled_by_digest_answers_version_commands(image_registry: str, b
     compose = subprocess.run(["docker", "run", "--rm", "--entrypoint", "docker", ref.ref, "compose", "version"], capture_output=True, text=True, check=True)
     assert "v2.40.3" in compose.stdout
     env = subprocess.run(["docker", "image", "inspect", "--format", "{{json .Config.Env}}", ref.ref], capture_output=True, text=True, check=True)
-    assert "HARBOR_TELEMETRY=0" in json.loads(env.stdout)
+    assert {"HARBOR_TELEMETRY=0", "LITELLM_LOCAL_MODEL_COST_MAP=True", "PYTHONDONTWRITEBYTECODE=1"} <= set(json.loads(env.stdout))
     subprocess.run(["docker", "rmi", ref.ref], capture_output=True, check=False)
 
 
