@@ -8,17 +8,17 @@ Sigstore bundles.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.errors import CheckFailed, ValidationError
+from pipeline.evidence.artifacts import CHECKSUMS, SUMMARY, parse_checksums
+from pipeline.evidence.signing import BUNDLE_SUFFIX, sha256_file
 from pipeline.publish.body import SectionFacts, facts_from_summary, render_section
 
-SUMS = "SHA256SUMS"
-SUMMARY = "summary.json"
+__all__ = ["Asset", "ReleaseBundle", "load_bundle", "sha256_file"]
 
 
 @dataclass(frozen=True)
@@ -44,49 +44,26 @@ class ReleaseBundle:
     assets: tuple[Asset, ...]
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _parse_sums(path: Path) -> dict[str, str]:
-    entries: dict[str, str] = {}
-    for number, line in enumerate(path.read_text("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        hexdigest, sep, name = line.partition("  ")
-        if not sep:
-            hexdigest, sep, name = line.partition(" *")
-        if not sep or len(hexdigest) != 64 or any(c not in "0123456789abcdef" for c in hexdigest):
-            raise ValidationError(f"{path}: line {number}", "must be '<64 hex>  <file>' (sha256sum format)", line)
-        entries[name] = hexdigest
-    return entries
-
-
 def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = ()) -> ReleaseBundle:
     """Read and check a run's artifacts; raise CheckFailed when they are not publishable."""
     artifacts_dir = artifacts_dir.resolve()
-    sums_path = artifacts_dir / SUMS
+    sums_path = artifacts_dir / CHECKSUMS
     summary_path = artifacts_dir / SUMMARY
     for required in (sums_path, summary_path):
         if not required.is_file():
             raise CheckFailed(f"cannot publish {artifacts_dir}: {required.name} is missing")
-    sums = _parse_sums(sums_path)
+    sums = parse_checksums(sums_path.read_text("utf-8"), str(sums_path))
     if SUMMARY not in sums:
         raise CheckFailed(f"{sums_path}: does not cover {SUMMARY}")
     assets: list[Asset] = []
+    # Flat names only (the parser's rule): nested trial evidence stays in the run dir.
     for name, expected in sorted(sums.items()):
-        if "/" in name:
-            continue  # nested evidence (trial logs) stays in the run dir; release assets are flat
         path = artifacts_dir / name
         actual = sha256_file(path) if path.is_file() else "(missing)"
         if actual != expected:
             raise CheckFailed(f"{path}: sha256 {actual} does not match SHA256SUMS ({expected}); re-run evidence")
         assets.append(Asset(name, path, actual, path.stat().st_size))
-    extra = [sums_path, *sorted(artifacts_dir.glob("*.sigstore.json"))]
+    extra = [sums_path, *sorted(artifacts_dir.glob("*" + BUNDLE_SUFFIX))]
     for path in extra:
         if path.name not in sums:
             assets.append(Asset(path.name, path, sha256_file(path), path.stat().st_size))

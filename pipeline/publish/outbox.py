@@ -40,7 +40,7 @@ from pipeline.publish.targets import (
 
 log = logging.getLogger(__name__)
 
-PUBLISHER_ERROR = "publisher-error.json"
+PUBLISHER_ERROR = "publisher-error.json"  # = pipeline.evidence.artifacts.PUBLISHER_ERROR
 DEFAULT_LOCAL_ROOT = REPO_ROOT / "dist" / "releases"
 
 
@@ -121,24 +121,14 @@ def verify_commands(artifacts_dir: Path) -> list[str]:
     return list(cosign_commands(artifacts_dir, cosign="cosign"))
 
 
-def default_signer() -> Any:
-    """Keyless signing with the ambient GitHub Actions token when there is one, else the private instance."""
-    import os
-
-    from pipeline.evidence.signing import ambient_signer, local_signer
-
-    if os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL"):
-        return ambient_signer()
-    return local_signer()
-
-
 def default_resealer(signer: Any = None) -> Resealer:
     """Re-checksum and re-sign through the evidence stage (SHA256SUMS then covers publisher-error.json)."""
 
     def reseal(artifacts_dir: Path) -> None:
-        from pipeline.evidence.artifacts import recheck_and_resign
+        from pipeline.evidence import reseal as evidence_reseal
+        from pipeline.evidence.signing import default_signer
 
-        recheck_and_resign(artifacts_dir, signer or default_signer())
+        evidence_reseal(artifacts_dir, signer=signer or default_signer())
 
     return reseal
 

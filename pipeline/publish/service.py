@@ -28,8 +28,7 @@ log = logging.getLogger("benchseal.service")
 
 def _signer_factory(kind: str) -> Any:
     def make() -> Any:
-        from pipeline.evidence.signing import ambient_signer, local_signer
-        from pipeline.publish.outbox import default_signer
+        from pipeline.evidence.signing import ambient_signer, default_signer, local_signer
 
         if kind == "ambient":
             return ambient_signer()

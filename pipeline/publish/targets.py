@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pipeline.errors import CheckFailed, Error
 from pipeline.fsutil import atomic_write_text
-from pipeline.publish.body import splice
+from pipeline.publish.body import START, splice
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
 
 if TYPE_CHECKING:
@@ -285,14 +285,16 @@ class GitHubTarget:
 
     def _companion(self, release: GitRelease, bundle: ReleaseBundle) -> GitRelease:
         tag = release.tag_name + COMPANION_SUFFIX
-        found = self._find(tag)
-        drafts = [r for r in self.repo.get_releases() if r.tag_name == tag and r.draft]
+        matches = sorted((r for r in self.repo.get_releases() if r.tag_name == tag), key=lambda r: r.id)
+        published = [r for r in matches if not r.draft]
+        drafts = [r for r in matches if r.draft]
+        keep = published[0] if published else drafts[0] if drafts else None
         for extra in drafts:
             # A create whose response was lost may have made a second draft: keep the oldest.
-            if found is not None and extra.id != found.id and "benchseal" in (extra.body or ""):
+            if extra is not keep and START in (extra.body or ""):
                 extra.delete_release()
-        if found is not None:
-            return found
+        if keep is not None:
+            return keep
         return self.repo.create_git_release(
             tag=tag, name=f"{release.tag_name} benchmark", message=splice("", bundle.section), draft=True,
             prerelease=release.prerelease, target_commitish=release.target_commitish,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import shlex
 import subprocess
 from collections.abc import Sequence
@@ -32,7 +31,6 @@ from pipeline.release.stages import StageClock
 
 TAG_RE = re.compile(r"\Av\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?\Z")
 DEFAULT_REGISTRY = "127.0.0.1:5055"
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
 
 
 def _queue_wait(events: Sequence[Any]) -> float:
@@ -70,13 +68,6 @@ class ReleaseReport:
         return dict(self.__dict__)
 
 
-def correlation_id(tag: str, commit: str) -> str:
-    # Unique per invocation: a re-run benchmarks again instead of being folded into the
-    # earlier run by accept's idempotency key.
-    safe_tag = re.sub(r"[^A-Za-z0-9._-]", "-", tag)[:40]
-    return f"local-{safe_tag}-{commit[:12]}-{secrets.token_hex(4)}"
-
-
 def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
     """Run the consumer's verification commands exactly as the release body shows them."""
     ran: list[str] = []
@@ -103,11 +94,11 @@ def release_local(
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
     from pipeline.build import ensure_base
     from pipeline.build.images import build_image, digests_file, source_info
-    from pipeline.dispatch.dispatch import build_payload
+    from pipeline.dispatch.dispatch import build_payload, new_correlation_id
     from pipeline.evidence import cosign_commands
     from pipeline.evidence.signing import local_signer
     from pipeline.infra.accept import accept_payload
-    from pipeline.infra.queue import SqliteQueue
+    from pipeline.infra.queue import TERMINAL_STATES, SqliteQueue
     from pipeline.infra.worker import WorkerConfig, run_once
     from pipeline.publish.finalize import evidence_finalizer
     from pipeline.publish.outbox import deliver_pending
@@ -136,8 +127,9 @@ def release_local(
         atomic_write_json(last_path, images)
 
         # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.
-        payload = build_payload(digests, correlation_id=correlation_id(tag, digests.source.commit), tag=tag,
-                                suite=suite, agent=agent)
+        # A new correlation id per invocation: a re-run benchmarks again instead of being
+        # folded into the earlier run by accept's idempotency key.
+        payload = build_payload(digests, correlation_id=new_correlation_id(), tag=tag, suite=suite, agent=agent)
         source = payload.source.model_dump()
         with clock.stage("dispatch", "Dispatching to infra accept"):
             accepted = accept_payload(payload.to_json_dict())
@@ -154,7 +146,7 @@ def release_local(
                 outcome = run_once(config, finalize=finalize)
                 if outcome is None:
                     break
-                if outcome.run_id == run_id and outcome.state in TERMINAL:
+                if outcome.run_id == run_id and outcome.state in TERMINAL_STATES:
                     grading = outcome.grading
                     break
         if grading is None:

@@ -33,7 +33,7 @@ def make_artifacts(root: Path, summary: dict[str, object] = SUMMARY) -> Path:
     (art / "logs" / "worker.log").write_text("nested: not a release asset\n")
     (art / "notes.tmp").write_text("not covered by SHA256SUMS: never published\n")
     lines = []
-    for name in ("sbom-runner.cdx.json", "summary.json", "logs/worker.log"):
+    for name in ("sbom-runner.cdx.json", "summary.json"):
         lines.append(f"{hashlib.sha256((art / name).read_bytes()).hexdigest()}  {name}\n")
     (art / "SHA256SUMS").write_text("".join(lines))
     (art / "summary.json.sigstore.json").write_text('{"mediaType": "bundle"}')
