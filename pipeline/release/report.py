@@ -19,7 +19,7 @@ def render_report(report: ReleaseReport, console: Console) -> None:
     console.print(table)
     for role, ref in sorted(report.images.items()):
         console.print(f"{role:7} {ref}", soft_wrap=True, highlight=False)
-    console.print(f"images  {'reused (unchanged since the last release run)' if report.images_reused else 'built'}")
+    console.print(f"images  {'reused (same digests as the last release run)' if report.images_reused else 'new digests (changed since the last release run)'}")
     console.print(f"run     {report.run_id}")
     console.print(f"release {report.release_dir}  (body.md + {len(report.publication.get('assets', {}))} assets)",
                   soft_wrap=True, highlight=False)

@@ -46,17 +46,3 @@ def emulator(github_emulator: Any) -> Iterator[Any]:
     """The github stage's emulator fixture (OpenAPI violations fail the test); callbacks must not fail."""
     yield github_emulator
     assert github_emulator.callback_errors == []
-
-
-@pytest.fixture(scope="session")
-def local_signer_for_tests() -> Iterator[Any]:
-    """A signer on the private Sigstore instance; stopped at the end only if this session started it."""
-    from pipeline.evidence import sigstore_local
-    from pipeline.evidence.signing import local_signer
-
-    was_running = sigstore_local.running() is not None
-    signer = local_signer()
-    yield signer
-    signer.close()
-    if not was_running:
-        sigstore_local.stop()

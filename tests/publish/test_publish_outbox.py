@@ -109,7 +109,7 @@ def test_crash_between_publication_and_mark_is_delivered_once(tmp_path: Path, ma
 
 
 def test_retry_budget_writes_signed_publisher_error_and_keeps_row(tmp_path: Path, make_artifacts: Any,
-                                                                  emulator: Any, local_signer_for_tests: Any) -> None:
+                                                                  emulator: Any, signer_v1: Any) -> None:
     from pipeline.publish.outbox import default_resealer
 
     emulator.add_repo(REPO)  # no release for the tag yet: every attempt fails (retryable)
@@ -118,7 +118,7 @@ def test_retry_budget_writes_signed_publisher_error_and_keeps_row(tmp_path: Path
     def target(_: PublicationRequest) -> Target:
         return GitHubTarget(gh.get_repo(REPO))
 
-    reseal = default_resealer(local_signer_for_tests)
+    reseal = default_resealer(signer_v1)
     with SqliteQueue(tmp_path / "queue.sqlite3") as queue:
         run_id, art = _terminal_run(queue, "corr-budget-0001", make_artifacts,
                                     {"target": "github", "tag": "v1.0.0", "options": {"repository": REPO}})
