@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from github.GitReleaseAsset import GitReleaseAsset
     from github.Repository import Repository
 
-AssetAction = Literal["kept", "uploaded", "replaced"]
+AssetAction = Literal["kept", "uploaded", "replaced", "removed"]
 Strategy = Literal["local", "in-place", "draft", "companion"]
 COMPANION_SUFFIX = "-benchmark"
 
@@ -302,6 +302,12 @@ class GitHubTarget:
 
     def _sync_assets(self, release: GitRelease, assets: tuple[Asset, ...]) -> dict[str, AssetAction]:
         existing: dict[str, GitReleaseAsset] = {a.name: a for a in release.get_assets()}
+        wanted = {a.name for a in assets}
+        # What an earlier publication put there (its SHA256SUMS and their bundles): removed when
+        # this bundle no longer has it, so the release never carries a file its SHA256SUMS does not
+        # list. Read before anything changes; assets benchseal never listed (a human's) are kept.
+        new_sums = next((a for a in assets if a.name == "SHA256SUMS"), None)
+        stale = self._previous_listing(existing, new_sums) - wanted
         actions: dict[str, AssetAction] = {}
         for asset in assets:
             current = existing.get(asset.name)
@@ -312,7 +318,27 @@ class GitHubTarget:
                 current.delete_asset()
             self._upload(release, asset)
             actions[asset.name] = "replaced" if current is not None else "uploaded"
+        # Removed only after the new files are in place: an interruption leaves extra, never missing, files.
+        for name in sorted(stale & set(existing)):
+            existing[name].delete_asset()
+            actions[name] = "removed"
         return actions
+
+    def _previous_listing(self, existing: dict[str, GitReleaseAsset], new_sums: Asset | None) -> set[str]:
+        from pipeline.evidence.artifacts import CHECKSUMS, parse_checksums
+        from pipeline.evidence.signing import BUNDLE_SUFFIX
+
+        sums = existing.get(CHECKSUMS)
+        if sums is None or sums.state != "uploaded" or (new_sums is not None and self._matches(sums, new_sums)):
+            return set()  # nothing published before, or the same listing: nothing can be stale
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / CHECKSUMS
+            sums.download_asset(str(path))
+            try:
+                names = set(parse_checksums(path.read_text("utf-8"), f"release asset {CHECKSUMS}"))
+            except (CheckFailed, UnicodeDecodeError):
+                return set()  # not ours to interpret: remove nothing
+        return names | {n + BUNDLE_SUFFIX for n in names} | {CHECKSUMS + BUNDLE_SUFFIX}
 
     @staticmethod
     def _matches(remote: GitReleaseAsset, asset: Asset) -> bool:

@@ -227,3 +227,24 @@ def test_timeout_then_success(emulator: Any, make_artifacts: Any) -> None:
     assert _assets(emulator, "v1.0.0") == _expected_assets(art)
     digests = {a.name: a.digest for a in emulator.release(REPO, "v1.0.0").assets}
     assert digests["summary.json"] == "sha256:" + hashlib.sha256((art / "summary.json").read_bytes()).hexdigest()
+
+
+def test_files_of_an_earlier_publication_are_removed_others_kept(emulator: Any, make_artifacts: Any,
+                                                                 tmp_path: Path) -> None:
+    release = _setup(emulator)
+    human = tmp_path / "notes.pdf"
+    human.write_bytes(b"%PDF maintainers' file")
+    release.upload_asset(str(human), label="notes.pdf", name="notes.pdf")
+    # An earlier publication carried publisher-error.json (listed in its SHA256SUMS).
+    first = make_artifacts("first")
+    (first / "publisher-error.json").write_text('{"error": "earlier"}')
+    sums = "".join(f"{hashlib.sha256((first / n).read_bytes()).hexdigest()}  {n}\n"
+                   for n in ("publisher-error.json", "sbom-runner.cdx.json", "summary.json"))
+    (first / "SHA256SUMS").write_text(sums)
+    target = GitHubTarget(_repo(emulator))
+    target.publish(load_bundle(first, "v1.0.0"))
+    assert "publisher-error.json" in _assets(emulator, "v1.0.0")
+    second = make_artifacts("second", score=None, status="FAILED", reason="agent error")
+    result = target.publish(load_bundle(second, "v1.0.0"))
+    assert result.assets["publisher-error.json"] == "removed"
+    assert _assets(emulator, "v1.0.0") == {**_expected_assets(second), "notes.pdf": human.read_bytes()}
