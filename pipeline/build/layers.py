@@ -21,7 +21,7 @@ import json
 import os
 import tarfile
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -91,7 +91,7 @@ class BlobStore:
     def put_bytes(self, data: bytes) -> str:
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if not self.has(digest):
-            tmp = self._tmp()
+            tmp = self.temp_path()
             tmp.write_bytes(data)
             os.replace(tmp, self.path(digest))
         return digest
@@ -102,7 +102,8 @@ class BlobStore:
             raise CheckFailed(f"cached blob {digest} is corrupt (content hash differs); delete {self.path(digest)}")
         return data
 
-    def _tmp(self) -> Path:
+    def temp_path(self) -> Path:
+        """A new empty file in the store's directory (same filesystem: os.replace is atomic)."""
         fd, name = tempfile.mkstemp(dir=self.root, prefix=".tmp-")
         os.close(fd)
         return Path(name)
@@ -175,16 +176,20 @@ def _write_tar(entries: Iterable[Entry], epoch: int, out: BinaryIO) -> None:
                 raise CheckFailed(f"layer entry /{entry.arcname} has no content")
 
 
-def compress_tar_stream(write_tar: object, store: BlobStore) -> Layer:
+def compress_tar_stream(write_tar: Callable[[BinaryIO], None], store: BlobStore) -> Layer:
     """Run ``write_tar(fileobj)`` and store its gzip; return digests and size."""
-    tmp = store._tmp()
-    with tmp.open("wb") as raw:
-        compressed = _Hasher(raw)
-        with gzip.GzipFile(filename="", fileobj=compressed, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
-            uncompressed = _Hasher(gz)  # type: ignore[arg-type]
-            buffered = io.BufferedWriter(uncompressed, buffer_size=_CHUNK)  # type: ignore[type-var]
-            write_tar(buffered)  # type: ignore[operator]
-            buffered.flush()
+    tmp = store.temp_path()
+    try:
+        with tmp.open("wb") as raw:
+            compressed = _Hasher(raw)
+            with gzip.GzipFile(filename="", fileobj=compressed, mode="wb", compresslevel=GZIP_LEVEL, mtime=0) as gz:
+                uncompressed = _Hasher(gz)  # type: ignore[arg-type]
+                buffered = io.BufferedWriter(uncompressed, buffer_size=_CHUNK)  # type: ignore[type-var]
+                write_tar(buffered)
+                buffered.flush()
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     digest = "sha256:" + compressed.sha.hexdigest()
     os.replace(tmp, store.path(digest))
     return Layer(digest=digest, diff_id="sha256:" + uncompressed.sha.hexdigest(), size=compressed.count)
