@@ -236,3 +236,10 @@ def test_cli_base_build_is_a_no_op_when_the_lock_matches(image_registry: str, ba
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {name: ref.ref for name, ref in base_refs.items()}
     assert lock_path().stat().st_mtime_ns == before
+
+
+def test_local_images_fixture_pins_repo_digests(local_images: dict[str, ImageRef], built_images: DigestsFile) -> None:
+    for role, ref in local_images.items():
+        assert ref.ref == built_images.images[role].ref
+        out = subprocess.run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref.ref], capture_output=True, text=True, check=True)
+        assert ref.ref in json.loads(out.stdout)
