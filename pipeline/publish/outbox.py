@@ -169,14 +169,16 @@ def deliver_pending(
     targets: TargetFactory | None = None,
     config: OutboxConfig | None = None,
     reseal: Resealer | None = None,
-    clock: Callable[[], float] = time.time,
 ) -> DeliveryReport:
-    """Deliver every due outbox row once; returns what happened."""
+    """Deliver every due outbox row once; returns what happened.
+
+    Wall-clock time throughout: the queue's leases and due times are wall-clock too.
+    """
     config = config or OutboxConfig()
     targets = targets or default_target_factory()
     reseal = reseal or default_resealer()
     report = DeliveryReport()
-    for pub in queue.pending_publications(limit=config.batch, now=_as_dt(clock())):
+    for pub in queue.pending_publications(limit=config.batch, now=_as_dt(time.time())):
         if not queue.claim_publication(pub.id, config.lease_seconds):
             report.skipped += 1  # another publisher holds it
             continue
@@ -186,13 +188,16 @@ def deliver_pending(
         except Exception as exc:
             message = exc.diagnostics() if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
             retryable = not isinstance(exc, PublishError) or exc.retryable
-            attempts = pub.attempts + 1 if retryable else max(pub.attempts + 1, config.max_attempts)
-            if attempts >= config.max_attempts:
+            attempts = pub.attempts + 1  # claim_publication counted this attempt
+            # A failure that waiting cannot heal uses up the budget at once.
+            exhausted = not retryable or attempts >= config.max_attempts
+            if exhausted:
                 try:
                     _write_publisher_error(request, attempts, message, reseal)
                 except Exception as seal_exc:  # the row must still record the failure
                     log.error("could not write %s for run %s: %s", PUBLISHER_ERROR, request.run_id, seal_exc)
-            retry_at = _as_dt(clock() + config.delay(attempts))
+            delay = config.later_delay if exhausted else config.delay(attempts)
+            retry_at = _as_dt(time.time() + delay)
             queue.record_publication_failure(pub.id, message, retry_at)
             log.warning("publication %s (run %s) failed, attempt %d: %s", pub.id, request.run_id, attempts, message)
             report.failed.append({"id": pub.id, "run_id": request.run_id, "attempts": attempts, "error": message,
@@ -210,7 +215,7 @@ def run_forever(
     stop: threading.Event | None = None,
     **kwargs: Any,
 ) -> None:
-    """The publisher loop (``benchseal publish --pending`` without ``--once``): until ``stop`` is set."""
+    """The publisher loop (``benchseal publish --pending --loop``): until ``stop`` is set."""
     stop = stop or threading.Event()
     while not stop.is_set():
         try:

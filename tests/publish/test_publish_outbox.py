@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,6 @@ def test_crash_between_publication_and_mark_is_delivered_once(tmp_path: Path, ma
         assert pub.state == "PENDING"
     uploads = emulator.count("repos/upload-release-asset")
     patches = emulator.count("repos/update-release")
-    import time
     time.sleep(FAST.lease_seconds + 0.1)  # the dead publisher's lease expires
     with SqliteQueue(db) as queue:
         report = deliver_pending(queue, targets=target, config=FAST, reseal=_no_reseal)
@@ -158,3 +158,23 @@ def test_backoff_grows_then_waits_long() -> None:
     config = OutboxConfig(max_attempts=5, base_delay=2, max_delay=20, later_delay=3600)
     assert [config.delay(n) for n in range(1, 6)] == [2, 4, 8, 16, 3600]
     assert config.delay(4) <= config.max_delay
+
+
+def test_failure_that_cannot_heal_uses_the_budget_at_once(tmp_path: Path, make_artifacts: Any,
+                                                          signer_v1: Any) -> None:
+    from pipeline.publish.outbox import default_resealer
+
+    config = OutboxConfig(max_attempts=5, later_delay=3600)
+    with SqliteQueue(tmp_path / "queue.sqlite3") as queue:
+        run_id, art = _terminal_run(queue, "corr-manual-0001", make_artifacts,
+                                    {"target": "local", "tag": "v1.0.0", "options": {"root": str(tmp_path / "d")}})
+        # The artifacts now claim another run: retrying cannot fix that.
+        make_artifacts(run_id, run_id="run-someone-else", infra_run_id="run-someone-else")
+        report = deliver_pending(queue, config=config, reseal=default_resealer(signer_v1))
+        assert [f["attempts"] for f in report.failed] == [1]
+        error = json.loads((art / PUBLISHER_ERROR).read_text())
+        assert error["attempts"] == 1 and "run-someone-else" in error["error"]
+        (pub,) = queue.list_publications(run_id)
+        assert pub.state == "PENDING" and queue.pending_publications() == []  # retried an hour later
+        assert (pub.next_attempt_at.timestamp() - time.time()) > 3000
+    assert not (tmp_path / "d").exists()
