@@ -2,7 +2,8 @@
 
 This is what ``make demo`` runs. In GitHub Actions the same stages run as the tag
 workflow's jobs (see docs/publish.md); there is no remote mode here.
-Exit codes: 0 released and verified; 1 a stage or a verification failed; 2 usage.
+Exit codes: 0 released, verified and the benchmark SUCCEEDED; 1 a stage or a verification
+failed, or the benchmark run did not succeed (it is still published, "not scored"); 2 usage.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def release(
         typer.echo(json.dumps(report.to_json_dict(), indent=2, sort_keys=True))
     else:
         render_report(report, Console())
+    if report.status != "SUCCEEDED":
+        # Published and verified, but the benchmark itself failed: not a good release.
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

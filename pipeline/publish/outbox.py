@@ -169,8 +169,9 @@ def deliver_pending(
     targets: TargetFactory | None = None,
     config: OutboxConfig | None = None,
     reseal: Resealer | None = None,
+    run_id: str | None = None,
 ) -> DeliveryReport:
-    """Deliver every due outbox row once; returns what happened.
+    """Deliver every due outbox row once (only ``run_id``'s when given); returns what happened.
 
     Wall-clock time throughout: the queue's leases and due times are wall-clock too.
     """
@@ -179,6 +180,8 @@ def deliver_pending(
     reseal = reseal or default_resealer()
     report = DeliveryReport()
     for pub in queue.pending_publications(limit=config.batch, now=_as_dt(time.time())):
+        if run_id is not None and pub.request.run_id != run_id:
+            continue  # e.g. `release --local` delivers its own run only
         if not queue.claim_publication(pub.id, config.lease_seconds):
             report.skipped += 1  # another publisher holds it
             continue

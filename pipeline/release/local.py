@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,13 +38,13 @@ def _queue_wait(events: Sequence[Any]) -> float:
     """Seconds from accept to the (last) claim, from the queue's audit trail."""
     from datetime import datetime
 
+    def parse(text: str) -> datetime:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
     accepted = next((e.at for e in events if e.event == "accepted"), None)
     claimed = [e.at for e in events if e.event == "claimed"]
     if accepted is None or not claimed:
         return 0.0
-    def parse(text: str) -> datetime:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-
     return max(0.0, (parse(claimed[-1]) - parse(accepted)).total_seconds())
 
 
@@ -106,7 +107,7 @@ def release_local(
 
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)
-    with StageClock(console) as clock:
+    with StageClock(console) as clock, ExitStack() as stack:
         with clock.stage("setup", "Private Sigstore instance"):
             signer = local_signer()  # starts the instance unless it answers
 
@@ -138,7 +139,7 @@ def release_local(
         timings: dict[str, float] = {}
         finalize = evidence_finalizer(target="local", signer=signer, options={"root": str(dist)}, timings=timings)
 
-        queue = SqliteQueue()
+        queue = stack.enter_context(SqliteQueue())
         grading: Grading | None = None
         with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
             config = WorkerConfig()
@@ -161,7 +162,7 @@ def release_local(
         trial_total = sum(t.total_seconds or 0.0 for t in grading.trials)
 
         with clock.stage("publication", f"Publishing to {dist / tag}"):
-            delivered = deliver_pending(queue)
+            delivered = deliver_pending(queue, run_id=run_id)
         mine = [p for p in delivered.published if p.get("run_id") == run_id]
         if not mine:
             failed = [f for f in delivered.failed if f.get("run_id") == run_id]
@@ -172,7 +173,6 @@ def release_local(
             verify_release(release_dir, trusted_root=signer.trusted_root, offline=True)
             # The body's commands, with this machine's cosign binary.
             ran = run_commands(cosign_commands(release_dir), release_dir)
-        queue.close()
 
     stages = dict(clock.seconds)
     return ReleaseReport(

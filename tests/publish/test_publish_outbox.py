@@ -178,3 +178,16 @@ def test_failure_that_cannot_heal_uses_the_budget_at_once(tmp_path: Path, make_a
         assert pub.state == "PENDING" and queue.pending_publications() == []  # retried an hour later
         assert (pub.next_attempt_at.timestamp() - time.time()) > 3000
     assert not (tmp_path / "d").exists()
+
+
+def test_delivery_of_one_run_leaves_the_others(tmp_path: Path, make_artifacts: Any) -> None:
+    root = tmp_path / "dist"
+    with SqliteQueue(tmp_path / "queue.sqlite3") as queue:
+        mine, _ = _terminal_run(queue, "corr-mine-00001", make_artifacts,
+                                {"target": "local", "tag": "v1.0.0", "options": {"root": str(root)}})
+        other, _ = _terminal_run(queue, "corr-other-0001", make_artifacts,
+                                 {"target": "local", "tag": "v2.0.0", "options": {"root": str(root)}})
+        report = deliver_pending(queue, config=FAST, reseal=_no_reseal, run_id=mine)
+        assert [p["run_id"] for p in report.published] == [mine]
+        assert [p.request.run_id for p in queue.pending_publications()] == [other]
+    assert sorted(p.name for p in root.iterdir()) == ["v1.0.0"]
