@@ -75,14 +75,17 @@ def main() -> None:
     tools = paths.home() / "tools"
     if tools.is_dir():
         (home / "tools").symlink_to(tools, target_is_directory=True)
+    tree = REPO
     try:
         tree = REPO if args.working_tree else snapshot(scratch)
         cold, cold_wall = run_release(args.tag, home, dist, tree)
         warm, warm_wall = run_release(args.tag, home, dist, tree)
     finally:
-        from pipeline.evidence import sigstore_local
-
-        sigstore_local.stop(home / "sigstore")  # the instance this benchmark started, by its pid
+        # The instance this benchmark started, by its recorded pid; stopped by the code that
+        # started it (the snapshot's), which recognises its own server process.
+        subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline", "sigstore", "stop"],
+                       env=dict(os.environ, BENCHSEAL_HOME=str(home), PYTHONPATH=str(tree)), cwd=tree,
+                       check=False, capture_output=True)
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
 
