@@ -1,12 +1,21 @@
-"""``benchseal worker``: claim queued runs and run their Harbor trials in the runner image."""
+"""``benchseal worker``: claim queued runs and run their Harbor trials in the runner image.
+
+With ``--publish github|local`` each terminal run also gets signed evidence and a
+publication outbox row (same transaction as the terminal state); ``--with-publisher``
+delivers the outbox beside the worker. Exit codes: 0 stopped cleanly; 1 a failed check;
+2 usage error.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
+
+PublishTarget = Literal["none", "github", "local"]
+SignerChoice = Literal["auto", "ambient", "local"]
 
 
 def worker(
@@ -17,6 +26,12 @@ def worker(
     base_ref: Annotated[str | None, typer.Option("--base-ref", help="Task base image by digest (default: images/base.lock.json).")] = None,
     suites_dir: Annotated[Path | None, typer.Option("--suites-dir", help="Where suites live (default: <repo>/suites).")] = None,
     term_grace: Annotated[float, typer.Option("--term-grace", min=0, help="Seconds a run may finish after SIGTERM before its lease is released.")] = 30.0,
+    publish: Annotated[PublishTarget, typer.Option("--publish", help="Write signed evidence and queue its publication to this target (none: grade only).")] = "none",
+    signer: Annotated[SignerChoice, typer.Option("--signer", help="ambient: the environment's OIDC token; local: the private Sigstore instance; auto: ambient inside Actions, else local.")] = "auto",
+    local_root: Annotated[Path | None, typer.Option("--local-root", help="Root of the local target (default dist/releases).")] = None,
+    api_url: Annotated[str | None, typer.Option("--api-url", help="GitHub API URL stored in publication rows (default $GITHUB_API_URL).")] = None,
+    with_publisher: Annotated[bool, typer.Option("--with-publisher", help="Deliver the outbox in a thread beside the worker.")] = False,
+    publish_interval: Annotated[float, typer.Option("--publish-interval", min=0.1, help="Seconds between outbox scans.")] = 10.0,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     import dataclasses
@@ -30,6 +45,11 @@ def worker(
     config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace)
     if suites_dir is not None:
         config = dataclasses.replace(config, suites_dir=suites_dir)
+    finalize = None
+    if publish != "none":
+        from pipeline.publish.service import worker_finalizer
+
+        finalize = worker_finalizer(publish, signer, local_root=local_root, api_url=api_url)
 
     def _stop(signum: int, _frame: object) -> None:
         config.stop.set()
@@ -37,14 +57,21 @@ def worker(
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     if once:
-        outcome = run_once(config)
+        outcome = run_once(config, finalize)
         if outcome is None:
             typer.echo(json.dumps({"run_id": None, "state": None}))
             return
         typer.echo(json.dumps({"run_id": outcome.run_id, "state": outcome.state, "reason": outcome.reason,
                                "score": outcome.grading.score if outcome.grading else None}, sort_keys=True))
         return
-    run_forever(config, concurrency=concurrency)
+    publisher = None
+    if with_publisher:
+        from pipeline.publish.service import start_publisher
+
+        publisher = start_publisher(db, config.stop, publish_interval)
+    run_forever(config, concurrency=concurrency, finalize=finalize)
+    if publisher is not None:
+        publisher.join()
 
 
 def register(app: typer.Typer) -> None:

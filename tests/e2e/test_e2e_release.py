@@ -6,7 +6,7 @@ shared by every assertion here:
 tag release exists -> ``dispatch_and_wait`` (repository_dispatch, run found by its
 run-name) -> the emulated benchmark.yml job pipes the payload into
 ``benchseal infra accept`` (the real CLI) and starts the worker service
-(``python -m pipeline.publish.service``, the systemd unit's command: evidence
+(``benchseal worker --publish github``, the systemd unit's command: evidence
 finalizer with real SBOMs and real Sigstore signatures on a private instance)
 -> the run's conclusion follows the worker -> the worker is SIGKILLed right after
 the terminal transition (its publisher is off) -> a publisher delivers the
@@ -127,8 +127,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -
                     raise AssertionError(f"infra accept failed: {accepted.stderr}")
                 with (logs / "worker.log").open("wb") as log:
                     worker = subprocess.Popen(
-                        [sys.executable, "-m", "pipeline.publish.service", "--target", "github", "--signer", "local",
-                         "--no-publisher", "--db", str(db), "--api-url", emu.base_url],
+                        [BENCHSEAL, "worker", "--publish", "github", "--signer", "local",
+                         "--db", str(db), "--api-url", emu.base_url],
                         env=_env(emu, home), stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
                     try:
                         state = _wait_terminal(db, correlation, worker)
