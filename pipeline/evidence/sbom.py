@@ -351,11 +351,45 @@ def write_sbom(ref: str, out: Path, *, manifest_out: Path | None = None) -> Path
     ``manifest_out`` receives the exact manifest bytes (their sha256 is the digest), so a
     consumer can check the image provenance against a file (cosign verify-blob-attestation).
     """
-    contents = read_image(ref)
+    image = parse_ref(ref, "image")
+    cached = _cache_get(image)
+    if cached is None:
+        contents = read_image(ref)
+        cached = (contents.manifest, render_bom(build_bom(contents, distro=_distro(contents))))
+        _cache_put(image, *cached)
+    manifest_bytes, sbom_text = cached
     if manifest_out is not None:
-        atomic_write_bytes(manifest_out, contents.manifest)
-    atomic_write_text(out, render_bom(build_bom(contents, distro=_distro(contents))))
+        atomic_write_bytes(manifest_out, manifest_bytes)
+    atomic_write_text(out, sbom_text)
     return out
+
+
+# An image digest names immutable content, so its SBOM can be kept by digest. The key also
+# names this module's source and the library version: a change in how SBOMs are made is a miss.
+def _cache_path(image: ImageRef) -> Path:
+    from importlib.metadata import version
+
+    from pipeline import paths
+
+    generator = hashlib.sha256(Path(__file__).read_bytes() + version("cyclonedx-python-lib").encode()).hexdigest()[:16]
+    return paths.state_dir("cache", "sbom") / f"{image.digest.removeprefix('sha256:')}-{generator}.json"
+
+
+def _cache_get(image: ImageRef) -> tuple[bytes, str] | None:
+    try:
+        entry = json.loads(_cache_path(image).read_text("utf-8"))
+        manifest_bytes = bytes.fromhex(entry["manifest_hex"])
+        sbom_text = str(entry["sbom"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    # A cache entry is trusted only if its manifest still hashes to the digest.
+    if "sha256:" + hashlib.sha256(manifest_bytes).hexdigest() != image.digest:
+        return None
+    return manifest_bytes, sbom_text
+
+
+def _cache_put(image: ImageRef, manifest_bytes: bytes, sbom_text: str) -> None:
+    atomic_write_text(_cache_path(image), json.dumps({"manifest_hex": manifest_bytes.hex(), "sbom": sbom_text}))
 
 
 def validate_sbom_text(text: str) -> None:

@@ -17,7 +17,9 @@ def _components(text: str) -> dict[str, dict[str, object]]:
     return {c["purl"]: c for c in json.loads(text)["components"]}
 
 
-def test_handmade_image_layers_and_whiteouts(handmade_image: object, tmp_path: Path) -> None:
+def test_handmade_image_layers_and_whiteouts(handmade_image: object, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCHSEAL_HOME", str(tmp_path / "home"))  # an empty SBOM cache: read the layers
     out = sbom.write_sbom(handmade_image.ref, tmp_path / "sbom.cdx.json",  # type: ignore[attr-defined]
                           manifest_out=tmp_path / "manifest.json")
     text = out.read_text()
@@ -40,6 +42,32 @@ def test_handmade_image_layers_and_whiteouts(handmade_image: object, tmp_path: P
     # .wh.gone-2.0.dist-info deleted it; the opaque site-packages hid bar_baz and kept qux
     pypi = {p.split("@")[0] for p in purls if p.startswith("pkg:pypi/")}
     assert pypi == {"pkg:pypi/foo", "pkg:pypi/qux"}
+
+
+def test_sbom_cache_by_digest(handmade_image: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCHSEAL_HOME", str(tmp_path / "home"))
+    ref = handmade_image.ref  # type: ignore[attr-defined]
+    first = sbom.write_sbom(ref, tmp_path / "a.json", manifest_out=tmp_path / "a.manifest").read_text()
+    reads: list[str] = []
+    real_read = sbom.read_image
+    monkeypatch.setattr(sbom, "read_image", lambda r: reads.append(r) or real_read(r))
+    second = sbom.write_sbom(ref, tmp_path / "b.json", manifest_out=tmp_path / "b.manifest").read_text()
+    assert second == first and reads == [], "a cached digest must not be read again"
+    assert (tmp_path / "b.manifest").read_bytes() == handmade_image.manifest  # type: ignore[attr-defined]
+    # An entry whose manifest no longer hashes to the digest is ignored and rebuilt from the registry.
+    entry = next((tmp_path / "home" / "cache" / "sbom").glob("*.json"))
+    data = json.loads(entry.read_text())
+    data["manifest_hex"] = (b"{}").hex()
+    entry.write_text(json.dumps(data))
+    third = sbom.write_sbom(ref, tmp_path / "c.json").read_text()
+    assert reads == [ref]
+    assert _without_timestamp(third) == _without_timestamp(first)
+
+
+def _without_timestamp(text: str) -> dict[str, object]:
+    data = json.loads(text)
+    data["metadata"].pop("timestamp", None)
+    return data  # type: ignore[no-any-return]
 
 
 def test_digest_is_checked_against_the_manifest(handmade_image: object) -> None:
