@@ -55,6 +55,22 @@ def accept(
         typer.echo(result.run_id)
 
 
+@infra_app.command("validate")
+def validate(
+    payload: Annotated[str, typer.Option("--payload", help="Payload JSON file, or '-' for stdin.")],
+    policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
+) -> None:
+    """Check a dispatch payload against the schema and policy without enqueueing it.
+
+    Prints the correlation id; exit 2 naming the field when the payload is refused.
+    """
+    from pipeline.infra.accept import validate_payload
+    from pipeline.infra.policy import load_policy
+
+    policy = load_policy(policy_path)
+    typer.echo(validate_payload(_read_payload(payload, policy.max_payload_bytes), policy).correlation_id)
+
+
 @infra_app.command("status")
 def status(
     run_id: Annotated[str | None, typer.Argument(help="Show one run (with its events); default: list all runs.")] = None,

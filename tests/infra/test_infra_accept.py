@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -203,3 +204,16 @@ def test_payload_file_read_is_bounded(tmp_path, make_payload, queue_db):
                              "--payload", str(big)], capture_output=True, text=True, check=False)
     assert result.returncode == 2 and "at most" in result.stderr
     assert Path(big).stat().st_size > 10 * 1024 * 1024
+
+
+def test_cli_validate_checks_without_enqueueing(tmp_path: Path, make_payload) -> None:  # type: ignore[no-untyped-def]
+    env = {**os.environ, "BENCHSEAL_HOME": str(tmp_path / "home")}
+    good = json.dumps(make_payload(correlation_id="validate-only-0001"))
+    cli = [sys.executable, "-m", "pipeline", "infra", "validate", "--payload", "-"]
+    ok = subprocess.run(cli, input=good, capture_output=True, text=True, env=env, check=False, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == "validate-only-0001"
+    assert not (tmp_path / "home" / "infra" / "queue.sqlite3").exists(), "validate must not enqueue"
+    bad = subprocess.run(cli, input=good.replace("@sha256:", ":latest@sha256:"), capture_output=True, text=True,
+                         env=env, check=False, timeout=60)
+    assert bad.returncode == 2 and "payload.api" in bad.stderr and "must not carry a tag" in bad.stderr

@@ -64,7 +64,8 @@ def test_worker_stop_timeout_covers_the_term_grace() -> None:
 def test_sudoers_admits_only_the_wrapper_without_arguments() -> None:
     text = (DEPLOY / "benchseal.sudoers").read_text()
     rules = [line for line in text.splitlines() if line.strip() and not line.startswith(("#", "Defaults"))]
-    assert rules == ['github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-accept ""']
+    assert rules == ['github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
+                     'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""']
     visudo = shutil.which("visudo")
     if visudo is None:
         pytest.skip("visudo (package sudo) is not installed")
@@ -90,3 +91,24 @@ def test_accept_wrapper_reads_stdin_only(tmp_path: Path, make_payload) -> None: 
     bad = subprocess.run([str(wrapper)], input=payload.replace("sha256:", "sha256:X"), capture_output=True,
                          text=True, check=False, timeout=60)
     assert bad.returncode == 2 and "invalid payload." in bad.stderr
+
+
+def test_status_wrapper_reads_one_run_id_from_stdin(tmp_path: Path, make_payload) -> None:  # type: ignore[no-untyped-def]
+    home = tmp_path / "home"
+    accept = tmp_path / "benchseal-accept"
+    status = tmp_path / "benchseal-status"
+    for path, name in ((accept, "benchseal-accept"), (status, "benchseal-status")):
+        path.write_text(_local((DEPLOY / name).read_text()).replace("/var/lib/benchseal", str(home)))
+        path.chmod(0o755)
+    payload = json.dumps(make_payload(correlation_id="deploy-status-0001"))
+    accepted = subprocess.run([str(accept)], input=payload, capture_output=True, text=True, check=False, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    run_id = json.loads(accepted.stdout)["run_id"]
+    shown = subprocess.run([str(status)], input=run_id + "\n", capture_output=True, text=True, check=False, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["state"] == "QUEUED" and json.loads(shown.stdout)["run_id"] == run_id
+    for hostile in ("", "run-../../etc", run_id + " --db /tmp/x", run_id.upper(), "run-" + "0" * 19):
+        refused = subprocess.run([str(status)], input=hostile + "\n", capture_output=True, text=True, check=False)
+        assert refused.returncode == 2 and "invalid run id" in refused.stderr, hostile
+    with_args = subprocess.run([str(status), run_id], input="", capture_output=True, text=True, check=False)
+    assert with_args.returncode == 2 and "takes no arguments" in with_args.stderr

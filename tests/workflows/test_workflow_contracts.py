@@ -203,7 +203,19 @@ def test_benchmark_hands_the_payload_to_infra_accept_from_a_file() -> None:
     [write] = [s for s in steps(accept) if "DISPATCH_PAYLOAD" in (s.get("env") or {})]
     assert "client_payload" in write["env"]["DISPATCH_PAYLOAD"] and "inputs.payload" in write["env"]["DISPATCH_PAYLOAD"]
     assert '"$DISPATCH_PAYLOAD" > "$RUNNER_TEMP/payload.json"' in write["run"]
+    names = [s.get("name") for s in steps(accept)]
+    [check] = [s for s in steps(accept) if "benchseal infra validate" in (s.get("run") or "")]
     [enqueue] = [s for s in steps(accept) if s.get("id") == "accept"]
-    assert 'benchseal infra accept --payload - --json < "$RUNNER_TEMP/payload.json"' in enqueue["run"]
+    assert names.index(check["name"]) < names.index(enqueue["name"]), "validate before handing over"
+    assert '--payload "$RUNNER_TEMP/payload.json"' in check["run"]
+    # The queue is the benchseal user's: only the sudo-admitted wrappers reach it.
+    assert 'sudo -n -u benchseal /usr/local/libexec/benchseal-accept < "$RUNNER_TEMP/payload.json"' in enqueue["run"]
     wait = load("benchmark.yml")["jobs"]["wait"]
     assert needs(wait) == ["accept"]
+    [poll] = [s for s in steps(wait) if "INFRA_RUN_ID" in (s.get("env") or {})]
+    assert "sudo -n -u benchseal /usr/local/libexec/benchseal-status" in poll["run"]
+    for job in load("benchmark.yml")["jobs"].values():
+        for step in steps(job):
+            run = step.get("run") or ""
+            assert "benchseal infra accept" not in run and "benchseal infra status" not in run, \
+                "infra state is reached only through the wrappers"
