@@ -70,15 +70,22 @@ class ReleaseReport:
 
 
 def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
-    """Run the consumer's verification commands exactly as the release body shows them."""
-    ran: list[str] = []
-    for line in commands:
-        argv = shlex.split(line)
-        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False)
+    """Run the consumer's verification commands exactly as the release body shows them.
+
+    They only read the release directory, so they run side by side; a failure is reported
+    for the first failing command in the body's order.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    def run(line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, check=False)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(commands)))) as pool:
+        results = list(pool.map(run, commands))
+    for line, done in zip(commands, results, strict=True):
         if done.returncode != 0:
             raise CheckFailed(f"verification command failed in {cwd}: {line}\n{(done.stderr or done.stdout).strip()}")
-        ran.append(line)
-    return ran
+    return list(commands)
 
 
 def release_local(
