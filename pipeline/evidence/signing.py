@@ -93,16 +93,7 @@ class Signer:
         from sigstore_models.common.v1 import HashAlgorithm
 
         hashed = Hashed(algorithm=HashAlgorithm.SHA2_256, digest=bytes.fromhex(sha256_file(path)))
-        with self._lock:
-            try:
-                bundle = self._current().sign_artifact(hashed)
-            except InfrastructureError:
-                raise
-            except Exception as exc:
-                raise InfrastructureError(f"signing {path.name} failed: {type(exc).__name__}: {exc}") from None
-        out = bundle_path(path)
-        atomic_write_text(out, bundle.to_json())
-        return out
+        return self._sign_into_bundle(path, lambda signer: signer.sign_artifact(hashed))
 
     def sign_statement(self, statement_path: Path) -> Path:
         """Sign the in-toto statement in ``statement_path`` (exact bytes) as a DSSE bundle."""
@@ -113,14 +104,18 @@ class Signer:
             statement = dsse.Statement(statement_path.read_bytes())
         except SigstoreError as exc:
             raise ValidationError(str(statement_path), f"not an in-toto v1 statement: {exc}") from None
+        return self._sign_into_bundle(statement_path, lambda signer: signer.sign_dsse(statement))
+
+    def _sign_into_bundle(self, subject: Path, sign: Callable[[Any], Any]) -> Path:
+        # One signing session at a time; anything sigstore raises becomes an InfrastructureError.
         with self._lock:
             try:
-                bundle = self._current().sign_dsse(statement)
+                bundle = sign(self._current())
             except InfrastructureError:
                 raise
             except Exception as exc:
-                raise InfrastructureError(f"signing {statement_path.name} failed: {type(exc).__name__}: {exc}") from None
-        out = bundle_path(statement_path)
+                raise InfrastructureError(f"signing {subject.name} failed: {type(exc).__name__}: {exc}") from None
+        out = bundle_path(subject)
         atomic_write_text(out, bundle.to_json())
         return out
 
