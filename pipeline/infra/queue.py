@@ -555,25 +555,28 @@ class SqliteQueue(Queue):
         now = time.time()
         encoded = json.dumps(dict(result), sort_keys=True, default=str)
         with self._tx() as cur:
-            row = cur.execute("SELECT run_id FROM publications WHERE id = ?", (pub_id,)).fetchone()
-            if row is None:
-                raise ValidationError("pub_id", "no such publication", pub_id)
+            run_id = self._publication_run(cur, pub_id)
             cur.execute(
                 "UPDATE publications SET state = 'DELIVERED', result = ?, lease_expires_at = NULL, last_error = NULL,"
                 " updated_at = ? WHERE id = ?",
                 (encoded, _iso(now), pub_id),
             )
-            self._event(cur, str(row[0]), "published", None, None, f"publication={pub_id}", now)
+            self._event(cur, run_id, "published", None, None, f"publication={pub_id}", now)
 
     def record_publication_failure(self, pub_id: int, error: str, retry_at: datetime) -> None:
         now = time.time()
         with self._tx() as cur:
-            row = cur.execute("SELECT run_id FROM publications WHERE id = ?", (pub_id,)).fetchone()
-            if row is None:
-                raise ValidationError("pub_id", "no such publication", pub_id)
+            run_id = self._publication_run(cur, pub_id)
             cur.execute(
                 "UPDATE publications SET last_error = ?, next_attempt_at = ?, lease_expires_at = NULL, updated_at = ?"
                 " WHERE id = ? AND state = 'PENDING'",
                 (error[:4000], _epoch(retry_at), _iso(now), pub_id),
             )
-            self._event(cur, str(row[0]), "publication_failed", None, None, f"publication={pub_id}: {error[:200]}", now)
+            self._event(cur, run_id, "publication_failed", None, None, f"publication={pub_id}: {error[:200]}", now)
+
+    @staticmethod
+    def _publication_run(cur: sqlite3.Cursor, pub_id: int) -> str:
+        row = cur.execute("SELECT run_id FROM publications WHERE id = ?", (pub_id,)).fetchone()
+        if row is None:
+            raise ValidationError("pub_id", "no such publication", pub_id)
+        return str(row[0])
