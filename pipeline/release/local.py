@@ -12,10 +12,12 @@ verify_release and the cosign commands on the published directory.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import shlex
 import subprocess
+import threading
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -69,6 +71,24 @@ class ReleaseReport:
         return dict(self.__dict__)
 
 
+# What evidence, signing and verification import after the worker stage (about 1 s here).
+_LATE_MODULES = ("sigstore.models", "sigstore.sign", "sigstore.verify", "sigstore.oidc", "sigstore.dsse",
+                 "cyclonedx.model.bom", "cyclonedx.output.json")
+
+
+def _warm_imports() -> None:
+    """Import the post-trial modules in a thread while the worker stage waits on containers."""
+
+    def load() -> None:
+        for name in _LATE_MODULES:
+            try:
+                importlib.import_module(name)
+            except ImportError:
+                return  # the real import, later on the main thread, reports it
+
+    threading.Thread(target=load, name="warm-imports", daemon=True).start()
+
+
 def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
     """Run the consumer's verification commands exactly as the release body shows them.
 
@@ -100,10 +120,12 @@ def release_local(
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
+    import docker  # noqa: F401  (before _warm_imports: the worker stage then imports nothing new)
+
     from pipeline.build import ensure_base
     from pipeline.build.images import build_image, digests_file, source_info
     from pipeline.dispatch.dispatch import build_payload, new_correlation_id
-    from pipeline.evidence import cosign_commands
+    from pipeline.evidence import cosign_commands, sigstore_local
     from pipeline.evidence.signing import local_signer
     from pipeline.infra.accept import accept_payload
     from pipeline.infra.queue import TERMINAL_STATES, SqliteQueue
@@ -116,7 +138,7 @@ def release_local(
     work = state_dir("release", tag)
     with StageClock(console) as clock, ExitStack() as stack:
         with clock.stage("setup", "Private Sigstore instance"):
-            signer = local_signer()  # starts the instance unless it answers
+            instance = sigstore_local.ensure_running()  # starts the instance unless it answers
 
         with clock.stage("build", f"Building runner and api images into {registry}"):
             # build_images() does exactly this; called per image here to report build vs push time.
@@ -144,7 +166,10 @@ def release_local(
         run_id = accepted.run_id
 
         timings: dict[str, float] = {}
-        finalize = evidence_finalizer(target="local", signer=signer, options={"root": str(dist)}, timings=timings)
+        # The signer is made on first use, inside the finalizer, once _warm_imports has loaded sigstore.
+        finalize = evidence_finalizer(target="local", signer=local_signer, options={"root": str(dist)},
+                                      timings=timings)
+        _warm_imports()
 
         queue = stack.enter_context(SqliteQueue())
         grading: Grading | None = None
@@ -177,7 +202,7 @@ def release_local(
 
         release_dir = dist / tag
         with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
-            verify_release(release_dir, trusted_root=signer.trusted_root, offline=True)
+            verify_release(release_dir, trusted_root=instance.trusted_root, offline=True)
             # The body's commands, with this machine's cosign binary.
             ran = run_commands(cosign_commands(release_dir), release_dir)
 
