@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -35,3 +36,12 @@ def canonical_json(data: Any) -> str:
 
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, canonical_json(data))
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Streamed SHA-256 (hex) of a file of any size."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -21,11 +21,11 @@ from typing import Any
 
 from pipeline import paths
 from pipeline.build import oci
-from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball, file_sha256
+from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
 from pipeline.build.push import Registry
 from pipeline.digests import ImageRef, validate_name
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.fsutil import atomic_write_json
+from pipeline.fsutil import atomic_write_json, sha256_file
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
 LOCK_PATH = paths.REPO_ROOT / "images" / "base.lock.json"
@@ -165,7 +165,7 @@ class AssembledBase:
 def assemble(spec: BaseSpec, tarball: Path, store: BlobStore, use_cache: bool = True) -> AssembledBase:
     """One-layer OCI image of ``tarball``; the same tarball always gives the same manifest bytes."""
     cache = LayerCache(store, enabled=use_cache)
-    key = "rootfs-" + file_sha256(tarball)
+    key = "rootfs-" + sha256_file(tarball)
     layer = cache.get(key)
     if layer is None:
         layer = compress_tarball(tarball, store)
@@ -257,7 +257,7 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             "variant": spec.variant,
             "epoch": spec.epoch,
             "include": list(spec.include),
-            "rootfs_sha256": file_sha256(tarball),
+            "rootfs_sha256": sha256_file(tarball),
             "layer": image.layer.to_json(),
             "packages": packages(tarball),
         }

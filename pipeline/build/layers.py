@@ -29,6 +29,7 @@ from typing import BinaryIO
 from pipeline import paths
 from pipeline.digests import validate_digest
 from pipeline.errors import CheckFailed
+from pipeline.fsutil import sha256_file
 
 GZIP_LEVEL = 6
 _CHUNK = 1 << 20
@@ -242,19 +243,11 @@ def entries_key(entries: Iterable[Entry]) -> str:
         if entry.data is not None:
             content = hashlib.sha256(entry.data).hexdigest()
         elif entry.source is not None:
-            content = file_sha256(entry.source)
+            content = sha256_file(entry.source)
         else:
             content = entry.target
         h.update(json.dumps([entry.arcname, entry.kind, _normal_mode(entry.kind, entry.mode), content]).encode())
         h.update(b"\n")
-    return h.hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            h.update(chunk)
     return h.hexdigest()
 
 

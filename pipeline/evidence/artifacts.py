@@ -17,8 +17,8 @@ from pipeline import paths
 from pipeline.contracts import DispatchPayload, Grading
 from pipeline.digests import parse_ref
 from pipeline.errors import CheckFailed, ValidationError
-from pipeline.evidence.signing import BUNDLE_SUFFIX, sha256_file
-from pipeline.fsutil import atomic_write_text, canonical_json
+from pipeline.evidence.signing import BUNDLE_SUFFIX
+from pipeline.fsutil import atomic_write_text, canonical_json, sha256_file
 
 if TYPE_CHECKING:
     from pipeline.evidence.signing import Signer

@@ -17,8 +17,7 @@ from typing import Any
 
 from pipeline.contracts import DispatchPayload, Grading
 from pipeline.digests import parse_ref
-from pipeline.evidence.signing import sha256_file
-from pipeline.fsutil import atomic_write_text, canonical_json
+from pipeline.fsutil import atomic_write_text, canonical_json, sha256_file
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"

@@ -11,7 +11,6 @@ one of the three verifiers consumers use) cannot verify Rekor v2 entries.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from collections.abc import Callable
@@ -20,27 +19,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import InfrastructureError, ValidationError
-from pipeline.fsutil import atomic_write_text
+from pipeline.fsutil import atomic_write_text, sha256_file
 
 if TYPE_CHECKING:
     from sigstore.models import ClientTrustConfig
 
 BUNDLE_SUFFIX = ".sigstore.json"
 GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
-_CHUNK = 1 << 20
 
 
 def bundle_path(path: Path) -> Path:
     return path.with_name(path.name + BUNDLE_SUFFIX)
-
-
-def sha256_file(path: Path) -> str:
-    """Streamed SHA-256 (hex) of a file of any size."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 @dataclass

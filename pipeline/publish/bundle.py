@@ -15,7 +15,8 @@ from pathlib import Path
 
 from pipeline.errors import CheckFailed, ValidationError
 from pipeline.evidence.artifacts import CHECKSUMS, SUMMARY, parse_checksums
-from pipeline.evidence.signing import BUNDLE_SUFFIX, sha256_file
+from pipeline.evidence.signing import BUNDLE_SUFFIX
+from pipeline.fsutil import sha256_file
 from pipeline.publish.body import SectionFacts, facts_from_summary, render_section
 
 __all__ = ["Asset", "ReleaseBundle", "load_bundle", "sha256_file"]

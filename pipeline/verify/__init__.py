@@ -86,7 +86,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
     from sigstore.verify import policy
     from sigstore_models.common.v1 import HashAlgorithm
 
-    from pipeline.evidence.signing import sha256_file
+    from pipeline.fsutil import sha256_file
 
     name = bundle_file.name
     if not target.is_file():
@@ -118,7 +118,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
 
 def verify_checksums(directory: Path) -> dict[str, str]:
     from pipeline.evidence.artifacts import CHECKSUMS_BUNDLE, NESTED_SUMS, nested_files, parse_checksums
-    from pipeline.evidence.signing import sha256_file
+    from pipeline.fsutil import sha256_file
 
     entries = parse_checksums((directory / CHECKSUMS).read_text("utf-8"))
     for name, expected in entries.items():
@@ -161,7 +161,7 @@ def _subjects(statement: dict[str, Any], name: str) -> set[tuple[str, str]]:
 
 
 def verify_consistency(directory: Path, summary: dict[str, Any]) -> None:
-    from pipeline.evidence.signing import sha256_file
+    from pipeline.fsutil import sha256_file
 
     images = summary.get("images")
     if not isinstance(images, dict) or set(images) != {"runner", "api"}:

@@ -12,16 +12,13 @@ import signal
 import threading
 from pathlib import Path
 
-from pipeline.fsutil import canonical_json
+from pipeline.fsutil import atomic_write_text, canonical_json
 from pipeline.testing.github.emulator import GitHubEmulator
 
 
 def _write_private(path: Path, data: dict[str, object]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(canonical_json(data))
-    os.replace(tmp, path)
+    # It holds the emulator's token: 0600 from creation (mkstemp) to the final name.
+    atomic_write_text(path, canonical_json(data), mode=0o600)
 
 
 def main(argv: list[str] | None = None) -> int:
