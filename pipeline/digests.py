@@ -17,9 +17,10 @@ Patterns end in ``\\Z``, never ``$``: ``$`` also matches before a trailing newli
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipeline.errors import ValidationError
+from pipeline.errors import CheckFailed, ValidationError
 
 DIGEST_PATTERN = r"sha256:[0-9a-f]{64}"
 _DIGEST_RE = re.compile(rf"\A{DIGEST_PATTERN}\Z")
@@ -133,3 +134,14 @@ def parse_ref(value: object, field: str = "ref") -> ImageRef:
 def validate_ref(value: object, field: str = "ref") -> str:
     """Return ``value`` unchanged when it is a valid digest-pinned reference."""
     return parse_ref(value, field).ref
+
+
+def require_repo_digest(ref: ImageRef, repo_digests: Sequence[str]) -> None:
+    """Raise CheckFailed unless a local image's RepoDigests list exactly ``ref``.
+
+    One image can carry several digests (one per repository it came from): match ours by
+    repository, never take ``[0]``.
+    """
+    ours = [d for d in repo_digests if d.partition("@")[0] == ref.name]
+    if ref.ref not in ours:
+        raise CheckFailed(f"local image for {ref.name} has RepoDigests {ours}, not {ref.digest}: refusing to use it")

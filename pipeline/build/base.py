@@ -23,7 +23,7 @@ from pipeline import paths
 from pipeline.build import oci
 from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
 from pipeline.build.push import Registry
-from pipeline.digests import ImageRef, validate_name
+from pipeline.digests import ImageRef, require_repo_digest, validate_name
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json, sha256_file
 
@@ -288,8 +288,4 @@ def ensure_local(ref: ImageRef) -> None:
     )
     if inspect.returncode != 0:
         raise CheckFailed(f"{ref.ref} is not in the local engine after pull: {inspect.stderr.strip()}")
-    repo_digests = json.loads(inspect.stdout or "[]") or []
-    # Several digests can be listed for one image: match ours by repository, never take [0].
-    ours = [d for d in repo_digests if d.partition("@")[0] == ref.name]
-    if ref.ref not in ours:
-        raise CheckFailed(f"local image RepoDigests {ours} for {ref.name} does not contain {ref.digest}")
+    require_repo_digest(ref, json.loads(inspect.stdout or "[]") or [])

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.contracts import Grading, PublicationRequest, RunState
-from pipeline.digests import ImageRef, parse_ref
+from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading
@@ -112,11 +112,7 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
         image = client.images.get(ref.ref)
     except docker.errors.APIError as exc:
         raise InfraFailure(f"pull {ref.ref} failed: {exc.explanation or exc}") from exc
-    repo_digests = image.attrs.get("RepoDigests") or []
-    # One image can carry several digests: match ours by repository, never take [0].
-    ours = [d for d in repo_digests if d.partition("@")[0] == ref.name]
-    if ref.ref not in ours:
-        raise CheckFailed(f"local image for {ref.name} has RepoDigests {ours}, not {ref.digest}: refusing to run it")
+    require_repo_digest(ref, image.attrs.get("RepoDigests") or [])
     image_id: str = image.id
     return image_id
 
