@@ -5,18 +5,23 @@ Public API (used by the release orchestrator and by test fixtures):
 * ``ensure_base(registry) -> {"base": ImageRef, "runner-base": ImageRef}``
 * ``ensure_local(ref)``: pull by digest into the engine, check RepoDigests
 * ``build_images(images, registry, out=None, tags=()) -> DigestsFile``
+* ``build_images_with_results(...) -> (DigestsFile, [BuildResult])``: the same, with per-image timings
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.build.base import ensure_base, ensure_local
 from pipeline.contracts import DigestsFile
 from pipeline.digests import parse_ref
 
-__all__ = ["build_images", "ensure_base", "ensure_local"]
+if TYPE_CHECKING:
+    from pipeline.build.images import BuildResult
+
+__all__ = ["build_images", "build_images_with_results", "ensure_base", "ensure_local"]
 
 
 def build_images(
@@ -32,6 +37,17 @@ def build_images(
     digests recorded are the ones the registry confirmed for the exact
     manifest bytes pushed.
     """
+    return build_images_with_results(images, registry, out, tags, use_cache)[0]
+
+
+def build_images_with_results(
+    images: Sequence[str],
+    registry: str,
+    out: Path | None = None,
+    tags: Sequence[str] = (),
+    use_cache: bool = True,
+) -> tuple[DigestsFile, list[BuildResult]]:
+    """``build_images`` plus each image's BuildResult (build/push seconds, bytes uploaded)."""
     from pipeline.build.images import build_image, digests_file, load_image_spec, source_info
     from pipeline.build.layers import build_lock
     from pipeline.fsutil import atomic_write_json
@@ -48,4 +64,4 @@ def build_images(
         parse_ref(entry.ref, f"images.{role}.ref")
     if out is not None:
         atomic_write_json(out, result.to_json_dict())
-    return result
+    return result, results

@@ -122,8 +122,7 @@ def release_local(
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
     import docker  # noqa: F401  (before _warm_imports: the worker stage then imports nothing new)
 
-    from pipeline.build import ensure_base
-    from pipeline.build.images import build_image, digests_file, source_info
+    from pipeline.build import build_images_with_results
     from pipeline.dispatch.dispatch import build_payload, new_correlation_id
     from pipeline.evidence import cosign_commands, sigstore_local
     from pipeline.evidence.signing import local_signer
@@ -141,12 +140,7 @@ def release_local(
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
 
         with clock.stage("build", f"Building runner and api images into {registry}"):
-            # build_images() does exactly this; called per image here to report build vs push time.
-            bases = ensure_base(registry)
-            built_source = source_info()
-            results = [build_image(role, registry, bases, built_source, (tag,)) for role in ("runner", "api")]
-            digests = digests_file(built_source, results)
-            atomic_write_json(work / "digests.json", digests.to_json_dict())
+            digests, results = build_images_with_results(("runner", "api"), registry, work / "digests.json", (tag,))
         push_seconds = sum(r.seconds_push for r in results)
         clock.add("build", -push_seconds)
         clock.add("push", push_seconds)
