@@ -20,6 +20,8 @@ declare -A NEEDED=(
   [npm]=npm
   [sha256sum]=coreutils
   [unshare]=util-linux
+  [ip]=iproute2        # the signing tests' loopback-only network namespace
+  [visudo]=sudo        # checks deploy/benchseal.sudoers
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do
