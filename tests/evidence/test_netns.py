@@ -58,7 +58,9 @@ def test_sign_and_verify_with_loopback_only(tmp_path: Path) -> None:
          sys.executable, str(script), str(tmp_path / "state"), str(tmp_path)],
         capture_output=True, text=True, timeout=120, check=False, cwd=Path(__file__).resolve().parents[2],
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    server_log = tmp_path / "state" / "server.log"
+    log_tail = server_log.read_text(errors="replace")[-3000:] if server_log.is_file() else "(no server.log)"
+    assert done.returncode == 0, f"{done.stderr[-3000:]}\n--- server.log ---\n{log_tail}"
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["interfaces"] == ["lo"]
     assert result["verified"] == [{"rekor": 1, "python": True, "js": True}, {"rekor": 2, "python": True, "js": True}]
