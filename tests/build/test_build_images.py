@@ -7,6 +7,7 @@ import json
 import subprocess
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
@@ -97,7 +98,8 @@ def test_a_changed_app_changes_only_the_app_layer(
 
     changed = tmp_path / "app"
     shutil.copytree(app_snapshot, changed)
-    (changed / "pipeline" / "_buildtest_marker.py").write_text("MARKER = 1\n")
+    # Unique per run: a registry kept from an earlier run must not already hold the changed layer.
+    (changed / "pipeline" / "_buildtest_marker.py").write_text(f"MARKER = {uuid.uuid4().hex!r}\n")
     a = build_image("api", image_registry, base_refs, frozen_source, app_root=app_snapshot, epoch=FROZEN_EPOCH)
     b = build_image("api", image_registry, base_refs, frozen_source, app_root=changed, epoch=FROZEN_EPOCH)
     la, lb = json.loads(a.manifest)["layers"], json.loads(b.manifest)["layers"]
