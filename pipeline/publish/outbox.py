@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.contracts import PublicationRequest
-from pipeline.errors import Error
+from pipeline.errors import Error, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.paths import REPO_ROOT
-from pipeline.publish.bundle import load_bundle
+from pipeline.publish.bundle import ReleaseBundle, load_bundle
 from pipeline.publish.targets import (
     GitHubTarget,
     LocalTarget,
@@ -154,16 +154,26 @@ def default_resealer(signer: Any = None) -> Resealer:
     return reseal
 
 
-def publish_request(request: PublicationRequest, target: Target) -> PublishResult:
-    """One delivery attempt of one publication (the unit the outbox retries)."""
+def prepare_bundle(request: PublicationRequest) -> ReleaseBundle:
+    """Everything a publication carries, checked before any request is made (no network)."""
     artifacts = Path(request.artifacts_dir)
     commands = verify_commands(artifacts, repository=_body_repository(request, artifacts), tag=request.tag)
-    bundle = load_bundle(artifacts, request.tag, commands)
+    try:
+        bundle = load_bundle(artifacts, request.tag, commands)
+    except ValidationError as exc:
+        # Bad summary content or an over-long body: waiting cannot heal it.
+        raise PublishError(exc.diagnostics(), retryable=False) from exc
     if request.run_id != "unknown" and bundle.run_id not in {request.run_id, "unknown"}:
         raise PublishError(
             f"{artifacts}/summary.json is for run {bundle.run_id}, the publication for {request.run_id}",
             retryable=False,
         )
+    return bundle
+
+
+def publish_request(request: PublicationRequest, target: Target, *, bundle: ReleaseBundle | None = None) -> PublishResult:
+    """One delivery attempt of one publication (the unit the outbox retries)."""
+    bundle = bundle or prepare_bundle(request)
     return target.publish(bundle, manual=request.options.get("trigger") == "manual")
 
 
@@ -209,7 +219,10 @@ def deliver_pending(
             continue
         request: PublicationRequest = pub.request
         try:
-            result = publish_request(request, targets(request))
+            # The bundle first: a publication that cannot be made fails before the target is
+            # built (building a GitHub target already reads the repository).
+            bundle = prepare_bundle(request)
+            result = publish_request(request, targets(request), bundle=bundle)
         except Exception as exc:
             message = exc.diagnostics() if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
             retryable = not isinstance(exc, PublishError) or exc.retryable
