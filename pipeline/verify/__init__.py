@@ -219,7 +219,7 @@ def _subjects(statement: dict[str, Any], name: str) -> set[tuple[str, str]]:
         raise CheckFailed(f"{name}: statement has no subject list")
     out = set()
     for s in subjects:
-        digest = (s.get("digest") or {}).get("sha256") if isinstance(s, dict) else None
+        digest = _mapping(s.get("digest")).get("sha256") if isinstance(s, dict) else None
         if not isinstance(digest, str):
             raise CheckFailed(f"{name}: a subject has no sha256 digest")
         out.add((str(s.get("name")), f"sha256:{digest}"))
@@ -271,7 +271,9 @@ def check_summary(summary: dict[str, Any]) -> None:
         return
     if completed == 0:
         raise CheckFailed(f"{SUMMARY}: a SUCCEEDED run must have counts.completed > 0")
-    if isinstance(score, bool) or not isinstance(score, int | float) or not math.isfinite(score):
+    # (an int is finite; math.isfinite would overflow on a huge one)
+    if isinstance(score, bool) or not isinstance(score, int | float) or (isinstance(score, float)
+                                                                          and not math.isfinite(score)):
         raise CheckFailed(f"{SUMMARY}: score of a SUCCEEDED run must be a finite number (got {score!r})")
     expected = round(resolved / completed, SCORE_DIGITS)
     if score != expected:
@@ -374,7 +376,7 @@ def verify_consistency(directory: Path, summary: dict[str, Any], repository: str
         component = _mapping(_mapping(sbom if isinstance(sbom, dict) else {}).get("metadata")).get("component")
         component = _mapping(component)
         if (component.get("name"), component.get("version")) != (ref.name, ref.digest):
-            raise CheckFailed(f"sbom-{role}.cdx.json: describes {component.get('name')}@{component.get('version')}, "
+            raise CheckFailed(f"sbom-{role}.cdx.json: describes {component.get('name')!r}@{component.get('version')!r}, "
                               f"not {ref.ref}")
 
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import CheckFailed
 from pipeline.verify import check_summary, verify_release
@@ -186,6 +188,8 @@ SUMMARY_CASES: dict[str, Mutate] = {
     "score-neg-inf": lambda s: s.update(score=float("-inf")),
     "score-string": lambda s: s.update(score="0.5"),
     "score-bool": lambda s: s.update(score=True),
+    "score-huge-int": lambda s: s.update(score=10**400),
+    "score-negative": lambda s: s.update(score=-0.5),
     "score-null-on-success": lambda s: s.update(score=None),
     "score-missing": lambda s: s.pop("score"),
     "score-on-failed": lambda s: s.update(status="FAILED"),
@@ -253,3 +257,52 @@ def test_score_tolerance_is_rounding_to_six_decimals() -> None:
     for score in (1 / 3, 0.3333333, 0.333334, 0.33333):
         with pytest.raises(CheckFailed, match="rounded to 6 decimals"):
             check_summary({**base, "score": score})
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+_count = st.one_of(st.integers(min_value=-3, max_value=10**30), st.booleans(), st.floats(), st.text(max_size=3), st.none())
+
+
+@settings(max_examples=400, deadline=None)
+@given(status=st.one_of(st.sampled_from(["SUCCEEDED", "FAILED", "INFRA_ERROR"]), _json),
+       counts=st.one_of(st.fixed_dictionaries({k: _count for k in ("total", "completed", "resolved", "unresolved",
+                                                                     "infra_errors")}), _json),
+       score=st.one_of(st.floats(), st.integers(), _json), source=_json)
+def test_hostile_summary_values_fail_closed_by_name(status: Any, counts: Any, score: Any, source: Any) -> None:
+    """Whatever the values, the checks raise CheckFailed naming summary.json (never another
+    exception), and pass only when every rule holds."""
+    from pipeline.verify import check_source
+    from pipeline.verify.policy import Expectation
+
+    summary = {"status": status, "counts": counts, "score": score, "source": source}
+    expect = Expectation("local", "id", "iss", SOURCE_REPO, SOURCE_TAG)
+    for check in (lambda: check_summary(summary), lambda: check_source(summary, expect)):
+        try:
+            check()
+        except CheckFailed as exc:
+            assert str(exc).startswith("summary.json: ")
+    try:
+        check_summary(summary)
+    except CheckFailed:
+        return
+    total, completed, resolved, unresolved, infra = (counts[k] for k in ("total", "completed", "resolved",
+                                                                          "unresolved", "infra_errors"))
+    assert all(type(v) is int and v >= 0 for v in (total, completed, resolved, unresolved, infra))
+    assert resolved + unresolved <= completed <= total and completed + infra <= total
+    assert (score is None) == (status != "SUCCEEDED")
+    if status == "SUCCEEDED":
+        assert score == round(resolved / completed, 6)
+
+
+@pytest.mark.parametrize("subject", [None, "x", [{"name": "summary.json", "digest": ["a"]}], [5],
+                                     [{"name": "summary.json", "digest": {"sha256": 5}}], [{"name": "a"}]])
+def test_malformed_statement_subjects_fail_by_name(subject: Any) -> None:
+    """sigstore-python will not sign such statements; another signer might: fail closed, by name."""
+    from pipeline.verify import _subjects
+
+    with pytest.raises(CheckFailed, match=r"provenance-images\.intoto\.json: "):
+        _subjects({"subject": subject}, "provenance-images.intoto.json")
