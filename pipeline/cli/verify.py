@@ -34,10 +34,19 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print what was verified as a JSON object."),
 ) -> None:
     """Verify every bundle, every checksum and the bindings of the release of --repo at --tag."""
+    from pipeline.errors import Error
     from pipeline.verify import verify_release
 
-    done = verify_release(directory, repository=repo, tag=tag, policy=policy, trusted_root=trusted_root,
-                          offline=offline, profile=profile)
+    try:
+        done = verify_release(directory, repository=repo, tag=tag, policy=policy, trusted_root=trusted_root,
+                              offline=offline, profile=profile)
+    except Error as exc:
+        if not as_json:
+            raise
+        # One JSON object on every outcome; the message also goes to stderr as usual.
+        typer.echo(json.dumps({"ok": False, "error": exc.diagnostics(), "exit_code": exc.exit_code}, sort_keys=True))
+        typer.echo(f"benchseal: error: {exc.diagnostics()}", err=True)
+        raise typer.Exit(exc.exit_code) from None
     if as_json:
         typer.echo(json.dumps({"ok": True, **done.to_json_dict()}, sort_keys=True))
         return

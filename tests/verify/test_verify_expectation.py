@@ -103,6 +103,13 @@ def test_output_names_what_was_verified(signed_release: Path, sigstore_instance:
     data = json.loads(as_json.stdout)
     assert data["ok"] is True and data["commit"] == SOURCE_COMMIT and data["identity"] == signer_v1.identity  # type: ignore[attr-defined]
     assert len(data["bundles"]) == 6
+    # --json on failure: still one object, with the exit code of the failure.
+    usage = _cli(signed_release, "--tag", SOURCE_TAG, "--trusted-root", root, "--json")
+    assert usage.returncode == 2 and json.loads(usage.stdout) == {
+        "ok": False, "exit_code": 2, "error": json.loads(usage.stdout)["error"]}
+    assert "--repo" in json.loads(usage.stdout)["error"]
+    failed = _cli(signed_release, "--repo", "a/b", "--tag", SOURCE_TAG, "--trusted-root", root, "--json")
+    assert failed.returncode == 1 and json.loads(failed.stdout)["ok"] is False
 
 
 @pytest.mark.parametrize(("args", "named"), [
