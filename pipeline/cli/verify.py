@@ -1,32 +1,62 @@
-"""``benchseal verify DIR [--policy FILE] [--trusted-root FILE] [--offline]``.
+"""``benchseal verify DIR --repo OWNER/NAME --tag TAG [--policy FILE] [--trusted-root FILE] [--offline]``.
+
+The consumer states the release they expect (``--repo`` and ``--tag``, or ``expect:`` in
+``--policy FILE``); nothing of the expectation is taken from the release being checked.
 
 Exit codes: 0 verified; 1 a check failed (the message names the first failure);
-2 usage error.
+2 usage error (including a missing expectation).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
 
 _DIR = typer.Argument(..., help="Release or artifacts directory.")
-_POLICY = typer.Option(None, "--policy", help="Verification policy (default: policies/verify.yaml).")
+_REPO = typer.Option(None, "--repo", help="The source repository OWNER/NAME the release must be for "
+                                          "(required unless the policy pins expect.repository).")
+_TAG = typer.Option(None, "--tag", help="The tag the release must be for (required unless the policy pins expect.tag).")
+_POLICY = typer.Option(None, "--policy", help="Verification policy: signer profiles and optional expect: "
+                                              "{repository, tag} (default: policies/verify.yaml).")
 _ROOT = typer.Option(None, "--trusted-root", help="Sigstore trusted_root.json (selects the local profile).")
 
 
 def verify(
     directory: Path = _DIR,
+    repo: str | None = _REPO,
+    tag: str | None = _TAG,
     policy: Path | None = _POLICY,
     trusted_root: Path | None = _ROOT,
     offline: bool = typer.Option(False, "--offline", help="Use the embedded public-good root; no network."),
     profile: str | None = typer.Option(None, "--profile", help="Policy profile (default: local with --trusted-root, else production)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was verified as a JSON object."),
 ) -> None:
-    """Verify every bundle, every checksum and the digest bindings of a release."""
+    """Verify every bundle, every checksum and the bindings of the release of --repo at --tag."""
+    from pipeline.errors import Error
     from pipeline.verify import verify_release
 
-    verify_release(directory, policy=policy, trusted_root=trusted_root, offline=offline, profile=profile)
-    typer.echo(f"verified: {directory}")
+    try:
+        done = verify_release(directory, repository=repo, tag=tag, policy=policy, trusted_root=trusted_root,
+                              offline=offline, profile=profile)
+    except Error as exc:
+        if not as_json:
+            raise
+        # One JSON object on every outcome; the message also goes to stderr as usual.
+        typer.echo(json.dumps({"ok": False, "error": exc.diagnostics(), "exit_code": exc.exit_code}, sort_keys=True))
+        typer.echo(f"benchseal: error: {exc.diagnostics()}", err=True)
+        raise typer.Exit(exc.exit_code) from None
+    if as_json:
+        typer.echo(json.dumps({"ok": True, **done.to_json_dict()}, sort_keys=True))
+        return
+    typer.echo(f"verified: {done.directory}\n"
+               f"  identity:   {done.identity}\n"
+               f"  issuer:     {done.issuer}\n"
+               f"  repository: {done.repository}\n"
+               f"  tag:        {done.tag}\n"
+               f"  commit:     {done.commit}\n"
+               f"  bundles:    {len(done.bundles)} ({done.profile} profile)")
 
 
 def register(app: typer.Typer) -> None:

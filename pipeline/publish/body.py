@@ -2,12 +2,14 @@
 
 The release body belongs to the maintainers; benchseal owns only the text between
 ``<!-- benchseal:start -->`` and ``<!-- benchseal:end -->``. ``splice`` keeps every
-other byte, so a re-run, a hand-edited body or a body missing one marker never loses
-or duplicates text.
+other byte, so a re-run, a hand-edited body, a body with two sections or a body
+missing one marker ends with exactly one section and never loses maintainer text.
+A body over GitHub's 125,000-character limit is refused before anything is sent.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,14 @@ from pipeline.errors import ValidationError
 
 START = "<!-- benchseal:start -->"
 END = "<!-- benchseal:end -->"
+# What a marker that pairs with nothing, or a second section, is rewritten to. Each begins with
+# "<" and ends with ">", so it can never join neighbouring text into a marker.
+UNPAIRED_START = "<!-- benchseal:unpaired-start -->"
+UNPAIRED_END = "<!-- benchseal:unpaired-end -->"
+DUPLICATE_REMOVED = "<!-- benchseal:duplicate-section-removed -->"
+# GitHub refuses a release body longer than this (422).
+MAX_BODY_CHARS = 125_000
+_MARKER_RE = re.compile(f"{re.escape(START)}|{re.escape(END)}")
 
 
 @dataclass(frozen=True)
@@ -166,36 +176,115 @@ def _check_section(section: str) -> None:
         raise ValidationError("section", "must not contain the benchseal markers")
 
 
-def splice(body: str, section: str) -> str:
-    """Return ``body`` with the benchseal section set to ``section``.
+def body_length(body: str) -> int:
+    """Length as GitHub's limit counts it, measured strictly: UTF-16 code units (a character
+    outside the BMP counts twice), never fewer than the number of code points."""
+    return len(body.encode("utf-16-le")) // 2
 
-    - both markers (first start, first end after it): replace only the text between them;
-    - no marker: append the section, with markers, after the body;
-    - only a start marker: insert the section and an end marker right after it;
-    - only an end marker (or an end before any start): insert a start marker and the section
-      right before that end marker.
-    Every byte outside the inserted/replaced region is kept, and the result is a fixed point:
-    ``splice(splice(b, s), s) == splice(b, s)``.
+
+def check_body_length(body: str, what: str = "release body") -> str:
+    """Refuse a body over GitHub's 125,000-character limit (ValidationError, before any request)."""
+    length = body_length(body)
+    if length > MAX_BODY_CHARS:
+        raise ValidationError(what, f"would be {length} characters (UTF-16 code units), more than GitHub's limit "
+                                    f"of {MAX_BODY_CHARS}; nothing was sent")
+    return body
+
+
+def _markers(body: str) -> list[tuple[int, str]]:
+    return [(m.start(), m.group(0)) for m in _MARKER_RE.finditer(body)]
+
+
+def _plan(body: str) -> tuple[tuple[int, int] | None, list[tuple[int, int, str]]]:
+    """Where the one section goes, and what else to rewrite.
+
+    Returns ``(section, edits)``: ``section`` is the (start, end) of the first complete
+    section's inner text (between its START and END), or None; ``edits`` are non-overlapping
+    (start, end, replacement) rewrites of every other benchseal marker and of every later
+    complete section.
+    """
+    tokens = _markers(body)
+    edits: list[tuple[int, int, str]] = []
+    first_start = next((i for i, (_, kind) in enumerate(tokens) if kind == START), None)
+    first_end = None if first_start is None else next(
+        (i for i in range(first_start + 1, len(tokens)) if tokens[i][1] == END), None)
+    if first_start is None or first_end is None:
+        return None, edits
+    # Ends before the section are strays; starts inside it are replaced with its content.
+    for pos, kind in tokens[:first_start]:
+        edits.append((pos, pos + len(kind), UNPAIRED_END))
+    section = (tokens[first_start][0] + len(START), tokens[first_end][0])
+    open_at: int | None = None  # token index of an open later section
+    for i in range(first_end + 1, len(tokens)):
+        pos, kind = tokens[i]
+        if kind == START and open_at is None:
+            open_at = i
+        elif kind == END and open_at is not None:
+            # A complete later section: benchseal's own (stale) text, removed as a whole.
+            edits.append((tokens[open_at][0], pos + len(END), DUPLICATE_REMOVED))
+            open_at = None
+        elif kind == END:
+            edits.append((pos, pos + len(END), UNPAIRED_END))
+    if open_at is not None:
+        # An unclosed start after the section: its text is kept; it and any start after it are neutralised.
+        for pos, kind in tokens[open_at:]:
+            edits.append((pos, pos + len(kind), UNPAIRED_START))
+    return section, edits
+
+
+def _apply(body: str, edits: list[tuple[int, int, str]]) -> str:
+    out: list[str] = []
+    at = 0
+    for start, end, text in sorted(edits):
+        out += [body[at:start], text]
+        at = end
+    out.append(body[at:])
+    return "".join(out)
+
+
+def splice(body: str, section: str) -> str:
+    """Return ``body`` with exactly one benchseal section, set to ``section``.
+
+    - one or more complete sections (a START followed by an END): the first one's inner text is
+      replaced; every later complete section (START..END, benchseal's own text) is replaced by
+      ``<!-- benchseal:duplicate-section-removed -->``; starts nested inside a section go with
+      its content;
+    - any other marker (an END before the first START, an END or an unclosed START after the
+      section) is rewritten to ``<!-- benchseal:unpaired-end -->`` /
+      ``<!-- benchseal:unpaired-start -->``: the text around it is kept;
+    - no complete section but a START: the section and an END are inserted right after the
+      first START (the text after it is kept); other markers are neutralised as above;
+    - only END markers: a START and the section are inserted right before the first END;
+    - no marker: the section, with markers, is appended after the body.
+    Maintainer text (anything outside benchseal's sections) is never dropped; neutralised
+    markers stay as HTML comments so a reader can see what was repaired. The result is a
+    fixed point, ``splice(splice(b, s), s) == splice(b, s)``, and the last write wins,
+    ``splice(splice(b, s1), s2) == splice(b, s2)``. A result over GitHub's body limit raises
+    ValidationError (see ``check_body_length``).
     """
     _check_section(section)
     inner = f"\n{section}\n"
-    start = body.find(START)
-    if start >= 0:
-        after = start + len(START)
-        end = body.find(END, after)
-        if end >= 0:
-            return body[:after] + inner + body[end:]
-        return body[:after] + inner + END + body[after:]
-    end = body.find(END)
-    if end >= 0:
-        return body[:end] + START + inner + body[end:]
+    where, edits = _plan(body)
+    if where is not None:
+        return check_body_length(_apply(body, [*edits, (where[0], where[1], inner)]))
+    tokens = _markers(body)
+    starts = [pos for pos, kind in tokens if kind == START]
+    if starts:
+        anchor = starts[0]
+        after = anchor + len(START)
+        rest = [(p, p + len(k), UNPAIRED_START if k == START else UNPAIRED_END) for p, k in tokens if p != anchor]
+        return check_body_length(_apply(body, [*rest, (after, after, inner + END)]))
+    if tokens:
+        anchor = tokens[0][0]
+        rest = [(p, p + len(END), UNPAIRED_END) for p, _ in tokens[1:]]
+        return check_body_length(_apply(body, [*rest, (anchor, anchor, START + inner)]))
     if body == "" or body.endswith("\n\n"):
         sep = ""
     elif body.endswith("\n"):
         sep = "\n"
     else:
         sep = "\n\n"
-    return f"{body}{sep}{START}{inner}{END}\n"
+    return check_body_length(f"{body}{sep}{START}{inner}{END}\n")
 
 
 def extract(body: str) -> str | None:

@@ -17,7 +17,7 @@ from pipeline.errors import CheckFailed, ValidationError
 from pipeline.evidence.artifacts import CHECKSUMS, SUMMARY, parse_checksums
 from pipeline.evidence.signing import BUNDLE_SUFFIX
 from pipeline.fsutil import sha256_file
-from pipeline.publish.body import SectionFacts, facts_from_summary, render_section
+from pipeline.publish.body import END, START, SectionFacts, check_body_length, facts_from_summary, render_section
 
 __all__ = ["Asset", "ReleaseBundle", "load_bundle", "sha256_file"]
 
@@ -72,11 +72,14 @@ def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = 
     if not isinstance(summary, dict):
         raise ValidationError(f"{summary_path}", "must be a JSON object")
     facts = facts_from_summary(summary, tag)
+    section = render_section(facts, verify_commands)
+    # The smallest body the section can be in: over GitHub's limit, refuse before any request.
+    check_body_length(f"{START}\n{section}\n{END}\n", f"release body for {tag} (the benchmark section alone)")
     return ReleaseBundle(
         tag=tag,
         run_id=facts.run_id,
         artifacts_dir=artifacts_dir,
         facts=facts,
-        section=render_section(facts, verify_commands),
+        section=section,
         assets=tuple(sorted(assets, key=lambda a: a.name)),
     )

@@ -14,6 +14,7 @@ terminal (``SqliteQueue.complete``). This loop delivers those rows:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -24,10 +25,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.contracts import PublicationRequest
-from pipeline.errors import Error
+from pipeline.errors import Error, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.paths import REPO_ROOT
-from pipeline.publish.bundle import load_bundle
+from pipeline.publish.bundle import ReleaseBundle, load_bundle
 from pipeline.publish.targets import (
     GitHubTarget,
     LocalTarget,
@@ -111,14 +112,34 @@ def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory
     return make
 
 
-def verify_commands(artifacts_dir: Path) -> list[str]:
-    """The command lines the release body shows (from the evidence stage).
+def verify_commands(artifacts_dir: Path, *, repository: str, tag: str) -> list[str]:
+    """The command lines the release body shows (from the evidence stage), stating the release
+    the consumer must expect: ``repository`` at ``tag``.
 
-    They name plain ``cosign``: the consumer's own, not this machine's tools path.
+    They name plain ``cosign`` and ``benchseal``: the consumer's own, not this machine's tools path.
     """
     from pipeline.evidence import cosign_commands
 
-    return list(cosign_commands(artifacts_dir, cosign="cosign"))
+    return list(cosign_commands(artifacts_dir, repository=repository, tag=tag, cosign="cosign", benchseal="benchseal"))
+
+
+def _body_repository(request: PublicationRequest, artifacts: Path) -> str:
+    """The repository the printed commands expect: where a GitHub publication goes; for a local
+    directory without ``options.repository``, the source the run's own summary names."""
+    repository = request.options.get("repository")
+    if repository:
+        return repository
+    if request.target == "github":
+        raise PublishError("publication options.repository is required for the github target", retryable=False)
+    try:
+        source = json.loads((artifacts / "summary.json").read_text("utf-8")).get("source") or {}
+    except (OSError, ValueError, AttributeError):
+        source = {}
+    value = source.get("repository") if isinstance(source, dict) else None
+    if not isinstance(value, str):
+        raise PublishError(f"{artifacts}/summary.json names no source.repository for the verify commands",
+                           retryable=False)
+    return value
 
 
 def default_resealer(signer: Any = None) -> Resealer:
@@ -133,15 +154,26 @@ def default_resealer(signer: Any = None) -> Resealer:
     return reseal
 
 
-def publish_request(request: PublicationRequest, target: Target) -> PublishResult:
-    """One delivery attempt of one publication (the unit the outbox retries)."""
+def prepare_bundle(request: PublicationRequest) -> ReleaseBundle:
+    """Everything a publication carries, checked before any request is made (no network)."""
     artifacts = Path(request.artifacts_dir)
-    bundle = load_bundle(artifacts, request.tag, verify_commands(artifacts))
+    commands = verify_commands(artifacts, repository=_body_repository(request, artifacts), tag=request.tag)
+    try:
+        bundle = load_bundle(artifacts, request.tag, commands)
+    except ValidationError as exc:
+        # Bad summary content or an over-long body: waiting cannot heal it.
+        raise PublishError(exc.diagnostics(), retryable=False) from exc
     if request.run_id != "unknown" and bundle.run_id not in {request.run_id, "unknown"}:
         raise PublishError(
             f"{artifacts}/summary.json is for run {bundle.run_id}, the publication for {request.run_id}",
             retryable=False,
         )
+    return bundle
+
+
+def publish_request(request: PublicationRequest, target: Target, *, bundle: ReleaseBundle | None = None) -> PublishResult:
+    """One delivery attempt of one publication (the unit the outbox retries)."""
+    bundle = bundle or prepare_bundle(request)
     return target.publish(bundle, manual=request.options.get("trigger") == "manual")
 
 
@@ -187,7 +219,10 @@ def deliver_pending(
             continue
         request: PublicationRequest = pub.request
         try:
-            result = publish_request(request, targets(request))
+            # The bundle first: a publication that cannot be made fails before the target is
+            # built (building a GitHub target already reads the repository).
+            bundle = prepare_bundle(request)
+            result = publish_request(request, targets(request), bundle=bundle)
         except Exception as exc:
             message = exc.diagnostics() if isinstance(exc, Error) else f"{type(exc).__name__}: {exc}"
             retryable = not isinstance(exc, PublishError) or exc.retryable

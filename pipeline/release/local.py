@@ -132,6 +132,7 @@ def release_local(
     from pipeline.publish.finalize import evidence_finalizer
     from pipeline.publish.outbox import deliver_pending
     from pipeline.verify import verify_release
+    from pipeline.verify.external import local_benchseal
 
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)
@@ -161,7 +162,9 @@ def release_local(
 
         timings: dict[str, float] = {}
         # The signer is made on first use, inside the finalizer, once _warm_imports has loaded sigstore.
-        finalize = evidence_finalizer(target="local", signer=local_signer, options={"root": str(dist)},
+        # options.repository: the release the body's verify commands tell a consumer to expect.
+        finalize = evidence_finalizer(target="local", signer=local_signer,
+                                      options={"root": str(dist), "repository": payload.source.repository},
                                       timings=timings)
         _warm_imports()
 
@@ -196,9 +199,14 @@ def release_local(
 
         release_dir = dist / tag
         with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
-            verify_release(release_dir, trusted_root=instance.trusted_root, offline=True)
-            # The body's commands, with this machine's cosign binary.
-            ran = run_commands(cosign_commands(release_dir), release_dir)
+            # The expectation is what this release was made for (the dispatched payload), stated
+            # explicitly, never read back from the release being verified.
+            verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
+                                      trusted_root=instance.trusted_root, offline=True)
+            # The body's commands, with this machine's cosign and benchseal binaries.
+            ran = run_commands(cosign_commands(release_dir, repository=payload.source.repository,
+                                               tag=payload.source.tag, trusted_root=instance.trusted_root,
+                                               profile="local", benchseal=local_benchseal()), release_dir)
 
     stages = dict(clock.seconds)
     return ReleaseReport(
@@ -214,7 +222,9 @@ def release_local(
         stages=stages,
         trials={"agent": trial_agent, "verifier": trial_verifier, "total": trial_total,
                 "harbor_overhead": max(0.0, trial_total - trial_agent - trial_verifier)},
-        verified={"benchseal_verify": True, "cosign_commands": ran},
+        verified={"benchseal_verify": True, "identity": verified.identity, "issuer": verified.issuer,
+                  "repository": verified.repository, "tag": verified.tag, "commit": verified.commit,
+                  "cosign_commands": ran},
         publication=mine[0],
         bytes_pushed=bytes_pushed,
     )

@@ -23,8 +23,12 @@ def render_report(report: ReleaseReport, console: Console) -> None:
     console.print(f"run     {report.run_id}")
     console.print(f"release {report.release_dir}  (body.md + {len(report.publication.get('assets', {}))} assets)",
                   soft_wrap=True, highlight=False)
-    console.print(f"verified: benchseal verify ok, {len(report.verified.get('cosign_commands', []))} cosign/sha256sum "
-                  "commands ok")
+    verified = report.verified
+    console.print(f"verified: benchseal verify ok, {len(verified.get('cosign_commands', []))} sha256sum/cosign/"
+                  "benchseal commands ok", soft_wrap=True, highlight=False)
+    console.print(f"  as {verified.get('identity')} (issuer {verified.get('issuer')})", soft_wrap=True, highlight=False)
+    console.print(f"  for {verified.get('repository')} {verified.get('tag')} @ {verified.get('commit')}",
+                  soft_wrap=True, highlight=False)
     total = sum(v for v in report.stages.values() if v > 0)
     console.print("stages  " + ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items()) + f"  (total {total:.1f}s)",
                   soft_wrap=True, highlight=False)

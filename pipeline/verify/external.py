@@ -1,7 +1,7 @@
 """The two independent verifiers beside sigstore-python: cosign and sigstore-js.
 
-Also the consumer's command lines (``cosign verify-blob ...``, ``sha256sum -c``) for
-the release body: ``cosign_commands(dir)``.
+Also the consumer's command lines (``sha256sum -c``, ``cosign verify-blob ...``,
+``benchseal verify --repo --tag``) for the release body: ``cosign_commands(dir, repository=, tag=)``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pipeline import paths
 from pipeline.errors import InfrastructureError
-from pipeline.verify.policy import Expectation, expectation
+from pipeline.verify.policy import expectation
 
 SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
@@ -108,31 +108,53 @@ def bundle_issuer(bundle: Path) -> str | None:
         return None
 
 
-def _local_expectations(directory: Path, policy: Path | None) -> tuple[Expectation, Path | None] | None:
+def local_benchseal() -> str:
+    """The ``benchseal`` of this environment (the venv's console script), else the one on PATH."""
+    import sys
+
+    found = shutil.which("benchseal")
+    if found:
+        return found
+    sibling = Path(sys.executable).with_name("benchseal")
+    return str(sibling) if sibling.is_file() else "benchseal"
+
+
+def command_profile(directory: Path, trusted_root: Path | None, profile: str | None) -> str:
+    """Which policy profile the printed commands use: explicit, else local for bundles of the
+    private instance (or when a trusted root is given), else production.
+
+    This only chooses how to *print* the producer's own release; ``benchseal verify`` never
+    picks anything from the release it checks.
+    """
     from pipeline.evidence import sigstore_local
 
-    if bundle_issuer(directory / "SHA256SUMS.sigstore.json") != sigstore_local.LOCAL_ISSUER:
-        return None
-    summary = json.loads((directory / "summary.json").read_text("utf-8"))
-    root = sigstore_local.default_state() / "trusted_root.json"
-    return expectation(policy, "local", summary), root if root.is_file() else None
+    if profile is not None:
+        return profile
+    if trusted_root is not None or bundle_issuer(directory / "SHA256SUMS.sigstore.json") == sigstore_local.LOCAL_ISSUER:
+        return "local"
+    return "production"
 
 
-def cosign_commands(directory: Path, *, policy: Path | None = None, trusted_root: Path | None = None,
-                    profile: str | None = None, cosign: str | None = None) -> list[str]:
-    """Consumer command lines, to run inside the release directory.
+def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
+                    trusted_root: Path | None = None, profile: str | None = None, cosign: str | None = None,
+                    benchseal: str = "benchseal") -> list[str]:
+    """Consumer command lines for the release of ``repository`` at ``tag``, to run inside the
+    release directory: ``sha256sum -c``, one cosign line per bundle, and ``benchseal verify``
+    with the expectation stated explicitly.
 
-    Bundles made by the local instance get ``--trusted-root`` (that instance's root)
-    and ``--offline``; public-good bundles need neither.
+    The identity and issuer come from the policy profile with ``repository``/``tag`` filled
+    in (never from the release). Bundles made by the local instance get ``--trusted-root``
+    (that instance's root) and ``--offline``; public-good bundles need neither.
     """
+    from pipeline.evidence import sigstore_local
+
     directory = Path(directory)
-    summary = json.loads((directory / "summary.json").read_text("utf-8"))
-    local = None if profile == "production" else _local_expectations(directory, policy)
-    if profile == "local" or trusted_root is not None or local is not None:
-        expect = local[0] if local else expectation(policy, "local", summary)
-        root = trusted_root or (local[1] if local else None)
-    else:
-        expect, root = expectation(policy, profile or "production", summary), None
+    chosen = command_profile(directory, trusted_root, profile)
+    expect = expectation(policy, chosen, repository=repository, tag=tag)
+    root = trusted_root
+    if chosen == "local" and root is None:
+        default_root = sigstore_local.default_state() / "trusted_root.json"
+        root = default_root if default_root.is_file() else None
     binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
     lines = ["sha256sum -c SHA256SUMS"]
     for bundle in sorted(directory.glob("*.sigstore.json")):
@@ -152,4 +174,12 @@ def cosign_commands(directory: Path, *, policy: Path | None = None, trusted_root
             args = _cosign_args(target, bundle.name, expect.identity, expect.issuer,
                                 str(root) if root else None, dsse, False)
         lines.append(shlex.join([binary, *args]))
+    verify = [benchseal, "verify", ".", "--repo", expect.repository, "--tag", expect.tag]
+    if policy is not None:
+        verify += ["--policy", str(policy)]
+    if root is not None:
+        verify += ["--trusted-root", str(root), "--offline"]
+    if chosen != ("local" if root is not None else "production"):
+        verify += ["--profile", chosen]
+    lines.append(shlex.join(verify))
     return lines

@@ -1,4 +1,13 @@
-"""policies/verify.yaml: the signer identity and OIDC issuer a consumer must expect."""
+"""What a consumer of a release expects, and the signer identity that follows from it.
+
+Two inputs, both from the consumer, never from the release being checked:
+
+* the **expectation**: the source repository (``OWNER/NAME``) and tag the release must
+  be for, from ``--repo`` / ``--tag`` or pinned in a policy file (``expect:``);
+* the **signer**: identity and OIDC issuer per profile in ``policies/verify.yaml``
+  (or ``--policy FILE``). An identity template may use ``{repository}`` and ``{tag}``,
+  which are filled from the expectation only; any other placeholder is refused.
+"""
 
 from __future__ import annotations
 
@@ -7,22 +16,73 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.contracts import REPOSITORY_RE
 from pipeline.errors import ValidationError
 from pipeline.paths import REPO_ROOT
 
 DEFAULT_POLICY = REPO_ROOT / "policies" / "verify.yaml"
 POLICY_SCHEMA = "benchseal.verify-policy/v1"
-_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
+# The only values a template may use: both are stated by the consumer.
+PLACEHOLDERS = ("repository", "tag")
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_TAG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
+_POLICY_KEYS = frozenset({"schema", "profiles", "expect"})
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The release the consumer means: source repository and tag."""
+
+    repository: str
+    tag: str
 
 
 @dataclass(frozen=True)
 class Expectation:
+    """Everything a release must match: signer (identity, issuer) and source (repository, tag)."""
+
     profile: str
     identity: str
     issuer: str
+    repository: str
+    tag: str
 
 
-def load_policy(path: Path | None = None) -> dict[str, dict[str, str]]:
+@dataclass(frozen=True)
+class VerifyPolicy:
+    path: Path
+    profiles: dict[str, dict[str, str]]
+    expect_repository: str | None = None
+    expect_tag: str | None = None
+
+
+def validate_repository(value: object, field: str = "--repo") -> str:
+    if not isinstance(value, str) or not REPOSITORY_RE.match(value):
+        raise ValidationError(field, "must be OWNER/NAME (letters, digits, '-' in the owner; "
+                                     "letters, digits, '.', '_', '-' in the name)", value)
+    return value
+
+
+def validate_tag(value: object, field: str = "--tag") -> str:
+    if not isinstance(value, str) or value.startswith("refs/"):
+        raise ValidationError(field, "must be a tag name such as v1.2.3, not a ref (drop refs/tags/)", value)
+    if not _TAG_RE.match(value) or ".." in value or value.endswith((".", "/", ".lock")):
+        raise ValidationError(field, "must be a tag name of at most 128 characters of [A-Za-z0-9._/-], starting "
+                                     "with a letter or digit (no '..', not ending in '.', '/' or '.lock')", value)
+    return value
+
+
+def _check_template(value: str, field: str) -> None:
+    for match in _PLACEHOLDER.finditer(value):
+        if match.group(1) not in PLACEHOLDERS:
+            raise ValidationError(field, f"may use only the placeholders {{repository}} and {{tag}} (values the "
+                                         f"consumer states), not {{{match.group(1)}}}", value)
+    stripped = _PLACEHOLDER.sub("", value)
+    if "{" in stripped or "}" in stripped:
+        raise ValidationError(field, "has an unbalanced '{' or '}'", value)
+
+
+def load_policy(path: Path | None = None) -> VerifyPolicy:
     import yaml
 
     path = path or DEFAULT_POLICY
@@ -30,10 +90,15 @@ def load_policy(path: Path | None = None) -> dict[str, dict[str, str]]:
         data: Any = yaml.safe_load(path.read_text("utf-8"))
     except FileNotFoundError:
         raise ValidationError("--policy", "file does not exist", str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValidationError("--policy", f"cannot be read: {exc}", str(path)) from None
     except yaml.YAMLError as exc:
         raise ValidationError(str(path), f"is not valid YAML: {exc}") from None
     if not isinstance(data, dict) or data.get("schema") != POLICY_SCHEMA:
         raise ValidationError(f"{path}: schema", f"must be {POLICY_SCHEMA!r}", data.get("schema") if isinstance(data, dict) else data)
+    unknown = sorted(str(k) for k in data if k not in _POLICY_KEYS)
+    if unknown:
+        raise ValidationError(f"{path}", f"unknown keys {unknown} (allowed: {sorted(_POLICY_KEYS)})")
     profiles = data.get("profiles")
     if not isinstance(profiles, dict) or not profiles:
         raise ValidationError(f"{path}: profiles", "must map profile names to {identity, issuer}")
@@ -45,27 +110,53 @@ def load_policy(path: Path | None = None) -> dict[str, dict[str, str]]:
             value = entry.get(key)
             if not isinstance(value, str) or not value or value != value.strip():
                 raise ValidationError(f"{path}: profiles.{name}.{key}", "must be a non-empty string without surrounding spaces", value)
+            _check_template(value, f"{path}: profiles.{name}.{key}")
         out[str(name)] = {"identity": entry["identity"], "issuer": entry["issuer"]}
-    return out
+    expect = data.get("expect")
+    if expect is None:
+        return VerifyPolicy(path, out)
+    if not isinstance(expect, dict) or not expect or set(expect) - {"repository", "tag"}:
+        raise ValidationError(f"{path}: expect", "must be a mapping with repository and/or tag", expect)
+    repository = expect.get("repository")
+    tag = expect.get("tag")
+    return VerifyPolicy(
+        path, out,
+        expect_repository=None if repository is None else validate_repository(repository, f"{path}: expect.repository"),
+        expect_tag=None if tag is None else validate_tag(tag, f"{path}: expect.tag"),
+    )
 
 
-def expectation(policy: Path | None, profile: str, summary: dict[str, Any]) -> Expectation:
-    """The identity and issuer of ``profile``, placeholders filled from summary.json."""
-    profiles = load_policy(policy)
-    if profile not in profiles:
-        raise ValidationError("--profile", f"must be one of {sorted(profiles)}", profile)
-    raw_source = summary.get("source")
-    source: dict[str, Any] = raw_source if isinstance(raw_source, dict) else {}
-    facts = {"repository": source.get("repository"), "tag": source.get("tag"), "commit": source.get("commit")}
+def _merge(option: str, key: str, given: str | None, pinned: str | None, policy: Path) -> str:
+    if given is not None and pinned is not None and given != pinned:
+        raise ValidationError(option, f"differs from expect.{key} {pinned!r} pinned in {policy}", given)
+    value = given if given is not None else pinned
+    if value is None:
+        raise ValidationError(option, "is required: state the release you expect (or pin it under expect: in "
+                                      "--policy FILE); benchseal verify never takes it from the release it checks")
+    return value
+
+
+def expected(policy: VerifyPolicy, repository: str | None, tag: str | None) -> Expected:
+    """The consumer's expectation: options and the policy's ``expect:``, which must agree."""
+    if repository is not None:
+        validate_repository(repository, "--repo")
+    if tag is not None:
+        validate_tag(tag, "--tag")
+    return Expected(repository=_merge("--repo", "repository", repository, policy.expect_repository, policy.path),
+                    tag=_merge("--tag", "tag", tag, policy.expect_tag, policy.path))
+
+
+def expectation(policy: Path | None, profile: str, *, repository: str | None, tag: str | None) -> Expectation:
+    """Signer identity/issuer of ``profile`` with placeholders filled from the consumer's expectation."""
+    loaded = load_policy(policy)
+    if profile not in loaded.profiles:
+        raise ValidationError("--profile", f"must be one of {sorted(loaded.profiles)}", profile)
+    want = expected(loaded, repository, tag)
+    facts = {"repository": want.repository, "tag": want.tag}
 
     def fill(template: str) -> str:
-        def one(match: re.Match[str]) -> str:
-            value = facts.get(match.group(1))
-            if not isinstance(value, str) or not value:
-                raise ValidationError(f"policy {profile}", f"placeholder {{{match.group(1)}}} needs summary.json source.{match.group(1)}")
-            return value
+        return _PLACEHOLDER.sub(lambda m: facts[m.group(1)], template)
 
-        return _PLACEHOLDER.sub(one, template)
-
-    entry = profiles[profile]
-    return Expectation(profile=profile, identity=fill(entry["identity"]), issuer=fill(entry["issuer"]))
+    entry = loaded.profiles[profile]
+    return Expectation(profile=profile, identity=fill(entry["identity"]), issuer=fill(entry["issuer"]),
+                       repository=want.repository, tag=want.tag)

@@ -76,4 +76,10 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
 
     from pipeline.verify import verify_release
 
-    verify_release(release, trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
+    # The consumer states the release: build's source repository (no GITHUB_REPOSITORY here) and the tag.
+    source_repo = os.environ.get("GITHUB_REPOSITORY") or "local/benchseal"
+    done = verify_release(release, repository=source_repo, tag=TAG,
+                          trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
+    assert (done.repository, done.tag, done.commit) == (source_repo, TAG, report["source"]["commit"])
+    assert report["verified"]["repository"] == source_repo and report["verified"]["tag"] == TAG
+    assert f"verify . --repo {source_repo} --tag {TAG}" in body2

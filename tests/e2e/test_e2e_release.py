@@ -32,6 +32,7 @@ import requests
 
 from pipeline.contracts import DigestsFile
 from pipeline.dispatch.client import make_client
+from pipeline.errors import CheckFailed
 from pipeline.publish.body import START, splice
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.outbox import OutboxConfig, deliver_pending, verify_commands
@@ -183,15 +184,20 @@ def _download(emulator: Any, repo: str, tag: str, dest: Path) -> dict[str, bytes
 
 
 def _verify_downloaded(directory: Path, trusted_root: Path) -> None:
+    """The consumer's checks, expecting the release of SOURCE at TAG (stated, not read from the files)."""
     from pipeline.evidence import cosign_commands
     from pipeline.release.local import run_commands
     from pipeline.verify import verify_release
+    from pipeline.verify.external import local_benchseal
 
-    verify_release(directory, trusted_root=trusted_root, offline=True)
-    commands = cosign_commands(directory, trusted_root=trusted_root)
+    done = verify_release(directory, repository=SOURCE, tag=TAG, trusted_root=trusted_root, offline=True)
+    assert (done.repository, done.tag) == (SOURCE, TAG) and len(done.commit) == 40
+    commands = cosign_commands(directory, repository=SOURCE, tag=TAG, trusted_root=trusted_root,
+                               benchseal=local_benchseal())
     assert any(c.split()[0].endswith("cosign") for c in commands)
+    assert f"verify . --repo {SOURCE} --tag {TAG}" in commands[-1]
     ran = run_commands(commands, directory)
-    assert len(ran) == len(commands) >= 7  # sha256sum + one cosign per bundle
+    assert len(ran) == len(commands) >= 8  # sha256sum + one cosign per bundle + benchseal verify
 
 
 def test_run_concluded_with_the_worker(world: World) -> None:
@@ -242,7 +248,7 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path)
     downloaded = _download(emu, SOURCE, TAG, tmp_path / "downloaded")
     assert downloaded == expected
     assert sorted(a.name for a in emu.release(SOURCE, TAG).assets) == sorted(expected)
-    bundle = load_bundle(artifacts, TAG, verify_commands(artifacts))
+    bundle = load_bundle(artifacts, TAG, verify_commands(artifacts, repository=SOURCE, tag=TAG))
     body = emu.release(SOURCE, TAG).body
     assert body == splice(NOTES, bundle.section)
     assert body.count(START) == 1 and "| Score | **1.000** (3/3 resolved) |" in body
@@ -261,7 +267,7 @@ def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Pat
     emu.add_repo(LOCKED, immutable_releases=True)
     repo = make_client(base_url=emu.base_url, token=emu.token).get_repo(LOCKED)
     repo.create_git_release(tag=TAG, name=TAG, message=NOTES)
-    bundle = load_bundle(world.artifacts, TAG, verify_commands(world.artifacts))
+    bundle = load_bundle(world.artifacts, TAG, verify_commands(world.artifacts, repository=SOURCE, tag=TAG))
     result = GitHubTarget(repo).publish(bundle)
     assert result.strategy == "companion"
     assert emu.release(LOCKED, TAG).assets == [] and emu.release(LOCKED, TAG).immutable
@@ -271,6 +277,12 @@ def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Pat
     assert downloaded == {p.name: p.read_bytes() for p in world.artifacts.iterdir() if p.is_file()}
     assert emu.release(LOCKED, TAG).body.startswith(NOTES + "\n" + START)
     _verify_downloaded(tmp_path / "companion", world.trusted_root)
+    # The evidence is SOURCE's: a consumer who expects LOCKED's release is refused, by name.
+    from pipeline.verify import verify_release
+
+    with pytest.raises(CheckFailed, match=r"source\.repository is 'acme/widget', expected 'acme/locked'"):
+        verify_release(tmp_path / "companion", repository=LOCKED, tag=TAG, trusted_root=world.trusted_root,
+                       offline=True)
 
 
 def _never(path: Path) -> None:

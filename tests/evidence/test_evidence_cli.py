@@ -35,7 +35,7 @@ def test_cli_writes_verifiable_evidence(tmp_path: Path, handmade_image: object, 
                               capture_output=True, text=True, check=False, timeout=300, cwd=REPO, env=env)
         assert done.returncode == 0, done.stderr
         assert "6 bundles" in done.stdout
-        verify_release(run_dir / "artifacts", trusted_root=home / "sigstore" / "trusted_root.json")
+        verify_release(run_dir / "artifacts", repository=payload.source.repository, tag=payload.source.tag, trusted_root=home / "sigstore" / "trusted_root.json")
         # bad input is a usage error naming the file
         (run_dir / "grading.json").write_text("{}")
         bad = subprocess.run([sys.executable, "-m", "pipeline", "evidence", str(run_dir), "--signer", "local"],

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import ValidationError
-from pipeline.publish.body import END, START, extract, facts_from_summary, render_section, splice
+from pipeline.publish.body import (
+    DUPLICATE_REMOVED,
+    END,
+    MAX_BODY_CHARS,
+    START,
+    UNPAIRED_END,
+    UNPAIRED_START,
+    extract,
+    facts_from_summary,
+    render_section,
+    splice,
+)
 
 # Text that looks like the markers without being them, plus ordinary markdown.
 _pieces = st.sampled_from(["<!-- benchseal:", "-->", "<!--", "\n", "\r\n", "| a | b |", "benchseal:end", " ", "é", "`"])
@@ -55,7 +70,7 @@ def test_fixed_point_and_last_write_wins(body: str, first: str, second: str) -> 
     assert splice(once, first) == once
     assert splice(once, second) == splice(body, second)
     assert extract(splice(once, second)) == second
-    assert once.count(START) == body.count(START) + (0 if START in body else 1)
+    assert once.count(START) == 1 and once.count(END) == 1
 
 
 def test_section_with_marker_is_rejected() -> None:
@@ -116,3 +131,164 @@ def test_hostile_values_cannot_fake_markers() -> None:
     text = render_section(facts_from_summary(dict(SUMMARY, suite="x | <!-- benchseal:end --> y\nz"), "v1"))
     assert END not in text and "\\|" in text
     assert splice("a", text).count(END) == 1
+
+
+# --- several, nested and unbalanced sections ---------------------------------------------------
+
+def test_two_sections_end_as_one_and_text_between_is_kept() -> None:
+    body = f"notes\n{START}\nold 1\n{END}\nmiddle\n{START}\nold 2\n{END}\ntail"
+    out = splice(body, "NEW")
+    assert out == f"notes\n{START}\nNEW\n{END}\nmiddle\n{DUPLICATE_REMOVED}\ntail"
+    assert out.count(START) == 1 and out.count(END) == 1 and "old" not in out
+    assert splice(out, "NEW") == out
+
+
+def test_three_sections_and_stray_ends() -> None:
+    body = f"{END}a{START}1{END}b{START}2{END}c{START}3{END}d{END}e"
+    out = splice(body, "S")
+    assert out == f"{UNPAIRED_END}a{START}\nS\n{END}b{DUPLICATE_REMOVED}c{DUPLICATE_REMOVED}d{UNPAIRED_END}e"
+
+
+def test_nested_start_goes_with_the_section_text_after_is_kept() -> None:
+    body = f"a{START}x{START}y{END}z{END}w"
+    out = splice(body, "S")
+    assert out == f"a{START}\nS\n{END}z{UNPAIRED_END}w"
+
+
+@pytest.mark.parametrize(("body", "expected"), [
+    # start without end: the section goes right after it, everything after it is kept
+    (f"a{START}maintainer text", f"a{START}\nS\n{END}maintainer text"),
+    # two starts, no end: the first is the anchor, the second is neutralised, text kept
+    (f"a{START}b{START}c", f"a{START}\nS\n{END}b{UNPAIRED_START}c"),
+    # end before start (and no end after it): the start anchors, the end is neutralised
+    (f"a{END}b{START}c", f"a{UNPAIRED_END}b{START}\nS\n{END}c"),
+    # only ends: a start and the section go before the first end
+    (f"a{END}b{END}c", f"a{START}\nS\n{END}b{UNPAIRED_END}c"),
+    # a complete section followed by an unclosed start: kept text, neutralised marker
+    (f"a{START}old{END}b{START}c", f"a{START}\nS\n{END}b{UNPAIRED_START}c"),
+])
+def test_unbalanced_markers_have_a_defined_result(body: str, expected: str) -> None:
+    out = splice(body, "S")
+    assert out == expected
+    assert splice(out, "S") == out and splice(out, "T") == splice(body, "T")
+
+
+def test_neutralising_a_marker_never_forms_a_new_one() -> None:
+    """Removing a stray marker outright would join "<!-- bench" and "seal:start -->" into a start."""
+    body = f"<!-- bench{END}seal:start -->{START}x{END}<!-- benchseal:{START}end -->"
+    out = splice(body, "S")
+    assert out.count(START) == 1 and out.count(END) == 1
+    assert splice(out, "S") == out
+
+
+# Bodies of unique text pieces and markers: text inside a closed section is benchseal's; all
+# other text is the maintainers' and must survive, in order.
+_piece = st.one_of(st.just(START), st.just(END), st.just("<!-- benchseal:"), st.just("-->"), st.just("\n"))
+
+
+@settings(max_examples=300)
+@given(parts=st.lists(st.one_of(_piece, st.just("TEXT")), max_size=14), section=_section.filter(lambda s: "[t" not in s))
+def test_any_marker_sequence_ends_with_one_section_and_keeps_maintainer_text(parts: list[str], section: str) -> None:
+    labelled = [f"[t{i}]" if p == "TEXT" else p for i, p in enumerate(parts)]
+    body = "".join(labelled)
+    # Which labels are inside a closed section: a START opens (once), the first END closes.
+    owned: set[str] = set()
+    pending: list[str] = []
+    open_ = False
+    for part in labelled:
+        if part == START:
+            open_ = True
+        elif part == END and open_:
+            owned.update(pending)
+            pending, open_ = [], False
+        elif part.startswith("[t") and open_:
+            pending.append(part)
+    out = splice(body, section)
+    assert out.count(START) == 1 and out.count(END) == 1
+    assert extract(out) == section
+    kept = [p for p in labelled if p.startswith("[t") and p not in owned]
+    positions = [out.find(label) for label in kept]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), (body, out)
+    assert not any(label in out for label in owned)
+    assert splice(out, section) == out
+    assert splice(out, "other") == splice(body, "other")
+
+
+# --- GitHub's body limit ---------------------------------------------------------------------------
+
+def test_body_over_the_limit_is_refused() -> None:
+    section = "s"
+    envelope = len(f"{START}\n{section}\n{END}\n")
+    fits = "x" * (MAX_BODY_CHARS - envelope - 2) + "\n\n"
+    assert len(splice(fits, section)) == MAX_BODY_CHARS
+    with pytest.raises(ValidationError, match=r"release body: would be 125001 characters .* limit of 125000"):
+        splice("x" + fits, section)
+    # Characters outside the BMP count twice (UTF-16), so a body of 62,600 emoji is over the limit.
+    with pytest.raises(ValidationError, match="125000"):
+        splice("\U0001F600" * 62_600, section)
+    with pytest.raises(ValidationError, match="125000"):
+        splice("notes", "y" * MAX_BODY_CHARS)
+
+
+def _requests(emu: Any) -> int:
+    return len(emu.requests)  # every request the emulator served, any method, any status
+
+
+@pytest.mark.parametrize("field", ["reason", "suite"])
+def test_oversized_section_is_refused_before_any_request(field: str, emulator: Any, make_artifacts: Any,
+                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A summary value that makes the section alone exceed the limit: the publisher refuses it
+    while preparing the publication, at once (not retried), and GitHub never sees a request."""
+    from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
+    from pipeline.infra.queue import SqliteQueue
+    from pipeline.publish.outbox import OutboxConfig, deliver_pending
+
+    emulator.add_repo("acme/widget")
+    monkeypatch.setenv("GITHUB_TOKEN", emulator.token)
+    runner, api = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64, "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
+    sealed: list[Path] = []
+    with SqliteQueue(tmp_path / "queue.sqlite3") as queue:
+        payload = DispatchPayload.model_validate({
+            "schema": "benchseal.dispatch/v1", "correlation_id": "corr-huge-0001",
+            "source": {"repository": "acme/widget", "commit": "c" * 40, "tag": "v1.0.0"}, "runner": runner, "api": api})
+        run_id, _ = queue.enqueue(payload, max_attempts=2)
+        record = queue.claim("test-worker", 60)
+        assert record is not None and record.lease_token
+        overrides: dict[str, Any] = {field: "z " * 70_000, "run_id": run_id}
+        if field == "reason":
+            overrides.update(status="FAILED", score=None)
+        art = make_artifacts(run_id, **overrides)
+        grading = Grading(run_id=run_id, status="SUCCEEDED", suite="smoke", agent="oracle",
+                          counts=GradeCounts(total=3, completed=3, resolved=3, unresolved=0, infra_errors=0),
+                          score=1.0, runner_ref=runner, api_ref=api, started_at="2026-01-01T00:00:00Z",
+                          finished_at="2026-01-01T00:01:00Z")
+        request = PublicationRequest(run_id=run_id, artifacts_dir=str(art), target="github", tag="v1.0.0",
+                                     options={"repository": "acme/widget", "api_url": emulator.base_url})
+        queue.complete(run_id, record.lease_token, grading, [request])
+        before = len(emulator.requests)
+        report = deliver_pending(queue, config=OutboxConfig(max_attempts=5, base_delay=0.0, later_delay=3600.0),
+                                 reseal=sealed.append)
+        assert emulator.requests[before:] == []  # not even the repository was read
+        (failed,) = report.failed
+        assert failed["attempts"] == 1 and not report.published
+        assert re.search(r"would be \d+ characters \(UTF-16 code units\), more than GitHub's limit of 125000",
+                         failed["error"]), failed["error"]
+        assert sealed == [art]  # exhausted at once: publisher-error.json written and resealed
+
+
+def test_maintainer_body_plus_section_over_the_limit_is_never_patched(emulator: Any, make_artifacts: Any) -> None:
+    """The maintainers' notes are only known once the release is read: the spliced body is refused
+    with the limit named, and the release body is never PATCHed (the notes stay as they were)."""
+    from pipeline.dispatch.client import make_client
+    from pipeline.publish.bundle import load_bundle
+    from pipeline.publish.targets import GitHubTarget, PublishError
+
+    emulator.add_repo("acme/widget")
+    repo = make_client(base_url=emulator.base_url, token=emulator.token).get_repo("acme/widget")
+    notes = "n" * (MAX_BODY_CHARS - 100)
+    repo.create_git_release(tag="v1.0.0", name="v1.0.0", message=notes)
+    bundle = load_bundle(make_artifacts(), "v1.0.0")
+    with pytest.raises(PublishError, match=r"release body: would be \d+ characters .* limit of 125000"):
+        GitHubTarget(repo).publish(bundle)
+    assert emulator.release("acme/widget", "v1.0.0").body == notes
+    assert emulator.count(method="PATCH") == 0

@@ -20,3 +20,70 @@ def test_first_failure_in_body_order_is_reported(tmp_path: Path) -> None:
         run_commands(["true", "test -f missing-one", "sh -c 'exit 3'"], tmp_path)
     assert "test -f missing-one" in caught.value.diagnostics()
     assert "exit 3" not in caught.value.diagnostics()
+
+
+# --- the commands a published body prints, run exactly as printed --------------------------------
+
+def _printed_commands(body: str) -> list[str]:
+    block = body.split("```sh\n", 1)[1].split("\n```", 1)[0]
+    return block.splitlines()
+
+
+def _publish_locally(artifacts: Path, dist: Path, tag: str, repository: str) -> Path:
+    from pipeline.contracts import PublicationRequest
+    from pipeline.publish.outbox import publish_request
+    from pipeline.publish.targets import LocalTarget
+
+    request = PublicationRequest(run_id="unknown", target="local", tag=tag, artifacts_dir=str(artifacts),
+                                 options={"root": str(dist), "repository": repository})
+    publish_request(request, LocalTarget(dist))
+    return dist / tag
+
+
+@pytest.fixture()
+def consumer_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sigstore_instance: object,
+                 cosign_bin: Path) -> None:
+    """A consumer's shell: `cosign` and `benchseal` on PATH; the publisher's home holds the local
+    instance's trusted root (where the printed --trusted-root points)."""
+    import os
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "sigstore").symlink_to(sigstore_instance.state)  # type: ignore[attr-defined]
+    monkeypatch.setenv("BENCHSEAL_HOME", str(home))
+    path = os.pathsep.join([str(cosign_bin.parent), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    monkeypatch.setenv("PATH", path)
+
+
+@pytest.mark.slow
+def test_body_commands_run_as_printed(release_copy: Path, tmp_path: Path, consumer_env: None) -> None:
+    release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "benchseal/benchseal")
+    commands = _printed_commands((release / "body.md").read_text())
+    assert commands[0] == "sha256sum -c SHA256SUMS"
+    assert sum(c.startswith("cosign verify-blob") for c in commands) == 7  # 4 blobs + 3 attestation checks
+    # The expectation is stated on the line itself, never left to the release being checked.
+    assert commands[-1].startswith("benchseal verify . --repo benchseal/benchseal --tag v9.9.9 --trusted-root ")
+    assert run_commands(commands, release) == commands
+
+
+@pytest.mark.slow
+def test_printed_commands_fail_for_a_release_of_another_repository(release_copy: Path, tmp_path: Path,
+                                                                   consumer_env: None) -> None:
+    """Published (by a misconfigured publisher) as someone else's release: the printed benchseal
+    line expects that repository and refuses the evidence, whose summary names the real one."""
+    release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "someone/else")
+    commands = _printed_commands((release / "body.md").read_text())
+    assert "--repo someone/else" in commands[-1]
+    with pytest.raises(CheckFailed, match=r"(?s)benchseal verify .*source\.repository is 'benchseal/benchseal'"):
+        run_commands(commands, release)
+
+
+@pytest.mark.slow
+def test_printed_commands_fail_on_a_tampered_release(release_copy: Path, tmp_path: Path, consumer_env: None) -> None:
+    release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "benchseal/benchseal")
+    commands = _printed_commands((release / "body.md").read_text())
+    data = (release / "sbom-api.cdx.json").read_bytes()
+    (release / "sbom-api.cdx.json").write_bytes(data.replace(b"{", b"{ ", 1))
+    with pytest.raises(CheckFailed, match=r"sha256sum -c SHA256SUMS"):
+        run_commands(commands, release)

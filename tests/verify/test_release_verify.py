@@ -18,6 +18,10 @@ from pipeline.verify.external import cosign_commands, sigstore_js_verify
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
+# What the signed_release fixture was made for (tests/fixtures/sigstore.py make_inputs): the
+# consumer's expectation, stated explicitly as every caller of verify must.
+SOURCE_REPO, SOURCE_TAG = "benchseal/benchseal", "v9.9.9"
+EXPECT = ("--repo", SOURCE_REPO, "--tag", SOURCE_TAG)
 
 
 def _policy(path: Path, identity: str, issuer: str) -> Path:
@@ -30,7 +34,8 @@ def _policy(path: Path, identity: str, issuer: str) -> Path:
 
 def _python(directory: Path, root: Path, policy: Path | None) -> tuple[bool, str]:
     try:
-        verify_release(directory, trusted_root=root, policy=policy, offline=True)
+        verify_release(directory, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root, policy=policy,
+                       offline=True)
     except CheckFailed as exc:
         return False, str(exc)
     return True, ""
@@ -48,7 +53,11 @@ def _js(directory: Path, root: Path, identity: str, issuer: str) -> tuple[bool, 
 
 
 def _cosign(directory: Path, root: Path, policy: Path | None, cosign: Path) -> tuple[bool, str]:
-    for line in cosign_commands(directory, trusted_root=root, policy=policy, cosign=str(cosign)):
+    lines = cosign_commands(directory, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root, policy=policy,
+                            cosign=str(cosign))
+    # The last line is `benchseal verify` (sigstore-python, checked above): cosign's lines only here.
+    assert shlex.split(lines[-1])[1:3] == ["verify", "."]
+    for line in lines[:-1]:
         done = subprocess.run(shlex.split(line), cwd=directory, capture_output=True, text=True, check=False, timeout=60)
         if done.returncode != 0:
             return False, f"{line}: {(done.stderr or done.stdout).strip()[-300:]}"
@@ -70,8 +79,8 @@ def verifiers(sigstore_instance: object, signer_v1: object, cosign_bin: Path):  
     return run
 
 
-def _cli(directory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pipeline", "verify", str(directory), *args],
+def _cli(directory: Path, *args: str, expect: tuple[str, ...] = EXPECT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline", "verify", str(directory), *expect, *args],
                           capture_output=True, text=True, check=False, timeout=120, cwd=REPO)
 
 
@@ -176,7 +185,7 @@ def test_correctly_signed_but_unbound_summary_is_rejected(release_copy: Path, si
     signer_v1.sign_file(release_copy / "summary.json")  # type: ignore[attr-defined]
     reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
     with pytest.raises(CheckFailed, match=r"not digest-pinned"):
-        verify_release(release_copy, trusted_root=sigstore_instance.trusted_root)  # type: ignore[attr-defined]
+        verify_release(release_copy, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=sigstore_instance.trusted_root)  # type: ignore[attr-defined]
     done = _cli(release_copy, "--trusted-root", str(sigstore_instance.trusted_root))  # type: ignore[attr-defined]
     assert done.returncode == 1 and "not digest-pinned" in done.stderr
 
@@ -184,18 +193,19 @@ def test_correctly_signed_but_unbound_summary_is_rejected(release_copy: Path, si
 def test_missing_bundle_and_extra_file(release_copy: Path, sigstore_instance: object) -> None:
     root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
     (release_copy / "body.md").write_text("release notes are not an asset\n")
-    verify_release(release_copy, trusted_root=root)
+    verify_release(release_copy, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root)
     (release_copy / "stray.txt").write_text("x")
     with pytest.raises(CheckFailed, match=r"stray\.txt: not covered"):
-        verify_release(release_copy, trusted_root=root)
+        verify_release(release_copy, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root)
     (release_copy / "stray.txt").unlink()
     (release_copy / "sbom-api.cdx.json.sigstore.json").unlink()
     with pytest.raises(CheckFailed, match=r"sbom-api\.cdx\.json\.sigstore\.json"):
-        verify_release(release_copy, trusted_root=root)
+        verify_release(release_copy, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root)
 
 
 def test_cli_usage_errors_exit_2(tmp_path: Path, signed_release: Path) -> None:
     assert _cli(tmp_path / "nope").returncode == 2
+    assert _cli(signed_release, expect=()).returncode == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema: something-else\n")
     done = _cli(signed_release, "--policy", str(bad), "--trusted-root", str(tmp_path / "missing.json"))
@@ -207,4 +217,4 @@ def test_wrong_trusted_root_is_rejected(signed_release: Path) -> None:
     """Local bundles do not verify under the public-good root (offline, embedded)."""
     staging = REPO / "tests" / "data" / "sigstore" / "public-good" / "trusted_root.json"
     with pytest.raises(CheckFailed, match=r"SHA256SUMS\.sigstore\.json"):
-        verify_release(signed_release, trusted_root=staging, profile="local")
+        verify_release(signed_release, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=staging, profile="local")
