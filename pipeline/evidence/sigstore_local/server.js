@@ -411,6 +411,43 @@ function timingSafeEqualText(a, b) {
   return x.length === y.length && crypto.timingSafeEqual(x, y);
 }
 
+// Fulcio's v1 API (what cosign sign calls): a public key plus a signature over the token's
+// subject as proof of possession, or a CSR; the answer is the PEM chain, leaf first, with
+// the SCT embedded in the leaf.
+async function signingCertV1(ctx, headers, text) {
+  const json = JSON.parse(text);
+  const match = /^Bearer (\S+)$/.exec(headers.authorization || '');
+  if (!match) return { statusCode: 401, response: JSON.stringify({ message: 'missing bearer token' }) };
+  let claims;
+  try {
+    ({ payload: claims } = await jose.jwtVerify(match[1], ctx.oidcPublicKey, {
+      issuer: [LOCAL_ISSUER, GITHUB_ISSUER], audience: AUDIENCE, algorithms: ['ES256'],
+    }));
+  } catch (e) {
+    return { statusCode: 401, response: JSON.stringify({ message: `identity token rejected: ${e.message}` }) };
+  }
+  let v2;
+  if (json.certificateSigningRequest) {
+    v2 = { certificateSigningRequest: json.certificateSigningRequest };
+  } else {
+    const content = json.publicKey?.content;
+    const proof = json.signedEmailAddress;
+    if (!content || !proof) return { statusCode: 400, response: JSON.stringify({ message: 'publicKey and signedEmailAddress are required' }) };
+    const raw = Buffer.from(content, 'base64');
+    const key = raw.toString('utf8').includes('BEGIN')
+      ? crypto.createPublicKey(raw.toString('utf8'))
+      : crypto.createPublicKey({ key: raw, format: 'der', type: 'spki' });
+    if (!crypto.verify('sha256', Buffer.from(String(claims.sub)), key, Buffer.from(proof, 'base64'))) {
+      return { statusCode: 400, response: JSON.stringify({ message: 'proof of possession (signature over sub) is invalid' }) };
+    }
+    v2 = { publicKeyRequest: { publicKey: { content: key.export({ format: 'pem', type: 'spki' }).toString() } } };
+  }
+  const answer = await signingCert(ctx, headers, JSON.stringify(v2));
+  if (answer.statusCode !== 201) return answer;
+  const chain = JSON.parse(answer.response).signedCertificateEmbeddedSct.chain.certificates;
+  return { statusCode: 201, response: chain.join(''), contentType: 'application/pem-certificate-chain' };
+}
+
 async function mintToken(ctx, text) {
   const req = text ? JSON.parse(text) : {};
   const ttl = Math.min(Number(req.ttl_seconds || 600), 3600);
@@ -557,6 +594,9 @@ async function route(ctx, req, body) {
         return await mintToken(ctx, text);
       case '/actions/sessions':
         return openSession(ctx, text);
+      case '/api/v1/signingCert':
+        ctx.counts.fulcio += 1;
+        return await signingCertV1(ctx, req.headers, text);
       case '/api/v2/signingCert':
         ctx.counts.fulcio += 1;
         return await signingCert(ctx, req.headers, text);
