@@ -196,24 +196,37 @@ def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation
     }
 
 
+_ACTIONS_TOKEN_ENV = ("ACTIONS_ID_TOKEN_REQUEST_URL", "ACTIONS_ID_TOKEN_REQUEST_TOKEN")
+
+
 @dataclass(frozen=True)
 class ImageSigner:
-    """Signs and attests images with cosign as the ambient Actions identity."""
+    """Signs and attests images with cosign as the ambient Actions identity.
+
+    ``actions_env`` is the job's token-request environment; default: this process's own
+    (what GitHub Actions gives a job). Only cosign's environment receives it, never argv.
+    """
 
     endpoints: SigstoreEndpoints
     allow_http_registry: bool = False  # loopback test registries only
+    actions_env: Mapping[str, str] | None = None
+
+    def _credential_env(self) -> dict[str, str]:
+        source = os.environ if self.actions_env is None else self.actions_env
+        if not all(source.get(name) for name in _ACTIONS_TOKEN_ENV):
+            raise InfrastructureError("no ambient OIDC credential: image signing runs in GitHub Actions with "
+                                      "`permissions: id-token: write`")
+        return {"GITHUB_ACTIONS": "true", **{name: source[name] for name in _ACTIONS_TOKEN_ENV}}
 
     def sign_and_attest(self, ref: str, *, provenance: Mapping[str, Any], sbom: Path) -> None:
         image = parse_ref(ref, "image")
-        if not os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL") or not os.environ.get("ACTIONS_ID_TOKEN_REQUEST_TOKEN"):
-            raise InfrastructureError("no ambient OIDC credential: image signing runs in GitHub Actions with "
-                                      "`permissions: id-token: write`")
+        credential = self._credential_env()
         with tempfile.TemporaryDirectory(prefix="benchseal-attest-") as tmp:
             work = Path(tmp)
             predicate = work / "provenance.json"
             atomic_write_text(predicate, canonical_json(dict(provenance)))
             common = ["--yes", "--oidc-provider", "github-actions", *self.endpoints.sign_flags(), *self._registry_flags()]
-            env = self.endpoints.environ(work)
+            env = {**self.endpoints.environ(work), **credential}
             _cosign(["sign", *common, image.ref], env, f"signing {image.ref}")
             _cosign(["attest", *common, "--type", "slsaprovenance1", "--predicate", str(predicate), image.ref], env,
                     f"attesting the provenance of {image.ref}")
@@ -222,6 +235,19 @@ class ImageSigner:
 
     def _registry_flags(self) -> list[str]:
         return ["--allow-http-registry"] if self.allow_http_registry else []
+
+
+def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: BuildInvocation, sbom_dir: Path) -> dict[str, Path]:
+    """Sign every image (role -> ref) and attest its provenance and SBOM; returns role -> SBOM path."""
+    from pipeline.evidence.sbom import write_sbom
+
+    sbom_dir.mkdir(parents=True, exist_ok=True)
+    sboms: dict[str, Path] = {}
+    for role, ref in sorted(images.items()):
+        image = parse_ref(ref, f"images.{role}")
+        sboms[role] = write_sbom(image.ref, sbom_dir / f"sbom-{role}.cdx.json")
+        signer.sign_and_attest(image.ref, provenance=provenance_predicate(image, role, invocation), sbom=sboms[role])
+    return sboms
 
 
 @dataclass(frozen=True)

@@ -45,11 +45,9 @@ def attest(
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
     """Sign each image and attest its provenance and SBOM (ambient Actions identity)."""
-    from pipeline.attest import BuildInvocation, ImageSigner, provenance_predicate
+    from pipeline.attest import BuildInvocation, ImageSigner, attest_images
     from pipeline.contracts import DigestsFile, load_model
-    from pipeline.digests import parse_ref
     from pipeline.errors import ValidationError
-    from pipeline.evidence.sbom import write_sbom
 
     try:
         document = json.loads(digests.read_text())
@@ -61,12 +59,10 @@ def attest(
         raise ValidationError("--digests", "source.commit must be the commit this workflow run built (GITHUB_SHA)",
                               parsed.source.commit)
     signer = ImageSigner(_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)  # type: ignore[arg-type]
-    sbom_dir.mkdir(parents=True, exist_ok=True)
-    for role, entry in sorted(parsed.images.items()):
-        image = parse_ref(entry.ref, f"images.{role}.ref")
-        sbom = write_sbom(image.ref, sbom_dir / f"sbom-{role}.cdx.json")
-        signer.sign_and_attest(image.ref, provenance=provenance_predicate(image, role, invocation), sbom=sbom)
-        typer.echo(f"signed and attested {role}: {image.ref}")
+    images: dict[str, str] = {str(role): entry.ref for role, entry in parsed.images.items()}
+    attest_images(images, signer, invocation, sbom_dir)
+    for role, ref in sorted(images.items()):
+        typer.echo(f"signed and attested {role}: {ref}")
 
 
 def verify_image(

@@ -51,6 +51,7 @@ def endpoints(sigstore_instance: object) -> SigstoreEndpoints:
 
 
 def _as_job(monkeypatch: pytest.MonkeyPatch, instance: object, job: GitHubJob) -> None:
+    """This process becomes that job's Actions runner: its token-request environment."""
     for key, value in sigstore_local.open_actions_session(instance, job).environ().items():  # type: ignore[arg-type]
         monkeypatch.setenv(key, value)
 
@@ -104,6 +105,44 @@ def test_image_signed_by_a_forks_workflow_is_refused(sigstore_instance: object, 
     verify_image(ref, ImageIdentityPolicy.release_workflow("fork/app", "v1.2.3"), endpoints, allow_http_registry=True)
     with pytest.raises(CheckFailed):
         verify_image(ref, ImageIdentityPolicy.release_workflow("acme/app", "v1.2.3"), endpoints, allow_http_registry=True)
+
+
+def test_explicit_actions_environment_and_no_token_in_argv(sigstore_instance: object, endpoints: SigstoreEndpoints,
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's token-request environment handed over explicitly (how release --local runs the
+    build job's signing) works like the process environment, and the request token never shows
+    in any process's argv while cosign runs."""
+    import threading
+
+    monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_URL", raising=False)
+    monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_TOKEN", raising=False)
+    session = sigstore_local.open_actions_session(sigstore_instance, JOB)  # type: ignore[arg-type]
+    ref = _unique_image("explicit")
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def scan() -> None:
+        while not stop.is_set():
+            for proc in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    seen.append(proc.read_bytes())
+                except OSError:
+                    pass
+            stop.wait(0.05)
+
+    scanner = threading.Thread(target=scan)
+    scanner.start()
+    try:
+        sbom = tmp_path / "sbom.cdx.json"
+        sbom.write_text(json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1}))
+        ImageSigner(endpoints, allow_http_registry=True, actions_env=session.environ()).sign_and_attest(
+            ref, provenance=provenance_predicate(parse_ref(ref), "api", INVOCATION), sbom=sbom)
+    finally:
+        stop.set()
+        scanner.join()
+    assert any(b"cosign" in line for line in seen), "the scan never saw cosign run"
+    assert not any(session.request_token.encode() in line for line in seen)
+    verify_image(ref, ImageIdentityPolicy.release_workflow("acme/app", "v1.2.3"), endpoints, allow_http_registry=True)
 
 
 def test_cosign_cli_as_a_consumer_runs_it(signed_image: str, endpoints: SigstoreEndpoints, cosign_bin: Path,
