@@ -25,6 +25,8 @@ def render_report(report: ReleaseReport, console: Console) -> None:
                   soft_wrap=True, highlight=False)
     console.print(f"verified: benchseal verify ok, {len(report.verified.get('cosign_commands', []))} cosign/sha256sum "
                   "commands ok")
+    for line in report.verified.get("images", []):
+        console.print(f"cosign  {line}", soft_wrap=True, highlight=False)
     total = sum(v for v in report.stages.values() if v > 0)
     console.print("stages  " + ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items()) + f"  (total {total:.1f}s)",
                   soft_wrap=True, highlight=False)
