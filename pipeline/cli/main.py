@@ -21,6 +21,7 @@ VERB_MODULES = (
     "registry",
     "base",
     "build",
+    "attest",
     "resolve_ref",
     "dispatch",
     "infra",

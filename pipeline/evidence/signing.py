@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeline.errors import InfrastructureError, ValidationError
+from pipeline.evidence.sigstore_local import GITHUB_ISSUER
 from pipeline.fsutil import atomic_write_text, sha256_file
 
 if TYPE_CHECKING:
     from sigstore.models import ClientTrustConfig
 
+    from pipeline.evidence.sigstore_local import GitHubJob
+
 BUNDLE_SUFFIX = ".sigstore.json"
-GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 
 
 def bundle_path(path: Path) -> Path:
@@ -109,14 +111,32 @@ class Signer:
         return out
 
 
-def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: str | None = None) -> Signer:
-    """A signer for the private instance on 127.0.0.1 (started if needed)."""
+def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: str | None = None,
+                 github_job: GitHubJob | None = None) -> Signer:
+    """A signer for the private instance on 127.0.0.1 (started if needed). Used only when asked for
+    (``--signer local``, ``release --local``, tests): nothing falls back to it.
+
+    With ``github_job`` it signs as that GitHub Actions job (issuer, certificate identity and
+    Fulcio extensions exactly as public-good Fulcio issues them), under the local trust root.
+    """
     from sigstore.models import ClientTrustConfig
 
     from pipeline.evidence import sigstore_local
 
     instance = sigstore_local.ensure_running(state)
     config = ClientTrustConfig.from_json(instance.client_trust_config(rekor_version).read_text())
+    if github_job is not None:
+        if subject is not None:
+            raise ValidationError("subject", "cannot be combined with a GitHub job identity", subject)
+        job = github_job
+        return Signer(
+            trust_config=config,
+            token=lambda: sigstore_local.mint_github_token(instance, job),
+            identity=job.identity,
+            issuer=sigstore_local.GITHUB_ISSUER,
+            trusted_root=instance.trusted_root,
+            rekor_version=rekor_version,
+        )
     identity = subject or instance.identity
     return Signer(
         trust_config=config,
@@ -126,6 +146,29 @@ def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: 
         trusted_root=instance.trusted_root,
         rekor_version=rekor_version,
     )
+
+
+def certificate_identity(token: str) -> tuple[str, str]:
+    """(identity, issuer) that Fulcio will certify for ``token``: for GitHub Actions tokens the
+    job's workflow ref as a URL (what cosign's --certificate-identity matches), else ``sub``."""
+    import jwt
+
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise InfrastructureError(f"the OIDC token is not a JWT: {exc}") from None
+    issuer = claims.get("iss")
+    if not isinstance(issuer, str):
+        raise InfrastructureError("the OIDC token has no issuer")
+    if issuer == GITHUB_ISSUER:
+        ref = claims.get("job_workflow_ref")
+        if not isinstance(ref, str) or not ref:
+            raise InfrastructureError("the GitHub Actions OIDC token has no job_workflow_ref claim")
+        return f"https://github.com/{ref}", issuer
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not subject:
+        raise InfrastructureError("the OIDC token has no subject")
+    return subject, issuer
 
 
 def ambient_signer(*, identity: str | None = None, trust_config: ClientTrustConfig | None = None,
@@ -149,24 +192,32 @@ def ambient_signer(*, identity: str | None = None, trust_config: ClientTrustConf
 
     first = token()
     try:
-        parsed = IdentityToken(first)
+        IdentityToken(first)
     except Exception as exc:
         raise InfrastructureError(f"the ambient OIDC token is not usable for Sigstore: {exc}") from None
+    certified, issuer = certificate_identity(first)
     tokens = iter([first])
     return Signer(
         trust_config=trust_config or ClientTrustConfig.production(),
         token=lambda: next(tokens, None) or token(),
-        identity=identity or str(parsed.identity),
-        issuer=str(parsed.issuer),
+        identity=identity or certified,
+        issuer=issuer,
         trusted_root=trusted_root,
         rekor_version=1,
     )
 
 
 def default_signer() -> Signer:
-    """Ambient GitHub OIDC (public-good) inside GitHub Actions with id-token access; the local instance otherwise."""
+    """The production signer: the ambient GitHub Actions OIDC credential, public-good Sigstore.
+
+    There is no fallback. Outside Actions (no ``ACTIONS_ID_TOKEN_REQUEST_URL``) this fails; the
+    private test instance is reached only by asking for it (``--signer local``, ``release --local``).
+    """
     import os
 
-    if os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL"):
-        return ambient_signer()
-    return local_signer()
+    if os.environ.get("GITHUB_ACTIONS") != "true" or not os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL"):
+        raise InfrastructureError(
+            "no ambient OIDC credential: production signing runs in GitHub Actions with `permissions: id-token: write`"
+            " (the private test instance is used only with --signer local or release --local)"
+        )
+    return ambient_signer()

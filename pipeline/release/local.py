@@ -26,6 +26,7 @@ from typing import Any
 
 from rich.console import Console
 
+from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
 from pipeline.contracts import Grading
 from pipeline.errors import CheckFailed, UsageError
 from pipeline.fsutil import atomic_write_json
@@ -108,6 +109,48 @@ def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
     return list(commands)
 
 
+def _attest_as_release_workflow(images: dict[str, str], repository: str, commit: str, tag: str, instance: Any,
+                                endpoints: SigstoreEndpoints, policy: ImageIdentityPolicy, sbom_dir: Path) -> None:
+    """What tag.yml's build job does in Actions: cosign signs and attests as that job's identity.
+
+    The private instance serves the job's OIDC token the way Actions does; images that already
+    carry a verified signature and attestations by this exact identity are not signed again.
+    """
+    from pipeline.attest import BuildInvocation, ImageSigner, attest_images
+    from pipeline.evidence import sigstore_local
+
+    unsigned = {}
+    for role, ref in images.items():
+        try:
+            verify_image(ref, policy, endpoints, allow_http_registry=True)
+        except CheckFailed:
+            unsigned[role] = ref
+    if not unsigned:
+        return
+    job = sigstore_local.GitHubJob(repository=repository, ref=f"refs/tags/{tag}", sha=commit, workflow_file="tag.yml")
+    session = sigstore_local.open_actions_session(instance, job)
+    invocation = BuildInvocation(repository=repository, ref=job.ref, commit=commit, workflow_ref=job.job_workflow_ref,
+                                 run_url=f"https://github.com/{repository}/actions/runs/{job.run_id}/attempts/{job.run_attempt}")
+    signer = ImageSigner(endpoints, allow_http_registry=True, actions_env=session.environ())
+    attest_images(unsigned, signer, invocation, sbom_dir)
+
+
+def _verify_images(images: dict[str, str], repository: str, tag: str, endpoints: SigstoreEndpoints) -> list[str]:
+    """A consumer's cosign checks of both images: the exact identity passes, a fork's is refused."""
+    policy = ImageIdentityPolicy.release_workflow(repository, tag)
+    impostor = ImageIdentityPolicy.release_workflow("impostor/" + repository.split("/", 1)[1], tag)
+    checked = []
+    for role, ref in sorted(images.items()):
+        verify_image(ref, policy, endpoints, allow_http_registry=True)
+        try:
+            verify_image(ref, impostor, endpoints, allow_http_registry=True, attestations=())
+        except CheckFailed:
+            checked.append(f"{role}: signature, slsaprovenance1 and cyclonedx by {policy.identity}; {impostor.identity} refused")
+            continue
+        raise CheckFailed(f"{role} image {ref} verified for the wrong identity {impostor.identity}")
+    return checked
+
+
 def release_local(
     tag: str,
     *,
@@ -147,6 +190,11 @@ def release_local(
         clock.add("push", push_seconds)
         bytes_pushed = sum(r.stats.bytes_uploaded for r in results)
         images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
+        image_policy = ImageIdentityPolicy.release_workflow(digests.source.repository, tag)
+        endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
+        with clock.stage("attest", "Signing and attesting both images as the release workflow (cosign)"):
+            _attest_as_release_workflow(images, digests.source.repository, digests.source.commit, tag, instance,
+                                        endpoints, image_policy, work / "image-sboms")
         last_path = state_dir("release") / "last-digests.json"
         reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
         atomic_write_json(last_path, images)
@@ -207,6 +255,7 @@ def release_local(
             ran = run_commands(cosign_commands(release_dir, repository=payload.source.repository,
                                                tag=payload.source.tag, trusted_root=instance.trusted_root,
                                                profile="local", benchseal=local_benchseal()), release_dir)
+            image_checks = _verify_images(images, digests.source.repository, tag, endpoints)
 
     stages = dict(clock.seconds)
     return ReleaseReport(
@@ -224,7 +273,7 @@ def release_local(
                 "harbor_overhead": max(0.0, trial_total - trial_agent - trial_verifier)},
         verified={"benchseal_verify": True, "identity": verified.identity, "issuer": verified.issuer,
                   "repository": verified.repository, "tag": verified.tag, "commit": verified.commit,
-                  "cosign_commands": ran},
+                  "cosign_commands": ran, "images": image_checks},
         publication=mine[0],
         bytes_pushed=bytes_pushed,
     )

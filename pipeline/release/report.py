@@ -29,6 +29,8 @@ def render_report(report: ReleaseReport, console: Console) -> None:
     console.print(f"  as {verified.get('identity')} (issuer {verified.get('issuer')})", soft_wrap=True, highlight=False)
     console.print(f"  for {verified.get('repository')} {verified.get('tag')} @ {verified.get('commit')}",
                   soft_wrap=True, highlight=False)
+    for line in verified.get("images", []):
+        console.print(f"cosign  {line}", soft_wrap=True, highlight=False)
     total = sum(v for v in report.stages.values() if v > 0)
     console.print("stages  " + ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items()) + f"  (total {total:.1f}s)",
                   soft_wrap=True, highlight=False)

@@ -27,6 +27,59 @@ from pipeline.errors import InfrastructureError, ValidationError
 SERVER_JS = Path(__file__).with_name("server.js")
 LOCAL_ISSUER = "https://oidc.benchseal.invalid"
 LOCAL_IDENTITY = "https://benchseal.invalid/signers/local"
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+
+
+@dataclass(frozen=True)
+class GitHubJob:
+    """The claims GitHub Actions puts into a job's OIDC token (the ones Fulcio turns into
+    certificate extensions). The certificate identity is ``https://github.com/<job_workflow_ref>``."""
+
+    repository: str
+    ref: str
+    sha: str
+    workflow_file: str
+    event_name: str = "push"
+    workflow_repository: str | None = None  # a reusable workflow's repository; default: repository
+    workflow_ref: str | None = None  # the ref the workflow file was taken from; default: ref
+    runner_environment: str = "github-hosted"
+    run_id: str = "1"
+    run_attempt: str = "1"
+
+    @property
+    def job_workflow_ref(self) -> str:
+        return f"{self.workflow_repository or self.repository}/.github/workflows/{self.workflow_file}@{self.workflow_ref or self.ref}"
+
+    @property
+    def identity(self) -> str:
+        return f"https://github.com/{self.job_workflow_ref}"
+
+    def claims(self) -> dict[str, str]:
+        return {
+            "repository": self.repository,
+            "repository_owner": self.repository.split("/", 1)[0],
+            "ref": self.ref,
+            "sha": self.sha,
+            "event_name": self.event_name,
+            "job_workflow_ref": self.job_workflow_ref,
+            "workflow_ref": f"{self.repository}/.github/workflows/{self.workflow_file}@{self.ref}",
+            "workflow_sha": self.sha,
+            "runner_environment": self.runner_environment,
+            "run_id": self.run_id,
+            "run_attempt": self.run_attempt,
+        }
+
+
+@dataclass(frozen=True)
+class ActionsTokenSession:
+    """What a GitHub Actions job sees in its environment to request OIDC tokens."""
+
+    request_url: str
+    request_token: str
+
+    def environ(self) -> dict[str, str]:
+        return {"GITHUB_ACTIONS": "true", "ACTIONS_ID_TOKEN_REQUEST_URL": self.request_url,
+                "ACTIONS_ID_TOKEN_REQUEST_TOKEN": self.request_token}
 
 
 @dataclass(frozen=True)
@@ -42,6 +95,7 @@ class LocalInstance:
     issuer: str
     identity: str
     token_url: str
+    actions_sessions_url: str
 
     def client_trust_config(self, rekor_version: int = 1) -> Path:
         if rekor_version not in (1, 2):
@@ -78,6 +132,7 @@ def _read_instance(state: Path) -> LocalInstance | None:
             issuer=str(data["issuer"]),
             identity=str(data["identity"]),
             token_url=str(data["token_url"]),
+            actions_sessions_url=str(data["actions_sessions_url"]),
         )
     except (FileNotFoundError, KeyError, ValueError, TypeError):
         return None
@@ -120,6 +175,7 @@ def ensure_running(state: Path | None = None, *, port: int = 0, wait_seconds: fl
     found = running(state)
     if found is not None:
         return found
+    stop(state)  # our own server from an older build that no longer describes itself fully
     (state / "instance.json").unlink(missing_ok=True)
     log = (state / "server.log").open("ab")
     try:
@@ -176,14 +232,45 @@ def status(state: Path | None = None) -> dict[str, object]:
     }
 
 
-def mint_token(instance: LocalInstance, *, subject: str | None = None, claims: dict[str, object] | None = None,
-               ttl_seconds: int = 600) -> str:
-    """An ES256 identity token from the instance's OIDC issuer (accepted by its Fulcio only)."""
-    body = json.dumps({"sub": subject, "claims": claims or {}, "ttl_seconds": ttl_seconds}).encode()
-    request = urllib.request.Request(instance.token_url, data=body, method="POST",  # noqa: S310 - loopback URL
+def _post_json(url: str, body: dict[str, object], what: str) -> dict[str, object]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",  # noqa: S310 - loopback URL
                                      headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - loopback URL
-            return str(json.loads(response.read())["token"])
-    except (urllib.error.URLError, OSError, KeyError, ValueError) as exc:
-        raise InfrastructureError(f"local OIDC issuer at {instance.token_url} did not mint a token: {exc}") from None
+            answer = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise InfrastructureError(f"local Sigstore instance at {url} did not {what}: {exc}") from None
+    if not isinstance(answer, dict):
+        raise InfrastructureError(f"local Sigstore instance at {url} did not {what}: not a JSON object")
+    return answer
+
+
+def mint_token(instance: LocalInstance, *, subject: str | None = None, claims: dict[str, object] | None = None,
+               ttl_seconds: int = 600) -> str:
+    """An ES256 identity token from the instance's own OIDC issuer (accepted by its Fulcio only)."""
+    answer = _post_json(instance.token_url, {"sub": subject, "claims": claims or {}, "ttl_seconds": ttl_seconds},
+                        "mint a token")
+    return _token_of(answer, instance)
+
+
+def mint_github_token(instance: LocalInstance, job: GitHubJob, *, ttl_seconds: int = 600) -> str:
+    """A token shaped exactly like a GitHub Actions job's (issuer, sub, claims), signed by this
+    instance's OIDC key: its Fulcio certifies it like public-good Fulcio, under this trust root only."""
+    answer = _post_json(instance.token_url, {"github_job": job.claims(), "ttl_seconds": ttl_seconds}, "mint a token")
+    return _token_of(answer, instance)
+
+
+def _token_of(answer: dict[str, object], instance: LocalInstance) -> str:
+    token = answer.get("token")
+    if not isinstance(token, str) or not token:
+        raise InfrastructureError(f"local OIDC issuer at {instance.token_url} did not mint a token: {answer.get('message')}")
+    return token
+
+
+def open_actions_session(instance: LocalInstance, job: GitHubJob) -> ActionsTokenSession:
+    """Serve ``job``'s tokens the way Actions does (ACTIONS_ID_TOKEN_REQUEST_URL / _TOKEN)."""
+    answer = _post_json(instance.actions_sessions_url, {"job": job.claims()}, "open an Actions token session")
+    url, token = answer.get("request_url"), answer.get("request_token")
+    if not isinstance(url, str) or not isinstance(token, str):
+        raise InfrastructureError(f"local Sigstore instance at {instance.actions_sessions_url} gave no session")
+    return ActionsTokenSession(request_url=url, request_token=token)

@@ -32,7 +32,12 @@ const mock = require('@sigstore/mock');
 
 const LOCAL_ISSUER = 'https://oidc.benchseal.invalid';
 const LOCAL_IDENTITY = 'https://benchseal.invalid/signers/local';
+// GitHub-shaped identities: the same issuer string and certificate contents that public-good
+// Fulcio gives a GitHub Actions job, valid only under this instance's trusted root.
+const GITHUB_ISSUER = 'https://token.actions.githubusercontent.com';
+const GITHUB_REQUIRED_CLAIMS = ['repository', 'ref', 'sha', 'job_workflow_ref', 'workflow_ref', 'event_name', 'runner_environment'];
 const AUDIENCE = 'sigstore';
+const SESSION_TTL_MS = 6 * 3600 * 1000;
 const MAX_BODY = 4 * 1024 * 1024;
 
 function args(argv) {
@@ -283,10 +288,19 @@ async function signingCert(ctx, headers, text) {
   const json = JSON.parse(text);
   const token = match ? match[1] : json.credentials?.oidcIdentityToken;
   if (!token) return { statusCode: 401, response: JSON.stringify({ message: 'missing bearer token' }) };
+  let claims;
   try {
-    await jose.jwtVerify(token, ctx.oidcPublicKey, { issuer: LOCAL_ISSUER, audience: AUDIENCE, algorithms: ['ES256'] });
+    ({ payload: claims } = await jose.jwtVerify(token, ctx.oidcPublicKey, {
+      issuer: [LOCAL_ISSUER, GITHUB_ISSUER], audience: AUDIENCE, algorithms: ['ES256'],
+    }));
   } catch (e) {
     return { statusCode: 401, response: JSON.stringify({ message: `identity token rejected: ${e.message}` }) };
+  }
+  let san;
+  try {
+    san = subjectAltName(claims);
+  } catch (e) {
+    return { statusCode: 400, response: JSON.stringify({ message: `identity token rejected: ${e.message}` }) };
   }
   let pem;
   if (json.certificateSigningRequest) {
@@ -298,27 +312,153 @@ async function signingCert(ctx, headers, text) {
       return { statusCode: 400, response: JSON.stringify({ message: 'CSR signature (proof of possession) is invalid' }) };
     }
   }
+  // The mock CA reads (does not verify) the token it is given: hand it the verified claims
+  // plus the certificate SAN, so it writes the Fulcio extensions (OIDs 1.3.6.1.4.1.57264.1.*)
+  // that public-good Fulcio derives from the same claims.
   const forwarded = {
-    credentials: { oidcIdentityToken: token },
+    credentials: { oidcIdentityToken: unsignedJwt({ ...claims, [SAN_CLAIM]: san }) },
     ...(pem ? { certificateSigningRequest: pem } : { publicKeyRequest: json.publicKeyRequest }),
   };
   return ctx.fulcio.fn(JSON.stringify(forwarded));
 }
 
-async function mintToken(ctx, text) {
-  const req = text ? JSON.parse(text) : {};
-  const claims = { ...(req.claims || {}) };
-  const sub = req.sub || LOCAL_IDENTITY;
-  const ttl = Math.min(Number(req.ttl_seconds || 600), 3600);
-  const jwt = await new jose.SignJWT(claims)
+const SAN_CLAIM = 'benchseal_certificate_san';
+
+// Fulcio's rule: a GitHub Actions token's certificate identity is the job's workflow ref as a
+// URL; any other issuer's is its subject.
+function subjectAltName(claims) {
+  if (claims.iss === GITHUB_ISSUER) {
+    for (const name of GITHUB_REQUIRED_CLAIMS) {
+      if (typeof claims[name] !== 'string' || claims[name] === '') throw new Error(`GitHub token lacks the ${name} claim`);
+    }
+    return `https://github.com/${claims.job_workflow_ref}`;
+  }
+  if (typeof claims.sub !== 'string' || claims.sub === '') throw new Error('token lacks the sub claim');
+  return claims.sub;
+}
+
+function unsignedJwt(claims) {
+  const part = (obj) => Buffer.from(JSON.stringify(obj)).toString('base64url');
+  return `${part({ alg: 'none' })}.${part(claims)}.`;
+}
+
+async function signToken(ctx, issuer, sub, claims, ttl) {
+  return new jose.SignJWT(claims)
     .setProtectedHeader({ alg: 'ES256', kid: ctx.oidcKid })
-    .setIssuer(LOCAL_ISSUER)
+    .setIssuer(issuer)
     .setSubject(sub)
     .setAudience(AUDIENCE)
     .setIssuedAt()
     .setNotBefore(Math.floor(Date.now() / 1000) - 5)
     .setExpirationTime(Math.floor(Date.now() / 1000) + ttl)
     .sign(ctx.oidcPrivateKey);
+}
+
+// GitHub's Actions token claims for one job; `sub` is built the way GitHub builds it.
+function githubClaims(job) {
+  const claims = {};
+  for (const name of GITHUB_REQUIRED_CLAIMS) {
+    if (typeof job[name] !== 'string' || job[name] === '') throw new Error(`job.${name} is required`);
+    claims[name] = job[name];
+  }
+  const optional = ['repository_owner', 'repository_id', 'repository_owner_id', 'workflow', 'workflow_sha',
+    'job_workflow_sha', 'run_id', 'run_attempt', 'actor', 'repository_visibility', 'environment'];
+  for (const name of optional) {
+    if (job[name] !== undefined) claims[name] = String(job[name]);
+  }
+  if (!claims.repository_owner) claims.repository_owner = claims.repository.split('/')[0];
+  const sub = job.environment ? `repo:${claims.repository}:environment:${job.environment}` : `repo:${claims.repository}:ref:${claims.ref}`;
+  return { sub, claims };
+}
+
+// Actions' token endpoint: a job gets ACTIONS_ID_TOKEN_REQUEST_URL and _TOKEN; a GET with the
+// bearer request token and ?audience= answers {"value": <JWT>} for that job's claims.
+function openSession(ctx, text) {
+  const req = text ? JSON.parse(text) : {};
+  const job = githubClaims(req.job || {});
+  const requestToken = crypto.randomBytes(24).toString('hex');
+  const id = crypto.randomBytes(8).toString('hex');
+  ctx.sessions.set(id, { requestToken, job, expires: Date.now() + SESSION_TTL_MS });
+  return {
+    statusCode: 201,
+    contentType: 'application/json',
+    response: JSON.stringify({
+      id,
+      request_url: `${ctx.base}/actions/${id}/idtoken?api-version=2.0`,
+      request_token: requestToken,
+    }),
+  };
+}
+
+async function sessionToken(ctx, req, url, id) {
+  const session = ctx.sessions.get(id);
+  const auth = req.headers.authorization || '';
+  const bearer = /^bearer (\S+)$/i.exec(auth);
+  if (!session || session.expires < Date.now() || !bearer || !timingSafeEqualText(bearer[1], session.requestToken)) {
+    return { statusCode: 401, contentType: 'application/json', response: JSON.stringify({ message: 'bad request token' }) };
+  }
+  const audience = url.searchParams.get('audience') || AUDIENCE;
+  if (audience !== AUDIENCE) {
+    return { statusCode: 400, contentType: 'application/json', response: JSON.stringify({ message: 'audience must be sigstore' }) };
+  }
+  const jwt = await signToken(ctx, GITHUB_ISSUER, session.job.sub, session.job.claims, 600);
+  return { statusCode: 200, contentType: 'application/json', response: JSON.stringify({ count: 1, value: jwt }) };
+}
+
+function timingSafeEqualText(a, b) {
+  const x = Buffer.from(a);
+  const y = Buffer.from(b);
+  return x.length === y.length && crypto.timingSafeEqual(x, y);
+}
+
+// Fulcio's v1 API (what cosign sign calls): a public key plus a signature over the token's
+// subject as proof of possession, or a CSR; the answer is the PEM chain, leaf first, with
+// the SCT embedded in the leaf.
+async function signingCertV1(ctx, headers, text) {
+  const json = JSON.parse(text);
+  const match = /^Bearer (\S+)$/.exec(headers.authorization || '');
+  if (!match) return { statusCode: 401, response: JSON.stringify({ message: 'missing bearer token' }) };
+  let claims;
+  try {
+    ({ payload: claims } = await jose.jwtVerify(match[1], ctx.oidcPublicKey, {
+      issuer: [LOCAL_ISSUER, GITHUB_ISSUER], audience: AUDIENCE, algorithms: ['ES256'],
+    }));
+  } catch (e) {
+    return { statusCode: 401, response: JSON.stringify({ message: `identity token rejected: ${e.message}` }) };
+  }
+  let v2;
+  if (json.certificateSigningRequest) {
+    v2 = { certificateSigningRequest: json.certificateSigningRequest };
+  } else {
+    const content = json.publicKey?.content;
+    const proof = json.signedEmailAddress;
+    if (!content || !proof) return { statusCode: 400, response: JSON.stringify({ message: 'publicKey and signedEmailAddress are required' }) };
+    const raw = Buffer.from(content, 'base64');
+    const key = raw.toString('utf8').includes('BEGIN')
+      ? crypto.createPublicKey(raw.toString('utf8'))
+      : crypto.createPublicKey({ key: raw, format: 'der', type: 'spki' });
+    if (!crypto.verify('sha256', Buffer.from(String(claims.sub)), key, Buffer.from(proof, 'base64'))) {
+      return { statusCode: 400, response: JSON.stringify({ message: 'proof of possession (signature over sub) is invalid' }) };
+    }
+    v2 = { publicKeyRequest: { publicKey: { content: key.export({ format: 'pem', type: 'spki' }).toString() } } };
+  }
+  const answer = await signingCert(ctx, headers, JSON.stringify(v2));
+  if (answer.statusCode !== 201) return answer;
+  const chain = JSON.parse(answer.response).signedCertificateEmbeddedSct.chain.certificates;
+  return { statusCode: 201, response: chain.join(''), contentType: 'application/pem-certificate-chain' };
+}
+
+async function mintToken(ctx, text) {
+  const req = text ? JSON.parse(text) : {};
+  const ttl = Math.min(Number(req.ttl_seconds || 600), 3600);
+  let jwt;
+  if (req.github_job) {
+    const job = githubClaims(req.github_job);
+    jwt = await signToken(ctx, GITHUB_ISSUER, job.sub, job.claims, ttl);
+  } else {
+    const claims = { ...(req.claims || {}) };
+    jwt = await signToken(ctx, LOCAL_ISSUER, req.sub || LOCAL_IDENTITY, claims, ttl);
+  }
   return { statusCode: 200, response: JSON.stringify({ token: jwt }), contentType: 'application/json' };
 }
 
@@ -444,12 +584,19 @@ async function route(ctx, req, body) {
   const json = (obj, statusCode = 200) => ({ statusCode, response: JSON.stringify(obj), contentType: 'application/json' });
   if (req.method === 'GET' && p === '/healthz') return json({ ok: true, pid: process.pid, counts: ctx.counts });
   if (req.method === 'GET' && p === '/trusted_root.json') return json(ctx.trust.trustedRoot);
+  const idtoken = /^\/actions\/([0-9a-f]{16})\/idtoken$/.exec(p);
+  if (req.method === 'GET' && idtoken) return sessionToken(ctx, req, url, idtoken[1]);
   if (req.method !== 'POST') return json({ message: 'not found' }, 404);
   const text = body.toString('utf8');
   try {
     switch (p) {
       case '/oidc/token':
         return await mintToken(ctx, text);
+      case '/actions/sessions':
+        return openSession(ctx, text);
+      case '/api/v1/signingCert':
+        ctx.counts.fulcio += 1;
+        return await signingCertV1(ctx, req.headers, text);
       case '/api/v2/signingCert':
         ctx.counts.fulcio += 1;
         return await signingCert(ctx, req.headers, text);
@@ -495,7 +642,9 @@ async function main() {
     ca,
     ctlog,
     tsa,
-    fulcio: mock.fulcioHandler(ca),
+    fulcio: mock.fulcioHandler(ca, { subjectClaim: SAN_CLAIM }),
+    base,
+    sessions: new Map(),
     oidcPrivateKey: oidcKeys.privateKey,
     oidcPublicKey: oidcKeys.publicKey,
     oidcKid: sha256(spkiDer(oidcKeys.publicKey)).toString('hex').slice(0, 16),
@@ -533,6 +682,8 @@ async function main() {
         started_at: started.toISOString(),
         issuer: LOCAL_ISSUER,
         identity: LOCAL_IDENTITY,
+        github_issuer: GITHUB_ISSUER,
+        actions_sessions_url: `${base}/actions/sessions`,
         token_url: `${base}/oidc/token`,
         trusted_root: file('trusted_root.json'),
         client_trust_config: { 1: file('client_trust_config.json'), 2: file('client_trust_config_rekor2.json') },

@@ -1,0 +1,88 @@
+"""``benchseal attest`` and ``benchseal verify-image``: image signatures and attestations.
+
+``attest --digests FILE`` signs each image of a digests file and attests its SLSA provenance
+and CycloneDX SBOM with cosign, as the ambient GitHub Actions identity (the build job needs
+``permissions: id-token: write`` and ``packages: write``). ``verify-image REF --repo --tag``
+checks them with the exact release-workflow identity.
+
+Sigstore: public-good unless ``--sigstore-url`` and ``--trusted-root`` name a private
+instance on 127.0.0.1 (tests and the local release); never chosen implicitly.
+
+Exit codes: 0 done / verified; 1 signing failed or a check failed; 2 usage error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+_URL = typer.Option("--sigstore-url", help="A private Sigstore instance (http://127.0.0.1:PORT); default public-good.")
+_ROOT = typer.Option("--trusted-root", help="The private instance's trusted_root.json (with --sigstore-url).")
+_HTTP = typer.Option("--allow-http-registry", help="Plain-HTTP registry (loopback test registries only).")
+
+
+def _endpoints(url: str | None, trusted_root: Path | None) -> object:
+    from pipeline.attest import SigstoreEndpoints
+    from pipeline.errors import ValidationError
+
+    if (url is None) != (trusted_root is None):
+        raise ValidationError("--sigstore-url/--trusted-root", "a private instance needs both (neither: public-good)")
+    if url is None or trusted_root is None:
+        return SigstoreEndpoints.public_good()
+    if not trusted_root.is_file():
+        raise ValidationError("--trusted-root", "must be an existing trusted_root.json", str(trusted_root))
+    return SigstoreEndpoints.private(url, trusted_root)
+
+
+def attest(
+    digests: Annotated[Path, typer.Option("--digests", help="benchseal.digests/v1 file from `benchseal build`.")],
+    sbom_dir: Annotated[Path, typer.Option("--sbom-dir", help="Where the attested SBOMs are written.")] = Path("sboms"),
+    sigstore_url: Annotated[str | None, _URL] = None,
+    trusted_root: Annotated[Path | None, _ROOT] = None,
+    allow_http_registry: Annotated[bool, _HTTP] = False,
+) -> None:
+    """Sign each image and attest its provenance and SBOM (ambient Actions identity)."""
+    from pipeline.attest import BuildInvocation, ImageSigner, attest_images
+    from pipeline.contracts import DigestsFile, load_model
+    from pipeline.errors import ValidationError
+
+    try:
+        document = json.loads(digests.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValidationError("--digests", f"must be a readable JSON digests file ({type(exc).__name__})", str(digests)) from None
+    parsed = load_model(DigestsFile, document, str(digests))
+    invocation = BuildInvocation.from_actions_env()
+    if invocation.commit != parsed.source.commit:
+        raise ValidationError("--digests", "source.commit must be the commit this workflow run built (GITHUB_SHA)",
+                              parsed.source.commit)
+    signer = ImageSigner(_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)  # type: ignore[arg-type]
+    images: dict[str, str] = {str(role): entry.ref for role, entry in parsed.images.items()}
+    attest_images(images, signer, invocation, sbom_dir)
+    for role, ref in sorted(images.items()):
+        typer.echo(f"signed and attested {role}: {ref}")
+
+
+def verify_image(
+    ref: Annotated[str, typer.Argument(help="name@sha256:<64 hex>")],
+    repo: Annotated[str, typer.Option("--repo", help="OWNER/NAME whose release workflow must have signed it.")],
+    tag: Annotated[str, typer.Option("--tag", help="The release tag the workflow ran for.")],
+    workflow: Annotated[str, typer.Option("--workflow", help="The release workflow's file name.")] = "tag.yml",
+    sigstore_url: Annotated[str | None, _URL] = None,
+    trusted_root: Annotated[Path | None, _ROOT] = None,
+    allow_http_registry: Annotated[bool, _HTTP] = False,
+) -> None:
+    """Check an image's signature and its provenance and SBOM attestations, exact identity."""
+    from pipeline.attest import ImageIdentityPolicy
+    from pipeline.attest import verify_image as check
+
+    policy = ImageIdentityPolicy.release_workflow(repo, tag, workflow)
+    check(ref, policy, _endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)  # type: ignore[arg-type]
+    typer.echo(f"verified: {ref} signed and attested by {policy.identity}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(name="attest")(attest)
+    app.command(name="verify-image")(verify_image)
