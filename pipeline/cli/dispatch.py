@@ -77,11 +77,12 @@ class _JsonFailureCommand(TyperCommand):
     JSON object as every other failure (exit 2), and no message echoes control characters."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        wants_json = "--json" in args  # before parsing: the parser consumes the list
         try:
             return super().parse_args(ctx, args)
         except typer.TyperException as exc:  # typer's click UsageError family (exit 2)
             exc.message = safe_message(exc.message)
-            if "--json" in args:
+            if wants_json:
                 typer.echo(_failure_json(exc.format_message(), exc.exit_code, None))
             raise
 
