@@ -208,7 +208,9 @@ def _lookup(gh: github.Github, repo: str, workflow_file: str) -> tuple[Any, Any]
     except GithubException as exc:
         raise InfrastructureError(f"reading {what}: GitHub answered HTTP {exc.status}") from None
     except requests.exceptions.RequestException as exc:
-        raise InfrastructureError(f"reading {what}: GitHub API unreachable ({type(exc).__name__})") from None
+        # ConnectionError: nothing answered; RetryError/Timeout: it answered 5xx or too slowly, retries spent.
+        how = "unreachable" if isinstance(exc, requests.exceptions.ConnectionError) else "failed"
+        raise InfrastructureError(f"reading {what}: GitHub API {how} ({type(exc).__name__})") from None
     expected = WORKFLOWS_DIR + workflow_file
     if path != expected or not isinstance(wf_id, int):
         raise CheckFailed(f"GitHub answered workflow {wf_id!r} at {path!r} for {workflow_file!r}; expected {expected!r}")

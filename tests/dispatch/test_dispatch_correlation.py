@@ -247,6 +247,26 @@ def test_persistent_5xx_is_an_infrastructure_error(github_emulator: GitHubEmulat
         run(github_client, infra_repo, synced_clock, poll=PollConfig(attempts=30, interval_s=5, max_transient_errors=3))
 
 
+def test_retry_error_from_the_transport_is_an_infrastructure_error(
+        github_emulator: GitHubEmulator, infra_repo: str, synced_clock: SyncedClock) -> None:
+    import github
+    from urllib3.util.retry import Retry
+
+    # A transport that raises once its status retries are spent: requests' RetryError, not a GithubException.
+    retry = Retry(total=1, status=1, allowed_methods=frozenset({"GET"}), status_forcelist=(503,),
+                  backoff_factor=0, raise_on_status=True, respect_retry_after_header=False)
+    strict = github.Github(base_url=github_emulator.base_url, auth=github.Auth.Token(github_emulator.token),
+                           retry=retry, seconds_between_requests=0, seconds_between_writes=0)
+    github_emulator.inject_fault("repos/get", [503] * 2)
+    with pytest.raises(InfrastructureError, match=r"reading repository acme/bench-infra: GitHub API failed \(RetryError\)"):
+        run(strict, infra_repo, synced_clock)
+    github_emulator.inject_fault(LIST_OP, [503] * 400)
+    github_emulator.on_dispatch(complete("success"))
+    with pytest.raises(InfrastructureError, match=r"kept failing .*RetryError"):
+        run(strict, infra_repo, synced_clock, poll=PollConfig(attempts=30, interval_s=5, max_transient_errors=3))
+    assert github_emulator.count(DISPATCH_OP) == 1
+
+
 def test_dispatch_5xx_is_never_resent(github_emulator: GitHubEmulator, github_client: Any, infra_repo: str,
                                       synced_clock: SyncedClock) -> None:
     github_emulator.inject_fault(DISPATCH_OP, [502])
