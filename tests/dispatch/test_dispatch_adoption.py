@@ -227,25 +227,35 @@ def test_returned_run_id_that_does_not_exist_fails_bounded(github_emulator: GitH
 
 def test_returned_run_id_that_is_not_the_listed_match_is_refused(
         github_emulator: GitHubEmulator, github_client: Any, infra_repo: str, synced_clock: SyncedClock) -> None:
-    # GitHub names a run that passes every check, but the dispatched run is another one.
-    def callback(handle: RunHandle, event: DispatchEvent) -> None:
-        handle.complete("success")
-
-    github_emulator.on_dispatch(callback)
-    twin: list[Run] = []
+    # GitHub names a run that passes every check when read, but by the first listing it no longer
+    # matches, and the one match listed is another run (the one really started).
+    github_emulator.on_dispatch(by_workflow({BENCHMARK: "success"}))
+    named: list[Run] = []
 
     def pick(started: Run) -> int:
-        twin.append(_shape(github_emulator, infra_repo, synced_clock))
-        github_emulator.set_run(infra_repo, started.id, display_title="Benchmark v1.2.3 somebody-else-0001")
-        return twin[0].id
+        named.append(_shape(github_emulator, infra_repo, synced_clock))
+        return named[0].id
 
     github_emulator.return_run_details_id = pick
-    result = run(github_client, infra_repo, synced_clock, workflow_dispatch=True)
-    assert result.run_id == twin[0].id  # the named run is the only match: followed
-    github_emulator.return_run_details_id = lambda started: started.id
-    _shape(github_emulator, infra_repo, synced_clock, display_title=f"Benchmark v1.2.3 {CID}-x")
+    answer_run = github_emulator._h_get_run_api
+
+    def racing_get(ctx: Any) -> object:  # a GitHub whose answers race with a re-titling
+        body = answer_run(ctx)
+        github_emulator.set_run(infra_repo, named[0].id, display_title="Benchmark v1.2.3 somebody-else-0001")
+        return body
+
+    github_emulator._h_get_run_api = racing_get  # type: ignore[method-assign]
+    with pytest.raises(CheckFailed, match=r"the only run .* is \d+, but the dispatch returned run \d+; refusing"):
+        run(github_client, infra_repo, synced_clock, workflow_dispatch=True)
+
+
+def test_returned_run_id_beside_a_second_match_is_refused(
+        github_emulator: GitHubEmulator, github_client: Any, infra_repo: str, synced_clock: SyncedClock) -> None:
+    # The named run passes every check, but another run of the workflow carries the same id.
+    github_emulator.on_dispatch(by_workflow({BENCHMARK: "success"}))
+    github_emulator.return_run_details_id = lambda started: _shape(github_emulator, infra_repo, synced_clock).id
     with pytest.raises(CheckFailed, match="2 workflow runs"):
-        run(github_client, infra_repo, synced_clock, workflow_dispatch=True)  # twin + the new one share the id
+        run(github_client, infra_repo, synced_clock, workflow_dispatch=True)
 
 
 # --- look-alike runs in the listing (repository_dispatch) ---------------------------------------
