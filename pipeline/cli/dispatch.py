@@ -2,8 +2,11 @@
 
 Sends the digests file's refs (re-validated) with source commit, tag and a
 correlation id to the infra repository, then waits fail-closed for exactly
-one matching workflow run to conclude ``success``. Prints the run id and URL
-(``--json``: one JSON object on stdout, also on failure).
+one matching run of the infra workflow (``--workflow-file``, default
+``benchmark.yml``) to conclude ``success``. Prints the run id and URL
+(``--json``: one JSON object on stdout on every outcome, ``ok: false`` with
+the error and exit code on failure, including usage errors and an unreachable
+API). Error text is escaped (no control characters) and never holds the token.
 
 Token from GITHUB_TOKEN / GH_TOKEN (never argv), API root from GITHUB_API_URL.
 
@@ -20,16 +23,72 @@ the expected one; 2 when a file is unreadable or invalid.
 from __future__ import annotations
 
 import json
+import os
+import unicodedata
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import typer
+from typer.core import TyperCommand
 
-from pipeline.errors import Error
+from pipeline.errors import Error, InfrastructureError
+
+# Characters never echoed raw: C0/C1 controls (newline, ESC ...), DEL, format characters
+# (bidi overrides) and Unicode line/paragraph separators. A hostile value in an error can then
+# neither forge an `::error::` line in an Actions log nor recolour a terminal.
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def escape_text(text: str) -> str:
+    """``text`` with every control/format character replaced by a visible escape (``\\n``, ``\\x1b``, ``\\u202e``)."""
+    out = []
+    for char in text:
+        if unicodedata.category(char) not in _UNSAFE_CATEGORIES:
+            out.append(char)
+        elif char in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char])
+        elif ord(char) < 0x100:
+            out.append(f"\\x{ord(char):02x}")
+        else:
+            out.append(f"\\u{ord(char):04x}")
+    return "".join(out)
+
+
+def _secrets() -> list[str]:
+    from pipeline.dispatch.client import TOKEN_VARIABLES
+
+    return [value for name in TOKEN_VARIABLES if len(value := os.environ.get(name, "").strip()) >= 4]
+
+
+def safe_message(text: str) -> str:
+    """Escaped, with any token from the environment replaced by ``***``."""
+    for secret in _secrets():
+        text = text.replace(secret, "***")
+    return escape_text(text)
+
+
+def _failure_json(error: str, exit_code: int, correlation: str | None) -> str:
+    return json.dumps({"ok": False, "correlation_id": correlation, "error": safe_message(error),
+                       "exit_code": exit_code}, sort_keys=True)
+
+
+class _JsonFailureCommand(TyperCommand):
+    """``dispatch --json`` answers a usage error found while parsing the options with the same
+    JSON object as every other failure (exit 2), and no message echoes control characters."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        wants_json = "--json" in args  # before parsing: the parser consumes the list
+        try:
+            return super().parse_args(ctx, args)
+        except typer.TyperException as exc:  # typer's click UsageError family (exit 2)
+            exc.message = safe_message(exc.message)
+            if wants_json:
+                typer.echo(_failure_json(exc.format_message(), exc.exit_code, None))
+            raise
 
 
 def register(app: typer.Typer) -> None:
-    app.command("dispatch")(dispatch)
+    app.command("dispatch", cls=_JsonFailureCommand)(dispatch)
     app.command("merge-digests")(merge_digests)
 
 
@@ -38,8 +97,13 @@ def dispatch(
     repo: str = typer.Option(..., "--repo", help="OWNER/NAME of the infra repository."),
     correlation: str | None = typer.Option(
         None, "--correlation", help="Correlation id; generated as <repo>-<run id>-<attempt>-<random> when absent."),
+    workflow_file: str = typer.Option(
+        "benchmark.yml", "--workflow-file",
+        help="The infra workflow's file name in .github/workflows (NAME.yml or NAME.yaml); only its runs count."),
+    workflow_dispatch: bool = typer.Option(
+        False, "--workflow-dispatch", help="Trigger --workflow-file by workflow_dispatch instead of repository_dispatch."),
     workflow: str | None = typer.Option(
-        None, "--workflow", help="Workflow file (e.g. benchmark.yml): use workflow_dispatch instead of repository_dispatch."),
+        None, "--workflow", help="Older spelling of --workflow-file FILE --workflow-dispatch."),
     event_type: str = typer.Option("benchseal-benchmark", "--event-type", help="repository_dispatch event type."),
     timeout: float = typer.Option(3600.0, "--timeout", help="Seconds to wait for the run to complete."),
     tag: str | None = typer.Option(None, "--tag", help="Release tag (default: from the digests file's source.ref)."),
@@ -49,32 +113,57 @@ def dispatch(
     agent: str = typer.Option("oracle", "--agent", help="Agent name."),
     poll_attempts: int = typer.Option(30, "--poll-attempts", min=1, help="Polls before giving up finding the run."),
     poll_interval: float = typer.Option(5.0, "--poll-interval", min=0.0, help="Seconds between polls."),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable result on stdout."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable result on stdout (also on failure)."),
 ) -> None:
     """Dispatch a benchmark to the infra repository and wait for its run."""
-    from pipeline.dispatch import PollConfig, build_payload, dispatch_and_wait, load_digests, make_client
-    from pipeline.dispatch.dispatch import new_correlation_id, validate_correlation
-
     cid = correlation
     try:
+        from pipeline.dispatch import (
+            PollConfig,
+            build_payload,
+            dispatch_and_wait,
+            load_digests,
+            make_client,
+            validate_workflow_file,
+        )
+        from pipeline.dispatch.dispatch import new_correlation_id, validate_correlation
+
+        if workflow is not None:
+            validate_workflow_file(workflow, "--workflow")
+            if workflow_file not in ("benchmark.yml", workflow):
+                from pipeline.errors import UsageError
+
+                raise UsageError(f"--workflow {workflow} and --workflow-file {workflow_file} disagree; give one")
+            workflow_file, workflow_dispatch = workflow, True
+        validate_workflow_file(workflow_file, "--workflow-file")
         cid = validate_correlation(correlation) if correlation else new_correlation_id()
         payload = build_payload(load_digests(digests), correlation_id=cid, tag=tag, repository=source_repo,
                                 suite=suite, agent=agent)
         result = dispatch_and_wait(
-            make_client(), repo, payload, workflow=workflow, event_type=event_type, timeout_s=timeout,
-            poll=PollConfig(attempts=poll_attempts, interval_s=poll_interval),
+            make_client(), repo, payload, workflow_file=workflow_file, workflow_dispatch=workflow_dispatch,
+            event_type=event_type, timeout_s=timeout, poll=PollConfig(attempts=poll_attempts, interval_s=poll_interval),
         )
     except Error as exc:
-        if as_json:
-            typer.echo(json.dumps({"ok": False, "correlation_id": cid, "error": exc.diagnostics(),
-                                   "exit_code": exc.exit_code}, sort_keys=True))
-        raise
+        _fail(exc, cid, as_json)
+    except Exception as exc:  # every failure path answers, never a traceback
+        _fail(InfrastructureError(f"dispatch failed unexpectedly: {type(exc).__name__}: {exc}"), cid, as_json)
     if as_json:
-        typer.echo(json.dumps({"ok": True, **result.to_json_dict(), "runner": payload.runner, "api": payload.api},
-                              sort_keys=True))
+        # runner_ref/api_ref: the refs actually dispatched (the workflows read these);
+        # runner/api: the same values under their older names.
+        data: dict[str, Any] = {"ok": True, **result.to_json_dict(), "runner_ref": payload.runner,
+                                "api_ref": payload.api, "runner": payload.runner, "api": payload.api}
+        typer.echo(json.dumps(data, sort_keys=True))
     else:
-        typer.echo(f"run {result.run_id} {result.html_url} concluded {result.conclusion} "
-                   f"(correlation {result.correlation_id})")
+        typer.echo(safe_message(f"run {result.run_id} {result.html_url} concluded {result.conclusion} "
+                                f"(correlation {result.correlation_id})"))
+
+
+def _fail(exc: Error, correlation: str | None, as_json: bool) -> NoReturn:
+    message = exc.diagnostics()
+    if as_json:
+        typer.echo(_failure_json(message, exc.exit_code, correlation))
+    typer.echo(f"benchseal: error: {safe_message(message)}", err=True)
+    raise typer.Exit(exc.exit_code)
 
 
 def merge_digests(

@@ -1,11 +1,13 @@
 """Send the digests to the infra repository and wait, fail-closed, for the run.
 
 ``repository_dispatch`` (event_type + client_payload, <= 10 keys) carries the
-``benchseal.dispatch/v1`` payload as is. ``workflow_dispatch`` (when a workflow
-file is named) carries it as string inputs ``payload`` (canonical JSON),
-``tag`` and ``correlation_id``, asks for ``return_run_details`` and watches the
-returned run; a server that rejects that field (older GitHub Enterprise: 400
-or 422) is asked once more without it, and the run is then found by title.
+``benchseal.dispatch/v1`` payload as is. ``workflow_dispatch`` carries it as
+string inputs ``payload`` (canonical JSON), ``tag`` and ``correlation_id`` and
+asks for ``return_run_details``; the returned run is checked like any match
+(correlate.py) and must be the one match of the listing. A server that rejects
+that field (older GitHub Enterprise: 400 or 422) is asked once more without
+it, and the run is then found by title. In both modes the infra workflow's
+file (default ``benchmark.yml``) is looked up first, and only its runs count.
 
 A dispatch POST is sent at most once per accepted request: the transport
 never retries POST, and a 5xx or network error after sending is ambiguous
@@ -29,7 +31,18 @@ from typing import TYPE_CHECKING, Any
 from pipeline.contracts import CORRELATION_RE, DigestsFile, DispatchPayload, PayloadSource, load_model
 from pipeline.digests import validate_ref
 from pipeline.dispatch.client import classify
-from pipeline.dispatch.correlate import Clock, Correlator, PollConfig, RunState, SystemClock, watch_run
+from pipeline.dispatch.correlate import (
+    DEFAULT_WORKFLOW_FILE,
+    WORKFLOWS_DIR,
+    Clock,
+    Correlator,
+    PollConfig,
+    RunState,
+    SystemClock,
+    Target,
+    describe_failure,
+    validate_workflow_file,
+)
 from pipeline.dispatch.resolve import validate_repo, validate_tag
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 
@@ -49,10 +62,11 @@ class DispatchResult:
     conclusion: str
     correlation_id: str
     mode: str = "repository_dispatch"  # or "workflow_dispatch" / "workflow_dispatch+run-name"
+    workflow_path: str = WORKFLOWS_DIR + DEFAULT_WORKFLOW_FILE
 
     def to_json_dict(self) -> dict[str, object]:
         return {"run_id": self.run_id, "html_url": self.html_url, "conclusion": self.conclusion,
-                "correlation_id": self.correlation_id, "mode": self.mode}
+                "correlation_id": self.correlation_id, "mode": self.mode, "workflow_path": self.workflow_path}
 
 
 def new_correlation_id(env: Mapping[str, str] | None = None) -> str:
@@ -176,22 +190,65 @@ def _post(gh: github.Github, url: str, body: dict[str, Any], clock: Clock,
     return 200, data if isinstance(data, dict) else None, start - timedelta(seconds=poll.skew_s), None
 
 
+def _lookup(gh: github.Github, repo: str, workflow_file: str) -> tuple[Any, Any]:
+    """The infra repository and its workflow ``.github/workflows/<workflow_file>``, checked."""
+    import requests
+    from github import BadCredentialsException, GithubException, UnknownObjectException
+
+    what = f"repository {repo}"
+    try:
+        repository = gh.get_repo(repo)
+        what = f"workflow {workflow_file!r} in {repo}"
+        wf = repository.get_workflow(workflow_file)
+        path, state, wf_id = wf.path, wf.state, wf.id
+    except UnknownObjectException:
+        raise CheckFailed(f"{what} not found (or the token cannot see it)") from None
+    except BadCredentialsException:
+        raise CheckFailed(f"reading {what}: GitHub answered HTTP 401 (bad credentials: check the token)") from None
+    except GithubException as exc:
+        raise InfrastructureError(f"reading {what}: GitHub answered HTTP {exc.status}") from None
+    except requests.exceptions.RequestException as exc:
+        # ConnectionError: nothing answered; RetryError/Timeout: it answered 5xx or too slowly, retries spent.
+        how = "unreachable" if isinstance(exc, requests.exceptions.ConnectionError) else "failed"
+        raise InfrastructureError(f"reading {what}: GitHub API {how} ({type(exc).__name__})") from None
+    expected = WORKFLOWS_DIR + workflow_file
+    if path != expected or not isinstance(wf_id, int):
+        raise CheckFailed(f"GitHub answered workflow {wf_id!r} at {path!r} for {workflow_file!r}; expected {expected!r}")
+    if state != "active":
+        raise CheckFailed(f"workflow {expected} in {repo} is {state!r}, not 'active': a dispatch would start no run")
+    return repository, wf
+
+
 def dispatch_and_wait(
     gh: github.Github,
     repo: str,
     payload: DispatchPayload,
     *,
-    workflow: str | None,
+    workflow: str | None = None,
+    workflow_file: str = DEFAULT_WORKFLOW_FILE,
+    workflow_dispatch: bool = False,
     event_type: str = DEFAULT_EVENT_TYPE,
     timeout_s: float = 3600.0,
     poll: PollConfig | None = None,
     clock: Clock | None = None,
 ) -> DispatchResult:
-    """Dispatch once, find exactly one run, wait for it; CheckFailed unless it concludes ``success``."""
-    from github import GithubException, UnknownObjectException
+    """Dispatch once, find exactly one run of ``workflow_file``, wait for it; CheckFailed unless it
+    concludes ``success``.
+
+    ``workflow_dispatch=True`` dispatches the workflow directly; otherwise a repository_dispatch
+    is sent and only ``workflow_file``'s runs count. ``workflow=FILE`` is the older spelling of
+    ``workflow_file=FILE, workflow_dispatch=True``.
+    """
+    from github import GithubException
 
     poll = poll or PollConfig()
     clock = clock or SystemClock()
+    if workflow is not None:
+        validate_workflow_file(workflow, "workflow")
+        if workflow_file not in (DEFAULT_WORKFLOW_FILE, workflow):
+            raise ValidationError("workflow", f"names {workflow!r} but workflow_file is {workflow_file!r}", workflow)
+        workflow_file, workflow_dispatch = workflow, True
+    validate_workflow_file(workflow_file)
     validate_repo(repo)
     correlation = validate_correlation(payload.correlation_id, "payload.correlation_id")
     if not EVENT_TYPE_RE.match(event_type):
@@ -199,25 +256,18 @@ def dispatch_and_wait(
     if timeout_s <= 0:
         raise ValidationError("timeout", "must be positive", timeout_s)
     deadline = clock.now() + timedelta(seconds=timeout_s)
-    try:
-        repository = gh.get_repo(repo)
-        wf = repository.get_workflow(workflow) if workflow else None
-    except UnknownObjectException:
-        what = f"workflow {workflow!r} in {repo}" if workflow else f"repository {repo}"
-        raise CheckFailed(f"{what} not found (or the token cannot see it)") from None
-    except GithubException as exc:
-        raise InfrastructureError(f"reading {repo}: GitHub answered HTTP {exc.status}") from None
+    repository, wf = _lookup(gh, repo, workflow_file)
+    full_name, branch = str(repository.full_name), str(repository.default_branch)
 
-    mode = "repository_dispatch"
+    mode = "workflow_dispatch" if workflow_dispatch else "repository_dispatch"
     run_id: int | None = None
     try:
-        if wf is None:
+        if not workflow_dispatch:
             body: dict[str, Any] = {"event_type": event_type, "client_payload": client_payload(payload)}
-            _, _, since, ambiguous = _post(gh, f"/repos/{repo}/dispatches", body, clock, poll)
+            _, _, since, ambiguous = _post(gh, f"/repos/{full_name}/dispatches", body, clock, poll)
         else:
-            mode = "workflow_dispatch"
-            url = f"/repos/{repo}/actions/workflows/{wf.id}/dispatches"
-            body = {"ref": repository.default_branch, "inputs": workflow_inputs(payload), "return_run_details": True}
+            url = f"/repos/{full_name}/actions/workflows/{wf.id}/dispatches"
+            body = {"ref": branch, "inputs": workflow_inputs(payload), "return_run_details": True}
             try:
                 _, data, since, ambiguous = _post(gh, url, body, clock, poll)
             except GithubException as exc:
@@ -228,31 +278,30 @@ def dispatch_and_wait(
                 body.pop("return_run_details")
                 mode = "workflow_dispatch+run-name"
                 _, data, since, ambiguous = _post(gh, url, body, clock, poll)
-            if data and isinstance(data.get("workflow_run_id"), int):
-                run_id = data["workflow_run_id"]
+            if data and "workflow_run_id" in data:
+                returned = data["workflow_run_id"]
+                if not isinstance(returned, int) or isinstance(returned, bool):
+                    raise CheckFailed(f"dispatch to {full_name} returned workflow_run_id {returned!r}, not a run id")
+                run_id = returned
     except GithubException as exc:
-        message = exc.data.get("message") if isinstance(exc.data, dict) else None
-        raise CheckFailed(f"dispatch to {repo} rejected: HTTP {exc.status}"
-                          + (f": {str(message).splitlines()[0]}" if message else "")) from None
+        raise CheckFailed(f"dispatch to {full_name} rejected: {describe_failure(exc)}") from None
 
+    target = Target(full_name, wf.id, WORKFLOWS_DIR + workflow_file, mode.partition("+")[0], branch, correlation)
+    correlator = Correlator(gh, target, since=since, poll=poll, clock=clock)
     if run_id is not None:
-        state = watch_run(repository, run_id, correlation, deadline=deadline, poll=poll, clock=clock)
-    else:
-        event = "repository_dispatch" if wf is None else "workflow_dispatch"
-        correlator = Correlator(repository, correlation, since=since, event=event, workflow=wf, poll=poll, clock=clock)
-        try:
-            found = correlator.find()
-        except CheckFailed as exc:
-            if ambiguous:
-                raise CheckFailed(f"{exc} (the dispatch itself answered {ambiguous}; it was not re-sent, "
-                                  "to avoid a duplicate benchmark)") from None
-            raise
-        state = correlator.follow(found, deadline)
-    return _conclude(state, correlation, mode)
+        correlator.verify_returned(run_id)
+    try:
+        state = correlator.wait(deadline, expected_id=run_id)
+    except CheckFailed as exc:
+        if ambiguous:
+            raise CheckFailed(f"{exc} (the dispatch itself answered {ambiguous}; it was not re-sent, "
+                              "to avoid a duplicate benchmark)") from None
+        raise
+    return _conclude(state, correlation, mode, target.workflow_path)
 
 
-def _conclude(state: RunState, correlation: str, mode: str) -> DispatchResult:
+def _conclude(state: RunState, correlation: str, mode: str, workflow_path: str) -> DispatchResult:
     if state.conclusion != "success":
         raise CheckFailed(f"workflow run {state.run_id} ({state.html_url}) concluded {state.conclusion!r}, "
                           "not 'success'")
-    return DispatchResult(state.run_id, state.html_url, state.conclusion, correlation, mode)
+    return DispatchResult(state.run_id, state.html_url, state.conclusion, correlation, mode, workflow_path)

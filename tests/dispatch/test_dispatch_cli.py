@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 
 from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle, SystemClock
+from tests.fixtures.github import API_REF, RUNNER_REF
 
 pytestmark = pytest.mark.slow  # real processes, ~1-2 s each
 
@@ -24,15 +27,35 @@ def github_clock() -> Any:  # overrides the fake clock: the CLI sleeps for real
     return SystemClock()
 
 
-def cli(args: list[str], emulator: GitHubEmulator, *, token: bool = True) -> subprocess.CompletedProcess[str]:
+def cli(args: list[str], emulator: GitHubEmulator, *, token: bool | str = True,
+        api_url: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_TOKEN", "GH_TOKEN")}
-    env["GITHUB_API_URL"] = emulator.base_url
+    env["GITHUB_API_URL"] = api_url or emulator.base_url
+    secret = token if isinstance(token, str) else emulator.token
     if token:
-        env["GH_TOKEN"] = emulator.token
+        env["GH_TOKEN"] = secret
     proc = subprocess.run([*BENCHSEAL, *args], env=env, capture_output=True, text=True, timeout=120,
                           cwd=Path(__file__).resolve().parents[2])
     assert emulator.token not in proc.stdout + proc.stderr  # never echoed
+    assert secret not in proc.stdout + proc.stderr
     return proc
+
+
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e]")
+
+
+def json_failure(proc: subprocess.CompletedProcess[str], exit_code: int) -> dict[str, Any]:
+    """``--json`` failed: exactly one JSON object on stdout, ok false, the error escaped, the exit code kept."""
+    assert proc.returncode == exit_code, (proc.returncode, proc.stdout, proc.stderr)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout
+    body = json.loads(lines[0])
+    assert isinstance(body, dict) and body["ok"] is False and body["exit_code"] == exit_code
+    assert isinstance(body["error"], str) and body["error"]
+    assert not CONTROL.search(body["error"]), body["error"]  # escaped, even inside the JSON string
+    assert "Traceback" not in proc.stderr
+    assert not CONTROL.search(proc.stderr.replace("\n", "")), proc.stderr
+    return body
 
 
 def test_resolve_ref_cli(github_emulator: GitHubEmulator) -> None:
@@ -64,6 +87,11 @@ def test_dispatch_cli_json_success_and_failure(github_emulator: GitHubEmulator, 
     [run] = github_emulator.runs(infra_repo)
     assert result["ok"] is True and result["run_id"] == run.id and result["correlation_id"] == CID
     assert result["html_url"].endswith(f"/actions/runs/{run.id}") and result["conclusion"] == "success"
+    # the refs actually dispatched, under the names the workflows read (and the older names)
+    assert result["runner_ref"] == result["runner"] == RUNNER_REF
+    assert result["api_ref"] == result["api"] == API_REF
+    assert (result["mode"], result["workflow_path"]) == ("repository_dispatch", ".github/workflows/benchmark.yml")
+    assert run.payload["runner"] == RUNNER_REF and run.payload["api"] == API_REF
 
     failed = cli(args, github_emulator)  # correlation generated
     assert failed.returncode == 1
@@ -81,6 +109,12 @@ def test_dispatch_cli_text_output_and_usage_errors(github_emulator: GitHubEmulat
     [run] = github_emulator.runs(infra_repo)
     assert ok.stdout.startswith(f"run {run.id} http://127.0.0.1:") and "concluded success" in ok.stdout
 
+    ok = cli(["dispatch", "--repo", infra_repo, "--digests", str(digests_file), "--correlation", CID + "-2",
+              "--workflow-file", "benchmark.yml", "--workflow-dispatch", "--poll-interval", "0.2", "--json"],
+             github_emulator)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["mode"] == "workflow_dispatch"
+
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema": "benchseal.digests/v1"}))
     proc = cli(["dispatch", "--repo", infra_repo, "--digests", str(bad)], github_emulator)
@@ -88,7 +122,64 @@ def test_dispatch_cli_text_output_and_usage_errors(github_emulator: GitHubEmulat
     proc = cli(["dispatch", "--repo", infra_repo, "--digests", str(digests_file), "--correlation", "has space"],
                github_emulator)
     assert proc.returncode == 2 and "correlation" in proc.stderr
-    assert len(github_emulator.runs(infra_repo)) == 1  # nothing was dispatched by the failed calls
+    assert len(github_emulator.runs(infra_repo)) == 2  # nothing was dispatched by the failed calls
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_dispatch_cli_json_when_github_fails(github_emulator: GitHubEmulator, infra_repo: str,
+                                             digests_file: Path) -> None:
+    args = ["dispatch", "--repo", infra_repo, "--digests", str(digests_file), "--correlation", CID,
+            "--poll-interval", "0.1", "--poll-attempts", "2", "--json"]
+    unreachable = json_failure(cli(args, github_emulator, api_url=f"http://127.0.0.1:{_closed_port()}/api/v3"), 1)
+    assert "unreachable" in unreachable["error"] and unreachable["correlation_id"] == CID
+    bad_token = json_failure(cli(args, github_emulator, token="ghs_" + "0123456789abcdef" * 2), 1)
+    assert "401" in bad_token["error"] and "bad credentials" in bad_token["error"]
+    github_emulator.inject_fault("repos/get", [503] * 4)  # the transport's retries included
+    assert "HTTP 503" in json_failure(cli(args, github_emulator), 1)["error"]
+    github_emulator.inject_fault("repos/create-dispatch-event", [502])
+    assert "was not re-sent" in json_failure(cli(args, github_emulator), 1)["error"]
+    github_emulator.inject_fault("repos/create-dispatch-event", [422], message="no\x1b[2J\n::error::forged")
+    rejected = json_failure(cli(args, github_emulator), 1)
+    assert "rejected: HTTP 422 (no\\x1b[2J)" in rejected["error"]
+    missing = json_failure(cli([*args[:2], "acme/missing", *args[3:]], github_emulator), 1)
+    assert "repository acme/missing not found" in missing["error"]
+    assert github_emulator.runs(infra_repo) == []
+
+
+def test_dispatch_cli_json_on_usage_errors(github_emulator: GitHubEmulator, infra_repo: str, digests_file: Path,
+                                           tmp_path: Path) -> None:
+    base = ["dispatch", "--repo", infra_repo, "--digests", str(digests_file), "--json"]
+    hostile = tmp_path / "digests\x1b[31m\n::error::forged.json"
+    cases: list[tuple[list[str], str]] = [
+        (["dispatch", "--digests", str(digests_file), "--json"], "--repo"),  # missing option, found by the parser
+        ([*base, "--poll-attempts", "0"], "--poll-attempts"),
+        ([*base, "--timeout", "soon"], "--timeout"),
+        ([*base, "--bogus"], "--bogus"),
+        ([*base, "--workflow-file", "../benchmark.yml"], "--workflow-file"),
+        ([*base, "--workflow-file", "bench\x1bmark.yml"], "--workflow-file"),
+        ([*base, "--workflow", "a.yml", "--workflow-file", "b.yml"], "disagree"),
+        ([*base, "--correlation", "has space"], "correlation"),
+        ([*base, "--correlation", "ok-id-but\n::error::forged"], "correlation"),
+        (["dispatch", "--repo", "acme/x\n::error::forged", "--digests", str(digests_file), "--json"], "repo"),
+        (["dispatch", "--repo", infra_repo, "--digests", str(tmp_path / "absent.json"), "--json"], "does not exist"),
+        (["dispatch", "--repo", infra_repo, "--digests", str(hostile), "--json"], "does not exist"),
+    ]
+    (tmp_path / "garbage.json").write_text("{not json")
+    cases.append((["dispatch", "--repo", infra_repo, "--digests", str(tmp_path / "garbage.json"), "--json"],
+                  "readable JSON"))
+    for args, needle in cases:
+        body = json_failure(cli(args, github_emulator), 2)
+        assert needle in body["error"], (args, body)
+    hostile_body = json_failure(cli(cases[-2][0], github_emulator), 2)
+    assert "digests\\x1b[31m\\n::error::forged.json" in hostile_body["error"]
+    no_token = json_failure(cli(base, github_emulator, token=False), 2)
+    assert "GITHUB_TOKEN or GH_TOKEN" in no_token["error"]
+    assert github_emulator.count("repos/create-dispatch-event") == 0  # nothing was dispatched
 
 
 def test_merge_digests_cli(tmp_path: Path, github_emulator: GitHubEmulator) -> None:

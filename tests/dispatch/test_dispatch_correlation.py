@@ -14,7 +14,7 @@ from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle
 from tests.fixtures.github import API_REF, RUNNER_REF, SyncedClock, digests_data
 
 CID = "bench-infra-4242-1-0a1b2c3d4e5f"
-LIST_OP = "actions/list-workflow-runs-for-repo"
+LIST_OP = "actions/list-workflow-runs"  # the dispatched workflow's own runs, never the repository's
 DISPATCH_OP = "repos/create-dispatch-event"
 POLL = PollConfig(attempts=30, interval_s=5.0, skew_s=120.0)
 
@@ -71,9 +71,10 @@ def test_run_appears_late_is_found_within_one_poll(github_emulator: GitHubEmulat
     result = run(github_client, infra_repo, synced_clock)
     [created] = github_emulator.runs(infra_repo)
     assert result.run_id == created.id
-    # polls at t=0,5,10,15 saw nothing; t=20 found it and it was already complete
-    assert github_emulator.count(LIST_OP) == 5
-    assert synced_clock.slept == [5.0] * 4
+    # polls at t=0,5,10,15 saw nothing; t=20 found it already complete; t=25 confirmed it was still the only one
+    assert github_emulator.count(LIST_OP) == 6
+    assert github_emulator.count("actions/list-workflow-runs-for-repo") == 0
+    assert synced_clock.slept == [5.0] * 5
 
 
 def test_newer_unrelated_run_with_similar_title_is_never_adopted(
@@ -95,9 +96,11 @@ def test_id_that_is_a_substring_of_another_runs_id_does_not_match(
         github_emulator: GitHubEmulator, github_client: Any, infra_repo: str, synced_clock: SyncedClock) -> None:
     # Our dispatch never produces a run (no workflow listens to the event type we send).
     for title in (f"Benchmark v1.2.3 {CID}-2", f"Benchmark v1.2.3 x{CID}", f"Benchmark v1.2.3 {CID}.retry",
-                  f"{CID}", f"Benchmark v1.2.3 {CID} later"):
+                  f"{CID}", f"Benchmark v1.2.3 {CID} later", f"Benchmark v1.2.3 {CID.upper()}",
+                  f"Benchmark v1.2.3 {CID} ", f"Benchmark v1.2.3 {CID}\n", f"Benchmark v1.2.3\t{CID}",
+                  f"Benchmark v1.2.3\u00a0{CID}", f"Benchmark v1.2.3 {CID[:-1]}", f"Benchmark v1.2.3 {CID}\u200b"):
         github_emulator.create_run(infra_repo, display_title=title, status="completed", conclusion="success")
-    with pytest.raises(CheckFailed, match=r"no workflow run .* after 30 polls"):
+    with pytest.raises(CheckFailed, match=r"no run of .* after 30 polls"):
         dispatch_and_wait(github_client, infra_repo, payload(), workflow=None, event_type="nobody-listens",
                           timeout_s=600, poll=POLL, clock=synced_clock)
     assert github_emulator.count(LIST_OP) == 30  # bounded: exactly the configured polls
@@ -158,26 +161,59 @@ def test_old_runs_before_the_skew_window_are_ignored(github_emulator: GitHubEmul
     # A run with our exact title, but from before the dispatch (minus skew): a stale id reuse.
     github_emulator.create_run(infra_repo, display_title=f"Benchmark v1.2.3 {CID}", status="completed",
                                conclusion="success", created_at=synced_clock.now() - timedelta(hours=1))
-    with pytest.raises(CheckFailed, match="no workflow run"):
+    with pytest.raises(CheckFailed, match="no run of"):
         dispatch_and_wait(github_client, infra_repo, payload(), workflow=None, event_type="nobody-listens",
                           timeout_s=600, poll=PollConfig(attempts=3, interval_s=5), clock=synced_clock)
 
 
-def test_busy_repository_is_paginated(github_emulator: GitHubEmulator, github_client: Any, infra_repo: str,
-                                      synced_clock: SyncedClock) -> None:
+def test_busy_repository_needs_one_list_request_per_poll(github_emulator: GitHubEmulator, infra_repo: str,
+                                                         synced_clock: SyncedClock) -> None:
     from pipeline.dispatch import make_client
 
+    # The client's own page size is small; the listing asks for GitHub's maximum anyway.
     small_pages = make_client(base_url=github_emulator.base_url, token=github_emulator.token, per_page=10,
                               backoff_factor=0)
+    github_emulator.add_workflow(infra_repo, ".github/workflows/ci.yml", name="CI")
     for i in range(35):
         github_emulator.create_run(infra_repo, display_title=f"Benchmark v0.{i} other-{i:04d}-correlation",
                                    status="completed", conclusion="success",
                                    created_at=synced_clock.now() + timedelta(seconds=1 + i))
-    # ours is the OLDEST in the window, so it sits on the last page
+        github_emulator.create_run(infra_repo, display_title=f"CI {i}", workflow="ci.yml",
+                                   created_at=synced_clock.now() + timedelta(seconds=1 + i))
+    # ours is the OLDEST in the window
     github_emulator.on_dispatch(complete("success"))
     result = run(small_pages, infra_repo, synced_clock)
     assert result.conclusion == "success"
-    assert github_emulator.count(LIST_OP) >= 4  # 36 runs at 10 per page
+    polls = len(synced_clock.slept) + 1
+    assert (polls, github_emulator.count(LIST_OP)) == (2, 2)  # found, confirmed: one request each
+
+
+def test_more_runs_than_one_page_reads_the_pages_total_count_announces(
+        github_emulator: GitHubEmulator, github_client: Any, infra_repo: str, synced_clock: SyncedClock) -> None:
+    for i in range(130):  # more runs of the workflow in the window than one page (100) holds
+        github_emulator.create_run(infra_repo, display_title=f"Benchmark v0.{i} other-{i:04d}-correlation",
+                                   status="completed", conclusion="success",
+                                   created_at=synced_clock.now() + timedelta(seconds=1 + i % 50))
+    github_emulator.on_dispatch(complete("success"))  # ours is the oldest: on page 2
+    result = run(github_client, infra_repo, synced_clock)
+    assert result.conclusion == "success"
+    assert github_emulator.count(LIST_OP) == 4  # 2 polls x 2 pages, as total_count (131) said
+    # a duplicate on the second page is found as well
+    github_emulator.dispatch_copies = 2
+    with pytest.raises(CheckFailed, match="2 workflow runs"):
+        run(github_client, infra_repo, synced_clock, correlation=CID + "-2")
+
+
+def test_more_runs_than_the_bound_fails(github_emulator: GitHubEmulator, github_client: Any, infra_repo: str,
+                                        synced_clock: SyncedClock) -> None:
+    for i in range(12):
+        github_emulator.create_run(infra_repo, display_title=f"Benchmark v0.{i} other-{i:04d}-correlation",
+                                   created_at=synced_clock.now())
+    github_emulator.on_dispatch(complete("success"))
+    with pytest.raises(CheckFailed, match=r"13 runs of .* \(more than 10\); refusing"):
+        run(github_client, infra_repo, synced_clock, poll=PollConfig(attempts=3, interval_s=5, max_runs=10,
+                                                                     page_size=5))
+    assert github_emulator.count(LIST_OP) == 1  # decided from total_count, before reading more pages
 
 
 def test_5xx_during_polling_backs_off_and_recovers(github_emulator: GitHubEmulator, github_client: Any,
@@ -200,8 +236,8 @@ def test_secondary_rate_limit_during_polling_waits_retry_after(
     result = run(github_client, infra_repo, synced_clock)
     assert result.conclusion == "success"
     assert synced_clock.slept[:2] == [45.0, 45.0]
-    # rate-limited requests are not retried by the transport: one request per poll
-    assert github_emulator.count(LIST_OP) == 3
+    # rate-limited requests are not retried by the transport: one request per poll (2 limited, found, confirmed)
+    assert github_emulator.count(LIST_OP) == 4
 
 
 def test_persistent_5xx_is_an_infrastructure_error(github_emulator: GitHubEmulator, github_client: Any,
@@ -209,6 +245,26 @@ def test_persistent_5xx_is_an_infrastructure_error(github_emulator: GitHubEmulat
     github_emulator.inject_fault(LIST_OP, [503] * 400)
     with pytest.raises(InfrastructureError, match="kept failing"):
         run(github_client, infra_repo, synced_clock, poll=PollConfig(attempts=30, interval_s=5, max_transient_errors=3))
+
+
+def test_retry_error_from_the_transport_is_an_infrastructure_error(
+        github_emulator: GitHubEmulator, infra_repo: str, synced_clock: SyncedClock) -> None:
+    import github
+    from urllib3.util.retry import Retry
+
+    # A transport that raises once its status retries are spent: requests' RetryError, not a GithubException.
+    retry = Retry(total=1, status=1, allowed_methods=frozenset({"GET"}), status_forcelist=(503,),
+                  backoff_factor=0, raise_on_status=True, respect_retry_after_header=False)
+    strict = github.Github(base_url=github_emulator.base_url, auth=github.Auth.Token(github_emulator.token),
+                           retry=retry, seconds_between_requests=0, seconds_between_writes=0)
+    github_emulator.inject_fault("repos/get", [503] * 2)
+    with pytest.raises(InfrastructureError, match=r"reading repository acme/bench-infra: GitHub API failed \(RetryError\)"):
+        run(strict, infra_repo, synced_clock)
+    github_emulator.inject_fault(LIST_OP, [503] * 400)
+    github_emulator.on_dispatch(complete("success"))
+    with pytest.raises(InfrastructureError, match=r"kept failing .*RetryError"):
+        run(strict, infra_repo, synced_clock, poll=PollConfig(attempts=30, interval_s=5, max_transient_errors=3))
+    assert github_emulator.count(DISPATCH_OP) == 1
 
 
 def test_dispatch_5xx_is_never_resent(github_emulator: GitHubEmulator, github_client: Any, infra_repo: str,
@@ -255,7 +311,9 @@ def test_workflow_dispatch_with_run_details_watches_that_run(
     assert seen[0].inputs is not None and set(seen[0].inputs) == {"payload", "tag", "correlation_id"}
     assert seen[0].benchseal_payload() == payload().to_json_dict()
     assert github_emulator.count("actions/create-workflow-dispatch") == 1
-    assert github_emulator.count("actions/list-workflow-runs") == 0  # watched by id, no title search
+    # the returned run is read once and checked, then followed through the workflow's listing
+    assert github_emulator.count("actions/get-workflow-run") == 1
+    assert github_emulator.count(LIST_OP) == 2
 
 
 def test_ghes_rejecting_return_run_details_falls_back_to_run_name(

@@ -114,6 +114,55 @@ def test_dispatch_callback_and_custom_render(github_emulator: GitHubEmulator, gi
     assert handled == [run.id] and run.display_title == "custom abc" and run.event == "repository_dispatch"
 
 
+def test_workflow_runs_listing_filters_counts_and_pages(github_emulator: GitHubEmulator, repo: str) -> None:
+    from datetime import timedelta
+
+    github_emulator.add_workflow(repo, ".github/workflows/sub/benchmark.yml", name="elsewhere")  # listed first
+    github_emulator.add_workflow(repo, ".github/workflows/sub/only.yml", name="elsewhere too")
+    github_emulator.add_workflow(repo, ".github/workflows/benchmark.yml", name="benchmark")
+    github_emulator.add_workflow(repo, ".github/workflows/ci.yml", name="CI")
+    now = github_emulator.clock.now()
+    for i in range(5):
+        github_emulator.create_run(repo, display_title=f"b{i}", workflow="benchmark.yml",
+                                   created_at=now - timedelta(seconds=10 * i))
+        github_emulator.create_run(repo, display_title=f"c{i}", workflow="ci.yml", created_at=now)
+    github_emulator.create_run(repo, display_title="push", workflow="benchmark.yml", event="push", created_at=now)
+    headers = {"Authorization": f"token {github_emulator.token}"}
+    url = f"{github_emulator.base_url}/repos/{REPO}/actions/workflows/benchmark.yml/runs"
+    params = {"event": "repository_dispatch", "created": ">=" + (now - timedelta(seconds=25)).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"), "per_page": 2}
+    first = requests.get(url, params=params, headers=headers, timeout=10).json()
+    assert first["total_count"] == 3  # the workflow's own runs, filtered by event and created, all pages
+    assert [r["display_title"] for r in first["workflow_runs"]] == ["b0", "b1"]
+    assert {r["path"] for r in first["workflow_runs"]} == {".github/workflows/benchmark.yml"}
+    second = requests.get(url, params={**params, "page": 2}, headers=headers, timeout=10).json()
+    assert (second["total_count"], [r["display_title"] for r in second["workflow_runs"]]) == (3, ["b2"])
+    # a workflow is found by id or by its file name in .github/workflows, never by a file elsewhere
+    assert requests.get(f"{github_emulator.base_url}/repos/{REPO}/actions/workflows/only.yml",
+                        headers=headers, timeout=10).status_code == 404
+    found = requests.get(f"{github_emulator.base_url}/repos/{REPO}/actions/workflows/benchmark.yml",
+                         headers=headers, timeout=10).json()
+    assert found["path"] == ".github/workflows/benchmark.yml"
+
+
+def test_hostile_run_knobs(github_emulator: GitHubEmulator, github_client: Any, repo: str) -> None:
+    from datetime import timedelta
+
+    github_emulator.add_repo("evil/widget")
+    github_emulator.add_workflow(repo, ".github/workflows/a.yml", "name: a\non:\n  workflow_dispatch: {}\njobs: {}\n")
+    github_emulator.add_workflow(repo, ".github/workflows/b.yml", "name: b\non:\n  workflow_dispatch: {}\njobs: {}\n")
+    decoy = github_emulator.create_run(repo, display_title="decoy", workflow="b.yml")
+    github_emulator.set_run(repo, decoy.id, head_repository="evil/widget")
+    github_emulator.return_run_details_id = lambda started: decoy.id
+    github_emulator.workflow_appearance_delay[".github/workflows/a.yml"] = timedelta(seconds=30)
+    answer = github_client.get_repo(repo).get_workflow("a.yml").create_dispatch("main", return_run_details=True)
+    assert answer.id == decoy.id  # a hostile answer: another workflow's run
+    [_, started] = github_emulator.runs(repo)
+    assert started.visible_at == started.created_at + timedelta(seconds=30)
+    fetched = github_client.get_repo(repo).get_workflow_run(decoy.id)
+    assert fetched.head_repository.full_name == "evil/widget" and fetched.repository.full_name == REPO
+
+
 def test_run_name_rendering() -> None:
     text = (Path(__file__).resolve().parents[2] / ".github/workflows/benchmark.yml").read_text()
     spec = WorkflowSpec.parse("benchmark.yml", text)

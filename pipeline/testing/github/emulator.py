@@ -156,6 +156,7 @@ class Run:
     run_attempt: int = 1
     visible_at: datetime | None = None
     payload: Mapping[str, Any] = field(default_factory=dict)
+    head_repository: str | None = None  # another emulated repository (a fork); None: the run's own
 
 
 @dataclass
@@ -367,6 +368,11 @@ class GitHubEmulator:
         self.reject_return_run_details = False  # GHES versions that predate the field
         self.dispatch_copies = 1  # >1 simulates GitHub delivering one event several times
         self.run_appearance_delay = timedelta(0)  # runs exist but are not listed until then
+        # Per workflow path (".github/workflows/x.yml"), overriding run_appearance_delay.
+        self.workflow_appearance_delay: dict[str, timedelta] = {}
+        # A hostile or broken GitHub: the run id a workflow_dispatch with
+        # return_run_details answers, as a function of the run it really started.
+        self.return_run_details_id: Callable[[Run], int] | None = None
         self._validator = SpecValidator() if validate else None
         self._lock = threading.RLock()
         self._ids = itertools.count(1000)
@@ -820,6 +826,8 @@ class GitHubEmulator:
             head_commit = {"id": commit.sha, "tree_id": _sha("tree", commit.sha), "message": commit.message,
                            "timestamp": _iso(commit.date), "author": person, "committer": person}
         repo_min = self._repo_json(ctx, repo, full=False)
+        head_repo = self._repos.get(run.head_repository.lower()) if run.head_repository else None
+        head_min = self._repo_json(ctx, head_repo, full=False) if head_repo else repo_min
         return {
             "id": run.id, "name": wf.name, "node_id": f"WFR_{run.id}", "check_suite_id": run.id + 1,
             "check_suite_node_id": f"CS_{run.id + 1}", "head_branch": run.head_branch, "head_sha": run.head_sha,
@@ -834,7 +842,7 @@ class GitHubEmulator:
             "artifacts_url": url + "/artifacts", "cancel_url": url + "/cancel", "rerun_url": url + "/rerun",
             "previous_attempt_url": None,
             "workflow_url": f"{self._api(ctx)}/repos/{repo.full_name}/actions/workflows/{run.workflow_id}",
-            "head_commit": head_commit, "repository": repo_min, "head_repository": repo_min,
+            "head_commit": head_commit, "repository": repo_min, "head_repository": head_min,
         }
 
     def _check_run_json(self, ctx: _Ctx, repo: Repo, cr: CheckRun) -> dict[str, Any]:
@@ -1085,8 +1093,10 @@ class GitHubEmulator:
     # dispatch and runs
 
     def _find_workflow(self, repo: Repo, key: str) -> Workflow | None:
+        """By id or, like GitHub, by file name in .github/workflows (the full path is accepted
+        for the test helpers); a file of that name elsewhere is not the workflow."""
         for wf in repo.workflows.values():
-            if str(wf.id) == key or wf.path == key or wf.path.rsplit("/", 1)[-1] == key:
+            if str(wf.id) == key or wf.path in (key, ".github/workflows/" + key):
                 return wf
         return None
 
@@ -1105,10 +1115,11 @@ class GitHubEmulator:
         else:
             title = wf.name
         now = self.clock.now()
+        delay = self.workflow_appearance_delay.get(wf.path, self.run_appearance_delay)
         made = []
         for _ in range(max(1, self.dispatch_copies)):
             run = self.create_run(repo.full_name, display_title=title, workflow=str(wf.id), event=event.kind,
-                                  head_sha=head_sha, created_at=now, visible_at=now + self.run_appearance_delay,
+                                  head_sha=head_sha, created_at=now, visible_at=now + delay,
                                   payload=dict(event.client_payload or event.inputs or {}))
             run.head_branch = head_branch
             made.append(run)
@@ -1184,11 +1195,11 @@ class GitHubEmulator:
                                                 "event_name": "workflow_dispatch", "ref": ref}}
         runs = self._start_run(repo, wf, event, context, sha, ref.removeprefix("refs/heads/"))
         if body.get("return_run_details"):
-            run = runs[0]
+            run_id = self.return_run_details_id(runs[0]) if self.return_run_details_id else runs[0].id
             ctx.status = 200
-            return {"workflow_run_id": run.id,
-                    "run_url": f"{self._api(ctx)}/repos/{repo.full_name}/actions/runs/{run.id}",
-                    "html_url": f"{ctx.origin}/{repo.full_name}/actions/runs/{run.id}"}
+            return {"workflow_run_id": run_id,
+                    "run_url": f"{self._api(ctx)}/repos/{repo.full_name}/actions/runs/{run_id}",
+                    "html_url": f"{ctx.origin}/{repo.full_name}/actions/runs/{run_id}"}
         ctx.status = 204
         return None
 
