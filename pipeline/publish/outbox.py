@@ -112,15 +112,18 @@ def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory
     return make
 
 
-def verify_commands(artifacts_dir: Path, *, repository: str, tag: str) -> list[str]:
+def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None) -> list[str]:
     """The command lines the release body shows (from the evidence stage), stating the release
     the consumer must expect: ``repository`` at ``tag``.
 
     They name plain ``cosign`` and ``benchseal``: the consumer's own, not this machine's tools path.
+    ``trusted_root`` (``options.trusted_root`` of a local publication) is the private instance's
+    root a consumer of that release needs; public-good releases need none.
     """
     from pipeline.evidence import cosign_commands
 
-    return list(cosign_commands(artifacts_dir, repository=repository, tag=tag, cosign="cosign", benchseal="benchseal"))
+    return list(cosign_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
+                                cosign="cosign", benchseal="benchseal"))
 
 
 def _body_repository(request: PublicationRequest, artifacts: Path) -> str:
@@ -157,7 +160,9 @@ def default_resealer(signer: Any = None) -> Resealer:
 def prepare_bundle(request: PublicationRequest) -> ReleaseBundle:
     """Everything a publication carries, checked before any request is made (no network)."""
     artifacts = Path(request.artifacts_dir)
-    commands = verify_commands(artifacts, repository=_body_repository(request, artifacts), tag=request.tag)
+    root = request.options.get("trusted_root")
+    commands = verify_commands(artifacts, repository=_body_repository(request, artifacts), tag=request.tag,
+                               trusted_root=Path(root) if root else None)
     try:
         bundle = load_bundle(artifacts, request.tag, commands)
     except ValidationError as exc:

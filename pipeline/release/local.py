@@ -12,6 +12,7 @@ verify_release and the cosign commands on the published directory.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import re
@@ -211,8 +212,14 @@ def release_local(
         timings: dict[str, float] = {}
         # The signer is made on first use, inside the finalizer, once _warm_imports has loaded sigstore.
         # options.repository: the release the body's verify commands tell a consumer to expect.
-        finalize = evidence_finalizer(target="local", signer=local_signer,
-                                      options={"root": str(dist), "repository": payload.source.repository},
+        # Evidence is sealed as the infra workflow's job would seal it in Actions (benchmark.yml on
+        # main): the same issuer, identity and certificate claims, only under the local root.
+        seal_job = sigstore_local.GitHubJob(repository=payload.source.repository, ref="refs/heads/main",
+                                            sha=payload.source.commit, workflow_file="benchmark.yml",
+                                            event_name="workflow_dispatch")
+        finalize = evidence_finalizer(target="local", signer=functools.partial(local_signer, github_job=seal_job),
+                                      options={"root": str(dist), "repository": payload.source.repository,
+                                               "trusted_root": str(instance.trusted_root)},
                                       timings=timings)
         _warm_imports()
 
@@ -250,11 +257,11 @@ def release_local(
             # The expectation is what this release was made for (the dispatched payload), stated
             # explicitly, never read back from the release being verified.
             verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
-                                      trusted_root=instance.trusted_root, offline=True)
+                                      trusted_root=instance.trusted_root, offline=True, profile="production")
             # The body's commands, with this machine's cosign and benchseal binaries.
             ran = run_commands(cosign_commands(release_dir, repository=payload.source.repository,
                                                tag=payload.source.tag, trusted_root=instance.trusted_root,
-                                               profile="local", benchseal=local_benchseal()), release_dir)
+                                               profile="production", benchseal=local_benchseal()), release_dir)
             image_checks = _verify_images(images, digests.source.repository, tag, endpoints)
 
     stages = dict(clock.seconds)

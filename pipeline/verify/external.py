@@ -119,9 +119,11 @@ def local_benchseal() -> str:
     return str(sibling) if sibling.is_file() else "benchseal"
 
 
-def command_profile(directory: Path, trusted_root: Path | None, profile: str | None) -> str:
+def command_profile(directory: Path, profile: str | None) -> str:
     """Which policy profile the printed commands use: explicit, else local for bundles of the
-    private instance (or when a trusted root is given), else production.
+    private instance's own (non-GitHub) identity, else production. A private trust root alone
+    does not make a release "local": ``release --local`` signs with GitHub-shaped identities,
+    exactly as production does, only under another root.
 
     This only chooses how to *print* the producer's own release; ``benchseal verify`` never
     picks anything from the release it checks.
@@ -130,7 +132,7 @@ def command_profile(directory: Path, trusted_root: Path | None, profile: str | N
 
     if profile is not None:
         return profile
-    if trusted_root is not None or bundle_issuer(directory / "SHA256SUMS.sigstore.json") == sigstore_local.LOCAL_ISSUER:
+    if bundle_issuer(directory / "SHA256SUMS.sigstore.json") == sigstore_local.LOCAL_ISSUER:
         return "local"
     return "production"
 
@@ -149,7 +151,7 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
     from pipeline.evidence import sigstore_local
 
     directory = Path(directory)
-    chosen = command_profile(directory, trusted_root, profile)
+    chosen = command_profile(directory, profile)
     expect = expectation(policy, chosen, repository=repository, tag=tag)
     root = trusted_root
     if chosen == "local" and root is None:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from pipeline.contracts import DigestsFile
+from pipeline.errors import CheckFailed
 from pipeline.publish.body import END, START
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -78,8 +79,18 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
 
     # The consumer states the release: build's source repository (no GITHUB_REPOSITORY here) and the tag.
     source_repo = os.environ.get("GITHUB_REPOSITORY") or "local/benchseal"
-    done = verify_release(release, repository=source_repo, tag=TAG,
+    # Signed exactly as production would be (GitHub Actions identities), under the local root only.
+    done = verify_release(release, repository=source_repo, tag=TAG, profile="production",
                           trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
     assert (done.repository, done.tag, done.commit) == (source_repo, TAG, report["source"]["commit"])
+    assert done.identity == f"https://github.com/{source_repo}/.github/workflows/benchmark.yml@refs/heads/main"
+    assert done.issuer == "https://token.actions.githubusercontent.com"
+    with pytest.raises(CheckFailed):  # the private instance's plain identity is not what signed it
+        verify_release(release, repository=source_repo, tag=TAG, profile="local",
+                       trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
+    image_checks = report["verified"]["images"]
+    assert len(image_checks) == 2 and all("slsaprovenance1 and cyclonedx by https://github.com/" + source_repo +
+                                          "/.github/workflows/tag.yml@refs/tags/" + TAG in c and "refused" in c
+                                          for c in image_checks)
     assert report["verified"]["repository"] == source_repo and report["verified"]["tag"] == TAG
     assert f"verify . --repo {source_repo} --tag {TAG}" in body2
