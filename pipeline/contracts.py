@@ -38,9 +38,25 @@ def _correlation(value: str) -> str:
 
 
 def _repository(value: str) -> str:
-    if not REPOSITORY_RE.match(value):
-        raise ValueError("must be 'owner/name'")
+    canonical_repository(value)
     return value
+
+
+def canonical_repository(value: str) -> str:
+    """The form two GitHub repository names are compared in: ``owner/name`` lowercased.
+
+    GitHub owner and repository names are case-insensitive (``ACME/App`` is ``acme/app``),
+    so every comparison (payload against policy, policy against the API's answer) uses
+    this form. The shape is checked first, on ASCII only: ``str.lower`` maps some
+    non-ASCII characters onto ASCII letters (KELVIN SIGN to ``k``), which would let a
+    lookalike name compare equal. ``.`` and ``..`` are not repository names (GitHub
+    refuses them; in a path they would traverse). Raises ValueError with the rule.
+    """
+    if not isinstance(value, str) or not value.isascii() or not REPOSITORY_RE.match(value):
+        raise ValueError("must be 'owner/name' (ASCII letters, digits, '-' in the owner; '.', '_', '-' also in the name)")
+    if value.partition("/")[2] in {".", ".."}:
+        raise ValueError("must be 'owner/name'; '.' and '..' are not repository names")
+    return value.lower()
 
 
 def _as_value_error(check: Callable[[str], str]) -> Callable[[str], str]:

@@ -13,6 +13,7 @@ from pipeline.dispatch.client import make_client
 from pipeline.publish.body import END, START, splice
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.targets import GitHubTarget, PublishError, PublishPolicy
+from tests.fixtures.github import tag_release_commit
 
 REPO = "acme/widget"
 ASSETS = ["SHA256SUMS", "SHA256SUMS.sigstore.json", "sbom-runner.cdx.json", "summary.json"]
@@ -25,6 +26,7 @@ def _repo(emu: Any, *, timeout: int = 30) -> Any:
 def _setup(emu: Any, *, immutable: bool = False, prerelease: bool = False, draft: bool = False,
            body: str = "Hand-written notes.\n") -> Any:
     emu.add_repo(REPO, immutable_releases=immutable)
+    tag_release_commit(emu, REPO, "v1.0.0")  # the run's commit (summary.json source.commit)
     repo = _repo(emu)
     return repo.create_git_release(tag="v1.0.0", name="v1.0.0", message=body, draft=draft, prerelease=prerelease)
 
@@ -116,6 +118,7 @@ def test_manual_publication_only_to_prereleases(emulator: Any, make_artifacts: A
     assert not info.value.retryable and _assets(emulator, "v1.0.0") == {}
     allowed = GitHubTarget(_repo(emulator), PublishPolicy(allow_manual_full_release=True)).publish(bundle, manual=True)
     assert allowed.strategy == "in-place"
+    tag_release_commit(emulator, REPO, "v1.1.0-rc1")
     _repo(emulator).create_git_release(tag="v1.1.0-rc1", name="rc", message="", prerelease=True)
     rc = GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts("rc"), "v1.1.0-rc1"), manual=True)
     assert rc.assets and _assets(emulator, "v1.1.0-rc1")
@@ -123,6 +126,7 @@ def test_manual_publication_only_to_prereleases(emulator: Any, make_artifacts: A
 
 def test_missing_release_is_a_retryable_error(emulator: Any, make_artifacts: Any) -> None:
     emulator.add_repo(REPO)
+    tag_release_commit(emulator, REPO, "v1.0.0")
     with pytest.raises(PublishError, match=r"no release for tag v1\.0\.0") as info:
         GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
     assert info.value.retryable

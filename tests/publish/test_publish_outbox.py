@@ -15,6 +15,7 @@ from pipeline.dispatch.client import make_client
 from pipeline.infra.queue import SqliteQueue
 from pipeline.publish.outbox import PUBLISHER_ERROR, OutboxConfig, deliver_pending, publish_request
 from pipeline.publish.targets import GitHubTarget, LocalTarget, Target
+from tests.fixtures.github import tag_release_commit
 
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
@@ -78,6 +79,7 @@ class _CrashAfterPublish:
 def test_crash_between_publication_and_mark_is_delivered_once(tmp_path: Path, make_artifacts: Any,
                                                               emulator: Any) -> None:
     emulator.add_repo(REPO)
+    tag_release_commit(emulator, REPO, "v1.0.0")
     gh = make_client(base_url=emulator.base_url, token=emulator.token, backoff_factor=0.0)
     gh.get_repo(REPO).create_git_release(tag="v1.0.0", name="v1.0.0", message="Notes")
     db = tmp_path / "queue.sqlite3"
@@ -113,6 +115,7 @@ def test_retry_budget_writes_signed_publisher_error_and_keeps_row(tmp_path: Path
     from pipeline.publish.outbox import default_resealer
 
     emulator.add_repo(REPO)  # no release for the tag yet: every attempt fails (retryable)
+    tag_release_commit(emulator, REPO, "v1.0.0")
     gh = make_client(base_url=emulator.base_url, token=emulator.token, backoff_factor=0.0)
 
     def target(_: PublicationRequest) -> Target:
