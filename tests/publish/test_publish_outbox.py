@@ -194,3 +194,23 @@ def test_delivery_of_one_run_leaves_the_others(tmp_path: Path, make_artifacts: A
         assert [p["run_id"] for p in report.published] == [mine]
         assert [p.request.run_id for p in queue.pending_publications()] == [other]
     assert sorted(p.name for p in root.iterdir()) == ["v1.0.0"]
+
+
+def test_row_for_an_unlisted_repository_is_refused_for_good(tmp_path: Path, make_artifacts: Any) -> None:
+    # The outbox row and the summary name a repository the policy does not list (or no longer lists).
+    sealed: list[Path] = []
+    with SqliteQueue(tmp_path / "queue.sqlite3") as queue:
+        run_id, art = _terminal_run(queue, "corr-unlisted-0001", make_artifacts,
+                                    {"target": "local", "tag": "v1.0.0", "options": {"root": str(tmp_path / "dist")}})
+        summary = json.loads((art / "summary.json").read_text())
+        summary["source"]["repository"] = "evil/widget"
+        (art / "summary.json").write_text(json.dumps(summary))
+        make_artifacts(run_id, **summary)  # re-checksummed: only the policy can refuse it
+        report = deliver_pending(queue, config=FAST, reseal=sealed.append)
+        assert report.published == [] and len(report.failed) == 1
+        assert "not allowed by the infra policy" in report.failed[0]["error"]
+        (pub,) = queue.list_publications(run_id)
+        assert pub.state == "PENDING" and pub.attempts == 1
+    assert sealed == [art]  # not retryable: the budget is used at once, publisher-error.json written
+    assert "not allowed" in json.loads((art / PUBLISHER_ERROR).read_text())["error"]
+    assert not (tmp_path / "dist").exists()
