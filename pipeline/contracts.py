@@ -132,10 +132,24 @@ class DigestsFile(_Frozen):
 
 # --- dispatch -> infra ---------------------------------------------------------
 
+def _git_tag(value: str) -> str:
+    # git check-ref-format's rules that the character class alone does not give: the tag
+    # names a ref path in API URLs and a directory name, so '..', empty or dot-led
+    # components and '.lock' never pass.
+    parts = value.split("/")
+    if ".." in value or value.endswith(".") or any(
+        not part or part.startswith(".") or part.endswith(".lock") for part in parts
+    ):
+        raise ValueError("must be a git tag name: no '..', no empty or '.'-led component, no trailing '/' or '.', "
+                         "no '.lock' component")
+    return value
+
+
 class PayloadSource(_Frozen):
     repository: RepositorySlug
     commit: CommitSha
-    tag: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    tag: Annotated[str, AfterValidator(_git_tag)] = Field(min_length=1, max_length=128,
+                                                          pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 
 
 class DispatchPayload(_Frozen):
