@@ -38,9 +38,25 @@ def _correlation(value: str) -> str:
 
 
 def _repository(value: str) -> str:
-    if not REPOSITORY_RE.match(value):
-        raise ValueError("must be 'owner/name'")
+    canonical_repository(value)
     return value
+
+
+def canonical_repository(value: str) -> str:
+    """The form two GitHub repository names are compared in: ``owner/name`` lowercased.
+
+    GitHub owner and repository names are case-insensitive (``ACME/App`` is ``acme/app``),
+    so every comparison (payload against policy, policy against the API's answer) uses
+    this form. The shape is checked first, on ASCII only: ``str.lower`` maps some
+    non-ASCII characters onto ASCII letters (KELVIN SIGN to ``k``), which would let a
+    lookalike name compare equal. ``.`` and ``..`` are not repository names (GitHub
+    refuses them; in a path they would traverse). Raises ValueError with the rule.
+    """
+    if not isinstance(value, str) or not value.isascii() or not REPOSITORY_RE.match(value):
+        raise ValueError("must be 'owner/name' (ASCII letters, digits, '-' in the owner; '.', '_', '-' also in the name)")
+    if value.partition("/")[2] in {".", ".."}:
+        raise ValueError("must be 'owner/name'; '.' and '..' are not repository names")
+    return value.lower()
 
 
 def _as_value_error(check: Callable[[str], str]) -> Callable[[str], str]:
@@ -116,10 +132,24 @@ class DigestsFile(_Frozen):
 
 # --- dispatch -> infra ---------------------------------------------------------
 
+def _git_tag(value: str) -> str:
+    # git check-ref-format's rules that the character class alone does not give: the tag
+    # names a ref path in API URLs and a directory name, so '..', empty or dot-led
+    # components and '.lock' never pass.
+    parts = value.split("/")
+    if ".." in value or value.endswith(".") or any(
+        not part or part.startswith(".") or part.endswith(".lock") for part in parts
+    ):
+        raise ValueError("must be a git tag name: no '..', no empty or '.'-led component, no trailing '/' or '.', "
+                         "no '.lock' component")
+    return value
+
+
 class PayloadSource(_Frozen):
     repository: RepositorySlug
     commit: CommitSha
-    tag: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    tag: Annotated[str, AfterValidator(_git_tag)] = Field(min_length=1, max_length=128,
+                                                          pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
 
 
 class DispatchPayload(_Frozen):

@@ -3,9 +3,51 @@
 Every error carries a human message from ``diagnostics()`` and the exit code
 the CLI returns for it: 2 for usage errors (bad input from the caller), 1 for
 failed checks (the world is not as it must be).
+
+Messages echo caller-controlled text (payload keys and values, tag names, API
+answers). ``str()`` and ``diagnostics()`` of every error, subclasses included,
+pass through ``escape_text``: no raw newline, CR, ESC, other control or
+format character (bidi overrides, zero-width marks) and no line separator ever
+reaches a terminal or an Actions log, so input cannot forge a ``::error::`` line
+or recolour the terminal. Each message is one line.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+
+def _escape_char(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def escape_text(text: str) -> str:
+    """``text`` with every non-printable character written as a ``\\xNN``/``\\uNNNN`` escape.
+
+    Non-printable is Python's ``str.isprintable`` (categories Cc, Cf, Cs, Co, Cn, Zl, Zp
+    and every space other than U+0020): newline, CR, tab, ESC, DEL, C1 controls, bidi
+    overrides and isolates, zero-width characters, lone surrogates. Idempotent: the
+    result is printable, so escaping it again changes nothing.
+    """
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escape_char(char) for char in text)
+
+
+def _escaping(method: Callable[..., str]) -> Callable[..., str]:
+    @functools.wraps(method)
+    def wrapper(self: Any) -> str:
+        return escape_text(method(self))
+
+    setattr(wrapper, "__benchseal_escaped__", True)  # noqa: B010 -- a marker on the function object
+    return wrapper
 
 
 class Error(Exception):
@@ -13,6 +55,19 @@ class Error(Exception):
 
     exit_code: int = 1
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Every subclass's own diagnostics()/__str__ is escaped too, wherever it is defined.
+        super().__init_subclass__(**kwargs)
+        for name in ("diagnostics", "__str__"):
+            method = cls.__dict__.get(name)
+            if callable(method) and not getattr(method, "__benchseal_escaped__", False):
+                setattr(cls, name, _escaping(method))
+
+    @_escaping
+    def __str__(self) -> str:
+        return super().__str__()
+
+    @_escaping
     def diagnostics(self) -> str:
         return str(self)
 
@@ -50,5 +105,8 @@ class InfrastructureError(Error):
 
 
 def _shorten(value: object, limit: int = 120) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond sys.get_int_max_str_digits()
+        text = f"<{type(value).__name__} too large to show>"
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -16,15 +16,16 @@ infra_app = typer.Typer(help="Benchmark infra: accept dispatch payloads, inspect
 
 def _read_payload(source: str, limit: int) -> bytes:
     # Read at most limit + 1 bytes: the size bound holds before anything is parsed.
-    if source == "-":
-        data = sys.stdin.buffer.read(limit + 1)
-    else:
+    try:
+        if source == "-":
+            return sys.stdin.buffer.read(limit + 1)
         path = Path(source)
         if not path.is_file():
             raise ValidationError("--payload", "must be an existing file or '-'", source)
         with path.open("rb") as handle:
-            data = handle.read(limit + 1)
-    return data
+            return handle.read(limit + 1)
+    except OSError as exc:
+        raise ValidationError("--payload", f"cannot be read: {exc.strerror or type(exc).__name__}", source) from None
 
 
 @infra_app.command("accept")

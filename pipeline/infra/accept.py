@@ -1,19 +1,23 @@
 """``benchseal infra accept``: validate a dispatch payload, then enqueue it exactly once.
 
 Order of checks: size bound (before parsing) -> strict JSON (ASCII only, no
-duplicate keys, no NaN) -> JSON Schema (policies/payload.schema.json) ->
-pydantic model (pipeline.contracts.DispatchPayload, which re-runs the shared
-digest validator) -> policy (allowed registries/repositories, suites, agents).
-Every rejection is a ValidationError naming the field (exit 2).
+BOM, no duplicate keys, no NaN/Infinity, no number literal longer than
+``MAX_NUMBER_CHARS``, nesting at most ``MAX_DEPTH``, an object at the top) ->
+JSON Schema (policies/payload.schema.json) -> pydantic model
+(pipeline.contracts.DispatchPayload, which re-runs the shared digest validator)
+-> policy (source repository listed, its allowed image repositories, suites,
+agents). Every rejection is a ValidationError naming the field and the rule
+(exit 2), never a traceback; the error hierarchy escapes whatever it echoes.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pipeline.contracts import DispatchPayload, load_model
 from pipeline.digests import parse_ref
@@ -37,31 +41,84 @@ def _schema_validator() -> Any:
     return jsonschema.Draft202012Validator(schema)
 
 
+# The payload holds no numbers at all and is two levels deep; these bounds only keep a
+# hostile literal or nesting from reaching int(), float() or a recursive validator.
+MAX_NUMBER_CHARS = 32
+MAX_DEPTH = 8
+_BOMS = ((b"\xef\xbb\xbf", "UTF-8"), (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise ValidationError(f"payload.{key}", "duplicate key")
+            raise ValidationError(f"payload.{key}", "duplicate key (each key may appear once per object)")
         seen[key] = value
     return seen
 
 
 def _reject_constant(name: str) -> None:
-    raise ValidationError("payload", f"{name} is not valid JSON")
+    raise ValidationError("payload", f"{name} is not valid JSON (NaN and Infinity literals are refused)")
+
+
+def _parse_int(text: str) -> int:
+    # Python's int() refuses more than 4300 digits with a ValueError: bound it first.
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ValidationError("payload", f"number literal longer than {MAX_NUMBER_CHARS} characters", text[:20] + "...")
+    return int(text)
+
+
+def _parse_float(text: str) -> float:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise ValidationError("payload", f"number literal longer than {MAX_NUMBER_CHARS} characters", text[:20] + "...")
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        # 1e999 overflows to infinity: the same as an Infinity literal.
+        raise ValidationError("payload", "number literal out of range (overflows to infinity)", text)
+    return value
+
+
+def _check_shape(obj: object) -> None:
+    """Depth bound, without recursion, before any recursive code (schema, pydantic) sees it."""
+    stack: list[tuple[object, int, str]] = [(obj, 1, "payload")]
+    while stack:
+        node, depth, where = stack.pop()
+        if isinstance(node, dict | list):
+            if depth > MAX_DEPTH:
+                raise ValidationError(where, f"nested deeper than {MAX_DEPTH} levels")
+            if isinstance(node, dict):
+                for key, child in node.items():
+                    if not isinstance(key, str):
+                        raise ValidationError(where, "object keys must be strings", type(key).__name__)
+                    stack.append((child, depth + 1, f"{where}.{key}"))
+            else:
+                stack.extend((child, depth + 1, f"{where}[{index}]") for index, child in enumerate(node))
+        elif isinstance(node, int) and not isinstance(node, bool) and abs(node) >= 10**MAX_NUMBER_CHARS:
+            raise ValidationError(where, f"integer longer than {MAX_NUMBER_CHARS} digits")
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise ValidationError(where, "NaN and Infinity are not valid JSON")
 
 
 def parse_payload_bytes(data: bytes, max_bytes: int) -> object:
     if len(data) > max_bytes:
         raise ValidationError("payload", f"must be at most {max_bytes} bytes (got {len(data)})")
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            raise ValidationError("payload", f"must be ASCII JSON without a byte order mark (starts with a {encoding} BOM)")
     if not data.isascii():
         index = next(i for i, b in enumerate(data) if b > 0x7F)
         raise ValidationError("payload", f"must be ASCII JSON (non-ASCII byte at offset {index})")
     try:
-        return json.loads(data.decode("ascii"), object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+        obj = json.loads(data.decode("ascii"), object_pairs_hook=_no_duplicates, parse_constant=_reject_constant,
+                         parse_int=_parse_int, parse_float=_parse_float)
     except json.JSONDecodeError as exc:
         raise ValidationError("payload", f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
-        raise ValidationError("payload", "nested too deeply") from None
+        raise ValidationError("payload", f"not valid JSON: nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # anything else the decoder refuses (never a traceback)
+        raise ValidationError("payload", f"not valid JSON: {type(exc).__name__}") from None
+    _check_shape(obj)
+    return obj
 
 
 def _path(parts: Any) -> str:
@@ -75,7 +132,11 @@ def validate_payload(data: bytes | dict[str, Any], policy: InfraPolicy | None = 
     if isinstance(data, bytes | bytearray):
         obj = parse_payload_bytes(bytes(data), policy.max_payload_bytes)
     elif isinstance(data, dict):
-        encoded = json.dumps(data, ensure_ascii=False, default=str).encode("utf-8")
+        _check_shape(data)
+        try:
+            encoded = json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8", "surrogatepass")
+        except (TypeError, ValueError) as exc:
+            raise ValidationError("payload", f"must be JSON data ({type(exc).__name__}: not serialisable)") from None
         if len(encoded) > policy.max_payload_bytes:
             raise ValidationError("payload", f"must be at most {policy.max_payload_bytes} bytes (got {len(encoded)})")
         obj = data
@@ -101,9 +162,7 @@ def validate_payload(data: bytes | dict[str, Any], policy: InfraPolicy | None = 
         payload = load_model(DispatchPayload, obj, "payload")
     except ValidationError as exc:
         raise ValidationError(exc.field.replace("payload: ", "payload.", 1), exc.rule, exc.value) from None
-    roles: tuple[Literal["runner", "api"], ...] = ("runner", "api")
-    for role in roles:
-        policy.check_image(role, parse_ref(getattr(payload, role), f"payload.{role}"), field=f"payload.{role}")
+    policy.check_payload(payload)
     if payload.suite not in policy.suites:
         raise ValidationError("payload.suite", f"suite not allowed by policy (allowed: {', '.join(sorted(policy.suites))})", payload.suite)
     if payload.agent not in policy.agents:

@@ -3,6 +3,13 @@
 Both are idempotent: publishing the same bundle twice changes nothing the second
 time, and a publication interrupted at any point is completed by the next attempt
 (the outbox retries the whole ``publish`` call, so every step must be safe to repeat).
+
+Both write only for a source repository that the infra policy (policies/infra.yaml
+``sources``) lists, re-read at every publication: the run's summary.json names the
+repository, which must be listed; the GitHub target also requires the repository the
+API answers for (after any rename redirect) to be that same listed repository, and the
+release's tag, resolved through the API at publish time with annotated tags peeled, to
+point at the run's commit. Anything else is refused before the first write.
 """
 
 from __future__ import annotations
@@ -16,7 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from pipeline.errors import CheckFailed, Error
+from pipeline.contracts import COMMIT_RE, canonical_repository
+from pipeline.errors import CheckFailed, Error, ValidationError
 from pipeline.fsutil import atomic_write_text
 from pipeline.publish.body import START, splice
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
@@ -26,9 +34,12 @@ if TYPE_CHECKING:
     from github.GitReleaseAsset import GitReleaseAsset
     from github.Repository import Repository
 
+    from pipeline.infra.policy import InfraPolicy, SourcePolicy
+
 AssetAction = Literal["kept", "uploaded", "replaced", "removed"]
 Strategy = Literal["local", "in-place", "draft", "companion"]
 COMPANION_SUFFIX = "-benchmark"
+MAX_PEEL_DEPTH = 5
 
 
 class PublishError(Error):
@@ -68,6 +79,21 @@ class Target(Protocol):
     def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult: ...
 
 
+def allowed_source(bundle: ReleaseBundle, sources: InfraPolicy | None = None) -> SourcePolicy:
+    """The policy entry for the run's source repository; PublishError (not retryable) otherwise.
+
+    ``sources`` defaults to policies/infra.yaml, read now: a repository removed from the
+    policy after the run was accepted is no longer written to.
+    """
+    from pipeline.infra.policy import load_policy
+
+    try:
+        policy = sources if sources is not None else load_policy()
+        return policy.source(bundle.facts.source_repository, "summary.json source.repository")
+    except ValidationError as exc:
+        raise PublishError(f"refusing to publish run {bundle.run_id}: {exc.diagnostics()}", retryable=False) from None
+
+
 # --- local directory -----------------------------------------------------------------
 
 _RENAME_EXCHANGE = 2
@@ -90,8 +116,9 @@ def _exchange(a: Path, b: Path) -> bool:
 class LocalTarget:
     """``<root>/<tag>/``: body.md plus every asset. Replaced as a whole, atomically."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, sources: InfraPolicy | None = None) -> None:
         self.root = root
+        self.sources = sources  # None: policies/infra.yaml, read at each publication
 
     def release_dir(self, tag: str) -> Path:
         if "/" in tag or tag in {".", ".."} or tag.startswith("."):
@@ -99,6 +126,7 @@ class LocalTarget:
         return self.root / tag
 
     def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult:
+        allowed_source(bundle, self.sources)
         dest = self.release_dir(bundle.tag)
         old_body = (dest / "body.md").read_text("utf-8") if (dest / "body.md").is_file() else ""
         body = splice(old_body, bundle.section)
@@ -186,6 +214,9 @@ class GitHubTarget:
     """A GitHub Release found by tag.
 
     Order of work, chosen so that an interruption anywhere is repaired by a re-run:
+    0. check, before any write: the repository is listed in the infra policy (by the name
+       the API answers with) and is the run's source repository; the tag exists and,
+       peeled, points at the run's commit;
     1. find the release; refuse when its tag differs or policy forbids it;
     2. choose where the assets go, from the API's answer: the release itself when it is a
        draft or mutable; when GitHub reports it ``immutable`` (or refuses an asset change
@@ -198,9 +229,11 @@ class GitHubTarget:
        visible section means the assets are complete.
     """
 
-    def __init__(self, repo: Repository, policy: PublishPolicy | None = None, *, release_id: int | None = None) -> None:
+    def __init__(self, repo: Repository, policy: PublishPolicy | None = None, *, release_id: int | None = None,
+                 sources: InfraPolicy | None = None) -> None:
         self.repo = repo
         self.policy = policy or PublishPolicy()
+        self.sources = sources  # None: policies/infra.yaml, read at each publication
         # A release named by id (e.g. created by the tag workflow) instead of found by tag;
         # its tag is still checked against the run's.
         self.release_id = release_id
@@ -213,14 +246,65 @@ class GitHubTarget:
 
     # The steps ----------------------------------------------------------------------
 
+    def _check_source(self, bundle: ReleaseBundle) -> str:
+        """Repository and tag checks (step 0); returns the commit the tag resolves to."""
+        entry = allowed_source(bundle, self.sources)
+        # The API's own name for the repository: a renamed or transferred repository is
+        # redirected by GitHub, so the requested name alone proves nothing.
+        answered = self.repo.full_name
+        try:
+            canonical = canonical_repository(answered)
+        except ValueError:
+            canonical = None
+        if canonical != entry.canonical:
+            raise PublishError(
+                f"refusing to publish run {bundle.run_id} of {entry.repository} to repository {answered!r}: "
+                "a run is published only to its own source repository", retryable=False)
+        commit = bundle.facts.source_commit
+        if not COMMIT_RE.match(commit):
+            raise PublishError(f"summary.json source.commit must be a 40-character lowercase hex commit "
+                               f"(got {commit!r})", retryable=False)
+        resolved = self._resolve_tag(bundle.tag)
+        if resolved != commit:
+            raise PublishError(
+                f"tag {bundle.tag!r} in {answered} points at commit {resolved}, the run benchmarked {commit}: "
+                "refusing to publish to a release of another commit", retryable=False)
+        return commit
+
+    def _resolve_tag(self, tag: str) -> str:
+        """The commit ``refs/tags/<tag>`` points at now, peeling annotated tags (and tags of tags)."""
+        from github import UnknownObjectException
+
+        try:
+            ref = self.repo.get_git_ref(f"tags/{tag}")
+            kind, sha, name = ref.object.type, ref.object.sha, ref.ref
+        except UnknownObjectException:
+            # A tag can still be pushed (or a draft published): retried, with backoff.
+            raise PublishError(f"tag {tag!r} does not exist in {self.repo.full_name}: nothing to publish to",
+                               retryable=True) from None
+        if name != f"refs/tags/{tag}":
+            raise PublishError(f"GitHub answered ref {name!r} for tag {tag!r}", retryable=False)
+        for _ in range(MAX_PEEL_DEPTH + 1):
+            if kind != "tag":
+                break
+            tag_object = self.repo.get_git_tag(sha)
+            kind, sha = tag_object.object.type, tag_object.object.sha
+        else:
+            raise PublishError(f"tag {tag!r}: more than {MAX_PEEL_DEPTH} nested tag objects", retryable=False)
+        if kind != "commit" or not isinstance(sha, str) or not COMMIT_RE.match(sha):
+            raise PublishError(f"tag {tag!r} in {self.repo.full_name} points to a {kind} ({sha!r}), not a commit",
+                               retryable=False)
+        return sha
+
     def _publish(self, bundle: ReleaseBundle, *, manual: bool) -> PublishResult:
+        commit = self._check_source(bundle)
         release = self.repo.get_release(self.release_id) if self.release_id is not None else self._find(bundle.tag)
         if release is None:
             if not self.policy.create_missing_release:
                 raise PublishError(f"{self.repo.full_name} has no release for tag {bundle.tag}", retryable=True)
             release = self.repo.create_git_release(
                 tag=bundle.tag, name=bundle.tag, message="", draft=True, prerelease=manual,
-                target_commitish=bundle.facts.source_commit,
+                target_commitish=commit,
             )
         if release.tag_name != bundle.tag:
             raise PublishError(
@@ -235,7 +319,7 @@ class GitHubTarget:
         strategy: Strategy = "draft" if release.draft else "in-place"
         holder = release
         if not release.draft and bool(release.raw_data.get("immutable")):
-            strategy, holder = "companion", self._companion(release, bundle)
+            strategy, holder = "companion", self._companion(release, bundle, commit)
         try:
             actions = self._sync_assets(holder, bundle.assets)
         except Exception as exc:
@@ -247,7 +331,7 @@ class GitHubTarget:
                     "publish this run under a new tag", retryable=False,
                 ) from exc
             # The release did not say it was immutable, but GitHub refused like one.
-            strategy, holder = "companion", self._companion(release, bundle)
+            strategy, holder = "companion", self._companion(release, bundle, commit)
             actions = self._sync_assets(holder, bundle.assets)
         section = bundle.section
         if strategy == "companion":
@@ -283,7 +367,7 @@ class GitHubTarget:
         matches = [r for r in self.repo.get_releases() if r.tag_name == tag]
         return min(matches, key=lambda r: r.id) if matches else None
 
-    def _companion(self, release: GitRelease, bundle: ReleaseBundle) -> GitRelease:
+    def _companion(self, release: GitRelease, bundle: ReleaseBundle, commit: str) -> GitRelease:
         tag = release.tag_name + COMPANION_SUFFIX
         matches = sorted((r for r in self.repo.get_releases() if r.tag_name == tag), key=lambda r: r.id)
         published = [r for r in matches if not r.draft]
@@ -294,10 +378,13 @@ class GitHubTarget:
             if extra is not keep and START in (extra.body or ""):
                 extra.delete_release()
         if keep is not None:
+            if not keep.draft and self._resolve_tag(tag) != commit:
+                raise PublishError(f"companion tag {tag!r} does not point at commit {commit}: refusing", retryable=False)
             return keep
+        # At the verified commit (the release's target_commitish may name a branch that moved on).
         return self.repo.create_git_release(
             tag=tag, name=f"{release.tag_name} benchmark", message=splice("", bundle.section), draft=True,
-            prerelease=release.prerelease, target_commitish=release.target_commitish,
+            prerelease=release.prerelease, target_commitish=commit,
         )
 
     def _sync_assets(self, release: GitRelease, assets: tuple[Asset, ...]) -> dict[str, AssetAction]:

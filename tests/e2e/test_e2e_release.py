@@ -36,14 +36,14 @@ from pipeline.errors import CheckFailed
 from pipeline.publish.body import START, splice
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.outbox import OutboxConfig, deliver_pending, verify_commands
-from pipeline.publish.targets import GitHubTarget, Target
+from pipeline.publish.targets import GitHubTarget, PublishError, Target
+from tests.fixtures.github import tag_release_commit
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "acme/widget"
 INFRA = "acme/bench-infra"
-LOCKED = "acme/locked"
 TAG = "v1.0.0"
 NOTES = "## What's new\n\n* faster widgets\n"
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
@@ -113,6 +113,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -
             emu.add_workflow(INFRA, ".github/workflows/benchmark.yml",
                              (REPO_ROOT / ".github/workflows/benchmark.yml").read_text("utf-8"))
             gh = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0)
+            # The release's tag points at the commit the images were built from (the publisher
+            # resolves it and refuses a release of another commit).
+            tag_release_commit(emu, SOURCE, TAG, built_images.source.commit)
             gh.get_repo(SOURCE).create_git_release(tag=TAG, name=TAG, message=NOTES)
             states: list[str] = []
 
@@ -263,26 +266,39 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path)
 
 
 def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Path) -> None:
-    emu = world.emulator
-    emu.add_repo(LOCKED, immutable_releases=True)
-    repo = make_client(base_url=emu.base_url, token=emu.token).get_repo(LOCKED)
-    repo.create_git_release(tag=TAG, name=TAG, message=NOTES)
-    bundle = load_bundle(world.artifacts, TAG, verify_commands(world.artifacts, repository=SOURCE, tag=TAG))
-    result = GitHubTarget(repo).publish(bundle)
-    assert result.strategy == "companion"
-    assert emu.release(LOCKED, TAG).assets == [] and emu.release(LOCKED, TAG).immutable
-    companion = emu.release(LOCKED, TAG + "-benchmark")
-    assert companion.immutable and not companion.draft
-    downloaded = _download(emu, LOCKED, TAG + "-benchmark", tmp_path / "companion")
-    assert downloaded == {p.name: p.read_bytes() for p in world.artifacts.iterdir() if p.is_file()}
-    assert emu.release(LOCKED, TAG).body.startswith(NOTES + "\n" + START)
+    # The run's own repository (a run is published only there), on a second GitHub whose
+    # repository has immutable releases.
+    from pipeline.testing.github import GitHubEmulator
+
+    commit = json.loads((world.artifacts / "summary.json").read_text())["source"]["commit"]
+    with GitHubEmulator() as emu:
+        emu.add_repo(SOURCE, immutable_releases=True)
+        tag_release_commit(emu, SOURCE, TAG, commit, annotated=True)
+        repo = make_client(base_url=emu.base_url, token=emu.token).get_repo(SOURCE)
+        repo.create_git_release(tag=TAG, name=TAG, message=NOTES)
+        bundle = load_bundle(world.artifacts, TAG, verify_commands(world.artifacts, repository=SOURCE, tag=TAG))
+        result = GitHubTarget(repo).publish(bundle)
+        assert result.strategy == "companion"
+        assert emu.release(SOURCE, TAG).assets == [] and emu.release(SOURCE, TAG).immutable
+        companion = emu.release(SOURCE, TAG + "-benchmark")
+        assert companion.immutable and not companion.draft
+        downloaded = _download(emu, SOURCE, TAG + "-benchmark", tmp_path / "companion")
+        assert downloaded == {p.name: p.read_bytes() for p in world.artifacts.iterdir() if p.is_file()}
+        assert emu.release(SOURCE, TAG).body.startswith(NOTES + "\n" + START)
+        assert emu.violations == [], emu.violations
     _verify_downloaded(tmp_path / "companion", world.trusted_root)
-    # The evidence is SOURCE's: a consumer who expects LOCKED's release is refused, by name.
+    # The evidence is SOURCE's: a consumer who expects LOCKED's release is refused, by name,
+    # and the publisher refuses to put it into LOCKED's release at all.
     from pipeline.verify import verify_release
 
     with pytest.raises(CheckFailed, match=r"source\.repository is 'acme/widget', expected 'acme/locked'"):
         verify_release(tmp_path / "companion", repository=LOCKED, tag=TAG, trusted_root=world.trusted_root,
                        offline=True)
+    world.emulator.add_repo(LOCKED, immutable_releases=True)
+    locked = make_client(base_url=world.emulator.base_url, token=world.emulator.token).get_repo(LOCKED)
+    locked.create_git_release(tag=TAG, name=TAG, message=NOTES)
+    with pytest.raises(PublishError):
+        GitHubTarget(locked).publish(bundle)
 
 
 def _never(path: Path) -> None:

@@ -12,13 +12,15 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.contracts import DispatchPayload
 from pipeline.errors import ValidationError
 from pipeline.infra.accept import accept_payload, validate_payload
-from pipeline.infra.policy import SCHEMA_PATH
+from pipeline.infra.policy import SCHEMA_PATH, load_policy
+from pipeline.paths import REPO_ROOT
 
 HEX = "0123456789abcdef" * 4
 RUNNER = "127.0.0.1:5055/benchseal/runner"
@@ -54,6 +56,13 @@ HOSTILE: list[tuple[str, tuple[str, ...], Any, str]] = [
     ("uppercase commit", ("source", "commit"), "0123456789ABCDEF0123456789abcdef01234567", "payload.source.commit"),
     ("tag with space", ("source", "tag"), "v1 2", "payload.source.tag"),
     ("oversized tag", ("source", "tag"), "v" * 129, "payload.source.tag"),
+    ("tag traversal", ("source", "tag"), "v1/../../heads/main", "payload.source.tag"),
+    ("tag double dot", ("source", "tag"), "v1..2", "payload.source.tag"),
+    ("tag trailing slash", ("source", "tag"), "v1/", "payload.source.tag"),
+    ("tag trailing dot", ("source", "tag"), "v1.", "payload.source.tag"),
+    ("tag empty component", ("source", "tag"), "v1//x", "payload.source.tag"),
+    ("tag dot component", ("source", "tag"), "v1/.hidden", "payload.source.tag"),
+    ("tag lock", ("source", "tag"), "v1.lock", "payload.source.tag"),
     ("repository traversal", ("source", "repository"), "../../etc", "payload.source.repository"),
     ("wrong schema", ("schema",), "benchseal.dispatch/v2", "payload.schema"),
     ("extra top-level key", ("extra",), "x", "payload.extra"),
@@ -217,3 +226,307 @@ def test_cli_validate_checks_without_enqueueing(tmp_path: Path, make_payload) ->
     bad = subprocess.run(cli, input=good.replace("@sha256:", ":latest@sha256:"), capture_output=True, text=True,
                          env=env, check=False, timeout=60)
     assert bad.returncode == 2 and "payload.api" in bad.stderr and "must not carry a tag" in bad.stderr
+
+
+# --- source repositories (policy sources[]) ------------------------------------------
+
+def _policy_file(tmp_path: Path, sources: Any, **extra: Any) -> Path:
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data["sources"] = sources
+    data.update(extra)
+    path = tmp_path / f"infra-{abs(hash(json.dumps(sources, sort_keys=True, default=str)))}.yaml"
+    path.write_text(yaml.safe_dump(data, allow_unicode=True))
+    return path
+
+
+def _images(runner: str = "benchseal/runner", api: str = "benchseal/api") -> dict[str, Any]:
+    return {"runner": [{"registry": "127.0.0.1:5055", "repository": runner}],
+            "api": [{"registry": "127.0.0.1:5055", "repository": api}]}
+
+
+HOSTILE_SOURCES = [
+    ("other owner", "evil/widget"),
+    ("other name", "acme/widget2"),
+    ("prefix of a listed name", "acme/widge"),
+    ("listed name plus suffix", "acme/widget-"),
+    ("owner lookalike", "acme-/widget"),
+    ("l for i", "acme/wldget"),
+    ("digit for letter", "acme/w1dget"),
+    ("trailing slash", "acme/widget/"),
+    ("leading slash", "/acme/widget"),
+    ("double slash", "acme//widget"),
+    ("three parts", "acme/widget/evil"),
+    ("trailing dot", "acme/widget."),
+    ("dot git", "acme/widget.git"),
+    ("path traversal", "acme/../widget"),
+    ("dotdot name", "acme/.."),
+    ("dot name", "acme/."),
+    ("url", "https://github.com/acme/widget"),
+    ("percent-encoded slash", "acme%2Fwidget"),
+    ("backslash", "acme\\widget"),
+    ("trailing newline", "acme/widget\n"),
+    ("leading space", " acme/widget"),
+    ("NUL", "acme/widget\x00"),
+    ("cyrillic a", "\u0430cme/widget"),
+    ("fullwidth a", "\uff41cme/widget"),
+    ("zero-width space", "acme/wid\u200bget"),
+    ("right-to-left override", "acme/\u202etegdiw"),
+    ("combining mark", "acme/wi\u0307dget"),
+]
+
+
+@pytest.mark.parametrize(("case", "repository"), HOSTILE_SOURCES, ids=[c for c, _ in HOSTILE_SOURCES])
+def test_unlisted_or_lookalike_source_repository_refused(make_payload, queue_db, case, repository):
+    payload = make_payload(source={**make_payload()["source"], "repository": repository})
+    for data in (payload, json.dumps(payload).encode("ascii")):  # the library and the CLI path
+        with pytest.raises(ValidationError) as info:
+            accept_payload(data, db=queue_db)
+        assert info.value.field == "payload.source.repository", (case, info.value.diagnostics())
+        assert "\n" not in info.value.diagnostics() and "\x00" not in info.value.diagnostics()
+    assert not queue_db.exists() or sqlite3.connect(queue_db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+def test_unlisted_repository_names_the_rule(make_payload, infra_policy):
+    with pytest.raises(ValidationError) as info:
+        validate_payload(make_payload(source={**make_payload()["source"], "repository": "evil/widget"}), infra_policy)
+    assert info.value.field == "payload.source.repository"
+    assert "not allowed by the infra policy" in info.value.rule and "sources" in info.value.rule
+
+
+@pytest.mark.parametrize("spelling", ["ACME/Widget", "Acme/WIDGET", "acme/widget", "LOCAL/BenchSeal"])
+def test_owner_and_name_compare_case_insensitively(make_payload, infra_policy, spelling):
+    # GitHub names are case-insensitive: another spelling of a listed repository is that repository.
+    payload = validate_payload(make_payload(source={**make_payload()["source"], "repository": spelling}), infra_policy)
+    assert infra_policy.source(payload.source.repository).canonical == spelling.lower()
+
+
+def test_kelvin_sign_cannot_fold_onto_a_listed_name(tmp_path, make_payload):
+    # "\u212a".lower() == "k": canonical comparison must check ASCII before folding case.
+    assert "\u212a".lower() == "k"
+    policy = load_policy(_policy_file(tmp_path, [{"repository": "acme/kit", "images": _images()}]))
+    assert policy.source("ACME/KIT").repository == "acme/kit"
+    for spoof in ("acme/\u212ait", "acme/\u212aIT", "\u212acme/kit"):
+        with pytest.raises(ValidationError) as info:
+            validate_payload(make_payload(source={**make_payload()["source"], "repository": spoof}), policy)
+        assert info.value.field == "payload.source.repository"
+
+
+def test_images_are_allowed_per_source_repository(tmp_path, make_payload):
+    policy = load_policy(_policy_file(tmp_path, [
+        {"repository": "acme/widget", "images": _images()},
+        {"repository": "other/tool", "images": _images("other/runner", "other/api")},
+    ]))
+    own = make_payload()
+    assert validate_payload(own, policy).source.repository == "acme/widget"
+    other_runner = f"127.0.0.1:5055/other/runner@sha256:{HEX}"
+    other_api = f"127.0.0.1:5055/other/api@sha256:{HEX}"
+    # acme/widget may not run other/tool's images, and the reverse.
+    with pytest.raises(ValidationError) as info:
+        validate_payload(make_payload(runner=other_runner), policy)
+    assert info.value.field == "payload.runner" and "for source acme/widget" in info.value.rule
+    with pytest.raises(ValidationError) as info:
+        validate_payload(make_payload(source={**own["source"], "repository": "other/tool"}), policy)
+    assert info.value.field == "payload.runner" and "for source other/tool" in info.value.rule
+    ok = validate_payload(make_payload(source={**own["source"], "repository": "Other/Tool"},
+                                       runner=other_runner, api=other_api), policy)
+    assert ok.runner == other_runner
+    with pytest.raises(ValidationError) as info:
+        validate_payload(make_payload(source={**own["source"], "repository": "other/tool"}, runner=other_runner),
+                         policy)
+    assert info.value.field == "payload.api"
+
+
+def test_cli_refuses_unlisted_repository_with_exit_2(make_payload, tmp_path, queue_db):
+    bad = json.dumps(make_payload(source={**make_payload()["source"], "repository": "evil/widget"}))
+    for verb in (["accept", "--db", str(queue_db)], ["validate"]):
+        done = subprocess.run([sys.executable, "-m", "pipeline", "infra", *verb, "--payload", "-"], input=bad,
+                              capture_output=True, text=True, check=False, timeout=60)
+        assert done.returncode == 2, (verb, done.stderr)
+        assert "payload.source.repository" in done.stderr and "not allowed by the infra policy" in done.stderr
+        assert "Traceback" not in done.stderr
+    assert not queue_db.exists() or sqlite3.connect(queue_db).execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+
+
+# --- the policy file itself is strictly validated ---------------------------------------
+
+@pytest.mark.parametrize(("case", "mutate", "needle"), [
+    ("unknown top-level key", lambda d: d.update(images=d["sources"][0]["images"]), "images"),
+    ("unknown key in a source", lambda d: d["sources"][0].update(repo="acme/widget"), "repo"),
+    ("unknown role", lambda d: d["sources"][0]["images"].update(worker=[]), "worker"),
+    ("unknown key in an image", lambda d: d["sources"][0]["images"]["runner"][0].update(tag="latest"), "tag"),
+    ("no sources", lambda d: d.update(sources=[]), "sources"),
+    ("source without images", lambda d: d["sources"][0].pop("images"), "images"),
+    ("role without images", lambda d: d["sources"][0]["images"].update(api=[]), "api"),
+    ("duplicate source", lambda d: d["sources"].append(dict(d["sources"][0])), "listed twice"),
+    ("duplicate source in other case",
+     lambda d: d["sources"].append({**d["sources"][0], "repository": "ACME/Widget"}), "listed twice"),
+    ("trailing slash", lambda d: d["sources"][0].update(repository="acme/widget/"), "owner/name"),
+    ("traversal", lambda d: d["sources"][0].update(repository="acme/.."), "'..'"),
+    ("kelvin sign", lambda d: d["sources"][0].update(repository="acme/\u212ait"), "ASCII"),
+    ("not a list", lambda d: d.update(sources={"acme/widget": {}}), "sources"),
+    ("invalid image name", lambda d: d["sources"][0]["images"]["runner"][0].update(repository="Bench/Runner"), ""),
+    ("old schema", lambda d: d.update(schema="benchseal.infra-policy/v1"), "no longer accepted"),
+])
+def test_policy_is_strictly_validated(tmp_path, case, mutate, needle):
+    data = {"schema": "benchseal.infra-policy/v2", "max_payload_bytes": 16384, "agents": ["oracle"],
+            "suites": {"smoke": {"timeout_seconds": 60}}, "max_attempts": 1, "lease_seconds": 10,
+            "infra_error_threshold_percent": 10,
+            "sources": [{"repository": "acme/widget", "images": _images()}]}
+    load_policy_from = tmp_path / "policy.yaml"
+    load_policy_from.write_text(yaml.safe_dump(data))
+    load_policy(load_policy_from)  # the unmutated policy loads
+    mutate(data)
+    load_policy_from.write_text(yaml.safe_dump(data, allow_unicode=True))
+    with pytest.raises(ValidationError) as info:
+        load_policy(load_policy_from)
+    assert needle in info.value.diagnostics(), (case, info.value.diagnostics())
+
+
+def test_policy_duplicate_yaml_keys_refused(tmp_path):
+    text = (REPO_ROOT / "policies" / "infra.yaml").read_text()
+    path = tmp_path / "dup.yaml"
+    # PyYAML would silently keep the second mapping: the first (strict) list must not be replaced.
+    path.write_text(text + "\nsources:\n  - repository: evil/widget\n    images: *local-images\n")
+    with pytest.raises(ValidationError) as info:
+        load_policy(path)
+    assert "duplicate key 'sources'" in info.value.diagnostics()
+
+
+def test_shipped_policy_lists_the_demo_repositories(infra_policy):
+    # release --local (no $GITHUB_REPOSITORY) and the GitHub emulator's demo repository (e2e).
+    from pipeline.build.images import source_info
+
+    listed = {s.canonical for s in infra_policy.sources}
+    assert {"local/benchseal", "acme/widget"} <= listed
+    assert "evil/widget" not in listed
+    if not os.environ.get("GITHUB_REPOSITORY"):
+        assert source_info().repository in listed
+
+
+# --- hostile JSON: always exit 2 with one line naming the field and the rule ----------------
+
+DEEP = b'{"a":' + b"[" * 5000 + b"]" * 5000 + b"}"
+HOSTILE_JSON: list[tuple[str, bytes, str]] = [
+    ("5000-digit integer", b'{"schema": ' + b"1" * 5000 + b"}", "number literal longer than"),
+    ("5000-digit negative", b'{"schema": -' + b"9" * 5000 + b"}", "number literal longer than"),
+    ("long float", b'{"schema": 0.' + b"1" * 5000 + b"}", "number literal longer than"),
+    ("overflowing exponent", b'{"schema": 1e999}', "overflows to infinity"),
+    ("NaN", b'{"schema": NaN}', "NaN"),
+    ("Infinity", b'{"schema": Infinity}', "Infinity"),
+    ("-Infinity", b'{"schema": -Infinity}', "Infinity"),
+    ("deep nesting", DEEP, "nested deeper than"),
+    ("nesting just past the bound", b'{"a":' + b"[" * 8 + b"]" * 8 + b"}", "nested deeper than 8"),
+    ("duplicate key", b'{"schema": "a", "schema": "b"}', "duplicate key"),
+    ("nested duplicate key", b'{"source": {"tag": "a", "tag": "b"}}', "duplicate key"),
+    ("invalid UTF-8", b'{"schema": "\xff\xfe"}', "ASCII"),
+    ("UTF-8 BOM", b'\xef\xbb\xbf{"schema": "benchseal.dispatch/v1"}', "byte order mark"),
+    ("UTF-16 BOM", b'\xff\xfe{\x00}\x00', "byte order mark"),
+    ("array", b"[]", "JSON object"),
+    ("string", b'"payload"', "JSON object"),
+    ("number", b"12", "JSON object"),
+    ("null", b"null", "JSON object"),
+    ("empty", b"", "not valid JSON"),
+    ("lone surrogate key", b'{"\\ud800": 1}', "unknown key"),
+    ("control characters in a key", b'{"\\u001b[31mx\\r\\n::error::forged": 1}', "unknown key"),
+    ("bidi override in a value", b'{"schema": "\\u202ebenchseal"}', "required property"),
+]
+
+
+@pytest.mark.parametrize(("case", "raw", "rule"), HOSTILE_JSON, ids=[c for c, _, _ in HOSTILE_JSON])
+def test_hostile_json_is_a_validation_error(queue_db, case, raw, rule):
+    with pytest.raises(ValidationError) as info:
+        accept_payload(raw, db=queue_db)
+    message = info.value.diagnostics()
+    assert rule in message, (case, message)
+    assert message.isprintable(), (case, message)
+
+
+@pytest.mark.parametrize(("case", "value"), [
+    ("huge int", 10**5000),
+    ("nan", float("nan")),
+    ("inf", float("inf")),
+    ("deep", json.loads("[" * 900 + "]" * 900)),
+    ("non-string key", {1: "x"}),
+    ("bytes", b"raw"),
+], ids=["huge int", "nan", "inf", "deep", "non-string key", "bytes"])
+def test_hostile_dict_payload_is_a_validation_error(make_payload, queue_db, case, value):
+    with pytest.raises(ValidationError) as info:
+        accept_payload(make_payload(extra=value), db=queue_db)
+    assert info.value.diagnostics().isprintable()
+
+
+@pytest.mark.parametrize(("case", "raw", "rule"), [h for h in HOSTILE_JSON if h[0] in {
+    "5000-digit integer", "deep nesting", "UTF-8 BOM", "invalid UTF-8", "NaN", "array", "control characters in a key",
+    "duplicate key"}], ids=lambda v: v if isinstance(v, str) and len(v) < 40 else "")
+def test_cli_hostile_json_exit_2_one_line(queue_db, case, raw, rule):
+    for verb in (["accept", "--db", str(queue_db)], ["validate"]):
+        done = subprocess.run([sys.executable, "-m", "pipeline", "infra", *verb, "--payload", "-"], input=raw,
+                              capture_output=True, check=False, timeout=60)
+        err = done.stderr.decode("utf-8")
+        assert done.returncode == 2, (case, verb, err)
+        assert "Traceback" not in err and rule in err, (case, err)
+        assert err.endswith("\n") and err.count("\n") == 1 and err[:-1].isprintable(), (case, err)
+        assert err.startswith("benchseal: error: invalid payload"), err
+
+
+# --- echoed keys and values are escaped in every error message --------------------------------
+
+FORGED = "\x1b[31mred\x1b[0m\r\n::error file=x::forged\u202e\u2066\u2028\x85\x00"
+
+
+def _one_clean_line(err: str) -> None:
+    assert err.count("\n") == 1 and err.endswith("\n"), repr(err)
+    line = err[:-1]
+    assert line.isprintable(), repr(line)
+    for bad in ("\x1b", "\r", "\u202e", "\u2066", "\u2028", "\x85", "\x00"):
+        assert bad not in line
+    assert not line.startswith("::")
+
+
+def test_cli_escapes_keys_and_values_in_errors(make_payload, tmp_path, queue_db):
+    unknown_key = json.dumps({**make_payload(), FORGED: 1})
+    dup_key = '{"' + json.dumps(FORGED)[1:-1] + '": 1, "' + json.dumps(FORGED)[1:-1] + '": 2}'
+    bad_value = json.dumps(make_payload(source={**make_payload()["source"], "tag": FORGED}))
+    for payload in (unknown_key, dup_key, bad_value):
+        for verb in (["accept", "--db", str(queue_db)], ["validate"]):
+            done = subprocess.run([sys.executable, "-m", "pipeline", "infra", *verb, "--payload", "-"],
+                                  input=payload.encode("ascii"), capture_output=True, check=False, timeout=60)
+            assert done.returncode == 2
+            err = done.stderr.decode("utf-8")
+            _one_clean_line(err)
+            assert "\\x1b[31mred" in err and "::error file=x::forged" in err  # shown, escaped, on the same line
+    # A policy path is echoed too (infra validate --policy).
+    done = subprocess.run([sys.executable, "-m", "pipeline", "infra", "validate", "--payload", "-",
+                           "--policy", str(tmp_path / ("p\n::error::forged\x1b[2J"))],
+                          input=b"{}", capture_output=True, check=False, timeout=60)
+    assert done.returncode == 2
+    _one_clean_line(done.stderr.decode("utf-8"))
+
+
+def test_cli_escapes_in_infra_status(queue_db):
+    # infra status: the run id is echoed.
+    status = subprocess.run([sys.executable, "-m", "pipeline", "infra", "status", "run-" + FORGED.replace("\x00", ""), "--db", str(queue_db)],
+                            capture_output=True, check=False, timeout=60)
+    assert status.returncode == 2
+    _one_clean_line(status.stderr.decode("utf-8"))
+
+
+def test_error_hierarchy_escapes_every_message():
+    from pipeline.errors import CheckFailed, Error, UsageError, escape_text
+
+    hostile = "a\nb\rc\td\x1be\x7ff\x85g\u200bh\u202ei\u2066j\u2028k\u2029l\ufeffm\ud800n\U000e0001o"
+    escaped = escape_text(hostile)
+    assert escaped.isprintable() and escape_text(escaped) == escaped
+    assert escaped == ("a\\x0ab\\x0dc\\x09d\\x1be\\x7ff\\x85g\\u200bh\\u202ei\\u2066j\\u2028k\\u2029l\\ufeffm"
+                       "\\ud800n\\U000e0001o")
+    assert escape_text("plain ascii, unicode caf\u00e9 ok") == "plain ascii, unicode caf\u00e9 ok"
+
+    class Custom(CheckFailed):  # a subclass with its own diagnostics (as other stages define)
+        def diagnostics(self) -> str:
+            return f"custom: {self.args[0]}"
+
+    for exc in (Error(hostile), UsageError(hostile), CheckFailed(hostile), Custom(hostile),
+                ValidationError(f"payload.{hostile}", f"rule {hostile}", hostile)):
+        assert exc.diagnostics().isprintable() and str(exc).isprintable(), type(exc)
+    assert Custom(hostile).diagnostics().startswith("custom: a\\x0ab")
+    assert ValidationError("f", "r", 10**5000).diagnostics().isprintable()  # repr of a huge int cannot fail

@@ -37,10 +37,10 @@ def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     root = tmp_path_factory.mktemp("infra-worker")
     runner, api = built_images.images["runner"], built_images.images["api"]
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
-    data["images"] = {
+    data["sources"] = [{"repository": "acme/benchseal", "images": {
         role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
         for role, e in (("runner", runner), ("api", api))
-    }
+    }}]
     data["suites"] = {"smoke": {"timeout_seconds": 300}, "probe": {"timeout_seconds": 300}}
     data["lease_seconds"] = 4
     data["secret_env"] = ["BENCHSEAL_AGENT_API_KEY"]

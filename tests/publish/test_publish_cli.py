@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures.github import tag_release_commit
+
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 
 
@@ -46,6 +48,7 @@ def test_manual_github_publication_needs_a_prerelease(make_artifacts: Any, githu
     from pipeline.dispatch.client import make_client
 
     github_env.add_repo("acme/widget")
+    tag_release_commit(github_env, "acme/widget", "v1.0.0")  # the run's commit (summary.json)
     repo = make_client(base_url=github_env.base_url, token=github_env.token).get_repo("acme/widget")
     repo.create_git_release(tag="v1.0.0", name="v1.0.0", message="notes")
     art = make_artifacts()

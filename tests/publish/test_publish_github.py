@@ -13,6 +13,7 @@ from pipeline.dispatch.client import make_client
 from pipeline.publish.body import END, START, splice
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.targets import GitHubTarget, PublishError, PublishPolicy
+from tests.fixtures.github import tag_release_commit
 
 REPO = "acme/widget"
 ASSETS = ["SHA256SUMS", "SHA256SUMS.sigstore.json", "sbom-runner.cdx.json", "summary.json"]
@@ -25,6 +26,7 @@ def _repo(emu: Any, *, timeout: int = 30) -> Any:
 def _setup(emu: Any, *, immutable: bool = False, prerelease: bool = False, draft: bool = False,
            body: str = "Hand-written notes.\n") -> Any:
     emu.add_repo(REPO, immutable_releases=immutable)
+    tag_release_commit(emu, REPO, "v1.0.0")  # the run's commit (summary.json source.commit)
     repo = _repo(emu)
     return repo.create_git_release(tag="v1.0.0", name="v1.0.0", message=body, draft=draft, prerelease=prerelease)
 
@@ -116,6 +118,7 @@ def test_manual_publication_only_to_prereleases(emulator: Any, make_artifacts: A
     assert not info.value.retryable and _assets(emulator, "v1.0.0") == {}
     allowed = GitHubTarget(_repo(emulator), PublishPolicy(allow_manual_full_release=True)).publish(bundle, manual=True)
     assert allowed.strategy == "in-place"
+    tag_release_commit(emulator, REPO, "v1.1.0-rc1")
     _repo(emulator).create_git_release(tag="v1.1.0-rc1", name="rc", message="", prerelease=True)
     rc = GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts("rc"), "v1.1.0-rc1"), manual=True)
     assert rc.assets and _assets(emulator, "v1.1.0-rc1")
@@ -123,6 +126,7 @@ def test_manual_publication_only_to_prereleases(emulator: Any, make_artifacts: A
 
 def test_missing_release_is_a_retryable_error(emulator: Any, make_artifacts: Any) -> None:
     emulator.add_repo(REPO)
+    tag_release_commit(emulator, REPO, "v1.0.0")
     with pytest.raises(PublishError, match=r"no release for tag v1\.0\.0") as info:
         GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
     assert info.value.retryable
@@ -248,3 +252,177 @@ def test_files_of_an_earlier_publication_are_removed_others_kept(emulator: Any, 
     result = target.publish(load_bundle(second, "v1.0.0"))
     assert result.assets["publisher-error.json"] == "removed"
     assert _assets(emulator, "v1.0.0") == {**_expected_assets(second), "notes.pdf": human.read_bytes()}
+
+
+# --- the repository and the tag come from the policy and the API, never from the payload --------
+
+def _no_writes_since(emu: Any, before: int) -> None:
+    assert _writes(emu) == before, [r for r in emu.requests if r.method != "GET"]
+
+
+def test_unlisted_repository_is_refused_before_any_write(emulator: Any, make_artifacts: Any) -> None:
+    # A run whose payload named another project's repository: the token could write there, the policy says no.
+    emulator.add_repo("evil/widget")
+    tag_release_commit(emulator, "evil/widget", "v1.0.0")
+    gh = make_client(base_url=emulator.base_url, token=emulator.token, backoff_factor=0.0)
+    gh.get_repo("evil/widget").create_git_release(tag="v1.0.0", name="v1.0.0", message="theirs")
+    art = make_artifacts(source={"repository": "evil/widget", "commit": "c" * 40, "tag": "v1.0.0"})
+    before = _writes(emulator)
+    with pytest.raises(PublishError, match="not allowed by the infra policy") as info:
+        GitHubTarget(gh.get_repo("evil/widget")).publish(load_bundle(art, "v1.0.0"))
+    assert not info.value.retryable
+    _no_writes_since(emulator, before)
+    assert emulator.release("evil/widget", "v1.0.0").body == "theirs"
+
+
+@pytest.mark.parametrize("summary_repository", [
+    "local/benchseal",          # listed, but not the repository being written
+    "acme/widget/", "acme/..", "acme/widget.git", "\u212acme/widget", "acme/wid\u200bget", "unknown",
+])
+def test_run_is_published_only_to_its_own_listed_repository(emulator: Any, make_artifacts: Any,
+                                                            summary_repository: str) -> None:
+    _setup(emulator)
+    art = make_artifacts(source={"repository": summary_repository, "commit": "c" * 40, "tag": "v1.0.0"})
+    before = _writes(emulator)
+    with pytest.raises(PublishError) as info:
+        GitHubTarget(_repo(emulator)).publish(load_bundle(art, "v1.0.0"))
+    assert not info.value.retryable
+    assert info.value.diagnostics().isprintable()
+    _no_writes_since(emulator, before)
+    assert _assets(emulator, "v1.0.0") == {}
+
+
+def test_repository_case_is_canonical(emulator: Any, make_artifacts: Any) -> None:
+    _setup(emulator)
+    art = make_artifacts(source={"repository": "ACME/Widget", "commit": "c" * 40, "tag": "v1.0.0"})
+    gh = make_client(base_url=emulator.base_url, token=emulator.token, backoff_factor=0.0)
+    result = GitHubTarget(gh.get_repo("Acme/WIDGET")).publish(load_bundle(art, "v1.0.0"))
+    assert result.strategy == "in-place" and _assets(emulator, "v1.0.0") == _expected_assets(art)
+
+
+def test_repository_the_api_answers_for_is_checked(emulator: Any, make_artifacts: Any) -> None:
+    # GitHub redirects a renamed or transferred repository: the requested name proves nothing.
+    _setup(emulator)
+    original = emulator._repo_json
+
+    def renamed(ctx: Any, repo: Any, full: bool) -> dict[str, Any]:
+        data = original(ctx, repo, full)
+        data["full_name"] = "evil/widget"
+        return data
+
+    emulator._repo_json = renamed
+    before = _writes(emulator)
+    with pytest.raises(PublishError, match="only to its own source repository") as info:
+        GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    assert not info.value.retryable
+    _no_writes_since(emulator, before)
+
+
+def test_missing_tag_is_refused_retryably(emulator: Any, make_artifacts: Any) -> None:
+    emulator.add_repo(REPO)  # a draft release has no tag yet
+    _repo(emulator).create_git_release(tag="v1.0.0", name="v1.0.0", message="", draft=True)
+    before = _writes(emulator)
+    with pytest.raises(PublishError, match=r"tag 'v1\.0\.0' does not exist") as info:
+        GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    assert info.value.retryable
+    _no_writes_since(emulator, before)
+
+
+def test_tag_of_another_commit_is_refused(emulator: Any, make_artifacts: Any) -> None:
+    emulator.add_repo(REPO)
+    other = emulator.add_commit(REPO, "not the benchmarked commit")
+    emulator.add_tag(REPO, "v1.0.0", other)
+    _repo(emulator).create_git_release(tag="v1.0.0", name="v1.0.0", message="notes")
+    before = _writes(emulator)
+    with pytest.raises(PublishError, match=f"points at commit {other}, the run benchmarked {'c' * 40}") as info:
+        GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    assert not info.value.retryable
+    _no_writes_since(emulator, before)
+    assert emulator.release(REPO, "v1.0.0").body == "notes"
+
+
+def test_tag_moved_between_accept_and_publish_is_refused(emulator: Any, make_artifacts: Any) -> None:
+    _setup(emulator)
+    target = GitHubTarget(_repo(emulator))
+    first = make_artifacts()
+    target.publish(load_bundle(first, "v1.0.0"))
+    body = emulator.release(REPO, "v1.0.0").body
+    # The tag is force-moved to another commit after the second run was accepted for the old one.
+    moved = emulator.add_commit(REPO, "force-pushed")
+    emulator.set_ref(REPO, "refs/tags/v1.0.0", moved)
+    second = make_artifacts("second", score=None, status="FAILED", reason="agent error")
+    before = _writes(emulator)
+    with pytest.raises(PublishError, match="refusing to publish to a release of another commit") as info:
+        target.publish(load_bundle(second, "v1.0.0"))
+    assert not info.value.retryable
+    _no_writes_since(emulator, before)
+    assert emulator.release(REPO, "v1.0.0").body == body and _assets(emulator, "v1.0.0") == _expected_assets(first)
+
+
+def test_annotated_tags_are_peeled(emulator: Any, make_artifacts: Any) -> None:
+    emulator.add_repo(REPO)
+    inner = tag_release_commit(emulator, REPO, "v1.0.0", annotated=True)
+    assert inner == "c" * 40
+    # A tag of a tag object: peeled twice.
+    outer = emulator.add_tag_object(REPO, "v1.0.0", emulator.repo(REPO).refs["refs/tags/v1.0.0"][1], target_type="tag")
+    emulator.set_ref(REPO, "refs/tags/v1.0.0", outer, "tag")
+    _repo(emulator).create_git_release(tag="v1.0.0", name="v1.0.0", message="")
+    art = make_artifacts()
+    GitHubTarget(_repo(emulator)).publish(load_bundle(art, "v1.0.0"))
+    assert _assets(emulator, "v1.0.0") == _expected_assets(art)
+
+
+def test_annotated_tag_of_another_commit_is_refused(emulator: Any, make_artifacts: Any) -> None:
+    emulator.add_repo(REPO)
+    head = emulator.head(REPO)
+    emulator.add_tag(REPO, "v1.0.0", head, annotated=True)
+    _repo(emulator).create_git_release(tag="v1.0.0", name="v1.0.0", message="")
+    with pytest.raises(PublishError, match=f"points at commit {head}"):
+        GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    assert _assets(emulator, "v1.0.0") == {}
+
+
+def test_tag_of_a_tree_is_refused(emulator: Any, make_artifacts: Any) -> None:
+    emulator.add_repo(REPO)
+    tree = emulator.add_tag_object(REPO, "v1.0.0", "c" * 40, target_type="tree")
+    emulator.set_ref(REPO, "refs/tags/v1.0.0", tree, "tag")
+    _repo(emulator).create_git_release(tag="v1.0.0", name="v1.0.0", message="")
+    with pytest.raises(PublishError, match="points to a tree") as info:
+        GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    assert not info.value.retryable and _assets(emulator, "v1.0.0") == {}
+
+
+def test_release_named_by_id_is_held_to_the_same_rules(emulator: Any, make_artifacts: Any) -> None:
+    emulator.add_repo(REPO)
+    emulator.add_tag(REPO, "v1.0.0", emulator.head(REPO))
+    release = _repo(emulator).create_git_release(tag="v1.0.0", name="v1.0.0", message="")
+    with pytest.raises(PublishError, match="another commit"):
+        GitHubTarget(_repo(emulator), release_id=release.id).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    assert _assets(emulator, "v1.0.0") == {}
+
+
+def test_companion_tag_of_another_commit_is_refused(emulator: Any, make_artifacts: Any) -> None:
+    _setup(emulator, immutable=True)
+    # Someone published "<tag>-benchmark" at another commit first.
+    emulator.add_tag(REPO, "v1.0.0-benchmark", emulator.head(REPO))
+    _repo(emulator).create_git_release(tag="v1.0.0-benchmark", name="squatted", message="")
+    with pytest.raises(PublishError, match=r"companion tag 'v1\.0\.0-benchmark' does not point at commit") as info:
+        GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    assert not info.value.retryable and _assets(emulator, "v1.0.0-benchmark") == {}
+
+
+def test_policy_is_read_at_publish_time(emulator: Any, make_artifacts: Any, tmp_path: Path) -> None:
+    # A repository removed from the policy after its run was accepted is no longer written to.
+    import yaml
+
+    from pipeline.infra.policy import POLICY_PATH, load_policy
+
+    data = yaml.safe_load(POLICY_PATH.read_text())
+    data["sources"] = [s for s in data["sources"] if s["repository"] != REPO]
+    path = tmp_path / "infra.yaml"
+    path.write_text(yaml.safe_dump(data))
+    _setup(emulator)
+    before = _writes(emulator)
+    with pytest.raises(PublishError, match="not allowed by the infra policy"):
+        GitHubTarget(_repo(emulator), sources=load_policy(path)).publish(load_bundle(make_artifacts(), "v1.0.0"))
+    _no_writes_since(emulator, before)

@@ -72,3 +72,36 @@ def test_tampered_artifact_is_not_published(tmp_path: Path, make_artifacts: Any)
 def test_tag_cannot_escape_the_root(tmp_path: Path, make_artifacts: Any) -> None:
     with pytest.raises(CheckFailed):
         LocalTarget(tmp_path / "dist").publish(load_bundle(make_artifacts(), "../x"))
+
+
+@pytest.mark.parametrize("repository", ["evil/widget", "acme/widget/", "acme/..", "../../etc", "\u212acme/widget",
+                                        "acme/widget\n", "unknown"])
+def test_local_target_applies_the_repository_rule(tmp_path: Path, make_artifacts: Any, repository: str) -> None:
+    from pipeline.publish.targets import PublishError
+
+    art = make_artifacts(source={"repository": repository, "commit": "c" * 40, "tag": "v1.0.0"})
+    with pytest.raises(PublishError) as info:
+        LocalTarget(tmp_path / "dist").publish(load_bundle(art, "v1.0.0"))
+    assert not info.value.retryable and info.value.diagnostics().isprintable()
+    assert not (tmp_path / "dist").exists()
+
+
+def test_local_target_compares_repository_case_insensitively(tmp_path: Path, make_artifacts: Any) -> None:
+    art = make_artifacts(source={"repository": "Local/BenchSeal", "commit": "c" * 40, "tag": "v1.0.0"})
+    result = LocalTarget(tmp_path / "dist").publish(load_bundle(art, "v1.0.0"))
+    assert (Path(result.location) / "summary.json").is_file()
+
+
+def test_publish_cli_escapes_what_it_echoes(tmp_path: Path, make_artifacts: Any) -> None:
+    import subprocess
+    import sys
+
+    forged = "\x1b[31mred\r\n::error file=x::forged\u202e\u2028"
+    art = make_artifacts(run_id="run-" + forged, source={"repository": "evil/widget", "commit": "c" * 40,
+                                                         "tag": "v1.0.0"})
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(art), "--tag", "v1.0.0",
+                           "--root", str(tmp_path / "rel")], capture_output=True, check=False, timeout=60)
+    err = done.stderr.decode("utf-8")
+    assert done.returncode == 1 and "not allowed by the infra policy" in err, err
+    assert err.count("\n") == 1 and err[:-1].isprintable() and "\\x1b[31mred\\x0d\\x0a::error" in err, repr(err)
+    assert not (tmp_path / "rel").exists()

@@ -15,6 +15,7 @@ from pipeline.dispatch.client import make_client
 from pipeline.infra.queue import SqliteQueue
 from pipeline.publish.outbox import PUBLISHER_ERROR, OutboxConfig, deliver_pending, publish_request
 from pipeline.publish.targets import GitHubTarget, LocalTarget, Target
+from tests.fixtures.github import tag_release_commit
 
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
@@ -78,6 +79,7 @@ class _CrashAfterPublish:
 def test_crash_between_publication_and_mark_is_delivered_once(tmp_path: Path, make_artifacts: Any,
                                                               emulator: Any) -> None:
     emulator.add_repo(REPO)
+    tag_release_commit(emulator, REPO, "v1.0.0")
     gh = make_client(base_url=emulator.base_url, token=emulator.token, backoff_factor=0.0)
     gh.get_repo(REPO).create_git_release(tag="v1.0.0", name="v1.0.0", message="Notes")
     db = tmp_path / "queue.sqlite3"
@@ -113,6 +115,7 @@ def test_retry_budget_writes_signed_publisher_error_and_keeps_row(tmp_path: Path
     from pipeline.publish.outbox import default_resealer
 
     emulator.add_repo(REPO)  # no release for the tag yet: every attempt fails (retryable)
+    tag_release_commit(emulator, REPO, "v1.0.0")
     gh = make_client(base_url=emulator.base_url, token=emulator.token, backoff_factor=0.0)
 
     def target(_: PublicationRequest) -> Target:
@@ -191,3 +194,23 @@ def test_delivery_of_one_run_leaves_the_others(tmp_path: Path, make_artifacts: A
         assert [p["run_id"] for p in report.published] == [mine]
         assert [p.request.run_id for p in queue.pending_publications()] == [other]
     assert sorted(p.name for p in root.iterdir()) == ["v1.0.0"]
+
+
+def test_row_for_an_unlisted_repository_is_refused_for_good(tmp_path: Path, make_artifacts: Any) -> None:
+    # The outbox row and the summary name a repository the policy does not list (or no longer lists).
+    sealed: list[Path] = []
+    with SqliteQueue(tmp_path / "queue.sqlite3") as queue:
+        run_id, art = _terminal_run(queue, "corr-unlisted-0001", make_artifacts,
+                                    {"target": "local", "tag": "v1.0.0", "options": {"root": str(tmp_path / "dist")}})
+        summary = json.loads((art / "summary.json").read_text())
+        summary["source"]["repository"] = "evil/widget"
+        (art / "summary.json").write_text(json.dumps(summary))
+        make_artifacts(run_id, **summary)  # re-checksummed: only the policy can refuse it
+        report = deliver_pending(queue, config=FAST, reseal=sealed.append)
+        assert report.published == [] and len(report.failed) == 1
+        assert "not allowed by the infra policy" in report.failed[0]["error"]
+        (pub,) = queue.list_publications(run_id)
+        assert pub.state == "PENDING" and pub.attempts == 1
+    assert sealed == [art]  # not retryable: the budget is used at once, publisher-error.json written
+    assert "not allowed" in json.loads((art / PUBLISHER_ERROR).read_text())["error"]
+    assert not (tmp_path / "dist").exists()
