@@ -45,6 +45,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "acme/widget"
 INFRA = "acme/bench-infra"
 TAG = "v1.0.0"
+LOCKED = "acme/locked"
 NOTES = "## What's new\n\n* faster widgets\n"
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 
