@@ -79,11 +79,11 @@ def test_publisher_error_is_checksummed_and_resealed(release_copy: Path, signer_
     old_bundle = (release_copy / "SHA256SUMS.sigstore.json").read_bytes()
     (release_copy / "publisher-error.json").write_text(json.dumps({"error": "upload failed"}) + "\n")
     with pytest.raises(CheckFailed, match=r"publisher-error\.json: not covered by SHA256SUMS"):
-        verify_release(release_copy, repository="benchseal/benchseal", tag="v9.9.9", trusted_root=root)
+        verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)
     reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
     assert "publisher-error.json" in (release_copy / "SHA256SUMS").read_text()
     assert (release_copy / "SHA256SUMS.sigstore.json").read_bytes() != old_bundle
-    verify_release(release_copy, repository="benchseal/benchseal", tag="v9.9.9", trusted_root=root)
+    verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)
     shutil.rmtree(release_copy)
 
 
@@ -104,19 +104,19 @@ def test_nested_evidence_is_listed_and_checked(release_copy: Path, signer_v1: ob
     for listing in ("SHA256SUMS", "evidence-SHA256SUMS"):
         assert subprocess.run(["sha256sum", "-c", "--strict", listing], cwd=release_copy, capture_output=True,
                               check=False).returncode == 0
-    verify_release(release_copy, repository="benchseal/benchseal", tag="v9.9.9", trusted_root=root)
+    verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)
     # a release is flat: the nested files are not there, and it still verifies
     flat = tmp_path / "flat"
     flat.mkdir()
     for path in release_copy.iterdir():
         if path.is_file():
             shutil.copy2(path, flat / path.name)
-    verify_release(flat, repository="benchseal/benchseal", tag="v9.9.9", trusted_root=root)
+    verify_release(flat, repository="acme/widget", tag="v9.9.9", trusted_root=root)
     # in the run dir, tampered or unlisted nested files are caught
     (trial / "result.json").write_text('{"reward": 0}\n')
     with pytest.raises(CheckFailed, match=r"result\.json: missing or does not match"):
-        verify_release(release_copy, repository="benchseal/benchseal", tag="v9.9.9", trusted_root=root)
+        verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)
     (trial / "result.json").write_text('{"reward": 1}\n')
     (trial / "extra.txt").write_text("x")
     with pytest.raises(CheckFailed, match=r"extra\.txt: not covered by evidence-SHA256SUMS"):
-        verify_release(release_copy, repository="benchseal/benchseal", tag="v9.9.9", trusted_root=root)
+        verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)

@@ -282,8 +282,10 @@ def test_maintainer_body_plus_section_over_the_limit_is_never_patched(emulator: 
     from pipeline.dispatch.client import make_client
     from pipeline.publish.bundle import load_bundle
     from pipeline.publish.targets import GitHubTarget, PublishError
+    from tests.fixtures.github import tag_release_commit
 
     emulator.add_repo("acme/widget")
+    tag_release_commit(emulator, "acme/widget", "v1.0.0")  # the commit the artifacts' run benchmarked
     repo = make_client(base_url=emulator.base_url, token=emulator.token).get_repo("acme/widget")
     notes = "n" * (MAX_BODY_CHARS - 100)
     repo.create_git_release(tag="v1.0.0", name="v1.0.0", message=notes)

@@ -58,12 +58,12 @@ def consumer_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sigstore_insta
 
 @pytest.mark.slow
 def test_body_commands_run_as_printed(release_copy: Path, tmp_path: Path, consumer_env: None) -> None:
-    release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "benchseal/benchseal")
+    release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "acme/widget")
     commands = _printed_commands((release / "body.md").read_text())
     assert commands[0] == "sha256sum -c SHA256SUMS"
     assert sum(c.startswith("cosign verify-blob") for c in commands) == 7  # 4 blobs + 3 attestation checks
     # The expectation is stated on the line itself, never left to the release being checked.
-    assert commands[-1].startswith("benchseal verify . --repo benchseal/benchseal --tag v9.9.9 --trusted-root ")
+    assert commands[-1].startswith("benchseal verify . --repo acme/widget --tag v9.9.9 --trusted-root ")
     assert run_commands(commands, release) == commands
 
 
@@ -75,13 +75,13 @@ def test_printed_commands_fail_for_a_release_of_another_repository(release_copy:
     release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "someone/else")
     commands = _printed_commands((release / "body.md").read_text())
     assert "--repo someone/else" in commands[-1]
-    with pytest.raises(CheckFailed, match=r"(?s)benchseal verify .*source\.repository is 'benchseal/benchseal'"):
+    with pytest.raises(CheckFailed, match=r"(?s)benchseal verify .*source\.repository is 'acme/widget'"):
         run_commands(commands, release)
 
 
 @pytest.mark.slow
 def test_printed_commands_fail_on_a_tampered_release(release_copy: Path, tmp_path: Path, consumer_env: None) -> None:
-    release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "benchseal/benchseal")
+    release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "acme/widget")
     commands = _printed_commands((release / "body.md").read_text())
     data = (release / "sbom-api.cdx.json").read_bytes()
     (release / "sbom-api.cdx.json").write_bytes(data.replace(b"{", b"{ ", 1))

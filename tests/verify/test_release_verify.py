@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 # What the signed_release fixture was made for (tests/fixtures/sigstore.py make_inputs): the
 # consumer's expectation, stated explicitly as every caller of verify must.
-SOURCE_REPO, SOURCE_TAG = "benchseal/benchseal", "v9.9.9"
+SOURCE_REPO, SOURCE_TAG = "acme/widget", "v9.9.9"
 EXPECT = ("--repo", SOURCE_REPO, "--tag", SOURCE_TAG)
 
 

@@ -21,7 +21,7 @@ from pipeline.errors import CheckFailed
 from pipeline.verify import check_summary, verify_release
 
 pytestmark = pytest.mark.slow
-SOURCE_REPO, SOURCE_TAG = "benchseal/benchseal", "v9.9.9"
+SOURCE_REPO, SOURCE_TAG = "acme/widget", "v9.9.9"
 Mutate = Callable[[dict[str, Any]], None]
 
 

@@ -21,7 +21,7 @@ from pipeline.verify.policy import expectation, load_policy
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-SOURCE_REPO, SOURCE_TAG, SOURCE_COMMIT = "benchseal/benchseal", "v9.9.9", "0123456789abcdef0123456789abcdef01234567"
+SOURCE_REPO, SOURCE_TAG, SOURCE_COMMIT = "acme/widget", "v9.9.9", "0123456789abcdef0123456789abcdef01234567"
 FORK = "evil/fork"
 # A local-instance profile whose identity depends on the repository, like production's does.
 PER_REPO_IDENTITY = "https://benchseal.invalid/signers/{repository}"
@@ -65,7 +65,7 @@ def test_fork_signed_release_does_not_verify_as_the_real_repository(fork_release
     root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
     policy = _policy(tmp_path / "p.yaml", PER_REPO_IDENTITY, sigstore_instance.issuer)  # type: ignore[attr-defined]
     with pytest.raises(CheckFailed, match=r"SHA256SUMS\.sigstore\.json: signature does not verify .* as "
-                                          r"https://benchseal\.invalid/signers/benchseal/benchseal"):
+                                          r"https://benchseal\.invalid/signers/acme/widget"):
         verify_release(fork_release, repository=SOURCE_REPO, tag=SOURCE_TAG, policy=policy, trusted_root=root)
     done = _cli(fork_release, "--repo", SOURCE_REPO, "--tag", SOURCE_TAG, "--policy", str(policy),
                 "--trusted-root", str(root))
@@ -80,7 +80,7 @@ def test_right_signer_but_other_repository_or_tag_in_summary(release_copy: Path,
     """Signed by the expected identity (the local profile has none per repository), but the summary
     is another repository's or tag's: the source check refuses it by name."""
     root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
-    with pytest.raises(CheckFailed, match=r"summary\.json: source\.repository is 'benchseal/benchseal', "
+    with pytest.raises(CheckFailed, match=r"summary\.json: source\.repository is 'acme/widget', "
                                           r"expected 'someone/else'"):
         verify_release(release_copy, repository="someone/else", tag=SOURCE_TAG, trusted_root=root)
     with pytest.raises(CheckFailed, match=r"summary\.json: source\.tag is 'v9\.9\.9', expected 'v9\.9\.8'"):
