@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from pipeline.attest import SigstoreEndpoints
 
 _URL = typer.Option("--sigstore-url", help="A private Sigstore instance (http://127.0.0.1:PORT); default public-good.")
 _ROOT = typer.Option("--trusted-root", help="The private instance's trusted_root.json (with --sigstore-url).")
 _HTTP = typer.Option("--allow-http-registry", help="Plain-HTTP registry (loopback test registries only).")
 
 
-def _endpoints(url: str | None, trusted_root: Path | None) -> object:
+def sigstore_endpoints(url: str | None, trusted_root: Path | None) -> SigstoreEndpoints:
+    """Public-good, or the private instance the caller named with both options (never implicit)."""
     from pipeline.attest import SigstoreEndpoints
     from pipeline.errors import ValidationError
 
@@ -58,7 +62,7 @@ def attest(
     if invocation.commit != parsed.source.commit:
         raise ValidationError("--digests", "source.commit must be the commit this workflow run built (GITHUB_SHA)",
                               parsed.source.commit)
-    signer = ImageSigner(_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)  # type: ignore[arg-type]
+    signer = ImageSigner(sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)
     images: dict[str, str] = {str(role): entry.ref for role, entry in parsed.images.items()}
     attest_images(images, signer, invocation, sbom_dir)
     for role, ref in sorted(images.items()):
@@ -79,7 +83,7 @@ def verify_image(
     from pipeline.attest import verify_image as check
 
     policy = ImageIdentityPolicy.release_workflow(repo, tag, workflow)
-    check(ref, policy, _endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)  # type: ignore[arg-type]
+    check(ref, policy, sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)
     typer.echo(f"verified: {ref} signed and attested by {policy.identity}")
 
 

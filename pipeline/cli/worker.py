@@ -27,11 +27,13 @@ def worker(
     suites_dir: Annotated[Path | None, typer.Option("--suites-dir", help="Where suites live (default: <repo>/suites).")] = None,
     term_grace: Annotated[float, typer.Option("--term-grace", min=0, help="Seconds a run may finish after SIGTERM before its lease is released.")] = 30.0,
     publish: Annotated[PublishTarget, typer.Option("--publish", help="Write signed evidence and queue its publication to this target (none: grade only).")] = "none",
-    signer: Annotated[SignerChoice, typer.Option("--signer", help="ambient: the environment's OIDC token; local: the private Sigstore instance; auto: ambient inside Actions, else local.")] = "auto",
+    signer: Annotated[SignerChoice, typer.Option("--signer", help="ambient (= auto): the environment's GitHub Actions OIDC token, nothing else; local: the private Sigstore instance, only when asked for.")] = "auto",
     local_root: Annotated[Path | None, typer.Option("--local-root", help="Root of the local target (default dist/releases).")] = None,
     api_url: Annotated[str | None, typer.Option("--api-url", help="GitHub API URL stored in publication rows (default $GITHUB_API_URL).")] = None,
     with_publisher: Annotated[bool, typer.Option("--with-publisher", help="Deliver the outbox in a thread beside the worker.")] = False,
     publish_interval: Annotated[float, typer.Option("--publish-interval", min=0.1, help="Seconds between outbox scans.")] = 10.0,
+    sigstore_url: Annotated[str | None, typer.Option("--sigstore-url", help="Check image signatures against a private Sigstore instance (http://127.0.0.1:PORT); default public-good.")] = None,
+    trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="The private instance's trusted_root.json (with --sigstore-url).")] = None,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     import dataclasses
@@ -42,7 +44,10 @@ def worker(
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace)
+    from pipeline.cli.attest import sigstore_endpoints
+
+    config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,
+                          image_trust=sigstore_endpoints(sigstore_url, trusted_root))
     if suites_dir is not None:
         config = dataclasses.replace(config, suites_dir=suites_dir)
     finalize = None

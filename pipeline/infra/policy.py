@@ -45,11 +45,25 @@ def _source_repository(value: str) -> str:
     return value
 
 
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+
+
+class SignerPolicy(_Strict):
+    """Whose keyless signature every image of a source must carry before the worker runs it:
+    the source repository's release workflow at the payload's tag, i.e. the certificate identity
+    ``https://github.com/OWNER/REPO/.github/workflows/<workflow>@refs/tags/<tag>``."""
+
+    workflow: str = Field(default="tag.yml", pattern=r"^[A-Za-z0-9_.-]{1,100}\.ya?ml$")
+    issuer: Literal["https://token.actions.githubusercontent.com"] = "https://token.actions.githubusercontent.com"
+
+
 class SourcePolicy(_Strict):
-    """One allowed source repository and the images its payloads may name."""
+    """One allowed source repository, the images its payloads may name, and who must have signed them."""
 
     repository: Annotated[str, AfterValidator(_source_repository)]
     images: ImagePolicy
+    # Always checked; the release workflow's file name defaults to tag.yml.
+    signer: SignerPolicy = Field(default_factory=SignerPolicy)
 
     @property
     def canonical(self) -> str:

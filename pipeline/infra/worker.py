@@ -39,12 +39,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.contracts import Grading, PublicationRequest, RunState
+from pipeline.attest import SigstoreEndpoints
+from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading
-from pipeline.infra.policy import InfraPolicy, load_policy
+from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.paths import REPO_ROOT
 
@@ -55,11 +56,19 @@ BASE_PLACEHOLDER = "benchseal-base"
 BASE_LOCK = REPO_ROOT / "images" / "base.lock.json"
 CONTAINER_PREFIX = "benchseal-infra-"
 LABEL_RUN = "benchseal.infra.run_id"
+# cosign failures that say the registry or Sigstore could not be reached (retry), not that a
+# signature is missing or wrong (refuse).
+_UNREACHABLE = ("connection refused", "i/o timeout", "no such host", "tls handshake timeout", "connection reset",
+                "503 service unavailable", "502 bad gateway", "context deadline exceeded")
 _FROM_RE = re.compile(r"^\s*FROM\s+(\S+)(.*)$", re.IGNORECASE)
 
 
 class InfraFailure(Exception):
     """An infrastructure problem during an attempt: the run is requeued."""
+
+
+class ImageRefused(Exception):
+    """An image does not carry the signatures the policy requires: the run fails, unretried."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,9 @@ class WorkerConfig:
     heartbeat_seconds: float | None = None  # default: lease_seconds / 3
     term_grace_seconds: float = 30.0
     trial_concurrency: int = 3
+    # Where the images' keyless signatures are checked: public-good unless a private instance
+    # is named explicitly (benchseal worker --sigstore-url/--trusted-root, release --local).
+    image_trust: SigstoreEndpoints = field(default_factory=SigstoreEndpoints.public_good)
     stop: threading.Event = field(default_factory=threading.Event)
 
 
@@ -115,6 +127,25 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
     require_repo_digest(ref, image.attrs.get("RepoDigests") or [])
     image_id: str = image.id
     return image_id
+
+
+def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust: SigstoreEndpoints) -> None:
+    """Raise ImageRefused unless the runner and the api each carry a signature and the SLSA
+    provenance and CycloneDX attestations of ``source``'s release workflow at the payload's tag,
+    checked by cosign for the exact digest (before the worker pulls or runs anything)."""
+    from pipeline.attest import ImageIdentityPolicy, verify_image
+
+    expected = ImageIdentityPolicy.release_workflow(source.repository, payload.source.tag, source.signer.workflow)
+    for role in ("runner", "api"):
+        ref = parse_ref(getattr(payload, role), f"payload.{role}")
+        loopback = ref.registry.split(":", 1)[0] in ("127.0.0.1", "localhost")
+        try:
+            verify_image(ref.ref, expected, trust, allow_http_registry=loopback)
+        except CheckFailed as exc:
+            text = str(exc).lower()
+            if any(sign in text for sign in _UNREACHABLE):
+                raise InfraFailure(f"could not check the signatures of {role} {ref.ref}: {exc}") from None
+            raise ImageRefused(f"{role} {ref.ref} is not signed by {expected.identity}: {exc}") from None
 
 
 def resolve_base_ref(config: WorkerConfig, registry: str) -> ImageRef:
@@ -161,17 +192,27 @@ def _container_name(run_id: str, attempt: int) -> str:
 
 def kill_leftovers(client: Any, run_id: str) -> list[str]:
     """Remove runner containers of earlier attempts of ``run_id`` and the trial containers they started."""
+    import docker.errors
+
     removed: list[str] = []
     short = re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
-        container.remove(force=True)
-        removed.append(container.name)
-    # Harbor's compose projects are named after the trial names, which end in the run's short id.
-    for container in client.containers.list(all=True, filters={"label": "com.docker.compose.project"}):
-        project = container.labels.get("com.docker.compose.project", "")
-        if short and short in project:
+
+    def remove(container: Any) -> None:
+        try:
             container.remove(force=True)
-            removed.append(container.name)
+            removed.append(str((container.attrs.get("Names") or [container.id])[0]).lstrip("/"))
+        except docker.errors.NotFound:
+            pass  # gone between listing and removal (its own teardown, or another worker's)
+
+    # sparse=True: no per-container inspect while listing, which races with containers that
+    # other runs on this engine remove meanwhile.
+    for container in client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
+        remove(container)
+    # Harbor's compose projects are named after the trial names, which end in the run's short id.
+    for container in client.containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"}):
+        project = (container.attrs.get("Labels") or {}).get("com.docker.compose.project", "")
+        if short and short in project:
+            remove(container)
     return removed
 
 
@@ -274,7 +315,7 @@ def _attempt(
     client: Any = None
     try:
         runner_ref = parse_ref(payload.runner, "payload.runner")
-        policy.check_image("runner", runner_ref, field="payload.runner")
+        source = policy.check_payload(payload)  # the repository and both images, as accept checked them
         client = _docker()
         # A worker killed with -9 leaves its runner container running: stop it
         # before this attempt touches the run dir, so two attempts never overlap.
@@ -282,7 +323,8 @@ def _attempt(
             log.warning("run %s: removed leftover container %s", run_id, name)
         _archive_previous_attempt(run_dir, record.attempts)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        pull_by_digest(client, runner_ref)
+        pull_by_digest(client, runner_ref)  # a missing runner stays an infrastructure error (retried)
+        require_signed_images(payload, source, config.image_trust)  # before anything pulled is used
         base = resolve_base_ref(config, runner_ref.registry)
         pull_by_digest(client, base)
         suite_src = config.suites_dir / payload.suite
@@ -293,6 +335,8 @@ def _attempt(
     except ValidationError as exc:
         # The payload no longer passes the policy: retrying cannot help.
         failure = f"rejected: {exc.diagnostics()}"
+    except ImageRefused as exc:
+        failure = f"refused by policy: {exc}"
     except (InfraFailure, CheckFailed, InfrastructureError) as exc:
         return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir)
     except Exception as exc:  # an unexpected engine/SDK error is still an infrastructure error, never a stuck run

@@ -226,7 +226,9 @@ def release_local(
         queue = stack.enter_context(SqliteQueue())
         grading: Grading | None = None
         with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
-            config = WorkerConfig()
+            # The worker checks the images' signatures against the private instance, as it would
+            # against public-good in production.
+            config = WorkerConfig(image_trust=endpoints)
             for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
                 outcome = run_once(config, finalize=finalize)
                 if outcome is None:

@@ -90,7 +90,7 @@ def _wait_terminal(db: Path, correlation: str, worker: subprocess.Popen[bytes], 
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, sign_release_images: Any) -> Iterator[World]:
     from pipeline import paths
     from pipeline.dispatch.correlate import PollConfig
     from pipeline.dispatch.dispatch import build_payload
@@ -107,6 +107,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -
     # (and so one private Sigstore instance and trusted root).
     env_patch.setenv("BENCHSEAL_HOME", str(home))
     correlation = "e2e-widget-v1.0.0-0001"
+    # tag.yml's build job signed and attested both images; the worker checks that with cosign.
+    trust = sign_release_images(SOURCE, TAG, [e.ref for e in built_images.images.values()])
     try:
         with GitHubEmulator() as emu:
             emu.add_repo(SOURCE)
@@ -133,7 +135,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -
                 with (logs / "worker.log").open("wb") as log:
                     worker = subprocess.Popen(
                         [BENCHSEAL, "worker", "--publish", "github", "--signer", "local",
-                         "--db", str(db), "--api-url", emu.base_url],
+                         "--db", str(db), "--api-url", emu.base_url,
+                         "--sigstore-url", str(trust.fulcio_url), "--trusted-root", str(trust.trusted_root)],
                         env=_env(emu, home), stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
                     try:
                         state = _wait_terminal(db, correlation, worker)

@@ -32,12 +32,15 @@ PROBE = Path(__file__).parent / "data" / "secret-probe"
 
 
 @pytest.fixture(scope="module")
-def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> dict[str, Any]:
-    """A policy allowing the built images, a suites dir (smoke, and smoke + the secret probe), a short lease."""
+def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile,
+                sign_release_images: Any) -> dict[str, Any]:
+    """A policy allowing the built images (signed as acme/benchseal's tag.yml at v9.9.9), a suites
+    dir (smoke, and smoke + the secret probe), a short lease."""
     root = tmp_path_factory.mktemp("infra-worker")
     runner, api = built_images.images["runner"], built_images.images["api"]
+    trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
-    data["sources"] = [{"repository": "acme/benchseal", "images": {
+    data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": {
         role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
         for role, e in (("runner", runner), ("api", api))
     }}]
@@ -51,7 +54,7 @@ def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "probe")
     shutil.copytree(PROBE, suites / "probe" / "secret-probe")
     return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
-            "runner": runner.ref, "runner_name": runner.name, "api": api.ref}
+            "runner": runner.ref, "runner_name": runner.name, "api": api.ref, "trust": trust}
 
 
 def _payload(setup: dict[str, Any], correlation: str, **overrides: Any) -> dict[str, Any]:
@@ -69,7 +72,7 @@ def _payload(setup: dict[str, Any], correlation: str, **overrides: Any) -> dict[
 
 
 def _config(setup: dict[str, Any], db: Path) -> WorkerConfig:
-    return WorkerConfig(db=db, policy=setup["policy"], suites_dir=setup["suites"])
+    return WorkerConfig(db=db, policy=setup["policy"], suites_dir=setup["suites"], image_trust=setup["trust"])
 
 
 def _all_files(root: Path) -> list[Path]:
@@ -304,7 +307,7 @@ def test_suite_timeout_kills_runner_and_trial_containers(infra_setup):
     policy = infra_setup["policy"].model_copy(update={"suites": {"smoke": SuitePolicy(timeout_seconds=8)}})
     db = infra_setup["root"] / "timeout" / "queue.sqlite3"
     accepted = accept_payload(_payload(infra_setup, "timeout-run-0001"), db=db, policy=policy)
-    outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=infra_setup["suites"]))
+    outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=infra_setup["suites"], image_trust=infra_setup["trust"]))
     assert outcome is not None and outcome.state == "FAILED"
     assert outcome.grading is not None and outcome.grading.score is None
     assert "timed out" in (outcome.reason or "")
