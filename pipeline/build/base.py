@@ -146,7 +146,7 @@ def _debs_path(tarball: Path) -> Path:
 def _run_mmdebstrap(spec: BaseSpec, tmp: Path) -> dict[str, dict[str, str]]:
     """Run mmdebstrap into ``tmp``; return the .deb hashes it installed from (``deb_entries``)."""
     tmp.unlink(missing_ok=True)
-    sums = tmp.with_name(tmp.stem + ".sha256sums")
+    sums = tmp.absolute().with_name(tmp.stem + ".sha256sums")
     sums.unlink(missing_ok=True)
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(spec.epoch))
     try:
