@@ -203,10 +203,12 @@ def python_licenses(meta: Message, source: str) -> tuple[DeclaredLicense, ...]:
         classified.append(DeclaredLicense(mapped, "id", f"{source}:Classifier") if mapped
                           else DeclaredLicense(name, "name", f"{source}:Classifier"))
     if not any(lic.kind != "name" for lic in results.values()):
-        # the License field did not give an SPDX id: the classifiers say more
-        for lic in classified:
-            if lic.kind == "id" or not results:
-                results.setdefault((lic.kind, lic.value), lic)
+        # The License field gave no SPDX id: classifiers that map replace it (names only where nothing maps).
+        ids = [lic for lic in classified if lic.kind == "id"]
+        if ids:
+            results = {(lic.kind, lic.value): lic for lic in ids}
+        elif not results:
+            results = {(lic.kind, lic.value): lic for lic in classified}
     if not results:
         return unknown(source)
     return tuple(sorted(results.values(), key=lambda lic: (lic.kind, lic.value)))

@@ -272,6 +272,13 @@ class _Gunzip:
 
 
 def _apply_layer(files: dict[str, _Entry], stream: IO[bytes], media_type: str) -> None:
+    try:
+        _apply_layer_unchecked(files, stream, media_type)
+    except (tarfile.TarError, zlib.error, EOFError) as exc:
+        raise CheckFailed(f"layer ({media_type}) is not a readable tar stream: {exc}") from None
+
+
+def _apply_layer_unchecked(files: dict[str, _Entry], stream: IO[bytes], media_type: str) -> None:
     if "zstd" in media_type:
         raise CheckFailed(f"unsupported layer compression: {media_type}")
     source: IO[bytes] = _Gunzip(stream) if media_type.endswith("gzip") else stream  # type: ignore[assignment]
