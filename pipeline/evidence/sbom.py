@@ -775,7 +775,11 @@ def build_bom(contents: ImageContents, *, distro: str | None = None) -> Any:
         elif owner is None:
             # an executable no package accounts for: listed as a file, with its hash
             ref = f"file:{binary.path}"
-            add(Component(type=ComponentType.FILE, name=binary.path, bom_ref=ref, hashes=sha(binary.sha256),
+            directory, _, base = binary.path.strip("/").rpartition("/")
+            # pkg:generic with the checksum qualifier: every component keeps a purl
+            file_purl = PackageURL(type="generic", namespace=directory or None, name=base,
+                                   qualifiers={"checksum": f"sha256:{binary.sha256}"})
+            add(Component(type=ComponentType.FILE, name=binary.path, bom_ref=ref, hashes=sha(binary.sha256), purl=file_purl,
                           licenses=_license_models(unknown("no package owns this file")),
                           properties=props(("path", binary.path), ("elf", "true" if binary.elf else "false"),
                                            ("go-buildinfo-error", binary.go_error))))

@@ -100,7 +100,7 @@ def test_real_built_images(request: pytest.FixtureRequest, evidence_images: dict
     data = json.loads(text)
     assert data["metadata"]["component"]["version"] == runner.digest
     assert data["metadata"]["component"]["name"] == runner.name
-    names = {(c["name"], c["version"]) for c in data["components"]}
+    names = {(c["name"], c.get("version")) for c in data["components"]}
     assert ("harbor", "0.26.0") in names
     deb = {c["name"]: c["version"] for c in data["components"] if c["purl"].startswith("pkg:deb/")}
     assert deb.get("python3.13", "").startswith("3.13.")
@@ -122,8 +122,9 @@ def _check_runner_quality(data: dict[str, object], text: str) -> None:
 
     components: list[dict[str, object]] = data["components"]  # type: ignore[assignment]
     by_type: dict[str, list[dict[str, object]]] = {}
+    assert all(str(c.get("purl", "")).startswith("pkg:") for c in components), "every component has a purl"
     for c in components:
-        by_type.setdefault(str(c.get("purl", "file:")).split("/")[0].split(":")[1] if "purl" in c else "file", []).append(c)
+        by_type.setdefault(str(c["purl"]).split("/")[0].removeprefix("pkg:"), []).append(c)
     # every component states a license: declared, or the explicit name "unknown"
     assert all(c.get("licenses") for c in components)
     report = ntia_report(text)

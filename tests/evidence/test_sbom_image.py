@@ -220,7 +220,8 @@ def test_planted_image_sbom(planted: PushedImage, base_lock: Path, tmp_path: Pat
     assert set(files) == {"/opt/unknown/mystery"}
     assert files["/opt/unknown/mystery"]["hashes"] == [{"alg": "SHA-256", "content": hashlib.sha256(MYSTERY).hexdigest()}]
     # Go: both binaries with their modules; the replaced module at the replacement's version
-    assert all("purl" in c for c in data["components"] if c["type"] != "file")
+    assert all("purl" in c for c in data["components"])
+    assert files["/opt/unknown/mystery"]["purl"] == f"pkg:generic/opt/unknown/mystery?checksum=sha256:{hashlib.sha256(MYSTERY).hexdigest()}"
     go = {c["purl"] for c in data["components"] if c.get("purl", "").startswith("pkg:golang/")}
     assert {"pkg:golang/example.com/tool@v1.4.2", "pkg:golang/example.com/debtool@v1.4.2",
             "pkg:golang/github.com/a/b@v0.3.0", "pkg:golang/golang.org/x/sys@v0.2.0", "pkg:golang/stdlib@1.24.9"} <= go
