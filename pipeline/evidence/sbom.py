@@ -662,6 +662,11 @@ def build_bom(contents: ImageContents, *, distro: str | None = None) -> Any:
     root_props = [Property(name="benchseal:layer", value=d) for d in contents.layers]
     if contents.deb_hash_source:
         root_props.append(Property(name="benchseal:deb-hashes", value=contents.deb_hash_source))
+    elif contents.debian:
+        # said, not silently left out: the Debian packages carry no hashes in this SBOM
+        first = contents.layers[0] if contents.layers else "none"
+        root_props.append(Property(name="benchseal:deb-hashes",
+                                   value=f"unavailable: no base lock entry records the .debs of layer {first}"))
     root = Component(
         type=ComponentType.CONTAINER,
         name=image.name,

@@ -260,7 +260,8 @@ def test_lock_for_another_rootfs_gives_no_deb_hashes(planted: PushedImage, base_
     doc = json.loads(sbom.write_sbom(planted.ref, tmp_path / "sbom.json").read_text())
     debs = [c for c in doc["components"] if c.get("purl", "").startswith("pkg:deb/")]
     assert debs and not any("hashes" in c for c in debs)
-    assert not any(p["name"] == "benchseal:deb-hashes" for p in doc["metadata"]["component"].get("properties", []))
+    said = [p["value"] for p in doc["metadata"]["component"]["properties"] if p["name"] == "benchseal:deb-hashes"]
+    assert said == [f"unavailable: no base lock entry records the .debs of layer {json.loads(planted.manifest)['layers'][0]['digest']}"]
 
 
 def test_corrupt_layer_fails() -> None:
