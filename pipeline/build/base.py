@@ -200,17 +200,21 @@ def deb_hashes(spec: BaseSpec, tarball: Path) -> dict[str, dict[str, str]] | Non
     try:
         data = json.loads(_debs_path(tarball).read_text())
         if data.get("rootfs_sha256") == rootfs:
-            debs: dict[str, dict[str, str]] = data["debs"]
+            debs: dict[str, dict[str, str]] | None = data["debs"]
             return debs
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         pass
     again = tarball.with_name(tarball.stem + ".recheck.tar")
     try:
         debs = _run_mmdebstrap(spec, again)
-        if sha256_file(again) != rootfs:
-            return None
+        same = sha256_file(again) == rootfs
     finally:
         again.unlink(missing_ok=True)
+    if not same:
+        # remembered, so later builds do not run mmdebstrap again for a tarball that cannot be matched
+        atomic_write_json(_debs_path(tarball), {"rootfs_sha256": rootfs, "debs": None,
+                                                "reason": "a new mmdebstrap run gave another tarball (the mirror moved on)"})
+        return None
     _write_debs(tarball, debs)
     return debs
 
