@@ -271,3 +271,26 @@ def test_mmdebstrap_argv_keeps_the_history_line() -> None:
     assert hashed[-2:] == [spec.suite, "/tmp/out.tar"]
     with pytest.raises(ValidationError):
         spec.mmdebstrap_argv(Path("/tmp/out.tar"), deb_sums=Path("/tmp/a b;rm -rf x"))
+
+
+def test_deb_hashes_sidecar_is_bound_to_the_tarball(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The .deb hashes beside a cached rootfs count only for that exact tarball; a remembered
+    mismatch is not retried (each retry would run mmdebstrap)."""
+    spec = base.load_specs()["runner-base"]
+    tarball = tmp_path / "runner-base-x.tar"
+    tarball.write_bytes(b"rootfs")
+    debs = {"libc6:amd64": {"version": "2.41-12", "sha256": "a" * 64}}
+    runs: list[Path] = []
+
+    def no_mmdebstrap(spec: object, out: Path) -> dict[str, dict[str, str]]:
+        runs.append(out)
+        out.write_bytes(b"another rootfs")  # the mirror moved on: not the cached tarball
+        return debs
+
+    monkeypatch.setattr(base, "_run_mmdebstrap", no_mmdebstrap)
+    base._write_debs(tarball, debs)
+    assert base.deb_hashes(spec, tarball) == debs and runs == []
+    tarball.write_bytes(b"rootfs, changed")  # the sidecar no longer belongs to it
+    assert base.deb_hashes(spec, tarball) is None and len(runs) == 1
+    assert base.deb_hashes(spec, tarball) is None and len(runs) == 1, "the mismatch is remembered"
+    assert not (tmp_path / "runner-base-x.recheck.tar").exists()
