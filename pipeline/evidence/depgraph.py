@@ -146,8 +146,14 @@ def python_edges(nodes: Iterable[PyNode], machine: str) -> tuple[dict[str, list[
             env = marker_environment(node.python_version, node.python_full_version, machine)
             for req in parsed[node.key]:
                 wanted = ["", *sorted(extras[node.key])]
-                if req.marker is not None and not any(req.marker.evaluate({**env, "extra": e}) for e in wanted):
-                    continue
+                if req.marker is not None:
+                    try:
+                        applies = any(req.marker.evaluate({**env, "extra": e}) for e in wanted)
+                    except Exception as exc:  # packaging raises several types for markers it cannot compare
+                        bad.append(f"{node.key} -> {req} (marker not evaluable: {exc})")
+                        applies = False
+                    if not applies:
+                        continue
                 target = find(_normalize(req.name), node)
                 if target is None:
                     missing.add(f"{node.key} -> {req}")
@@ -158,7 +164,7 @@ def python_edges(nodes: Iterable[PyNode], machine: str) -> tuple[dict[str, list[
                 if new:
                     extras[target.key] |= new
                     changed = True
-    return {key: sorted(value) for key, value in edges.items()}, sorted(missing) + bad
+    return {key: sorted(value) for key, value in edges.items()}, sorted(missing) + sorted(set(bad))
 
 
 @dataclass(frozen=True)
