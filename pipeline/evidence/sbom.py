@@ -20,6 +20,7 @@ import tarfile
 import uuid
 import zlib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -271,30 +272,44 @@ class _Gunzip:
         return out[0] if len(out) == 1 else b"".join(out)
 
 
+@dataclass
+class _LayerRead:
+    """What one layer adds and removes; merged onto the layers below it in order."""
+
+    seen: dict[str, _Entry]
+    opaque: list[str]
+    deleted: list[str]
+    shadowed: list[str]  # replaced by something the SBOM does not keep
+    dirs: list[str]  # directories (they replace a lower layer's symlink of the same path)
+    hardlinks: list[tuple[str, str]]  # (path, target) whose target is not in this layer
+
+
 def _apply_layer(files: dict[str, _Entry], stream: IO[bytes], media_type: str) -> None:
+    _merge(files, _read_layer(stream, media_type))
+
+
+def _read_layer(stream: IO[bytes], media_type: str) -> _LayerRead:
     try:
-        _apply_layer_unchecked(files, stream, media_type)
+        return _read_layer_unchecked(stream, media_type)
     except (tarfile.TarError, zlib.error, EOFError) as exc:
         raise CheckFailed(f"layer ({media_type}) is not a readable tar stream: {exc}") from None
 
 
-def _apply_layer_unchecked(files: dict[str, _Entry], stream: IO[bytes], media_type: str) -> None:
+def _read_layer_unchecked(stream: IO[bytes], media_type: str) -> _LayerRead:
     if "zstd" in media_type:
         raise CheckFailed(f"unsupported layer compression: {media_type}")
     source: IO[bytes] = _Gunzip(stream) if media_type.endswith("gzip") else stream  # type: ignore[assignment]
+    read = _LayerRead({}, [], [], [], [], [])
+    seen = read.seen
     with tarfile.open(fileobj=source, mode="r|", bufsize=64 << 10) as tar:
-        seen: dict[str, _Entry] = {}
-        opaque: list[str] = []
-        deleted: list[str] = []
-        shadowed: list[str] = []  # replaced by something the SBOM does not keep
         for member in tar:
             path = _normalize(member.name)
             directory, base = posixpath.split(path)
             if base == ".wh..wh..opq":
-                opaque.append(directory)
+                read.opaque.append(directory)
                 continue
             if base.startswith(".wh."):
-                deleted.append(posixpath.join(directory, base[len(".wh."):]))
+                read.deleted.append(posixpath.join(directory, base[len(".wh."):]))
                 continue
             entry: _Entry | None = None
             if member.isfile():
@@ -310,30 +325,46 @@ def _apply_layer_unchecked(files: dict[str, _Entry], stream: IO[bytes], media_ty
                 entry = _Entry("symlink", target=member.linkname)
             elif member.islnk():
                 target = _normalize(member.linkname)
-                entry = seen.get(target) or files.get(target)
+                entry = seen.get(target)
+                if entry is None and target not in read.shadowed:
+                    read.hardlinks.append((path, target))  # a lower layer's file: resolved when merged
+                    continue
             elif member.isdir():
-                if files.get(path, _DIR).kind != "symlink" and seen.get(path, _DIR).kind != "symlink":
+                read.dirs.append(path)
+                if seen.get(path, _DIR).kind != "symlink":
                     continue
             if entry is None:
                 seen.pop(path, None)
-                shadowed.append(path)
+                read.shadowed.append(path)
             else:
                 seen[path] = entry
-        # Whiteouts in a layer hide lower layers only, never the same layer's entries.
-        for directory in opaque:
-            prefix = directory + "/" if directory else ""
-            for key in [k for k in files if k.startswith(prefix)]:
-                del files[key]
-        for gone in deleted:
-            for key in [k for k in files if k == gone or k.startswith(gone + "/")]:
-                del files[key]
-        for path in shadowed:
-            files.pop(path, None)
-        files.update(seen)
     # Read the compressed stream to its end so the digest check covers every byte.
     drain = getattr(stream, "drain", None)
     if drain is not None:
         drain()
+    return read
+
+
+def _merge(files: dict[str, _Entry], layer: _LayerRead) -> None:
+    linked = {path: files[target] for path, target in layer.hardlinks if target in files}
+    for path, _ in layer.hardlinks:
+        if path not in linked:
+            layer.shadowed.append(path)
+    # Whiteouts in a layer hide lower layers only, never the same layer's entries.
+    for directory in layer.opaque:
+        prefix = directory + "/" if directory else ""
+        for key in [k for k in files if k.startswith(prefix)]:
+            del files[key]
+    for gone in layer.deleted:
+        for key in [k for k in files if k == gone or k.startswith(gone + "/")]:
+            del files[key]
+    for path in layer.shadowed:
+        files.pop(path, None)
+    for path in layer.dirs:
+        if files.get(path, _DIR).kind == "symlink":
+            del files[path]
+    files.update(linked)
+    files.update(layer.seen)
 
 
 _DIR = _Entry("dir")
@@ -397,9 +428,15 @@ def read_image(ref: str) -> ImageContents:
     if diff_ids and len(diff_ids) != len(layers):
         raise CheckFailed(f"{image.ref}: {len(layers)} layers but {len(diff_ids)} diff_ids in the config")
     files: dict[str, _Entry] = {}
-    for layer in layers:
-        stream = registry.blob_stream(str(layer.get("digest")))
-        _apply_layer(files, stream, str(layer.get("mediaType", "")))  # type: ignore[arg-type]
+
+    def read_layer(layer: dict[str, Any]) -> _LayerRead:
+        stream = _Registry(image).blob_stream(str(layer.get("digest")))  # a session per thread
+        return _read_layer(stream, str(layer.get("mediaType", "")))  # type: ignore[arg-type]
+
+    # Layers are fetched and unpacked in parallel (zlib and sha256 release the GIL), applied in order.
+    with ThreadPoolExecutor(max_workers=max(1, min(3, len(layers)))) as pool:
+        for done in [pool.submit(read_layer, layer) for layer in layers]:
+            _merge(files, done.result())
     layer_digests = tuple(str(layer.get("digest")) for layer in layers)
     return contents_from_tree(image, config, layer_digests, files, manifest_bytes,
                               _base_debs(layer_digests, [str(d) for d in diff_ids]))

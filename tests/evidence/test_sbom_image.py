@@ -86,7 +86,7 @@ def _layer(entries: list[tuple[str, Any, int]]) -> bytes:
                 info.type = tarfile.DIRTYPE
                 tar.addfile(info)
             elif isinstance(data, tuple):
-                info.type = tarfile.SYMTYPE
+                info.type = tarfile.SYMTYPE if data[0] == "link" else tarfile.LNKTYPE
                 info.linkname = data[1]
                 tar.addfile(info)
             else:
@@ -143,6 +143,7 @@ def _layers() -> list[bytes]:
             {"name": "@s/b", "version": "1.0.0", "license": "(MIT OR Apache-2.0)", "dependencies": {"a": "*"}}).encode(),
          0o644),
         ("usr/local/bin/.wh.deleted-later", b"", 0o644),
+        ("opt/unknown/lower-hardlink", ("hard", "opt/unknown/mystery"), 0o755),  # to a lower layer's file
         # the later layer replaces the DEP-5 file of "tool" with free text: its license becomes unknown
         ("usr/share/doc/tool/copyright", b"Copyright 2020 Someone; see the GPL.\n", 0o644),
     ])
@@ -217,7 +218,8 @@ def test_planted_image_sbom(planted: PushedImage, base_lock: Path, tmp_path: Pat
     # executables: the unowned ELF is a file component with its hash; the deleted one is gone;
     # owned ones (libc, mawk via the /bin symlink, the maintainer script, the console script) are not files
     files = {c["name"]: c for c in data["components"] if c["type"] == "file"}
-    assert set(files) == {"/opt/unknown/mystery"}
+    assert set(files) == {"/opt/unknown/mystery", "/opt/unknown/lower-hardlink"}
+    assert files["/opt/unknown/lower-hardlink"]["hashes"] == files["/opt/unknown/mystery"]["hashes"]
     assert files["/opt/unknown/mystery"]["hashes"] == [{"alg": "SHA-256", "content": hashlib.sha256(MYSTERY).hexdigest()}]
     # Go: both binaries with their modules; the replaced module at the replacement's version
     assert all("purl" in c for c in data["components"])
