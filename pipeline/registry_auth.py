@@ -309,6 +309,7 @@ class AuthSession:
         self._tokens: dict[tuple[str, ...], _Token] = {}
         self._lock = threading.Lock()
         self.tokens_fetched = 0
+        self.retried_after_401 = 0  # tokens refused by the registry (expired, revoked) and fetched again
 
     # -- credentials and tokens --
 
@@ -452,6 +453,8 @@ class AuthSession:
                 break
             if not callable(data) and data is not None and not isinstance(data, bytes):
                 break  # a consumed stream cannot be sent again
+            if attempt == 0:
+                self.retried_after_401 += 1
         if response is None:
             raise InfrastructureError(f"registry {self.host}: {method} {urlsplit(url).path}: no response")
         if response.status_code in (401, 403):

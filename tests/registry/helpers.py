@@ -73,7 +73,7 @@ def token_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthReg
     state = tmp_path_factory.mktemp("token-registry")
     users = {"alice": "pw-" + secrets.token_urlsafe(18), "reader": "pw-" + secrets.token_urlsafe(18)}
     server = TokenServer(state / "token-server")
-    server.add_user("alice", users["alice"], {"authtest/*": {"pull", "push"}})
+    server.add_user("alice", users["alice"], {"authtest/*": {"pull", "push"}, "benchseal/*": {"pull", "push"}})
     server.add_user("reader", users["reader"], {"authtest/*": {"pull"}})
     identity = "idt-" + secrets.token_urlsafe(24)
     server.add_identity_token(identity, "alice")
