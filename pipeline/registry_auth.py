@@ -335,8 +335,7 @@ class AuthSession:
                 raise CheckFailed(f"registry {self.host} asks for authentication with a scheme benchseal does not speak")
             if self._challenge.scheme == "bearer":
                 self._check_realm(self._challenge.params.get("realm", ""))
-        elif r.status_code not in (200, 404):
-            raise InfrastructureError(f"registry {self.host}: GET /v2/ -> HTTP {r.status_code}")
+        # Anything else: no challenge known yet; a later 401 on a repository can still teach one.
         self._pinged = True
 
     def _check_realm(self, realm: str) -> None:
@@ -449,7 +448,16 @@ class AuthSession:
                 close = getattr(body, "close", None)
                 if close is not None and body is not data:
                     close()
-            if response.status_code != 401 or not own_host or self._challenge is None or self._challenge.scheme != "bearer":
+            if response.status_code != 401 or not own_host:
+                break
+            if self._challenge is None:
+                # /v2/ was open but this repository is not: learn the challenge here.
+                self._challenge = parse_challenge(response.headers.get("WWW-Authenticate", ""))
+                if self._challenge is None:
+                    break
+                if self._challenge.scheme == "bearer":
+                    self._check_realm(self._challenge.params.get("realm", ""))
+            elif self._challenge.scheme != "bearer" or attempt > 0:
                 break
             if not callable(data) and data is not None and not isinstance(data, bytes):
                 break  # a consumed stream cannot be sent again
