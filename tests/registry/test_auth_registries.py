@@ -206,3 +206,12 @@ def test_worker_pull_by_digest_with_auth_config(kind: str, request: pytest.Fixtu
         except docker.errors.ImageNotFound:
             pass
         client.close()
+
+
+def test_token_answer_without_a_token_fails_closed(token_registry: AuthRegistry, docker_login) -> None:  # type: ignore[no-untyped-def]
+    server = token_registry.server
+    assert server is not None
+    docker_login(token_registry.address, "alice", token_registry.users["alice"])
+    server.answer_field = "jwt"  # neither "token" nor "access_token"
+    with pytest.raises(CheckFailed, match="neither token nor access_token"):
+        Registry(token_registry.address).manifest_digest("authtest/x", "latest")
