@@ -9,6 +9,7 @@ the token signatures, scopes and expiry itself.
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -215,3 +216,30 @@ def test_token_answer_without_a_token_fails_closed(token_registry: AuthRegistry,
     server.answer_field = "jwt"  # neither "token" nor "access_token"
     with pytest.raises(CheckFailed, match="neither token nor access_token"):
         Registry(token_registry.address).manifest_digest("authtest/x", "latest")
+
+
+@pytest.mark.docker
+def test_ensure_local_pulls_with_registry_auth_file(htpasswd_registry: AuthRegistry, docker_login, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    import docker
+
+    from pipeline.build import ensure_local
+
+    docker_login(htpasswd_registry.address, "alice", htpasswd_registry.users["alice"])
+    image = tiny_image()
+    digest = push_tiny(Registry(htpasswd_registry.address), "authtest/ensure", image)
+    ref = ImageRef(f"{htpasswd_registry.address}/authtest/ensure", digest)
+    # Only a containers-auth.json (as podman/skopeo login write it) holds the credentials now.
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path / "no-docker-config"))
+    auth_file = tmp_path / "auth.json"
+    auth_file.write_text(json.dumps({"auths": {f"{htpasswd_registry.address}/authtest": basic_entry("alice", htpasswd_registry.users["alice"])}}))
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(auth_file))
+    client = docker.from_env()
+    try:
+        ensure_local(ref)
+        assert ref.ref in client.images.get(ref.ref).attrs["RepoDigests"]
+    finally:
+        try:
+            client.images.remove(ref.ref, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        client.close()
