@@ -461,6 +461,7 @@ class AuthSession:
                 break
             if not callable(data) and data is not None and not isinstance(data, bytes):
                 break  # a consumed stream cannot be sent again
+            response.close()
             if attempt == 0:
                 self.retried_after_401 += 1
         if response is None:
