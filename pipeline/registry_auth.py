@@ -73,6 +73,8 @@ def is_loopback(host: str) -> bool:
 
 
 def registry_url(host: str) -> str:
+    if host in ("docker.io", "index.docker.io"):
+        return "https://registry-1.docker.io"  # Docker Hub's API host behind its short name
     return f"{'http' if is_loopback(host) else 'https'}://{host}"
 
 

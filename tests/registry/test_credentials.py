@@ -204,6 +204,10 @@ def test_plain_http_only_for_loopback(host: str, loopback: bool) -> None:
     assert registry_url(host).startswith("http://" if loopback else "https://")
 
 
+def test_docker_hub_short_name_uses_its_api_host() -> None:
+    assert registry_url("docker.io") == "https://registry-1.docker.io"
+
+
 def test_parse_challenge_with_quoted_commas() -> None:
     challenge = parse_challenge('Bearer realm="https://ghcr.io/token",service="ghcr.io",scope="repository:acme/a:pull,push"')
     assert challenge is not None and challenge.scheme == "bearer"
