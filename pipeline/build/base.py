@@ -24,7 +24,7 @@ from pipeline.build import oci
 from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
 from pipeline.build.push import Registry
 from pipeline.digests import ImageRef, require_repo_digest, validate_name
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.fsutil import atomic_write_json, sha256_file
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
@@ -242,6 +242,12 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             if (ref.registry == registry or entry.get("spec_hash") is None) and Registry(ref.registry).has_manifest(ref):
                 refs[name] = ref
                 continue
+        if paths.PROJECT_SOURCE == "package data" and not os.environ.get("BENCHSEAL_BASE_LOCK"):
+            # The lock would be written inside the installed package.
+            raise UsageError(
+                f"base {name} must be built but the lock is the installed package's own ({lock_path()}): "
+                "run benchseal --project-dir CHECKOUT ..., or set BENCHSEAL_BASE_LOCK"
+            )
         tarball = rootfs_tarball(spec)
         image = assemble(spec, tarball, store)
         repo_name = f"{registry}/{spec.repository}"

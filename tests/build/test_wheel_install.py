@@ -129,6 +129,14 @@ def test_installed_build_needs_a_checkout(installed: Installed) -> None:
     assert done.returncode == 2 and "--project-dir" in done.stderr, done.stderr
 
 
+def test_installed_base_build_never_writes_into_the_package(installed: Installed, tmp_path: Path) -> None:
+    # A scratch registry that has no base: a base would have to be built and the lock written.
+    done = installed.run("base", "build", "--registry", "127.0.0.1:9")
+    assert done.returncode == 2 and "BENCHSEAL_BASE_LOCK" in done.stderr, done.stdout + done.stderr
+    bundled = next(installed.venv.glob("lib/python*/site-packages/pipeline/_project/images"))
+    assert not (bundled / "base.lock.json.tmp").exists()
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_installed_build_with_project_dir_matches_the_checkout(installed: Installed, image_registry: str, tmp_path: Path) -> None:
