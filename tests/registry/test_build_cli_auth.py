@@ -8,6 +8,7 @@ digests file are scanned afterwards.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -53,7 +54,7 @@ class _ArgvScanner:
 
 def _build(registry: AuthRegistry, docker_config: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     env = {
-        **{k: v for k, v in __import__("os").environ.items() if k != "REGISTRY_AUTH_FILE"},
+        **{k: v for k, v in os.environ.items() if k != "REGISTRY_AUTH_FILE"},
         "DOCKER_CONFIG": str(docker_config),
         "BENCHSEAL_BASE_LOCK": str(tmp_path / "base.lock.json"),  # the scratch registry's own base lock
     }
@@ -75,13 +76,9 @@ def test_build_cli_pushes_with_credentials_that_never_reach_argv_or_outputs(toke
     entry = digests["images"]["api"]
     assert entry["name"] == f"{token_registry.address}/benchseal/api"
     # the registry serves exactly the digest recorded (read back with the same credentials)
-    import os
-
-    os.environ["DOCKER_CONFIG"] = str(config)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DOCKER_CONFIG", str(config))
         assert Registry(token_registry.address).manifest_digest("benchseal/api", entry["digest"]) == entry["digest"]
-    finally:
-        del os.environ["DOCKER_CONFIG"]
     # the registry's own log holds no secret either
     assert_no_secret(token_registry.registry.log_path.read_text(errors="replace"), token_registry)
 
