@@ -22,6 +22,7 @@ declare -A NEEDED=(
   [unshare]=util-linux
   [ip]=iproute2        # the signing tests' loopback-only network namespace
   [visudo]=sudo        # checks deploy/benchseal.sudoers
+  [htpasswd]=apache2-utils  # bcrypt htpasswd files for the authenticated-registry tests
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

@@ -24,7 +24,7 @@ from pipeline.build import oci
 from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
 from pipeline.build.push import Registry
 from pipeline.digests import ImageRef, require_repo_digest, validate_name
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.fsutil import atomic_write_json, sha256_file
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
@@ -332,6 +332,12 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
                 if entry.get("spec_hash") and "debs" not in entry and _add_debs(spec, entry):
                     changed = True
                 continue
+        if paths.PROJECT_SOURCE == "package data" and not os.environ.get("BENCHSEAL_BASE_LOCK"):
+            # The lock would be written inside the installed package.
+            raise UsageError(
+                f"base {name} must be built but the lock is the installed package's own ({lock_path()}): "
+                "run benchseal --project-dir CHECKOUT ..., or set BENCHSEAL_BASE_LOCK"
+            )
         tarball = rootfs_tarball(spec)
         image = assemble(spec, tarball, store)
         repo_name = f"{registry}/{spec.repository}"
@@ -377,18 +383,25 @@ def ensure_local(ref: ImageRef) -> None:
     locally only when the engine holds the image WITH that RepoDigest
     (``docker load`` would leave RepoDigests empty).
     """
+    import docker
+    import docker.errors
+
+    from pipeline.registry_auth import docker_auth_config
+
+    # The Docker SDK, so the Engine gets the same credentials as every other client (Docker config,
+    # helpers, REGISTRY_AUTH_FILE) in the X-Registry-Auth header; never in argv.
+    auth_config = docker_auth_config(ref.registry, ref.repository)
     try:
-        pull = subprocess.run(["docker", "pull", "--quiet", ref.ref], capture_output=True, text=True, check=False)
-    except OSError as exc:
-        raise InfrastructureError(f"cannot run the docker CLI: {exc}") from exc
-    if pull.returncode != 0:
-        raise InfrastructureError(f"docker pull {ref.ref} failed: {pull.stderr.strip()[-500:]}")
-    inspect = subprocess.run(
-        ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", ref.ref],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if inspect.returncode != 0:
-        raise CheckFailed(f"{ref.ref} is not in the local engine after pull: {inspect.stderr.strip()}")
-    require_repo_digest(ref, json.loads(inspect.stdout or "[]") or [])
+        client = docker.from_env(timeout=600)
+    except docker.errors.DockerException as exc:
+        raise InfrastructureError(f"Docker Engine unavailable: {exc}") from None
+    try:
+        client.api.pull(ref.name, tag=ref.digest, auth_config=auth_config)
+        image = client.images.get(ref.ref)
+    except docker.errors.ImageNotFound:
+        raise CheckFailed(f"{ref.ref} is not in the local engine after pull") from None
+    except docker.errors.APIError as exc:
+        raise InfrastructureError(f"docker pull {ref.ref} failed: {exc.explanation or exc}") from None
+    finally:
+        client.close()
+    require_repo_digest(ref, image.attrs.get("RepoDigests") or [])

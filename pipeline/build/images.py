@@ -49,9 +49,18 @@ def _git(*args: str) -> str:
 
 def source_info() -> SourceInfo:
     """commit = HEAD; ref = $GITHUB_REF or refs/heads/<branch> / refs/tags/<tag>; repository = $GITHUB_REPOSITORY."""
+    if paths.PROJECT_SOURCE == "package data":
+        raise UsageError(
+            "build needs the project's git checkout (the app layer and source.commit come from it): "
+            "run it as benchseal --project-dir CHECKOUT build ..."
+        )
     commit = _git("rev-parse", "HEAD")
     if not commit:
         raise InfrastructureError(f"{paths.REPO_ROOT} is not a git checkout with a commit (git rev-parse HEAD failed)")
+    toplevel = _git("rev-parse", "--show-toplevel")
+    if not toplevel or Path(toplevel).resolve() != paths.REPO_ROOT.resolve():
+        # git walks up: a project directory inside another repository must not take that repository's commit.
+        raise UsageError(f"project directory {paths.REPO_ROOT} is not the top of a git checkout (git says {toplevel or 'none'})")
     ref = os.environ.get("GITHUB_REF") or _git("symbolic-ref", "-q", "HEAD")
     if not ref:
         tag = _git("describe", "--exact-match", "--tags", "HEAD")

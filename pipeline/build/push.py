@@ -7,16 +7,19 @@ the exact bytes; the registry's ``Docker-Content-Digest`` must equal the
 sha256 of those bytes, or the push fails with CheckFailed. Every uploaded
 byte is counted, so "an unchanged push uploads nothing" is checkable.
 
-Plain HTTP only for loopback registries (127.0.0.0/8, localhost).
+Credentials (Docker config, credential helpers, REGISTRY_AUTH_FILE) and the
+Basic / Bearer-token handshake come from pipeline.registry_auth; each request
+names its scopes (``pull`` or ``pull,push`` per repository, ``pull`` on a
+mount source). Plain HTTP only for loopback registries (127.0.0.0/8, localhost).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urljoin
 
 import requests
@@ -24,6 +27,7 @@ import requests
 from pipeline.build.oci import ACCEPT, MANIFEST_TYPE, sha256_digest
 from pipeline.digests import ImageRef, validate_digest, validate_name
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.registry_auth import AuthSession, scope
 
 _TIMEOUT = 60.0
 _TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -47,29 +51,27 @@ class PushStats:
 
 
 class Registry:
-    """A client for one registry host (``host:port``)."""
+    """A client for one registry host (``host:port``), authenticated as ``docker login`` left it.
+
+    Credentials and the Basic/Bearer handshake live in pipeline.registry_auth;
+    every request names the repository scopes it needs.
+    """
 
     def __init__(self, host: str) -> None:
         validate_name(f"{host}/x", "registry")
         self.host = host
-        hostname = host.rsplit(":", 1)[0]
-        scheme = "http" if hostname == "localhost" or hostname.startswith("127.") else "https"
-        self.base = f"{scheme}://{host}"
-        self.session = requests.Session()
-        self.session.trust_env = False  # never send loopback traffic through a proxy
+        self.auth = AuthSession(host, timeout=_TIMEOUT)
+        self.base = self.auth.base
         self.stats = PushStats()
 
-    def _request(self, method: str, url: str, **kwargs: object) -> requests.Response:
-        try:
-            return self.session.request(method, url, timeout=_TIMEOUT, **kwargs)  # type: ignore[arg-type]
-        except requests.RequestException as exc:
-            raise InfrastructureError(f"registry {self.host}: {method} {url}: {exc}") from exc
+    def _request(self, method: str, url: str, scopes: Sequence[str], **kwargs: Any) -> requests.Response:
+        return self.auth.request(method, url, scopes, **kwargs)
 
     # --- reading -------------------------------------------------------------
 
     def manifest_digest(self, repository: str, reference: str) -> str | None:
         """HEAD a manifest; the registry's Docker-Content-Digest, or None when absent."""
-        r = self._request("HEAD", f"{self.base}/v2/{repository}/manifests/{reference}", headers={"Accept": ACCEPT})
+        r = self._request("HEAD", f"{self.base}/v2/{repository}/manifests/{reference}", [scope(repository)], headers={"Accept": ACCEPT})
         if r.status_code == 404:
             return None
         if r.status_code != 200:
@@ -80,25 +82,25 @@ class Registry:
         return self.manifest_digest(ref.repository, ref.digest) == ref.digest
 
     def get_manifest(self, repository: str, digest: str) -> bytes:
-        r = self._request("GET", f"{self.base}/v2/{repository}/manifests/{digest}", headers={"Accept": ACCEPT})
+        r = self._request("GET", f"{self.base}/v2/{repository}/manifests/{digest}", [scope(repository)], headers={"Accept": ACCEPT})
         if r.status_code != 200:
             raise InfrastructureError(f"registry {self.host}: GET manifest {repository}@{digest} -> {r.status_code}")
         if sha256_digest(r.content) != digest:
             raise CheckFailed(f"registry {self.host}: manifest {repository}@{digest} does not hash to its digest")
         return r.content
 
-    def has_blob(self, repository: str, digest: str) -> bool:
-        r = self._request("HEAD", f"{self.base}/v2/{repository}/blobs/{digest}")
+    def has_blob(self, repository: str, digest: str, scopes: Sequence[str] = ()) -> bool:
+        r = self._request("HEAD", f"{self.base}/v2/{repository}/blobs/{digest}", scopes or [scope(repository)])
         return r.status_code == 200
 
     def get_blob(self, repository: str, digest: str) -> bytes:
-        r = self._request("GET", f"{self.base}/v2/{repository}/blobs/{digest}")
+        r = self._request("GET", f"{self.base}/v2/{repository}/blobs/{digest}", [scope(repository)])
         if r.status_code != 200 or sha256_digest(r.content) != digest:
             raise CheckFailed(f"registry {self.host}: blob {repository}@{digest} missing or corrupt ({r.status_code})")
         return r.content
 
     def open_blob(self, repository: str, digest: str) -> Iterator[bytes]:
-        r = self._request("GET", f"{self.base}/v2/{repository}/blobs/{digest}", stream=True)
+        r = self._request("GET", f"{self.base}/v2/{repository}/blobs/{digest}", [scope(repository)], stream=True)
         if r.status_code != 200:
             raise InfrastructureError(f"registry {self.host}: GET blob {repository}@{digest} -> {r.status_code}")
         return r.iter_content(1 << 20)
@@ -115,32 +117,33 @@ class Registry:
     ) -> None:
         """Make ``digest`` present in ``repository``; upload only when it is not there already."""
         validate_digest(digest, "blob digest")
-        if self.has_blob(repository, digest):
+        # One token for the whole upload: push on the target, pull on the mount source.
+        scopes = [scope(repository, push=True)]
+        if mount_from and mount_from != repository:
+            scopes.append(scope(mount_from))
+        if self.has_blob(repository, digest, scopes):
             self.stats.blobs_skipped += 1
             return
         url = f"{self.base}/v2/{repository}/blobs/uploads/"
         if mount_from and mount_from != repository:
-            r = self._request("POST", url, params={"mount": digest, "from": mount_from})
+            r = self._request("POST", url, scopes, params={"mount": digest, "from": mount_from})
             if r.status_code == 201:
                 self.stats.blobs_mounted += 1
                 return
         else:
-            r = self._request("POST", url)
+            r = self._request("POST", url, scopes)
         if r.status_code != 202 or "Location" not in r.headers:
             raise InfrastructureError(f"registry {self.host}: start upload to {repository} -> {r.status_code}")
         location = urljoin(self.base + "/", r.headers["Location"])
         location += ("&" if "?" in location else "?") + f"digest={digest}"
-        data = open_data()
-        try:
-            r = self._request(
-                "PUT",
-                location,
-                data=data,
-                headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
-            )
-        finally:
-            if hasattr(data, "close"):
-                data.close()
+        # open_data is called per attempt: a retry after a token expired re-sends from the start.
+        r = self._request(
+            "PUT",
+            location,
+            scopes,
+            data=open_data,
+            headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)},
+        )
         if r.status_code != 201:
             raise InfrastructureError(f"registry {self.host}: upload {digest} to {repository} -> {r.status_code} {r.text[:200]}")
         if r.headers.get("Docker-Content-Digest", digest) != digest:
@@ -158,6 +161,7 @@ class Registry:
         r = self._request(
             "PUT",
             f"{self.base}/v2/{repository}/manifests/{reference}",
+            [scope(repository, push=True)],
             data=manifest,
             headers={"Content-Type": media_type},
         )

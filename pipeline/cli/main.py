@@ -10,7 +10,9 @@ Exit codes: 0 success, 1 a check failed, 2 usage error (bad input).
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+from pathlib import Path
 
 import typer
 
@@ -35,6 +37,23 @@ VERB_MODULES = (
     "release",
 )
 
+def _apply_project_dir(argv: list[str]) -> None:
+    """``benchseal --project-dir DIR VERB ...``: set BENCHSEAL_PROJECT_DIR before any verb module
+    (and so pipeline.paths) is imported, because paths are resolved at import."""
+    for index, arg in enumerate(argv):
+        if not arg.startswith("-"):
+            return  # options after the verb belong to the verb
+        if arg == "--project-dir" and index + 1 < len(argv):
+            os.environ["BENCHSEAL_PROJECT_DIR"] = argv[index + 1]
+            return
+        if arg.startswith("--project-dir="):
+            os.environ["BENCHSEAL_PROJECT_DIR"] = arg.split("=", 1)[1]
+            return
+
+
+if os.path.basename(sys.argv[0]) in ("benchseal", "__main__.py"):
+    _apply_project_dir(sys.argv[1:])
+
 app = typer.Typer(
     name="benchseal",
     help="Build, benchmark, sign and publish a release, pinned by digest end to end.",
@@ -53,8 +72,23 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    project_dir: str | None = typer.Option(
+        None, "--project-dir", help="Project directory with images/, policies/, suites/ (default $BENCHSEAL_PROJECT_DIR, "
+        "else the data installed with benchseal, else the source checkout)."
+    ),
 ) -> None:
     """benchseal: the release pipeline that scores every release."""
+    from pipeline import paths
+    from pipeline.errors import ValidationError
+
+    if project_dir is not None and paths.REPO_ROOT != Path(project_dir).resolve():
+        # Paths were resolved before this option was seen (it was not the first option).
+        raise ValidationError("--project-dir", "must come first, before any other option and the verb", project_dir)
+    # An explicit project directory fails closed; the defaults are checked where they are used
+    # (the runner image, for one, ships no images/).
+    problem = paths.project_problem() if paths.PROJECT_SOURCE == paths.PROJECT_DIR_ENV else None
+    if problem is not None:
+        raise ValidationError("--project-dir / BENCHSEAL_PROJECT_DIR", f"must contain images/, policies/ and suites/: {problem}")
 
 
 for _name in VERB_MODULES:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline.digests import ImageRef, parse_ref
-from pipeline.errors import CheckFailed, InfrastructureError
+from pipeline.errors import CheckFailed
 from pipeline.evidence import depgraph, goinfo
 from pipeline.evidence.goinfo import GoBuildInfo
 from pipeline.evidence.licenses import DeclaredLicense, dep5_licenses, npm_licenses, python_licenses, unknown
@@ -90,29 +90,26 @@ class ImageContents:
 # --- registry access ----------------------------------------------------------------
 
 def _base_url(image: ImageRef) -> str:
-    host = image.registry
-    plain = host.startswith(("127.", "localhost"))
-    return f"{'http' if plain else 'https'}://{host}/v2/{image.repository}"
+    from pipeline.registry_auth import registry_url  # plain HTTP for loopback only, as for the push
+
+    return f"{registry_url(image.registry)}/v2/{image.repository}"
 
 
 class _Registry:
     def __init__(self, image: ImageRef, timeout: float = 60.0) -> None:
-        import requests
+        from pipeline.registry_auth import AuthSession
 
         self.image = image
         self.base = _base_url(image)
-        self.session = requests.Session()
-        self.session.trust_env = False  # a loopback registry must never go through a proxy
+        # Credentials and the Basic/Bearer handshake as for the push (pipeline.registry_auth).
+        self.session = AuthSession(image.registry, timeout=timeout)
         self.timeout = timeout
 
     def get(self, path: str, accept: str | None = None, stream: bool = False) -> Any:
-        import requests
+        from pipeline.registry_auth import scope
 
         headers = {"Accept": accept} if accept else {}
-        try:
-            response = self.session.get(f"{self.base}/{path}", headers=headers, stream=stream, timeout=self.timeout)
-        except requests.RequestException as exc:
-            raise InfrastructureError(f"registry {self.image.registry} unreachable: {exc}") from None
+        response = self.session.request("GET", f"{self.base}/{path}", [scope(self.image.repository)], headers=headers, stream=stream)
         if response.status_code != 200:
             raise CheckFailed(f"{self.image.ref}: GET {path} -> HTTP {response.status_code}")
         return response

@@ -119,8 +119,13 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
     """Pull ``ref`` by digest; return the local image id once RepoDigests contains exactly ``ref``."""
     import docker.errors
 
+    from pipeline.registry_auth import docker_auth_config
+
+    # Same credentials as the push, handed to the engine in the X-Registry-Auth header (never argv);
+    # {} rather than None so the SDK does not look credentials up on its own.
+    auth_config = docker_auth_config(ref.registry, ref.repository)
     try:
-        client.api.pull(ref.name, tag=ref.digest)
+        client.api.pull(ref.name, tag=ref.digest, auth_config=auth_config)
         image = client.images.get(ref.ref)
     except docker.errors.APIError as exc:
         raise InfraFailure(f"pull {ref.ref} failed: {exc.explanation or exc}") from exc
