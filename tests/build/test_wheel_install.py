@@ -113,7 +113,8 @@ def test_installed_infra_validate_uses_the_bundled_policy(installed: Installed, 
 @pytest.mark.docker
 @pytest.mark.slow
 def test_installed_verify_accepts_a_signed_release(installed: Installed, signed_release: Path, sigstore_instance: object) -> None:
-    done = installed.run("verify", str(signed_release), "--trusted-root", str(sigstore_instance.trusted_root))  # type: ignore[attr-defined]
+    done = installed.run("verify", str(signed_release), "--repo", "acme/widget", "--tag", "v9.9.9",
+                         "--trusted-root", str(sigstore_instance.trusted_root))  # type: ignore[attr-defined]
     assert done.returncode == 0, done.stdout + done.stderr
 
 
