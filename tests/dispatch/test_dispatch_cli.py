@@ -176,7 +176,8 @@ def test_dispatch_cli_json_on_usage_errors(github_emulator: GitHubEmulator, infr
         body = json_failure(cli(args, github_emulator), 2)
         assert needle in body["error"], (args, body)
     hostile_body = json_failure(cli(cases[-2][0], github_emulator), 2)
-    assert "digests\\x1b[31m\\n::error::forged.json" in hostile_body["error"]
+    error = hostile_body["error"]  # escaped once (by the error hierarchy): no raw ESC or newline survives
+    assert "\x1b" not in error and "\n" not in error and "digests\\x1b[31m" in error and "::error::forged.json" in error
     no_token = json_failure(cli(base, github_emulator, token=False), 2)
     assert "GITHUB_TOKEN or GH_TOKEN" in no_token["error"]
     assert github_emulator.count("repos/create-dispatch-event") == 0  # nothing was dispatched

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +58,15 @@ def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
             "runner": runner.ref, "runner_name": runner.name, "api": api.ref, "trust": trust}
 
 
+# Run ids derive from correlation ids: unique per session, so two test sessions on one Docker
+# Engine never see (or remove) each other's runner containers.
+SESSION = uuid.uuid4().hex[:8]
+
+
 def _payload(setup: dict[str, Any], correlation: str, **overrides: Any) -> dict[str, Any]:
     payload = {
         "schema": "benchseal.dispatch/v1",
-        "correlation_id": correlation,
+        "correlation_id": f"{correlation}-{SESSION}",
         "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567", "tag": "v9.9.9"},
         "runner": setup["runner"],
         "api": setup["api"],
@@ -217,8 +223,10 @@ def test_broken_runner_digest_ends_in_infra_error_without_score(infra_setup):
 
 
 def _worker_cmd(setup: dict[str, Any], db: Path, *extra: str) -> list[str]:
+    trust = setup["trust"]
     return [sys.executable, "-m", "pipeline", "worker", "--once", "--db", str(db), "--policy", str(setup["policy_path"]),
-            "--suites-dir", str(setup["suites"]), *extra]
+            "--suites-dir", str(setup["suites"]), "--sigstore-url", str(trust.fulcio_url),
+            "--trusted-root", str(trust.trusted_root), *extra]
 
 
 def _wait_for(predicate, what: str, limit: float = 120.0) -> None:
@@ -235,8 +243,9 @@ def _runner_containers(run_id: str) -> list[Any]:
 
 def _trial_containers(run_id: str) -> list[Any]:
     short = run_id[-12:]
-    return [c for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"})
-            if short in c.labels.get("com.docker.compose.project", "")]
+    # sparse: no per-container inspect, which races with trial containers Harbor removes meanwhile.
+    listed = docker.from_env().containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"})
+    return [c for c in listed if short in (c.attrs.get("Labels") or {}).get("com.docker.compose.project", "")]
 
 
 def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
@@ -254,7 +263,7 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
         assert runner_container.attrs["Config"]["Image"] == infra_setup["runner"]
         assert runner_container.attrs["HostConfig"]["NetworkMode"] == "none"
         for container in _trial_containers(run_id):
-            assert container.attrs["HostConfig"]["NetworkMode"] == "none", container.name
+            assert container.attrs["HostConfig"]["NetworkMode"] == "none", container.attrs.get("Names")
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
     finally:
