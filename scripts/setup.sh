@@ -31,6 +31,9 @@ done
 for pkg in debian-archive-keyring ca-certificates uidmap; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# PostgreSQL (the queue's multi-host backend; the tests start throwaway clusters with its
+# initdb/pg_ctl). Debian 12 ships 15, 13 ships 17: look for any version's bin dir.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 if ((${#missing[@]})); then
   log "installing with apt: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
