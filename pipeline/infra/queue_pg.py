@@ -133,6 +133,8 @@ class PostgresQueue(SqlQueue):
         self._lock = threading.RLock()
         self._conn: psycopg.Connection[Any] | None = None
         self._closed = False
+        self._connected_once = False
+        self.reconnects = 0  # connections replaced after a failure (observability, tests)
         if check_schema:
             _check_version(self.location, self.schema_version())
 
@@ -151,6 +153,9 @@ class PostgresQueue(SqlQueue):
             try:
                 self._conn = psycopg.connect(self._url, autocommit=False, connect_timeout=self._connect_timeout,
                                              application_name="benchseal")
+                if self._connected_once:
+                    self.reconnects += 1
+                self._connected_once = True
                 return self._conn
             except psycopg.OperationalError as exc:
                 if time.monotonic() + delay > deadline:
