@@ -19,17 +19,21 @@ PostgreSQL is a throwaway cluster on a Unix socket (pipeline.testing.postgres), 
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
+# This file is named like the standard library's `queue`: take bench/ off the import path
+# before anything (psycopg, multiprocessing) imports `queue`.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
 
 from pipeline.testing.postgres import PgCluster, pg_bindir  # noqa: E402
 from pipeline.testing.queue_load import noop_payload, open_store  # noqa: E402
@@ -81,7 +85,7 @@ def main() -> None:
     bindir = pg_bindir()
     if bindir is None:
         raise SystemExit("PostgreSQL is not installed: run `make setup`")
-    cluster = PgCluster(bindir)
+    cluster = PgCluster(bindir, durable=True)  # fsync on, synchronous_commit on: the production defaults
     results: dict[tuple[str, int], dict[str, float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import abc
 import hashlib
 import json
+import logging
 import os
 import secrets
 import sqlite3
@@ -50,7 +51,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, RunStatus
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
-from pipeline.fsutil import atomic_write_json
+from pipeline.fsutil import canonical_json
 from pipeline.paths import state_dir
 
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
@@ -58,6 +59,7 @@ ACTIVE_STATES: frozenset[str] = frozenset({"CLAIMED", "RUNNING"})
 PublicationState = Literal["PENDING", "DELIVERED"]
 RunPhase = Literal["run", "finalize"]
 T = TypeVar("T")
+log = logging.getLogger("benchseal.queue")
 
 QUEUE_URL_ENV = "BENCHSEAL_QUEUE_URL"
 QUEUE_URL_FILE_ENV = "BENCHSEAL_QUEUE_URL_FILE"
@@ -384,8 +386,9 @@ class SqlQueue(Queue):
             finalize_attempts=int(str(finalize_attempts)),
         )
 
-    def _write_status(self, run_id: str) -> None:
-        record = self.get_run(run_id)
+    def _write_status(self, run_id: str, row: Sequence[object] | None = None) -> None:
+        """Rewrite run.json from ``row`` (read in the committing transaction) or from the database."""
+        record = self._record(row) if row is not None else self.get_run(run_id)
         grading = record.grading
         status = RunStatus(
             run_id=record.run_id,
@@ -402,7 +405,18 @@ class SqlQueue(Queue):
             score=grading.score if grading else None,
             counts=grading.counts if grading else None,
         )
-        atomic_write_json(self.run_dir(run_id) / "run.json", status.model_dump(mode="json"))
+        # run.json is a view of the database, rewritten after every change: atomic (temp file +
+        # os.replace) but not fsync'd, so the queue's own cost per transition stays small.
+        # A failure here comes after the commit: the database stays the truth and the next change rewrites it.
+        target = self.run_dir(run_id) / "run.json"
+        tmp = target.with_name(f".run.json.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(canonical_json(status.model_dump(mode="json")), encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            log.warning("run %s: run.json not rewritten (%s); the queue database holds the state", run_id, exc)
 
     def _transition(
         self,
@@ -419,7 +433,7 @@ class SqlQueue(Queue):
         now = time.time()
         placeholders = ",".join("?" for _ in from_states)
 
-        def work(cur: Cursor) -> None:
+        def work(cur: Cursor) -> tuple[object, ...] | None:
             row = self._row(cur, run_id)
             if row is None:
                 raise ValidationError("run_id", "no such run", run_id)
@@ -432,9 +446,9 @@ class SqlQueue(Queue):
             if cur.rowcount != 1:
                 raise CheckFailed(f"run {run_id}: lease not held (state {current}); refusing {event}")
             self._event(cur, run_id, event, current, to_state, detail, now)
+            return self._row(cur, run_id)
 
-        self._transaction(work)
-        self._write_status(run_id)
+        self._write_status(run_id, self._transaction(work))
 
     @staticmethod
     def _beat(cur: Cursor, worker: str, run_id: str | None, at: float) -> None:
@@ -483,7 +497,7 @@ class SqlQueue(Queue):
         at = _epoch(now)
         token = secrets.token_hex(16)
 
-        def work(cur: Cursor) -> str | None:
+        def work(cur: Cursor) -> tuple[object, ...] | None:
             # Runs waiting to be finalized first: their results are already in.
             cur.execute(
                 "SELECT run_id FROM runs WHERE state = 'QUEUED'"  # noqa: S608
@@ -505,13 +519,14 @@ class SqlQueue(Queue):
                 return None
             self._event(cur, run_id, "claimed", "QUEUED", "CLAIMED", f"worker={worker}", at)
             self._beat(cur, worker, run_id, at)
-            return run_id
+            return self._row(cur, run_id)
 
-        claimed = self._transaction(work)
-        if claimed is None:
+        row = self._transaction(work)
+        if row is None:
             return None
-        self._write_status(claimed)
-        return self.get_run(claimed)
+        record = self._record(row)
+        self._write_status(record.run_id, row)
+        return record
 
     def start(self, run_id: str, lease_token: str) -> None:
         self._transition(run_id, lease_token, from_states=("CLAIMED",), event="started", to_state="RUNNING", detail=None)
@@ -577,7 +592,7 @@ class SqlQueue(Queue):
                 raise ValidationError(f"publications[{index}].run_id", f"must equal the run id {run_id}", request.run_id)
         now = time.time()
 
-        def work(cur: Cursor) -> None:
+        def work(cur: Cursor) -> tuple[object, ...] | None:
             row = self._row(cur, run_id)
             if row is None:
                 raise ValidationError("run_id", "no such run", run_id)
@@ -597,13 +612,21 @@ class SqlQueue(Queue):
                     (run_id, request.target, request.tag, request.model_dump_json(), now, _iso(now), _iso(now)),
                 )
                 self._event(cur, run_id, "publication_queued", None, None, f"{request.target}:{request.tag}", now)
+            return self._row(cur, run_id)
 
-        self._transaction(work)
-        self._write_status(run_id)
+        self._write_status(run_id, self._transaction(work))
 
     def requeue_expired(self, now: datetime | None = None) -> list[str]:
         """Requeue runs whose lease expired (a dead worker); to the finalize phase once attempts are used up."""
         at = _epoch(now)
+
+        def expired(cur: Cursor) -> bool:
+            cur.execute("SELECT 1 FROM runs WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ? LIMIT 1", (at,))
+            return cur.fetchone() is not None
+
+        # A plain read first: the common case (nothing expired) takes no write lock.
+        if not self._read(expired):
+            return []
 
         def work(cur: Cursor) -> list[str]:
             changed: list[str] = []

@@ -28,7 +28,7 @@ class PgCluster:
     Only this cluster is ever stopped (by its data dir, then by its recorded pid).
     """
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, durable: bool = False) -> None:
         import pwd
         import tempfile
 
@@ -41,6 +41,8 @@ class PgCluster:
             path.mkdir(exist_ok=True)
             os.chown(path, pw.pw_uid, pw.pw_gid)
         self.pid: int | None = None
+        # Tests trade durability for speed (fsync=off); a benchmark measures the durable default.
+        self.durable = durable
         self._count = 0
         self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "benchseal", "-E", "UTF8", "--no-sync")
         self.start()
@@ -53,7 +55,9 @@ class PgCluster:
         return result
 
     def start(self) -> None:
-        options = f"-k {self.sock} -c listen_addresses='' -c fsync=off -c max_connections=100"
+        options = f"-k {self.sock} -c listen_addresses='' -c max_connections=100"
+        if not self.durable:
+            options += " -c fsync=off"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "-t", "60", "start")
         self.pid = int((self.data / "postmaster.pid").read_text().splitlines()[0])
 

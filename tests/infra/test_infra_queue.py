@@ -451,3 +451,44 @@ def test_queue_url_comes_from_env_or_file_never_argv_and_never_with_db(tmp_path,
     with pytest.raises(InfrastructureError) as down:
         PostgresQueue(os.environ["BENCHSEAL_QUEUE_URL"], reconnect_seconds=0.5)
     assert "s3cret" not in down.value.diagnostics() and "nosuchdb" in down.value.diagnostics()
+
+
+def test_cli_accept_and_worker_on_postgresql_by_url_file_and_env(make_payload, tmp_path, pg_cluster):
+    import subprocess
+    import sys
+
+    from pipeline.infra.queue_pg import PostgresQueue
+
+    url = pg_cluster.new_database()
+    url_file = tmp_path / "queue-url"
+    # With trust auth the server never asks for the password: it is there to prove it is never printed.
+    url_file.write_text(f"# the infra queue\n{url.replace('benchseal@', 'benchseal:hunter2secret@')}\n")
+    payload = tmp_path / "p.json"
+    payload.write_text(json.dumps(make_payload(correlation_id="pg-cli-0000001")))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_QUEUE_URL")}
+    accepted = subprocess.run([sys.executable, "-m", "pipeline", "infra", "accept", "--payload", str(payload), "--json"],
+                              capture_output=True, text=True, env={**base, "BENCHSEAL_QUEUE_URL_FILE": str(url_file)}, check=False)
+    assert accepted.returncode == 0, accepted.stderr
+    run_id = json.loads(accepted.stdout)["run_id"]
+    with PostgresQueue(url, runs_dir=tmp_path / "runs") as q:
+        assert [r.run_id for r in q.list_runs()] == [run_id]
+        q.claim("someone-else", 60)  # so the worker below finds nothing to do (no Docker needed)
+    worker = subprocess.run([sys.executable, "-m", "pipeline", "worker", "--once", "--queue-url-file", str(url_file)],
+                            capture_output=True, text=True, env=base, check=False)
+    assert worker.returncode == 0, worker.stderr
+    assert json.loads(worker.stdout.splitlines()[-1]) == {"run_id": None, "state": None}
+    # A URL and --db together: refused, nothing chosen silently.
+    both = subprocess.run([sys.executable, "-m", "pipeline", "worker", "--once", "--queue-url-file", str(url_file),
+                           "--db", str(tmp_path / "q.sqlite3")], capture_output=True, text=True, env=base, check=False)
+    assert both.returncode == 2 and "give exactly one" in both.stderr
+    assert not (tmp_path / "q.sqlite3").exists()
+    # A queue that is behind: the worker refuses to start.
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_migrations WHERE version = 2")
+    behind = subprocess.run([sys.executable, "-m", "pipeline", "worker", "--once", "--queue-url-file", str(url_file)],
+                            capture_output=True, text=True, env=base, check=False)
+    assert behind.returncode == 1 and "benchseal infra migrate" in behind.stderr
+    for result in (accepted, worker, both, behind):
+        assert "hunter2secret" not in result.stdout + result.stderr
