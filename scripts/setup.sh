@@ -112,6 +112,14 @@ if [ -x scripts/install-tools.sh ]; then
   bash scripts/install-tools.sh
 fi
 
+# --- the local queue's schema ---------------------------------------------------------
+# An existing SQLite queue written by an older benchseal is refused until migrated; migrating
+# is explicit (`benchseal infra migrate`), and setup is where this machine's operator asks for it.
+if [ -f "$STATE/infra/queue.sqlite3" ]; then
+  env -u BENCHSEAL_QUEUE_URL -u BENCHSEAL_QUEUE_URL_FILE \
+    "$VENV/bin/benchseal" infra migrate --db "$STATE/infra/queue.sqlite3" >/dev/null
+fi
+
 # --- local registry ------------------------------------------------------------
 "$VENV/bin/benchseal" registry start >/dev/null
 log "ready: venv $VENV, registry $("$VENV/bin/benchseal" registry status --address)"

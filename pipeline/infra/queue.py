@@ -121,6 +121,8 @@ CREATE TABLE workers (
     last_seen REAL NOT NULL,
     run_id TEXT
 );
+-- The claim order (finalize before run, then oldest) read straight from this index.
+CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id);
 """,
 )
 SCHEMA_VERSION = len(_SQLITE_MIGRATIONS)
@@ -498,10 +500,10 @@ class SqlQueue(Queue):
         token = secrets.token_hex(16)
 
         def work(cur: Cursor) -> tuple[object, ...] | None:
-            # Runs waiting to be finalized first: their results are already in.
+            # Runs waiting to be finalized first ('finalize' < 'run'): their results are already in.
             cur.execute(
                 "SELECT run_id FROM runs WHERE state = 'QUEUED'"  # noqa: S608
-                " ORDER BY CASE WHEN phase = 'finalize' THEN 0 ELSE 1 END, created_at, run_id LIMIT 1" + self._claim_lock
+                " ORDER BY phase, created_at, run_id LIMIT 1" + self._claim_lock
             )
             row = cur.fetchone()
             if row is None:

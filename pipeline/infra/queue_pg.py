@@ -81,7 +81,8 @@ CREATE TABLE workers (
     worker TEXT PRIMARY KEY,
     last_seen DOUBLE PRECISION NOT NULL,
     run_id TEXT
-)
+);
+CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id)
 """,
 )
 if len(_PG_MIGRATIONS) != SCHEMA_VERSION:  # pragma: no cover - a development error
