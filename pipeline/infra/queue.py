@@ -1081,7 +1081,15 @@ def _read_url_file(path: Path, field: str) -> str:
     return lines[0]
 
 
-def queue_url(url_file: Path | None = None) -> tuple[str, str] | None:
+def state_url_file() -> Path:
+    """``$BENCHSEAL_HOME/infra/queue-url``: every process sharing the state dir (the sudo accept wrapper,
+    the worker and publisher units) selects the same queue from it, with no environment to plumb."""
+    from pipeline.paths import home
+
+    return home() / "infra" / "queue-url"
+
+
+def queue_url(url_file: Path | None = None, *, use_state_file: bool = True) -> tuple[str, str] | None:
     """The configured PostgreSQL URL and where it came from, or None for SQLite."""
     sources: list[tuple[str, str]] = []
     if url_file is not None:
@@ -1092,6 +1100,8 @@ def queue_url(url_file: Path | None = None) -> tuple[str, str] | None:
     env_url = os.environ.get(QUEUE_URL_ENV)
     if env_url:
         sources.append((env_url.strip(), QUEUE_URL_ENV))
+    if not sources and use_state_file and state_url_file().is_file():
+        sources.append((_read_url_file(state_url_file(), str(state_url_file())), str(state_url_file())))
     if not sources:
         return None
     if len(sources) > 1:
@@ -1106,9 +1116,11 @@ def open_queue(db: Path | None = None, *, url_file: Path | None = None, runs_dir
                check_schema: bool = True) -> SqlQueue:
     """The configured queue: PostgreSQL when a queue URL is configured, else the SQLite file ``db``.
 
-    A URL and an explicit ``db`` together are refused (no silent choice between two queues).
+    The URL comes from ``url_file``, ``BENCHSEAL_QUEUE_URL_FILE``, ``BENCHSEAL_QUEUE_URL`` or, when
+    none of them is set and no ``db`` is given, ``$BENCHSEAL_HOME/infra/queue-url``. A URL and an
+    explicit ``db`` together are refused (no silent choice between two queues).
     """
-    found = queue_url(url_file)
+    found = queue_url(url_file, use_state_file=db is None)
     if found is None:
         return SqliteQueue(db, runs_dir=runs_dir, check_schema=check_schema)
     if db is not None:

@@ -358,6 +358,14 @@ def exhausted_grading(run_dir: Path, record: RunRecord, policy: InfraPolicy, run
     return infra_error_grading(record, reason, started_at=started_at, finished_at=_now())
 
 
+FINALIZE_CLAIMS_MIN = 3
+
+
+def finalize_claims(record: RunRecord) -> int:
+    """How many finalize claims may run the finalizer: a worker that keeps dying there must not block the run forever."""
+    return max(record.max_attempts, FINALIZE_CLAIMS_MIN)
+
+
 def _finalize(
     queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None, reason: str,
     started: str, runner: RunnerInfo | None, run_dir: Path,
@@ -368,12 +376,13 @@ def _finalize(
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
     publications: list[PublicationRequest] = []
-    if finalize is not None and record.finalize_attempts <= record.max_attempts:
+    allowed = finalize_claims(record)
+    if finalize is not None and record.finalize_attempts <= allowed:
         try:
             publications = list(finalize(record, grading, run_dir))
         except Exception as exc:
             log.exception("run %s: finalize failed on a run whose attempts are used up", record.run_id)
-            if record.finalize_attempts < record.max_attempts:
+            if record.finalize_attempts < allowed:
                 # Retried by the next claim (phase finalize); the terminal state waits for its publication.
                 queue.fail_infra(record.run_id, token, f"finalize failed: {type(exc).__name__}: {exc}")
                 return RunOutcome(run_id=record.run_id, state="QUEUED", grading=None, reason=reason)
@@ -412,7 +421,7 @@ def _finalize_abandoned(
         for name in kill_leftovers(client, run_id):
             log.warning("run %s: removed leftover container %s", run_id, name)
     except Exception as exc:
-        if record.finalize_attempts < record.max_attempts:
+        if record.finalize_attempts < finalize_claims(record):
             reason = f"finalize: cannot stop the earlier attempt's containers: {type(exc).__name__}: {exc}"
             log.error("run %s: %s", run_id, reason)
             queue.fail_infra(run_id, token, reason)

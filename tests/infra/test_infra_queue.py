@@ -492,3 +492,31 @@ def test_cli_accept_and_worker_on_postgresql_by_url_file_and_env(make_payload, t
     assert behind.returncode == 1 and "benchseal infra migrate" in behind.stderr
     for result in (accepted, worker, both, behind):
         assert "hunter2secret" not in result.stdout + result.stderr
+
+
+def test_state_dir_queue_url_file_selects_postgresql_for_every_process_sharing_the_state(tmp_path, monkeypatch, pg_cluster):
+    import subprocess
+    import sys
+
+    from pipeline.errors import ValidationError
+    from pipeline.infra.queue import open_queue
+
+    url = pg_cluster.new_database()
+    home = tmp_path / "home"
+    (home / "infra").mkdir(parents=True)
+    monkeypatch.setenv("BENCHSEAL_HOME", str(home))
+    monkeypatch.delenv("BENCHSEAL_QUEUE_URL", raising=False)
+    monkeypatch.delenv("BENCHSEAL_QUEUE_URL_FILE", raising=False)
+    assert open_queue().backend == "sqlite"  # no config: the default
+    (home / "infra" / "queue-url").write_text(url + "\n")
+    with open_queue() as q:
+        assert q.backend == "postgresql"
+    with open_queue(tmp_path / "explicit.sqlite3") as q:  # an explicit --db is an explicit choice
+        assert q.backend == "sqlite"
+    # The accept wrapper's environment (BENCHSEAL_HOME only) reaches the same queue.
+    status = subprocess.run([sys.executable, "-m", "pipeline", "infra", "status", "--summary"], capture_output=True,
+                            text=True, env={**os.environ, "BENCHSEAL_HOME": str(home)}, check=False)
+    assert status.returncode == 0 and json.loads(status.stdout)["queue"]["backend"] == "postgresql", status.stderr
+    (home / "infra" / "queue-url").write_text("sqlite:///nope\n")
+    with pytest.raises(ValidationError, match="postgresql://"):
+        open_queue()

@@ -277,3 +277,42 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     assert (run_dir / "artifacts" / "evidence" / "harbor").is_dir()
     assert (run_dir / "artifacts" / "evidence" / "grading.json").is_file()
     assert os.path.exists(run_dir / "artifacts" / "finalized.txt")
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("deaths", [2, 3])
+def test_a_worker_killed_while_finalizing_is_replaced_and_the_run_still_ends_once(tmp_path, make_payload, deaths):
+    _, policy = _policy(tmp_path, max_attempts=1, lease_seconds=2)
+    db = tmp_path / "fin-crash" / "queue.sqlite3"
+    with SqliteQueue(db) as q:
+        run_id, _ = q.enqueue(DispatchPayload.model_validate(make_payload(correlation_id="final-fin-crash-01")), max_attempts=1)
+        claim = q.claim("w", 2)
+        assert claim and claim.lease_token
+        q.fail_infra(run_id, claim.lease_token, "engine unavailable")  # attempts used up: phase finalize
+        assert q.get_run(run_id).phase == "finalize"
+    # Finalizers die with -9 while they hold the finalize claim.
+    for _ in range(deaths):
+        doomed = subprocess.Popen([sys.executable, "-c", _DEAD_WORKER, str(db)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert doomed.stdout is not None and doomed.stdout.readline().split() == [run_id, "1"]
+            doomed.send_signal(signal.SIGKILL)
+            doomed.wait(timeout=30)
+        finally:
+            if doomed.poll() is None:
+                doomed.kill()
+        time.sleep(2.2)
+        with SqliteQueue(db) as q:
+            assert q.requeue_expired() == [run_id]
+            assert q.get_run(run_id).state == "QUEUED" and q.get_run(run_id).phase == "finalize"
+    finalize = Recorder(db)
+    outcome = run_once(WorkerConfig(db=db, policy=policy), finalize)
+    assert outcome is not None and outcome.state == "INFRA_ERROR"
+    # Up to 3 finalize claims run the finalizer; after that the run still ends (once), without it.
+    assert len(finalize.calls) == (1 if deaths < 3 else 0)
+    assert run_once(WorkerConfig(db=db, policy=policy), finalize) is None
+    with SqliteQueue(db) as q:
+        record = q.get_run(run_id)
+        events = [e.event for e in q.events(run_id)]
+        assert record.state == "INFRA_ERROR" and record.attempts == 1 and record.finalize_attempts == deaths + 1
+        assert events.count("completed") == 1 and events.count("lease_expired") == deaths
+        assert len(q.list_publications(run_id)) == (1 if deaths < 3 else 0)
