@@ -34,6 +34,7 @@ database that is behind or ahead.
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import json
 import logging
@@ -1001,16 +1002,17 @@ class SqliteQueue(SqlQueue):
                 try:
                     result = work(cur)
                 except BaseException:
-                    cur.execute("ROLLBACK")
+                    # SQLite may already have rolled back (e.g. on a full disk): keep the original error.
+                    if self._conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._conn.execute("ROLLBACK")
                     raise
                 cur.execute("COMMIT")
                 return result
             except sqlite3.Error as exc:
                 if self._conn.in_transaction:
-                    try:
+                    with contextlib.suppress(sqlite3.Error):
                         self._conn.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        pass
                 raise self._error(exc) from exc
             finally:
                 cur.close()
