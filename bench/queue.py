@@ -80,12 +80,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--workers", default="1,2,4,8")
+    parser.add_argument("--pg-no-fsync", action="store_true",
+                        help="Run PostgreSQL with fsync=off (not durable): separates the queue's cost from the disk's.")
     args = parser.parse_args()
     counts = [int(w) for w in args.workers.split(",")]
     bindir = pg_bindir()
     if bindir is None:
         raise SystemExit("PostgreSQL is not installed: run `make setup`")
-    cluster = PgCluster(bindir, durable=True)  # fsync on, synchronous_commit on: the production defaults
+    # Default: fsync on, synchronous_commit on (the production defaults).
+    cluster = PgCluster(bindir, durable=not args.pg_no_fsync)
     results: dict[tuple[str, int], dict[str, float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
@@ -97,7 +100,8 @@ def main() -> None:
     finally:
         cluster.close()
     print(f"queue overhead per run (requeue + claim + start + heartbeat + complete + outbox), {args.runs} no-op runs, "
-          f"{os.cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, PostgreSQL fsync "
+          f"{'off' if args.pg_no_fsync else 'on'}")
     print(f"{'workers':>7} | {'sqlite med':>10} {'p99':>8} {'runs/s':>8} | {'postgresql med':>14} {'p99':>8} {'runs/s':>8}")
     for workers in counts:
         s, p = results[("sqlite", workers)], results[("postgresql", workers)]
