@@ -231,9 +231,18 @@ def _runner_containers(run_id: str) -> list[Any]:
 
 
 def _trial_containers(run_id: str) -> list[Any]:
+    # Sparse listing, then one inspect per match: the engine is shared, and a container of another
+    # compose project removed between the listing and its inspect must not fail this test (404).
     short = run_id[-12:]
-    return [c for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"})
-            if short in c.labels.get("com.docker.compose.project", "")]
+    client = docker.from_env()
+    found = []
+    for entry in client.api.containers(all=True, filters={"label": "com.docker.compose.project"}):
+        if short in (entry.get("Labels") or {}).get("com.docker.compose.project", ""):
+            try:
+                found.append(client.containers.get(entry["Id"]))
+            except docker.errors.NotFound:
+                continue
+    return found
 
 
 def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):

@@ -264,8 +264,8 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     client = docker.from_env()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}) == []
     short = run_id[-12:]
-    assert [c for c in client.containers.list(all=True, filters={"label": "com.docker.compose.project"})
-            if short in c.labels.get("com.docker.compose.project", "")] == []
+    assert [c["Id"] for c in client.api.containers(all=True, filters={"label": "com.docker.compose.project"})
+            if short in (c.get("Labels") or {}).get("com.docker.compose.project", "")] == []
     assert run_once(config, finalize) is None
     with SqliteQueue(db) as q:
         record = q.get_run(run_id)
