@@ -32,6 +32,9 @@ done
 for pkg in debian-archive-keyring ca-certificates uidmap; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
 done
+# PostgreSQL (the queue's multi-host backend; the tests start throwaway clusters with its
+# initdb/pg_ctl). Debian 12 ships 15, 13 ships 17: look for any version's bin dir.
+compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
 if ((${#missing[@]})); then
   log "installing with apt: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -108,6 +111,14 @@ fi
 # --- extra tools (cosign) ----------------------------------------------------
 if [ -x scripts/install-tools.sh ]; then
   bash scripts/install-tools.sh
+fi
+
+# --- the local queue's schema ---------------------------------------------------------
+# An existing SQLite queue written by an older benchseal is refused until migrated; migrating
+# is explicit (`benchseal infra migrate`), and setup is where this machine's operator asks for it.
+if [ -f "$STATE/infra/queue.sqlite3" ]; then
+  env -u BENCHSEAL_QUEUE_URL -u BENCHSEAL_QUEUE_URL_FILE \
+    "$VENV/bin/benchseal" infra migrate --db "$STATE/infra/queue.sqlite3" >/dev/null
 fi
 
 # --- local registry ------------------------------------------------------------

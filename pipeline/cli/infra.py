@@ -72,25 +72,70 @@ def validate(
     typer.echo(validate_payload(_read_payload(payload, policy.max_payload_bytes), policy).correlation_id)
 
 
+_DB_HELP = "SQLite queue database (default: state dir infra/queue.sqlite3; not with a PostgreSQL queue URL)."
+_URL_FILE_HELP = ("File holding the PostgreSQL queue URL (postgresql://...); also BENCHSEAL_QUEUE_URL_FILE or "
+                  "BENCHSEAL_QUEUE_URL. Never pass the URL itself as an argument.")
+
+
+def _stats_json(stats: object) -> dict[str, object]:
+    from datetime import UTC, datetime
+
+    from pipeline.infra.queue import QueueStats
+
+    if not isinstance(stats, QueueStats):  # pragma: no cover - typing aid
+        raise TypeError("stats")
+    now = datetime.now(UTC)
+    return {
+        "backend": stats.backend, "location": stats.location, "schema_version": stats.schema_version,
+        "depth": stats.depth, "finalize_pending": stats.finalize_pending, "in_flight": stats.in_flight,
+        "expired_leases": stats.expired_leases, "outbox_pending": stats.outbox_pending,
+        "by_state": dict(sorted(stats.by_state.items())),
+        "workers": [{"worker": w.worker, "run_id": w.run_id,
+                     "last_heartbeat": w.last_seen.isoformat().replace("+00:00", "Z"),
+                     "age_seconds": round((now - w.last_seen).total_seconds(), 1)} for w in stats.workers],
+    }
+
+
 @infra_app.command("status")
 def status(
-    run_id: Annotated[str | None, typer.Argument(help="Show one run (with its events); default: list all runs.")] = None,
-    db: Annotated[Path | None, typer.Option("--db")] = None,
+    run_id: Annotated[str | None, typer.Argument(help="Show one run (with its events); default: the queue, then every run.")] = None,
+    db: Annotated[Path | None, typer.Option("--db", help=_DB_HELP)] = None,
+    queue_url_file: Annotated[Path | None, typer.Option("--queue-url-file", help=_URL_FILE_HELP)] = None,
+    summary: Annotated[bool, typer.Option("--summary", help="Only the queue: depth, claims in flight, worker heartbeats.")] = False,
 ) -> None:
-    """Show runs as JSON lines (or one run with its audit trail)."""
-    from pipeline.infra.queue import SqliteQueue
+    """Show the queue (depth, claims in flight, per-worker heartbeats) and its runs as JSON lines, or one run."""
+    from pipeline.infra.queue import open_queue
 
-    with SqliteQueue(db) as queue:
+    with open_queue(db, url_file=queue_url_file) as queue:
         if run_id is None:
+            typer.echo(json.dumps({"queue": _stats_json(queue.stats())}, sort_keys=True, indent=2 if summary else None))
+            if summary:
+                return
             for record in queue.list_runs():
                 typer.echo(json.dumps({"run_id": record.run_id, "state": record.state, "attempts": record.attempts,
+                                       "phase": record.phase, "worker": record.worker,
                                        "correlation_id": record.correlation_id, "reason": record.reason}, sort_keys=True))
             return
         record = queue.get_run(run_id)
         events = [{"at": e.at, "event": e.event, "from": e.from_state, "to": e.to_state, "detail": e.detail} for e in queue.events(run_id)]
         typer.echo(json.dumps({"run_id": record.run_id, "state": record.state, "attempts": record.attempts,
-                               "reason": record.reason, "score": record.grading.score if record.grading else None,
+                               "phase": record.phase, "reason": record.reason,
+                               "score": record.grading.score if record.grading else None,
                                "events": events}, indent=2, sort_keys=True))
+
+
+@infra_app.command("migrate")
+def migrate(
+    db: Annotated[Path | None, typer.Option("--db", help=_DB_HELP)] = None,
+    queue_url_file: Annotated[Path | None, typer.Option("--queue-url-file", help=_URL_FILE_HELP)] = None,
+) -> None:
+    """Apply the queue database's pending schema migrations (one transaction); print the versions."""
+    from pipeline.infra.queue import open_queue
+
+    with open_queue(db, url_file=queue_url_file, check_schema=False) as queue:
+        before, after = queue.migrate()
+        typer.echo(json.dumps({"backend": queue.backend, "location": queue.location, "from": before, "to": after},
+                              sort_keys=True))
 
 
 def register(app: typer.Typer) -> None:

@@ -47,9 +47,9 @@ def publish(
     if pending:
         if artifacts is not None or tag is not None:
             raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS or --tag")
-        from pipeline.infra.queue import SqliteQueue
+        from pipeline.infra.queue import open_queue
 
-        queue = SqliteQueue(db)
+        queue = open_queue(db)
         config = outbox.OutboxConfig(max_attempts=max_attempts)
         targets = outbox.default_target_factory(policy)
         if loop:

@@ -21,7 +21,8 @@ SignerChoice = Literal["auto", "ambient", "local"]
 def worker(
     once: Annotated[bool, typer.Option("--once", help="Take at most one run through one attempt, then exit.")] = False,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=8, help="Runs handled in parallel.")] = 1,
-    db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
+    db: Annotated[Path | None, typer.Option("--db", help="SQLite queue database (default: state dir infra/queue.sqlite3; not with a PostgreSQL queue URL).")] = None,
+    queue_url_file: Annotated[Path | None, typer.Option("--queue-url-file", help="File holding the PostgreSQL queue URL (also BENCHSEAL_QUEUE_URL_FILE or BENCHSEAL_QUEUE_URL; never the URL itself in argv).")] = None,
     policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
     base_ref: Annotated[str | None, typer.Option("--base-ref", help="Task base image by digest (default: images/base.lock.json).")] = None,
     suites_dir: Annotated[Path | None, typer.Option("--suites-dir", help="Where suites live (default: <repo>/suites).")] = None,
@@ -38,12 +39,23 @@ def worker(
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     import dataclasses
     import logging
+    import os
     import signal
 
     from pipeline.infra.policy import load_policy
+    from pipeline.infra.queue import QUEUE_URL_FILE_ENV, open_queue
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if queue_url_file is not None:
+        if os.environ.get(QUEUE_URL_FILE_ENV):
+            from pipeline.errors import UsageError
+
+            raise UsageError(f"--queue-url-file and {QUEUE_URL_FILE_ENV} both name a queue URL file: give exactly one")
+        # Through the environment, so the publisher thread opens the same queue (never SQLite by default).
+        os.environ[QUEUE_URL_FILE_ENV] = str(queue_url_file.resolve())
+    # Fail before the loop starts: a bad URL, an unreachable database or a schema that is behind.
+    open_queue(db).close()
     from pipeline.cli.attest import sigstore_endpoints
 
     config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,

@@ -23,7 +23,7 @@ from pipeline.contracts import DispatchPayload, load_model
 from pipeline.digests import parse_ref
 from pipeline.errors import ValidationError
 from pipeline.infra.policy import SCHEMA_PATH, InfraPolicy, load_policy
-from pipeline.infra.queue import SqliteQueue
+from pipeline.infra.queue import open_queue
 
 
 @dataclass(frozen=True)
@@ -176,15 +176,7 @@ def accept_payload(
     """Validate ``data`` and enqueue it once; a redelivery returns the existing run (created=False)."""
     policy = policy or load_policy()
     payload = validate_payload(data, policy)
-    with SqliteQueue(db) as queue:
+    with open_queue(db) as queue:
+        # A redelivery with a different payload is refused (and recorded as refused) by enqueue.
         run_id, created = queue.enqueue(payload, max_attempts=policy.max_attempts)
-        if not created:
-            existing = queue.get_run(run_id)
-            if existing.payload != payload:
-                # Same correlation id, different content: never silently merge two dispatches.
-                raise ValidationError(
-                    "payload.correlation_id",
-                    f"already used by run {run_id} with a different payload",
-                    payload.correlation_id,
-                )
     return AcceptResult(run_id=run_id, created=created)

@@ -1,45 +1,76 @@
 """The run queue and the durable publication outbox.
 
-``Queue`` is the interface (a PostgreSQL backend for multi-host workers would
-implement it with ``SELECT ... FOR UPDATE SKIP LOCKED``); ``SqliteQueue`` is the
-single-host backend: WAL mode, every write in ``BEGIN IMMEDIATE``, guarded state
-transitions (``UPDATE ... WHERE state=... AND lease_token=...`` + rowcount), so
-two claimers can never both win.
+``Queue`` is the interface. ``SqlQueue`` holds the one implementation of its
+rules, written once in portable SQL (``?`` placeholders) over two backends:
+
+* ``SqliteQueue`` (the default; one host, several processes): WAL mode, every
+  write in ``BEGIN IMMEDIATE``;
+* ``PostgresQueue`` (``pipeline.infra.queue_pg``; workers on several hosts):
+  claims with ``SELECT ... FOR UPDATE SKIP LOCKED``.
+
+Both guard every transition (``UPDATE ... WHERE state IN (...) AND
+lease_token = ?`` + rowcount), so two claimers can never both win and a worker
+that lost its lease can change nothing.
 
 States: QUEUED -> CLAIMED -> RUNNING -> SUCCEEDED | FAILED | INFRA_ERROR.
 A claim holds a lease (random token + expiry) renewed by heartbeats; an expired
-lease goes back to QUEUED, or to INFRA_ERROR once the attempts are used up.
-Every transition appends to ``events`` (the audit trail), and ``run.json``
+lease goes back to QUEUED. Once the attempts are used up (lease expiry or
+infrastructure errors) the run goes back to QUEUED in the ``finalize`` phase:
+the next worker grades whatever trials completed, runs the finalizer (evidence,
+signing) and completes it, so EVERY terminal state is written by ``complete``
+together with its grading and outbox rows, in one transaction.
+
+Every change appends to ``events`` (the audit trail), and ``run.json``
 (pipeline.contracts.RunStatus) in the run directory is rewritten atomically
 after each committed change.
+
+``open_queue`` chooses the backend: ``BENCHSEAL_QUEUE_URL`` /
+``BENCHSEAL_QUEUE_URL_FILE`` (or ``url_file=``) select PostgreSQL, otherwise the
+SQLite file. Schema versions are migrations (``migrate()``, run by
+``benchseal infra migrate``); every open checks the version and refuses a
+database that is behind or ahead.
 """
 
 from __future__ import annotations
 
 import abc
+import contextlib
 import hashlib
 import json
+import logging
+import os
 import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, RunStatus
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.fsutil import atomic_write_json
+from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
+from pipeline.fsutil import canonical_json
 from pipeline.paths import state_dir
 
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
 ACTIVE_STATES: frozenset[str] = frozenset({"CLAIMED", "RUNNING"})
 PublicationState = Literal["PENDING", "DELIVERED"]
+RunPhase = Literal["run", "finalize"]
+T = TypeVar("T")
+log = logging.getLogger("benchseal.queue")
 
-_SCHEMA = """
+QUEUE_URL_ENV = "BENCHSEAL_QUEUE_URL"
+QUEUE_URL_FILE_ENV = "BENCHSEAL_QUEUE_URL_FILE"
+BUSY_TIMEOUT_ENV = "BENCHSEAL_QUEUE_BUSY_TIMEOUT"
+
+# --- schema (SQLite) -------------------------------------------------------------
+# Version 1 is the schema before versions were recorded (an unversioned database
+# that has the runs table is at version 1).
+_SQLITE_MIGRATIONS: tuple[str, ...] = (
+    """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,
     correlation_id TEXT NOT NULL UNIQUE,
@@ -82,7 +113,20 @@ CREATE TABLE IF NOT EXISTS publications (
     updated_at TEXT NOT NULL,
     UNIQUE (run_id, target, tag)
 );
-"""
+""",
+    """
+ALTER TABLE runs ADD COLUMN phase TEXT NOT NULL DEFAULT 'run' CHECK (phase IN ('run','finalize'));
+ALTER TABLE runs ADD COLUMN finalize_attempts INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE workers (
+    worker TEXT PRIMARY KEY,
+    last_seen REAL NOT NULL,
+    run_id TEXT
+);
+-- The claim order (finalize before run, then oldest) read straight from this index.
+CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id);
+""",
+)
+SCHEMA_VERSION = len(_SQLITE_MIGRATIONS)
 
 
 def _iso(ts: float) -> str:
@@ -97,9 +141,18 @@ def _epoch(moment: datetime | None) -> float:
     return moment.timestamp()
 
 
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
 def run_id_for(correlation_id: str) -> str:
     """The run id of a correlation id: stable, so a redelivery names the same run everywhere."""
     return "run-" + hashlib.sha256(correlation_id.encode("ascii")).hexdigest()[:20]
+
+
+def canonical_payload(payload: DispatchPayload) -> str:
+    return json.dumps(payload.to_json_dict(), sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -117,6 +170,9 @@ class RunRecord:
     grading: Grading | None
     created_at: str
     updated_at: str
+    # "finalize": the attempts are used up; the next claim grades what completed and ends the run.
+    phase: RunPhase = "run"
+    finalize_attempts: int = 0
 
     @property
     def terminal(self) -> bool:
@@ -145,12 +201,53 @@ class Event:
     detail: str | None
 
 
+@dataclass(frozen=True)
+class WorkerBeat:
+    worker: str
+    last_seen: datetime
+    run_id: str | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """What ``benchseal infra status`` shows about the queue as a whole."""
+
+    backend: str
+    location: str
+    schema_version: int
+    by_state: Mapping[str, int]
+    depth: int  # QUEUED runs (finalize-phase ones included)
+    finalize_pending: int
+    in_flight: int  # CLAIMED + RUNNING
+    expired_leases: int
+    outbox_pending: int
+    workers: tuple[WorkerBeat, ...]
+
+
 class Queue(abc.ABC):
     """What the dispatcher, worker and publisher need from a queue backend."""
 
+    runs_dir: Path
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.runs_dir / run_id
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @abc.abstractmethod
     def enqueue(self, payload: DispatchPayload, *, max_attempts: int) -> tuple[str, bool]:
-        """Insert a run once per correlation id; return (run_id, created)."""
+        """Insert a run once per correlation id; return (run_id, created).
+
+        The same correlation id with a different payload is refused (ValidationError) and
+        recorded as ``redelivery_refused``.
+        """
 
     @abc.abstractmethod
     def claim(self, worker: str, lease_seconds: float, now: datetime | None = None) -> RunRecord | None:
@@ -166,7 +263,10 @@ class Queue(abc.ABC):
     def release(self, run_id: str, lease_token: str, reason: str) -> None: ...
 
     @abc.abstractmethod
-    def fail_infra(self, run_id: str, lease_token: str, reason: str, grading: Grading | None = None) -> RunState: ...
+    def fail_infra(self, run_id: str, lease_token: str, reason: str) -> RunState: ...
+
+    @abc.abstractmethod
+    def begin_finalize(self, run_id: str, lease_token: str, reason: str) -> None: ...
 
     @abc.abstractmethod
     def complete(
@@ -186,7 +286,16 @@ class Queue(abc.ABC):
     def events(self, run_id: str) -> list[Event]: ...
 
     @abc.abstractmethod
+    def stats(self, now: datetime | None = None) -> QueueStats: ...
+
+    @abc.abstractmethod
     def pending_publications(self, limit: int = 10, now: datetime | None = None) -> list[Publication]: ...
+
+    @abc.abstractmethod
+    def get_publication(self, pub_id: int) -> Publication: ...
+
+    @abc.abstractmethod
+    def list_publications(self, run_id: str | None = None) -> list[Publication]: ...
 
     @abc.abstractmethod
     def claim_publication(self, pub_id: int, lease_seconds: float) -> bool: ...
@@ -202,80 +311,66 @@ def default_db_path() -> Path:
     return state_dir("infra") / "queue.sqlite3"
 
 
-class SqliteQueue(Queue):
-    """SQLite backend; safe across threads (one locked connection) and processes (WAL + BEGIN IMMEDIATE)."""
+class Cursor(Protocol):
+    """The DB-API cursor subset both backends provide (``?`` placeholders)."""
 
-    def __init__(self, db: Path | None = None, *, runs_dir: Path | None = None, busy_timeout_ms: int = 30000) -> None:
-        self.db = (db or default_db_path()).resolve()
-        self.db.parent.mkdir(parents=True, exist_ok=True)
-        self.runs_dir = (runs_dir or self.db.parent / "runs").resolve()
-        self._lock = threading.RLock()
-        self._conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False, timeout=busy_timeout_ms / 1000)
-        deadline = time.monotonic() + busy_timeout_ms / 1000
-        while True:
-            try:
-                self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
-                # Switching to WAL takes an exclusive lock that busy_timeout does not
-                # always cover when several processes open a new file at once: retry.
-                self._conn.execute("PRAGMA journal_mode = WAL")
-                self._conn.execute("PRAGMA synchronous = NORMAL")
-                self._conn.execute("PRAGMA foreign_keys = ON")
-                self._conn.executescript(_SCHEMA)  # CREATE ... IF NOT EXISTS: idempotent
-                break
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    self._conn.close()
-                    raise InfrastructureError(f"cannot open queue database {self.db}: {exc}") from exc
-                time.sleep(0.05)
+    @property
+    def rowcount(self) -> int: ...
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
 
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
 
-    def __enter__(self) -> SqliteQueue:
+_RUN_COLUMNS = ("run_id, correlation_id, payload, state, attempts, max_attempts, lease_token, lease_expires_at,"
+                " worker, reason, grading, created_at, updated_at, phase, finalize_attempts")
+_PUB_COLUMNS = "id, request, state, attempts, next_attempt_at, last_error, result"
+
+
+class SqlQueue(Queue):
+    """The queue's rules over a DB-API backend; subclasses give transactions and the claim lock clause."""
+
+    backend = "sql"
+    location = ""
+    # Appended to the claim's SELECT: the PostgreSQL backend skips rows other claimers hold.
+    _claim_lock = ""
+
+    @abc.abstractmethod
+    def _transaction(self, work: Callable[[Cursor], T]) -> T:
+        """Run ``work`` in one write transaction (retried only when nothing can have been committed)."""
+
+    @abc.abstractmethod
+    def _read(self, work: Callable[[Cursor], T]) -> T:
+        """Run ``work`` against a consistent read."""
+
+    def __enter__(self) -> SqlQueue:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    @abc.abstractmethod
+    def schema_version(self) -> int: ...
 
-    def run_dir(self, run_id: str) -> Path:
-        return self.runs_dir / run_id
+    @abc.abstractmethod
+    def migrate(self) -> tuple[int, int]:
+        """Apply the pending schema migrations; return (version before, version after)."""
 
     # --- plumbing ---------------------------------------------------------------
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Cursor]:
-        with self._lock:
-            cur = self._conn.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                yield cur
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
-            else:
-                cur.execute("COMMIT")
-            finally:
-                cur.close()
-
     @staticmethod
-    def _event(cur: sqlite3.Cursor, run_id: str, event: str, from_state: str | None, to_state: str | None, detail: str | None, now: float) -> None:
+    def _event(cur: Cursor, run_id: str, event: str, from_state: str | None, to_state: str | None, detail: str | None, now: float) -> None:
         cur.execute(
             "INSERT INTO events (run_id, at, event, from_state, to_state, detail) VALUES (?, ?, ?, ?, ?, ?)",
             (run_id, _iso(now), event, from_state, to_state, detail),
         )
 
-    def _row(self, cur: sqlite3.Cursor, run_id: str) -> tuple[object, ...] | None:
-        row: tuple[object, ...] | None = cur.execute(
-            "SELECT run_id, correlation_id, payload, state, attempts, max_attempts, lease_token, lease_expires_at,"
-            " worker, reason, grading, created_at, updated_at FROM runs WHERE run_id = ?",
-            (run_id,),
-        ).fetchone()
+    @staticmethod
+    def _row(cur: Cursor, run_id: str) -> tuple[object, ...] | None:
+        cur.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?", (run_id,))  # noqa: S608
+        row: tuple[object, ...] | None = cur.fetchone()
         return row
 
     @staticmethod
-    def _record(row: tuple[object, ...]) -> RunRecord:
-        (run_id, correlation_id, payload, state, attempts, max_attempts, token, expires, worker, reason, grading, created, updated) = row
+    def _record(row: Sequence[object]) -> RunRecord:
+        (run_id, correlation_id, payload, state, attempts, max_attempts, token, expires, worker, reason, grading,
+         created, updated, phase, finalize_attempts) = row
         return RunRecord(
             run_id=str(run_id),
             correlation_id=str(correlation_id),
@@ -290,10 +385,13 @@ class SqliteQueue(Queue):
             grading=None if grading is None else Grading.model_validate_json(str(grading)),
             created_at=str(created),
             updated_at=str(updated),
+            phase="finalize" if str(phase) == "finalize" else "run",
+            finalize_attempts=int(str(finalize_attempts)),
         )
 
-    def _write_status(self, run_id: str) -> None:
-        record = self.get_run(run_id)
+    def _write_status(self, run_id: str, row: Sequence[object] | None = None) -> None:
+        """Rewrite run.json from ``row`` (read in the committing transaction) or from the database."""
+        record = self._record(row) if row is not None else self.get_run(run_id)
         grading = record.grading
         status = RunStatus(
             run_id=record.run_id,
@@ -310,7 +408,18 @@ class SqliteQueue(Queue):
             score=grading.score if grading else None,
             counts=grading.counts if grading else None,
         )
-        atomic_write_json(self.run_dir(run_id) / "run.json", status.model_dump(mode="json"))
+        # run.json is a view of the database, rewritten after every change: atomic (temp file +
+        # os.replace) but not fsync'd, so the queue's own cost per transition stays small.
+        # A failure here comes after the commit: the database stays the truth and the next change rewrites it.
+        target = self.run_dir(run_id) / "run.json"
+        tmp = target.with_name(f".run.json.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(canonical_json(status.model_dump(mode="json")), encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            log.warning("run %s: run.json not rewritten (%s); the queue database holds the state", run_id, exc)
 
     def _transition(
         self,
@@ -325,12 +434,13 @@ class SqliteQueue(Queue):
         params: Sequence[object] = (),
     ) -> None:
         now = time.time()
-        with self._tx() as cur:
+        placeholders = ",".join("?" for _ in from_states)
+
+        def work(cur: Cursor) -> tuple[object, ...] | None:
             row = self._row(cur, run_id)
             if row is None:
                 raise ValidationError("run_id", "no such run", run_id)
             current = str(row[3])
-            placeholders = ",".join("?" for _ in from_states)
             cur.execute(
                 f"UPDATE runs SET state = ?, updated_at = ?{sets} WHERE run_id = ? AND lease_token = ?"  # noqa: S608
                 f" AND state IN ({placeholders})",
@@ -339,82 +449,140 @@ class SqliteQueue(Queue):
             if cur.rowcount != 1:
                 raise CheckFailed(f"run {run_id}: lease not held (state {current}); refusing {event}")
             self._event(cur, run_id, event, current, to_state, detail, now)
-        self._write_status(run_id)
+            return self._row(cur, run_id)
+
+        self._write_status(run_id, self._transaction(work))
+
+    @staticmethod
+    def _beat(cur: Cursor, worker: str, run_id: str | None, at: float) -> None:
+        cur.execute(
+            "INSERT INTO workers (worker, last_seen, run_id) VALUES (?, ?, ?)"
+            " ON CONFLICT (worker) DO UPDATE SET last_seen = excluded.last_seen, run_id = excluded.run_id",
+            (worker, at, run_id),
+        )
 
     # --- runs --------------------------------------------------------------------
 
     def enqueue(self, payload: DispatchPayload, *, max_attempts: int) -> tuple[str, bool]:
         run_id = run_id_for(payload.correlation_id)
+        encoded = canonical_payload(payload)
         now = time.time()
-        with self._tx() as cur:
-            existing = cur.execute("SELECT run_id FROM runs WHERE correlation_id = ?", (payload.correlation_id,)).fetchone()
-            if existing is not None:
-                self._event(cur, str(existing[0]), "redelivered", None, None, None, now)
-                created = False
-                run_id = str(existing[0])
-            else:
-                cur.execute(
-                    "INSERT INTO runs (run_id, correlation_id, payload, state, attempts, max_attempts, created_at, updated_at)"
-                    " VALUES (?, ?, ?, 'QUEUED', 0, ?, ?, ?)",
-                    (run_id, payload.correlation_id, json.dumps(payload.to_json_dict(), sort_keys=True), max_attempts, _iso(now), _iso(now)),
-                )
+
+        def work(cur: Cursor) -> tuple[str, bool, bool]:
+            cur.execute(
+                "INSERT INTO runs (run_id, correlation_id, payload, state, attempts, max_attempts, created_at, updated_at)"
+                " VALUES (?, ?, ?, 'QUEUED', 0, ?, ?, ?) ON CONFLICT DO NOTHING",
+                (run_id, payload.correlation_id, encoded, max_attempts, _iso(now), _iso(now)),
+            )
+            if cur.rowcount == 1:
                 self._event(cur, run_id, "accepted", None, "QUEUED", None, now)
-                created = True
+                return run_id, True, True
+            cur.execute("SELECT run_id, payload FROM runs WHERE correlation_id = ?", (payload.correlation_id,))
+            existing = cur.fetchone()
+            if existing is None:
+                raise CheckFailed(f"run id {run_id} is taken by another correlation id; refusing {payload.correlation_id!r}")
+            same = str(existing[1]) == encoded
+            # A refused redelivery is recorded as what it is, never as "redelivered".
+            self._event(cur, str(existing[0]), "redelivered" if same else "redelivery_refused", None, None,
+                        None if same else "same correlation id, different payload", now)
+            return str(existing[0]), False, same
+
+        found, created, same = self._transaction(work)
+        if not same:
+            # Same correlation id, different content: never silently merge two dispatches.
+            raise ValidationError("payload.correlation_id", f"already used by run {found} with a different payload",
+                                  payload.correlation_id)
         if created:
-            self._write_status(run_id)
-        return run_id, created
+            self._write_status(found)
+        return found, created
 
     def claim(self, worker: str, lease_seconds: float, now: datetime | None = None) -> RunRecord | None:
         at = _epoch(now)
         token = secrets.token_hex(16)
-        with self._tx() as cur:
-            row = cur.execute("SELECT run_id FROM runs WHERE state = 'QUEUED' ORDER BY created_at, run_id LIMIT 1").fetchone()
+
+        def work(cur: Cursor) -> tuple[object, ...] | None:
+            # Runs waiting to be finalized first ('finalize' < 'run'): their results are already in.
+            cur.execute(
+                "SELECT run_id FROM runs WHERE state = 'QUEUED'"  # noqa: S608
+                " ORDER BY phase, created_at, run_id LIMIT 1" + self._claim_lock
+            )
+            row = cur.fetchone()
             if row is None:
+                self._beat(cur, worker, None, at)
                 return None
             run_id = str(row[0])
             cur.execute(
                 "UPDATE runs SET state = 'CLAIMED', lease_token = ?, lease_expires_at = ?, worker = ?,"
-                " attempts = attempts + 1, updated_at = ? WHERE run_id = ? AND state = 'QUEUED'",
+                " attempts = attempts + CASE WHEN phase = 'run' THEN 1 ELSE 0 END,"
+                " finalize_attempts = finalize_attempts + CASE WHEN phase = 'finalize' THEN 1 ELSE 0 END,"
+                " updated_at = ? WHERE run_id = ? AND state = 'QUEUED'",
                 (token, at + lease_seconds, worker, _iso(at), run_id),
             )
-            if cur.rowcount != 1:  # cannot happen under BEGIN IMMEDIATE; the guard is the contract
+            if cur.rowcount != 1:  # cannot happen under the row lock; the guard is the contract
                 return None
             self._event(cur, run_id, "claimed", "QUEUED", "CLAIMED", f"worker={worker}", at)
-        self._write_status(run_id)
-        return self.get_run(run_id)
+            self._beat(cur, worker, run_id, at)
+            return self._row(cur, run_id)
+
+        row = self._transaction(work)
+        if row is None:
+            return None
+        record = self._record(row)
+        self._write_status(record.run_id, row)
+        return record
 
     def start(self, run_id: str, lease_token: str) -> None:
         self._transition(run_id, lease_token, from_states=("CLAIMED",), event="started", to_state="RUNNING", detail=None)
 
     def heartbeat(self, run_id: str, lease_token: str, lease_seconds: float, now: datetime | None = None) -> bool:
         at = _epoch(now)
-        with self._tx() as cur:
+
+        def work(cur: Cursor) -> bool:
             cur.execute(
                 "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')",
                 (at + lease_seconds, run_id, lease_token),
             )
-            return cur.rowcount == 1
+            if cur.rowcount != 1:
+                return False
+            cur.execute("SELECT worker FROM runs WHERE run_id = ?", (run_id,))
+            row = cur.fetchone()
+            if row is not None and row[0] is not None:
+                self._beat(cur, str(row[0]), run_id, at)
+            return True
+
+        return self._transaction(work)
 
     def release(self, run_id: str, lease_token: str, reason: str) -> None:
-        # A voluntary release (SIGTERM) does not use up an attempt.
+        # A voluntary release (SIGTERM) does not use up an attempt (of either phase).
         self._transition(
             run_id, lease_token, from_states=tuple(ACTIVE_STATES), event="released", to_state="QUEUED", detail=reason,
-            sets=", lease_token = NULL, lease_expires_at = NULL, worker = NULL, attempts = MAX(attempts - 1, 0)",
+            sets=", lease_token = NULL, lease_expires_at = NULL, worker = NULL,"
+                 " attempts = CASE WHEN phase = 'run' AND attempts > 0 THEN attempts - 1 ELSE attempts END,"
+                 " finalize_attempts = CASE WHEN phase = 'finalize' AND finalize_attempts > 0"
+                 " THEN finalize_attempts - 1 ELSE finalize_attempts END",
         )
 
-    def fail_infra(self, run_id: str, lease_token: str, reason: str, grading: Grading | None = None) -> RunState:
-        """Record an infrastructure error: requeue, or INFRA_ERROR (terminal) once attempts are used up."""
+    def fail_infra(self, run_id: str, lease_token: str, reason: str) -> RunState:
+        """Record an infrastructure error: requeue; once attempts are used up, requeue for finalization.
+
+        Never terminal by itself: the run ends through ``complete`` (grading + outbox rows).
+        """
         record = self.get_run(run_id)
-        exhausted = record.attempts >= record.max_attempts
-        to_state: RunState = "INFRA_ERROR" if exhausted else "QUEUED"
-        stored = grading.model_dump_json() if (grading is not None and exhausted) else None
+        exhausted = record.phase == "finalize" or record.attempts >= record.max_attempts
         self._transition(
             run_id, lease_token, from_states=tuple(ACTIVE_STATES),
-            event="infra_error" if exhausted else "requeued", to_state=to_state, detail=reason,
-            sets=", lease_token = NULL, lease_expires_at = NULL, reason = ?, grading = COALESCE(?, grading)",
-            params=(reason, stored),
+            event="finalize_pending" if exhausted else "requeued", to_state="QUEUED", detail=reason,
+            sets=", lease_token = NULL, lease_expires_at = NULL, reason = ?, phase = ?",
+            params=(reason, "finalize" if exhausted else "run"),
         )
-        return to_state
+        return "QUEUED"
+
+    def begin_finalize(self, run_id: str, lease_token: str, reason: str) -> None:
+        """The attempts are used up: keep the lease and switch the run to its finalize phase."""
+        self._transition(
+            run_id, lease_token, from_states=tuple(ACTIVE_STATES), event="finalizing", to_state="RUNNING", detail=reason,
+            sets=", reason = ?, phase = 'finalize'", params=(reason,),
+        )
 
     def complete(
         self, run_id: str, lease_token: str, grading: Grading, publications: Sequence[PublicationRequest]
@@ -426,7 +594,8 @@ class SqliteQueue(Queue):
             if request.run_id != run_id:
                 raise ValidationError(f"publications[{index}].run_id", f"must equal the run id {run_id}", request.run_id)
         now = time.time()
-        with self._tx() as cur:
+
+        def work(cur: Cursor) -> tuple[object, ...] | None:
             row = self._row(cur, run_id)
             if row is None:
                 raise ValidationError("run_id", "no such run", run_id)
@@ -446,56 +615,98 @@ class SqliteQueue(Queue):
                     (run_id, request.target, request.tag, request.model_dump_json(), now, _iso(now), _iso(now)),
                 )
                 self._event(cur, run_id, "publication_queued", None, None, f"{request.target}:{request.tag}", now)
-        self._write_status(run_id)
+            return self._row(cur, run_id)
+
+        self._write_status(run_id, self._transaction(work))
 
     def requeue_expired(self, now: datetime | None = None) -> list[str]:
-        """Requeue runs whose lease expired (a dead worker); INFRA_ERROR once attempts are used up."""
+        """Requeue runs whose lease expired (a dead worker); to the finalize phase once attempts are used up."""
         at = _epoch(now)
-        changed: list[str] = []
-        with self._tx() as cur:
-            rows = cur.execute(
-                "SELECT run_id, state, attempts, max_attempts, lease_token FROM runs"
-                " WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ?",
+
+        def expired(cur: Cursor) -> bool:
+            cur.execute("SELECT 1 FROM runs WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ? LIMIT 1", (at,))
+            return cur.fetchone() is not None
+
+        # A plain read first: the common case (nothing expired) takes no write lock.
+        if not self._read(expired):
+            return []
+
+        def work(cur: Cursor) -> list[str]:
+            changed: list[str] = []
+            cur.execute(
+                "SELECT run_id, state, attempts, max_attempts, lease_token, phase FROM runs"  # noqa: S608
+                " WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ?" + self._claim_lock,
                 (at,),
-            ).fetchall()
-            for run_id, state, attempts, max_attempts, token in rows:
-                to_state = "INFRA_ERROR" if attempts >= max_attempts else "QUEUED"
-                reason = "lease expired" + ("; attempts exhausted" if to_state == "INFRA_ERROR" else "")
+            )
+            for run_id, state, attempts, max_attempts, token, phase in cur.fetchall():
+                exhausted = phase == "finalize" or attempts >= max_attempts
+                reason = (f"lease expired on the final attempt ({attempts} of {max_attempts}); finalizing with the"
+                          " trials that completed" if exhausted else "lease expired")
                 cur.execute(
-                    "UPDATE runs SET state = ?, lease_token = NULL, lease_expires_at = NULL, reason = ?, updated_at = ?"
-                    " WHERE run_id = ? AND lease_token = ? AND state = ?",
-                    (to_state, reason, _iso(at), run_id, token, state),
+                    "UPDATE runs SET state = 'QUEUED', lease_token = NULL, lease_expires_at = NULL, reason = ?, phase = ?,"
+                    " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ?",
+                    (reason, "finalize" if exhausted else "run", _iso(at), run_id, token, state),
                 )
                 if cur.rowcount == 1:
-                    self._event(cur, run_id, "lease_expired", state, to_state, reason, at)
-                    changed.append(run_id)
+                    self._event(cur, run_id, "lease_expired", state, "QUEUED", reason, at)
+                    changed.append(str(run_id))
+            return changed
+
+        changed = self._transaction(work)
         for run_id in changed:
             self._write_status(run_id)
         return changed
 
     def get_run(self, run_id: str) -> RunRecord:
-        with self._lock:
-            row = self._row(self._conn.cursor(), run_id)
+        row = self._read(lambda cur: self._row(cur, run_id))
         if row is None:
             raise ValidationError("run_id", "no such run", run_id)
         return self._record(row)
 
     def list_runs(self) -> list[RunRecord]:
-        with self._lock:
-            ids = [str(r[0]) for r in self._conn.execute("SELECT run_id FROM runs ORDER BY created_at, run_id").fetchall()]
-        return [self.get_run(i) for i in ids]
+        def work(cur: Cursor) -> list[Any]:
+            cur.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY created_at, run_id")  # noqa: S608
+            return cur.fetchall()
+
+        return [self._record(row) for row in self._read(work)]
 
     def events(self, run_id: str) -> list[Event]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT id, run_id, at, event, from_state, to_state, detail FROM events WHERE run_id = ? ORDER BY id", (run_id,)
-            ).fetchall()
-        return [Event(*row) for row in rows]
+        def work(cur: Cursor) -> list[Any]:
+            cur.execute("SELECT id, run_id, at, event, from_state, to_state, detail FROM events WHERE run_id = ? ORDER BY id",
+                        (run_id,))
+            return cur.fetchall()
+
+        return [Event(*row) for row in self._read(work)]
+
+    def stats(self, now: datetime | None = None) -> QueueStats:
+        at = _epoch(now)
+
+        def work(cur: Cursor) -> tuple[dict[str, int], int, int, int, list[Any]]:
+            cur.execute("SELECT state, COUNT(*) FROM runs GROUP BY state")
+            by_state = {str(s): int(n) for s, n in cur.fetchall()}
+            cur.execute("SELECT COUNT(*) FROM runs WHERE state = 'QUEUED' AND phase = 'finalize'")
+            finalize = int(cur.fetchone()[0])
+            cur.execute("SELECT COUNT(*) FROM runs WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ?", (at,))
+            expired = int(cur.fetchone()[0])
+            cur.execute("SELECT COUNT(*) FROM publications WHERE state = 'PENDING'")
+            outbox = int(cur.fetchone()[0])
+            cur.execute("SELECT worker, last_seen, run_id FROM workers ORDER BY worker")
+            return by_state, finalize, expired, outbox, cur.fetchall()
+
+        by_state, finalize, expired, outbox, workers = self._read(work)
+        return QueueStats(
+            backend=self.backend, location=self.location, schema_version=self.schema_version(),
+            by_state=by_state, depth=by_state.get("QUEUED", 0), finalize_pending=finalize,
+            in_flight=by_state.get("CLAIMED", 0) + by_state.get("RUNNING", 0), expired_leases=expired,
+            outbox_pending=outbox,
+            workers=tuple(WorkerBeat(worker=str(w), last_seen=datetime.fromtimestamp(float(s), UTC),
+                                     run_id=None if r is None else str(r)) for w, s, r in workers),
+        )
 
     # --- publication outbox ------------------------------------------------------
 
     @staticmethod
-    def _publication(row: tuple[object, ...]) -> Publication:
+    def _publication(row: Sequence[object]) -> Publication:
         pub_id, request, state, attempts, next_at, last_error, result = row
         return Publication(
             id=int(str(pub_id)),
@@ -509,63 +720,76 @@ class SqliteQueue(Queue):
 
     def pending_publications(self, limit: int = 10, now: datetime | None = None) -> list[Publication]:
         at = _epoch(now)
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT id, request, state, attempts, next_attempt_at, last_error, result FROM publications"
+
+        def work(cur: Cursor) -> list[Any]:
+            cur.execute(
+                f"SELECT {_PUB_COLUMNS} FROM publications"  # noqa: S608
                 " WHERE state = 'PENDING' AND next_attempt_at <= ? AND (lease_expires_at IS NULL OR lease_expires_at < ?)"
                 " ORDER BY next_attempt_at, id LIMIT ?",
                 (at, at, int(limit)),
-            ).fetchall()
-        return [self._publication(r) for r in rows]
+            )
+            return cur.fetchall()
+
+        return [self._publication(r) for r in self._read(work)]
 
     def get_publication(self, pub_id: int) -> Publication:
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT id, request, state, attempts, next_attempt_at, last_error, result FROM publications WHERE id = ?", (pub_id,)
-            ).fetchone()
+        def work(cur: Cursor) -> Any:
+            cur.execute(f"SELECT {_PUB_COLUMNS} FROM publications WHERE id = ?", (pub_id,))  # noqa: S608
+            return cur.fetchone()
+
+        row = self._read(work)
         if row is None:
             raise ValidationError("pub_id", "no such publication", pub_id)
         return self._publication(row)
 
     def list_publications(self, run_id: str | None = None) -> list[Publication]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT id, request, state, attempts, next_attempt_at, last_error, result FROM publications"
-                " WHERE ? IS NULL OR run_id = ? ORDER BY id",
-                (run_id, run_id),
-            ).fetchall()
-        return [self._publication(r) for r in rows]
+        def work(cur: Cursor) -> list[Any]:
+            if run_id is None:
+                cur.execute(f"SELECT {_PUB_COLUMNS} FROM publications ORDER BY id")  # noqa: S608
+            else:
+                cur.execute(f"SELECT {_PUB_COLUMNS} FROM publications WHERE run_id = ? ORDER BY id", (run_id,))  # noqa: S608
+            return cur.fetchall()
+
+        return [self._publication(r) for r in self._read(work)]
 
     def claim_publication(self, pub_id: int, lease_seconds: float) -> bool:
         now = time.time()
-        with self._tx() as cur:
+
+        def work(cur: Cursor) -> bool:
             cur.execute(
                 "UPDATE publications SET lease_expires_at = ?, attempts = attempts + 1, updated_at = ?"
                 " WHERE id = ? AND state = 'PENDING' AND next_attempt_at <= ?"
                 " AND (lease_expires_at IS NULL OR lease_expires_at < ?)",
                 (now + lease_seconds, _iso(now), pub_id, now, now),
             )
-            won = cur.rowcount == 1
-            if won:
-                run_id = cur.execute("SELECT run_id FROM publications WHERE id = ?", (pub_id,)).fetchone()[0]
-                self._event(cur, str(run_id), "publication_claimed", None, None, f"publication={pub_id}", now)
-            return won
+            if cur.rowcount != 1:
+                return False
+            self._event(cur, self._publication_run(cur, pub_id), "publication_claimed", None, None, f"publication={pub_id}", now)
+            return True
+
+        return self._transaction(work)
 
     def mark_published(self, pub_id: int, result: Mapping[str, object]) -> None:
         now = time.time()
         encoded = json.dumps(dict(result), sort_keys=True, default=str)
-        with self._tx() as cur:
+
+        def work(cur: Cursor) -> None:
             run_id = self._publication_run(cur, pub_id)
             cur.execute(
                 "UPDATE publications SET state = 'DELIVERED', result = ?, lease_expires_at = NULL, last_error = NULL,"
-                " updated_at = ? WHERE id = ?",
+                " updated_at = ? WHERE id = ? AND state = 'PENDING'",
                 (encoded, _iso(now), pub_id),
             )
-            self._event(cur, run_id, "published", None, None, f"publication={pub_id}", now)
+            # A second deliverer (its lease expired meanwhile) finds the row delivered: no second "published".
+            if cur.rowcount == 1:
+                self._event(cur, run_id, "published", None, None, f"publication={pub_id}", now)
+
+        self._transaction(work)
 
     def record_publication_failure(self, pub_id: int, error: str, retry_at: datetime) -> None:
         now = time.time()
-        with self._tx() as cur:
+
+        def work(cur: Cursor) -> None:
             run_id = self._publication_run(cur, pub_id)
             cur.execute(
                 "UPDATE publications SET last_error = ?, next_attempt_at = ?, lease_expires_at = NULL, updated_at = ?"
@@ -574,9 +798,335 @@ class SqliteQueue(Queue):
             )
             self._event(cur, run_id, "publication_failed", None, None, f"publication={pub_id}: {error[:200]}", now)
 
+        self._transaction(work)
+
     @staticmethod
-    def _publication_run(cur: sqlite3.Cursor, pub_id: int) -> str:
-        row = cur.execute("SELECT run_id FROM publications WHERE id = ?", (pub_id,)).fetchone()
+    def _publication_run(cur: Cursor, pub_id: int) -> str:
+        cur.execute("SELECT run_id FROM publications WHERE id = ?", (pub_id,))
+        row = cur.fetchone()
         if row is None:
             raise ValidationError("pub_id", "no such publication", pub_id)
         return str(row[0])
+
+
+# --- SQLite ----------------------------------------------------------------------------
+
+def _fs_state(db: Path) -> str | None:
+    """'read-only' or 'full' when the file system holding ``db`` is so (SQLite often reports only an I/O error)."""
+    for where in (db, db.parent):
+        try:
+            st = os.statvfs(where)
+        except OSError:
+            continue
+        if st.f_flag & os.ST_RDONLY:
+            return "read-only"
+        if st.f_bavail * st.f_frsize < 64 * 1024:
+            return "full"
+        return None
+    return None
+
+
+def _sqlite_cause(exc: sqlite3.Error, busy_seconds: float, db: Path | None = None) -> str:
+    """One line naming what is wrong with the database file."""
+    text = _one_line(str(exc))
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    lowered = text.lower()
+    fs = _fs_state(db) if db is not None else None
+    if fs == "read-only" and not ("not a database" in lowered or "malformed" in lowered):
+        return f"read-only: it is on a read-only file system ({text})"
+    if fs == "full" and ("full" in lowered or "i/o" in lowered or name.startswith(("SQLITE_IOERR", "SQLITE_FULL", "SQLITE_CANTOPEN"))):
+        return f"full: no space left on the file system that holds it ({text})"
+    if "locked" in lowered or "busy" in lowered or name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return (f"locked: another process holds a write transaction on it longer than the busy timeout "
+                f"({busy_seconds:g} s; {BUSY_TIMEOUT_ENV}) ({text})")
+    if "not a database" in lowered or "malformed" in lowered or name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+        return f"corrupt: not a readable SQLite queue database ({text})"
+    if "full" in lowered or name.startswith("SQLITE_FULL"):
+        return f"full: no space left on the file system that holds it ({text})"
+    if "readonly" in lowered or "read-only" in lowered or name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN")):
+        return f"read-only: the file or its directory cannot be written ({text})"
+    if name.startswith("SQLITE_IOERR") or "i/o" in lowered:
+        return f"I/O error: the file system refused a read or write ({text})"
+    return text
+
+
+def _busy_seconds(default: float) -> float:
+    raw = os.environ.get(BUSY_TIMEOUT_ENV)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValidationError(BUSY_TIMEOUT_ENV, "must be a number of seconds", raw) from None
+    if not 0 <= value <= 3600:
+        raise ValidationError(BUSY_TIMEOUT_ENV, "must be between 0 and 3600 seconds", raw)
+    return value
+
+
+class SqliteQueue(SqlQueue):
+    """SQLite backend; safe across threads (one locked connection) and processes (WAL + BEGIN IMMEDIATE).
+
+    A new (empty) file is created at the current schema version; an existing one that is behind
+    is refused until ``migrate()`` (``benchseal infra migrate``). Every SQLite failure becomes an
+    ``InfrastructureError`` naming the file and the cause (corrupt, locked, full, read-only).
+    """
+
+    backend = "sqlite"
+
+    def __init__(self, db: Path | None = None, *, runs_dir: Path | None = None, busy_timeout_ms: int = 30000,
+                 check_schema: bool = True) -> None:
+        self.db = (db or default_db_path()).resolve()
+        self.location = str(self.db)
+        self._busy = _busy_seconds(busy_timeout_ms / 1000)
+        try:
+            self.db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise InfrastructureError(f"queue database {self.db}: cannot create its directory: {exc.strerror}") from exc
+        self.runs_dir = (runs_dir or self.db.parent / "runs").resolve()
+        self._lock = threading.RLock()
+        try:
+            self._conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False, timeout=self._busy)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        try:
+            self._open(check_schema)
+        except BaseException:
+            self._conn.close()
+            raise
+
+    def _error(self, exc: sqlite3.Error) -> InfrastructureError:
+        return InfrastructureError(f"queue database {self.db}: {_sqlite_cause(exc, self._busy, self.db)}")
+
+    def _open(self, check_schema: bool) -> None:
+        deadline = time.monotonic() + self._busy
+        while True:
+            try:
+                self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy * 1000)}")
+                # Read first: a corrupt or foreign file is refused before anything is written to it.
+                version = self._current_version()
+                if version == 0:
+                    # A new, empty file: create it at the current version (BEGIN IMMEDIATE: one creator wins).
+                    self._conn.execute("PRAGMA journal_mode = WAL")
+                    self._apply_migrations(new_only=True)
+                    version = self._current_version()
+                if check_schema:
+                    _check_version(self.location, version)  # before WAL: a refused file is left byte-identical
+                if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                    self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute("PRAGMA synchronous = NORMAL")
+                self._conn.execute("PRAGMA foreign_keys = ON")
+                break
+            except sqlite3.OperationalError as exc:
+                # Switching to WAL takes an exclusive lock that busy_timeout does not always
+                # cover when several processes open a new file at once: retry until the deadline.
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise self._error(exc) from exc
+                time.sleep(0.05)
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+
+    def _current_version(self) -> int:
+        tables = {str(r[0]) for r in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()}
+        if "schema_migrations" in tables:
+            row = self._conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+            return int(row[0] or 0)
+        if "runs" in tables:
+            return 1  # written before versions were recorded
+        if tables:
+            raise sqlite3.DatabaseError("file is not a database: it holds other tables and no queue schema")
+        return 0
+
+    def _apply_migrations(self, *, new_only: bool) -> tuple[int, int]:
+        with self._lock:
+            cur = self._conn.cursor()
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    before = self._current_version()
+                    if new_only and before != 0:
+                        cur.execute("ROLLBACK")
+                        return before, before
+                    if before > SCHEMA_VERSION:
+                        cur.execute("ROLLBACK")
+                        return before, before
+                    cur.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+                    if before == 1:
+                        cur.execute("INSERT OR IGNORE INTO schema_migrations (version, applied_at) VALUES (1, ?)", (_iso(time.time()),))
+                    for version in range(before + 1, SCHEMA_VERSION + 1):
+                        # executescript would COMMIT: run the statements one by one inside this transaction.
+                        for statement in _SQLITE_MIGRATIONS[version - 1].split(";"):
+                            if statement.strip():
+                                cur.execute(statement)
+                        cur.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (version, _iso(time.time())))
+                except BaseException:
+                    cur.execute("ROLLBACK")
+                    raise
+                cur.execute("COMMIT")
+                return before, SCHEMA_VERSION
+            finally:
+                cur.close()
+
+    def migrate(self) -> tuple[int, int]:
+        """Apply the pending migrations in one transaction; return (version before, version after)."""
+        try:
+            before, after = self._apply_migrations(new_only=False)
+        except sqlite3.Error as exc:
+            raise self._error(exc) from exc
+        _check_version(self.location, after)
+        return before, after
+
+    def schema_version(self) -> int:
+        with self._lock:
+            try:
+                return self._current_version()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> SqliteQueue:
+        return self
+
+    # --- plumbing ---------------------------------------------------------------
+
+    def _transaction(self, work: Callable[[Cursor], T]) -> T:
+        with self._lock:
+            try:
+                cur = self._conn.cursor()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+                try:
+                    result = work(cur)
+                except BaseException:
+                    # SQLite may already have rolled back (e.g. on a full disk): keep the original error.
+                    if self._conn.in_transaction:
+                        with contextlib.suppress(sqlite3.Error):
+                            self._conn.execute("ROLLBACK")
+                    raise
+                cur.execute("COMMIT")
+                return result
+            except sqlite3.Error as exc:
+                if self._conn.in_transaction:
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
+                raise self._error(exc) from exc
+            finally:
+                cur.close()
+
+    def _read(self, work: Callable[[Cursor], T]) -> T:
+        with self._lock:
+            try:
+                cur = self._conn.cursor()
+                try:
+                    return work(cur)
+                finally:
+                    cur.close()
+            except sqlite3.Error as exc:
+                raise self._error(exc) from exc
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Cursor]:
+        """A raw write transaction (tests and tools)."""
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                yield cur
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+
+def _check_version(location: str, version: int) -> None:
+    if version < SCHEMA_VERSION:
+        raise CheckFailed(f"queue database {location} is at schema version {version}, this benchseal needs "
+                          f"{SCHEMA_VERSION}: run `benchseal infra migrate`")
+    if version > SCHEMA_VERSION:
+        raise CheckFailed(f"queue database {location} is at schema version {version}, newer than this benchseal "
+                          f"knows ({SCHEMA_VERSION}): upgrade benchseal")
+
+
+# --- choosing the backend ------------------------------------------------------------------
+
+def redact_url(url: str) -> str:
+    """A connection URL without its password (and without query parameters, which may carry one)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+        user = f"{parts.username}@" if parts.username else ""
+    except ValueError:
+        return f"{url.partition(':')[0]}://..."
+    return f"{parts.scheme}://{user}{host}{port}{parts.path}"
+
+
+def _read_url_file(path: Path, field: str) -> str:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValidationError(field, f"cannot read the queue URL file: {exc.strerror}", str(path)) from None
+    except UnicodeDecodeError:
+        raise ValidationError(field, "the queue URL file must be UTF-8 text", str(path)) from None
+    lines = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if len(lines) != 1:
+        raise ValidationError(field, "the queue URL file must hold exactly one URL line", str(path))
+    return lines[0]
+
+
+def state_url_file() -> Path:
+    """``$BENCHSEAL_HOME/infra/queue-url``: every process sharing the state dir (the sudo accept wrapper,
+    the worker and publisher units) selects the same queue from it, with no environment to plumb."""
+    from pipeline.paths import home
+
+    return home() / "infra" / "queue-url"
+
+
+def queue_url(url_file: Path | None = None, *, use_state_file: bool = True) -> tuple[str, str] | None:
+    """The configured PostgreSQL URL and where it came from, or None for SQLite."""
+    sources: list[tuple[str, str]] = []
+    if url_file is not None:
+        sources.append((_read_url_file(url_file, "--queue-url-file"), "--queue-url-file"))
+    env_file = os.environ.get(QUEUE_URL_FILE_ENV)
+    if env_file:
+        sources.append((_read_url_file(Path(env_file), QUEUE_URL_FILE_ENV), QUEUE_URL_FILE_ENV))
+    env_url = os.environ.get(QUEUE_URL_ENV)
+    if env_url:
+        sources.append((env_url.strip(), QUEUE_URL_ENV))
+    if not sources and use_state_file and state_url_file().is_file():
+        sources.append((_read_url_file(state_url_file(), str(state_url_file())), str(state_url_file())))
+    if not sources:
+        return None
+    if len(sources) > 1:
+        raise UsageError(f"the queue URL is given twice ({' and '.join(s for _, s in sources)}): give exactly one")
+    url, source = sources[0]
+    if not url.startswith(("postgresql://", "postgres://")):
+        raise ValidationError(source, "must be a postgresql:// URL", redact_url(url))
+    return url, source
+
+
+def open_queue(db: Path | None = None, *, url_file: Path | None = None, runs_dir: Path | None = None,
+               check_schema: bool = True) -> SqlQueue:
+    """The configured queue: PostgreSQL when a queue URL is configured, else the SQLite file ``db``.
+
+    The URL comes from ``url_file``, ``BENCHSEAL_QUEUE_URL_FILE``, ``BENCHSEAL_QUEUE_URL`` or, when
+    none of them is set and no ``db`` is given, ``$BENCHSEAL_HOME/infra/queue-url``. A URL and an
+    explicit ``db`` together are refused (no silent choice between two queues).
+    """
+    found = queue_url(url_file, use_state_file=db is None)
+    if found is None:
+        return SqliteQueue(db, runs_dir=runs_dir, check_schema=check_schema)
+    if db is not None:
+        raise UsageError(f"--db names a SQLite queue but {found[1]} names a PostgreSQL one: give exactly one")
+    from pipeline.infra.queue_pg import PostgresQueue
+
+    return PostgresQueue(found[0], runs_dir=runs_dir, check_schema=check_schema)

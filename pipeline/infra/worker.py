@@ -20,6 +20,14 @@ One attempt (``run_once``):
    publication outbox rows; infrastructure errors requeue instead, until the
    attempts are used up (then INFRA_ERROR, no score).
 
+Attempts used up, by an infrastructure error or by a worker that died on the
+final attempt (its lease expired): the run is finalized like every other
+terminal run. Whatever trials completed are graded (INFRA_ERROR, no score),
+the evidence is copied, the finalizer runs, and ``complete`` writes the terminal
+state with its outbox rows in one transaction. A dead worker's run is finalized
+by the next worker that claims it (phase ``finalize``), after it stopped the
+dead attempt's containers.
+
 SIGTERM: the running attempt is given ``term_grace_seconds`` to finish, then its
 container is killed and the lease released (the attempt is not counted).
 """
@@ -44,9 +52,9 @@ from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, Run
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
-from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading
+from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading, read_plan
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.infra.queue import RunRecord, SqliteQueue
+from pipeline.infra.queue import Queue, RunRecord, open_queue
 from pipeline.paths import REPO_ROOT
 
 log = logging.getLogger("benchseal.worker")
@@ -75,6 +83,8 @@ class ImageRefused(Exception):
 class WorkerConfig:
     db: Path | None = None
     policy: InfraPolicy | None = None
+    # PostgreSQL queue URL file (else BENCHSEAL_QUEUE_URL[_FILE], else the SQLite file ``db``).
+    queue_url_file: Path | None = None
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     suites_dir: Path = REPO_ROOT / "suites"
     # Base image for task environments; default: images/base.lock.json, else pipeline.build.base.ensure_base.
@@ -237,7 +247,7 @@ def _inspect_runner(client: Any, container: Any, expected: ImageRef) -> RunnerIn
 
 
 class _Heartbeat(threading.Thread):
-    def __init__(self, queue: SqliteQueue, run_id: str, token: str, lease: float, every: float) -> None:
+    def __init__(self, queue: Queue, run_id: str, token: str, lease: float, every: float) -> None:
         super().__init__(name=f"heartbeat-{run_id}", daemon=True)
         self._queue, self._run_id, self._token, self._lease, self._every = queue, run_id, token, lease, every
         self.done = threading.Event()
@@ -286,7 +296,7 @@ def _archive_previous_attempt(run_dir: Path, attempt: int) -> None:
 def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
     """Claim one run and take it through one attempt; None when nothing was queued."""
     policy = config.policy or load_policy()
-    with SqliteQueue(config.db) as queue:
+    with open_queue(config.db, url_file=config.queue_url_file) as queue:
         for run_id in queue.requeue_expired():
             log.warning("run %s: lease expired; requeued or ended", run_id)
         if config.stop.is_set():
@@ -301,6 +311,8 @@ def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutc
                           config.heartbeat_seconds or policy.lease_seconds / 3)
         beat.start()
         try:
+            if record.phase == "finalize":
+                return _finalize_abandoned(queue, record, token, policy, finalize)
             return _attempt(queue, record, token, config, policy, finalize)
         finally:
             beat.done.set()
@@ -308,7 +320,7 @@ def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutc
 
 
 def _attempt(
-    queue: SqliteQueue, record: RunRecord, token: str, config: WorkerConfig, policy: InfraPolicy, finalize: Finalizer | None
+    queue: Queue, record: RunRecord, token: str, config: WorkerConfig, policy: InfraPolicy, finalize: Finalizer | None
 ) -> RunOutcome:
     run_id, payload = record.run_id, record.payload
     run_dir = queue.run_dir(run_id)
@@ -343,10 +355,10 @@ def _attempt(
     except ImageRefused as exc:
         failure = f"refused by policy: {exc}"
     except (InfraFailure, CheckFailed, InfrastructureError) as exc:
-        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir)
+        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir, policy)
     except Exception as exc:  # an unexpected engine/SDK error is still an infrastructure error, never a stuck run
         log.exception("run %s: unexpected error", run_id)
-        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir)
+        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir, policy)
     finally:
         if client is not None:
             client.close()
@@ -355,7 +367,7 @@ def _attempt(
         _copy_evidence(run_dir)
         return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="released on SIGTERM", runner_digest=runner.digest)
     if failure is None and not (run_dir / "trials.json").is_file():
-        return _infra(queue, record, token, "runner produced no trials.json", started, finalize, run_dir)
+        return _infra(queue, record, token, "runner produced no trials.json", started, finalize, run_dir, policy, runner)
     if failure is None and runner.digest != runner_ref.digest:
         failure = f"runner container ran {runner.digest}, not {runner_ref.digest}"
     grading = grade_run(run_dir, record, policy, runner, started_at=started, finished_at=_now(), failure=failure)
@@ -365,30 +377,110 @@ def _attempt(
         publications = list(finalize(record, grading, run_dir)) if finalize else []
     except Exception as exc:
         log.exception("run %s: finalize failed", run_id)
-        return _infra(queue, record, token, f"finalize failed: {type(exc).__name__}: {exc}", started, None, run_dir)
+        return _infra(queue, record, token, f"finalize failed: {type(exc).__name__}: {exc}", started, finalize, run_dir,
+                      policy, runner)
     queue.complete(run_id, token, grading, publications)
     return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason, runner_digest=runner.digest)
 
 
 def _infra(
-    queue: SqliteQueue, record: RunRecord, token: str, reason: str, started: str, finalize: Finalizer | None, run_dir: Path
+    queue: Queue, record: RunRecord, token: str, reason: str, started: str, finalize: Finalizer | None, run_dir: Path,
+    policy: InfraPolicy, runner: RunnerInfo | None = None,
 ) -> RunOutcome:
     log.error("run %s attempt %d: %s", record.run_id, record.attempts, reason)
     _copy_evidence(run_dir)
     if record.attempts < record.max_attempts:
         state = queue.fail_infra(record.run_id, token, reason)
         return RunOutcome(run_id=record.run_id, state=state, grading=None, reason=reason)
-    grading = infra_error_grading(record, f"attempts exhausted ({record.attempts}); last error: {reason}",
-                                  started_at=started, finished_at=_now())
+    # Attempts used up: this worker keeps its lease and finalizes the run now.
+    reason = f"attempts exhausted ({record.attempts}); last error: {reason}"
+    queue.begin_finalize(record.run_id, token, reason)
+    return _finalize(queue, record, token, policy, finalize, reason, started, runner, run_dir)
+
+
+def exhausted_grading(run_dir: Path, record: RunRecord, policy: InfraPolicy, runner: RunnerInfo, reason: str,
+                      *, started_at: str) -> Grading:
+    """INFRA_ERROR, no score; the trials of the last attempt that completed are graded as they are."""
+    if read_plan(run_dir):
+        graded = grade_run(run_dir, record, policy, runner, started_at=started_at, finished_at=_now(), failure=reason)
+        return graded.model_copy(update={"status": "INFRA_ERROR", "score": None, "reason": reason})
+    return infra_error_grading(record, reason, started_at=started_at, finished_at=_now())
+
+
+FINALIZE_CLAIMS_MIN = 3
+
+
+def finalize_claims(record: RunRecord) -> int:
+    """How many finalize claims may run the finalizer: a worker that keeps dying there must not block the run forever."""
+    return max(record.max_attempts, FINALIZE_CLAIMS_MIN)
+
+
+def _finalize(
+    queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None, reason: str,
+    started: str, runner: RunnerInfo | None, run_dir: Path,
+) -> RunOutcome:
+    """End a run whose attempts are used up, like every other terminal run: grading, evidence, finalizer, ONE complete."""
+    grading = exhausted_grading(run_dir, record, policy, runner or RunnerInfo(image_id=None, digest=None), reason,
+                                started_at=started)
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
-    try:
-        publications = list(finalize(record, grading, run_dir)) if finalize else []
-    except Exception:
-        log.exception("run %s: finalize failed on a terminal INFRA_ERROR; completing without publications", record.run_id)
-        publications = []
+    publications: list[PublicationRequest] = []
+    allowed = finalize_claims(record)
+    if finalize is not None and record.finalize_attempts <= allowed:
+        try:
+            publications = list(finalize(record, grading, run_dir))
+        except Exception as exc:
+            log.exception("run %s: finalize failed on a run whose attempts are used up", record.run_id)
+            if record.finalize_attempts < allowed:
+                # Retried by the next claim (phase finalize); the terminal state waits for its publication.
+                queue.fail_infra(record.run_id, token, f"finalize failed: {type(exc).__name__}: {exc}")
+                return RunOutcome(run_id=record.run_id, state="QUEUED", grading=None, reason=reason)
+            publications = []
+    elif finalize is not None:
+        # Workers died finalizing this run more often than it has attempts: end it without running the hook again.
+        log.error("run %s: finalization tried %d times; completing without publications", record.run_id,
+                  record.finalize_attempts)
     queue.complete(record.run_id, token, grading, publications)
-    return RunOutcome(run_id=record.run_id, state="INFRA_ERROR", grading=grading, reason=grading.reason)
+    return RunOutcome(run_id=record.run_id, state=grading.status, grading=grading, reason=grading.reason,
+                      runner_digest=runner.digest if runner else None)
+
+
+def _leftover_runner(client: Any, run_id: str, runner: str) -> RunnerInfo:
+    """What the dead attempt's runner container ran, if it is still there (never guessed)."""
+    containers = client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+    if not containers:
+        return RunnerInfo(image_id=None, digest=None)
+    return _inspect_runner(client, containers[0], parse_ref(runner, "payload.runner"))
+
+
+def _finalize_abandoned(
+    queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None
+) -> RunOutcome:
+    """A run whose final attempt's worker died (or whose finalizer failed): stop what is left of it, then finalize."""
+    run_id = record.run_id
+    run_dir = queue.run_dir(run_id)
+    started = _now()
+    queue.start(run_id, token)
+    runner = RunnerInfo(image_id=None, digest=None)
+    client: Any = None
+    try:
+        client = _docker()
+        runner = _leftover_runner(client, run_id, record.payload.runner)
+        # The dead attempt's runner may still be writing trial results: stop it before grading.
+        for name in kill_leftovers(client, run_id):
+            log.warning("run %s: removed leftover container %s", run_id, name)
+    except Exception as exc:
+        if record.finalize_attempts < finalize_claims(record):
+            reason = f"finalize: cannot stop the earlier attempt's containers: {type(exc).__name__}: {exc}"
+            log.error("run %s: %s", run_id, reason)
+            queue.fail_infra(run_id, token, reason)
+            return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason=reason)
+        log.error("run %s: cannot stop the earlier attempt's containers (%s); grading what is there", run_id, exc)
+    finally:
+        if client is not None:
+            client.close()
+    reason = record.reason or f"attempts exhausted ({record.attempts})"
+    return _finalize(queue, record, token, policy, finalize, reason, started, runner, run_dir)
 
 
 def _run_container(

@@ -46,11 +46,11 @@ def worker_finalizer(target: Literal["github", "local"], signer: SignerKind, *,
 
 
 def start_publisher(db: Path | None, stop: threading.Event, interval: float) -> threading.Thread:
-    from pipeline.infra.queue import SqliteQueue
+    from pipeline.infra.queue import open_queue
     from pipeline.publish import outbox
 
     def publish_loop() -> None:
-        with SqliteQueue(db) as queue:
+        with open_queue(db) as queue:
             outbox.run_forever(queue, interval=interval, stop=stop)
 
     publisher = threading.Thread(target=publish_loop, name="publisher")

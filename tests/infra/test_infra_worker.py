@@ -242,10 +242,18 @@ def _runner_containers(run_id: str) -> list[Any]:
 
 
 def _trial_containers(run_id: str) -> list[Any]:
+    # Sparse listing, then one inspect per match: the engine is shared, and a container of another
+    # compose project removed between the listing and its inspect must not fail this test (404).
     short = run_id[-12:]
-    # sparse: no per-container inspect, which races with trial containers Harbor removes meanwhile.
-    listed = docker.from_env().containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"})
-    return [c for c in listed if short in (c.attrs.get("Labels") or {}).get("com.docker.compose.project", "")]
+    client = docker.from_env()
+    found = []
+    for entry in client.api.containers(all=True, filters={"label": "com.docker.compose.project"}):
+        if short in (entry.get("Labels") or {}).get("com.docker.compose.project", ""):
+            try:
+                found.append(client.containers.get(entry["Id"]))
+            except docker.errors.NotFound:
+                continue
+    return found
 
 
 def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
@@ -263,7 +271,7 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
         assert runner_container.attrs["Config"]["Image"] == infra_setup["runner"]
         assert runner_container.attrs["HostConfig"]["NetworkMode"] == "none"
         for container in _trial_containers(run_id):
-            assert container.attrs["HostConfig"]["NetworkMode"] == "none", container.attrs.get("Names")
+            assert container.attrs["HostConfig"]["NetworkMode"] == "none", container.name
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
     finally:
