@@ -94,11 +94,11 @@ def test_pyc_is_unchecked_hash_with_the_in_image_path(tmp_path: Path, base_refs:
 
 def test_a_source_that_does_not_compile_fails_the_build_naming_it(tmp_path: Path, base_refs: dict[str, ImageRef]) -> None:
     stage = _stage(tmp_path / "stage", {"good.py": "X = 1\n", "broken.py": "def (:\n"})
-    with pytest.raises(CheckFailed, match="pkg/broken.py"):
+    with pytest.raises(CheckFailed, match=r"pkg/broken\.py"):
         compile_tree(stage, [SITE], base_refs["base"])
 
 
 @pytest.mark.parametrize("bad", ["usr/lib", "/usr/../etc", ""])
 def test_compile_dirs_must_be_absolute_in_image_paths(tmp_path: Path, base_refs: dict[str, ImageRef], bad: str) -> None:
-    with pytest.raises(ValidationError, match="layers.bytecode"):
+    with pytest.raises(ValidationError, match=r"layers\.bytecode"):
         compile_tree(tmp_path, [bad], base_refs["base"])
