@@ -14,9 +14,6 @@ It also removes per-trial work the suites do not need (measured in docs/infra.md
 * no ``compose down --remove-orphans`` before ``up``: compose projects are named
   after the run's trials, and the worker removes a failed attempt's containers
   before the next attempt starts;
-* no ``chown -R`` of the bind-mounted log dirs when the runner runs as root on a
-  rootful engine (Harbor would chown them to 0:0, which changes nothing a root
-  reader needs);
 * teardown off the critical path: ``stop()`` hands ``compose down`` to a background
   task and returns; ``drain_teardowns()`` (awaited by ``run_suite`` before it returns)
   waits for all of them, so no container outlives the runner.
@@ -33,8 +30,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -62,27 +57,6 @@ async def drain_teardowns() -> None:
     """Wait until every environment stopped by this process is torn down."""
     while _teardowns:
         await asyncio.gather(*list(_teardowns), return_exceptions=True)
-
-
-_rootful_root: bool | None = None
-
-
-def _runs_as_root_on_rootful_engine() -> bool:
-    """True when chowning log dirs to this process's uid changes nothing: uid 0 and a rootful engine."""
-    global _rootful_root
-    if _rootful_root is None:
-        if os.getuid() != 0:
-            _rootful_root = False
-        else:
-            try:
-                info = subprocess.run(
-                    ["docker", "info", "--format", "{{range .SecurityOptions}}{{.}}|{{end}}"],
-                    capture_output=True, text=True, timeout=10, check=False,
-                )
-                _rootful_root = info.returncode == 0 and "rootless" not in info.stdout
-            except (OSError, subprocess.TimeoutExpired):
-                _rootful_root = False
-    return _rootful_root
 
 
 class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
@@ -180,11 +154,6 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         finally:
             self._starting = False
             self._record_timing("start", started)
-
-    async def prepare_logs_for_host(self) -> None:
-        if "no-chown" in self._tunings and _runs_as_root_on_rootful_engine():
-            return
-        await super().prepare_logs_for_host()
 
     async def stop(self, delete: bool) -> None:
         if "async-stop" not in self._tunings:

@@ -26,7 +26,7 @@ ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 TRIALS_FILE = "trials.json"
 # What pipeline.infra.harbor_env changes in Harbor's per-trial work (docs/infra.md), by name.
-TUNINGS = ("stop-signal", "never-pull", "no-predown", "no-chown", "async-stop")
+TUNINGS = ("stop-signal", "never-pull", "no-predown", "async-stop")
 DISABLE_ENV = "BENCHSEAL_HARBOR_DISABLE"
 
 

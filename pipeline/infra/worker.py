@@ -114,13 +114,24 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
     import docker.errors
 
     try:
+        # Already in the engine under exactly this digest: content-addressed, nothing to fetch
+        # (saves a registry round trip per image on every run).
+        image = client.images.get(ref.ref)
+        if ref.ref in (image.attrs.get("RepoDigests") or []):
+            image_id: str = image.id
+            return image_id
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"inspecting {ref.ref} failed: {exc.explanation or exc}") from exc
+    try:
         client.api.pull(ref.name, tag=ref.digest)
         image = client.images.get(ref.ref)
     except docker.errors.APIError as exc:
         raise InfraFailure(f"pull {ref.ref} failed: {exc.explanation or exc}") from exc
     require_repo_digest(ref, image.attrs.get("RepoDigests") or [])
-    image_id: str = image.id
-    return image_id
+    pulled_id: str = image.id
+    return pulled_id
 
 
 def resolve_base_ref(config: WorkerConfig, registry: str) -> ImageRef:

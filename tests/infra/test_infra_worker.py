@@ -231,9 +231,11 @@ def _runner_containers(run_id: str) -> list[Any]:
 
 
 def _trial_containers(run_id: str) -> list[Any]:
+    # sparse: the list call alone, no inspect per container (containers of other sessions on the
+    # shared engine, and trial environments torn down in the background, vanish between the two).
     short = run_id[-12:]
-    return [c for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"})
-            if short in c.labels.get("com.docker.compose.project", "")]
+    listed = docker.from_env().containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"})
+    return [c for c in listed if short in (c.attrs.get("Labels") or {}).get("com.docker.compose.project", "")]
 
 
 def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
