@@ -56,7 +56,11 @@ _teardowns: set[asyncio.Task[None]] = set()
 async def drain_teardowns() -> None:
     """Wait until every environment stopped by this process is torn down."""
     while _teardowns:
-        await asyncio.gather(*list(_teardowns), return_exceptions=True)
+        pending = list(_teardowns)
+        for task, result in zip(pending, await asyncio.gather(*pending, return_exceptions=True), strict=True):
+            if isinstance(result, BaseException):
+                # Harbor's stop() already logs compose failures; this is what escaped it (runner.log).
+                print(f"{task.get_name()}: {type(result).__name__}: {result}", flush=True)
 
 
 class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
