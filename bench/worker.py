@@ -5,10 +5,19 @@
 3. 50 consecutive worker attempts in a cheap mode (run_once against a runner
    digest the registry does not have: claim, heartbeat thread, Engine client,
    pull, infra error, terminal transition): worker RSS and open FDs per attempt;
-4. a few REAL runs (oracle on suites/smoke in the runner image): Harbor per-trial
-   overhead = trial wall time - agent time - verifier time, plus RSS/FDs.
+4. REAL runs (oracle on suites/smoke in the runner image), side by side and interleaved:
+   "before" (the runner without bytecode, Harbor's compose build at trial time, none of
+   pipeline.infra.harbor_env's changes) and "now"; with --ablation also "now" minus each
+   single change. Per variant: Harbor overhead per trial (trial wall - agent - verifier),
+   its share of the trial wall time, runner start to the first trial (the runner
+   container's StartedAt to the earliest trial start), where the time goes (Harbor's
+   compose commands, from each trial's compose-timings.jsonl), plus RSS/FDs;
+5. `harbor --version` in the runner (container start + import) with and without bytecode.
 
-Usage: .venv/bin/python bench/worker.py [--real-runs N] [--cheap-runs N]
+Ratios between variants are measured in the same process minutes apart; absolute times
+depend on the machine's load.
+
+Usage: .venv/bin/python bench/worker.py [--real-runs N] [--cheap-runs N] [--ablation] [--version-runs N]
 """
 
 from __future__ import annotations
@@ -20,7 +29,10 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -111,54 +123,214 @@ def bench_cheap_worker(root: Path, n: int) -> None:
     print(f"  open FDs: first {fds[0]}, last {fds[-1]}, min {min(fds)}, max {max(fds)}")
 
 
-def bench_real(root: Path, n: int) -> None:
-    from pipeline.build import build_images
+TARGETS = {"overhead": 1.0, "share": 0.15, "runner_start": 1.0}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    runner: str
+    prebuild: bool = True
+    disable: tuple[str, ...] = ()
+
+
+@dataclass
+class Sample:
+    walls: list[float] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)
+    agents: list[float] = field(default_factory=list)
+    verifiers: list[float] = field(default_factory=list)
+    overheads: list[float] = field(default_factory=list)
+    runner_start: list[float] = field(default_factory=list)
+    ops: dict[str, list[float]] = field(default_factory=dict)  # op -> seconds per trial (summed per trial)
+    counts: dict[str, list[int]] = field(default_factory=dict)
+
+
+def _ts(value: str) -> datetime:
+    # Docker writes nanoseconds; fromisoformat wants at most microseconds.
+    import re
+
+    value = re.sub(r"(\.\d{6})\d+", r"\1", value.replace("Z", "+00:00"))
+    return datetime.fromisoformat(value)
+
+
+def runner_variants(registry: str) -> tuple[str, str, str]:
+    """(runner as built now, the same runner without bytecode, api), all pushed by digest."""
+    from pipeline.build import build_images, ensure_base
+    from pipeline.build.images import assemble, load_image_spec, push_image, source_info
+    from pipeline.build.layers import BlobStore, build_lock
+    from pipeline.build.push import Registry
+
+    images = build_images(["runner", "api"], registry)
+    spec = load_image_spec("runner")
+    plain = replace(spec, layers=tuple({k: v for k, v in layer.items() if k != "bytecode"} for layer in spec.layers))
+    bases = ensure_base(registry)
+    store = BlobStore()
+    with build_lock():
+        manifest, _, _ = assemble(plain, bases[plain.base], source_info(), store)
+        digest = push_image(Registry(registry), plain.repository, manifest, store, bases[plain.base], ())
+    return images.images["runner"].ref, f"{registry}/{plain.repository}@{digest}", images.images["api"].ref
+
+
+def _record(sample: Sample, run_dir: Path, outcome: Any, wall: float) -> None:
+    import json
+
+    sample.walls.append(wall)
+    for trial in outcome.grading.trials:
+        if trial.total_seconds is None:
+            continue
+        a, v = trial.agent_seconds or 0.0, trial.verifier_seconds or 0.0
+        sample.totals.append(trial.total_seconds)
+        sample.agents.append(a)
+        sample.verifiers.append(v)
+        sample.overheads.append(trial.total_seconds - a - v)
+    state = json.loads((run_dir / "logs" / "runner-state.json").read_text())
+    starts = [_ts(json.loads(p.read_text())["started_at"]) for p in (run_dir / "harbor").glob("*/result.json")]
+    if starts and state.get("StartedAt"):
+        sample.runner_start.append((min(starts) - _ts(state["StartedAt"])).total_seconds())
+    for timings in (run_dir / "harbor").glob("*/compose-timings.jsonl"):
+        per_op: dict[str, float] = {}
+        per_count: dict[str, int] = {}
+        for line in timings.read_text().splitlines():
+            item = json.loads(line)
+            role = "verifier" if "verifier" in item["session"] else "agent env"
+            key = f"{role}: {item['op']}"
+            per_op[key] = per_op.get(key, 0.0) + item["seconds"]
+            per_count[key] = per_count.get(key, 0) + 1
+        for key, seconds in per_op.items():
+            sample.ops.setdefault(key, []).append(seconds)
+            sample.counts.setdefault(key, []).append(per_count[key])
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def bench_real(root: Path, n: int, ablation: bool, version_runs: int) -> None:
+    from pipeline.infra.trial import TUNINGS
     from pipeline.infra.worker import WorkerConfig, run_once
 
-    images = build_images(["runner", "api"], "127.0.0.1:5055")
-    runner, api = images.images["runner"], images.images["api"]
+    now_ref, plain_ref, api = runner_variants("127.0.0.1:5055")
+    variants = [Variant("before", plain_ref, prebuild=False, disable=TUNINGS), Variant("now", now_ref)]
+    if ablation:
+        variants += [Variant("now - bytecode", plain_ref), Variant("now - prebuilt images", now_ref, prebuild=False)]
+        variants += [Variant(f"now - {name}", now_ref, disable=(name,)) for name in TUNINGS]
     policy = load_policy()
     db = root / "real" / "queue.sqlite3"
-    with SqliteQueue(db) as q:
-        for i in range(n):
-            q.enqueue(payload(20_000 + i, runner.ref, api.ref), max_attempts=1)
-    overheads, totals, agents, verifiers, rss, fds, walls = [], [], [], [], [], [], []
-    for _ in range(n):
-        t = time.perf_counter()
-        outcome = run_once(WorkerConfig(db=db, policy=policy))
-        walls.append(time.perf_counter() - t)
-        assert outcome is not None and outcome.grading is not None, outcome
-        for trial in outcome.grading.trials:
-            if trial.total_seconds is None:
-                continue
-            a, v = trial.agent_seconds or 0.0, trial.verifier_seconds or 0.0
-            totals.append(trial.total_seconds)
-            agents.append(a)
-            verifiers.append(v)
-            overheads.append(trial.total_seconds - a - v)
-        rss.append(rss_kib())
-        fds.append(open_fds())
-        print(f"  real run: {outcome.state} score={outcome.grading.score} wall={walls[-1]:.1f}s")
-    print(f"real runs x{n} ({len(totals)} trials, 3 concurrent per run): run wall median {statistics.median(walls):.1f} s")
-    print(f"  per trial: wall median {statistics.median(totals):.2f} s, agent {statistics.median(agents):.2f} s, "
-          f"verifier (incl. its container start) {statistics.median(verifiers):.2f} s")
-    print(f"  Harbor overhead per trial (wall - agent - verifier): median {statistics.median(overheads):.2f} s, "
-          f"max {max(overheads):.2f} s; ratio overhead/wall {statistics.median(overheads) / statistics.median(totals):.2f}")
+    samples = {v.name: Sample() for v in variants}
+    rss, fds = [], []
+    counter = 0
+    from pipeline.build import ensure_local
+    from pipeline.digests import parse_ref
+
+    for ref in (now_ref, plain_ref):
+        ensure_local(parse_ref(ref))  # a pull is not per-trial work
+    for round_ in range(-1, n):  # round 0 warms up (task images, page cache) and is not recorded
+        for variant in variants:
+            counter += 1
+            with SqliteQueue(db) as q:
+                run_id = q.enqueue(payload(20_000 + counter, variant.runner, api), max_attempts=1)[0]
+                run_dir = q.run_dir(run_id)
+            config = WorkerConfig(db=db, policy=policy, prebuild_task_images=variant.prebuild, harbor_disable=variant.disable)
+            t = time.perf_counter()
+            outcome = run_once(config)
+            wall = time.perf_counter() - t
+            assert outcome is not None and outcome.grading is not None and outcome.run_id == run_id, outcome
+            assert outcome.state == "SUCCEEDED" and outcome.grading.score == 1.0, (variant, outcome.reason)
+            if round_ >= 0:
+                _record(samples[variant.name], run_dir, outcome, wall)
+            rss.append(rss_kib())
+            fds.append(open_fds())
+            print(f"  {'warm-up' if round_ < 0 else f'round {round_ + 1}'} {variant.name:<26} run wall {wall:6.1f} s",
+                  flush=True)
+
+    before = samples["before"]
+    print(f"\nreal runs: {n} per variant, interleaved; smoke suite, oracle, {policy.trial_concurrency('smoke')} trials at once "
+          "in one runner container per run (medians)")
+    print(f"{'variant':<26}{'run wall':>9}{'trial':>8}{'agent':>8}{'verif.':>8}{'harbor ovh':>11}{'share':>7}"
+          f"{'runner->1st':>12}{'ovh/before':>11}")
+    for name, smp in samples.items():
+        ovh = _median(smp.overheads)
+        print(f"{name:<26}{_median(smp.walls):>9.1f}{_median(smp.totals):>8.2f}{_median(smp.agents):>8.2f}"
+              f"{_median(smp.verifiers):>8.2f}{ovh:>11.2f}{ovh / _median(smp.totals):>7.0%}"
+              f"{_median(smp.runner_start):>12.2f}{ovh / _median(before.overheads):>11.2f}")
+    print("\nwhere a trial's Harbor time goes (median seconds per trial, and commands per trial):")
+    keys = sorted({k for smp in samples.values() for k in smp.ops})
+    shown = [v.name for v in variants[:2]]
+    print(f"{'':<28}" + "".join(f"{name:>18}" for name in shown))
+    for key in keys:
+        cells = []
+        for name in shown:
+            smp = samples[name]
+            if key in smp.ops:
+                cells.append(f"{_median(smp.ops[key]):>12.2f} x{int(_median([float(c) for c in smp.counts[key]])):<4}")
+            else:
+                cells.append(f"{'-':>18}")
+        print(f"{key:<28}" + "".join(cells))
+
+    now = samples["now"]
+    version = bench_version(now_ref, plain_ref, version_runs)
+    print("\nthe issue's figures for the worker (before = same run, old configuration):")
+    rows = [
+        ("Harbor overhead per trial (s)", _median(before.overheads), _median(now.overheads), "overhead"),
+        ("harness overhead share of trial wall", _median(before.overheads) / _median(before.totals),
+         _median(now.overheads) / _median(now.totals), "share"),
+        ("runner start to first trial (s)", _median(before.runner_start), _median(now.runner_start), "runner_start"),
+        ("harbor --version in the runner (s)", version[1], version[0], "runner_start"),
+    ]
+    print(f"{'figure':<40}{'before':>9}{'now':>9}{'now/before':>11}{'target':>9}  met")
+    for label, old, new, target in rows:
+        fmt = (lambda x: f"{x:.0%}") if target == "share" else (lambda x: f"{x:.2f}")
+        goal = TARGETS[target]
+        print(f"{label:<40}{fmt(old):>9}{fmt(new):>9}{new / old:>11.2f}{'<= ' + fmt(goal):>9}  "
+              f"{'yes' if new <= goal else 'NO'}")
     print(f"  RSS KiB after each real run: {rss}; open FDs: {fds}")
+
+
+def bench_version(now_ref: str, plain_ref: str, n: int) -> tuple[float, float]:
+    """Median wall time of `docker run --entrypoint harbor REF --version` (container start + import), (now, before)."""
+    import subprocess
+
+    from pipeline.build import ensure_local
+    from pipeline.digests import parse_ref
+
+    walls: dict[str, list[float]] = {now_ref: [], plain_ref: []}
+    inside: dict[str, list[float]] = {now_ref: [], plain_ref: []}
+    probe = ("import subprocess, time\nt = time.perf_counter()\n"
+             "subprocess.run(['harbor', '--version'], check=True, capture_output=True)\nprint(time.perf_counter() - t)")
+    for ref in walls:
+        ensure_local(parse_ref(ref))
+    for _ in range(n):
+        for ref in walls:
+            t = time.perf_counter()
+            subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "harbor", ref, "--version"],
+                           check=True, capture_output=True)
+            walls[ref].append(time.perf_counter() - t)
+            out = subprocess.run(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", ref, "-c", probe],
+                                 check=True, capture_output=True, text=True)
+            inside[ref].append(float(out.stdout.strip()))
+    now_wall, plain_wall = _median(walls[now_ref]), _median(walls[plain_ref])
+    print(f"\nharbor --version, {n} runs each, interleaved (median s): docker run wall: with bytecode {now_wall:.2f}, "
+          f"without {plain_wall:.2f} (ratio {now_wall / plain_wall:.2f}); inside the container: with "
+          f"{_median(inside[now_ref]):.2f}, without {_median(inside[plain_ref]):.2f} "
+          f"(ratio {_median(inside[now_ref]) / _median(inside[plain_ref]):.2f})")
+    return now_wall, plain_wall
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--queue-n", type=int, default=1000)
     parser.add_argument("--cheap-runs", type=int, default=50)
-    parser.add_argument("--real-runs", type=int, default=3)
+    parser.add_argument("--real-runs", type=int, default=3, help="real runs per variant")
+    parser.add_argument("--ablation", action="store_true", help="also 'now' minus each single change")
+    parser.add_argument("--version-runs", type=int, default=5)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
         root = Path(tmp)
         bench_queue(root, args.queue_n)
         bench_cheap_worker(root, args.cheap_runs)
         if args.real_runs:
-            bench_real(root, args.real_runs)
+            bench_real(root, args.real_runs, args.ablation, args.version_runs)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__, paths
-from pipeline.build import oci, wheels
+from pipeline.build import bytecode, oci, wheels
 from pipeline.build.base import LOCK_PATH, load_specs
 from pipeline.build.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
 from pipeline.build.push import PushStats, Registry, validate_tag
@@ -39,6 +40,11 @@ APP_ROOT = "/opt/benchseal"
 APP_DIRS = ("pipeline", "suites", "policies")
 _EXCLUDE_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 _EXCLUDE_SUFFIXES = (".pyc", ".pyo", ".tmp", ".swp")
+# Layers with ``bytecode = true`` keep the __pycache__ dirs that bytecode.compile_tree wrote.
+_EXCLUDE_DIRS_BYTECODE = _EXCLUDE_DIRS - {"__pycache__"}
+_EXCLUDE_SUFFIXES_BYTECODE = tuple(s for s in _EXCLUDE_SUFFIXES if s != ".pyc")
+# What the app layer compiles (suites/ hold task sources that are copied into task images as is).
+APP_BYTECODE_DIRS = (f"{APP_ROOT}/pipeline",)
 ROLES = ("runner", "api")
 
 
@@ -118,16 +124,34 @@ def _wheel_cache() -> Path:
     return paths.state_dir("cache", "wheels")
 
 
-def _wheels_layer(spec: ImageSpec, layer: dict[str, Any], epoch: int, store: BlobStore, cache: LayerCache, built: list[str]) -> Layer:
+def _bytecode_key(interpreter: ImageRef | None) -> dict[str, str] | None:
+    """Cache-key part of a layer's bytecode: the interpreter that compiled it (base digest) and the driver."""
+    if interpreter is None:
+        return None
+    return {"interpreter": interpreter.digest, "compiler": bytecode.COMPILER_ID}
+
+
+def _wheels_layer(
+    spec: ImageSpec,
+    layer: dict[str, Any],
+    epoch: int,
+    store: BlobStore,
+    cache: LayerCache,
+    built: list[str],
+    interpreter: ImageRef | None = None,
+) -> Layer:
+    """``interpreter`` (the base image): compile the layer's site-packages with it (``bytecode = true``)."""
     locks = [spec.directory / item["lock"] for item in layer.get("locks", ())] + [
         spec.directory / item["lock"] for item in layer.get("extract", ())
     ]
-    key_data = {
+    key_data: dict[str, Any] = {
         "builder": BUILDER_VERSION,
         "layer": layer,
         "epoch": epoch,
         "locks": {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in locks},
     }
+    if interpreter is not None:
+        key_data["bytecode"] = _bytecode_key(interpreter)
     key = "wheels-" + hashlib.sha256(oci.canonical_bytes(key_data)).hexdigest()
     cached = cache.get(key)
     if cached is not None:
@@ -145,7 +169,11 @@ def _wheels_layer(spec: ImageSpec, layer: dict[str, Any], epoch: int, store: Blo
             target = root / item["path"].lstrip("/")
             wheels.extract_member(archive, item["member"], target)
             target.chmod(int(item.get("mode", 0o644)))
-        entries = tree_entries(root, "/", _EXCLUDE_DIRS, _EXCLUDE_SUFFIXES)
+        if interpreter is not None:
+            bytecode.compile_tree(root, [layer["site_packages"]], interpreter)
+            entries = tree_entries(root, "/", _EXCLUDE_DIRS_BYTECODE, _EXCLUDE_SUFFIXES_BYTECODE)
+        else:
+            entries = tree_entries(root, "/", _EXCLUDE_DIRS, _EXCLUDE_SUFFIXES)
         entries += [Entry(link["path"], "symlink", target=link["target"]) for link in layer.get("symlinks", ())]
         result = build_layer(entries, epoch, store)
     cache.put(key, result)
@@ -171,16 +199,51 @@ def _app_entries(app_root: Path) -> list[Entry]:
     return entries
 
 
-def _app_layer(app_root: Path, epoch: int, store: BlobStore, cache: LayerCache, built: list[str]) -> Layer:
+def _app_layer(
+    app_root: Path, epoch: int, store: BlobStore, cache: LayerCache, built: list[str], interpreter: ImageRef | None = None
+) -> Layer:
     entries = _app_entries(app_root)
-    key = "app-" + hashlib.sha256(f"{BUILDER_VERSION}\n{epoch}\n{entries_key(entries)}".encode()).hexdigest()
+    key_text = f"{BUILDER_VERSION}\n{epoch}\n{entries_key(entries)}"
+    if interpreter is not None:
+        key_text += "\n" + json.dumps(_bytecode_key(interpreter), sort_keys=True)
+    key = "app-" + hashlib.sha256(key_text.encode()).hexdigest()
     cached = cache.get(key)
     if cached is not None:
         return cached
-    result = build_layer(entries, epoch, store)
+    with tempfile.TemporaryDirectory(prefix="benchseal-app-") as tmp:
+        if interpreter is not None:
+            entries += _app_bytecode(entries, Path(tmp), interpreter)
+        result = build_layer(entries, epoch, store)
     cache.put(key, result)
     built.append(result.digest)
     return result
+
+
+def _app_bytecode(entries: list[Entry], stage: Path, interpreter: ImageRef) -> list[Entry]:
+    """Stage the app's sources as laid out in the image, compile them, return the .pyc entries."""
+    for entry in entries:
+        if entry.kind != "file" or not any(entry.path.startswith(d + "/") for d in APP_BYTECODE_DIRS):
+            continue
+        target = stage / entry.arcname
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if entry.data is not None:
+            target.write_bytes(entry.data)
+        elif entry.source is not None:
+            shutil.copyfile(entry.source, target)
+    bytecode.compile_tree(stage, APP_BYTECODE_DIRS, interpreter)
+    return [
+        Entry("/" + pyc.relative_to(stage).as_posix(), "file", source=pyc)
+        for top in APP_BYTECODE_DIRS
+        for pyc in sorted((stage / top.lstrip("/")).rglob("__pycache__/*.pyc"))
+    ]
+
+
+def _bytecode_interpreter(spec: ImageSpec, layer: dict[str, Any], base: ImageRef) -> ImageRef | None:
+    """The base image when the layer asks for bytecode (``bytecode = true``), else None."""
+    flag = layer.get("bytecode", False)
+    if not isinstance(flag, bool):
+        raise ValidationError(f"images/{spec.role}/image.toml: layers.bytecode", "must be true or false", flag)
+    return base if flag else None
 
 
 def _base_manifest(base: ImageRef, store: BlobStore) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -219,10 +282,11 @@ def assemble(
     new_layers: list[tuple[Layer, str]] = []
     for layer in spec.layers:
         kind = layer.get("kind")
+        compiled_by = _bytecode_interpreter(spec, layer, base)
         if kind == "wheels":
-            new_layers.append((_wheels_layer(spec, layer, deps_epoch, store, cache, built), f"benchseal: wheels {layer.get('comment', '')}".strip()))
+            new_layers.append((_wheels_layer(spec, layer, deps_epoch, store, cache, built, compiled_by), f"benchseal: wheels {layer.get('comment', '')}".strip()))
         elif kind == "app":
-            new_layers.append((_app_layer(app_root or paths.REPO_ROOT, app_epoch, store, cache, built), f"benchseal: app {__version__}"))
+            new_layers.append((_app_layer(app_root or paths.REPO_ROOT, app_epoch, store, cache, built, compiled_by), f"benchseal: app {__version__}"))
         else:
             raise ValidationError(f"images/{spec.role}/image.toml: layers.kind", "must be 'wheels' or 'app'", kind)
 

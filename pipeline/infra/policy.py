@@ -72,6 +72,8 @@ class SourcePolicy(_Strict):
 
 class SuitePolicy(_Strict):
     timeout_seconds: float = Field(gt=0, le=86400)
+    # Trials of one run that run at once inside the run's one runner container.
+    trial_concurrency: int = Field(default=3, ge=1, le=16, strict=True)
 
 
 class InfraPolicy(_Strict):
@@ -138,6 +140,9 @@ class InfraPolicy(_Strict):
 
     def suite_timeout(self, suite: str) -> float:
         return self.suites[suite].timeout_seconds
+
+    def trial_concurrency(self, suite: str) -> int:
+        return self.suites[suite].trial_concurrency
 
     def infra_errors_exceed_threshold(self, infra_errors: int, total: int) -> bool:
         if total <= 0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,19 @@ from pipeline.fsutil import atomic_write_json
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 TRIALS_FILE = "trials.json"
+# What pipeline.infra.harbor_env changes in Harbor's per-trial work (docs/infra.md), by name.
+TUNINGS = ("stop-signal", "never-pull", "no-predown", "async-stop")
+DISABLE_ENV = "BENCHSEAL_HARBOR_DISABLE"
+
+
+def enabled_tunings(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """``TUNINGS`` minus the ones named in ``BENCHSEAL_HARBOR_DISABLE`` (an unknown name is an error)."""
+    raw = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
+    disabled = {item.strip() for item in raw.split(",") if item.strip()}
+    unknown = sorted(disabled - set(TUNINGS))
+    if unknown:
+        raise ValidationError(DISABLE_ENV, f"unknown names {unknown}; known: {', '.join(TUNINGS)}")
+    return frozenset(TUNINGS) - disabled
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,7 @@ def run_suite(
             raise UsageError(f"secret_env: {name} is not set in the environment")
     if concurrency < 1:
         raise ValidationError("concurrency", "must be >= 1", concurrency)
+    enabled_tunings()  # a bad BENCHSEAL_HARBOR_DISABLE is a usage error before any trial starts
     os.environ["HARBOR_TELEMETRY"] = "0"
     suite_dir = suite_dir.resolve()
     out_dir = out_dir.resolve()
@@ -105,7 +120,14 @@ async def _run_all(
         async with gate:
             await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env)
 
-    results = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
+    try:
+        results = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
+    finally:
+        # Environments tear down in the background (off each trial's critical path);
+        # none may outlive this process.
+        from pipeline.infra.harbor_env import drain_teardowns
+
+        await drain_teardowns()
     for spec, result in zip(specs, results, strict=True):
         if isinstance(result, BaseException):
             # The trial's own result.json (if any) carries the details; a trial

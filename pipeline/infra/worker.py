@@ -55,6 +55,7 @@ from pipeline.fsutil import atomic_write_json
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading, read_plan
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import Queue, RunRecord, open_queue
+from pipeline.infra.trial import DISABLE_ENV
 from pipeline.paths import REPO_ROOT
 
 log = logging.getLogger("benchseal.worker")
@@ -92,7 +93,12 @@ class WorkerConfig:
     docker_socket: str = "/var/run/docker.sock"
     heartbeat_seconds: float | None = None  # default: lease_seconds / 3
     term_grace_seconds: float = 30.0
-    trial_concurrency: int = 3
+    trial_concurrency: int | None = None  # default: the suite's trial_concurrency in the policy
+    # Build each task's environment image once (cached by content) and hand it to Harbor by
+    # image id, so no trial runs `compose build`; False leaves the builds to Harbor (bench ablation).
+    prebuild_task_images: bool = True
+    # Names of pipeline.infra.trial.TUNINGS to turn off in the runner (bench ablation only).
+    harbor_disable: tuple[str, ...] = ()
     # Where the images' keyless signatures are checked: public-good unless a private instance
     # is named explicitly (benchseal worker --sigstore-url/--trusted-root, release --local).
     image_trust: SigstoreEndpoints = field(default_factory=SigstoreEndpoints.public_good)
@@ -135,19 +141,30 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
     # {} rather than None so the SDK does not look credentials up on its own.
     auth_config = docker_auth_config(ref.registry, ref.repository)
     try:
+        # Already in the engine under exactly this digest: content-addressed, nothing to fetch
+        # (saves a registry round trip per image on every run).
+        image = client.images.get(ref.ref)
+        if ref.ref in (image.attrs.get("RepoDigests") or []):
+            image_id: str = image.id
+            return image_id
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"inspecting {ref.ref} failed: {exc.explanation or exc}") from exc
+    try:
         client.api.pull(ref.name, tag=ref.digest, auth_config=auth_config)
         image = client.images.get(ref.ref)
     except docker.errors.APIError as exc:
         raise InfraFailure(f"pull {ref.ref} failed: {exc.explanation or exc}") from exc
     require_repo_digest(ref, image.attrs.get("RepoDigests") or [])
-    image_id: str = image.id
-    return image_id
+    pulled_id: str = image.id
+    return pulled_id
 
 
 def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust: SigstoreEndpoints) -> None:
     """Raise ImageRefused unless the runner and the api each carry a signature and the SLSA
     provenance and CycloneDX attestations of ``source``'s release workflow at the payload's tag,
-    checked by cosign for the exact digest (before the worker pulls or runs anything)."""
+    checked by cosign for the exact digest, before anything pulled is used."""
     from pipeline.attest import ImageIdentityPolicy, verify_image
 
     expected = ImageIdentityPolicy.release_workflow(source.repository, payload.source.tag, source.signer.workflow)
@@ -197,6 +214,84 @@ def render_suite(source: Path, target: Path, base: ImageRef) -> None:
                 line = f"FROM {base.ref}{match.group(2)}\n"
             out.append(line)
         dockerfile.write_text("".join(out), encoding="utf-8")
+
+
+TASK_IMAGE_LABEL = "benchseal.task.hash"
+_TASK_IMAGE_VERSION = "benchseal-task-image/1"
+
+
+def _task_context_hash(env_dir: Path) -> str:
+    """sha256 over a task environment dir: relative paths, exec bits, contents (the FROM line pins the base)."""
+    import hashlib
+
+    h = hashlib.sha256(_TASK_IMAGE_VERSION.encode() + b"\n")
+    for path in sorted(p for p in env_dir.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(env_dir).as_posix()
+        if path.is_symlink():
+            raise CheckFailed(f"{path}: task environment files must not be symlinks")
+        h.update(_json_line(rel, bool(path.stat().st_mode & 0o111), hashlib.sha256(path.read_bytes()).hexdigest()))
+    return h.hexdigest()
+
+
+def _json_line(*items: object) -> bytes:
+    import json
+
+    return json.dumps(list(items)).encode() + b"\n"
+
+
+def prebuild_task_images(client: Any, suite_dir: Path) -> dict[str, str]:
+    """Build each task's environment image once and pin it in the rendered task.toml by image id.
+
+    The image id is the sha256 of the image config (content-addressed). Images are found
+    again by the label ``benchseal.task.hash`` (a hash of the rendered environment dir,
+    whose FROM names the base by digest), so a warm run builds nothing. Tasks that already
+    name a ``docker_image`` or have no Dockerfile are left to Harbor. Returns {task: image id}.
+    """
+    import tomllib
+
+    import docker.errors
+
+    pinned: dict[str, str] = {}
+    for task_toml in sorted(suite_dir.glob("*/task.toml")):
+        task_dir = task_toml.parent
+        env_dir = task_dir / "environment"
+        config = tomllib.loads(task_toml.read_text(encoding="utf-8"))
+        if not (env_dir / "Dockerfile").is_file() or (config.get("environment") or {}).get("docker_image"):
+            continue
+        digest = _task_context_hash(env_dir)
+        found = sorted(image.id for image in client.images.list(filters={"label": f"{TASK_IMAGE_LABEL}={digest}"}))
+        if found:
+            image_id = found[0]
+        else:
+            try:
+                image, _ = client.images.build(path=str(env_dir), rm=True, forcerm=True, pull=False,
+                                               labels={TASK_IMAGE_LABEL: digest})
+            except (docker.errors.BuildError, docker.errors.APIError) as exc:
+                raise InfraFailure(f"building the environment image of task {task_dir.name} failed: {exc}") from exc
+            image_id = image.id
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", image_id or ""):
+            raise CheckFailed(f"task {task_dir.name}: the engine returned image id {image_id!r}")
+        _pin_docker_image(task_toml, image_id)
+        pinned[task_dir.name] = image_id
+    return pinned
+
+
+def _pin_docker_image(task_toml: Path, image_id: str) -> None:
+    """Set ``[environment] docker_image`` in a rendered task.toml (the suite's own file is never touched)."""
+    import tomllib
+
+    text = task_toml.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    header = next((i for i, line in enumerate(lines) if line.strip() == "[environment]"), None)
+    entry = f'docker_image = "{image_id}"\n'
+    if header is None:
+        text = text + ("" if text.endswith("\n") else "\n") + "\n[environment]\n" + entry
+    else:
+        lines.insert(header + 1, entry)
+        text = "".join(lines)
+    if tomllib.loads(text).get("environment", {}).get("docker_image") != image_id:
+        raise CheckFailed(f"{task_toml}: could not pin docker_image")
+    task_toml.write_text(text, encoding="utf-8")
 
 
 # --- containers ------------------------------------------------------------------
@@ -348,6 +443,8 @@ def _attempt(
         if not suite_src.is_dir():
             raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
         render_suite(suite_src, run_dir / "suite", base)
+        if config.prebuild_task_images:
+            prebuild_task_images(client, run_dir / "suite")
         runner, failure, released = _run_container(client, record, runner_ref, run_dir, config, policy)
     except ValidationError as exc:
         # The payload no longer passes the policy: retrying cannot help.
@@ -494,7 +591,8 @@ def _run_container(
     payload_suite_timeout = policy.suite_timeout(record.payload.suite)
     secrets_env = {name: os.environ[name] for name in policy.secret_env if name in os.environ}
     command = ["trial", "run", "--suite-dir", str(run_dir / "suite"), "--out", str(run_dir), "--run-id", run_id,
-               "--concurrency", str(config.trial_concurrency), "--agent", record.payload.agent]
+               "--concurrency", str(config.trial_concurrency or policy.trial_concurrency(record.payload.suite)),
+               "--agent", record.payload.agent]
     for name in sorted(secrets_env):
         command += ["--secret-env", name]
     try:
@@ -504,7 +602,8 @@ def _run_container(
             entrypoint=["python3", "-m", "pipeline"],
             name=_container_name(run_id, record.attempts),
             labels={LABEL_RUN: run_id, "benchseal.stage": "infra"},
-            environment={"HARBOR_TELEMETRY": "0", **secrets_env},
+            environment={"HARBOR_TELEMETRY": "0", **secrets_env,
+                         **({DISABLE_ENV: ",".join(config.harbor_disable)} if config.harbor_disable else {})},
             volumes={
                 config.docker_socket: {"bind": "/var/run/docker.sock", "mode": "rw"},
                 str(run_dir): {"bind": str(run_dir), "mode": "rw"},
@@ -542,6 +641,10 @@ def _run_container(
                 break
         runner = _inspect_runner(client, container, runner_ref)
         (run_dir / "logs" / "runner.log").write_bytes(container.logs(stdout=True, stderr=True)[-2_000_000:])
+        # When the runner started and ended (engine clock): runner start to first trial, in the benchmark.
+        state = container.attrs.get("State") or {}
+        atomic_write_json(run_dir / "logs" / "runner-state.json",
+                          {key: state.get(key) for key in ("StartedAt", "FinishedAt", "ExitCode")})
     finally:
         try:
             container.remove(force=True)

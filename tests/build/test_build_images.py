@@ -143,6 +143,23 @@ def test_runner_pulled_by_digest_answers_version_commands(image_registry: str, b
     subprocess.run(["docker", "rmi", ref.ref], capture_output=True, check=False)
 
 
+def test_runner_imports_harbor_and_benchseal_from_bytecode(local_images: dict[str, ImageRef]) -> None:
+    """Nothing is compiled at start: every module of the layers comes from the image's unchecked-hash pyc."""
+    ref = local_images["runner"]
+    proc = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", ref.ref, "-v", "-c",
+         "import harbor.trial.trial, harbor.cli.main, pipeline.infra.trial, pipeline.cli.main"],
+        capture_output=True, text=True, check=True,
+    )
+    ours = ("/usr/local/lib/python3.13/dist-packages/", "/opt/benchseal/")
+    # importlib logs "code object from '<pyc>'" for a cached module, "code object from <py>" when it compiles.
+    from_pyc = [line for line in proc.stderr.splitlines() if line.startswith("# code object from '") and any(p in line for p in ours)]
+    compiled = [line for line in proc.stderr.splitlines() if line.startswith("# code object from /") and line.split()[-1].startswith(ours)]
+    assert compiled == []
+    assert len(from_pyc) > 500
+    assert any("/opt/benchseal/pipeline/infra/__pycache__/trial.cpython-313.pyc" in line for line in from_pyc)
+
+
 def test_api_pulled_by_digest_answers_healthz(image_registry: str, built_images: DigestsFile) -> None:
     ref = _fresh_ref(image_registry, built_images, "api")
     ensure_local(ref)

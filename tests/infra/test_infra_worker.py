@@ -364,3 +364,83 @@ def test_worker_loop_with_concurrency_drains_the_queue_and_stops_on_sigterm(infr
         assert all(q.get_run(i).attempts == 1 for i in ids)
         claimers = {next(e.detail for e in q.events(i) if e.event == "claimed") for i in ids}
     assert len(claimers) == 1  # one worker process (two threads), each run claimed exactly once
+
+
+def _trial_dirs(run_dir: Path) -> list[Path]:
+    return sorted(p for p in (run_dir / "harbor").iterdir() if (p / "result.json").is_file())
+
+
+def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_run, infra_setup):
+    """No compose build at trial time, every environment stopped before the runner exited, trials overlapped."""
+    import tomllib
+    from datetime import datetime
+
+    run_id = oracle_probe_run["run_id"]
+    with SqliteQueue(oracle_probe_run["db"]) as q:
+        run_dir = q.run_dir(run_id)
+    client = docker.from_env()
+    for task_toml in sorted((run_dir / "suite").glob("*/task.toml")):
+        image_id = tomllib.loads(task_toml.read_text())["environment"]["docker_image"]
+        assert image_id.startswith("sha256:") and len(image_id) == 71, task_toml
+        assert "benchseal.task.hash" in client.images.get(image_id).labels
+    trials = _trial_dirs(run_dir)
+    assert len(trials) == 4
+    for trial in trials:
+        ops = [json.loads(line) for line in (trial / "compose-timings.jsonl").read_text().splitlines()]
+        names = [o["op"] for o in ops]
+        assert "compose build" not in names, trial.name
+        # Agent environment and separate verifier environment: each started and torn down.
+        assert names.count("start") == 2 and names.count("stop") == 2, names
+    # This run's compose projects only (other sessions on the shared engine may run the same test).
+    listed = client.containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"})
+    mine = [c for c in listed
+            if (c.attrs.get("Labels") or {}).get("com.docker.compose.project.working_dir", "").startswith(str(run_dir))]
+    assert mine == []
+    state = json.loads((run_dir / "logs" / "runner-state.json").read_text())
+    assert state["ExitCode"] == 0 and state["StartedAt"] and state["FinishedAt"]
+
+    def ts(value: str) -> datetime:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+    results = [json.loads((t / "result.json").read_text()) for t in trials]
+    concurrency = infra_setup["policy"].trial_concurrency("probe")
+    starts = sorted(ts(r["started_at"]) for r in results)
+    # The first `concurrency` trials all started before any trial finished: one runner, concurrent trials.
+    assert starts[concurrency - 1] < min(ts(r["finished_at"]) for r in results)
+
+
+def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path):
+    from pipeline.digests import parse_ref
+    from pipeline.infra.worker import TASK_IMAGE_LABEL, prebuild_task_images, render_suite, resolve_base_ref
+
+    client = docker.from_env()
+    base = resolve_base_ref(WorkerConfig(), parse_ref(infra_setup["runner"]).registry)
+    first, second = tmp_path / "one", tmp_path / "two"
+    render_suite(infra_setup["suites"] / "smoke", first, base)
+    render_suite(infra_setup["suites"] / "smoke", second, base)
+    # A task that names its own image is left alone.
+    own = first / "write-answer" / "task.toml"
+    own.write_text(own.read_text().replace("[environment]\n", '[environment]\ndocker_image = "example.invalid/x@sha256:' + "1" * 64 + '"\n'))
+    pinned = prebuild_task_images(client, first)
+    assert set(pinned) == {"cli-flag", "fix-mean"}
+    labelled = {i.id for i in client.images.list(filters={"label": TASK_IMAGE_LABEL})}
+    again = prebuild_task_images(client, second)
+    assert {k: again[k] for k in pinned} == pinned  # found by content, not rebuilt
+    assert {i.id for i in client.images.list(filters={"label": TASK_IMAGE_LABEL})} == labelled
+    assert "example.invalid/x@sha256:" in own.read_text()
+    # A rendered task.toml that is already pinned keeps its pin.
+    assert prebuild_task_images(client, second) == {}
+    # Changed content: another image.
+    third = tmp_path / "three"
+    render_suite(infra_setup["suites"] / "smoke", third, base)
+    (third / "fix-mean" / "environment" / "stats.py").write_text("def mean(xs):\n    return 0\n")
+    changed = prebuild_task_images(client, third)
+    assert changed["fix-mean"] != pinned["fix-mean"] and changed["cli-flag"] == pinned["cli-flag"]
+    # A symlink in the build context is refused (it could point outside the task).
+    fourth = tmp_path / "four"
+    render_suite(infra_setup["suites"] / "smoke", fourth, base)
+    (fourth / "cli-flag" / "environment" / "link").symlink_to("/etc/passwd")
+    from pipeline.errors import CheckFailed
+
+    with pytest.raises(CheckFailed, match="symlink"):
+        prebuild_task_images(client, fourth)
