@@ -33,6 +33,7 @@ VERB_MODULES = (
     "verify",
     "publish",
     "release",
+    "host",
 )
 
 app = typer.Typer(
