@@ -404,3 +404,18 @@ def test_container_operator_policy_is_kept_and_is_what_accept_reads(box: Box, fi
     third = box.install("--runner-user", RUNNER, "--json")
     assert json.loads(third.stdout)["changed"] is False
     assert box.sh("sha256sum /etc/benchseal/infra.yaml").stdout == edited
+
+
+def test_policy_from_environment_has_no_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.infra.policy import load_policy
+
+    monkeypatch.setenv("BENCHSEAL_INFRA_POLICY", "etc/benchseal/infra.yaml")
+    with pytest.raises(ValidationError, match="BENCHSEAL_INFRA_POLICY: must be an absolute path"):
+        load_policy()
+    monkeypatch.setenv("BENCHSEAL_INFRA_POLICY", str(tmp_path / "missing.yaml"))
+    with pytest.raises(ValidationError, match="cannot read"):
+        load_policy()
+    narrowed = (REPO / "policies" / "infra.yaml").read_text().replace("agents: [oracle, nop]", "agents: [nop]")
+    (tmp_path / "infra.yaml").write_text(narrowed)
+    monkeypatch.setenv("BENCHSEAL_INFRA_POLICY", str(tmp_path / "infra.yaml"))
+    assert load_policy().agents == ("nop",)
