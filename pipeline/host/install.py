@@ -29,6 +29,7 @@ Exit codes (through pipeline.errors): 2 bad input, 1 a failed check.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -265,7 +266,8 @@ class _Installer:
         self.actions.append(Action(path=path, action=action, detail=detail))
 
     def _would(self, verb: str) -> str:
-        return f"would {verb}" if self.o.dry_run else verb
+        present = {"created": "create", "updated": "update", "fixed": "fix", "removed": "remove"}[verb]
+        return f"would {present}" if self.o.dry_run else verb
 
     def _fix_meta(self, dest: str, mode: int, uid: int, gid: int) -> None:
         target = self.host.path(dest)
@@ -275,7 +277,7 @@ class _Installer:
         wrong = []
         if stat.S_IMODE(st.st_mode) != mode:
             wrong.append(f"mode {stat.S_IMODE(st.st_mode):04o} -> {mode:04o}")
-        if (st.st_uid, st.st_gid) != (uid, gid):
+        if uid >= 0 and gid >= 0 and (st.st_uid, st.st_gid) != (uid, gid):
             wrong.append(f"owner {st.st_uid}:{st.st_gid} -> {uid}:{gid}")
         if wrong:
             if not self.o.dry_run:
@@ -334,9 +336,9 @@ class _Installer:
             raise ValidationError("--prefix", "must be an existing directory", str(prefix))
         if not self.host.path("/etc/passwd").is_file() or not self.host.path("/etc/group").is_file():
             raise CheckFailed(f"{prefix} has no etc/passwd and etc/group: --prefix must be a root filesystem")
-        if not self.o.dry_run and os.geteuid() != 0:
-            raise CheckFailed("host install must run as root (it creates users and root-owned files); "
-                              "use --dry-run to see what it would do")
+        if os.geteuid() != 0:
+            raise CheckFailed("host install must run as root, --dry-run included (it creates users and root-owned "
+                              "files, and compares files only root may read, such as /etc/sudoers.d/benchseal)")
 
     def check_app_dir(self) -> None:
         """The code the service user runs must not be writable by anyone but root: otherwise the
@@ -352,6 +354,12 @@ class _Installer:
                 raise CheckFailed(f"{absolute} is writable by someone other than root (owner uid {st.st_uid}, "
                                   f"mode {stat.S_IMODE(st.st_mode):04o}): the code that runs as the service user "
                                   "must be root-owned and not group/world-writable")
+        unsafe = _unsafe_paths(self.host.path(APP_DIR))
+        if unsafe:
+            shown = ", ".join(f"{APP_DIR}/{rel}" for rel in unsafe[:5])
+            more = f" and {len(unsafe) - 5} more" if len(unsafe) > 5 else ""
+            raise CheckFailed(f"files under {APP_DIR} are not root-owned or are group/world-writable: {shown}{more}; "
+                              f"fix with `chown -R root:root {APP_DIR} && chmod -R go-w {APP_DIR}`")
         if not self.host.path(APP_ENTRY).is_file():
             self.manual.append(f"Install benchseal at {APP_DIR} (root-owned): `git clone ... {APP_DIR} && cd "
                                f"{APP_DIR} && make setup`, so that {APP_ENTRY} exists; the units and wrappers "
@@ -391,14 +399,18 @@ class _Installer:
 
     def check_runner(self) -> None:
         runner, service = self.o.runner_user, self.o.service_user
-        if self.host.user(runner) is None:
+        account = self.host.user(runner)
+        if account is not None and account.uid == 0:
+            raise CheckFailed(f"runner user {runner} has uid 0: the Actions runner must not run as root")
+        if account is None:
             self.manual.append(f"Create the runner user {runner} (`useradd --create-home {runner}`) before "
                                "registering the Actions runner as that user (the sudo rule already names it).")
         if self.host.group_gid("docker") is None:
             self.manual.append("Install the Docker Engine (group docker): benchseal-worker.service runs with "
                                "SupplementaryGroups=docker.")
         for group in ("docker", service, "sudo"):
-            if runner in self.host.group_members(group):
+            in_primary = account is not None and account.gid == self.host.group_gid(group)
+            if in_primary or runner in self.host.group_members(group):
                 self.warnings.append(f"runner user {runner} is a member of group {group}: it then reaches more "
                                      "than the two wrappers; remove it (`gpasswd -d "
                                      f"{runner} {group}`)")
@@ -457,6 +469,7 @@ class _Installer:
                 if not any(a.path == item.dest for a in self.actions):
                     self._act(item.dest, "unchanged")
                 manifest[item.dest] = new_hash
+                self._stale_new(item.dest)
             elif recorded.get(item.dest) == current_hash:
                 if not self.o.dry_run:
                     self._write_atomic(item.dest, item.data, item.mode, item.uid, item.gid, sudoers=item.sudoers)
@@ -528,6 +541,22 @@ class _Installer:
         ])
 
 
+def _unsafe_paths(top: Path) -> list[str]:
+    """Paths under ``top`` (symbolic links themselves excepted) not owned by root or writable by group/others."""
+    if not top.is_dir():
+        return []
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in (*dirnames, *filenames):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            if st.st_uid != 0 or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                found.append(os.path.relpath(path, top))
+    return sorted(found)
+
+
 def _run_tool(argv: list[str]) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     if done.returncode != 0:
@@ -542,6 +571,18 @@ def install(options: InstallOptions) -> InstallReport:
         raise ValidationError("--runner-user", "must differ from --service-user", options.runner_user)
     installer = _Installer(options)
     installer.check_prefix()
+    lock_fd = os.open(installer.host.path("/etc"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise CheckFailed("another benchseal host install is running on this root filesystem") from None
+        return _install_locked(installer, options)
+    finally:
+        os.close(lock_fd)
+
+
+def _install_locked(installer: _Installer, options: InstallOptions) -> InstallReport:
     installer.check_app_dir()
     user = installer.ensure_accounts()
     installer.check_runner()

@@ -217,6 +217,61 @@ def test_prefix_install_keeps_an_operator_sudo_rule_and_updates_an_untouched_one
     assert f"{RUNNER} ALL=(benchseal)" in side.read_text() and side.stat().st_mode & 0o7777 == 0o600
 
 
+@needs_root
+def test_prefix_install_refuses_unsafe_application_tree_and_root_runner(tmp_path: Path) -> None:
+    root = _root_fs(tmp_path)
+    deep = root / "opt/benchseal/.venv/lib/python3.13/site-packages/pkg"
+    deep.mkdir(parents=True)
+    for part in (root / "opt", *[p for p in deep.parents if str(p).startswith(str(root / "opt/"))], deep):
+        part.chmod(0o755)
+    planted = deep / "__init__.py"
+    planted.write_text("")
+    planted.chmod(0o664)  # group-writable code the service user would import
+    unsafe = _cli("--runner-user", RUNNER, "--prefix", str(root))
+    assert unsafe.returncode == 1, unsafe.stderr
+    assert "/opt/benchseal/.venv/lib/python3.13/site-packages/pkg/__init__.py" in unsafe.stderr
+    assert not (root / "etc/benchseal").exists()
+    planted.chmod(0o644)
+    os.chown(planted, 1001, 1001)  # owned by the runner user
+    assert _cli("--runner-user", RUNNER, "--prefix", str(root)).returncode == 1
+    os.chown(planted, 0, 0)
+
+    passwd = root / "etc/passwd"
+    passwd.write_text(passwd.read_text() + "toor:x:0:0::/root:/bin/sh\n")
+    as_root = _cli("--runner-user", "toor", "--prefix", str(root))
+    assert as_root.returncode == 1 and "runner user toor has uid 0" in as_root.stderr
+
+
+@needs_root
+def test_prefix_install_warns_about_a_runner_in_powerful_groups(tmp_path: Path) -> None:
+    root = _root_fs(tmp_path)
+    group = root / "etc/group"
+    group.write_text(group.read_text().replace("docker:x:998:", f"docker:x:998:{RUNNER}"))
+    done = _cli("--runner-user", RUNNER, "--prefix", str(root))
+    assert done.returncode == 0, done.stderr
+    assert f"runner user {RUNNER} is a member of group docker" in done.stderr
+    passwd = root / "etc/passwd"
+    passwd.write_text(passwd.read_text().replace(f"{RUNNER}:x:1001:1001:", f"{RUNNER}:x:1001:998:"))
+    group.write_text(group.read_text().replace(f"docker:x:998:{RUNNER}", "docker:x:998:"))
+    primary = _cli("--runner-user", RUNNER, "--prefix", str(root))
+    assert f"runner user {RUNNER} is a member of group docker" in primary.stderr
+
+
+@needs_root
+def test_one_installer_at_a_time(tmp_path: Path) -> None:
+    import fcntl
+
+    root = _root_fs(tmp_path)
+    fd = os.open(root / "etc", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        busy = _cli("--runner-user", RUNNER, "--prefix", str(root))
+        assert busy.returncode == 1 and "another benchseal host install is running" in busy.stderr
+    finally:
+        os.close(fd)
+    assert _cli("--runner-user", RUNNER, "--prefix", str(root)).returncode == 0
+
+
 # -- for real, inside a Debian container ------------------------------------------------------
 
 def _docker(*args: str, check: bool = True, timeout: float = 300, **kw: Any) -> subprocess.CompletedProcess[str]:
@@ -419,3 +474,18 @@ def test_policy_from_environment_has_no_fallback(tmp_path: Path, monkeypatch: py
     (tmp_path / "infra.yaml").write_text(narrowed)
     monkeypatch.setenv("BENCHSEAL_INFRA_POLICY", str(tmp_path / "infra.yaml"))
     assert load_policy().agents == ("nop",)
+
+
+def test_container_needs_root_and_dry_run_changes_nothing(box: Box, first_install: dict[str, Any]) -> None:
+    listing = "find /etc/benchseal /etc/sudoers.d /etc/systemd/system -printf '%p %m %T@\\n' | sort"
+    before = box.sh(listing).stdout
+    cmd = "/opt/benchseal/.venv/bin/benchseal host install --runner-user other-ci"
+    refused = box.sh(cmd, user=RUNNER)
+    assert refused.returncode == 1 and "must run as root" in refused.stderr, refused.stderr
+    dry_user = box.sh(cmd + " --dry-run", user=RUNNER)
+    assert dry_user.returncode == 1 and "must run as root, --dry-run included" in dry_user.stderr
+    dry = box.sh(cmd + " --dry-run --json")
+    assert dry.returncode == 0, dry.stderr
+    assert {"path": "/etc/sudoers.d/benchseal", "action": "would update",
+            "detail": "was as installed; now the new version"} in json.loads(dry.stdout)["actions"]
+    assert box.sh(listing).stdout == before
