@@ -439,8 +439,9 @@ class _Installer:
         sudoers = render_sudoers(_read_source(DEPLOY_DIR / "benchseal.sudoers").decode("utf-8"),
                                  self.o.runner_user, self.o.service_user).encode()
         check_visudo(sudoers)  # also in --dry-run: a rule that would not pass is reported now
-        files.append(_Managed(SUDOERS_FILE, sudoers, 0o440, 0, 0, sudoers=True))
         files.append(_Managed(POLICY_FILE, _read_source(SHIPPED_POLICY), 0o640, 0, gid))
+        # Last: the rule that opens the door comes after everything behind the door is in place.
+        files.append(_Managed(SUDOERS_FILE, sudoers, 0o440, 0, 0, sudoers=True))
         return files
 
     def install_files(self, files: list[_Managed]) -> None:
