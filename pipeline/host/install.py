@@ -529,7 +529,7 @@ class _Installer:
             f"Credentials, as root, in files only (never in argv or a unit): edit {CONFIG_DIR}/publisher.env "
             f"(GITHUB_TOKEN=..., GITHUB_API_URL on GitHub Enterprise) and {CONFIG_DIR}/worker.env "
             f"(BENCHSEAL_AGENT_API_KEY=...); keep them root:root 0600. Registry credentials for the worker's "
-            f"pull: `sudo -u {service} -H docker login REGISTRY --username USER --password-stdin` "
+            f"pull: `sudo -u {service} -g docker -H docker login REGISTRY --username USER --password-stdin` "
             f"(writes {STATE_DIR}/.docker/config.json).",
             f"Edit the policy {POLICY_FILE}: list your source repositories and the image repositories each may "
             "use (sources), agents and suites; `benchseal infra validate --policy "
