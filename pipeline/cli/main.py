@@ -35,6 +35,7 @@ VERB_MODULES = (
     "verify",
     "publish",
     "release",
+    "host",
 )
 
 def _apply_project_dir(argv: list[str]) -> None:

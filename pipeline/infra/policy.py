@@ -8,6 +8,7 @@ whose release is written nor, beyond that repository's list, the images that run
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -151,8 +152,16 @@ class InfraPolicy(_Strict):
 
 
 def load_policy(path: Path | None = None) -> InfraPolicy:
-    """Load and validate the infra policy (default: policies/infra.yaml)."""
-    path = path or POLICY_PATH
+    """Load and validate the infra policy (default: $BENCHSEAL_INFRA_POLICY, else policies/infra.yaml).
+
+    The installed host sets BENCHSEAL_INFRA_POLICY=/etc/benchseal/infra.yaml in its units and
+    wrappers, so accept, worker and publisher all read the operator's one policy; a set but
+    unreadable path fails (no fallback to the shipped demo policy)."""
+    if path is None:
+        configured = os.environ.get("BENCHSEAL_INFRA_POLICY")
+        if configured is not None and not os.path.isabs(configured):
+            raise ValidationError("BENCHSEAL_INFRA_POLICY", "must be an absolute path", configured)
+        path = Path(configured) if configured is not None else POLICY_PATH
     try:
         raw = path.read_bytes()
     except OSError as exc:

@@ -20,7 +20,8 @@ UNITS = ["benchseal-worker.service", "benchseal-publisher.service"]
 
 
 def _local(text: str) -> str:
-    return text.replace("/opt/benchseal/.venv/bin/", f"{VENV_BIN}/").replace("/opt/benchseal", str(REPO))
+    return (text.replace("/opt/benchseal/.venv/bin/", f"{VENV_BIN}/").replace("/opt/benchseal", str(REPO))
+            .replace("/etc/benchseal/infra.yaml", str(REPO / "policies" / "infra.yaml")))
 
 
 def _unit(name: str) -> configparser.ConfigParser:
