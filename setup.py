@@ -1,6 +1,6 @@
 """Bundles the project data into the wheel as package data (``pipeline/_project``).
 
-An installed benchseal then finds images/, policies/, suites/ and the Node
+An installed benchseal then finds images/, policies/, suites/, deploy/ and the Node
 package files (package.json, package-lock.json) inside its own package, never
 through site-packages' parent. Editable installs keep reading the checkout.
 Metadata lives in pyproject.toml.
@@ -15,7 +15,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-DATA = ("images", "policies", "suites", "package.json", "package-lock.json")
+DATA = ("images", "policies", "suites", "deploy", "package.json", "package-lock.json")
 SKIP = shutil.ignore_patterns("__pycache__", "*.pyc", "node_modules", ".*")
 
 
