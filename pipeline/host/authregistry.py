@@ -66,12 +66,7 @@ def _start(registry: reg.Registry, auth_yaml: str, wait_seconds: float) -> None:
     tmp.write_text(config)
     os.chmod(tmp, 0o600)
     os.replace(tmp, registry.config_path)
-    with registry.log_path.open("ab") as log:
-        subprocess.Popen(
-            ["setsid", "sh", "-c", 'echo $$ > "$1"; exec docker-registry serve "$2"', "sh",
-             str(registry.pid_path), str(registry.config_path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )
+    reg.launch(registry)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         if _answers(registry):

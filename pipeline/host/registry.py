@@ -92,6 +92,17 @@ def _recorded_pid(registry: Registry) -> int | None:
     return None
 
 
+def launch(registry: Registry) -> None:
+    """Start ``docker-registry serve <config>`` in its own session, its pid recorded by the shell
+    that execs it (so only that process is ever stopped)."""
+    with registry.log_path.open("ab") as log:
+        subprocess.Popen(
+            ["setsid", "sh", "-c", 'echo $$ > "$1"; exec docker-registry serve "$2"', "sh",
+             str(registry.pid_path), str(registry.config_path)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+        )
+
+
 def start(registry: Registry, wait_seconds: float = 20.0) -> str:
     """Start the registry unless it already answers; return 'running' or 'started'."""
     if answers(registry):
@@ -99,12 +110,7 @@ def start(registry: Registry, wait_seconds: float = 20.0) -> str:
     data = registry.state / "data"
     data.mkdir(parents=True, exist_ok=True)
     registry.config_path.write_text(_CONFIG.format(root=data, address=registry.address))
-    with registry.log_path.open("ab") as log:
-        subprocess.Popen(
-            ["setsid", "sh", "-c", 'echo $$ > "$1"; exec docker-registry serve "$2"', "sh",
-             str(registry.pid_path), str(registry.config_path)],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-        )
+    launch(registry)
     deadline = time.monotonic() + wait_seconds
     while time.monotonic() < deadline:
         if answers(registry, timeout=0.5):

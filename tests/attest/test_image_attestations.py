@@ -3,13 +3,9 @@ instance's Actions token endpoint and GitHub-shaped Fulcio), and checked with ex
 
 from __future__ import annotations
 
-import gzip
-import io
 import json
 import os
 import subprocess
-import tarfile
-import uuid
 from pathlib import Path
 
 import pytest
@@ -26,7 +22,7 @@ from pipeline.digests import parse_ref
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.evidence import sigstore_local
 from pipeline.evidence.sigstore_local import GitHubJob
-from tests.fixtures.sigstore import push_image
+from tests.fixtures.sigstore import push_unique_image
 
 JOB = GitHubJob(repository="acme/app", ref="refs/tags/v1.2.3", sha="c" * 40, workflow_file="tag.yml")
 FORK_JOB = GitHubJob(repository="fork/app", ref="refs/tags/v1.2.3", sha="c" * 40, workflow_file="tag.yml")
@@ -36,13 +32,7 @@ INVOCATION = BuildInvocation(repository="acme/app", ref="refs/tags/v1.2.3", comm
 
 
 def _unique_image(label: str) -> str:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        data = f"{label} {uuid.uuid4()}\n".encode()
-        info = tarfile.TarInfo("etc/benchseal-test")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return push_image(f"benchseal-attest-test/{label}", [gzip.compress(raw.getvalue(), mtime=0)]).ref
+    return push_unique_image(f"benchseal-attest-test/{label}", label)
 
 
 @pytest.fixture(scope="module")

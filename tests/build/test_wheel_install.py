@@ -26,7 +26,8 @@ import pytest
 from pipeline import paths
 
 REPO = Path(__file__).resolve().parents[2]
-SHIPPED = ("pyproject.toml", "setup.py", "README.md", "pipeline", "images", "policies", "suites", "package.json", "package-lock.json")
+SHIPPED = ("pyproject.toml", "setup.py", "README.md", "pipeline", "images", "policies", "suites", "deploy", "package.json",
+           "package-lock.json")
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,6 @@ as a policy failure (FAILED, unscored, published with the reason), never retried
 
 from __future__ import annotations
 
-import gzip
-import io
-import tarfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,7 +17,7 @@ from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.worker import WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
-from tests.fixtures.sigstore import push_image
+from tests.fixtures.sigstore import push_unique_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SOURCE, TAG = "acme/benchseal", "v9.9.9"
@@ -28,13 +25,7 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _image(label: str) -> str:
-    raw = io.BytesIO()
-    with tarfile.open(fileobj=raw, mode="w") as tar:
-        data = f"{label} {uuid.uuid4()}\n".encode()
-        info = tarfile.TarInfo("etc/benchseal-trust-test")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    return push_image("benchseal-trust-test/runner", [gzip.compress(raw.getvalue(), mtime=0)]).ref
+    return push_unique_image("benchseal-trust-test/runner", label)
 
 
 @pytest.fixture(scope="module")

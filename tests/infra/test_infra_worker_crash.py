@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -191,14 +192,16 @@ def test_finalizer_failure_on_a_finalize_claim_retries_then_completes_once(tmp_p
 # --- the real thing: Harbor trials in the runner container, worker killed with -9 ---------------
 
 @pytest.fixture(scope="module")
-def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> dict[str, Any]:
+def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile,
+                sign_release_images: Any) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("infra-crash")
     runner, api = built_images.images["runner"], built_images.images["api"]
+    trust = sign_release_images("acme/benchseal", "v9.9.8", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
-    data["images"] = {
+    data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": {
         role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
         for role, e in (("runner", runner), ("api", api))
-    }
+    }}]
     data["suites"] = {"smoke": {"timeout_seconds": 300}}
     data["lease_seconds"] = 4
     data["max_attempts"] = 1
@@ -207,7 +210,7 @@ def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     suites = root / "suites"
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
     return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
-            "runner": runner.ref, "api": api.ref}
+            "runner": runner.ref, "api": api.ref, "trust": trust}
 
 
 @pytest.mark.docker
@@ -216,14 +219,15 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     setup = crash_setup
     db = setup["root"] / "kill9-final" / "queue.sqlite3"
     payload = {
-        "schema": "benchseal.dispatch/v1", "correlation_id": "kill-nine-final-01",
+        "schema": "benchseal.dispatch/v1", "correlation_id": f"kill-nine-final-{uuid.uuid4().hex[:8]}",
         "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567", "tag": "v9.9.8"},
         "runner": setup["runner"], "api": setup["api"], "suite": "smoke", "agent": "oracle",
     }
     run_id = accept_payload(payload, db=db, policy=setup["policy"]).run_id
     run_dir = db.parent / "runs" / run_id
     cmd = [sys.executable, "-m", "pipeline", "worker", "--once", "--db", str(db), "--policy", str(setup["policy_path"]),
-           "--suites-dir", str(setup["suites"])]
+           "--suites-dir", str(setup["suites"]), "--sigstore-url", str(setup["trust"].fulcio_url),
+           "--trusted-root", str(setup["trust"].trusted_root)]
     worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # Mid-suite: at least one trial has its result, and the worker is still running.
@@ -238,7 +242,7 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     with SqliteQueue(db) as q:
         assert q.get_run(run_id).state == "RUNNING" and q.get_run(run_id).attempts == 1
     finalize = Recorder(db)
-    config = WorkerConfig(db=db, policy=setup["policy"], suites_dir=setup["suites"])
+    config = WorkerConfig(db=db, policy=setup["policy"], suites_dir=setup["suites"], image_trust=setup["trust"])
     outcomes = []
 
     def finalized() -> bool:
