@@ -22,6 +22,8 @@ declare -A NEEDED=(
   [unshare]=util-linux
   [ip]=iproute2        # the signing tests' loopback-only network namespace
   [visudo]=sudo        # checks deploy/benchseal.sudoers
+  [gh]=gh              # the GitHub CLI of the Actions runner image (promote_marker, run by tests/workflows)
+  [systemd-analyze]=systemd  # checks deploy/*.service (no daemon is started)
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do
