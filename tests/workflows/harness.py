@@ -672,8 +672,12 @@ def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, runner: Runner
     out_eval = _Evaluator(ev.result, ev.ctx, needs=ev.needs, where=ev.where)
     out_eval.steps, out_eval.step_ids = ev.steps, ev.step_ids
     for key, template in (job.get("outputs") or {}).items():
+        # Kept even when empty (Actions then reads ''): a declared output whose step wrote
+        # it resolves. One built from a never-written step output was reported just now and
+        # is left out, so every job reading it is reported too.
+        before = len(ev.result.unresolved) + len(ev.result.unresolved_after_failure)
         value = out_eval.text(template, f"outputs.{key}")
-        if value != "":  # Actions drops empty job outputs
+        if len(ev.result.unresolved) + len(ev.result.unresolved_after_failure) == before:
             outputs[str(key)] = value
     return conclusion, results, summary, run.notes, outputs
 
