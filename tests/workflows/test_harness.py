@@ -236,3 +236,79 @@ def test_the_table_documents_every_action() -> None:
     assert set(ACTIONS) == {"actions/checkout", "actions/setup-python", "actions/upload-artifact",
                             "actions/download-artifact", "docker/login-action"}
     assert all(a.equivalent for a in ACTIONS.values())
+
+
+LOGIN = "docker/login-action@74a5d142397b4f367a81961eba4e8cd7edddf772"
+
+
+def test_docker_login_writes_the_test_registry_credentials(tmp_path: Path, source: tuple[Path, str]) -> None:
+    repo, sha = source
+    path = tmp_path / "wf.yml"
+    path.write_text(textwrap.dedent(f"""
+        on: push
+        jobs:
+          login:
+            runs-on: ubuntu-24.04
+            steps:
+              - uses: {LOGIN}
+                with: {{registry: "127.0.0.1:5056", username: bot, password: "${{{{ secrets.REGISTRY_PASSWORD }}}}"}}
+              - id: cfg
+                name: the job's Docker config holds the credentials
+                shell: bash
+                env: {{EXPECTED: "bot:${{{{ secrets.REGISTRY_PASSWORD }}}}"}}
+                run: |
+                  test "$(jq -r '.auths["127.0.0.1:5056"].auth' "$DOCKER_CONFIG/config.json" | base64 -d)" = "$EXPECTED"
+                  echo "mode=$(stat -c %a "$DOCKER_CONFIG/config.json")" >> "$GITHUB_OUTPUT"
+          wrong:
+            runs-on: ubuntu-24.04
+            steps:
+              - uses: {LOGIN}
+                with: {{registry: "127.0.0.1:5056", username: bot, password: nope}}
+        """))
+    runner = Runner(root=tmp_path / "runner", source=repo, registry_auth={"127.0.0.1:5056": ("bot", "pw-1")})
+    run = run_workflow(path, Trigger("push", "acme/widget", sha, "refs/heads/main",
+                                     secrets={"REGISTRY_PASSWORD": "pw-1"}), runner)
+    assert run.jobs["login"].result == "success", run.describe()
+    assert run.jobs["login"].step("cfg").outputs == {"mode": "600"}
+    assert run.jobs["wrong"].result == "failure" and "refused these credentials" in run.jobs["wrong"].log
+    assert run.secret_leaks == [], run.jobs["login"].log
+
+
+def test_id_token_permission_serves_tokens_from_the_local_issuer(tmp_path: Path, source: tuple[Path, str]) -> None:
+    repo, sha = source
+    path = tmp_path / "wf.yml"
+    path.write_text(textwrap.dedent("""
+        on: push
+        jobs:
+          sign:
+            runs-on: ubuntu-24.04
+            permissions: {id-token: write}
+            steps:
+              - id: token
+                shell: bash
+                run: |
+                  body="$(curl -fsS -H "Authorization: bearer $ACTIONS_ID_TOKEN_REQUEST_TOKEN" \\
+                    "$ACTIONS_ID_TOKEN_REQUEST_URL&audience=sigstore")"
+                  echo "value=$(jq -r .value <<<"$body")" >> "$GITHUB_OUTPUT"
+                  ! curl -fsS "$ACTIONS_ID_TOKEN_REQUEST_URL&audience=sigstore" 2>/dev/null
+          plain:
+            runs-on: ubuntu-24.04
+            steps:
+              - run: test -z "${ACTIONS_ID_TOKEN_REQUEST_URL:-}"
+        """))
+    minted: list[tuple[str, dict[str, str]]] = []
+
+    def mint(audience: str, claims: object) -> str:
+        minted.append((audience, dict(claims)))  # type: ignore[call-overload]
+        return "jwt-for-" + audience
+
+    runner = Runner(root=tmp_path / "runner", source=repo, oidc=mint)
+    run = run_workflow(path, Trigger("push", "acme/widget", sha, "refs/heads/main"), runner)
+    assert run.jobs["sign"].result == "success" and run.jobs["plain"].result == "success", run.describe()
+    assert run.jobs["sign"].step("token").outputs == {"value": "jwt-for-sigstore"}
+    ((audience, claims),) = minted
+    assert audience == "sigstore"
+    assert claims["repository"] == "acme/widget" and claims["workflow_ref"].endswith("wf.yml@refs/heads/main")
+    with pytest.raises(HarnessError, match="no OIDC issuer"):
+        run_workflow(path, Trigger("push", "acme/widget", sha, "refs/heads/main"),
+                     Runner(root=tmp_path / "runner2", source=repo))
