@@ -18,11 +18,14 @@
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +43,7 @@ WORKFLOWS = REPO_ROOT / ".github" / "workflows"
 SOURCE = "acme/widget"
 INFRA = "acme/bench-infra"
 TAG = "v1.0.0"
+NOTES = "## What's new\n\n* faster widgets\n"
 VENV_BIN = Path(sys.executable).parent
 GIT_ENV = {"GIT_AUTHOR_NAME": "benchseal tests", "GIT_AUTHOR_EMAIL": "tests@benchseal.invalid",
            "GIT_COMMITTER_NAME": "benchseal tests", "GIT_COMMITTER_EMAIL": "tests@benchseal.invalid",
@@ -105,20 +109,40 @@ class World:
         return Runner(root=self.root / name, source=self.source, env={"BENCHSEAL_HOME": str(paths.home())})
 
 
-def _start_worker(home: Path, log: Path) -> subprocess.Popen[bytes]:
-    """deploy/benchseal-worker.service's command and environment, on this machine (grading only:
-    sealing and publishing are covered by test_e2e_release.py)."""
-    env = dict(os.environ, BENCHSEAL_HOME=str(home), HARBOR_TELEMETRY="0", LITELLM_LOCAL_MODEL_COST_MAP="True",
-               NO_PROXY="127.0.0.1,localhost")
-    for key in ("GITHUB_TOKEN", "GH_TOKEN", "GITHUB_API_URL"):
-        env.pop(key, None)
+def _service(unit: str, home: Path, log: Path, env_file: dict[str, str],
+             options: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A deploy/ unit's ExecStart and Environment= on this machine: /opt/benchseal -> this
+    checkout and venv, /var/lib/benchseal -> ``home``, ``env_file`` the unit's EnvironmentFile,
+    ``options`` replaces option values (the signer: there is no Actions OIDC on this host)."""
+    parser = configparser.ConfigParser(strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    text = (REPO_ROOT / "deploy" / unit).read_text()
+    parser.read_string(text)
+    argv = shlex.split(parser["Service"]["ExecStart"].replace("/opt/benchseal/.venv/bin/", f"{VENV_BIN}/"))
+    for option, value in options.items():
+        argv[argv.index(option) + 1] = value
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "GH_"))}
+    for line in text.splitlines():
+        if line.startswith("Environment="):
+            key, _, value = line.removeprefix("Environment=").partition("=")
+            env[key] = value.replace("/var/lib/benchseal", str(home))
+    env.update(env_file)
     with log.open("wb") as out:
-        return subprocess.Popen([str(VENV_BIN / "benchseal"), "worker", "--publish", "none", "--term-grace", "5"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_refs: object) -> Iterator[World]:
+    from pipeline.dispatch.client import make_client
     from pipeline.testing.github import GitHubEmulator
 
     root = tmp_path_factory.mktemp("workflows-e2e")
@@ -132,13 +156,27 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
     policy.write_text(policy.read_text().replace("agents: [oracle, nop]", "agents: [nop]"))
     _git(refusing, "commit", "--quiet", "-am", "refuse the oracle agent")
     infra_home = root / "infra-home"
-    worker = _start_worker(infra_home, root / "worker.log")
+    infra_home.mkdir()
+    from pipeline import paths
+    from pipeline.evidence import sigstore_local
+
+    if (paths.home() / "tools").is_dir():  # cosign, installed by make setup
+        (infra_home / "tools").symlink_to(paths.home() / "tools", target_is_directory=True)
+    services: list[subprocess.Popen[bytes]] = []
     try:
         with GitHubEmulator() as emu:
+            # The infra host's services, as their units run them (signing with the private instance).
+            services.append(_service("benchseal-worker.service", infra_home, root / "worker.log",
+                                     {"GITHUB_API_URL": emu.base_url}, {"--signer": "local"}))
+            services.append(_service("benchseal-publisher.service", infra_home, root / "publisher.log",
+                                     {"GITHUB_TOKEN": emu.token, "GITHUB_API_URL": emu.base_url},
+                                     {"--interval": "1"}))
             emu.add_repo(SOURCE)
             emu.add_repo(INFRA)
             emu.set_ref(SOURCE, f"refs/tags/{TAG}", commit)
             emu.set_ref(SOURCE, "refs/heads/main", commit)
+            make_client(base_url=emu.base_url, token=emu.token).get_repo(SOURCE).create_git_release(
+                tag=TAG, name=TAG, message=NOTES)
             emu.add_workflow(INFRA, ".github/workflows/benchmark.yml", (WORKFLOWS / "benchmark.yml").read_text())
             emu.add_workflow(SOURCE, ".github/workflows/runner-release.yml",
                              (WORKFLOWS / "runner-release.yml").read_text())
@@ -150,12 +188,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
             assert emu.callback_errors == [], emu.callback_errors
             assert emu.violations == [], emu.violations
     finally:
-        worker.terminate()
-        try:
-            worker.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(timeout=30)
+        for service in services:
+            _stop(service)
+        sigstore_local.stop(infra_home / "sigstore")  # the instance the worker service started, by its pid
 
 
 def _on_dispatch(world: World, handle: Any, event: Any) -> None:
@@ -271,11 +306,32 @@ def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: Worl
     posted = [i for i, r in enumerate(emu.requests) if r.operation == "checks/create" and r.status == 201]
     assert posted and posted[0] >= completed
 
+    # The worker sealed the evidence, the publisher put it on the release: the refs it names
+    # are the dispatched ones.
+    release = _wait_published(world)
+    names = {a.name for a in release.assets}
+    assert {"summary.json", "SHA256SUMS", "SHA256SUMS.sigstore.json"} <= names, names
+    summary_json = json.loads(next(a for a in release.assets if a.name == "summary.json").data)
+    assert json.dumps(summary_json).count(built["runner"]) >= 1 and json.dumps(summary_json).count(built["api"]) >= 1
+    assert release.body.startswith(NOTES) and "benchseal:start" in release.body
+
+
+def _wait_published(world: World, timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        release = world.emulator.release(SOURCE, TAG)
+        if release.assets and "benchseal:start" in release.body:
+            return release
+        time.sleep(1)
+    raise AssertionError("the publisher did not publish in time:\n"
+                         + (world.root / "publisher.log").read_text(errors="replace")[-3000:])
+
 
 def _describe(world: World, run: RunResult) -> str:
     infra = "\n".join(f"### infra run ({mode})\n{r.describe()}" for mode, r in world.infra_runs)
-    worker = (world.root / "worker.log").read_text(errors="replace")[-3000:]
-    return f"{run.describe()}\n{infra}\n### worker log\n{worker}"
+    logs = "".join(f"\n### {name}\n" + (world.root / name).read_text(errors="replace")[-3000:]
+                   for name in ("worker.log", "publisher.log") if (world.root / name).exists())
+    return f"{run.describe()}\n{infra}{logs}"
 
 
 def _switchboard_release(world: World, correlation: str) -> tuple[RunResult, Any]:
