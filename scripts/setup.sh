@@ -24,6 +24,9 @@ declare -A NEEDED=(
   [visudo]=sudo        # checks deploy/benchseal.sudoers
   [gh]=gh              # the GitHub CLI of the Actions runner image (promote_marker, run by tests/workflows)
   [systemd-analyze]=systemd  # checks deploy/*.service (no daemon is started)
+  [git]=git            # the Actions harness's checkout (tests/workflows/harness.py)
+  [curl]=curl          # tools of the Actions runner image the harness tests use
+  [jq]=jq
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do
