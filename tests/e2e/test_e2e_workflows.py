@@ -153,7 +153,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
     refusing = root / "infra-refusing"
     _git(root, "clone", "--quiet", str(source), str(refusing))
     policy = refusing / "policies" / "infra.yaml"
-    policy.write_text(policy.read_text().replace("agents: [oracle, nop]", "agents: [nop]"))
+    refusing_text = policy.read_text().replace("agents: [oracle, nop]", "agents: [nop]")
+    assert refusing_text != policy.read_text(), "policies/infra.yaml no longer lists `agents: [oracle, nop]`"
+    policy.write_text(refusing_text)
     _git(refusing, "commit", "--quiet", "-am", "refuse the oracle agent")
     infra_home = root / "infra-home"
     infra_home.mkdir()
