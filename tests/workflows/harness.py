@@ -246,7 +246,8 @@ HOST: dict[str, str] = {
             "/opt/benchseal -> the checkout + project venv, /var/lib/benchseal -> Runner.sudo_home",
     "gh": "the GitHub CLI (Debian package gh, installed by scripts/setup.sh), against GITHUB_API_URL",
     "id-token": "`permissions: id-token: write` -> ACTIONS_ID_TOKEN_REQUEST_URL/_TOKEN served on loopback, "
-                "tokens minted by Runner.oidc (the local Sigstore instance's issuer)",
+                "tokens minted by Runner.oidc; local_issuer(instance): the private Sigstore instance's issuer, "
+                "subject https://github.com/<job_workflow_ref>",
 }
 
 
@@ -791,6 +792,21 @@ def _oidc_claims(github: Mapping[str, Any]) -> dict[str, str]:
             "workflow_ref": str(github["workflow_ref"]), "run_id": str(github["run_id"]),
             "run_attempt": str(github["run_attempt"]),
             "sub": f"repo:{github['repository']}:ref:{github['ref']}"}
+
+
+def local_issuer(instance: Any, server_url: str = "https://github.com") -> Callable[[str, Mapping[str, str]], str]:
+    """``Runner.oidc`` backed by the private Sigstore instance's OIDC issuer
+    (pipeline.evidence.sigstore_local): the subject is the job's workflow URL, the identity
+    GitHub's tokens give Fulcio certificates."""
+    from pipeline.evidence import sigstore_local
+
+    def mint(audience: str, claims: Mapping[str, str]) -> str:
+        if audience != "sigstore":
+            raise HarnessError(f"the local issuer mints tokens for audience 'sigstore' only, not {audience!r}")
+        return sigstore_local.mint_token(instance, subject=f"{server_url}/{claims['job_workflow_ref']}",
+                                         claims=dict(claims))
+
+    return mint
 
 
 class _TokenServer:

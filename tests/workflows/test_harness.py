@@ -312,3 +312,38 @@ def test_id_token_permission_serves_tokens_from_the_local_issuer(tmp_path: Path,
     with pytest.raises(HarnessError, match="no OIDC issuer"):
         run_workflow(path, Trigger("push", "acme/widget", sha, "refs/heads/main"),
                      Runner(root=tmp_path / "runner2", source=repo))
+
+
+@pytest.mark.slow
+def test_id_token_from_the_private_sigstore_issuer(tmp_path: Path, source: tuple[Path, str],
+                                                   sigstore_instance: object) -> None:
+    from pipeline.evidence.sigstore_local import LOCAL_ISSUER
+    from tests.workflows.harness import local_issuer
+
+    repo, sha = source
+    path = tmp_path / "benchmark.yml"
+    path.write_text(textwrap.dedent("""
+        on: push
+        jobs:
+          sign:
+            runs-on: ubuntu-24.04
+            permissions: {id-token: write}
+            steps:
+              - id: token
+                shell: bash
+                run: |
+                  jwt="$(curl -fsS -H "Authorization: bearer $ACTIONS_ID_TOKEN_REQUEST_TOKEN" \\
+                    "$ACTIONS_ID_TOKEN_REQUEST_URL&audience=sigstore" | jq -r .value)"
+                  python3 - "$jwt" >> "$GITHUB_OUTPUT" <<'PY'
+                  import base64, json, sys
+                  part = sys.argv[1].split(".")[1]
+                  claims = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+                  print(f"iss={claims['iss']}")
+                  print(f"sub={claims['sub']}")
+                  PY
+        """))
+    runner = Runner(root=tmp_path / "runner", source=repo, oidc=local_issuer(sigstore_instance))
+    run = run_workflow(path, Trigger("push", "acme/infra", sha, "refs/heads/main"), runner)
+    assert run.jobs["sign"].result == "success", run.describe()
+    assert run.jobs["sign"].step("token").outputs == {
+        "iss": LOCAL_ISSUER, "sub": "https://github.com/acme/infra/.github/workflows/benchmark.yml@refs/heads/main"}
