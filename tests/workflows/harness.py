@@ -519,10 +519,18 @@ class _Evaluator:
             raise HarnessError(f"{self.where}: {where}: {exc}") from exc
 
     def condition(self, value: object, functions: Mapping[str, Callable[..., object]]) -> bool:
+        """An ``if:``; as in Actions, one without a status function is ``success() && (if)``."""
         try:
-            return evaluate_condition(value, self.ctx, functions=functions, resolve=self.resolve)
+            if not evaluate_condition(value, self.ctx, functions=functions, resolve=self.resolve):
+                return False
+            if isinstance(value, str) and _STATUS_CALL.search(value):
+                return True
+            return bool(functions["success"]())
         except ExpressionError as exc:
             raise HarnessError(f"{self.where}: if: {exc}") from exc
+
+
+_STATUS_CALL = re.compile(r"\b(?:success|failure|always|cancelled)\s*\(")
 
 
 @dataclass

@@ -347,3 +347,26 @@ def test_id_token_from_the_private_sigstore_issuer(tmp_path: Path, source: tuple
     assert run.jobs["sign"].result == "success", run.describe()
     assert run.jobs["sign"].step("token").outputs == {
         "iss": LOCAL_ISSUER, "sub": "https://github.com/acme/infra/.github/workflows/benchmark.yml@refs/heads/main"}
+
+
+def test_an_if_without_a_status_function_also_needs_success(tmp_path: Path, source: tuple[Path, str]) -> None:
+    run = _run(tmp_path, source, """
+        on: push
+        jobs:
+          fails:
+            runs-on: ubuntu-24.04
+            steps:
+              - run: exit 1
+              - if: ${{ github.ref_name == 'v1.0.0' }}
+                run: echo "implicit success() keeps me out"
+              - if: ${{ always() && github.ref_name == 'v1.0.0' }}
+                run: echo "explicit always() lets me run"
+          after:
+            needs: fails
+            if: ${{ github.ref_name == 'v1.0.0' }}
+            runs-on: ubuntu-24.04
+            steps:
+              - run: echo never
+        """)
+    assert [s.conclusion for s in run.jobs["fails"].legs[0]] == ["failure", "skipped", "success"]
+    assert run.jobs["after"].result == "skipped"
