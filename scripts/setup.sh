@@ -23,6 +23,11 @@ declare -A NEEDED=(
   [ip]=iproute2        # the signing tests' loopback-only network namespace
   [visudo]=sudo        # checks deploy/benchseal.sudoers
   [htpasswd]=apache2-utils  # bcrypt htpasswd files for the authenticated-registry tests
+  [gh]=gh              # the GitHub CLI of the Actions runner image (promote_marker, run by tests/workflows)
+  [systemd-analyze]=systemd  # checks deploy/*.service (no daemon is started)
+  [git]=git            # the Actions harness's checkout (tests/workflows/harness.py)
+  [curl]=curl          # tools of the Actions runner image the harness tests use
+  [jq]=jq
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

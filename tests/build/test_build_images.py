@@ -24,7 +24,9 @@ from pipeline.digests import ImageRef, parse_ref
 FROZEN_EPOCH = 1767225600  # same as tests/build/conftest.py
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
-TEST_REPO_PREFIX = "benchseal-buildtest"
+# Per session: the refs this module pulls and `docker rmi`s are its own, never another
+# session's (several test sessions share one engine and registry).
+TEST_REPO_PREFIX = f"benchseal-buildtest-{uuid.uuid4().hex[:12]}"
 
 
 def _head_digest(ref: ImageRef) -> str | None:

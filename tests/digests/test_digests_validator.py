@@ -5,7 +5,7 @@ from __future__ import annotations
 import string
 
 import pytest
-from hypothesis import assume, example, given, settings
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from pipeline.digests import ImageRef, parse_ref, validate_digest, validate_name, validate_ref
@@ -22,8 +22,6 @@ host = st.one_of(
 port = st.one_of(st.just(""), st.integers(1, 65535).map(lambda p: f":{p}"))
 name = st.builds(lambda h, p, comps: f"{h}{p}/" + "/".join(comps), host, port, st.lists(component, min_size=1, max_size=3))
 good_ref = st.builds(lambda n, h: f"{n}@sha256:{h}", name, hex64)
-settings.register_profile("benchseal", max_examples=200, deadline=None)
-settings.load_profile("benchseal")
 
 
 def _rejected(value: object, check=parse_ref, field: str = "ref") -> ValidationError:  # type: ignore[no-untyped-def]

@@ -52,7 +52,10 @@ BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 
 class World:
     def __init__(self, emulator: Any, home: Path, db: Path, artifacts: Path, dispatch: Any, state: str,
-                 run_id: str, score: float | None) -> None:
+                 run_id: str, score: float | None, after_worker: dict[str, Any] | None = None) -> None:
+        # after_worker: what the queue and the release held when the worker had ended, taken in
+        # the fixture, so no test depends on running before the one that publishes.
+        self.after_worker = after_worker or {}
         self.emulator = emulator
         self.home = home
         self.db = db
@@ -164,8 +167,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
             with SqliteQueue(db) as queue:
                 record = queue.get_run(run_id_for(correlation))
                 artifacts = queue.run_dir(record.run_id) / "artifacts"
+                publications = queue.list_publications(record.run_id)
+            after_worker = {"publications": publications, "assets": list(emu.release(SOURCE, TAG).assets)}
             yield World(emu, home, db, artifacts, result, states[0], record.run_id,
-                        record.grading.score if record.grading else None)
+                        record.grading.score if record.grading else None, after_worker)
             assert emu.violations == [], emu.violations
     finally:
         sigstore_local.stop(home / "sigstore")  # the instance the worker service started, by its pid
@@ -212,13 +217,10 @@ def test_run_concluded_with_the_worker(world: World) -> None:
     assert world.dispatch.conclusion == "success"
     run = world.emulator.get_run(INFRA, world.dispatch.run_id)
     assert run.conclusion == "success" and run.display_title.endswith(" e2e-widget-v1.0.0-0001")
-    # The worker ended with the terminal transition: the publication waits in the outbox.
-    from pipeline.infra.queue import SqliteQueue
-
-    with SqliteQueue(world.db) as queue:
-        (pub,) = queue.list_publications(world.run_id)
+    # The worker ended with the terminal transition: the publication waited in the outbox.
+    (pub,) = world.after_worker["publications"]
     assert pub.state == "PENDING" and pub.request.target == "github" and pub.request.tag == TAG
-    assert world.emulator.release(SOURCE, TAG).assets == []
+    assert world.after_worker["assets"] == []
 
 
 def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path) -> None:

