@@ -22,15 +22,22 @@ import typer
 if TYPE_CHECKING:
     from pipeline.attest import SigstoreEndpoints
 
-_URL = typer.Option("--sigstore-url", help="A private Sigstore instance (http://127.0.0.1:PORT); default public-good.")
-_ROOT = typer.Option("--trusted-root", help="The private instance's trusted_root.json (with --sigstore-url).")
-_HTTP = typer.Option("--allow-http-registry", help="Plain-HTTP registry (loopback test registries only).")
+_URL = typer.Option("--sigstore-url", envvar="BENCHSEAL_SIGSTORE_URL",
+                    help="A private Sigstore instance (http://127.0.0.1:PORT); default public-good.")
+_ROOT = typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT",
+                     help="The private instance's trusted_root.json (with --sigstore-url).")
+_HTTP = typer.Option("--allow-http-registry",
+                     help="Plain-HTTP registry (default: only for loopback registries, 127.0.0.1/localhost).")
 
 
 def sigstore_endpoints(url: str | None, trusted_root: Path | None) -> SigstoreEndpoints:
-    """Public-good, or the private instance the caller named with both options (never implicit)."""
+    """Public-good, or the private instance the caller named with both options (never implicit).
+    An empty value (an unset Actions variable) counts as not given."""
     from pipeline.attest import SigstoreEndpoints
     from pipeline.errors import ValidationError
+
+    url = url or None
+    trusted_root = trusted_root if trusted_root and str(trusted_root) not in ("", ".") else None
 
     if (url is None) != (trusted_root is None):
         raise ValidationError("--sigstore-url/--trusted-root", "a private instance needs both (neither: public-good)")
@@ -51,6 +58,7 @@ def attest(
     """Sign each image and attest its provenance and SBOM (ambient Actions identity)."""
     from pipeline.attest import BuildInvocation, ImageSigner, attest_images
     from pipeline.contracts import DigestsFile, load_model
+    from pipeline.digests import parse_ref
     from pipeline.errors import ValidationError
 
     try:
@@ -62,8 +70,9 @@ def attest(
     if invocation.commit != parsed.source.commit:
         raise ValidationError("--digests", "source.commit must be the commit this workflow run built (GITHUB_SHA)",
                               parsed.source.commit)
-    signer = ImageSigner(sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)
     images: dict[str, str] = {str(role): entry.ref for role, entry in parsed.images.items()}
+    loopback = all(parse_ref(ref).registry.split(":", 1)[0] in ("127.0.0.1", "localhost") for ref in images.values())
+    signer = ImageSigner(sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry or loopback)
     attest_images(images, signer, invocation, sbom_dir)
     for role, ref in sorted(images.items()):
         typer.echo(f"signed and attested {role}: {ref}")
@@ -81,9 +90,11 @@ def verify_image(
     """Check an image's signature and its provenance and SBOM attestations, exact identity."""
     from pipeline.attest import ImageIdentityPolicy
     from pipeline.attest import verify_image as check
+    from pipeline.digests import parse_ref
 
     policy = ImageIdentityPolicy.release_workflow(repo, tag, workflow)
-    check(ref, policy, sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)
+    loopback = parse_ref(ref, "REF").registry.split(":", 1)[0] in ("127.0.0.1", "localhost")
+    check(ref, policy, sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry or loopback)
     typer.echo(f"verified: {ref} signed and attested by {policy.identity}")
 
 

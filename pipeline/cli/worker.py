@@ -33,8 +33,8 @@ def worker(
     api_url: Annotated[str | None, typer.Option("--api-url", help="GitHub API URL stored in publication rows (default $GITHUB_API_URL).")] = None,
     with_publisher: Annotated[bool, typer.Option("--with-publisher", help="Deliver the outbox in a thread beside the worker.")] = False,
     publish_interval: Annotated[float, typer.Option("--publish-interval", min=0.1, help="Seconds between outbox scans.")] = 10.0,
-    sigstore_url: Annotated[str | None, typer.Option("--sigstore-url", help="Check image signatures against a private Sigstore instance (http://127.0.0.1:PORT); default public-good.")] = None,
-    trusted_root: Annotated[Path | None, typer.Option("--trusted-root", help="The private instance's trusted_root.json (with --sigstore-url).")] = None,
+    sigstore_url: Annotated[str | None, typer.Option("--sigstore-url", envvar="BENCHSEAL_SIGSTORE_URL", help="Check image signatures against a private Sigstore instance (http://127.0.0.1:PORT); default public-good.")] = None,
+    trusted_root: Annotated[Path | None, typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT", help="The private instance's trusted_root.json (with --sigstore-url).")] = None,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     import dataclasses

@@ -86,6 +86,7 @@ class World:
     infra_home: Path
     root: Path
     infra_sources: dict[str, Path]
+    sigstore: Any  # the private instance: GitHub-shaped OIDC for the release jobs, the worker's image trust
     infra_mode: str = "accepting"
     infra_runs: list[tuple[str, RunResult]] = field(default_factory=list)
     switchboard_runs: list[RunResult] = field(default_factory=list)
@@ -99,14 +100,19 @@ class World:
 
     def trigger(self, **fields: Any) -> Trigger:
         return Trigger(token=self.emulator.token, api_url=self.emulator.base_url, server_url=self.emulator.origin,
-                       vars={"BENCHSEAL_INFRA_REPOSITORY": INFRA, "BENCHSEAL_REGISTRY": self.registry},
+                       vars={"BENCHSEAL_INFRA_REPOSITORY": INFRA, "BENCHSEAL_REGISTRY": self.registry,
+                             # the build job signs with cosign against the private instance
+                             "BENCHSEAL_SIGSTORE_URL": self.sigstore.url,
+                             "BENCHSEAL_TRUSTED_ROOT": str(self.sigstore.trusted_root)},
                        secrets={"BENCHSEAL_INFRA_DISPATCH_TOKEN": self.emulator.token}, **fields)
 
     def release_runner(self, name: str) -> Runner:
         # The release repository's hosted runner; BENCHSEAL_HOME: the shared build caches.
         from pipeline import paths
+        from tests.workflows.harness import local_issuer
 
-        return Runner(root=self.root / name, source=self.source, env={"BENCHSEAL_HOME": str(paths.home())})
+        return Runner(root=self.root / name, source=self.source, env={"BENCHSEAL_HOME": str(paths.home())},
+                      oidc=local_issuer(self.sigstore))
 
 
 def _service(unit: str, home: Path, log: Path, env_file: dict[str, str],
@@ -141,7 +147,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_refs: object) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_refs: object,
+          sigstore_instance: Any) -> Iterator[World]:
     from pipeline.dispatch.client import make_client
     from pipeline.testing.github import GitHubEmulator
 
@@ -168,8 +175,12 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
     try:
         with GitHubEmulator() as emu:
             # The infra host's services, as their units run them (signing with the private instance).
+            # The worker checks the images' signatures against the private instance the release jobs
+            # signed with (its EnvironmentFile names it; production: public-good, nothing set).
             services.append(_service("benchseal-worker.service", infra_home, root / "worker.log",
-                                     {"GITHUB_API_URL": emu.base_url}, {"--signer": "local"}))
+                                     {"GITHUB_API_URL": emu.base_url, "BENCHSEAL_SIGSTORE_URL": sigstore_instance.url,
+                                      "BENCHSEAL_TRUSTED_ROOT": str(sigstore_instance.trusted_root)},
+                                     {"--signer": "local"}))
             services.append(_service("benchseal-publisher.service", infra_home, root / "publisher.log",
                                      {"GITHUB_TOKEN": emu.token, "GITHUB_API_URL": emu.base_url},
                                      {"--interval": "1"}))
@@ -183,7 +194,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
             emu.add_workflow(SOURCE, ".github/workflows/runner-release.yml",
                              (WORKFLOWS / "runner-release.yml").read_text())
             world = World(emu, source, commit, image_registry, infra_home, root,
-                          {"accepting": source, "refusing": refusing})
+                          {"accepting": source, "refusing": refusing}, sigstore_instance)
             emu.on_dispatch(lambda handle, event: _on_dispatch(world, handle, event))
             yield world
             emu.wait_callbacks(timeout=60)

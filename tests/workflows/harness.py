@@ -803,16 +803,23 @@ def _oidc_claims(github: Mapping[str, Any]) -> dict[str, str]:
 
 
 def local_issuer(instance: Any, server_url: str = "https://github.com") -> Callable[[str, Mapping[str, str]], str]:
-    """``Runner.oidc`` backed by the private Sigstore instance's OIDC issuer
-    (pipeline.evidence.sigstore_local): the subject is the job's workflow URL, the identity
-    GitHub's tokens give Fulcio certificates."""
+    """``Runner.oidc`` backed by the private Sigstore instance's GitHub-shaped issuer
+    (pipeline.evidence.sigstore_local): issuer, ``sub`` and claims as GitHub Actions gives a
+    job, so its Fulcio certifies ``https://github.com/<job_workflow_ref>`` as public-good does."""
     from pipeline.evidence import sigstore_local
 
     def mint(audience: str, claims: Mapping[str, str]) -> str:
         if audience != "sigstore":
             raise HarnessError(f"the local issuer mints tokens for audience 'sigstore' only, not {audience!r}")
-        return sigstore_local.mint_token(instance, subject=f"{server_url}/{claims['job_workflow_ref']}",
-                                         claims=dict(claims))
+        path, _, ref = claims["job_workflow_ref"].partition("@")
+        repository, _, workflow_path = path.partition("/.github/workflows/")
+        if not workflow_path or not ref:
+            raise HarnessError(f"job_workflow_ref {claims['job_workflow_ref']!r} is not OWNER/REPO/.github/workflows/FILE@REF")
+        job = sigstore_local.GitHubJob(repository=claims["repository"], ref=claims["ref"], sha=claims["sha"],
+                                       workflow_file=workflow_path, event_name=claims["event_name"],
+                                       workflow_repository=repository, workflow_ref=ref,
+                                       run_id=claims["run_id"], run_attempt=claims["run_attempt"])
+        return sigstore_local.mint_github_token(instance, job)
 
     return mint
 

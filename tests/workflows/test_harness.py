@@ -317,7 +317,6 @@ def test_id_token_permission_serves_tokens_from_the_local_issuer(tmp_path: Path,
 @pytest.mark.slow
 def test_id_token_from_the_private_sigstore_issuer(tmp_path: Path, source: tuple[Path, str],
                                                    sigstore_instance: object) -> None:
-    from pipeline.evidence.sigstore_local import LOCAL_ISSUER
     from tests.workflows.harness import local_issuer
 
     repo, sha = source
@@ -340,13 +339,17 @@ def test_id_token_from_the_private_sigstore_issuer(tmp_path: Path, source: tuple
                   claims = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
                   print(f"iss={claims['iss']}")
                   print(f"sub={claims['sub']}")
+                  print(f"job_workflow_ref={claims['job_workflow_ref']}")
                   PY
         """))
     runner = Runner(root=tmp_path / "runner", source=repo, oidc=local_issuer(sigstore_instance))
     run = run_workflow(path, Trigger("push", "acme/infra", sha, "refs/heads/main"), runner)
     assert run.jobs["sign"].result == "success", run.describe()
+    # Shaped as GitHub's own: its issuer, sub and job_workflow_ref (the certificate identity is
+    # https://github.com/<job_workflow_ref>), under the private instance's key only.
     assert run.jobs["sign"].step("token").outputs == {
-        "iss": LOCAL_ISSUER, "sub": "https://github.com/acme/infra/.github/workflows/benchmark.yml@refs/heads/main"}
+        "iss": "https://token.actions.githubusercontent.com", "sub": "repo:acme/infra:ref:refs/heads/main",
+        "job_workflow_ref": "acme/infra/.github/workflows/benchmark.yml@refs/heads/main"}
 
 
 def test_an_if_without_a_status_function_also_needs_success(tmp_path: Path, source: tuple[Path, str]) -> None:

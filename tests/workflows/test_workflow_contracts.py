@@ -149,7 +149,8 @@ def test_least_privilege_permissions(name: str) -> None:
     for job_name, job in wf["jobs"].items():
         assert "permissions" in job, f"{job_name} must state its permissions"
         writes = {k for k, v in (job["permissions"] or {}).items() if v == "write"}
-        assert writes == ({"checks"} if job_name == "promote_marker" else set()), job_name
+        expected = {"promote_marker": {"checks"}, "build": {"id-token"}}.get(job_name, set())
+        assert writes == expected, job_name
 
 
 @pytest.mark.parametrize("name", ALL)
