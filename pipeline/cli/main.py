@@ -27,6 +27,7 @@ VERB_MODULES = (
     "infra",
     "worker",
     "trial",
+    "model_server",
     "api",
     "sigstore_local",
     "evidence",
