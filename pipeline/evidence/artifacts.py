@@ -75,7 +75,9 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
             "api": {"name": api.name, "digest": api.digest, "ref": api.ref},
         },
         "harbor_version": grading.harbor_version or harbor_version or (harbor_versions[0] if harbor_versions else None),
-        "agent": {"name": grading.agent, "version": agent_versions[0] if len(agent_versions) == 1 else (agent_versions or None)},
+        "agent": {"name": grading.agent, "version": agent_versions[0] if len(agent_versions) == 1 else (agent_versions or None),
+                  "version_pin": grading.agent_version_pin, "model": grading.model},
+        "model_usage": _model_usage(grading),
         "infra_run_id": grading.run_id,
         "run_id": grading.run_id,
         "correlation_id": payload.correlation_id,
@@ -85,11 +87,22 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
             "trials": [
                 {"task": t.task, "trial": t.trial_name, "outcome": t.outcome, "reward": t.reward,
                  "total_seconds": t.total_seconds, "agent_seconds": t.agent_seconds,
-                 "verifier_seconds": t.verifier_seconds}
+                 "verifier_seconds": t.verifier_seconds, "model_calls": t.model_calls,
+                 "input_tokens": t.input_tokens, "output_tokens": t.output_tokens}
                 for t in grading.trials
             ],
         },
     }
+
+
+def _model_usage(grading: Grading) -> dict[str, int] | None:
+    """Totals over the trials that reported model usage (None when no trial called a model)."""
+    reported = [t for t in grading.trials if t.model_calls is not None]
+    if not reported:
+        return None
+    return {"trials": len(reported), "model_calls": sum(t.model_calls or 0 for t in reported),
+            "input_tokens": sum(t.input_tokens or 0 for t in reported),
+            "output_tokens": sum(t.output_tokens or 0 for t in reported)}
 
 
 def write_summary(artifacts: Path, summary: dict[str, Any]) -> Path:

@@ -43,6 +43,7 @@ from pipeline.contracts import Grading, PublicationRequest, RunState
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
+from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading
 from pipeline.infra.policy import InfraPolicy, load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
@@ -346,29 +347,40 @@ def _run_container(
     client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig, policy: InfraPolicy
 ) -> tuple[RunnerInfo, str | None, bool]:
     """Run the runner container; return (what it ran, failure reason or None, released on SIGTERM)."""
+    run_id = record.run_id
+    command = ["trial", "run", "--suite-dir", str(run_dir / "suite"), "--out", str(run_dir), "--run-id", run_id,
+               "--concurrency", str(config.trial_concurrency), "--agent", record.payload.agent]
+    # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
+    agent_setup = prepare_runner_agent(policy, record.payload)
+    try:
+        return _run_started_container(client, record, runner_ref, run_dir, config, command, agent_setup,
+                                      policy.suite_timeout(record.payload.suite))
+    finally:
+        agent_setup.close()
+
+
+def _run_started_container(
+    client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig,
+    command: list[str], agent_setup: RunnerAgentSetup, payload_suite_timeout: float,
+) -> tuple[RunnerInfo, str | None, bool]:
     import docker.errors
     import requests.exceptions
 
     run_id = record.run_id
-    payload_suite_timeout = policy.suite_timeout(record.payload.suite)
-    secrets_env = {name: os.environ[name] for name in policy.secret_env if name in os.environ}
-    command = ["trial", "run", "--suite-dir", str(run_dir / "suite"), "--out", str(run_dir), "--run-id", run_id,
-               "--concurrency", str(config.trial_concurrency), "--agent", record.payload.agent]
-    for name in sorted(secrets_env):
-        command += ["--secret-env", name]
     try:
         container = client.containers.run(
             runner_ref.ref,
-            command=command,
+            command=command + agent_setup.args,
             entrypoint=["python3", "-m", "pipeline"],
             name=_container_name(run_id, record.attempts),
             labels={LABEL_RUN: run_id, "benchseal.stage": "infra"},
-            environment={"HARBOR_TELEMETRY": "0", **secrets_env},
+            environment={"HARBOR_TELEMETRY": "0"},
             volumes={
                 config.docker_socket: {"bind": "/var/run/docker.sock", "mode": "rw"},
                 str(run_dir): {"bind": str(run_dir), "mode": "rw"},
+                **agent_setup.volumes,
             },
-            # The runner reaches the engine through the socket only.
+            # The runner reaches the engine through the socket, the model through the relay socket, nothing else.
             network_mode="none",
             detach=True,
         )
