@@ -87,8 +87,11 @@ def run_suite(
     if agent_version is not None and agent_version != harbor_version:
         raise ValidationError("--agent-version", f"the policy pins {agent} to harbor {agent_version}; "
                               f"this runner has harbor {harbor_version}", agent_version)
-    if model is not None and model.key_env not in secret_env:
-        raise ValidationError("--model-key-env", "must be one of the --secret-env names", model.key_env)
+    if model is not None:
+        if model.key_env not in secret_env:
+            raise ValidationError("--model-key-env", "must be one of the --secret-env names", model.key_env)
+        # The OpenAI-compatible client reads its key from here; nothing carries it further.
+        os.environ["OPENAI_API_KEY"] = os.environ[model.key_env]
     if concurrency < 1:
         raise ValidationError("concurrency", "must be >= 1", concurrency)
     os.environ["HARBOR_TELEMETRY"] = "0"
@@ -173,10 +176,11 @@ async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: s
 def _agent_config(config_cls: Any, agent: str, secret_env: tuple[str, ...], model: ModelAccess | None,
                   api_base: str | None) -> Any:
     # Values stay templates (${NAME}) that Harbor resolves from this process's environment.
-    env = {name: "${" + name + "}" for name in secret_env}
     if model is None:
-        return config_cls(name=agent, env=env)
-    env["OPENAI_API_KEY"] = "${" + model.key_env + "}"
+        return config_cls(name=agent, env={name: "${" + name + "}" for name in secret_env})
+    # A model-backed agent runs in THIS process; Harbor hands AgentConfig.env to the task
+    # container (terminus-2 starts its tmux session with `-e KEY=VALUE`), so the env stays
+    # empty and LiteLLM reads the key from this process's environment (set in run_suite).
     # No terminal recording: asciinema is not in the offline task images (and would be fetched).
-    return config_cls(name=agent, model_name=model.name, env=env,
+    return config_cls(name=agent, model_name=model.name, env={},
                       kwargs={"api_base": api_base, "record_terminal_session": False})

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import stat
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,7 @@ class Scanner(threading.Thread):
                     except OSError:
                         continue
                     if self.needle in cmdline:
-                        self.argv_hits.append(cmdline.replace(b"\0", b" ")[:200].decode(errors="replace"))
+                        self.argv_hits.append(cmdline.replace(b"\0", b" ")[:3000].decode(errors="replace"))
             try:
                 for container in client.api.containers(all=True):
                     info = client.api.inspect_container(container["Id"])
@@ -193,6 +194,11 @@ def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
                               "tag": "v9.9.9"},
                    "runner": setup["runner"], "api": setup["api"], "suite": "smoke", "agent": "terminus-2"}
         accepted = accept_payload(payload, db=db, policy=policy)
+        def private_dirs() -> set[Path]:
+            tmp = Path(tempfile.gettempdir())
+            return set(tmp.glob("benchseal-secrets-*")) | set(tmp.glob("benchseal-model-*"))
+
+        before = private_dirs()
         scanner = Scanner(CANARY)
         old = os.environ.get(KEY_ENV)
         os.environ[KEY_ENV] = CANARY
@@ -208,7 +214,7 @@ def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
                 os.environ[KEY_ENV] = old
     with SqliteQueue(db) as q:
         run_dir = q.run_dir(accepted.run_id)
-    return {"outcome": outcome, "scanner": scanner, "log": log, "db": db, "run_dir": run_dir, "policy": policy,
+    return {"outcome": outcome, "scanner": scanner, "private_dirs_before": before, "private_dirs_after": private_dirs(), "log": log, "db": db, "run_dir": run_dir, "policy": policy,
             "payload": payload, "requests": [json.loads(line) for line in log.read_text().splitlines()]}
 
 
@@ -265,17 +271,19 @@ def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any
     # The scan saw the runner and the trial containers while they ran.
     assert any(n.startswith("/benchseal-infra-") for n in names), names
     assert sum("__" in n or "main" in n for n in names) >= 1, names
-    assert scanner.argv_hits == []
+    assert scanner.argv_hits == [], scanner.argv_hits[:3]
     assert scanner.inspect_hits == []
     roots = [right_run["run_dir"], right_run["db"].parent]
     files = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name == "config.json" for p in files) and any(p.suffix == ".sqlite3" for p in files)
     leaked = [p for p in files if CANARY.encode() in p.read_bytes()]
     assert leaked == []
-    config = json.loads(next((right_run["run_dir"] / "harbor").glob("*/config.json")).read_text())
-    assert config["agent"]["env"]["OPENAI_API_KEY"] == "${" + KEY_ENV + "}"
-    # The secret and relay directories are gone after the attempt.
-    assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("benchseal-secrets-*"))
+    # Harbor hands AgentConfig.env to the task container (terminus-2: `tmux new-session -e K=V`):
+    # a model-backed agent's env stays empty; the key lives in the runner process only.
+    for config_path in (right_run["run_dir"] / "harbor").glob("*/config.json"):
+        assert not json.loads(config_path.read_text())["agent"].get("env"), config_path
+    # The secret and relay directories of this attempt are gone.
+    assert right_run["private_dirs_after"] <= right_run["private_dirs_before"]
 
 
 @pytest.mark.docker
@@ -292,3 +300,46 @@ def test_terminus2_scores_zero_with_the_wrong_script(agent_setup: dict[str, Any]
     # The agent's change was applied (the empty case passes now) but the fraction is still wrong.
     assert "test_empty (__main__.MeanTest.test_empty) ... ok" in stdout
     assert "AssertionError: 1 != 1.5" in stdout
+
+
+def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import urllib.request
+
+    from pipeline.infra.model_local import scripted_model_for
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = load_policy(_write_policy(tmp_path, _policy_data(port)))
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(UsageError, match=f"set {KEY_ENV}, or pass --scripted-model"), \
+            scripted_model_for("terminus-2", "smoke", None, policy):
+        pass
+    with pytest.raises(UsageError, match="calls no model"), scripted_model_for("oracle", "smoke", "right", policy):
+        pass
+    with pytest.raises(ValidationError, match="--scripted-model"), scripted_model_for("terminus-2", "smoke", "maybe", policy):
+        pass
+    with pytest.raises(ValidationError, match="not allowed by policy"), scripted_model_for("gpt-agent", "smoke", None, policy):
+        pass
+    with scripted_model_for("oracle", "smoke", None, policy) as none:
+        assert none is None
+    with scripted_model_for("terminus-2", "smoke", "right", policy) as server:
+        assert server is not None and server.port == port
+        key = os.environ[KEY_ENV]
+        assert len(key) > 32
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert urllib.request.urlopen(request, timeout=5).status == 200
+    assert KEY_ENV not in os.environ
+    # Port taken: a clear usage error, nothing half-started.
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last run's connections are in TIME_WAIT
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        with pytest.raises(UsageError, match="cannot listen"), scripted_model_for("terminus-2", "smoke", "right", policy):
+            pass
+    remote = _policy_data()
+    remote["suites"]["smoke"]["model"]["endpoint"] = "https://models.example.test:443/v1"
+    with pytest.raises(UsageError, match="PORT only"), \
+            scripted_model_for("terminus-2", "smoke", "right", load_policy(_write_policy(tmp_path, remote))):
+        pass
