@@ -5,10 +5,11 @@
 3. 50 consecutive worker attempts in a cheap mode (run_once against a runner
    digest the registry does not have: claim, heartbeat thread, Engine client,
    pull, infra error, terminal transition): worker RSS and open FDs per attempt;
-4. a few REAL runs (oracle on suites/smoke in the runner image): Harbor per-trial
-   overhead = trial wall time - agent time - verifier time, plus RSS/FDs.
+4. a few REAL runs per agent (oracle, and terminus-2 against the scripted model,
+   side by side, on suites/smoke in the runner image): Harbor per-trial overhead =
+   trial wall time - agent time - verifier time, plus RSS/FDs and model calls.
 
-Usage: .venv/bin/python bench/worker.py [--real-runs N] [--cheap-runs N]
+Usage: .venv/bin/python bench/worker.py [--real-runs N] [--cheap-runs N] [--agents oracle,terminus-2]
 """
 
 from __future__ import annotations
@@ -111,18 +112,18 @@ def bench_cheap_worker(root: Path, n: int) -> None:
     print(f"  open FDs: first {fds[0]}, last {fds[-1]}, min {min(fds)}, max {max(fds)}")
 
 
-def bench_real(root: Path, n: int) -> None:
+def bench_real(root: Path, n: int, agent: str = "oracle") -> None:
     from pipeline.build import build_images
     from pipeline.infra.worker import WorkerConfig, run_once
 
     images = build_images(["runner", "api"], "127.0.0.1:5055")
     runner, api = images.images["runner"], images.images["api"]
     policy = load_policy()
-    db = root / "real" / "queue.sqlite3"
+    db = root / f"real-{agent}" / "queue.sqlite3"
     with SqliteQueue(db) as q:
         for i in range(n):
-            q.enqueue(payload(20_000 + i, runner.ref, api.ref), max_attempts=1)
-    overheads, totals, agents, verifiers, rss, fds, walls = [], [], [], [], [], [], []
+            q.enqueue(payload(20_000 + i, runner.ref, api.ref, agent), max_attempts=1)
+    overheads, totals, agents, verifiers, rss, fds, walls, calls = [], [], [], [], [], [], [], []
     for _ in range(n):
         t = time.perf_counter()
         outcome = run_once(WorkerConfig(db=db, policy=policy))
@@ -136,10 +137,12 @@ def bench_real(root: Path, n: int) -> None:
             agents.append(a)
             verifiers.append(v)
             overheads.append(trial.total_seconds - a - v)
+            calls.append(trial.model_calls or 0)
         rss.append(rss_kib())
         fds.append(open_fds())
         print(f"  real run: {outcome.state} score={outcome.grading.score} wall={walls[-1]:.1f}s")
-    print(f"real runs x{n} ({len(totals)} trials, 3 concurrent per run): run wall median {statistics.median(walls):.1f} s")
+    print(f"real runs [{agent}] x{n} ({len(totals)} trials, 3 concurrent per run): "
+          f"run wall median {statistics.median(walls):.1f} s; model calls per trial median {statistics.median(calls):g}")
     print(f"  per trial: wall median {statistics.median(totals):.2f} s, agent {statistics.median(agents):.2f} s, "
           f"verifier (incl. its container start) {statistics.median(verifiers):.2f} s")
     print(f"  Harbor overhead per trial (wall - agent - verifier): median {statistics.median(overheads):.2f} s, "
@@ -152,13 +155,19 @@ def main() -> None:
     parser.add_argument("--queue-n", type=int, default=1000)
     parser.add_argument("--cheap-runs", type=int, default=50)
     parser.add_argument("--real-runs", type=int, default=3)
+    parser.add_argument("--agents", default="oracle,terminus-2", help="comma-separated; each gets --real-runs runs")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
         root = Path(tmp)
         bench_queue(root, args.queue_n)
         bench_cheap_worker(root, args.cheap_runs)
         if args.real_runs:
-            bench_real(root, args.real_runs)
+            from pipeline.infra.model_local import scripted_model_for
+
+            for agent in args.agents.split(","):
+                # A model-backed agent calls the scripted model on the policy's endpoint.
+                with scripted_model_for(agent, "smoke", None if agent in ("oracle", "nop") else "right"):
+                    bench_real(root, args.real_runs, agent)
 
 
 if __name__ == "__main__":
