@@ -131,6 +131,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.rstrip("/") not in ("/v1/models", "/models"):
+            self._log({"status": 404})
             self._send(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
             return
         if not self._authorized():
@@ -140,6 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         if self.path.split("?")[0].rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            self._log({"status": 404})
             self._send(404, {"error": {"message": "not found", "type": "invalid_request_error"}})
             return
         if not self._authorized():

@@ -343,3 +343,71 @@ def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: p
     with pytest.raises(UsageError, match="PORT only"), \
             scripted_model_for("terminus-2", "smoke", "right", load_policy(_write_policy(tmp_path, remote))):
         pass
+
+
+# --- egress: from inside the runner, the model and nothing else -----------------------
+
+_EGRESS_PROBE = r"""
+import json, socket, sys, urllib.request
+from pathlib import Path
+from pipeline.infra.relay import TcpToUnixRelay
+
+key = Path("/run/benchseal/secrets/BENCHSEAL_AGENT_API_KEY").read_text()
+relay = TcpToUnixRelay(Path("/run/benchseal/model/model.sock"))
+relay.start()
+out = {}
+req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v1/models", headers={"Authorization": "Bearer " + key})
+out["model"] = json.loads(urllib.request.urlopen(req, timeout=10).read())["data"][0]["id"]
+# A request naming another host still reaches only the model (a byte relay to one endpoint).
+req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v2/", headers={"Host": "127.0.0.1:5055"})
+try:
+    urllib.request.urlopen(req, timeout=10)
+    out["steer"] = "reached"
+except urllib.error.HTTPError as exc:
+    out["steer"] = exc.code
+for name, addr in [("registry", ("127.0.0.1", int(sys.argv[1]))), ("model_direct", ("127.0.0.1", int(sys.argv[2]))),
+                   ("bridge_gateway", ("172.17.0.1", int(sys.argv[1]))), ("metadata", ("169.254.169.254", 80)),
+                   ("internet", ("1.1.1.1", 443))]:
+    try:
+        socket.create_connection(addr, timeout=3).close()
+        out[name] = "connected"
+    except OSError as exc:
+        out[name] = type(exc).__name__ + ":" + str(exc.errno)
+try:
+    socket.getaddrinfo("example.com", 443)
+    out["dns"] = "resolved"
+except OSError as exc:
+    out["dns"] = "failed"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload: Any, local_images: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner container exactly as the worker starts it (network none, secret files, relay socket)."""
+    from pipeline.contracts import DispatchPayload
+
+    registry_port = int(local_images["runner"].registry.rpartition(":")[2])
+    with ModelServer(key=CANARY, log_path=tmp_path / "log.jsonl") as server:
+        data = _policy_data(server.port)
+        policy = load_policy(_write_policy(tmp_path, data))
+        monkeypatch.setenv(KEY_ENV, CANARY)
+        setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="terminus-2")))
+        client = docker.from_env()
+        try:
+            output = client.containers.run(
+                local_images["runner"].ref, entrypoint=["python3", "-c", _EGRESS_PROBE],
+                command=[str(registry_port), str(server.port)], volumes=setup.volumes, network_mode="none",
+                environment={"HARBOR_TELEMETRY": "0"}, remove=True, stdout=True, stderr=True)
+        finally:
+            setup.close()
+    result = json.loads(output.decode().strip().splitlines()[-1])
+    assert result["model"] == "benchseal-scripted"
+    assert result["steer"] == 404  # the model server answered, not the registry
+    for name in ("registry", "model_direct", "bridge_gateway", "metadata", "internet"):
+        assert result[name] != "connected", (name, result)
+    assert result["dns"] == "failed"
+    requests = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in requests] == ["/v1/models", "/v2/"]
