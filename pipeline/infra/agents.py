@@ -9,6 +9,9 @@
   to the suite's policy endpoint and nothing else, mounted at ``MODEL_MOUNT``.
 * Version pin: the policy's agent version goes to the runner, which refuses
   to run (exit 2) when its Harbor does not match.
+* Engine access: the runner's ``/var/run/docker.sock`` is an API-filtering proxy
+  (``engine_proxy.EngineProxy``): its own trial containers only, binds under the
+  run dir only, no privileged or host-namespace containers, pulls of the base only.
 
 Both directories are removed when the attempt ends.
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from pipeline.contracts import DispatchPayload
 from pipeline.errors import UsageError
+from pipeline.infra.engine_proxy import EnginePolicy, EngineProxy
 from pipeline.infra.policy import InfraPolicy
 from pipeline.infra.relay import UnixToTcpRelay
 
@@ -38,6 +42,7 @@ class RunnerAgentSetup:
     args: list[str] = field(default_factory=list)
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     relay: UnixToTcpRelay | None = None
+    engine: EngineProxy | None = None
     dirs: list[Path] = field(default_factory=list)
 
     @property
@@ -48,16 +53,28 @@ class RunnerAgentSetup:
         if self.relay is not None:
             self.relay.stop()
             self.relay = None
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
         for path in self.dirs:
             shutil.rmtree(path, ignore_errors=True)
         self.dirs.clear()
 
 
-def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload) -> RunnerAgentSetup:
-    """Secret files, the model relay and the agent arguments for one runner container."""
+def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_dir: Path | None = None,
+                         docker_socket: str = "/var/run/docker.sock",
+                         pull_repositories: tuple[str, ...] = ()) -> RunnerAgentSetup:
+    """Secret files, the model relay, the agent arguments and (with ``run_dir``) the filtered engine socket."""
     entry, model = policy.agent(payload.agent, payload.suite)
     setup = RunnerAgentSetup()
     try:
+        if run_dir is not None:
+            engine = Path(tempfile.mkdtemp(prefix="benchseal-engine-"))
+            setup.dirs.append(engine)
+            setup.engine = EngineProxy(engine / "docker.sock", EnginePolicy(
+                bind_roots=(run_dir,), pull_repositories=pull_repositories), upstream=docker_socket)
+            setup.engine.start()
+            setup.volumes[str(engine / "docker.sock")] = {"bind": "/var/run/docker.sock", "mode": "rw"}
         if entry is not None:
             setup.args += ["--agent-version", entry.version]
         present = [name for name in policy.secret_env if name in os.environ]

@@ -10,9 +10,10 @@ One attempt (``run_once``):
    ``FROM benchseal-base`` to the base reference by digest;
 4. kill leftovers of earlier attempts of this run (a worker killed with -9
    leaves its runner container behind), then start the runner container by
-   digest with the Docker socket and the run dir mounted at the same path,
-   running ``benchseal trial run``; secrets go in through the Engine API's env
-   (never argv) and on to Harbor by name;
+   digest with an engine socket and the run dir mounted at the same path,
+   running ``benchseal trial run``; secrets go in as 0400 files on a read-only
+   mount (never Env or argv), the engine socket is the filtering proxy, a model
+   agent reaches its endpoint through a relay socket (``pipeline.infra.agents``);
 5. wait under the suite timeout (kill on expiry), record what the container ran
    (``docker inspect`` Image + RepoDigests), copy evidence into artifacts/ in
    every outcome, grade from result.json, write grading.json;
@@ -351,7 +352,9 @@ def _run_container(
     command = ["trial", "run", "--suite-dir", str(run_dir / "suite"), "--out", str(run_dir), "--run-id", run_id,
                "--concurrency", str(config.trial_concurrency), "--agent", record.payload.agent]
     # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
-    agent_setup = prepare_runner_agent(policy, record.payload)
+    # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
+    # (the worker pulled the base by digest already).
+    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir, docker_socket=config.docker_socket)
     try:
         return _run_started_container(client, record, runner_ref, run_dir, config, command, agent_setup,
                                       policy.suite_timeout(record.payload.suite))
@@ -374,9 +377,9 @@ def _run_started_container(
             entrypoint=["python3", "-m", "pipeline"],
             name=_container_name(run_id, record.attempts),
             labels={LABEL_RUN: run_id, "benchseal.stage": "infra"},
-            environment={"HARBOR_TELEMETRY": "0"},
+            # DOCKER_BUILDKIT=0: compose builds through /build, which the engine proxy can check (not BuildKit's /grpc).
+            environment={"HARBOR_TELEMETRY": "0", "DOCKER_BUILDKIT": "0"},
             volumes={
-                config.docker_socket: {"bind": "/var/run/docker.sock", "mode": "rw"},
                 str(run_dir): {"bind": str(run_dir), "mode": "rw"},
                 **agent_setup.volumes,
             },

@@ -411,3 +411,71 @@ def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload:
     assert result["dns"] == "failed"
     requests = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [r["path"] for r in requests] == ["/v1/models", "/v2/"]
+
+
+# --- engine access: from inside the runner, its own containers only --------------------
+
+_ENGINE_PROBE = r"""
+set -u
+base="$1"; victim="$2"; run="$3"; pull="$4"
+try() { name="$1"; shift; if out=$("$@" 2>&1); then echo "$name=ok"; else echo "$name=refused:$(echo "$out" | grep -c 'benchseal engine proxy')"; fi; }
+try privileged_root docker run --rm --privileged -v /:/host "$base" true
+try bind_root docker run --rm -v /:/host "$base" true
+try bind_etc docker run --rm -v /etc:/x "$base" true
+try mount_etc docker run --rm --mount type=bind,source=/etc,target=/x "$base" true
+ln -s / "$run/escape"
+try bind_symlink docker run --rm -v "$run/escape:/x" "$base" true
+try host_net docker run --rm --network host "$base" true
+try host_pid docker run --rm --pid host "$base" true
+try cap_add docker run --rm --cap-add SYS_ADMIN "$base" true
+try volumes_from docker run --rm --volumes-from "$victim" "$base" true
+try exec_other docker exec "$victim" true
+try inspect_other docker container inspect "$victim"
+try kill_other docker kill "$victim"
+try pull docker pull "$pull"
+try bind_volume docker volume create --opt type=none --opt o=bind --opt device=/ escape-vol
+mkdir -p "$run/ok"
+try own_run docker run --rm --network none -v "$run/ok:/ok" "$base" sh -c 'echo inside > /ok/out.txt'
+echo "own_out=$(cat "$run/ok/out.txt" 2>/dev/null)"
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, local_images: Any,
+                                          base_refs: Any) -> None:
+    """docker CLI inside the runner, through the worker's engine proxy: only its own, unprivileged containers."""
+    from pipeline.build import ensure_local
+    from pipeline.contracts import DispatchPayload
+
+    base = base_refs["base"]
+    ensure_local(base)
+    client = docker.from_env()
+    victim = client.containers.run(base.ref, ["sleep", "120"], detach=True, network_mode="none",
+                                   labels={"benchseal.test": "engine-victim"})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="oracle")), run_dir=run_dir)
+    try:
+        output = client.containers.run(
+            local_images["runner"].ref, entrypoint=["sh", "-c", _ENGINE_PROBE, "probe"],
+            command=[base.ref, victim.name, str(run_dir), local_images["runner"].ref],
+            volumes={str(run_dir): {"bind": str(run_dir), "mode": "rw"}, **setup.volumes}, network_mode="none",
+            environment={"DOCKER_BUILDKIT": "0"}, remove=True, stdout=True, stderr=True).decode()
+        refused = list(setup.engine.refused) if setup.engine else []
+    finally:
+        setup.close()
+        victim.reload()
+        victim_status = victim.status
+        victim.remove(force=True)
+    results = dict(line.split("=", 1) for line in output.strip().splitlines() if "=" in line)
+    for name in ("privileged_root", "bind_root", "bind_etc", "mount_etc", "bind_symlink", "host_net", "host_pid",
+                 "cap_add", "volumes_from", "exec_other", "inspect_other", "kill_other", "pull", "bind_volume"):
+        assert results.get(name, "").startswith("refused:") and results[name] != "refused:0", (name, output)
+    assert victim_status == "running"  # untouched
+    # Not a proxy that refuses everything: its own unprivileged container under the run dir works.
+    assert results["own_run"] == "ok" and results["own_out"] == "inside", output
+    assert (run_dir / "ok" / "out.txt").read_text() == "inside\n"
+    assert any("privileged" in r for r in refused) and any("/etc" in r for r in refused)
+    assert not client.volumes.list(filters={"name": "escape-vol"})

@@ -232,7 +232,9 @@ def _runner_containers(run_id: str) -> list[Any]:
 
 def _trial_containers(run_id: str) -> list[Any]:
     short = run_id[-12:]
-    return [c for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"})
+    # ignore_removed: other runs on the machine remove their containers between list and inspect.
+    return [c for c in docker.from_env().containers.list(all=True, filters={"label": "com.docker.compose.project"},
+                                                         ignore_removed=True)
             if short in c.labels.get("com.docker.compose.project", "")]
 
 
