@@ -271,6 +271,8 @@ class EngineProxy:
             mode = request.query.get("networkmode", [""])[0]
             if mode == "host" or mode.startswith("container:"):
                 raise Refused(f"{what}: networkmode {mode} is not allowed")
+            if request.query.get("remote"):
+                raise Refused(f"{what}: a remote build context (fetched by the engine) is not allowed")
             with self._lock:
                 self.built.update(_tagged(t) for t in request.query.get("t", []))
             return body

@@ -165,11 +165,13 @@ def kill_leftovers(client: Any, run_id: str) -> list[str]:
     """Remove runner containers of earlier attempts of ``run_id`` and the trial containers they started."""
     removed: list[str] = []
     short = re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
+    for container in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}, ignore_removed=True):
         container.remove(force=True)
         removed.append(container.name)
     # Harbor's compose projects are named after the trial names, which end in the run's short id.
-    for container in client.containers.list(all=True, filters={"label": "com.docker.compose.project"}):
+    # ignore_removed: unrelated containers may disappear between the list and its inspects.
+    for container in client.containers.list(all=True, filters={"label": "com.docker.compose.project"},
+                                            ignore_removed=True):
         project = container.labels.get("com.docker.compose.project", "")
         if short and short in project:
             container.remove(force=True)

@@ -164,6 +164,8 @@ def test_smuggling_and_framing_tricks_are_refused(proxy: Any) -> None:
     ("POST /v1.41/images/create?fromImage=evil/image&tag=latest", False),
     ("DELETE /v1.41/images/benchseal%2Fbase:latest", False),
     ("POST /v1.41/build?networkmode=host", False),
+    ("POST /v1.41/build?remote=https%3A%2F%2Fexample.test%2Fctx.tar", False),
+    ("POST /v1.41/build?t=task-main", True),
     ("POST /v1.41/grpc", False),
     ("POST /v1.41/session", False),
     ("POST /v1.41/swarm/init", False),
@@ -184,3 +186,13 @@ def test_missing_container_is_the_engines_404(proxy: Any) -> None:
     p, engine, _ = proxy
     status, _ = _send(p, b"GET /containers/missing/json HTTP/1.1\r\nHost: d\r\n\r\n")
     assert status == 404 and engine.requests == []
+
+
+def test_only_images_built_through_the_proxy_may_be_removed(proxy: Any) -> None:
+    p, engine, _ = proxy
+    assert _send(p, b"DELETE /v1.41/images/task-main:latest HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 403
+    assert _send(p, b"POST /v1.41/build?t=task-main HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n")[0] == 200
+    assert _send(p, b"DELETE /v1.41/images/task-main:latest HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 200
+    assert _send(p, b"DELETE /v1.41/images/task-main HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 200
+    assert _send(p, b"DELETE /v1.41/images/task-main:other HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 403
+    assert len(engine.requests) == 3
