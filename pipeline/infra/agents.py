@@ -45,6 +45,14 @@ class RunnerAgentSetup:
     engine: EngineProxy | None = None
     dirs: list[Path] = field(default_factory=list)
 
+    secrets_dir: Path | None = None
+
+    def drop_secrets(self) -> None:
+        """Remove the secret files (the runner has read them once it has planned its trials)."""
+        if self.secrets_dir is not None:
+            shutil.rmtree(self.secrets_dir, ignore_errors=True)
+            self.secrets_dir = None
+
     @property
     def model_connections(self) -> int:
         return self.relay.connections if self.relay is not None else 0
@@ -83,6 +91,7 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
         if present:
             secrets = Path(tempfile.mkdtemp(prefix="benchseal-secrets-"))
             setup.dirs.append(secrets)
+            setup.secrets_dir = secrets
             for name in present:
                 path = secrets / name
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)

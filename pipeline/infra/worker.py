@@ -405,6 +405,8 @@ def _run_started_container(
                 break
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 pass
+            if (run_dir / "trials.json").is_file():
+                agent_setup.drop_secrets()  # read by `trial run` before it plans: no longer on disk
             now = time.monotonic()
             if config.stop.is_set() and term_deadline is None:
                 term_deadline = now + config.term_grace_seconds
