@@ -146,7 +146,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if not self._authorized():
             return
-        length = int(self.headers.get("Content-Length") or 0)
+        raw_length = self.headers.get("Content-Length") or "0"
+        length = int(raw_length) if raw_length.isdigit() else -1
         if length <= 0 or length > _MAX_BODY:
             self._log({"status": 400})
             self._send(400, {"error": {"message": "body required (at most 4 MiB)", "type": "invalid_request_error"}})

@@ -151,3 +151,18 @@ def test_cli_start_stop_records_pid_and_keeps_key_out_of_argv(tmp_path: Path) ->
     bad = subprocess.run([*cli, "start", "--key-file", str(short), "--state-dir", str(tmp_path / "s2")],
                          capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
     assert bad.returncode == 2 and "key_file" in bad.stderr
+
+
+@pytest.mark.parametrize("length", ["abc", "-5", "0", str(5 * 1024 * 1024)])
+def test_bad_content_length_is_a_400(length: str) -> None:
+    import http.client
+
+    with ModelServer(key=KEY) as server:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=5)
+        conn.putrequest("POST", "/v1/chat/completions")
+        conn.putheader("Authorization", f"Bearer {KEY}")
+        conn.putheader("Content-Length", length)
+        conn.endheaders()
+        response = conn.getresponse()
+        assert response.status == 400 and b"body required" in response.read()
+        conn.close()
