@@ -60,7 +60,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
     agent_versions = sorted({t.agent_version for t in grading.trials if t.agent_version})
     harbor_versions = sorted({t.harbor_version for t in grading.trials if t.harbor_version})
     counts = grading.counts
-    return {
+    summary = {
         "schema": SUMMARY_SCHEMA,
         "suite": grading.suite,
         "dataset": {"name": grading.suite, "revision": suite_revision(grading.suite, suites_root)},
@@ -75,9 +75,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
             "api": {"name": api.name, "digest": api.digest, "ref": api.ref},
         },
         "harbor_version": grading.harbor_version or harbor_version or (harbor_versions[0] if harbor_versions else None),
-        "agent": {"name": grading.agent, "version": agent_versions[0] if len(agent_versions) == 1 else (agent_versions or None),
-                  "version_pin": grading.agent_version_pin, "model": grading.model},
-        "model_usage": _model_usage(grading),
+        "agent": _agent(grading, agent_versions),
         "infra_run_id": grading.run_id,
         "run_id": grading.run_id,
         "correlation_id": payload.correlation_id,
@@ -93,6 +91,20 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
             ],
         },
     }
+    usage = _model_usage(grading)
+    if usage is not None:
+        summary["model_usage"] = usage
+    return summary
+
+
+def _agent(grading: Grading, versions: list[str]) -> dict[str, Any]:
+    agent: dict[str, Any] = {"name": grading.agent, "version": versions[0] if len(versions) == 1 else (versions or None)}
+    # Model-backed agents: the policy's version pin and the model they called.
+    if grading.agent_version_pin is not None:
+        agent["version_pin"] = grading.agent_version_pin
+    if grading.model is not None:
+        agent["model"] = grading.model
+    return agent
 
 
 def _model_usage(grading: Grading) -> dict[str, int] | None:
