@@ -131,7 +131,8 @@ def _service(unit: str, home: Path, log: Path, env_file: dict[str, str],
     for line in text.splitlines():
         if line.startswith("Environment="):
             key, _, value = line.removeprefix("Environment=").partition("=")
-            env[key] = value.replace("/var/lib/benchseal", str(home))
+            env[key] = value.replace("/var/lib/benchseal", str(home)).replace(
+                "/etc/benchseal/infra.yaml", str(REPO_ROOT / "policies" / "infra.yaml"))
     env.update(env_file)
     with log.open("wb") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
@@ -304,8 +305,15 @@ def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: Worl
     built = {role: merged["images"][role]["ref"] for role in ("runner", "api")}
     for role in ("runner", "api"):
         parse_ref(built[role])  # the one validator
-        leg = next(leg for leg in run.jobs["build"].legs if built[role].endswith(leg[-2].outputs.get("digest", "-")))
-        assert leg, role
+        digests = [next(step for step in leg if step.id == "digest").outputs.get("digest", "-")
+                   for leg in run.jobs["build"].legs]
+        assert any(built[role].endswith(digest) for digest in digests), role
+        # The build leg signed and attested exactly that digest as tag.yml at the tag (cosign).
+        from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
+
+        verify_image(built[role], ImageIdentityPolicy.release_workflow(SOURCE, TAG),
+                     SigstoreEndpoints.private(world.sigstore.url, world.sigstore.trusted_root),
+                     allow_http_registry=True)
         assert queued["payload"][role] == built[role]
         assert f"- {role}: `{built[role]}`" in run.summary
         assert run.jobs["dispatch_infra"].outputs[f"{role}_ref"] == built[role]

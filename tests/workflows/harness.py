@@ -93,7 +93,8 @@ class Runner:
         """``sudo``: admits exactly the rules of deploy/benchseal.sudoers (user, command, no
         arguments), resets the environment like ``env_reset`` + ``secure_path`` and runs the
         deploy/ wrapper with the host paths mapped to this machine (/opt/benchseal -> the
-        project checkout and venv, /var/lib/benchseal -> ``sudo_home``)."""
+        project checkout and venv, /var/lib/benchseal -> ``sudo_home``, /etc/benchseal/infra.yaml ->
+        the runner's source's policies/infra.yaml)."""
         rules: list[dict[str, str]] = []
         for line in (DEPLOY / "benchseal.sudoers").read_text("utf-8").splitlines():
             m = re.fullmatch(r'(\S+) ALL=\((\S+)\) NOPASSWD: (\S+) ""', line.strip())
@@ -108,6 +109,8 @@ class Runner:
             name = Path(rule["command"]).name
             text = (DEPLOY / name).read_text("utf-8")
             text = text.replace("/opt/benchseal/.venv/bin/", f"{self.venv}/bin/").replace("/opt/benchseal", str(REPO_ROOT))
+            # The operator's policy: the infra repository's own (what this runner checked out).
+            text = text.replace("/etc/benchseal/infra.yaml", str(self.source / "policies" / "infra.yaml"))
             if self.sudo_home is not None:
                 text = text.replace("/var/lib/benchseal", str(self.sudo_home))
             local = wrappers / name
