@@ -16,6 +16,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -167,9 +168,11 @@ class Scanner(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def agent_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> dict[str, Any]:
+def agent_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile,
+                sign_release_images: Any) -> dict[str, Any]:
     root = tmp_path_factory.mktemp("infra-agents")
     runner, api = built_images.images["runner"], built_images.images["api"]
+    trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
     data = _policy_data()
     data["sources"] = [{"repository": "acme/benchseal", "images": {
         role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
@@ -177,7 +180,11 @@ def agent_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     data["suites"]["smoke"]["timeout_seconds"] = 400
     suites = root / "suites"
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
-    return {"root": root, "data": data, "suites": suites, "runner": runner.ref, "api": api.ref}
+    return {"root": root, "data": data, "suites": suites, "runner": runner.ref, "api": api.ref, "trust": trust}
+
+
+# Run ids derive from correlation ids: unique per session on a shared Docker Engine.
+SESSION = uuid.uuid4().hex[:8]
 
 
 def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
@@ -189,7 +196,7 @@ def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
         data["suites"]["smoke"]["model"]["endpoint"] = server.base_url
         policy = load_policy(_write_policy(root, data))
         db = root / "queue.sqlite3"
-        payload = {"schema": "benchseal.dispatch/v1", "correlation_id": correlation,
+        payload = {"schema": "benchseal.dispatch/v1", "correlation_id": f"{correlation}-{SESSION}",
                    "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
                               "tag": "v9.9.9"},
                    "runner": setup["runner"], "api": setup["api"], "suite": "smoke", "agent": "terminus-2"}
@@ -204,7 +211,7 @@ def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
         os.environ[KEY_ENV] = CANARY
         scanner.start()
         try:
-            outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=setup["suites"]))
+            outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=setup["suites"], image_trust=setup["trust"]))
         finally:
             scanner.stop.set()
             scanner.join()
