@@ -5,6 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 BENCHSEAL := $(VENV)/bin/benchseal
 TAG ?= v0.0.0-demo
+# AGENT=terminus-2 runs Harbor's model-backed agent against the scripted model
+# (MODEL_SCRIPT=right scores 1.0, wrong scores 0; MODEL_SCRIPT= uses $$BENCHSEAL_AGENT_API_KEY
+# and the policy's endpoint as they are).
+AGENT ?= oracle
+MODEL_SCRIPT ?= right
 
 .PHONY: setup demo test lint bench clean-state
 
@@ -12,7 +17,8 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(BENCHSEAL) release $(TAG) --local
+	$(BENCHSEAL) release $(TAG) --local --agent $(AGENT) \
+	  $(if $(and $(filter terminus-2,$(AGENT)),$(MODEL_SCRIPT)),--scripted-model $(MODEL_SCRIPT))
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: setup

@@ -193,6 +193,10 @@ class TrialRecord(_Frozen):
     agent_seconds: float | None = None
     verifier_seconds: float | None = None
     total_seconds: float | None = None
+    # Model-backed agents: what the agent reported (Harbor's agent_result), None for test agents.
+    model_calls: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
 
 
 class GradeCounts(_Frozen):
@@ -219,6 +223,9 @@ class Grading(_Frozen):
     score: float | None
     trials: tuple[TrialRecord, ...] = ()
     harbor_version: str | None = None
+    # The policy's version pin for the agent (None for Harbor's test agents) and the model it called.
+    agent_version_pin: str | None = None
+    model: str | None = None
     runner_ref: PinnedRef
     api_ref: PinnedRef
     started_at: str

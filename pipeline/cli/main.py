@@ -29,6 +29,7 @@ VERB_MODULES = (
     "infra",
     "worker",
     "trial",
+    "model_server",
     "api",
     "sigstore_local",
     "evidence",

@@ -26,6 +26,9 @@ def release(
     agent: str = typer.Option("oracle", "--agent"),
     dist: Annotated[Path | None, typer.Option("--dist", help="Local release root (default dist/releases).")] = None,
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable report only."),
+    scripted_model: str | None = typer.Option(None, "--scripted-model", help="right|wrong: serve the suite's "
+                                              "model endpoint (policy, 127.0.0.1) with the scripted model server "
+                                              "and a fresh key for this release only."),
 ) -> None:
     """Release TAG locally: images, benchmark run, evidence, publication, verification."""
     import os
@@ -45,6 +48,7 @@ def release(
         suite=suite,
         agent=agent,
         console=None if as_json else console,
+        scripted_model=scripted_model,
     )
     if as_json:
         typer.echo(json.dumps(report.to_json_dict(), indent=2, sort_keys=True))

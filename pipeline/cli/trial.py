@@ -18,11 +18,24 @@ def run(
     agent: Annotated[str, typer.Option("--agent")] = "oracle",
     secret_env: Annotated[list[str] | None, typer.Option("--secret-env", help="NAME of an env var to hand to the agent (value stays in the environment).")] = None,
     concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=16)] = 3,
+    secret_dir: Annotated[Path | None, typer.Option("--secret-dir", help="Directory of NAME files (mounted, 0400) read for --secret-env names.")] = None,
+    agent_version: Annotated[str | None, typer.Option("--agent-version", help="Harbor version the policy pins the agent to.")] = None,
+    model_socket: Annotated[Path | None, typer.Option("--model-socket", help="The worker's model relay socket.")] = None,
+    model_path: Annotated[str, typer.Option("--model-path", help="Path of the model endpoint, e.g. /v1.")] = "/v1",
+    model_name: Annotated[str | None, typer.Option("--model-name", help="LiteLLM model name.")] = None,
+    model_key_env: Annotated[str | None, typer.Option("--model-key-env", help="--secret-env name holding the model key.")] = None,
 ) -> None:
     """Run every task once; grade later from the trials' result.json files."""
-    from pipeline.infra.trial import run_suite
+    from pipeline.errors import UsageError
+    from pipeline.infra.trial import ModelAccess, run_suite
 
-    specs = run_suite(suite_dir, out, run_id=run_id, agent=agent, secret_env=tuple(secret_env or ()), concurrency=concurrency)
+    model = None
+    if model_socket is not None or model_name is not None or model_key_env is not None:
+        if model_socket is None or model_name is None or model_key_env is None:
+            raise UsageError("--model-socket, --model-name and --model-key-env go together")
+        model = ModelAccess(socket=model_socket, path=model_path, name=model_name, key_env=model_key_env)
+    specs = run_suite(suite_dir, out, run_id=run_id, agent=agent, secret_env=tuple(secret_env or ()), concurrency=concurrency,
+                      secret_dir=secret_dir, agent_version=agent_version, model=model)
     typer.echo(f"ran {len(specs)} trials into {out / 'harbor'}")
 
 

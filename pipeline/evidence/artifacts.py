@@ -60,7 +60,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
     agent_versions = sorted({t.agent_version for t in grading.trials if t.agent_version})
     harbor_versions = sorted({t.harbor_version for t in grading.trials if t.harbor_version})
     counts = grading.counts
-    return {
+    summary = {
         "schema": SUMMARY_SCHEMA,
         "suite": grading.suite,
         "dataset": {"name": grading.suite, "revision": suite_revision(grading.suite, suites_root)},
@@ -75,7 +75,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
             "api": {"name": api.name, "digest": api.digest, "ref": api.ref},
         },
         "harbor_version": grading.harbor_version or harbor_version or (harbor_versions[0] if harbor_versions else None),
-        "agent": {"name": grading.agent, "version": agent_versions[0] if len(agent_versions) == 1 else (agent_versions or None)},
+        "agent": _agent(grading, agent_versions),
         "infra_run_id": grading.run_id,
         "run_id": grading.run_id,
         "correlation_id": payload.correlation_id,
@@ -85,11 +85,36 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
             "trials": [
                 {"task": t.task, "trial": t.trial_name, "outcome": t.outcome, "reward": t.reward,
                  "total_seconds": t.total_seconds, "agent_seconds": t.agent_seconds,
-                 "verifier_seconds": t.verifier_seconds}
+                 "verifier_seconds": t.verifier_seconds, "model_calls": t.model_calls,
+                 "input_tokens": t.input_tokens, "output_tokens": t.output_tokens}
                 for t in grading.trials
             ],
         },
     }
+    usage = _model_usage(grading)
+    if usage is not None:
+        summary["model_usage"] = usage
+    return summary
+
+
+def _agent(grading: Grading, versions: list[str]) -> dict[str, Any]:
+    agent: dict[str, Any] = {"name": grading.agent, "version": versions[0] if len(versions) == 1 else (versions or None)}
+    # Model-backed agents: the policy's version pin and the model they called.
+    if grading.agent_version_pin is not None:
+        agent["version_pin"] = grading.agent_version_pin
+    if grading.model is not None:
+        agent["model"] = grading.model
+    return agent
+
+
+def _model_usage(grading: Grading) -> dict[str, int] | None:
+    """Totals over the trials that reported model usage (None when no trial called a model)."""
+    reported = [t for t in grading.trials if t.model_calls is not None]
+    if not reported:
+        return None
+    return {"trials": len(reported), "model_calls": sum(t.model_calls or 0 for t in reported),
+            "input_tokens": sum(t.input_tokens or 0 for t in reported),
+            "output_tokens": sum(t.output_tokens or 0 for t in reported)}
 
 
 def write_summary(artifacts: Path, summary: dict[str, Any]) -> Path:

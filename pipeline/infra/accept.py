@@ -165,8 +165,7 @@ def validate_payload(data: bytes | dict[str, Any], policy: InfraPolicy | None = 
     policy.check_payload(payload)
     if payload.suite not in policy.suites:
         raise ValidationError("payload.suite", f"suite not allowed by policy (allowed: {', '.join(sorted(policy.suites))})", payload.suite)
-    if payload.agent not in policy.agents:
-        raise ValidationError("payload.agent", f"agent not allowed by policy (allowed: {', '.join(policy.agents)})", payload.agent)
+    policy.agent(payload.agent, payload.suite)  # admitted by name; a model-backed agent needs the suite's model
     return payload
 
 

@@ -57,6 +57,23 @@ def _seconds(phase: Any) -> float | None:
     return round((end - start).total_seconds(), 3)
 
 
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _model_usage(agent_result: Any) -> dict[str, Any]:
+    """Model calls and tokens from Harbor's agent_result (terminus-2 fills them; test agents do not)."""
+    if not isinstance(agent_result, dict):
+        return {}
+    raw_metadata = agent_result.get("metadata")
+    metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
+    times = metadata.get("api_request_times_msec")
+    calls = len(times) if isinstance(times, list) else _count(metadata.get("n_episodes"))
+    usage = {"model_calls": calls, "input_tokens": _count(agent_result.get("n_input_tokens")),
+             "output_tokens": _count(agent_result.get("n_output_tokens"))}
+    return {k: v for k, v in usage.items() if v is not None}
+
+
 def read_plan(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / TRIALS_FILE
     if not path.is_file():
@@ -92,8 +109,9 @@ def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runne
         exception_type = exception_type or "NoReward"
     else:
         outcome = "resolved" if reward >= 1.0 else "unresolved"
+    usage = _model_usage(data.get("agent_result"))
     return TrialRecord(
-        **{**base, "agent_name": str(info.get("name") or agent)},
+        **{**base, "agent_name": str(info.get("name") or agent), **usage},
         outcome=outcome,
         reward=reward,
         exception_type=exception_type,
@@ -149,6 +167,8 @@ def grade_run(
         score=round(resolved / counts.completed, 6) if ok else None,
         trials=trials,
         harbor_version=harbor_version,
+        agent_version_pin=plan.get("agent_version"),
+        model=plan.get("model"),
         runner_ref=payload.runner,
         api_ref=payload.api,
         started_at=started_at,

@@ -13,7 +13,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    model_validator,
+)
 
 from pipeline.contracts import DispatchPayload, canonical_repository, load_model
 from pipeline.digests import ImageRef, parse_ref
@@ -25,6 +34,7 @@ SCHEMA_PATH = REPO_ROOT / "policies" / "payload.schema.json"
 _MAX_POLICY_BYTES = 65536
 _ENV_NAME = r"^[A-Z_][A-Z0-9_]{0,63}$"
 _SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+TEST_AGENTS = frozenset({"oracle", "nop"})
 
 
 class _Strict(BaseModel):
@@ -71,17 +81,64 @@ class SourcePolicy(_Strict):
         return canonical_repository(self.repository)
 
 
+class ModelPolicy(_Strict):
+    """The model endpoint a suite's model-backed agents call (the runner's only way out)."""
+
+    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9.\-]+:[0-9]{1,5}(/[A-Za-z0-9._~/\-]*)?$",
+                                               max_length=255)]
+    # LiteLLM model name, e.g. openai/<name> for an OpenAI-compatible endpoint.
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$")]
+    # The worker environment variable holding the key (must be listed in secret_env).
+    key_env: Annotated[str, StringConstraints(pattern=_ENV_NAME)]
+
+    @property
+    def host_port(self) -> tuple[str, int, bool]:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.endpoint)
+        tls = parts.scheme == "https"
+        return str(parts.hostname), int(parts.port or (443 if tls else 80)), tls
+
+    @property
+    def path(self) -> str:
+        from urllib.parse import urlsplit
+
+        return urlsplit(self.endpoint).path.rstrip("/")
+
+
+class AgentPolicy(_Strict):
+    """An agent admitted by name AND version; ``model: true`` agents call the suite's model."""
+
+    name: Annotated[str, StringConstraints(pattern=_SLUG)]
+    # For Harbor's built-in agents: the harbor distribution version that ships it.
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+\-]{0,63}$")]
+    model: bool = False
+
+
+def _agent_kind(value: Any) -> str:
+    return "name" if isinstance(value, str) else "entry"
+
+
+# Tagged so that an error names the rule of the form used (a bare name or a mapping).
+AgentEntry = Annotated[
+    Annotated[Annotated[str, StringConstraints(pattern=_SLUG)], Tag("name")] | Annotated[AgentPolicy, Tag("entry")],
+    Discriminator(_agent_kind),
+]
+
+
 class SuitePolicy(_Strict):
     timeout_seconds: float = Field(gt=0, le=86400)
     # Trials of one run that run at once inside the run's one runner container.
     trial_concurrency: int = Field(default=3, ge=1, le=16, strict=True)
+    model: ModelPolicy | None = None
 
 
 class InfraPolicy(_Strict):
     schema_: Literal["benchseal.infra-policy/v2"] = Field(alias="schema")
     max_payload_bytes: int = Field(ge=256, le=1_048_576)
     sources: tuple[SourcePolicy, ...] = Field(min_length=1, max_length=1000)
-    agents: tuple[Annotated[str, StringConstraints(pattern=_SLUG)], ...] = Field(min_length=1)
+    # A bare name: one of Harbor's test agents (oracle, nop), no model, no version pin.
+    agents: tuple[AgentEntry, ...] = Field(min_length=1)
     suites: dict[Annotated[str, StringConstraints(pattern=_SLUG)], SuitePolicy] = Field(min_length=1)
     max_attempts: int = Field(ge=1, le=20)
     lease_seconds: float = Field(gt=0, le=3600)
@@ -99,6 +156,39 @@ class InfraPolicy(_Strict):
                                  "repository names are compared case-insensitively)")
             seen[entry.canonical] = entry.repository
         return self
+
+    @model_validator(mode="after")
+    def _agents_consistent(self) -> InfraPolicy:
+        names = self.agent_names
+        if len(set(names)) != len(names):
+            raise ValueError("agents: an agent may be listed once")
+        for agent in self.agents:
+            if isinstance(agent, str) and agent not in TEST_AGENTS:
+                raise ValueError(f"agents: {agent!r} must be given as {{name, version, model}} "
+                                 f"(bare names are for Harbor's test agents {sorted(TEST_AGENTS)})")
+        for name, suite in self.suites.items():
+            if suite.model is not None and suite.model.key_env not in self.secret_env:
+                raise ValueError(f"suites.{name}.model.key_env: {suite.model.key_env} must be listed in secret_env")
+        return self
+
+    @property
+    def agent_names(self) -> tuple[str, ...]:
+        return tuple(a if isinstance(a, str) else a.name for a in self.agents)
+
+    def agent(self, name: str, suite: str, field: str = "payload.agent") -> tuple[AgentPolicy | None, ModelPolicy | None]:
+        """The policy entry for ``name`` (None for a test agent) and the suite's model when it needs one."""
+        for entry in self.agents:
+            if isinstance(entry, str) and entry == name:
+                return None, None
+            if isinstance(entry, AgentPolicy) and entry.name == name:
+                if not entry.model:
+                    return entry, None
+                model = self.suites[suite].model if suite in self.suites else None
+                if model is None:
+                    raise ValidationError(field, f"agent {name} needs a model, and suite {suite!r} configures none "
+                                          "(suites.<suite>.model in policies/infra.yaml)", name)
+                return entry, model
+        raise ValidationError(field, f"agent not allowed by policy (allowed: {', '.join(self.agent_names)})", name)
 
     def source(self, repository: str, field: str = "payload.source.repository") -> SourcePolicy:
         """The policy's entry for ``repository`` (case-insensitive); ValidationError naming ``field`` otherwise."""

@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.errors import UsageError, ValidationError
 from pipeline.fsutil import atomic_write_json
@@ -38,6 +39,16 @@ def enabled_tunings(environ: Mapping[str, str] | None = None) -> frozenset[str]:
     if unknown:
         raise ValidationError(DISABLE_ENV, f"unknown names {unknown}; known: {', '.join(TUNINGS)}")
     return frozenset(TUNINGS) - disabled
+
+
+@dataclass(frozen=True)
+class ModelAccess:
+    """How a model-backed agent reaches its model from the network-less runner."""
+
+    socket: Path  # the worker's relay socket (mounted)
+    path: str  # the endpoint's path, e.g. /v1
+    name: str  # LiteLLM model name
+    key_env: str  # env var (a secret_env name) holding the key
 
 
 @dataclass(frozen=True)
@@ -73,13 +84,28 @@ def run_suite(
     agent: str,
     secret_env: tuple[str, ...] = (),
     concurrency: int = 3,
+    secret_dir: Path | None = None,
+    agent_version: str | None = None,
+    model: ModelAccess | None = None,
 ) -> list[TrialSpec]:
     """Run every task of ``suite_dir`` once with ``agent``; return the planned trials."""
     for name in secret_env:
         if not ENV_NAME_RE.match(name):
             raise ValidationError("secret_env", f"must match {ENV_NAME_RE.pattern}", name)
+        if name not in os.environ and secret_dir is not None and (secret_dir / name).is_file():
+            # The worker mounts secrets as files: the value enters this process only, never Env or argv.
+            os.environ[name] = (secret_dir / name).read_text(encoding="utf-8")
         if name not in os.environ:
             raise UsageError(f"secret_env: {name} is not set in the environment")
+    harbor_version = _harbor_version()
+    if agent_version is not None and agent_version != harbor_version:
+        raise ValidationError("--agent-version", f"the policy pins {agent} to harbor {agent_version}; "
+                              f"this runner has harbor {harbor_version}", agent_version)
+    if model is not None:
+        if model.key_env not in secret_env:
+            raise ValidationError("--model-key-env", "must be one of the --secret-env names", model.key_env)
+        # The OpenAI-compatible client reads its key from here; nothing carries it further.
+        os.environ["OPENAI_API_KEY"] = os.environ[model.key_env]
     if concurrency < 1:
         raise ValidationError("concurrency", "must be >= 1", concurrency)
     enabled_tunings()  # a bad BENCHSEAL_HARBOR_DISABLE is a usage error before any trial starts
@@ -91,9 +117,23 @@ def run_suite(
     specs = plan_trials(run_id, discover_tasks(suite_dir))
     atomic_write_json(
         out_dir / TRIALS_FILE,
-        {"run_id": run_id, "agent": agent, "harbor_version": _harbor_version(), "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]},
+        {"run_id": run_id, "agent": agent, "agent_version": agent_version, "harbor_version": harbor_version,
+         "model": model.name if model else None,
+         "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]},
     )
-    asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency))
+    relay = None
+    api_base = None
+    if model is not None:
+        from pipeline.infra.relay import TcpToUnixRelay
+
+        relay = TcpToUnixRelay(model.socket)
+        relay.start()
+        api_base = f"http://127.0.0.1:{relay.port}{model.path.rstrip('/')}"
+    try:
+        asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency, model, api_base))
+    finally:
+        if relay is not None:
+            relay.stop()
     return specs
 
 
@@ -113,12 +153,14 @@ async def _run_all(
     agent: str,
     secret_env: tuple[str, ...],
     concurrency: int,
+    model: ModelAccess | None = None,
+    api_base: str | None = None,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(spec: TrialSpec) -> None:
         async with gate:
-            await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env)
+            await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env, model, api_base)
 
     try:
         results = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
@@ -135,7 +177,8 @@ async def _run_all(
             print(f"trial {spec.trial_name}: {type(result).__name__}: {result}", flush=True)
 
 
-async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...]) -> None:
+async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...],
+                     model: ModelAccess | None = None, api_base: str | None = None) -> None:
     from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
     from harbor.trial.trial import Trial
 
@@ -145,8 +188,21 @@ async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: s
         task=TaskConfig(path=task_dir),
         trial_name=trial_name,
         trials_dir=trials_dir,
-        agent=AgentConfig(name=agent, env={name: "${" + name + "}" for name in secret_env}),
+        agent=_agent_config(AgentConfig, agent, secret_env, model, api_base),
         environment=EnvironmentConfig(import_path=IMPORT_PATH, delete=True),
     )
     trial = await Trial.create(config)
     await trial.run()
+
+
+def _agent_config(config_cls: Any, agent: str, secret_env: tuple[str, ...], model: ModelAccess | None,
+                  api_base: str | None) -> Any:
+    # Values stay templates (${NAME}) that Harbor resolves from this process's environment.
+    if model is None:
+        return config_cls(name=agent, env={name: "${" + name + "}" for name in secret_env})
+    # A model-backed agent runs in THIS process; Harbor hands AgentConfig.env to the task
+    # container (terminus-2 starts its tmux session with `-e KEY=VALUE`), so the env stays
+    # empty and LiteLLM reads the key from this process's environment (set in run_suite).
+    # No terminal recording: asciinema is not in the offline task images (and would be fetched).
+    return config_cls(name=agent, model_name=model.name, env={},
+                      kwargs={"api_base": api_base, "record_terminal_session": False})

@@ -10,9 +10,10 @@ One attempt (``run_once``):
    ``FROM benchseal-base`` to the base reference by digest;
 4. kill leftovers of earlier attempts of this run (a worker killed with -9
    leaves its runner container behind), then start the runner container by
-   digest with the Docker socket and the run dir mounted at the same path,
-   running ``benchseal trial run``; secrets go in through the Engine API's env
-   (never argv) and on to Harbor by name;
+   digest with an engine socket and the run dir mounted at the same path,
+   running ``benchseal trial run``; secrets go in as 0400 files on a read-only
+   mount (never Env or argv), the engine socket is the filtering proxy, a model
+   agent reaches its endpoint through a relay socket (``pipeline.infra.agents``);
 5. wait under the suite timeout (kill on expiry), record what the container ran
    (``docker inspect`` Image + RepoDigests), copy evidence into artifacts/ in
    every outcome, grade from result.json, write grading.json;
@@ -52,6 +53,7 @@ from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, Run
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
+from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading, read_plan
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import Queue, RunRecord, open_queue
@@ -584,31 +586,44 @@ def _run_container(
     client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig, policy: InfraPolicy
 ) -> tuple[RunnerInfo, str | None, bool]:
     """Run the runner container; return (what it ran, failure reason or None, released on SIGTERM)."""
+    run_id = record.run_id
+    command = ["trial", "run", "--suite-dir", str(run_dir / "suite"), "--out", str(run_dir), "--run-id", run_id,
+               "--concurrency", str(config.trial_concurrency or policy.trial_concurrency(record.payload.suite)),
+               "--agent", record.payload.agent]
+    # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
+    # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
+    # (the worker pulled the base by digest already).
+    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir, docker_socket=config.docker_socket)
+    try:
+        return _run_started_container(client, record, runner_ref, run_dir, config, command, agent_setup,
+                                      policy.suite_timeout(record.payload.suite))
+    finally:
+        agent_setup.close()
+
+
+def _run_started_container(
+    client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig,
+    command: list[str], agent_setup: RunnerAgentSetup, payload_suite_timeout: float,
+) -> tuple[RunnerInfo, str | None, bool]:
     import docker.errors
     import requests.exceptions
 
     run_id = record.run_id
-    payload_suite_timeout = policy.suite_timeout(record.payload.suite)
-    secrets_env = {name: os.environ[name] for name in policy.secret_env if name in os.environ}
-    command = ["trial", "run", "--suite-dir", str(run_dir / "suite"), "--out", str(run_dir), "--run-id", run_id,
-               "--concurrency", str(config.trial_concurrency or policy.trial_concurrency(record.payload.suite)),
-               "--agent", record.payload.agent]
-    for name in sorted(secrets_env):
-        command += ["--secret-env", name]
     try:
         container = client.containers.run(
             runner_ref.ref,
-            command=command,
+            command=command + agent_setup.args,
             entrypoint=["python3", "-m", "pipeline"],
             name=_container_name(run_id, record.attempts),
             labels={LABEL_RUN: run_id, "benchseal.stage": "infra"},
-            environment={"HARBOR_TELEMETRY": "0", **secrets_env,
+            # DOCKER_BUILDKIT=0: compose builds through /build, which the engine proxy can check (not BuildKit's /grpc).
+            environment={"HARBOR_TELEMETRY": "0", "DOCKER_BUILDKIT": "0",
                          **({DISABLE_ENV: ",".join(config.harbor_disable)} if config.harbor_disable else {})},
             volumes={
-                config.docker_socket: {"bind": "/var/run/docker.sock", "mode": "rw"},
                 str(run_dir): {"bind": str(run_dir), "mode": "rw"},
+                **agent_setup.volumes,
             },
-            # The runner reaches the engine through the socket only.
+            # The runner reaches the engine through the socket, the model through the relay socket, nothing else.
             network_mode="none",
             detach=True,
         )
@@ -628,6 +643,8 @@ def _run_container(
                 break
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 pass
+            if (run_dir / "trials.json").is_file():
+                agent_setup.drop_secrets()  # read by `trial run` before it plans: no longer on disk
             now = time.monotonic()
             if config.stop.is_set() and term_deadline is None:
                 term_deadline = now + config.term_grace_seconds

@@ -92,6 +92,12 @@ def facts_from_summary(summary: Mapping[str, Any], tag: str) -> SectionFacts:
     if isinstance(agent_version, list):
         agent_version = ", ".join(str(v) for v in agent_version)
     agent = f"{agent_name} {agent_version}" if agent_version else str(agent_name)
+    model = _get(summary, "agent.model", default=None)
+    if isinstance(model, str) and model:
+        usage = _get(summary, "model_usage", default=None)
+        calls = f"; {usage.get('model_calls')} model calls, {usage.get('input_tokens')} input / " \
+            f"{usage.get('output_tokens')} output tokens" if isinstance(usage, Mapping) else ""
+        agent += f" (model {model}{calls})"
     return SectionFacts(
         tag=tag,
         status=status,

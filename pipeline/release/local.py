@@ -160,9 +160,26 @@ def release_local(
     suite: str = "smoke",
     agent: str = "oracle",
     console: Console | None = None,
+    scripted_model: str | None = None,
 ) -> ReleaseReport:
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
+    from pipeline.infra.model_local import scripted_model_for
+
+    # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
+    with scripted_model_for(agent, suite, scripted_model):
+        return _release_local(tag, registry=registry, dist=dist, suite=suite, agent=agent, console=console)
+
+
+def _release_local(
+    tag: str,
+    *,
+    registry: str,
+    dist: Path | None,
+    suite: str,
+    agent: str,
+    console: Console | None,
+) -> ReleaseReport:
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
     import docker  # noqa: F401  (before _warm_imports: the worker stage then imports nothing new)
 

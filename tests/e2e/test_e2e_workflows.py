@@ -161,8 +161,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
     refusing = root / "infra-refusing"
     _git(root, "clone", "--quiet", str(source), str(refusing))
     policy = refusing / "policies" / "infra.yaml"
-    refusing_text = policy.read_text().replace("agents: [oracle, nop]", "agents: [nop]")
-    assert refusing_text != policy.read_text(), "policies/infra.yaml no longer lists `agents: [oracle, nop]`"
+    refusing_text = policy.read_text().replace("agents:\n  - oracle\n", "agents:\n")
+    assert refusing_text != policy.read_text(), "policies/infra.yaml no longer lists oracle first under agents"
     policy.write_text(refusing_text)
     _git(refusing, "commit", "--quiet", "-am", "refuse the oracle agent")
     infra_home = root / "infra-home"

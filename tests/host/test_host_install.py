@@ -470,10 +470,12 @@ def test_policy_from_environment_has_no_fallback(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("BENCHSEAL_INFRA_POLICY", str(tmp_path / "missing.yaml"))
     with pytest.raises(ValidationError, match="cannot read"):
         load_policy()
-    narrowed = (REPO / "policies" / "infra.yaml").read_text().replace("agents: [oracle, nop]", "agents: [nop]")
+    shipped = (REPO / "policies" / "infra.yaml").read_text()
+    narrowed = shipped.replace("agents:\n  - oracle\n", "agents:\n")
+    assert narrowed != shipped, "policies/infra.yaml no longer lists oracle first under agents"
     (tmp_path / "infra.yaml").write_text(narrowed)
     monkeypatch.setenv("BENCHSEAL_INFRA_POLICY", str(tmp_path / "infra.yaml"))
-    assert load_policy().agents == ("nop",)
+    assert "oracle" not in load_policy().agents and "nop" in load_policy().agents
 
 
 def test_container_needs_root_and_dry_run_changes_nothing(box: Box, first_install: dict[str, Any]) -> None:

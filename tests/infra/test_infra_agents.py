@@ -1,0 +1,488 @@
+"""A model-backed agent (Harbor's terminus-2) through the real worker, runner image and Harbor.
+
+The scripted model server replays a trajectory; terminus-2 really runs its loop
+(model calls over the worker's relay socket, commands in the task container
+through tmux, the verifier grades). A canary key is planted and searched for in
+every argv, every container the run creates (docker inspect, while in flight),
+every file of the run dir and artifacts, the queue DB and the model server log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml
+
+from pipeline.contracts import DigestsFile
+from pipeline.errors import UsageError, ValidationError
+from pipeline.evidence.artifacts import build_summary
+from pipeline.infra.accept import accept_payload
+from pipeline.infra.agents import SECRETS_MOUNT, prepare_runner_agent
+from pipeline.infra.model_server import ModelServer
+from pipeline.infra.policy import load_policy
+from pipeline.infra.queue import SqliteQueue
+from pipeline.infra.worker import WorkerConfig, run_once
+from pipeline.paths import REPO_ROOT
+from pipeline.publish.body import facts_from_summary, render_section
+
+CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
+KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
+
+
+def _policy_data(port: int = 18431) -> dict[str, Any]:
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data["suites"]["smoke"]["model"]["endpoint"] = f"http://127.0.0.1:{port}/v1"
+    return data
+
+
+def _write_policy(tmp: Path, data: dict[str, Any]) -> Path:
+    path = tmp / "infra.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+# --- policy: agents by name and version, model per suite (no Docker) -------------------
+
+@pytest.mark.parametrize(("case", "mutate", "needle"), [
+    ("unknown bare agent", lambda d: d["agents"].append("terminus-2x"), "bare names are for Harbor's test agents"),
+    ("agent without version", lambda d: d["agents"].append({"name": "qwen-code", "model": True}), "version"),
+    ("agent listed twice", lambda d: d["agents"].append({"name": "terminus-2", "version": "0.26.0"}), "listed once"),
+    ("test agent listed twice", lambda d: d["agents"].append("oracle"), "listed once"),
+    ("key not a secret", lambda d: d.update(secret_env=[]), "must be listed in secret_env"),
+    ("endpoint not http", lambda d: d["suites"]["smoke"]["model"].update(endpoint="file:///etc/passwd"), "endpoint"),
+    ("endpoint without port", lambda d: d["suites"]["smoke"]["model"].update(endpoint="http://127.0.0.1/v1"), "endpoint"),
+    ("endpoint with credentials", lambda d: d["suites"]["smoke"]["model"].update(endpoint="http://u:p@h:1/v1"), "endpoint"),
+    ("unknown model key", lambda d: d["suites"]["smoke"]["model"].update(api_key="x"), "api_key"),
+    ("bad version", lambda d: d["agents"][2].update(version="latest; rm"), "version"),
+])
+def test_agent_policy_is_strictly_validated(tmp_path: Path, case: str, mutate: Any, needle: str) -> None:
+    data = _policy_data()
+    load_policy(_write_policy(tmp_path, data))
+    mutate(data)
+    with pytest.raises(ValidationError) as info:
+        load_policy(_write_policy(tmp_path, data))
+    assert needle in info.value.diagnostics(), (case, info.value.diagnostics())
+
+
+def test_accept_admits_model_agents_only_for_suites_with_a_model(tmp_path: Path, make_payload: Any) -> None:
+    data = _policy_data()
+    data["suites"]["nomodel"] = {"timeout_seconds": 60}
+    policy = load_policy(_write_policy(tmp_path, data))
+    accept_payload(make_payload(agent="terminus-2"), db=tmp_path / "q.sqlite3", policy=policy)
+    with pytest.raises(ValidationError) as info:
+        accept_payload(make_payload(agent="terminus-2", suite="nomodel", correlation_id="corr-nomodel-0001"),
+                       db=tmp_path / "q.sqlite3", policy=policy)
+    assert info.value.field == "payload.agent" and "configures none" in info.value.rule
+    with pytest.raises(ValidationError) as info:
+        accept_payload(make_payload(agent="claude-code", correlation_id="corr-unknown-0001"),
+                       db=tmp_path / "q.sqlite3", policy=policy)
+    assert "not allowed by policy" in info.value.rule and "terminus-2" in info.value.rule
+
+
+def test_runner_gets_secret_files_and_names_never_values(tmp_path: Path, make_payload: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.contracts import DispatchPayload
+
+    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    payload = DispatchPayload.model_validate(make_payload(agent="terminus-2"))
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(UsageError, match=KEY_ENV):
+        prepare_runner_agent(policy, payload)
+    monkeypatch.setenv(KEY_ENV, CANARY)
+    setup = prepare_runner_agent(policy, payload)
+    try:
+        assert CANARY not in json.dumps(setup.args) and CANARY not in json.dumps(setup.volumes)
+        assert setup.args[:2] == ["--agent-version", "0.26.0"]
+        secrets = next(Path(src) for src, m in setup.volumes.items() if m["bind"] == SECRETS_MOUNT)
+        assert setup.volumes[str(secrets)]["mode"] == "ro"
+        assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+        assert stat.S_IMODE((secrets / KEY_ENV).stat().st_mode) == 0o400
+        assert (secrets / KEY_ENV).read_text() == CANARY
+        dirs = list(setup.dirs)
+    finally:
+        setup.close()
+    assert not any(d.exists() for d in dirs)
+    # A test agent gets no model relay and no version pin.
+    setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="oracle")))
+    try:
+        assert setup.relay is None and "--agent-version" not in setup.args and "--model-socket" not in setup.args
+    finally:
+        setup.close()
+
+
+def test_runner_refuses_an_agent_version_its_harbor_does_not_ship(tmp_path: Path) -> None:
+    pytest.importorskip("harbor")
+    from pipeline.infra.trial import run_suite
+
+    with pytest.raises(ValidationError) as info:
+        run_suite(REPO_ROOT / "suites" / "smoke", tmp_path, run_id="r", agent="terminus-2", agent_version="0.25.9")
+    assert info.value.field == "--agent-version" and "0.26.0" in info.value.rule
+    assert not (tmp_path / "trials.json").exists()
+
+
+# --- the real thing: worker + runner + Harbor + terminus-2 + scripted model ------------
+
+class Scanner(threading.Thread):
+    """While the run is in flight: /proc/*/cmdline and docker inspect of every container."""
+
+    def __init__(self, needle: str) -> None:
+        super().__init__(daemon=True)
+        self.needle = needle.encode()
+        self.stop = threading.Event()
+        self.argv_hits: list[str] = []
+        self.inspect_hits: list[str] = []
+        self.containers: dict[str, str] = {}
+        self.scans = 0
+
+    def run(self) -> None:
+        client = docker.from_env()
+        while not self.stop.is_set():
+            for entry in os.scandir("/proc"):
+                if entry.name.isdigit():
+                    try:
+                        cmdline = Path(f"/proc/{entry.name}/cmdline").read_bytes()
+                    except OSError:
+                        continue
+                    if self.needle in cmdline:
+                        self.argv_hits.append(cmdline.replace(b"\0", b" ")[:3000].decode(errors="replace"))
+            try:
+                for container in client.api.containers(all=True):
+                    info = client.api.inspect_container(container["Id"])
+                    self.containers[info["Name"]] = info["Config"]["Image"]
+                    if self.needle in json.dumps(info).encode():
+                        self.inspect_hits.append(info["Name"])
+            except docker.errors.APIError:
+                pass  # a container removed between list and inspect
+            self.scans += 1
+
+
+@pytest.fixture(scope="module")
+def agent_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile,
+                sign_release_images: Any) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("infra-agents")
+    runner, api = built_images.images["runner"], built_images.images["api"]
+    trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
+    data = _policy_data()
+    data["sources"] = [{"repository": "acme/benchseal", "images": {
+        role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
+        for role, e in (("runner", runner), ("api", api))}}]
+    data["suites"]["smoke"]["timeout_seconds"] = 400
+    suites = root / "suites"
+    shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
+    return {"root": root, "data": data, "suites": suites, "runner": runner.ref, "api": api.ref, "trust": trust}
+
+
+# Run ids derive from correlation ids: unique per session on a shared Docker Engine.
+SESSION = uuid.uuid4().hex[:8]
+
+
+def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
+    root: Path = setup["root"] / mode
+    root.mkdir()
+    log = root / "model-requests.jsonl"
+    with ModelServer(key=CANARY, mode=mode, log_path=log) as server:  # type: ignore[arg-type]
+        data = json.loads(json.dumps(setup["data"]))
+        data["suites"]["smoke"]["model"]["endpoint"] = server.base_url
+        policy = load_policy(_write_policy(root, data))
+        db = root / "queue.sqlite3"
+        payload = {"schema": "benchseal.dispatch/v1", "correlation_id": f"{correlation}-{SESSION}",
+                   "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
+                              "tag": "v9.9.9"},
+                   "runner": setup["runner"], "api": setup["api"], "suite": "smoke", "agent": "terminus-2"}
+        accepted = accept_payload(payload, db=db, policy=policy)
+        def private_dirs() -> set[Path]:
+            tmp = Path(tempfile.gettempdir())
+            return set(tmp.glob("benchseal-secrets-*")) | set(tmp.glob("benchseal-model-*"))
+
+        before = private_dirs()
+        scanner = Scanner(CANARY)
+        old = os.environ.get(KEY_ENV)
+        os.environ[KEY_ENV] = CANARY
+        scanner.start()
+        try:
+            outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=setup["suites"], image_trust=setup["trust"]))
+        finally:
+            scanner.stop.set()
+            scanner.join()
+            if old is None:
+                os.environ.pop(KEY_ENV, None)
+            else:
+                os.environ[KEY_ENV] = old
+    with SqliteQueue(db) as q:
+        run_dir = q.run_dir(accepted.run_id)
+    return {"outcome": outcome, "scanner": scanner, "private_dirs_before": before, "private_dirs_after": private_dirs(), "log": log, "db": db, "run_dir": run_dir, "policy": policy,
+            "payload": payload, "requests": [json.loads(line) for line in log.read_text().splitlines()]}
+
+
+@pytest.fixture(scope="module")
+def right_run(agent_setup: dict[str, Any]) -> dict[str, Any]:
+    return _run(agent_setup, "right", "agent-right-000001")
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_terminus2_scores_one_with_the_right_script(right_run: dict[str, Any]) -> None:
+    outcome = right_run["outcome"]
+    assert outcome is not None and outcome.state == "SUCCEEDED", outcome and outcome.reason
+    grading = outcome.grading
+    assert grading.score == 1.0 and grading.counts.resolved == 3 == grading.counts.total
+    assert grading.agent == "terminus-2" and grading.agent_version_pin == "0.26.0" == grading.harbor_version
+    assert grading.model == "openai/benchseal-scripted"
+    requests = right_run["requests"]
+    assert requests and all(r["status"] == 200 for r in requests)  # the key always matched
+    for trial in grading.trials:
+        assert trial.agent_name == "terminus-2" and trial.agent_version == "2.0.0"
+        mine = [r for r in requests if r.get("task") == trial.task]
+        # Token usage is what the model server counted, per trial; every model call went through the relay.
+        assert trial.model_calls == len(mine) >= 3
+        assert trial.input_tokens == sum(r["prompt_tokens"] for r in mine)
+        assert trial.output_tokens == sum(r["completion_tokens"] for r in mine)
+        trial_dir = right_run["run_dir"] / "harbor" / trial.trial_name
+        # The agent really drove the container: its terminal shows the scripted commands' output.
+        trajectory = (trial_dir / "agent" / "trajectory.json").read_text()
+        assert "task_complete" in trajectory
+    pane = (right_run["run_dir"] / "harbor").glob("write-answer__*/agent/terminus_2.pane")
+    assert "1041" in next(pane).read_text()
+    summary = build_summary(grading, _payload_model(right_run["payload"]))
+    assert summary["agent"] == {"name": "terminus-2", "version": "2.0.0", "version_pin": "0.26.0",
+                                "model": "openai/benchseal-scripted"}
+    assert summary["model_usage"]["model_calls"] == len(requests)
+    assert summary["model_usage"]["input_tokens"] == sum(r["prompt_tokens"] for r in requests)
+    body = render_section(facts_from_summary(summary, "v9.9.9"))
+    assert "terminus-2 2.0.0 (model openai/benchseal-scripted;" in body and "0.26.0" in body
+
+
+def _payload_model(payload: dict[str, Any]) -> Any:
+    from pipeline.contracts import DispatchPayload
+
+    return DispatchPayload.model_validate(payload)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any]) -> None:
+    scanner: Scanner = right_run["scanner"]
+    assert scanner.scans >= 5
+    names = list(scanner.containers)
+    # The scan saw the runner and the trial containers while they ran.
+    assert any(n.startswith("/benchseal-infra-") for n in names), names
+    assert sum("__" in n or "main" in n for n in names) >= 1, names
+    assert scanner.argv_hits == [], scanner.argv_hits[:3]
+    assert scanner.inspect_hits == []
+    roots = [right_run["run_dir"], right_run["db"].parent]
+    files = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert any(p.name == "config.json" for p in files) and any(p.suffix == ".sqlite3" for p in files)
+    leaked = [p for p in files if CANARY.encode() in p.read_bytes()]
+    assert leaked == []
+    # Harbor hands AgentConfig.env to the task container (terminus-2: `tmux new-session -e K=V`):
+    # a model-backed agent's env stays empty; the key lives in the runner process only.
+    for config_path in (right_run["run_dir"] / "harbor").glob("*/config.json"):
+        assert not json.loads(config_path.read_text())["agent"].get("env"), config_path
+    # The secret and relay directories of this attempt are gone.
+    assert right_run["private_dirs_after"] <= right_run["private_dirs_before"]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_terminus2_scores_zero_with_the_wrong_script(agent_setup: dict[str, Any]) -> None:
+    run = _run(agent_setup, "wrong", "agent-wrong-000001")
+    outcome = run["outcome"]
+    assert outcome is not None and outcome.state == "SUCCEEDED", outcome and outcome.reason
+    grading = outcome.grading
+    # Completed, graded 0 by the verifier: not an infrastructure error, not an agent crash.
+    assert grading.score == 0.0 and grading.counts.unresolved == 3 and grading.counts.infra_errors == 0
+    assert all(t.exception_type is None and t.reward == 0.0 and (t.model_calls or 0) >= 2 for t in grading.trials)
+    stdout = next((run["run_dir"] / "harbor").glob("fix-mean__*/verifier/test-stdout.txt")).read_text()
+    # The agent's change was applied (the empty case passes now) but the fraction is still wrong.
+    assert "test_empty (__main__.MeanTest.test_empty) ... ok" in stdout
+    assert "AssertionError: 1 != 1.5" in stdout
+
+
+def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+    import urllib.request
+
+    from pipeline.infra.model_local import scripted_model_for
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    policy = load_policy(_write_policy(tmp_path, _policy_data(port)))
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    with pytest.raises(UsageError, match=f"set {KEY_ENV}, or pass --scripted-model"), \
+            scripted_model_for("terminus-2", "smoke", None, policy):
+        pass
+    with pytest.raises(UsageError, match="calls no model"), scripted_model_for("oracle", "smoke", "right", policy):
+        pass
+    with pytest.raises(ValidationError, match="--scripted-model"), scripted_model_for("terminus-2", "smoke", "maybe", policy):
+        pass
+    with pytest.raises(ValidationError, match="not allowed by policy"), scripted_model_for("gpt-agent", "smoke", None, policy):
+        pass
+    with scripted_model_for("oracle", "smoke", None, policy) as none:
+        assert none is None
+    with scripted_model_for("terminus-2", "smoke", "right", policy) as server:
+        assert server is not None and server.port == port
+        key = os.environ[KEY_ENV]
+        assert len(key) > 32
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"Bearer {key}"})
+        assert urllib.request.urlopen(request, timeout=5).status == 200
+    assert KEY_ENV not in os.environ
+    # Port taken: a clear usage error, nothing half-started.
+    with socket.socket() as busy:
+        busy.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last run's connections are in TIME_WAIT
+        busy.bind(("127.0.0.1", port))
+        busy.listen()
+        with pytest.raises(UsageError, match="cannot listen"), scripted_model_for("terminus-2", "smoke", "right", policy):
+            pass
+    remote = _policy_data()
+    remote["suites"]["smoke"]["model"]["endpoint"] = "https://models.example.test:443/v1"
+    with pytest.raises(UsageError, match="PORT only"), \
+            scripted_model_for("terminus-2", "smoke", "right", load_policy(_write_policy(tmp_path, remote))):
+        pass
+
+
+# --- egress: from inside the runner, the model and nothing else -----------------------
+
+_EGRESS_PROBE = r"""
+import json, socket, sys, urllib.request
+from pathlib import Path
+from pipeline.infra.relay import TcpToUnixRelay
+
+key = Path("/run/benchseal/secrets/BENCHSEAL_AGENT_API_KEY").read_text()
+relay = TcpToUnixRelay(Path("/run/benchseal/model/model.sock"))
+relay.start()
+out = {}
+req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v1/models", headers={"Authorization": "Bearer " + key})
+out["model"] = json.loads(urllib.request.urlopen(req, timeout=10).read())["data"][0]["id"]
+# A request naming another host still reaches only the model (a byte relay to one endpoint).
+req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v2/", headers={"Host": "127.0.0.1:5055"})
+try:
+    urllib.request.urlopen(req, timeout=10)
+    out["steer"] = "reached"
+except urllib.error.HTTPError as exc:
+    out["steer"] = exc.code
+for name, addr in [("registry", ("127.0.0.1", int(sys.argv[1]))), ("model_direct", ("127.0.0.1", int(sys.argv[2]))),
+                   ("bridge_gateway", ("172.17.0.1", int(sys.argv[1]))), ("metadata", ("169.254.169.254", 80)),
+                   ("internet", ("1.1.1.1", 443))]:
+    try:
+        socket.create_connection(addr, timeout=3).close()
+        out[name] = "connected"
+    except OSError as exc:
+        out[name] = type(exc).__name__ + ":" + str(exc.errno)
+try:
+    socket.getaddrinfo("example.com", 443)
+    out["dns"] = "resolved"
+except OSError as exc:
+    out["dns"] = "failed"
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload: Any, local_images: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner container exactly as the worker starts it (network none, secret files, relay socket)."""
+    from pipeline.contracts import DispatchPayload
+
+    registry_port = int(local_images["runner"].registry.rpartition(":")[2])
+    with ModelServer(key=CANARY, log_path=tmp_path / "log.jsonl") as server:
+        data = _policy_data(server.port)
+        policy = load_policy(_write_policy(tmp_path, data))
+        monkeypatch.setenv(KEY_ENV, CANARY)
+        setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="terminus-2")))
+        client = docker.from_env()
+        try:
+            output = client.containers.run(
+                local_images["runner"].ref, entrypoint=["python3", "-c", _EGRESS_PROBE],
+                command=[str(registry_port), str(server.port)], volumes=setup.volumes, network_mode="none",
+                environment={"HARBOR_TELEMETRY": "0"}, remove=True, stdout=True, stderr=True)
+        finally:
+            setup.close()
+    result = json.loads(output.decode().strip().splitlines()[-1])
+    assert result["model"] == "benchseal-scripted"
+    assert result["steer"] == 404  # the model server answered, not the registry
+    for name in ("registry", "model_direct", "bridge_gateway", "metadata", "internet"):
+        assert result[name] != "connected", (name, result)
+    assert result["dns"] == "failed"
+    requests = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [r["path"] for r in requests] == ["/v1/models", "/v2/"]
+
+
+# --- engine access: from inside the runner, its own containers only --------------------
+
+_ENGINE_PROBE = r"""
+set -u
+base="$1"; victim="$2"; run="$3"; pull="$4"
+try() { name="$1"; shift; if out=$("$@" 2>&1); then echo "$name=ok"; else echo "$name=refused:$(echo "$out" | grep -c 'benchseal engine proxy')"; fi; }
+try privileged_root docker run --rm --privileged -v /:/host "$base" true
+try bind_root docker run --rm -v /:/host "$base" true
+try bind_etc docker run --rm -v /etc:/x "$base" true
+try mount_etc docker run --rm --mount type=bind,source=/etc,target=/x "$base" true
+ln -s / "$run/escape"
+try bind_symlink docker run --rm -v "$run/escape:/x" "$base" true
+try host_net docker run --rm --network host "$base" true
+try host_pid docker run --rm --pid host "$base" true
+try cap_add docker run --rm --cap-add SYS_ADMIN "$base" true
+try volumes_from docker run --rm --volumes-from "$victim" "$base" true
+try exec_other docker exec "$victim" true
+try inspect_other docker container inspect "$victim"
+try kill_other docker kill "$victim"
+try pull docker pull "$pull"
+try bind_volume docker volume create --opt type=none --opt o=bind --opt device=/ escape-vol
+mkdir -p "$run/ok"
+try own_run docker run --rm --network none -v "$run/ok:/ok" "$base" sh -c 'echo inside > /ok/out.txt'
+echo "own_out=$(cat "$run/ok/out.txt" 2>/dev/null)"
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, local_images: Any,
+                                          base_refs: Any) -> None:
+    """docker CLI inside the runner, through the worker's engine proxy: only its own, unprivileged containers."""
+    from pipeline.build import ensure_local
+    from pipeline.contracts import DispatchPayload
+
+    base = base_refs["base"]
+    ensure_local(base)
+    client = docker.from_env()
+    victim = client.containers.run(base.ref, ["sleep", "120"], detach=True, network_mode="none",
+                                   labels={"benchseal.test": "engine-victim"})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="oracle")), run_dir=run_dir)
+    try:
+        output = client.containers.run(
+            local_images["runner"].ref, entrypoint=["sh", "-c", _ENGINE_PROBE, "probe"],
+            command=[base.ref, victim.name, str(run_dir), local_images["runner"].ref],
+            volumes={str(run_dir): {"bind": str(run_dir), "mode": "rw"}, **setup.volumes}, network_mode="none",
+            environment={"DOCKER_BUILDKIT": "0"}, remove=True, stdout=True, stderr=True).decode()
+        refused = list(setup.engine.refused) if setup.engine else []
+    finally:
+        setup.close()
+        victim.reload()
+        victim_status = victim.status
+        victim.remove(force=True)
+    results = dict(line.split("=", 1) for line in output.strip().splitlines() if "=" in line)
+    for name in ("privileged_root", "bind_root", "bind_etc", "mount_etc", "bind_symlink", "host_net", "host_pid",
+                 "cap_add", "volumes_from", "exec_other", "inspect_other", "kill_other", "pull", "bind_volume"):
+        assert results.get(name, "").startswith("refused:") and results[name] != "refused:0", (name, output)
+    assert victim_status == "running"  # untouched
+    # Not a proxy that refuses everything: its own unprivileged container under the run dir works.
+    assert results["own_run"] == "ok" and results["own_out"] == "inside", output
+    assert (run_dir / "ok" / "out.txt").read_text() == "inside\n"
+    assert any("privileged" in r for r in refused) and any("/etc" in r for r in refused)
+    assert not client.volumes.list(filters={"name": "escape-vol"})
