@@ -35,6 +35,7 @@ from pipeline.infra.queue import SqliteQueue
 from pipeline.infra.worker import WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
 from pipeline.publish.body import facts_from_summary, render_section
+from tests.fixtures.infra import built_images_source
 
 CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
 KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
@@ -174,9 +175,7 @@ def agent_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     runner, api = built_images.images["runner"], built_images.images["api"]
     trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
     data = _policy_data()
-    data["sources"] = [{"repository": "acme/benchseal", "images": {
-        role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
-        for role, e in (("runner", runner), ("api", api))}}]
+    data["sources"] = [built_images_source("acme/benchseal", built_images)]
     data["suites"]["smoke"]["timeout_seconds"] = 400
     suites = root / "suites"
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")

@@ -25,6 +25,7 @@ from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.worker import LABEL_RUN, WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
+from tests.fixtures.infra import built_images_source
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -41,10 +42,7 @@ def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     runner, api = built_images.images["runner"], built_images.images["api"]
     trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
-    data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": {
-        role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
-        for role, e in (("runner", runner), ("api", api))
-    }}]
+    data["sources"] = [built_images_source("acme/benchseal", built_images)]
     data["suites"] = {"smoke": {"timeout_seconds": 300}, "probe": {"timeout_seconds": 300}}
     data["lease_seconds"] = 4
     data["secret_env"] = ["BENCHSEAL_AGENT_API_KEY"]

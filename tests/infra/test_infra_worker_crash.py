@@ -29,6 +29,7 @@ from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.trial import TRIALS_FILE, plan_trials
 from pipeline.infra.worker import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
 from pipeline.paths import REPO_ROOT
+from tests.fixtures.infra import built_images_source
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 
@@ -198,10 +199,7 @@ def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     runner, api = built_images.images["runner"], built_images.images["api"]
     trust = sign_release_images("acme/benchseal", "v9.9.8", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
-    data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": {
-        role: [{"registry": e.name.partition("/")[0], "repository": e.name.partition("/")[2]}]
-        for role, e in (("runner", runner), ("api", api))
-    }}]
+    data["sources"] = [built_images_source("acme/benchseal", built_images)]
     data["suites"] = {"smoke": {"timeout_seconds": 300}}
     data["lease_seconds"] = 4
     data["max_attempts"] = 1
