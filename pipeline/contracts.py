@@ -23,6 +23,9 @@ COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 CORRELATION_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{7,127}\Z")
 REPOSITORY_RE = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}\Z")
 IMAGE_ROLES = ("runner", "api")
+# The OIDC issuer of GitHub Actions' job tokens: the issuer of every keyless signature benchseal
+# expects (public-good, or GitHub-shaped from the private test instance).
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 
 
 def _commit(value: str) -> str:

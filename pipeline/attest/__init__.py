@@ -34,7 +34,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from pipeline.contracts import REPOSITORY_RE
+from pipeline.contracts import GITHUB_ISSUER, REPOSITORY_RE
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_text, canonical_json
@@ -42,7 +42,6 @@ from pipeline.verify.external import cosign_path
 
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/benchseal/benchseal/build-types/image/v1"
-GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 # cosign's --type names and the predicate types they stand for.
 ATTESTATION_TYPES = {"slsaprovenance1": SLSA_PROVENANCE, "cyclonedx": "https://cyclonedx.org/bom"}
 _COSIGN_TIMEOUT = 180

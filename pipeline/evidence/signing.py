@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.contracts import GITHUB_ISSUER
 from pipeline.errors import InfrastructureError, ValidationError
-from pipeline.evidence.sigstore_local import GITHUB_ISSUER
 from pipeline.fsutil import atomic_write_text, sha256_file
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: 
             trust_config=config,
             token=lambda: sigstore_local.mint_github_token(instance, job),
             identity=job.identity,
-            issuer=sigstore_local.GITHUB_ISSUER,
+            issuer=GITHUB_ISSUER,
             trusted_root=instance.trusted_root,
             rekor_version=rekor_version,
         )

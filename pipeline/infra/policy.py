@@ -56,9 +56,6 @@ def _source_repository(value: str) -> str:
     return value
 
 
-GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
-
-
 class SignerPolicy(_Strict):
     """Whose keyless signature every image of a source must carry before the worker runs it:
     the source repository's release workflow at the payload's tag, i.e. the certificate identity

@@ -18,6 +18,7 @@ from pipeline.attest import (
     provenance_predicate,
     verify_image,
 )
+from pipeline.contracts import GITHUB_ISSUER
 from pipeline.digests import parse_ref
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.evidence import sigstore_local
@@ -139,7 +140,7 @@ def test_cosign_cli_as_a_consumer_runs_it(signed_image: str, endpoints: Sigstore
                                           tmp_path: Path) -> None:
     """The consumer's own commands, with the provenance's builder checked from the attestation."""
     env = {**os.environ, **endpoints.environ(tmp_path)}
-    identity = ["--certificate-identity", JOB.identity, "--certificate-oidc-issuer", sigstore_local.GITHUB_ISSUER,
+    identity = ["--certificate-identity", JOB.identity, "--certificate-oidc-issuer", GITHUB_ISSUER,
                 "--offline", "--allow-http-registry"]
     done = subprocess.run([str(cosign_bin), "verify-attestation", "--type", "slsaprovenance1", *identity, signed_image],
                           env=env, capture_output=True, text=True, check=False)

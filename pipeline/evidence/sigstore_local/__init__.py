@@ -27,7 +27,6 @@ from pipeline.errors import InfrastructureError, ValidationError
 SERVER_JS = Path(__file__).with_name("server.js")
 LOCAL_ISSUER = "https://oidc.benchseal.invalid"
 LOCAL_IDENTITY = "https://benchseal.invalid/signers/local"
-GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
 
 
 @dataclass(frozen=True)
