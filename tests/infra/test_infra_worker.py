@@ -25,7 +25,7 @@ from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.worker import LABEL_RUN, WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
-from tests.fixtures.infra import built_images_source
+from tests.fixtures.infra import built_images_source, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -227,14 +227,6 @@ def _worker_cmd(setup: dict[str, Any], db: Path, *extra: str) -> list[str]:
             "--trusted-root", str(trust.trusted_root), *extra]
 
 
-def _wait_for(predicate, what: str, limit: float = 120.0) -> None:
-    end = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.2)
-
-
 def _containers(filters: dict[str, str]) -> list[Any]:
     # The SDK inspects each listed container: one removed in between raises NotFound. List again.
     for _ in range(10):
@@ -271,9 +263,9 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
     worker = subprocess.Popen(_worker_cmd(infra_setup, db), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # Mid-trial: the runner container exists and Harbor has planned the trials.
-        _wait_for(lambda: bool(_runner_containers(run_id)) and (db.parent / "runs" / run_id / "trials.json").is_file(),
+        wait_for(lambda: bool(_runner_containers(run_id)) and (db.parent / "runs" / run_id / "trials.json").is_file(),
                   "the runner container to start trials")
-        _wait_for(lambda: bool(_trial_containers(run_id)), "a trial container")
+        wait_for(lambda: bool(_trial_containers(run_id)), "a trial container")
         # While it runs: the runner was started by digest, and nothing in the run has a network.
         runner_container = _runner_containers(run_id)[0]
         assert runner_container.attrs["Config"]["Image"] == infra_setup["runner"]
@@ -292,7 +284,7 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
             q.requeue_expired()
             return q.get_run(run_id).state == "QUEUED"
 
-    _wait_for(requeued, "the lease to expire", limit=60)
+    wait_for(requeued, "the lease to expire", limit=60)
     restarted = subprocess.run(_worker_cmd(infra_setup, db), capture_output=True, text=True, timeout=300, check=False)
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
     with SqliteQueue(db) as q:
@@ -327,7 +319,7 @@ def test_sigterm_releases_the_lease(infra_setup, tmp_path):
     worker = subprocess.Popen(_worker_cmd(setup, db, "--term-grace", "0"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # The trial blocks until stopped: SIGTERM certainly arrives mid-run.
-        _wait_for(lambda: bool(_trial_containers(accepted.run_id)), "the blocked trial container")
+        wait_for(lambda: bool(_trial_containers(accepted.run_id)), "the blocked trial container")
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=60)
     finally:
@@ -358,7 +350,7 @@ def test_suite_timeout_kills_runner_and_trial_containers(infra_setup, tmp_path):
     worker = threading.Thread(target=lambda: outcome.append(
         run_once(WorkerConfig(db=db, policy=policy, suites_dir=suites, image_trust=infra_setup["trust"]))), daemon=True)
     worker.start()
-    _wait_for(lambda: bool(_trial_containers(accepted.run_id)) or not worker.is_alive(), "the blocked trial container")
+    wait_for(lambda: bool(_trial_containers(accepted.run_id)) or not worker.is_alive(), "the blocked trial container")
     assert _trial_containers(accepted.run_id), "the run ended before its trial started: raise timeout_seconds"
     worker.join(timeout=300)
     assert not worker.is_alive()
@@ -391,7 +383,7 @@ def test_worker_loop_with_concurrency_drains_the_queue_and_stops_on_sigterm(infr
             with SqliteQueue(db) as q:
                 return all(q.get_run(i).state == "INFRA_ERROR" for i in ids)
 
-        _wait_for(drained, "the queue to drain")
+        wait_for(drained, "the queue to drain")
         worker.send_signal(signal.SIGTERM)
         out, _ = worker.communicate(timeout=30)
     finally:

@@ -29,7 +29,7 @@ from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.trial import TRIALS_FILE, plan_trials
 from pipeline.infra.worker import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
 from pipeline.paths import REPO_ROOT
-from tests.fixtures.infra import built_images_source
+from tests.fixtures.infra import built_images_source, wait_for
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 
@@ -39,14 +39,6 @@ def _result(reward: float) -> dict[str, Any]:
     data["verifier_result"] = {"rewards": {"reward": reward}}
     data["exception_info"] = None
     return data
-
-
-def _wait_for(predicate, what: str, limit: float = 120.0) -> None:
-    end = time.monotonic() + limit
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"gave up waiting for {what}")
-        time.sleep(0.2)
 
 
 class Recorder:
@@ -229,7 +221,7 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         # Mid-suite: at least one trial has its result, and the worker is still running.
-        _wait_for(lambda: any((run_dir / "harbor").glob("*/result.json")) if (run_dir / "harbor").is_dir() else False,
+        wait_for(lambda: any((run_dir / "harbor").glob("*/result.json")) if (run_dir / "harbor").is_dir() else False,
                   "a first trial result", limit=240)
         assert worker.poll() is None
         worker.send_signal(signal.SIGKILL)
@@ -249,7 +241,7 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
             outcomes.append(got)
         return bool(outcomes)
 
-    _wait_for(finalized, "the lease to expire and the run to be finalized", limit=60)
+    wait_for(finalized, "the lease to expire and the run to be finalized", limit=60)
     outcome = outcomes[0]
     assert outcome.run_id == run_id and outcome.state == "INFRA_ERROR"
     grading = outcome.grading
