@@ -17,25 +17,17 @@ import tarfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline import paths
 from pipeline.build import oci
 from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
 from pipeline.build.push import Registry
 from pipeline.digests import ImageRef, require_repo_digest, validate_name
+from pipeline.documents import BaseImage, BaseLock, base_lock_path, dump_document, read_base_lock
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.fsutil import atomic_write_json, sha256_file
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
-LOCK_PATH = paths.REPO_ROOT / "images" / "base.lock.json"
-LOCK_SCHEMA = "benchseal.base-lock/v1"
-
-
-def lock_path() -> Path:
-    """The base lock: ``$BENCHSEAL_BASE_LOCK`` or images/base.lock.json (a benchmark's scratch registry uses its own)."""
-    configured = os.environ.get("BENCHSEAL_BASE_LOCK")
-    return Path(configured) if configured else LOCK_PATH
 _SAFE_PATH = re.compile(r"\A/[A-Za-z0-9._/-]+\Z")
 _PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
 
@@ -284,26 +276,6 @@ def push_assembled(registry: Registry, repository: str, image: AssembledBase, st
     return digest
 
 
-def read_lock(path: Path | None = None) -> dict[str, Any]:
-    path = path or lock_path()
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    if data.get("schema") != LOCK_SCHEMA:
-        raise ValidationError(f"{path}: schema", f"must be {LOCK_SCHEMA!r}", data.get("schema"))
-    images: dict[str, Any] = data.get("images", {})
-    return images
-
-
-def _lock_ref(name: str, entry: dict[str, Any]) -> ImageRef:
-    from pipeline.digests import parse_ref
-
-    ref = parse_ref(entry.get("ref"), f"base lock images.{name}.ref")
-    if ref.name != entry.get("name") or ref.digest != entry.get("digest"):
-        raise ValidationError(f"base lock images.{name}", "ref must equal name@digest", entry.get("ref"))
-    return ref
-
-
 def ensure_base(registry: str, rebuild: bool = False) -> dict[str, ImageRef]:
     """Every base image present in ``registry`` (host:port) by digest; build what is missing.
 
@@ -317,25 +289,28 @@ def ensure_base(registry: str, rebuild: bool = False) -> dict[str, ImageRef]:
 
 def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
     specs = load_specs()
-    lock = read_lock()
+    lock = dict(read_base_lock().images)
     client = Registry(registry)
     store = BlobStore()
     refs: dict[str, ImageRef] = {}
     changed = False
     for name, spec in specs.items():
         entry = lock.get(name)
-        if entry and not rebuild and entry.get("spec_hash") in (spec.spec_hash, None):
-            ref = _lock_ref(name, entry)
+        if entry is not None and not rebuild and entry.spec_hash in (spec.spec_hash, None):
+            ref = ImageRef(entry.name, entry.digest)
             # A lock entry without spec_hash names a base the user supplies: use it as is.
-            if (ref.registry == registry or entry.get("spec_hash") is None) and Registry(ref.registry).has_manifest(ref):
+            if (ref.registry == registry or entry.spec_hash is None) and Registry(ref.registry).has_manifest(ref):
                 refs[name] = ref
-                if entry.get("spec_hash") and "debs" not in entry and _add_debs(spec, entry):
-                    changed = True
+                if entry.spec_hash and entry.debs is None:
+                    with_debs = _add_debs(spec, entry)
+                    if with_debs is not None:
+                        lock[name] = with_debs
+                        changed = True
                 continue
         if paths.PROJECT_SOURCE == "package data" and not os.environ.get("BENCHSEAL_BASE_LOCK"):
             # The lock would be written inside the installed package.
             raise UsageError(
-                f"base {name} must be built but the lock is the installed package's own ({lock_path()}): "
+                f"base {name} must be built but the lock is the installed package's own ({base_lock_path()}): "
                 "run benchseal --project-dir CHECKOUT ..., or set BENCHSEAL_BASE_LOCK"
             )
         tarball = rootfs_tarball(spec)
@@ -344,7 +319,7 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
         digest = push_assembled(client, spec.repository, image, store)
         ref = ImageRef(repo_name, digest)
         refs[name] = ref
-        lock[name] = {
+        built = BaseImage.model_validate({
             "name": ref.name,
             "digest": ref.digest,
             "ref": ref.ref,
@@ -356,24 +331,23 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             "rootfs_sha256": sha256_file(tarball),
             "layer": image.layer.to_json(),
             "packages": packages(tarball),
-        }
-        _add_debs(spec, lock[name])
+        })
+        lock[name] = _add_debs(spec, built) or built
         changed = True
     if changed:
-        atomic_write_json(lock_path(), {"schema": LOCK_SCHEMA, "images": lock})
+        dump_document(BaseLock(images=lock), base_lock_path())
     return refs
 
 
-def _add_debs(spec: BaseSpec, entry: dict[str, Any]) -> bool:
-    """Record in ``entry`` the .deb hashes of its rootfs (SBOM hashes for Debian packages), when provable."""
+def _add_debs(spec: BaseSpec, entry: BaseImage) -> BaseImage | None:
+    """``entry`` with the .deb hashes of its rootfs (SBOM hashes for Debian packages), when provable."""
     tarball = _tarball_cache() / f"{spec.name}-{spec.spec_hash[:20]}.tar"
-    if not tarball.is_file() or sha256_file(tarball) != entry.get("rootfs_sha256"):
-        return False
+    if not tarball.is_file() or sha256_file(tarball) != entry.rootfs_sha256:
+        return None
     debs = deb_hashes(spec, tarball)
     if debs is None:
-        return False
-    entry["debs"] = debs
-    return True
+        return None
+    return BaseImage.model_validate({**entry.to_json_dict(), "debs": debs})
 
 
 def ensure_local(ref: ImageRef) -> None:

@@ -26,11 +26,12 @@ from typing import Any
 
 from pipeline import __version__, paths
 from pipeline.build import bytecode, oci, wheels
-from pipeline.build.base import LOCK_PATH, load_specs
+from pipeline.build.base import load_specs
 from pipeline.build.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
-from pipeline.build.push import PushStats, Registry, validate_tag
+from pipeline.build.push import PushStats, Registry, validate_oci_tag
 from pipeline.contracts import DigestsFile, ImageEntry, SourceInfo
 from pipeline.digests import ImageRef, validate_name
+from pipeline.documents import BASE_LOCK_PATH
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 
 IMAGES_DIR = paths.REPO_ROOT / "images"
@@ -354,7 +355,7 @@ def default_tags(source: SourceInfo, extra: Sequence[str] = ()) -> tuple[str, ..
     if source.ref.startswith("refs/tags/"):
         tags.append(source.ref.removeprefix("refs/tags/"))
     tags += list(extra)
-    return tuple(dict.fromkeys(validate_tag(t) for t in tags))
+    return tuple(dict.fromkeys(validate_oci_tag(t) for t in tags))
 
 
 def build_image(
@@ -369,7 +370,7 @@ def build_image(
 ) -> BuildResult:
     spec = load_image_spec(role)
     if spec.base not in bases:
-        raise UsageError(f"image {role}: base {spec.base!r} is not in {LOCK_PATH.name} / images/base/spec.toml")
+        raise UsageError(f"image {role}: base {spec.base!r} is not in {BASE_LOCK_PATH.name} / images/base/spec.toml")
     base = bases[spec.base]
     store = BlobStore()
     started = time.monotonic()

@@ -33,7 +33,7 @@ _TIMEOUT = 60.0
 _TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
-def validate_tag(tag: str) -> str:
+def validate_oci_tag(tag: str) -> str:
     """OCI tag grammar: ``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}``."""
     if not (0 < len(tag) <= 128) or tag[0] in ".-" or not set(tag) <= _TAG_CHARS:
         raise ValidationError("tag", "must match [A-Za-z0-9_][A-Za-z0-9._-]{0,127}", tag)

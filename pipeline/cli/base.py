@@ -36,13 +36,13 @@ def build(
 @base_app.command()
 def show() -> None:
     """Print the lock (name, ref, epoch, package count) without building."""
-    from pipeline.build.base import lock_path, read_lock
+    from pipeline.documents import base_lock_path, read_base_lock
 
-    lock = read_lock()
+    lock = read_base_lock().images
     if not lock:
-        typer.echo(f"no lock at {lock_path()}; run `benchseal base build`", err=True)
+        typer.echo(f"no lock at {base_lock_path()}; run `benchseal base build`", err=True)
         raise typer.Exit(1)
-    summary = {name: {"ref": e["ref"], "epoch": e.get("epoch"), "packages": len(e.get("packages", {}))} for name, e in lock.items()}
+    summary = {name: {"ref": e.ref, "epoch": e.epoch, "packages": len(e.packages)} for name, e in lock.items()}
     typer.echo(json.dumps(summary, indent=2, sort_keys=True))
 
 

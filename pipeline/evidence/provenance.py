@@ -21,8 +21,6 @@ from pipeline.fsutil import atomic_write_text, canonical_json, sha256_file
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
-IMAGES = "provenance-images.intoto.json"
-SUMMARY = "provenance-summary.intoto.json"
 BUILD_TYPE = "https://benchseal.invalid/build-types/image-release/v1"
 RUN_TYPE = "https://benchseal.invalid/build-types/benchmark-run/v1"
 LOCAL_BUILDER = "https://benchseal.invalid/builders/local"
@@ -88,7 +86,7 @@ def summary_statement(summary_path: Path, grading: Grading, payload: DispatchPay
                     "correlation_id": payload.correlation_id,
                     "source": {"repository": payload.source.repository, "ref": f"refs/tags/{payload.source.tag}"},
                 },
-                "internalParameters": {"infra_run_id": grading.run_id},
+                "internalParameters": {"run_id": grading.run_id},
                 "resolvedDependencies": [
                     {"uri": f"oci://{runner.name}", "name": "runner", "digest": {"sha256": runner.digest.removeprefix("sha256:")}},
                     {"uri": f"oci://{api.name}", "name": "api", "digest": {"sha256": api.digest.removeprefix("sha256:")}},

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline.digests import ImageRef, parse_ref
+from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed
 from pipeline.evidence import depgraph, goinfo
 from pipeline.evidence.goinfo import GoBuildInfo
@@ -466,17 +467,14 @@ def _base_debs(layers: tuple[str, ...], diff_ids: list[str]) -> tuple[str, dict[
     The lock is written where the base is built (``benchseal base build``): its ``debs`` are the
     sha256 of the .deb files mmdebstrap installed into exactly that rootfs tarball (= layer diff_id).
     """
-    from pipeline.build.base import lock_path, read_lock
-
     if not layers or not diff_ids:
         return None
-    for name, entry in sorted(read_lock().items()):
-        if not isinstance(entry, dict) or not isinstance(entry.get("debs"), dict):
+    for name, entry in sorted(read_base_lock().images.items()):
+        if entry.debs is None or entry.layer is None:
             continue
-        layer = entry.get("layer") or {}
-        if ("sha256:" + str(entry.get("rootfs_sha256")) == diff_ids[0] and layer.get("diff_id") == diff_ids[0]
-                and layer.get("digest") == layers[0]):
-            return f"{lock_path().name}:{name}", entry["debs"]
+        if (f"sha256:{entry.rootfs_sha256}" == diff_ids[0] and entry.layer.diff_id == diff_ids[0]
+                and entry.layer.digest == layers[0]):
+            return f"{base_lock_path().name}:{name}", {key: deb.to_json_dict() for key, deb in entry.debs.items()}
     return None
 
 
@@ -908,11 +906,10 @@ def _cache_path(image: ImageRef) -> Path:
     from importlib.metadata import version
 
     from pipeline import paths
-    from pipeline.build.base import lock_path
 
     here = Path(__file__).parent
     material = b"".join((here / name).read_bytes() for name in _GENERATOR_SOURCES)
-    lock = lock_path()
+    lock = base_lock_path()
     material += lock.read_bytes() if lock.is_file() else b"no base lock"
     generator = hashlib.sha256(material + version("cyclonedx-python-lib").encode()).hexdigest()[:16]
     return paths.state_dir("cache", "sbom") / f"{image.digest.removeprefix('sha256:')}-{generator}.json"

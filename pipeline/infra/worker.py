@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.attest import SigstoreEndpoints
-from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState
+from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, trial_short_id
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
+from pipeline.documents import read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent
@@ -64,7 +65,6 @@ log = logging.getLogger("benchseal.worker")
 
 Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
 BASE_PLACEHOLDER = "benchseal-base"
-BASE_LOCK = REPO_ROOT / "images" / "base.lock.json"
 CONTAINER_PREFIX = "benchseal-infra-"
 LABEL_RUN = "benchseal.infra.run_id"
 # cosign failures that say the registry or Sigstore could not be reached (retry), not that a
@@ -185,13 +185,9 @@ def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust:
 def resolve_base_ref(config: WorkerConfig, registry: str) -> ImageRef:
     if config.base_ref:
         return parse_ref(config.base_ref, "base_ref")
-    if BASE_LOCK.is_file():
-        import json
-
-        lock = json.loads(BASE_LOCK.read_text(encoding="utf-8"))
-        entry = (lock.get("images") or {}).get("base")
-        if entry and entry.get("ref"):
-            return parse_ref(entry["ref"], "images/base.lock.json images.base.ref")
+    entry = read_base_lock().images.get("base")
+    if entry is not None:
+        return parse_ref(entry.ref)
     try:
         from pipeline.build.base import ensure_base
     except ImportError as exc:
@@ -307,7 +303,7 @@ def kill_leftovers(client: Any, run_id: str) -> list[str]:
     import docker.errors
 
     removed: list[str] = []
-    short = re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
+    short = trial_short_id(run_id)
 
     def remove(container: Any) -> None:
         try:

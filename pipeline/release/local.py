@@ -43,7 +43,7 @@ def _queue_wait(events: Sequence[Any]) -> float:
     from datetime import datetime
 
     def parse(text: str) -> datetime:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return datetime.fromisoformat(text)  # Python >= 3.11 reads a "Z" offset
 
     accepted = next((e.at for e in events if e.event == "accepted"), None)
     claimed = [e.at for e in events if e.event == "claimed"]
@@ -185,7 +185,7 @@ def _release_local(
 
     from pipeline.build import build_images_with_results
     from pipeline.dispatch.dispatch import build_payload, new_correlation_id
-    from pipeline.evidence import cosign_commands, sigstore_local
+    from pipeline.evidence import sigstore_local
     from pipeline.evidence.signing import local_signer
     from pipeline.infra.accept import accept_payload
     from pipeline.infra.queue import TERMINAL_STATES, SqliteQueue
@@ -193,7 +193,7 @@ def _release_local(
     from pipeline.publish.finalize import evidence_finalizer
     from pipeline.publish.outbox import deliver_pending
     from pipeline.verify import verify_release
-    from pipeline.verify.external import local_benchseal
+    from pipeline.verify.external import cosign_commands, local_benchseal
 
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)

@@ -6,6 +6,7 @@ Also the consumer's command lines (``sha256sum -c``, ``cosign verify-blob ...``,
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import shutil
@@ -13,6 +14,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat import asn1
 
 from pipeline import paths
 from pipeline.errors import InfrastructureError
@@ -91,21 +95,23 @@ def _is_dsse(bundle: Path) -> bool:
 
 def bundle_issuer(bundle: Path) -> str | None:
     """The OIDC issuer recorded in a bundle's signing certificate (None if unreadable)."""
-    import base64
-
-    from cryptography import x509
-
     try:
         data = json.loads(bundle.read_text("utf-8"))
         material = data["verificationMaterial"]
         raw = (material.get("certificate") or material["x509CertificateChain"]["certificates"][0])["rawBytes"]
-        cert = x509.load_der_x509_certificate(base64.b64decode(raw))
-        ext = cert.extensions.get_extension_for_oid(x509.ObjectIdentifier(_ISSUER_OID))
-        value = ext.value.value  # type: ignore[attr-defined]
-        # DER UTF8String: tag 0x0c, length, text
-        return bytes(value[2:]).decode("utf-8") if value[:1] == b"\x0c" else bytes(value).decode("utf-8")
-    except (OSError, KeyError, IndexError, ValueError, x509.ExtensionNotFound):
+        return certificate_issuer(x509.load_der_x509_certificate(base64.b64decode(raw)))
+    except (OSError, KeyError, IndexError, TypeError, ValueError, x509.ExtensionNotFound):
         return None
+
+
+def certificate_issuer(cert: x509.Certificate) -> str:
+    """Fulcio's OIDC issuer (v2) extension: a DER UTF8String, decoded by ``cryptography``'s
+    ASN.1 reader (any length form; a value of another type raises ValueError)."""
+    ext = cert.extensions.get_extension_for_oid(x509.ObjectIdentifier(_ISSUER_OID))
+    if not isinstance(ext.value, x509.UnrecognizedExtension):
+        raise ValueError(f"extension {_ISSUER_OID} is not an opaque DER value")
+    issuer: str = asn1.decode_der(str, ext.value.value)
+    return issuer
 
 
 def local_benchseal() -> str:

@@ -13,7 +13,8 @@ import pytest
 from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
 from pipeline.dispatch.client import make_client
 from pipeline.infra.queue import SqliteQueue
-from pipeline.publish.outbox import PUBLISHER_ERROR, OutboxConfig, deliver_pending, publish_request
+from pipeline.layout import PUBLISHER_ERROR
+from pipeline.publish.outbox import OutboxConfig, deliver_pending, publish_request
 from pipeline.publish.targets import GitHubTarget, LocalTarget, Target
 from tests.fixtures.github import tag_release_commit
 
