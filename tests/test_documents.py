@@ -116,7 +116,7 @@ def test_base_lock_reads_and_refuses(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert read_base_lock().images["base"].ref == ref
     lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1", "images": {"base": {
         "name": "127.0.0.1:5055/benchseal/other", "digest": "sha256:" + "a" * 64, "ref": ref}}}))
-    with pytest.raises(ValidationError, match="images.base"):
+    with pytest.raises(ValidationError, match=r"images\.base"):
         read_base_lock()
     lock.write_text(json.dumps({"images": {}}))
     with pytest.raises(ValidationError, match="schema"):
