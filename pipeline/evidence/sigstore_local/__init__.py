@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from pipeline import paths
 from pipeline.errors import InfrastructureError, ValidationError
+from pipeline.polling import poll_until
 
 SERVER_JS = Path(__file__).with_name("server.js")
 LOCAL_ISSUER = "https://oidc.benchseal.invalid"
@@ -186,14 +186,17 @@ def ensure_running(state: Path | None = None, *, port: int = 0, wait_seconds: fl
     finally:
         log.close()
     _pid_path(state).write_text(f"{process.pid}\n")
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
+    def ready() -> LocalInstance | None:
         if process.poll() is not None:
             raise InfrastructureError(f"local Sigstore server exited with {process.returncode}; see {state / 'server.log'}")
         instance = _read_instance(state)
         if instance is not None and instance.pid == process.pid and _answers(instance, timeout=0.5):
             return instance
-        time.sleep(0.1)
+        return None
+
+    started = poll_until(ready, timeout=wait_seconds, interval=0.1)
+    if started is not None:
+        return started
     process.kill()
     raise InfrastructureError(f"local Sigstore server did not answer within {wait_seconds:.0f}s; see {state / 'server.log'}")
 
@@ -209,11 +212,7 @@ def stop(state: Path | None = None) -> str:
         _pid_path(state).unlink(missing_ok=True)
         return "stopped"
     os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not _ours(state, pid):
-            break
-        time.sleep(0.1)
-    else:
+    if poll_until(lambda: True if not _ours(state, pid) else None, timeout=5.0, interval=0.1) is None:
         os.kill(pid, signal.SIGKILL)
     _pid_path(state).unlink(missing_ok=True)
     return "stopped"
