@@ -20,6 +20,16 @@ from cryptography.hazmat import asn1
 
 from pipeline import paths
 from pipeline.errors import InfrastructureError
+from pipeline.layout import (
+    BUNDLE_SUFFIX,
+    CHECKSUMS,
+    CHECKSUMS_BUNDLE,
+    MANIFESTS,
+    PROVENANCE_IMAGES,
+    PROVENANCE_SUMMARY,
+    SUMMARY,
+    bundle_name,
+)
 from pipeline.verify.policy import expectation
 
 SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
@@ -138,7 +148,7 @@ def command_profile(directory: Path, profile: str | None) -> str:
 
     if profile is not None:
         return profile
-    if bundle_issuer(directory / "SHA256SUMS.sigstore.json") == sigstore_local.LOCAL_ISSUER:
+    if bundle_issuer(directory / CHECKSUMS_BUNDLE) == sigstore_local.LOCAL_ISSUER:
         return "local"
     return "production"
 
@@ -164,17 +174,17 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
         default_root = sigstore_local.default_state() / "trusted_root.json"
         root = default_root if default_root.is_file() else None
     binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
-    lines = ["sha256sum -c SHA256SUMS"]
-    for bundle in sorted(directory.glob("*.sigstore.json")):
-        target = bundle.name.removesuffix(".sigstore.json")
+    lines = [f"sha256sum -c {CHECKSUMS}"]
+    for bundle in sorted(directory.glob(bundle_name("*"))):
+        target = bundle.name.removesuffix(BUNDLE_SUFFIX)
         dsse = _is_dsse(bundle)
-        if dsse and target == "provenance-summary.intoto.json":
+        if dsse and target == PROVENANCE_SUMMARY:
             # Check the claim that matters: summary.json is the statement's subject.
-            args = _cosign_args("summary.json", bundle.name, expect.identity, expect.issuer,
+            args = _cosign_args(SUMMARY, bundle.name, expect.identity, expect.issuer,
                                 str(root) if root else None, True, True)
-        elif dsse and target == "provenance-images.intoto.json":
+        elif dsse and target == PROVENANCE_IMAGES:
             # The subjects are image manifests: check each published manifest is one.
-            for manifest in sorted(directory.glob("manifest-*.oci.json")):
+            for manifest in (directory / name for name in sorted(MANIFESTS.values()) if (directory / name).is_file()):
                 lines.append(shlex.join([binary, *_cosign_args(manifest.name, bundle.name, expect.identity,
                                                                expect.issuer, str(root) if root else None, True, True)]))
             continue
