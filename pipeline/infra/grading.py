@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.contracts import GradeCounts, Grading, TrialOutcome, TrialRecord
+from pipeline.contracts import SCORE_DIGITS, GradeCounts, Grading, TrialOutcome, TrialRecord
 from pipeline.documents import TrialsPlan, load_document
 from pipeline.errors import ValidationError
 from pipeline.infra.policy import InfraPolicy
@@ -163,7 +163,7 @@ def grade_run(
         suite=payload.suite,
         agent=payload.agent,
         counts=counts,
-        score=round(resolved / counts.completed, 6) if ok else None,
+        score=round(resolved / counts.completed, SCORE_DIGITS) if ok else None,
         trials=trials,
         harbor_version=harbor_version,
         agent_version_pin=plan.agent_version if plan else None,

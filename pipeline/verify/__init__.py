@@ -48,7 +48,7 @@ from pipeline.layout import (
 )
 from pipeline.verify.policy import Expectation, expectation
 
-__all__ = ["REQUIRED_SIGNED", "VerifiedRelease", "check_summary", "select_profile", "verify_release"]
+__all__ = ["VerifiedRelease", "check_summary", "select_profile", "verify_release"]
 
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
