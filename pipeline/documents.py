@@ -265,6 +265,94 @@ class PublisherError(_Document):
     note: str = "publication is retried later; this file records why it has not happened yet"
 
 
+# --- provenance-*.intoto.json (in-toto v1 statements, SLSA provenance v1 predicates) ----------
+
+STATEMENT_TYPE: Literal["https://in-toto.io/Statement/v1"] = "https://in-toto.io/Statement/v1"
+SLSA_PROVENANCE: Literal["https://slsa.dev/provenance/v1"] = "https://slsa.dev/provenance/v1"
+_HEX64 = r"^[0-9a-f]{64}$"
+# Field names are in-toto's and SLSA's own (camelCase), so the models dump the documents as specified.
+
+
+class DigestSet(_Document):
+    sha256: str | None = Field(default=None, pattern=_HEX64)
+    gitCommit: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
+
+
+class Subject(_Document):
+    name: str
+    digest: DigestSet
+
+    @model_validator(mode="after")
+    def _sha256(self) -> Subject:
+        if self.digest.sha256 is None:
+            raise ValueError("a subject must have a sha256 digest")
+        return self
+
+
+class ResourceDescriptor(_Document):
+    uri: str
+    name: str | None = None
+    digest: DigestSet
+
+
+class SourceRef(_Document):
+    repository: str
+    ref: str
+
+
+class ExternalParameters(_Document):
+    """Both build types: image release (``workflow``) and benchmark run (``suite``, ``agent``, ``correlation_id``)."""
+
+    source: SourceRef
+    workflow: str | None = None
+    suite: str | None = None
+    agent: str | None = None
+    correlation_id: str | None = None
+
+
+class InternalParameters(_Document):
+    images: tuple[str, ...] | None = None
+    reproducible: bool | None = None
+    run_id: str | None = None
+
+
+class BuildDefinition(_Document):
+    buildType: str
+    externalParameters: ExternalParameters
+    internalParameters: InternalParameters
+    resolvedDependencies: tuple[ResourceDescriptor, ...]
+
+
+class Builder(_Document):
+    id: str
+
+
+class RunMetadata(_Document):
+    invocationId: str
+    startedOn: AwareDatetime | None = None
+    finishedOn: AwareDatetime | None = None
+
+
+class RunDetails(_Document):
+    builder: Builder
+    metadata: RunMetadata
+
+
+class SlsaProvenance(_Document):
+    buildDefinition: BuildDefinition
+    runDetails: RunDetails
+
+
+class ProvenanceStatement(_Document):
+    """``provenance-images.intoto.json`` and ``provenance-summary.intoto.json``: the exact bytes the DSSE
+    bundles sign (sigstore parses them again as in-toto statements before signing)."""
+
+    type_: Literal["https://in-toto.io/Statement/v1"] = Field(alias="_type", default=STATEMENT_TYPE)
+    subject: tuple[Subject, ...] = Field(min_length=1)
+    predicateType: Literal["https://slsa.dev/provenance/v1"] = SLSA_PROVENANCE
+    predicate: SlsaProvenance
+
+
 # --- reading and writing -------------------------------------------------------------------
 
 _UPGRADES: dict[type[BaseModel], Any] = {ReleaseSummary: upgrade_summary, TrialsPlan: upgrade_trials}
@@ -305,6 +393,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "base-lock.schema.json": BaseLock,
     "publisher-error.schema.json": PublisherError,
     "publication-request.schema.json": PublicationRequest,
+    "provenance.schema.json": ProvenanceStatement,
 }
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.digests import ImageRef, parse_ref
-from pipeline.documents import ReleaseSummary, parse_document
+from pipeline.documents import DigestSet, ProvenanceStatement, ReleaseSummary, parse_document
 from pipeline.errors import CheckFailed, ValidationError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import (
@@ -51,8 +51,6 @@ from pipeline.verify.policy import Expectation, expectation
 __all__ = ["VerifiedRelease", "check_summary", "select_profile", "verify_release"]
 
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 
 
 @dataclass(frozen=True)
@@ -201,17 +199,16 @@ def verify_checksums(directory: Path) -> dict[str, str]:
     return entries
 
 
-def _subjects(statement: dict[str, Any], name: str) -> set[tuple[str, str]]:
-    subjects = statement.get("subject")
-    if not isinstance(subjects, list):
-        raise CheckFailed(f"{name}: statement has no subject list")
-    out = set()
-    for s in subjects:
-        digest = _mapping(s.get("digest")).get("sha256") if isinstance(s, dict) else None
-        if not isinstance(digest, str):
-            raise CheckFailed(f"{name}: a subject has no sha256 digest")
-        out.add((str(s.get("name")), f"sha256:{digest}"))
-    return out
+def load_statement(data: object, name: str) -> ProvenanceStatement:
+    """A provenance statement through its model (in-toto v1, SLSA provenance v1); CheckFailed names the field."""
+    try:
+        return parse_document(ProvenanceStatement, data, name)
+    except ValidationError as exc:
+        raise CheckFailed(f"{exc.field}: {exc.rule} (got {repr(exc.value)[:200]})") from None
+
+
+def _subjects(statement: ProvenanceStatement) -> set[tuple[str, str]]:
+    return {(s.name, f"sha256:{s.digest.sha256}") for s in statement.subject}
 
 
 def check_summary(data: object) -> ReleaseSummary:
@@ -242,27 +239,23 @@ def check_source(summary: ReleaseSummary, expect: Expectation) -> str:
 
 
 def _mapping(value: Any) -> dict[str, Any]:
+    # The SBOM is CycloneDX (validated where it is made); verify reads one field of it.
     return value if isinstance(value, dict) else {}
 
 
-def check_statement_source(statement: dict[str, Any], name: str, repository: str, tag: str, commit: str) -> None:
-    """The statement's type, and its source repository, tag and commit, equal summary.json's."""
-    if statement.get("_type") != STATEMENT_TYPE:
-        raise CheckFailed(f"{name}: _type must be {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") != SLSA_PROVENANCE:
-        raise CheckFailed(f"{name}: predicateType must be {SLSA_PROVENANCE!r}")
-    definition = _mapping(_mapping(statement.get("predicate")).get("buildDefinition"))
-    source = _mapping(definition.get("externalParameters")).get("source")
-    if source != {"repository": repository, "ref": f"refs/tags/{tag}"}:
-        raise CheckFailed(f"{name}: externalParameters.source is {source!r}, but summary.json is for "
+def check_statement_source(statement: ProvenanceStatement, name: str, repository: str, tag: str,
+                           commit: str) -> None:
+    """The statement's source repository, tag and commit equal summary.json's (its types: the model)."""
+    definition = statement.predicate.buildDefinition
+    source = definition.externalParameters.source
+    if (source.repository, source.ref) != (repository, f"refs/tags/{tag}"):
+        raise CheckFailed(f"{name}: externalParameters.source is {source.to_json_dict()!r}, but summary.json is for "
                           f"{repository} refs/tags/{tag}")
-    deps = definition.get("resolvedDependencies")
-    commits = [d for d in deps if isinstance(d, dict) and "gitCommit" in _mapping(d.get("digest"))] \
-        if isinstance(deps, list) else []
+    commits = [d for d in definition.resolvedDependencies if d.digest.gitCommit is not None]
     uri = f"git+https://github.com/{repository}@refs/tags/{tag}"
-    if len(commits) != 1 or commits[0].get("uri") != uri or commits[0]["digest"] != {"gitCommit": commit}:
+    if len(commits) != 1 or commits[0].uri != uri or commits[0].digest != DigestSet(gitCommit=commit):
         raise CheckFailed(f"{name}: resolvedDependencies must name exactly one source, {uri} at commit {commit}, "
-                          f"the source of summary.json (got {commits!r})")
+                          f"the source of summary.json (got {[c.to_json_dict() for c in commits]!r})")
 
 
 def verify_consistency(directory: Path, summary: ReleaseSummary, repository: str, tag: str, commit: str) -> None:
@@ -271,30 +264,24 @@ def verify_consistency(directory: Path, summary: ReleaseSummary, repository: str
                                  (("runner", summary.images.runner), ("api", summary.images.api))}
     expected = {(r.name, r.digest) for r in refs.values()}
 
-    images_st = _read_json(directory / PROVENANCE_IMAGES)
-    if not isinstance(images_st, dict):
-        raise CheckFailed(f"{PROVENANCE_IMAGES}: must be a JSON object")
-    if _subjects(images_st, PROVENANCE_IMAGES) != expected:
+    images_st = load_statement(_read_json(directory / PROVENANCE_IMAGES), PROVENANCE_IMAGES)
+    if _subjects(images_st) != expected:
         raise CheckFailed(f"{PROVENANCE_IMAGES}: subjects are not the runner and api images of summary.json")
     check_statement_source(images_st, PROVENANCE_IMAGES, repository, tag, commit)
 
-    summary_st = _read_json(directory / PROVENANCE_SUMMARY)
-    if not isinstance(summary_st, dict):
-        raise CheckFailed(f"{PROVENANCE_SUMMARY}: must be a JSON object")
-    if _subjects(summary_st, PROVENANCE_SUMMARY) != {(SUMMARY, "sha256:" + sha256_file(directory / SUMMARY))}:
+    summary_st = load_statement(_read_json(directory / PROVENANCE_SUMMARY), PROVENANCE_SUMMARY)
+    if _subjects(summary_st) != {(SUMMARY, "sha256:" + sha256_file(directory / SUMMARY))}:
         raise CheckFailed(f"{PROVENANCE_SUMMARY}: subject is not this summary.json")
     check_statement_source(summary_st, PROVENANCE_SUMMARY, repository, tag, commit)
-    definition = _mapping(_mapping(summary_st.get("predicate")).get("buildDefinition"))
-    deps = definition.get("resolvedDependencies")
-    bound = {(str(d.get("name")), "sha256:" + str(_mapping(d.get("digest")).get("sha256")))
-             for d in (deps if isinstance(deps, list) else [])
-             if isinstance(d, dict) and d.get("name") in ("runner", "api")}
+    definition = summary_st.predicate.buildDefinition
+    bound = {(d.name, f"sha256:{d.digest.sha256}") for d in definition.resolvedDependencies
+             if d.name in ("runner", "api")}
     if bound != {(role, ref.digest) for role, ref in refs.items()}:
         raise CheckFailed(f"{PROVENANCE_SUMMARY}: does not bind summary.json to the runner and api digests")
-    run_id = _mapping(definition.get("internalParameters")).get("run_id")
-    if run_id != summary.run_id:
-        raise CheckFailed(f"{PROVENANCE_SUMMARY}: run_id {run_id!r} is not summary.json's run")
-    correlation = _mapping(definition.get("externalParameters")).get("correlation_id")
+    if definition.internalParameters.run_id != summary.run_id:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: run_id {definition.internalParameters.run_id!r} is not "
+                          "summary.json's run")
+    correlation = definition.externalParameters.correlation_id
     if correlation != summary.correlation_id:
         raise CheckFailed(f"{PROVENANCE_SUMMARY}: correlation_id {correlation!r} is not summary.json's")
 

@@ -309,11 +309,18 @@ def test_hostile_summary_values_fail_closed_by_name(status: Any, counts: Any, sc
         assert score == round(resolved / completed, 6)
 
 
-@pytest.mark.parametrize("subject", [None, "x", [{"name": "summary.json", "digest": ["a"]}], [5],
-                                     [{"name": "summary.json", "digest": {"sha256": 5}}], [{"name": "a"}]])
+@pytest.mark.parametrize("subject", [None, "x", [], [{"name": "summary.json", "digest": ["a"]}], [5],
+                                     [{"name": "summary.json", "digest": {"sha256": 5}}], [{"name": "a"}],
+                                     [{"name": "a", "digest": {"sha256": "A" * 64}}], [{"name": "a", "digest": {}}]])
 def test_malformed_statement_subjects_fail_by_name(subject: Any) -> None:
     """sigstore-python will not sign such statements; another signer might: fail closed, by name."""
-    from pipeline.verify import _subjects
+    from pipeline.evidence.provenance import images_statement
+    from pipeline.verify import load_statement
+    from tests.fixtures.sigstore import make_inputs
 
-    with pytest.raises(CheckFailed, match=r"provenance-images\.intoto\.json: "):
-        _subjects({"subject": subject}, "provenance-images.intoto.json")
+    _, payload = make_inputs({"runner": "127.0.0.1:5055/x/runner@sha256:" + "1" * 64,
+                              "api": "127.0.0.1:5055/x/api@sha256:" + "2" * 64})
+    statement = images_statement(payload).to_json_dict()
+    assert load_statement(statement, "provenance-images.intoto.json").subject
+    with pytest.raises(CheckFailed, match=r"provenance-images\.intoto\.json: subject"):
+        load_statement({**statement, "subject": subject}, "provenance-images.intoto.json")
