@@ -261,10 +261,7 @@ class GitHubTarget:
             raise PublishError(
                 f"refusing to publish run {bundle.run_id} of {entry.repository} to repository {answered!r}: "
                 "a run is published only to its own source repository", retryable=False)
-        commit = bundle.facts.source_commit
-        if not COMMIT_RE.match(commit):
-            raise PublishError(f"summary.json source.commit must be a 40-character lowercase hex commit "
-                               f"(got {commit!r})", retryable=False)
+        commit = bundle.facts.source_commit  # 40 lowercase hex: summary.json's model checked it
         resolved = self._resolve_tag(bundle.tag)
         if resolved != commit:
             raise PublishError(
