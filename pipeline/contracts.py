@@ -344,9 +344,14 @@ class RunStatus(_Frozen):
 class PublicationRequest(_Frozen):
     """One outbox row: deliver the artifacts of a terminal run to a target.
 
-    Written in the same transaction that marks the run terminal.
+    Written in the same transaction that marks the run terminal. Rows written before the
+    request was versioned carry no ``schema`` and are read as v1 (the field is the only change).
     """
 
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    schema_: Literal["benchseal.publication/v1"] = Field(alias="schema", default="benchseal.publication/v1")
     run_id: str
     target: Literal["github", "local"]
     tag: str = Field(min_length=1, max_length=128)
