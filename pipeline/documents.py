@@ -6,6 +6,7 @@
 | ``trials.json`` (``benchseal.trials/v1``) | the runner (``benchseal trial run``, inside the runner image) | the worker's grader | ``TrialsPlan`` |
 | ``images/base.lock.json`` (``benchseal.base-lock/v1``) | ``benchseal base build`` | the image builder, the worker, the SBOM generator | ``BaseLock`` |
 | ``publisher-error.json`` (``benchseal.publisher-error/v1``) | the publisher's outbox | a release's reader (checksummed and signed) | ``PublisherError`` |
+| ``provenance-*.intoto.json`` (in-toto v1, SLSA provenance v1) | evidence (``evidence/provenance.py``) | sigstore (DSSE signing), verify | ``ProvenanceStatement`` |
 
 Each is written with ``dump_document`` and read with ``load_document`` (after ``upgrade_*`` for
 documents older releases or older runner images may still hold). The JSON Schemas in
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -355,7 +357,7 @@ class ProvenanceStatement(_Document):
 
 # --- reading and writing -------------------------------------------------------------------
 
-_UPGRADES: dict[type[BaseModel], Any] = {ReleaseSummary: upgrade_summary, TrialsPlan: upgrade_trials}
+_UPGRADES: dict[type[BaseModel], Callable[[object], object]] = {ReleaseSummary: upgrade_summary, TrialsPlan: upgrade_trials}
 
 
 def parse_document[D: BaseModel](model: type[D], data: object, source: str) -> D:
