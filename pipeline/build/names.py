@@ -11,7 +11,8 @@ Where the prefix comes from, the first that is set:
 1. ``--image-prefix PREFIX`` (build, base build, release --local);
 2. ``--registry HOST:PORT``, shorthand for ``HOST:PORT/benchseal/`` (not together with 1);
 3. ``$BENCHSEAL_IMAGE_PREFIX``;
-4. ``$BENCHSEAL_REGISTRY``, the same shorthand (when 3 is set too, both must name one registry);
+4. ``$BENCHSEAL_REGISTRY``, the same shorthand (when 3 is set too, both must name one registry,
+   or this one is empty);
 5. the local registry, ``127.0.0.1:5055/benchseal/``.
 
 Nothing falls back past a configured value: a prefix that is set but invalid is a usage
@@ -91,7 +92,8 @@ def resolve_image_names(prefix: str | None = None, registry: str | None = None,
     env_registry = env.get(REGISTRY_ENV)
     if env_prefix is not None:
         names = ImageNames(env_prefix, PREFIX_ENV)
-        if env_registry is not None and env_registry != names.registry:
+        # An empty $BENCHSEAL_REGISTRY beside a prefix (an unset Actions variable) names nothing.
+        if env_registry and env_registry != names.registry:
             raise ValidationError(PREFIX_ENV, f"names registry {names.registry!r} but ${REGISTRY_ENV} is "
                                   f"{env_registry!r}: unset one of them", env_prefix)
         return names

@@ -51,6 +51,8 @@ def test_resolution_order_and_the_local_default() -> None:
     # both variables, same registry: the prefix names the repositories
     assert resolve_image_names(environ={"BENCHSEAL_IMAGE_PREFIX": "127.0.0.1:6001/acme/x-",
                                         "BENCHSEAL_REGISTRY": "127.0.0.1:6001"}).name("api") == "127.0.0.1:6001/acme/x-api"
+    # an empty $BENCHSEAL_REGISTRY (an unset Actions variable) beside a prefix names nothing
+    assert resolve_image_names(environ={"BENCHSEAL_IMAGE_PREFIX": GHCR, "BENCHSEAL_REGISTRY": ""}).prefix == GHCR
     assert configured_names(NO_ENV) is None
     assert configured_names(env) == ImageNames(GHCR, "BENCHSEAL_IMAGE_PREFIX")
 
@@ -61,9 +63,13 @@ def test_conflicting_settings_are_usage_errors_not_fallbacks() -> None:
     with pytest.raises(ValidationError, match=r"BENCHSEAL_IMAGE_PREFIX: names registry 'ghcr.io' but \$BENCHSEAL_REGISTRY"):
         resolve_image_names(environ={"BENCHSEAL_IMAGE_PREFIX": GHCR, "BENCHSEAL_REGISTRY": "127.0.0.1:5055"})
     # a set but invalid variable is an error, never replaced by the default
+    for env in ({"BENCHSEAL_IMAGE_PREFIX": ""}, {"BENCHSEAL_IMAGE_PREFIX": "", "BENCHSEAL_REGISTRY": "127.0.0.1:5055"}):
+        with pytest.raises(ValidationError) as caught:
+            resolve_image_names(environ=env)
+        assert caught.value.field == "BENCHSEAL_IMAGE_PREFIX"
     with pytest.raises(ValidationError) as caught:
-        resolve_image_names(environ={"BENCHSEAL_IMAGE_PREFIX": ""})
-    assert caught.value.field == "BENCHSEAL_IMAGE_PREFIX"
+        resolve_image_names(environ={"BENCHSEAL_REGISTRY": ""})
+    assert caught.value.field == "BENCHSEAL_REGISTRY"
 
 
 @pytest.mark.parametrize(("prefix", "rule"), [

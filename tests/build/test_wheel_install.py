@@ -89,7 +89,8 @@ def test_installed_package_reads_its_own_data(installed: Installed) -> None:
         [str(installed.venv / "bin" / "python"), "-c",
          "import pipeline, pipeline.paths as p; print(pipeline.__file__); print(p.REPO_ROOT); print(p.PROJECT_SOURCE); print(p.home())"],
         cwd=installed.workdir, capture_output=True, text=True, check=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_")} | {"XDG_STATE_HOME": str(installed.state)},
+        env={k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_") and k != "PYTHONPATH"}
+        | {"XDG_STATE_HOME": str(installed.state)},
     )
     module, root, source, home = probe.stdout.splitlines()
     assert module.startswith(str(installed.venv)), module
