@@ -186,14 +186,19 @@ def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
     images/base.lock.json), else built now under the configured image names (pipeline.build.names), or,
     when none are configured, beside the runner (``<prefix>runner`` -> ``<prefix>base``)."""
     from pipeline.build.base import ensure_base, lock_path, read_lock
-    from pipeline.build.names import ImageNames, configured_names
+    from pipeline.build.names import PREFIX_ENV, ImageNames, configured_names
 
     if config.base_ref:
         return parse_ref(config.base_ref, "base_ref")
+    names = configured_names()
     entry = read_lock().get("base")
     if entry and entry.get("ref"):
-        return parse_ref(entry["ref"], f"{lock_path()} images.base.ref")
-    names = configured_names()
+        ref = parse_ref(entry["ref"], f"{lock_path()} images.base.ref")
+        # A configured prefix is the only place images come from: never another registry's base.
+        if os.environ.get(PREFIX_ENV) is not None and names is not None and ref.name != names.name("base"):
+            raise InfraFailure(f"the base lock {lock_path()} names {ref.name}, not {names.name('base')} "
+                               f"(${PREFIX_ENV}): refusing a base from elsewhere; rebuild the lock with that prefix")
+        return ref
     if names is None:
         if not runner.name.endswith("runner"):
             raise InfraFailure(f"no base image: {lock_path()} has none and no image prefix is configured "

@@ -175,3 +175,18 @@ def test_worker_takes_the_base_from_the_configured_lock(tmp_path: Path, monkeypa
     lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1", "images": {"base": {"ref": ref}}}))
     monkeypatch.setenv("BENCHSEAL_BASE_LOCK", str(lock))
     assert resolve_base_ref(WorkerConfig(), parse_ref(f"127.0.0.1:1/acme/benchseal-runner@sha256:{HEX}")).ref == ref
+
+
+def test_worker_refuses_a_locked_base_outside_the_configured_prefix(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.digests import parse_ref
+    from pipeline.infra.worker import InfraFailure, WorkerConfig, resolve_base_ref
+
+    lock = tmp_path / "base.lock.json"
+    lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1",
+                                "images": {"base": {"ref": f"127.0.0.1:5055/benchseal/base@sha256:{HEX}"}}}))
+    monkeypatch.setenv("BENCHSEAL_BASE_LOCK", str(lock))
+    monkeypatch.delenv("BENCHSEAL_REGISTRY", raising=False)
+    monkeypatch.setenv("BENCHSEAL_IMAGE_PREFIX", GHCR)
+    with pytest.raises(InfraFailure, match=r"names 127.0.0.1:5055/benchseal/base, not ghcr.io/acme/benchseal-base"):
+        resolve_base_ref(WorkerConfig(), parse_ref(f"{GHCR}runner@sha256:{HEX}"))

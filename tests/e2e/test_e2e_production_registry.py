@@ -41,6 +41,7 @@ from pipeline.dispatch.client import make_client
 from pipeline.host import authregistry
 from pipeline.host import registry as reg
 from pipeline.host.tokenserver import TokenServer
+from pipeline.infra.worker import LABEL_RUN
 from pipeline.paths import REPO_ROOT
 from tests.fixtures.github import tag_release_commit
 from tests.registry.helpers import basic_entry, free_port, write_docker_config
@@ -75,7 +76,7 @@ class SecretScanner:
         self.hits: list[str] = []
         self.proc_scans = 0
         self.container_scans = 0
-        self.containers_seen: set[str] = set()
+        self.runner_containers: set[str] = set()  # images of the worker's runner containers inspected
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -103,7 +104,8 @@ class SecretScanner:
         except docker.errors.DockerException:
             return
         for container in containers:
-            self.containers_seen.add(container.id)
+            if LABEL_RUN in (container.attrs.get("Config", {}).get("Labels") or {}):
+                self.runner_containers.add(container.attrs["Config"]["Image"])
             data = json.dumps(container.attrs).encode()
             if any(n in data for n in needles):
                 self.hits.append(f"container {container.name}")
@@ -396,6 +398,8 @@ def test_no_credential_in_argv_environ_containers_or_outputs(world: World) -> No
     assert world.tokens, "the token server issued no token: the registry was not the one used"
     assert world.scanner.proc_scans > 50 and world.scanner.container_scans > 5, vars(world.scanner)
     assert world.scanner.hits == [], world.scanner.hits
+    # The runner container itself was among those inspected while it existed.
+    assert world.scanner.runner_containers, "the scan never saw the runner container"
     needles = [s.encode() for s in [*world.secrets, *world.tokens]]
     for path in _files(world.outputs):
         data = path.read_bytes()
