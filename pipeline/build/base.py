@@ -21,8 +21,9 @@ from pathlib import Path
 from pipeline import paths
 from pipeline.build import oci
 from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
+from pipeline.build.names import ImageNames, as_names
 from pipeline.build.push import Registry
-from pipeline.digests import ImageRef, require_repo_digest, validate_name
+from pipeline.digests import ImageRef, require_repo_digest
 from pipeline.documents import BaseImage, BaseLock, base_lock_path, dump_document, read_base_lock
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.fsutil import atomic_write_json, sha256_file
@@ -35,7 +36,6 @@ _PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
 @dataclass(frozen=True)
 class BaseSpec:
     name: str
-    repository: str
     suite: str
     variant: str
     epoch: int
@@ -101,9 +101,11 @@ def load_specs(path: Path = SPEC_PATH) -> dict[str, BaseSpec]:
         for pkg in include:
             if not _PACKAGE.match(pkg):
                 raise ValidationError(f"{path}: images.{name}.include", "must be Debian package names", pkg)
+        if "repository" in image:
+            raise ValidationError(f"{path}: images.{name}.repository", "image names are configuration "
+                                  "(--image-prefix / $BENCHSEAL_IMAGE_PREFIX), not part of the spec", image["repository"])
         specs[name] = BaseSpec(
             name=name,
-            repository=image["repository"],
             suite=raw["suite"],
             variant=raw["variant"],
             epoch=epoch,
@@ -276,21 +278,23 @@ def push_assembled(registry: Registry, repository: str, image: AssembledBase, st
     return digest
 
 
-def ensure_base(registry: str, rebuild: bool = False) -> dict[str, ImageRef]:
-    """Every base image present in ``registry`` (host:port) by digest; build what is missing.
+def ensure_base(target: ImageNames | str, rebuild: bool = False) -> dict[str, ImageRef]:
+    """Every base image present by digest under its configured name; build what is missing.
 
+    ``target``: the image names (pipeline.build.names), or a bare ``host:port`` (the
+    ``--registry`` shorthand, ``host:port/benchseal/<base>``).
     Idempotent: when the lock names an image the registry serves with that
     digest (and the spec has not changed), nothing is built or pushed.
     """
-    validate_name(f"{registry}/x", "registry")
+    names = as_names(target)
     with build_lock():
-        return _ensure_base(registry, rebuild)
+        return _ensure_base(names, rebuild)
 
 
-def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
+def _ensure_base(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
     specs = load_specs()
     lock = dict(read_base_lock().images)
-    client = Registry(registry)
+    client = Registry(names.registry)
     store = BlobStore()
     refs: dict[str, ImageRef] = {}
     changed = False
@@ -299,7 +303,7 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
         if entry is not None and not rebuild and entry.spec_hash in (spec.spec_hash, None):
             ref = ImageRef(entry.name, entry.digest)
             # A lock entry without spec_hash names a base the user supplies: use it as is.
-            if (ref.registry == registry or entry.spec_hash is None) and Registry(ref.registry).has_manifest(ref):
+            if (ref.name == names.name(name) or entry.spec_hash is None) and Registry(ref.registry).has_manifest(ref):
                 refs[name] = ref
                 if entry.spec_hash and entry.debs is None:
                     with_debs = _add_debs(spec, entry)
@@ -315,9 +319,8 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             )
         tarball = rootfs_tarball(spec)
         image = assemble(spec, tarball, store)
-        repo_name = f"{registry}/{spec.repository}"
-        digest = push_assembled(client, spec.repository, image, store)
-        ref = ImageRef(repo_name, digest)
+        digest = push_assembled(client, names.repository(name), image, store)
+        ref = ImageRef(names.name(name), digest)
         refs[name] = ref
         built = BaseImage.model_validate({
             "name": ref.name,

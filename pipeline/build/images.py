@@ -28,9 +28,10 @@ from pipeline import __version__, paths
 from pipeline.build import bytecode, oci, wheels
 from pipeline.build.base import load_specs
 from pipeline.build.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
+from pipeline.build.names import ImageNames, as_names
 from pipeline.build.push import PushStats, Registry, validate_oci_tag
 from pipeline.contracts import DigestsFile, ImageEntry, SourceInfo
-from pipeline.digests import ImageRef, validate_name
+from pipeline.digests import ImageRef
 from pipeline.documents import BASE_LOCK_PATH
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 
@@ -88,7 +89,6 @@ def source_date_epoch(commit: str = "HEAD") -> int:
 class ImageSpec:
     role: str
     directory: Path
-    repository: str
     base: str
     config: dict[str, Any]
     layers: tuple[dict[str, Any], ...]
@@ -99,10 +99,12 @@ def load_image_spec(role: str) -> ImageSpec:
         raise ValidationError("image", f"must be one of {', '.join(ROLES)}", role)
     directory = IMAGES_DIR / role
     raw = tomllib.loads((directory / "image.toml").read_text())
+    if "repository" in raw:
+        raise ValidationError(f"images/{role}/image.toml: repository", "image names are configuration "
+                              "(--image-prefix / $BENCHSEAL_IMAGE_PREFIX), not part of the spec", raw["repository"])
     return ImageSpec(
         role=role,
         directory=directory,
-        repository=raw["repository"],
         base=raw["base"],
         config=raw.get("config", {}),
         layers=tuple(raw.get("layers", ())),
@@ -360,7 +362,7 @@ def default_tags(source: SourceInfo, extra: Sequence[str] = ()) -> tuple[str, ..
 
 def build_image(
     role: str,
-    registry: str,
+    target: ImageNames | str,
     bases: dict[str, ImageRef],
     source: SourceInfo,
     tags: Sequence[str] = (),
@@ -376,10 +378,11 @@ def build_image(
     started = time.monotonic()
     manifest, _, built = assemble(spec, base, source, store, use_cache=use_cache, app_root=app_root, epoch=epoch)
     assembled = time.monotonic()
-    client = Registry(registry)
-    name = validate_name(f"{registry}/{spec.repository}", f"images.{role}.name")
+    names = as_names(target)
+    client = Registry(names.registry)
+    name = names.name(role)
     all_tags = default_tags(source, tags)
-    digest = push_image(client, spec.repository, manifest, store, base, all_tags)
+    digest = push_image(client, names.repository(role), manifest, store, base, all_tags)
     return BuildResult(
         role=role,
         ref=ImageRef(name, digest),

@@ -1,7 +1,7 @@
 """Push to an OCI registry over its HTTP API (distribution spec), from Python.
 
 Blobs: HEAD in the target repository -> skip when present; else try a
-cross-repository mount (the base layer already lives in benchseal/base);
+cross-repository mount (the base layer already lives in the base image's repository, PREFIX + base);
 else POST an upload and PUT the whole blob with ``?digest=``. Manifests: PUT
 the exact bytes; the registry's ``Docker-Content-Digest`` must equal the
 sha256 of those bytes, or the push fails with CheckFailed. Every uploaded

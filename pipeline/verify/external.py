@@ -30,9 +30,12 @@ from pipeline.layout import (
     SUMMARY,
     bundle_name,
 )
+from pipeline.node import node_binary, node_env
 from pipeline.verify.policy import expectation
 
 SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
+# What it requires (found through pipeline.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).
+SIGSTORE_JS_PACKAGES = ("@sigstore/bundle", "@sigstore/protobuf-specs", "@sigstore/verify")
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 _ISSUER_OID = "1.3.6.1.4.1.57264.1.8"
 
@@ -78,15 +81,13 @@ def _cosign_args(target: str, bundle: str, identity: str, issuer: str, trusted_r
 
 def sigstore_js_verify(trusted_root: Path, jobs: list[dict[str, str | None]]) -> list[Outcome]:
     """Verify many bundles with @sigstore/verify in one node process (offline)."""
-    node = shutil.which("node")
-    if node is None:
-        raise InfrastructureError("node is not installed (run `make setup`)")
+    node, env = node_binary(), node_env(SIGSTORE_JS_PACKAGES)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"trusted_root": str(trusted_root), "jobs": jobs}, handle)
         spec = Path(handle.name)
     try:
         done = subprocess.run([node, str(SIGSTORE_JS), str(spec)], capture_output=True, text=True, check=False,
-                              timeout=120, cwd=str(paths.REPO_ROOT))
+                              timeout=120, cwd=str(paths.REPO_ROOT), env=env)
     finally:
         spec.unlink(missing_ok=True)
     if done.returncode not in (0, 1):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import urllib.error
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from pipeline import paths
 from pipeline.errors import InfrastructureError, ValidationError
+from pipeline.node import node_binary, node_env
 from pipeline.polling import poll_until
 
 SERVER_JS = Path(__file__).with_name("server.js")
@@ -106,11 +106,8 @@ def default_state() -> Path:
     return paths.state_dir("sigstore")
 
 
-def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        raise InfrastructureError("node is not installed (run `make setup`)")
-    return node
+# What server.js requires (found through pipeline.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).
+SERVER_PACKAGES = ("reflect-metadata", "asn1js", "canonicalize", "jose", "pkijs", "@peculiar/x509", "@sigstore/mock")
 
 
 def _pid_path(state: Path) -> Path:
@@ -176,12 +173,13 @@ def ensure_running(state: Path | None = None, *, port: int = 0, wait_seconds: fl
         return found
     stop(state)  # our own server from an older build that no longer describes itself fully
     (state / "instance.json").unlink(missing_ok=True)
+    node, env = node_binary(), node_env(SERVER_PACKAGES)
     log = (state / "server.log").open("ab")
     try:
         process = subprocess.Popen(
-            [_node(), str(SERVER_JS), "--state", str(state), "--port", str(port)],
+            [node, str(SERVER_JS), "--state", str(state), "--port", str(port)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            cwd=str(paths.REPO_ROOT),
+            cwd=str(paths.REPO_ROOT), env=env,
         )
     finally:
         log.close()
