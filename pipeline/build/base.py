@@ -4,6 +4,11 @@
 spec hash (mmdebstrap takes ~30 s and depends on the Debian mirror of the day);
 the compressed layer is cached per tarball hash. ``images/base.lock.json`` is
 GENERATED (gitignored): it records what this machine built and pushed.
+
+A production build runs FROZEN (``BENCHSEAL_BASE_FROZEN=1`` with ``BENCHSEAL_BASE_LOCK``
+naming a committed lock, ``images/base.production.lock.json``): every base comes from
+that lock, pinned by digest, and is never built; a missing lock, a missing entry, an
+entry for another spec or registry, or a registry that does not serve the digest fails.
 """
 
 from __future__ import annotations
@@ -32,10 +37,28 @@ LOCK_PATH = paths.REPO_ROOT / "images" / "base.lock.json"
 LOCK_SCHEMA = "benchseal.base-lock/v1"
 
 
+FROZEN_ENV = "BENCHSEAL_BASE_FROZEN"
+
+
 def lock_path() -> Path:
     """The base lock: ``$BENCHSEAL_BASE_LOCK`` or images/base.lock.json (a benchmark's scratch registry uses its own)."""
     configured = os.environ.get("BENCHSEAL_BASE_LOCK")
     return Path(configured) if configured else LOCK_PATH
+
+
+def frozen() -> bool:
+    """``$BENCHSEAL_BASE_FROZEN``: 1/true = use the committed lock only, never build a base."""
+    raw = os.environ.get(FROZEN_ENV, "").strip().lower()
+    if raw in ("", "0", "false"):
+        return False
+    if raw in ("1", "true"):
+        return True
+    raise ValidationError(FROZEN_ENV, "must be 1/true or 0/false (or unset)", raw)
+
+
+def base_name(registry: str, spec: BaseSpec) -> str:
+    """The repository a base of ``spec`` has in ``registry`` (what a build pushes, what a frozen lock must name)."""
+    return f"{registry}/{spec.repository}"
 _SAFE_PATH = re.compile(r"\A/[A-Za-z0-9._/-]+\Z")
 _PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
 
@@ -315,7 +338,44 @@ def ensure_base(registry: str, rebuild: bool = False) -> dict[str, ImageRef]:
         return _ensure_base(registry, rebuild)
 
 
+def _frozen_bases(registry: str, rebuild: bool) -> dict[str, ImageRef]:
+    """Every base from the committed lock, pinned by digest; nothing is built or written. Fails closed."""
+    path = lock_path()
+    if rebuild:
+        raise UsageError(f"{FROZEN_ENV}=1: the committed lock {path} is never rebuilt here; refresh it (docs/build.md)")
+    if not os.environ.get("BENCHSEAL_BASE_LOCK"):
+        raise UsageError(f"{FROZEN_ENV}=1 needs BENCHSEAL_BASE_LOCK naming the committed base lock")
+    if not path.is_file():
+        raise CheckFailed(f"base lock {path} is missing: a frozen build never builds a base; "
+                          "refresh and commit the lock (docs/build.md)")
+    try:
+        lock = read_lock(path)
+    except ValueError as exc:
+        raise CheckFailed(f"base lock {path} is not JSON: {exc}") from None
+    refs: dict[str, ImageRef] = {}
+    for name, spec in load_specs().items():
+        entry = lock.get(name)
+        if not isinstance(entry, dict):
+            raise CheckFailed(f"base lock {path}: images.{name} is missing; refresh the lock (docs/build.md)")
+        ref = _lock_ref(name, entry)
+        if entry.get("spec_hash") != spec.spec_hash:
+            raise CheckFailed(f"base lock {path}: images.{name}.spec_hash {entry.get('spec_hash')!r} does not match "
+                              f"images/base/spec.toml ({spec.spec_hash}); refresh the lock (docs/build.md)")
+        expected = base_name(registry, spec)
+        if ref.name != expected:
+            raise CheckFailed(f"base lock {path}: images.{name}.name {ref.name!r} is not {expected!r} "
+                              f"(the lock is for another registry than {registry!r}); refresh the lock (docs/build.md)")
+        client = Registry(ref.registry)
+        if not client.has_manifest(ref):
+            raise CheckFailed(f"the registry does not serve the locked base {ref.ref}; push it (docs/build.md)")
+        client.get_manifest(ref.repository, ref.digest)  # exactly these bytes: CheckFailed unless they hash to it
+        refs[name] = ref
+    return refs
+
+
 def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
+    if frozen():
+        return _frozen_bases(registry, rebuild)
     specs = load_specs()
     lock = read_lock()
     client = Registry(registry)
@@ -327,7 +387,7 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
         if entry and not rebuild and entry.get("spec_hash") in (spec.spec_hash, None):
             ref = _lock_ref(name, entry)
             # A lock entry without spec_hash names a base the user supplies: use it as is.
-            if (ref.registry == registry or entry.get("spec_hash") is None) and Registry(ref.registry).has_manifest(ref):
+            if (ref.name == base_name(registry, spec) or entry.get("spec_hash") is None) and Registry(ref.registry).has_manifest(ref):
                 refs[name] = ref
                 if entry.get("spec_hash") and "debs" not in entry and _add_debs(spec, entry):
                     changed = True
@@ -340,7 +400,7 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             )
         tarball = rootfs_tarball(spec)
         image = assemble(spec, tarball, store)
-        repo_name = f"{registry}/{spec.repository}"
+        repo_name = base_name(registry, spec)
         digest = push_assembled(client, spec.repository, image, store)
         ref = ImageRef(repo_name, digest)
         refs[name] = ref
