@@ -312,9 +312,12 @@ def read_lock(path: Path | None = None) -> dict[str, Any]:
     if not path.is_file():
         return {}
     data = json.loads(path.read_text())
-    if data.get("schema") != LOCK_SCHEMA:
-        raise ValidationError(f"{path}: schema", f"must be {LOCK_SCHEMA!r}", data.get("schema"))
-    images: dict[str, Any] = data.get("images", {})
+    if not isinstance(data, dict) or data.get("schema") != LOCK_SCHEMA:
+        raise ValidationError(f"{path}: schema", f"must be {LOCK_SCHEMA!r}",
+                              data.get("schema") if isinstance(data, dict) else type(data).__name__)
+    images = data.get("images", {})
+    if not isinstance(images, dict):
+        raise ValidationError(f"{path}: images", "must be an object of base name -> entry", type(images).__name__)
     return images
 
 

@@ -135,3 +135,14 @@ def test_frozen_cli_exits_1_naming_the_lock(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert str(missing) in done.stderr and "docs/build.md" in done.stderr
     assert not missing.exists()
+
+
+@pytest.mark.parametrize("text", ["[]", '{"schema": "benchseal.base-lock/v1", "images": []}',
+                                  '{"schema": "other", "images": {}}'])
+def test_a_malformed_lock_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    path = tmp_path / "base.production.lock.json"
+    path.write_text(text)
+    monkeypatch.setenv("BENCHSEAL_BASE_LOCK", str(path))
+    monkeypatch.setenv("BENCHSEAL_BASE_FROZEN", "1")
+    with pytest.raises(ValidationError, match=str(path)):
+        base.ensure_base("127.0.0.1:1")
