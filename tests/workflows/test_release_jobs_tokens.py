@@ -69,9 +69,13 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return dest, _git(dest, "rev-parse", "HEAD")
 
 
-def _after_the_build(workflow: str, commit: str, tmp_path: Path, artifact_prefix: str) -> Path:
-    """``workflow`` with its build job replaced by one that uploads the digests files it would."""
+def _after_the_build(workflow: str, commit: str, tmp_path: Path, artifact_prefix: str,
+                     strip: str | None = None) -> Path:
+    """``workflow`` with its build job replaced by one that uploads the digests files it would
+    (and, with ``strip``, that job's permissions removed)."""
     doc = yaml.safe_load((WORKFLOWS / workflow).read_text())
+    if strip is not None:
+        doc["jobs"][strip]["permissions"] = {}
     full = digests_data(commit=commit, ref=f"refs/tags/{TAG}")
     env, run, uploads = {}, [], []
     for role in ("runner", "api"):
@@ -98,7 +102,7 @@ class World:
         self.job_tokens.append((repository, dict(permissions)))
         return self.emulator.add_token([repository], permissions, kind="github-token")
 
-    def run(self, workflow: str, tmp_path: Path, dispatch_token: str) -> RunResult:
+    def run(self, workflow: str, tmp_path: Path, dispatch_token: str, strip: str | None = None) -> RunResult:
         prefix = workflow.removesuffix(".yml")
         if workflow == "tag.yml":
             trigger = Trigger("push", SOURCE, self.commit, f"refs/tags/{TAG}")
@@ -110,7 +114,7 @@ class World:
         trigger.vars = {"BENCHSEAL_INFRA_REPOSITORY": INFRA}
         trigger.secrets = {"BENCHSEAL_INFRA_DISPATCH_TOKEN": dispatch_token}
         runner = Runner(root=tmp_path / "runner", source=self.source, github_token=self.job_token)
-        return run_workflow(_after_the_build(workflow, self.commit, tmp_path, prefix), trigger, runner)
+        return run_workflow(_after_the_build(workflow, self.commit, tmp_path, prefix, strip), trigger, runner)
 
 
 @pytest.fixture
@@ -181,3 +185,16 @@ def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promot
     assert "Not promoted: dispatch_infra ended `failure`." in run.summary
     assert emu.repo(SOURCE).check_runs == {}
     assert run.secret_leaks == []
+
+
+@pytest.mark.parametrize("strip, failed, message", [
+    ("resolve_images", "resolve_images", "GitHub answered HTTP 403"),
+    ("promote_marker", "promote_marker", "Resource not accessible by integration"),
+])
+def test_a_job_without_its_permission_fails(world: World, tmp_path: Path, strip: str, failed: str,
+                                            message: str) -> None:
+    """The job tokens are enforced: the same jobs with their permissions removed fail at GitHub."""
+    run = world.run("tag.yml", tmp_path, world.emulator.add_token([INFRA], {"actions": "write"}), strip=strip)
+    assert run.jobs[failed].result == "failure", run.describe()
+    assert message in run.jobs[failed].log
+    assert world.emulator.repo(SOURCE).check_runs == {}
