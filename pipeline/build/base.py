@@ -4,6 +4,11 @@
 spec hash (mmdebstrap takes ~30 s and depends on the Debian mirror of the day);
 the compressed layer is cached per tarball hash. ``images/base.lock.json`` is
 GENERATED (gitignored): it records what this machine built and pushed.
+
+A production build runs FROZEN (``BENCHSEAL_BASE_FROZEN=1`` with ``BENCHSEAL_BASE_LOCK``
+naming a committed lock, ``images/base.production.lock.json``): every base comes from
+that lock, pinned by digest, and is never built; a missing lock, a missing entry, an
+entry for another spec or registry, or a registry that does not serve the digest fails.
 """
 
 from __future__ import annotations
@@ -29,6 +34,19 @@ from pipeline.errors import CheckFailed, InfrastructureError, UsageError, Valida
 from pipeline.fsutil import atomic_write_json, sha256_file
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
+FROZEN_ENV = "BENCHSEAL_BASE_FROZEN"
+
+
+def frozen() -> bool:
+    """``$BENCHSEAL_BASE_FROZEN``: 1/true = use the committed lock only, never build a base."""
+    raw = os.environ.get(FROZEN_ENV, "").strip().lower()
+    if raw in ("", "0", "false"):
+        return False
+    if raw in ("1", "true"):
+        return True
+    raise ValidationError(FROZEN_ENV, "must be 1/true or 0/false (or unset)", raw)
+
+
 _SAFE_PATH = re.compile(r"\A/[A-Za-z0-9._/-]+\Z")
 _PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
 
@@ -291,7 +309,44 @@ def ensure_base(target: ImageNames | str, rebuild: bool = False) -> dict[str, Im
         return _ensure_base(names, rebuild)
 
 
+def _frozen_bases(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
+    """Every base from the committed lock, pinned by digest; nothing is built or written. Fails closed."""
+    path = base_lock_path()
+    if rebuild:
+        raise UsageError(f"{FROZEN_ENV}=1: the committed lock {path} is never rebuilt here; refresh it (docs/build.md)")
+    if not os.environ.get("BENCHSEAL_BASE_LOCK"):
+        raise UsageError(f"{FROZEN_ENV}=1 needs BENCHSEAL_BASE_LOCK naming the committed base lock")
+    if not path.is_file():
+        raise CheckFailed(f"base lock {path} is missing: a frozen build never builds a base; "
+                          "refresh and commit the lock (docs/build.md)")
+    try:
+        lock = read_base_lock(path)
+    except ValueError as exc:
+        raise CheckFailed(f"base lock {path} is not a valid base lock: {exc}") from None
+    refs: dict[str, ImageRef] = {}
+    for name, spec in load_specs().items():
+        entry = lock.images.get(name)
+        if entry is None:
+            raise CheckFailed(f"base lock {path}: images.{name} is missing; refresh the lock (docs/build.md)")
+        ref = ImageRef(entry.name, entry.digest)
+        if entry.spec_hash != spec.spec_hash:
+            raise CheckFailed(f"base lock {path}: images.{name}.spec_hash {entry.spec_hash!r} does not match "
+                              f"images/base/spec.toml ({spec.spec_hash}); refresh the lock (docs/build.md)")
+        expected = names.name(name)
+        if ref.name != expected:
+            raise CheckFailed(f"base lock {path}: images.{name}.name {ref.name!r} is not {expected!r} "
+                              f"(the lock is for another registry than {names.prefix!r}); refresh the lock (docs/build.md)")
+        client = Registry(ref.registry)
+        if not client.has_manifest(ref):
+            raise CheckFailed(f"the registry does not serve the locked base {ref.ref}; push it (docs/build.md)")
+        client.get_manifest(ref.repository, ref.digest)  # exactly these bytes: CheckFailed unless they hash to it
+        refs[name] = ref
+    return refs
+
+
 def _ensure_base(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
+    if frozen():
+        return _frozen_bases(names, rebuild)
     specs = load_specs()
     lock = dict(read_base_lock().images)
     client = Registry(names.registry)

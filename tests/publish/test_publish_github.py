@@ -432,3 +432,23 @@ def test_policy_is_read_at_publish_time(emulator: Any, make_artifacts: Any, tmp_
     with pytest.raises(PublishError, match="not allowed by the infra policy"):
         GitHubTarget(_repo(emulator), sources=load_policy(path)).publish(load_bundle(make_artifacts(), "v1.0.0"))
     _no_writes_since(emulator, before)
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_the_publish_token_needs_only_contents_write_on_the_source_repository(emulator: Any, make_artifacts: Any,
+                                                                               draft: bool) -> None:
+    """docs/github.md: the publisher's token is fine-grained, Contents: read and write on the source
+    repositories (Metadata: read implied), nothing else. The emulator enforces it per operation."""
+    _setup(emulator, draft=draft)
+    art = make_artifacts()
+    writer = emulator.add_token([REPO], {"contents": "write"})
+    repo = make_client(base_url=emulator.base_url, token=writer, backoff_factor=0.0).get_repo(REPO)
+    result = GitHubTarget(repo).publish(load_bundle(art, "v1.0.0"))
+    assert set(result.assets.values()) == {"uploaded"}
+    assert _assets(emulator, "v1.0.0") == _expected_assets(art)
+
+    reader = emulator.add_token([REPO], {"contents": "read", "actions": "write"})
+    repo = make_client(base_url=emulator.base_url, token=reader, backoff_factor=0.0).get_repo(REPO)
+    with pytest.raises(PublishError, match="403"):
+        GitHubTarget(repo).publish(load_bundle(make_artifacts("run2", score=None, status="FAILED",
+                                                              reason="agent error"), "v1.0.0"))
