@@ -876,6 +876,7 @@ def build_bom(contents: ImageContents, *, distro: str | None = None) -> Any:
             add(Component(type=ComponentType.FILE, name=binary.path, bom_ref=ref, hashes=sha(binary.sha256), purl=file_purl,
                           licenses=_license_models(unknown("no package owns this file")),
                           properties=props(("path", binary.path), ("elf", "true" if binary.elf else "false"),
+                                           ("license-source", "no package owns this file"),
                                            ("go-buildinfo-error", binary.go_error))))
     _link_unowned_go(contents, components, edges, py_refs)
 

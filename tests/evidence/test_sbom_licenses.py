@@ -6,6 +6,7 @@ from __future__ import annotations
 import email.parser
 import hashlib
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -258,3 +259,40 @@ def test_python_license_file_is_read_only_when_metadata_names_nothing() -> None:
     assert is_unknown(sbom._python_declared(files, missing, loc, "/m"))
     assert sbom._interesting(f"{loc}/licenses/LICENSE") and sbom._interesting(f"{loc}/LICENSE.txt")
     assert not sbom._interesting("usr/share/LICENSE")
+
+
+# ---------------------------------------------------------------- benchseal's own dist-info in the app layer
+
+
+def test_app_layer_carries_benchseal_dist_info(tmp_path: Path) -> None:
+    import base64
+    import csv
+    import io
+
+    from pipeline.build import images
+
+    app = tmp_path / "app"
+    (app / "pipeline").mkdir(parents=True)
+    (app / "pipeline" / "__init__.py").write_text("x = 1\n")
+    (app / "suites" / "s" / "tests").mkdir(parents=True)
+    (app / "suites" / "s" / "tests" / "test.sh").write_text("#!/bin/sh\n")
+    (app / "pyproject.toml").write_text('[project]\nname = "benchseal"\nlicense = { text = "Apache-2.0" }\n')
+    entries = images._app_entries(app)
+    files = {e.path: e for e in entries if e.kind == "file"}
+    info = next(p for p in files if p.endswith(".dist-info/METADATA")).rsplit("/", 1)[0]
+    meta = email.parser.BytesHeaderParser().parsebytes(files[f"{info}/METADATA"].data or b"")
+    assert meta["Name"] == "benchseal" and meta["License-Expression"] == "Apache-2.0"
+    rows = {r[0]: r for r in csv.reader(io.StringIO((files[f"{info}/RECORD"].data or b"").decode()))}
+    site = images.APP_SITE
+    for path in ("/usr/local/bin/benchseal", f"{images.APP_ROOT}/suites/s/tests/test.sh",
+                 f"{images.APP_ROOT}/pipeline/__init__.py"):
+        entry = files[path]
+        data = entry.data if entry.data is not None else entry.source.read_bytes()  # type: ignore[union-attr]
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rel = os.path.relpath(path, site)
+        assert rows[rel][1:] == [f"sha256={digest}", str(len(data))]
+    assert images._app_entries(app)[-1].data == files[f"{info}/RECORD"].data  # deterministic
+    # no declared license: no License-Expression (the SBOM then says unknown), never a default
+    (app / "pyproject.toml").write_text('[project]\nname = "benchseal"\n')
+    meta2 = next(e for e in images._app_entries(app) if e.path.endswith("METADATA"))
+    assert b"License" not in (meta2.data or b"")
