@@ -30,6 +30,7 @@ from pathlib import Path
 
 from pipeline.evidence import goinfo
 from pipeline.evidence.licenses import DeclaredLicense
+from pipeline.evidence.licensetext import identify
 
 TABLE = Path(__file__).with_name("go_licenses.json")
 _LICENSE_NAME = re.compile(r"(?i)\A(?:licen[cs]e|copying)(?:\.(?:md|txt|markdown|rst))?\Z")
@@ -76,20 +77,20 @@ def table_sha256() -> str:
 
 def lookup(path: str, version: str, go_sum: str = "", binary_sha256: str = "") -> GoLicense | None:
     """The table's licenses for exactly ``path@version``: the ``h1:`` hash (modules) or the binary's sha256
-    (a main module, which has no hash) must be the one the entry was derived for."""
+    (a main module, which has no hash) must be the one the entry was derived for; ``stdlib`` is the Go
+    toolchain version alone."""
     entry = _table().get(f"{path}@{version}")
     if entry is None:
         return None
-    if entry.get("sum"):
-        if entry["sum"] != go_sum:
+    recorded_sum = entry.get("sum")
+    binaries = entry.get("binary_sha256")
+    if recorded_sum:
+        if recorded_sum != go_sum:
             return None
-    else:
-        binaries = entry.get("binary_sha256") or []
-        if path != "stdlib" and (not binary_sha256 or binary_sha256 not in binaries):  # type: ignore[operator]
-            return None
-    ids = entry["licenses"]
-    source = entry["source"]
-    if not isinstance(ids, list) or not isinstance(source, dict):
+    elif path != "stdlib" and not (binary_sha256 and isinstance(binaries, list) and binary_sha256 in binaries):
+        return None
+    ids, source = entry.get("licenses"), entry.get("source")
+    if not isinstance(ids, list) or not ids or not isinstance(source, dict):
         return None
     where = f"{source['repository']}@{source['commit']}:{source['file']} (sha256 {source['sha256']})"
     return GoLicense(tuple(DeclaredLicense(str(i), "id", f"go_licenses.json: {where}") for i in ids), where)
@@ -199,8 +200,6 @@ def _vendor_index(repos: Path, names: list[str]) -> dict[str, list[tuple[Path, s
 def _entry(path: str, version: str, go_sum: str, repos: Path,
            vendor: dict[str, list[tuple[Path, str, str, str]]], revision: str = "") -> dict[str, object]:
     """One table entry; ``revision``: the main module's ``vcs.revision`` (a ``(devel)`` build of a checkout)."""
-    from pipeline.evidence.licensetext import identify
-
     entry: dict[str, object] = {"path": path, "version": version, "sum": go_sum}
     found: tuple[str, str, str, str, bytes] | None = None  # repository, commit, ref, file, data
     if path == "stdlib":

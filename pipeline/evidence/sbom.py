@@ -209,9 +209,10 @@ def _interesting(path: str) -> bool:
     directory, base = posixpath.split(path)
     if base in ("METADATA", "RECORD"):
         return directory.endswith(".dist-info")
-    if ".dist-info" in directory and _LICENSE_FILE.match(base):
-        # License-File: dist-info/licenses/NAME (metadata 2.4) or dist-info/NAME (older wheels)
-        return directory.endswith(".dist-info") or "/licenses" in directory[directory.index(".dist-info"):]
+    if directory.endswith(".dist-info"):  # License-File at the dist-info root (older wheels)
+        return bool(_LICENSE_FILE.match(base))
+    if ".dist-info/licenses" in directory + "/":  # License-File: dist-info/licenses/PATH (metadata 2.4)
+        return (directory + "/").split(".dist-info/licenses", 1)[1].startswith("/")
     if base == "copyright":
         return directory.startswith("usr/share/doc/") and directory.count("/") == 3
     if base.endswith(".list"):
