@@ -14,11 +14,15 @@ from git clones of the modules' repositories (``DIR/OWNER+NAME/repo``):
   root (what ``go mod download`` puts in the module zip);
 * else a ``vendor/`` tree of another repository whose ``vendor/modules.txt`` pins exactly
   ``module version``: ``go mod vendor`` copies the module's LICENSE files there.
+
+``h1_verified``: the module tree the LICENSE was read from hashes (``module_h1``) to the binary's
+go.sum hash, i.e. it is exactly the code the binary was built from.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import re
@@ -92,7 +96,8 @@ def lookup(path: str, version: str, go_sum: str = "", binary_sha256: str = "") -
     ids, source = entry.get("licenses"), entry.get("source")
     if not isinstance(ids, list) or not ids or not isinstance(source, dict):
         return None
-    where = f"{source['repository']}@{source['commit']}:{source['file']} (sha256 {source['sha256']})"
+    checked = "module h1 verified" if entry.get("h1_verified") else "module h1 not verified"
+    where = f"{source['repository']}@{source['commit']}:{source['file']} (sha256 {source['sha256']}; {checked})"
     return GoLicense(tuple(DeclaredLicense(str(i), "id", f"go_licenses.json: {where}") for i in ids), where)
 
 
@@ -163,6 +168,52 @@ def _license_file(repo: Path, commit: str, dirs: list[str]) -> tuple[str, bytes]
     return None
 
 
+def _vendored(name: str) -> bool:
+    """x/mod/zip's rule: files in subdirectories of a vendor directory are not in the module zip."""
+    if name.startswith("vendor/"):
+        rest = name[len("vendor/"):]
+    elif "/vendor/" in name:
+        rest = name[name.index("/vendor/") + len("/vendor/"):]
+    else:
+        return False
+    return "/" in rest
+
+
+def module_h1(repo: Path, commit: str, subdir: str, path: str, version: str) -> str | None:
+    """The go.sum ``h1:`` hash of ``path@version`` as ``go mod download`` would zip it from this tree.
+
+    The zip holds the module directory's regular files, minus subdirectories that have their own
+    go.mod and files below ``vendor/*/``, plus the repository root's LICENSE when the module has
+    none; h1 is dirhash.Hash1 over ``sha256  path@version/file`` lines. Equal to the binary's hash:
+    this tree is exactly the code the binary was built from."""
+    listing = subprocess.run(["git", "--git-dir", str(repo), "ls-tree", "-r", "-z", f"{commit}:{subdir}" if subdir
+                              else commit], capture_output=True, check=False)
+    if listing.returncode != 0:
+        return None
+    entries: list[tuple[str, str, str]] = []  # mode, object, name
+    for record in listing.stdout.split(b"\0"):
+        if record:
+            meta, name = record.split(b"\t", 1)
+            mode, kind, obj = meta.decode().split()
+            if kind == "blob":
+                entries.append((mode, obj, name.decode("utf-8", "replace")))
+    submodules = {n.rsplit("/", 1)[0] + "/" for _, _, n in entries if n.endswith("/go.mod")}
+    files = {n: o for m, o, n in entries
+             if m in ("100644", "100755") and not _vendored(n) and not any(n.startswith(d) for d in submodules)}
+    if subdir and "LICENSE" not in files:
+        root = _git(repo, "rev-parse", "--verify", "--quiet", f"{commit}:LICENSE", check=False).strip()
+        if root:
+            files["LICENSE"] = root
+    lines = []
+    for rel, obj in files.items():
+        data = _git_bytes(repo, obj)
+        if data is None:
+            return None
+        lines.append(f"{hashlib.sha256(data).hexdigest()}  {path}@{version}/{rel}\n")
+    summary = hashlib.sha256("".join(sorted(lines, key=lambda line: line.split("  ", 1)[1])).encode()).digest()
+    return "h1:" + base64.b64encode(summary).decode()
+
+
 def _module_dirs(repo: Path, commit: str, path: str, sub: str) -> list[str]:
     """Candidate module directories: the one whose go.mod declares ``module PATH`` first."""
     candidates = [sub] + ([_MAJOR.sub("", "/" + sub).lstrip("/")] if _MAJOR.search("/" + sub) else [])
@@ -220,10 +271,13 @@ def _entry(path: str, version: str, go_sum: str, repos: Path,
             lic = _license_file(repo, at[0], dirs)
             if lic is not None:
                 found = (f"github.com/{name}", at[0], at[1], lic[0], lic[1])
+                if go_sum:
+                    entry["h1_verified"] = module_h1(repo, at[0], dirs[0], path, version) == go_sum
     for vrepo, vname, commit, ref in vendor.get(f"{path} {version}", []) if found is None else []:
         lic = _license_file(vrepo, commit, [f"vendor/{path}"])
         if lic is not None:
             found = (f"github.com/{vname}", commit, ref, lic[0], lic[1])
+            entry["h1_verified"] = False  # a vendor tree holds only the packages used: no whole-module hash
             break
     if found is None:
         entry["licenses"] = []

