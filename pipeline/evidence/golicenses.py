@@ -75,10 +75,6 @@ def _table() -> dict[str, dict[str, object]]:
     return {f"{m['path']}@{m['version']}": m for m in data["modules"] if m.get("licenses")}
 
 
-def table_sha256() -> str:
-    return hashlib.sha256(TABLE.read_bytes()).hexdigest() if TABLE.exists() else ""
-
-
 def lookup(path: str, version: str, go_sum: str = "", binary_sha256: str = "") -> GoLicense | None:
     """The table's licenses for exactly ``path@version``: the ``h1:`` hash (modules) or the binary's sha256
     (a main module, which has no hash) must be the one the entry was derived for; ``stdlib`` is the Go
