@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -198,8 +199,51 @@ def _app_entries(app_root: Path) -> list[Entry]:
     )
     entries.append(Entry("/usr/local/bin/benchseal", "file", mode=0o755, data=script))
     # Debian's python3 reads .pth files in /usr/local/lib/python3.13/dist-packages.
-    entries.append(Entry("/usr/local/lib/python3.13/dist-packages/benchseal.pth", "file", data=f"{APP_ROOT}\n".encode()))
-    return entries
+    entries.append(Entry(f"{APP_SITE}/benchseal.pth", "file", data=f"{APP_ROOT}\n".encode()))
+    return entries + _app_dist_info(app_root, entries)
+
+
+APP_SITE = "/usr/local/lib/python3.13/dist-packages"
+_SPDX_EXPRESSION = re.compile(r"[A-Za-z0-9.+-]+(?: (?:AND|OR|WITH) [A-Za-z0-9.+-]+)*")
+
+
+def _app_dist_info(app_root: Path, entries: list[Entry]) -> list[Entry]:
+    """benchseal's own dist-info, so the image says what it is: METADATA (name, version, the license
+    pyproject.toml declares) and a RECORD listing every app file (the launcher and the suites' scripts
+    included), as an installer writes it. Deterministic: the same files give the same bytes."""
+    import base64
+    import csv
+    import io
+
+    project: dict[str, Any] = {}
+    pyproject = app_root / "pyproject.toml"
+    if pyproject.is_file():
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    license_ = project.get("license")
+    license_text = license_.get("text") if isinstance(license_, dict) else license_
+    lines = ["Metadata-Version: 2.4", "Name: benchseal", f"Version: {__version__}"]
+    if isinstance(project.get("description"), str):
+        lines.append(f"Summary: {project['description']}")
+    if isinstance(license_text, str) and _SPDX_EXPRESSION.fullmatch(license_text.strip()):
+        lines.append(f"License-Expression: {license_text.strip()}")
+    metadata = ("\n".join(lines) + "\n").encode()
+    installer = b"benchseal-build\n"
+    dist_info = f"{APP_SITE}/benchseal-{__version__.replace('-', '_')}.dist-info"
+    rows: list[list[str]] = []
+    for entry in [*entries, Entry(f"{dist_info}/METADATA", "file", data=metadata),
+                  Entry(f"{dist_info}/INSTALLER", "file", data=installer)]:
+        if entry.kind != "file":
+            continue
+        data = entry.data if entry.data is not None else entry.source.read_bytes() if entry.source else b""
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append([os.path.relpath(entry.path, APP_SITE), f"sha256={digest}", str(len(data))])
+    rows.append([os.path.relpath(f"{dist_info}/RECORD", APP_SITE), "", ""])
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(sorted(rows))
+    return [Entry(dist_info, "dir", mode=0o755),
+            Entry(f"{dist_info}/METADATA", "file", data=metadata),
+            Entry(f"{dist_info}/INSTALLER", "file", data=installer),
+            Entry(f"{dist_info}/RECORD", "file", data=buffer.getvalue().encode())]
 
 
 def _app_layer(
