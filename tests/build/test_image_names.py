@@ -166,13 +166,19 @@ def test_release_local_refuses_names_the_policy_does_not_admit_before_building(t
     assert not (tmp_path / "release").exists()  # nothing was started or built
 
 
+def _entry(ref: str) -> dict[str, str]:
+    """A user-supplied base lock entry (no spec_hash): name, digest and ref of one image."""
+    name, _, digest = ref.partition("@")
+    return {"name": name, "digest": digest, "ref": ref}
+
+
 def test_worker_takes_the_base_from_the_configured_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from pipeline.digests import parse_ref
     from pipeline.infra.worker import WorkerConfig, resolve_base_ref
 
     ref = f"127.0.0.1:1/acme/benchseal-base@sha256:{HEX}"
     lock = tmp_path / "base.lock.json"
-    lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1", "images": {"base": {"ref": ref}}}))
+    lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1", "images": {"base": _entry(ref)}}))
     monkeypatch.setenv("BENCHSEAL_BASE_LOCK", str(lock))
     assert resolve_base_ref(WorkerConfig(), parse_ref(f"127.0.0.1:1/acme/benchseal-runner@sha256:{HEX}")).ref == ref
 
@@ -184,7 +190,7 @@ def test_worker_refuses_a_locked_base_outside_the_configured_prefix(tmp_path: Pa
 
     lock = tmp_path / "base.lock.json"
     lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1",
-                                "images": {"base": {"ref": f"127.0.0.1:5055/benchseal/base@sha256:{HEX}"}}}))
+                                "images": {"base": _entry(f"127.0.0.1:5055/benchseal/base@sha256:{HEX}")}}))
     monkeypatch.setenv("BENCHSEAL_BASE_LOCK", str(lock))
     monkeypatch.delenv("BENCHSEAL_REGISTRY", raising=False)
     monkeypatch.setenv("BENCHSEAL_IMAGE_PREFIX", GHCR)
