@@ -231,12 +231,15 @@ def _release_local(
         # options.repository: the release the body's verify commands tell a consumer to expect.
         # Evidence is sealed as the infra workflow's job would seal it in Actions (benchmark.yml on
         # main): the same issuer, identity and certificate claims, only under the local root.
-        seal_job = sigstore_local.GitHubJob(repository=payload.source.repository, ref="refs/heads/main",
+        # Here one checkout plays both repositories: the infra repository is the source repository.
+        infra_repository = payload.source.repository
+        seal_job = sigstore_local.GitHubJob(repository=infra_repository, ref="refs/heads/main",
                                             sha=payload.source.commit, workflow_file="benchmark.yml",
                                             event_name="workflow_dispatch")
         finalize = evidence_finalizer(target="local", signer=functools.partial(local_signer, github_job=seal_job),
                                       options={"root": str(dist), "repository": payload.source.repository,
-                                               "trusted_root": str(instance.trusted_root)},
+                                               "trusted_root": str(instance.trusted_root),
+                                               "infra_repository": infra_repository},
                                       timings=timings)
         _warm_imports()
 
@@ -276,11 +279,13 @@ def _release_local(
             # The expectation is what this release was made for (the dispatched payload), stated
             # explicitly, never read back from the release being verified.
             verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
-                                      trusted_root=instance.trusted_root, offline=True, profile="production")
+                                      trusted_root=instance.trusted_root, offline=True, profile="production",
+                                      infra_repository=infra_repository)
             # The body's commands, with this machine's cosign and benchseal binaries.
             ran = run_commands(cosign_commands(release_dir, repository=payload.source.repository,
                                                tag=payload.source.tag, trusted_root=instance.trusted_root,
-                                               profile="production", benchseal=local_benchseal()), release_dir)
+                                               profile="production", benchseal=local_benchseal(),
+                                               infra_repository=infra_repository), release_dir)
             image_checks = _verify_images(images, digests.source.repository, tag, endpoints)
 
     stages = dict(clock.seconds)
