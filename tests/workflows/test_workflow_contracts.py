@@ -149,7 +149,7 @@ def test_least_privilege_permissions(name: str) -> None:
     for job_name, job in wf["jobs"].items():
         assert "permissions" in job, f"{job_name} must state its permissions"
         writes = {k for k, v in (job["permissions"] or {}).items() if v == "write"}
-        expected = {"promote_marker": {"checks"}, "build": {"id-token"}}.get(job_name, set())
+        expected = {"promote_marker": {"checks"}, "build": {"id-token"}, "seal": {"id-token"}}.get(job_name, set())
         assert writes == expected, job_name
 
 
@@ -220,6 +220,36 @@ def test_benchmark_hands_the_payload_to_infra_accept_from_a_file() -> None:
             run = step.get("run") or ""
             assert "benchseal infra accept" not in run and "benchseal infra status" not in run, \
                 "infra state is reached only through the wrappers"
+
+
+def test_benchmark_seal_job_signs_ambient_after_grading_and_only_on_main() -> None:
+    """The worker grades; the seal job (the one job with id-token: write) waits for the graded
+    run, exports it through the read-only wrapper, signs as this workflow and publishes."""
+    jobs = load("benchmark.yml")["jobs"]
+    seal = jobs["seal"]
+    assert needs(seal) == ["accept", "wait"]
+    # A failed run is sealed and published too (with its reason): not skipped when wait fails.
+    assert "always()" in seal["if"] and "needs.accept.result == 'success'" in seal["if"]
+    assert seal["permissions"] == {"contents": "read", "id-token": "write"}
+    runs = [str(s.get("run", "")) for s in steps(seal)]
+    order = [next(i for i, r in enumerate(runs) if needle in r) for needle in (
+        'GITHUB_REF" != "refs/heads/main"', "libexec/benchseal-status", "libexec/benchseal-export",
+        "benchseal evidence", "benchseal publish")]
+    assert order == sorted(order), "main check, graded, export, seal, publish: in that order"
+    [poll] = [r for r in runs if "libexec/benchseal-status" in r]
+    assert "seq 1 180" in poll and "exit 1" in poll  # bounded
+    [evidence] = [r for r in runs if "benchseal evidence" in r]
+    assert '--from-export "$RUNNER_TEMP/run.tar" --run-id "$INFRA_RUN_ID" --signer ambient' in evidence
+    [publish] = [r for r in runs if "benchseal publish" in r]
+    assert "--trigger tag" in publish and '--infra-repo "$GITHUB_REPOSITORY"' in publish
+    [publish_step] = [s for s in steps(seal) if "benchseal publish" in str(s.get("run", ""))]
+    assert publish_step["env"]["GITHUB_TOKEN"] == "${{ secrets.BENCHSEAL_PUBLISH_TOKEN }}"
+    # Nothing else signs: no other job has id-token, and no job but seal runs evidence or publish.
+    for name, job in jobs.items():
+        if name != "seal":
+            assert "id-token" not in (job.get("permissions") or {}), name
+            assert not any(w in str(s.get("run", "")) for s in steps(job) for w in ("benchseal evidence",
+                                                                                       "benchseal publish")), name
 
 
 @pytest.mark.parametrize("name", ["tag.yml", "runner-release.yml", "benchmark.yml"])
