@@ -413,7 +413,7 @@ class _Installer:
             in_primary = account is not None and account.gid == self.host.group_gid(group)
             if in_primary or runner in self.host.group_members(group):
                 self.warnings.append(f"runner user {runner} is a member of group {group}: it then reaches more "
-                                     "than the two wrappers; remove it (`gpasswd -d "
+                                     "than the three wrappers; remove it (`gpasswd -d "
                                      f"{runner} {group}`)")
 
     def install_dirs(self, user: _Account | None) -> None:
