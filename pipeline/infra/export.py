@@ -28,6 +28,7 @@ import re
 import tarfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
+from stat import S_ISREG
 from typing import IO
 
 from pipeline.contracts import Grading, RunStatus, load_model
@@ -97,9 +98,16 @@ def export_run(record: RunRecord, run_dir: Path, out: IO[bytes]) -> int:
         for name, data in documents.items():
             tar.addfile(_info(name, len(data)), io.BytesIO(data))
         for name, path in files:
-            with path.open("rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                tar.addfile(_info(name, size), handle)
+            # O_NOFOLLOW: a file swapped for a symlink after the listing is refused, never followed.
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise CheckFailed(f"{path}: cannot be exported ({exc.strerror})") from None
+            with os.fdopen(fd, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                if not S_ISREG(stat.st_mode):
+                    raise CheckFailed(f"{path}: not a regular file")
+                tar.addfile(_info(name, stat.st_size), handle)
     return total
 
 
