@@ -75,10 +75,11 @@ class SignerPolicy(_Strict):
     ``https://github.com/OWNER/REPO/.github/workflows/<workflow>@<ref>`` with the GitHub Actions issuer.
 
     ``ref: tag`` (the default) is ``refs/tags/<the payload's tag>``: the release workflow run for
-    exactly that tag (tag.yml on a tag push). An exact ref (``refs/heads/main``) admits a workflow
-    run on that branch, e.g. runner-release.yml dispatched on main; such a ref names no release,
-    so the worker additionally requires the certificate's commit (its GitHub workflow SHA) to be
-    the payload's commit. Nothing else is admitted: no patterns, no "any ref".
+    exactly that tag (tag.yml on a tag push). An exact ref (``refs/heads/main``, or one fixed
+    ``refs/tags/NAME``) admits a workflow run at that ref, e.g. runner-release.yml dispatched on
+    main; such a ref does not name the payload's release, so the worker additionally requires the
+    certificate's commit (its GitHub workflow SHA) to be the payload's commit. Nothing else is
+    admitted: no patterns, no "any ref".
     """
 
     workflow: str = Field(default="tag.yml", pattern=r"^[A-Za-z0-9_.-]{1,100}\.ya?ml$")

@@ -173,9 +173,10 @@ def signer_identities(payload: DispatchPayload, source: SourcePolicy) -> list[An
             identities.append(ImageIdentityPolicy.release_workflow(source.repository, payload.source.tag,
                                                                    signer.workflow))
         else:
+            # An explicit ref does not name the payload's release: the signing run must have run at
+            # the payload's commit (the certificate's GitHub workflow SHA).
             identities.append(ImageIdentityPolicy.release_workflow(
-                source.repository, payload.source.tag, signer.workflow, ref=signer.ref,
-                commit=payload.source.commit if signer.ref.startswith("refs/heads/") else None))
+                source.repository, payload.source.tag, signer.workflow, ref=signer.ref, commit=payload.source.commit))
     return identities
 
 

@@ -89,6 +89,12 @@ def test_an_empty_signer_list_is_refused(tmp_path: Path) -> None:
         _policy(tmp_path, [])
 
 
+def test_a_fixed_tag_ref_binds_the_commit_too(tmp_path: Path) -> None:
+    (source,) = _policy(tmp_path, {"workflow": "tag.yml", "ref": "refs/tags/v1.0.0"}).sources
+    (identity,) = signer_identities(_dummy_payload(), source)
+    assert identity.identity.endswith("/tag.yml@refs/tags/v1.0.0") and identity.sha == COMMIT
+
+
 def test_identity_policy_needs_a_commit_for_a_branch_ref() -> None:
     with pytest.raises(ValidationError, match="commit"):
         ImageIdentityPolicy.release_workflow(SOURCE, TAG, "runner-release.yml", ref="refs/heads/main")
