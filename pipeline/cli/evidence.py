@@ -20,18 +20,7 @@ from pathlib import Path
 
 import typer
 
-from pipeline.contracts import DispatchPayload, Grading, RunStatus, load_model
 from pipeline.errors import ValidationError
-
-
-def _load(path: Path) -> object:
-    try:
-        return json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ValidationError(str(path), "file does not exist") from None
-    except ValueError as exc:
-        raise ValidationError(str(path), f"is not JSON: {exc}") from None
-
 
 _RUN_DIR = typer.Argument(..., help="Run directory holding run.json and grading.json.")
 
@@ -55,7 +44,6 @@ def evidence(
 
     from pipeline.cli.attest import sigstore_endpoints
     from pipeline.evidence import reseal as do_reseal
-    from pipeline.evidence import write_evidence
     from pipeline.evidence.signing import ambient_signer, local_signer, private_trust_config
 
     if signer_kind not in ("auto", "local", "ambient"):
@@ -91,20 +79,13 @@ def evidence(
     if reseal:
         typer.echo(f"resealed: {do_reseal(run_dir / 'artifacts', signer=signer)}")
         return
-    status = load_model(RunStatus, _load(run_dir / "run.json"), "run.json")
-    grading = load_model(Grading, _load(run_dir / "grading.json"), "grading.json")
-    payload = load_model(DispatchPayload, {
-        "schema": "benchseal.dispatch/v1", "correlation_id": status.correlation_id,
-        "source": status.source.model_dump(mode="json"), "runner": status.runner, "api": status.api,
-        "suite": status.suite, "agent": status.agent,
-    }, "run.json")
-    result = write_evidence(run_dir, grading, payload, signer=signer)
+    from pipeline.publish.seal import seal_run
+
+    sealed = seal_run(run_dir, signer=signer)
     if as_json:
-        typer.echo(json.dumps({"artifacts": str(result.artifacts), "run_id": status.run_id, "state": status.state,
-                               "repository": status.source.repository, "tag": status.source.tag,
-                               "commit": status.source.commit, "identity": result.identity, "issuer": result.issuer,
-                               "bundles": len(result.bundles)}, sort_keys=True))
+        typer.echo(json.dumps(sealed.to_json_dict(), sort_keys=True))
         return
+    result = sealed.evidence
     typer.echo(f"evidence written: {result.artifacts} ({len(result.bundles)} bundles, signer {result.identity})")
 
 
