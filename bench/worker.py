@@ -156,7 +156,7 @@ def _ts(value: str) -> datetime:
 
 def runner_variants(registry: str) -> tuple[str, str, str]:
     """(runner as built now, the same runner without bytecode, api), all pushed by digest."""
-    from pipeline.build import build_images, ensure_base
+    from pipeline.build import as_names, build_images, ensure_base
     from pipeline.build.images import assemble, load_image_spec, push_image, source_info
     from pipeline.build.layers import BlobStore, build_lock
     from pipeline.build.push import Registry
@@ -166,10 +166,11 @@ def runner_variants(registry: str) -> tuple[str, str, str]:
     plain = replace(spec, layers=tuple({k: v for k, v in layer.items() if k != "bytecode"} for layer in spec.layers))
     bases = ensure_base(registry)
     store = BlobStore()
+    names = as_names(registry)
     with build_lock():
         manifest, _, _ = assemble(plain, bases[plain.base], source_info(), store)
-        digest = push_image(Registry(registry), plain.repository, manifest, store, bases[plain.base], ())
-    return images.images["runner"].ref, f"{registry}/{plain.repository}@{digest}", images.images["api"].ref
+        digest = push_image(Registry(names.registry), names.repository("runner"), manifest, store, bases[plain.base], ())
+    return images.images["runner"].ref, f"{names.name('runner')}@{digest}", images.images["api"].ref
 
 
 def _record(sample: Sample, run_dir: Path, outcome: Any, wall: float) -> None:

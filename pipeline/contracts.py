@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
 from pydantic import ValidationError as PydanticValidationError
 
 from pipeline.digests import parse_ref, validate_digest, validate_name
@@ -34,9 +34,19 @@ def _commit(value: str) -> str:
     return value
 
 
+CORRELATION_RULE = "must be 8-128 characters of [A-Za-z0-9._-], starting with a letter or digit (no spaces)"
+
+
 def _correlation(value: str) -> str:
     if not CORRELATION_RE.match(value):
-        raise ValueError("must be 8-128 characters of [A-Za-z0-9._-], starting with a letter or digit (no spaces)")
+        raise ValueError(CORRELATION_RULE)
+    return value
+
+
+def validate_correlation(value: str, field: str = "correlation") -> str:
+    """The correlation-id rule outside a model (CLI options); raises our ValidationError naming ``field``."""
+    if not isinstance(value, str) or not CORRELATION_RE.match(value):
+        raise ValidationError(field, CORRELATION_RULE, value)
     return value
 
 
@@ -135,24 +145,43 @@ class DigestsFile(_Frozen):
 
 # --- dispatch -> infra ---------------------------------------------------------
 
+GIT_TAG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
+GIT_TAG_RULE = ("must be a git tag name: at most 128 characters of [A-Za-z0-9._/-], starting with a letter or digit; "
+                "no '..', no empty or '.'-led component, no trailing '/' or '.', no '.lock' component")
+
+
 def _git_tag(value: str) -> str:
     # git check-ref-format's rules that the character class alone does not give: the tag
     # names a ref path in API URLs and a directory name, so '..', empty or dot-led
     # components and '.lock' never pass.
     parts = value.split("/")
-    if ".." in value or value.endswith(".") or any(
+    if not GIT_TAG_RE.match(value) or ".." in value or value.endswith(".") or any(
         not part or part.startswith(".") or part.endswith(".lock") for part in parts
     ):
-        raise ValueError("must be a git tag name: no '..', no empty or '.'-led component, no trailing '/' or '.', "
-                         "no '.lock' component")
+        raise ValueError(GIT_TAG_RULE)
     return value
+
+
+def validate_git_tag(value: object, field: str = "tag") -> str:
+    """The git tag rule (the one home: payloads, tag resolution, verify's expectation); ValidationError names ``field``.
+
+    A ref (``refs/tags/v1``) is not a tag name: callers that accept one strip the prefix first.
+    """
+    if not isinstance(value, str):
+        raise ValidationError(field, GIT_TAG_RULE, value)
+    try:
+        return _git_tag(value)
+    except ValueError:
+        raise ValidationError(field, GIT_TAG_RULE, value) from None
+
+
+GitTag = Annotated[str, AfterValidator(_git_tag)]
 
 
 class PayloadSource(_Frozen):
     repository: RepositorySlug
     commit: CommitSha
-    tag: Annotated[str, AfterValidator(_git_tag)] = Field(min_length=1, max_length=128,
-                                                          pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    tag: GitTag
 
 
 class DispatchPayload(_Frozen):
@@ -202,12 +231,64 @@ class TrialRecord(_Frozen):
     output_tokens: int | None = Field(default=None, ge=0)
 
 
+# The grader stores score = round(resolved / completed, SCORE_DIGITS).
+SCORE_DIGITS = 6
+RunOutcome = Literal["SUCCEEDED", "FAILED", "INFRA_ERROR"]
+
+
+def trial_short_id(run_id: str) -> str:
+    """The run's part of every trial (and trial container) name: its last 12 lowercase alphanumerics."""
+    return re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
+
+
+def trial_name(task: str, run_id: str) -> str:
+    """Deterministic trial names let the worker tell a missing trial from a present one."""
+    return f"{task}__{trial_short_id(run_id)}"
+
+
 class GradeCounts(_Frozen):
-    total: int = Field(ge=0)
-    completed: int = Field(ge=0)
-    resolved: int = Field(ge=0)
-    unresolved: int = Field(ge=0)
-    infra_errors: int = Field(ge=0)
+    """Trial counts; every trial has exactly one outcome, so the parts never exceed the whole.
+
+    Strict integers: JSON ``true``, ``2.0`` or ``"1"`` is not a count.
+    """
+
+    total: StrictInt = Field(ge=0)
+    completed: StrictInt = Field(ge=0)
+    resolved: StrictInt = Field(ge=0)
+    unresolved: StrictInt = Field(ge=0)
+    infra_errors: StrictInt = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GradeCounts:
+        if self.resolved + self.unresolved > self.completed:
+            raise ValueError(f"counts.resolved + counts.unresolved ({self.resolved} + {self.unresolved}) "
+                             f"must not exceed counts.completed ({self.completed})")
+        if self.completed > self.total:
+            raise ValueError(f"counts.completed ({self.completed}) must not exceed counts.total ({self.total})")
+        if self.completed + self.infra_errors > self.total:
+            raise ValueError(f"counts.completed + counts.infra_errors ({self.completed} + {self.infra_errors}) "
+                             f"must not exceed counts.total ({self.total})")
+        return self
+
+
+def check_score(status: str, counts: GradeCounts, score: float | None) -> None:
+    """The score rule (one home, for the grader and every reader of its result).
+
+    Null unless SUCCEEDED; a SUCCEEDED run has completed > 0 and score equal to
+    round(resolved / completed, SCORE_DIGITS). Raises ValueError naming the rule.
+    """
+    if status != "SUCCEEDED":
+        if score is not None:
+            raise ValueError(f"score must be null for a {status} run (got {score!r})")
+        return
+    if counts.completed == 0:
+        raise ValueError("a SUCCEEDED run must have counts.completed > 0")
+    if score is None:
+        raise ValueError("score of a SUCCEEDED run must be a finite number (got None)")
+    expected = round(counts.resolved / counts.completed, SCORE_DIGITS)
+    if score != expected:
+        raise ValueError(f"score {score!r} is not resolved / completed = {counts.resolved}/{counts.completed} "
+                         f"rounded to {SCORE_DIGITS} decimals ({expected!r})")
 
 
 class Grading(_Frozen):
@@ -218,12 +299,12 @@ class Grading(_Frozen):
     """
 
     run_id: str
-    status: Literal["SUCCEEDED", "FAILED", "INFRA_ERROR"]
+    status: RunOutcome
     reason: str | None = None
     suite: str
     agent: str
     counts: GradeCounts
-    score: float | None
+    score: StrictFloat | None = Field(allow_inf_nan=False)
     trials: tuple[TrialRecord, ...] = ()
     harbor_version: str | None = None
     # The policy's version pin for the agent (None for Harbor's test agents) and the model it called.
@@ -234,9 +315,10 @@ class Grading(_Frozen):
     started_at: str
     finished_at: str
 
-    def model_post_init(self, __context: object) -> None:
-        if self.status != "SUCCEEDED" and self.score is not None:
-            raise ValueError(f"score must be null for a {self.status} run")
+    @model_validator(mode="after")
+    def _scored(self) -> Grading:
+        check_score(self.status, self.counts, self.score)
+        return self
 
 
 class RunStatus(_Frozen):
@@ -262,9 +344,14 @@ class RunStatus(_Frozen):
 class PublicationRequest(_Frozen):
     """One outbox row: deliver the artifacts of a terminal run to a target.
 
-    Written in the same transaction that marks the run terminal.
+    Written in the same transaction that marks the run terminal. Rows written before the
+    request was versioned carry no ``schema`` and are read as v1 (the field is the only change).
     """
 
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    schema_: Literal["benchseal.publication/v1"] = Field(alias="schema", default="benchseal.publication/v1")
     run_id: str
     target: Literal["github", "local"]
     tag: str = Field(min_length=1, max_length=128)

@@ -83,6 +83,31 @@ def validate_name(value: object, field: str = "name") -> str:
     return value
 
 
+# What may end an image-name prefix, so the image's own name stays a distinct part of it.
+NAME_PREFIX_ENDINGS = ("/", "-", "_", ".")
+
+
+def validate_name_prefix(value: object, names: Sequence[str], field: str = "image prefix") -> str:
+    """Return ``value`` when ``value + name`` is a valid ``validate_name`` name for every one of ``names``.
+
+    A prefix is ``<registry host[:port]>/<repository path>`` ending in ``/``, ``-``, ``_`` or ``.``
+    (``ghcr.io/acme/benchseal-`` gives ``ghcr.io/acme/benchseal-runner``; ``127.0.0.1:5055/benchseal/``
+    gives ``127.0.0.1:5055/benchseal/runner``).
+    """
+    if not isinstance(value, str):
+        raise ValidationError(field, "must be a string '<registry>/<repository prefix>'", value)
+    if not value.endswith(NAME_PREFIX_ENDINGS):
+        raise ValidationError(
+            field, "must end in '/', '-', '_' or '.' (e.g. ghcr.io/OWNER/benchseal- or HOST:PORT/benchseal/)", value
+        )
+    for name in names:
+        try:
+            validate_name(value + name, field)
+        except ValidationError as exc:
+            raise ValidationError(field, f"{exc.rule} (in {value + name!r})", value) from None
+    return value
+
+
 @dataclass(frozen=True)
 class ImageRef:
     """An image pinned by manifest digest: ``name@sha256:...``."""

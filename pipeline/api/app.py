@@ -1,7 +1,7 @@
 """FastAPI app: health, run list, run status (run.json), results (summary.json).
 
 Reads ``<runs>/<run_id>/run.json`` (pipeline.contracts.RunStatus) and
-``<runs>/<run_id>/artifacts/summary.json``; read-only, no state of its own.
+``<runs>/<run_id>/artifacts/summary.json`` (pipeline.documents.ReleaseSummary); read-only, no state of its own.
 Run ids are validated before they touch the filesystem (no traversal).
 """
 
@@ -16,7 +16,9 @@ from fastapi import FastAPI, HTTPException
 
 from pipeline import __version__
 from pipeline.contracts import RunStatus, load_model
+from pipeline.documents import ReleaseSummary, load_document
 from pipeline.errors import ValidationError
+from pipeline.layout import ARTIFACTS_DIR, SUMMARY
 
 RUN_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 
@@ -72,12 +74,12 @@ def create_app(runs: Path) -> FastAPI:
 
     @app.get("/runs/{run_id}/results")
     def get_results(run_id: str) -> Any:
-        path = _run_dir(runs, run_id) / "artifacts" / "summary.json"
+        path = _run_dir(runs, run_id) / ARTIFACTS_DIR / SUMMARY
         if not path.is_file():
             raise HTTPException(status_code=404, detail=f"no results for run {run_id}")
         try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise HTTPException(status_code=500, detail=f"summary.json unreadable: {exc.__class__.__name__}") from None
+            return load_document(ReleaseSummary, path).to_json_dict()
+        except (OSError, ValidationError) as exc:
+            raise HTTPException(status_code=500, detail=f"{SUMMARY} unreadable: {exc.__class__.__name__}") from None
 
     return app

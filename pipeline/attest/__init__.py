@@ -34,7 +34,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
-from pipeline.contracts import GITHUB_ISSUER, REPOSITORY_RE
+from pipeline.contracts import GITHUB_ISSUER, REPOSITORY_RE, validate_git_tag
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_text, canonical_json
@@ -45,7 +45,6 @@ BUILD_TYPE = "https://github.com/benchseal/benchseal/build-types/image/v1"
 # cosign's --type names and the predicate types they stand for.
 ATTESTATION_TYPES = {"slsaprovenance1": SLSA_PROVENANCE, "cyclonedx": "https://cyclonedx.org/bom"}
 _COSIGN_TIMEOUT = 180
-_TAG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
 _WORKFLOW_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,100}\.ya?ml\Z")
 
 
@@ -272,8 +271,7 @@ class ImageIdentityPolicy:
         run must have run at exactly that commit."""
         if not REPOSITORY_RE.match(repository):
             raise ValidationError("repository", "must be 'owner/name'", repository)
-        if not _TAG_RE.match(tag):
-            raise ValidationError("tag", "must be 1-128 characters of [A-Za-z0-9._/-], starting with a letter or digit", tag)
+        validate_git_tag(tag, "tag")
         if not _WORKFLOW_RE.match(workflow):
             raise ValidationError("workflow", "must be a workflow file name ending in .yml or .yaml", workflow)
         if ref is None:

@@ -2,9 +2,12 @@
 
 Public API (used by the release orchestrator and by test fixtures):
 
-* ``ensure_base(registry) -> {"base": ImageRef, "runner-base": ImageRef}``
+* ``ensure_base(names) -> {"base": ImageRef, "runner-base": ImageRef}``
 * ``ensure_local(ref)``: pull by digest into the engine, check RepoDigests
-* ``build_images(images, registry, out=None, tags=()) -> DigestsFile``
+* ``build_images(images, names, out=None, tags=()) -> DigestsFile``
+
+``names``: ``pipeline.build.names.ImageNames`` (the configured image prefix), or a bare
+``host:port`` meaning ``host:port/benchseal/<image>``.
 * ``build_images_with_results(...) -> (DigestsFile, [BuildResult])``: the same, with per-image timings
 """
 
@@ -15,34 +18,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.build.base import ensure_base, ensure_local
+from pipeline.build.names import ImageNames, as_names, resolve_image_names
 from pipeline.contracts import DigestsFile
 from pipeline.digests import parse_ref
 
 if TYPE_CHECKING:
     from pipeline.build.images import BuildResult
 
-__all__ = ["build_images", "build_images_with_results", "ensure_base", "ensure_local"]
+__all__ = ["ImageNames", "as_names", "build_images", "build_images_with_results", "ensure_base", "ensure_local",
+           "resolve_image_names"]
 
 
 def build_images(
     images: Sequence[str],
-    registry: str,
+    target: ImageNames | str,
     out: Path | None = None,
     tags: Sequence[str] = (),
     use_cache: bool = True,
 ) -> DigestsFile:
-    """Build and push ``images`` (roles: runner, api) to ``registry``; write ``out`` atomically.
+    """Build and push ``images`` (roles: runner, api) under their configured names; write ``out`` atomically.
 
     Bases are built first when the lock or the registry lacks them. The
     digests recorded are the ones the registry confirmed for the exact
     manifest bytes pushed.
     """
-    return build_images_with_results(images, registry, out, tags, use_cache)[0]
+    return build_images_with_results(images, target, out, tags, use_cache)[0]
 
 
 def build_images_with_results(
     images: Sequence[str],
-    registry: str,
+    target: ImageNames | str,
     out: Path | None = None,
     tags: Sequence[str] = (),
     use_cache: bool = True,
@@ -55,10 +60,11 @@ def build_images_with_results(
     roles = list(dict.fromkeys(images)) or ["runner", "api"]
     for role in roles:
         load_image_spec(role)  # validate the role names before any work
+    names = as_names(target)
     source = source_info()
-    bases = ensure_base(registry)
+    bases = ensure_base(names)
     with build_lock():
-        results = [build_image(role, registry, bases, source, tags, use_cache=use_cache) for role in roles]
+        results = [build_image(role, names, bases, source, tags, use_cache=use_cache) for role in roles]
     result = digests_file(source, results)
     for role, entry in result.images.items():
         parse_ref(entry.ref, f"images.{role}.ref")

@@ -4,6 +4,11 @@
 spec hash (mmdebstrap takes ~30 s and depends on the Debian mirror of the day);
 the compressed layer is cached per tarball hash. ``images/base.lock.json`` is
 GENERATED (gitignored): it records what this machine built and pushed.
+
+A production build runs FROZEN (``BENCHSEAL_BASE_FROZEN=1`` with ``BENCHSEAL_BASE_LOCK``
+naming a committed lock, ``images/base.production.lock.json``): every base comes from
+that lock, pinned by digest, and is never built; a missing lock, a missing entry, an
+entry for another spec or registry, or a registry that does not serve the digest fails.
 """
 
 from __future__ import annotations
@@ -17,25 +22,31 @@ import tarfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline import paths
 from pipeline.build import oci
 from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
+from pipeline.build.names import ImageNames, as_names
 from pipeline.build.push import Registry
-from pipeline.digests import ImageRef, require_repo_digest, validate_name
+from pipeline.digests import ImageRef, require_repo_digest
+from pipeline.documents import BaseImage, BaseLock, base_lock_path, dump_document, read_base_lock
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.fsutil import atomic_write_json, sha256_file
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
-LOCK_PATH = paths.REPO_ROOT / "images" / "base.lock.json"
-LOCK_SCHEMA = "benchseal.base-lock/v1"
+FROZEN_ENV = "BENCHSEAL_BASE_FROZEN"
 
 
-def lock_path() -> Path:
-    """The base lock: ``$BENCHSEAL_BASE_LOCK`` or images/base.lock.json (a benchmark's scratch registry uses its own)."""
-    configured = os.environ.get("BENCHSEAL_BASE_LOCK")
-    return Path(configured) if configured else LOCK_PATH
+def frozen() -> bool:
+    """``$BENCHSEAL_BASE_FROZEN``: 1/true = use the committed lock only, never build a base."""
+    raw = os.environ.get(FROZEN_ENV, "").strip().lower()
+    if raw in ("", "0", "false"):
+        return False
+    if raw in ("1", "true"):
+        return True
+    raise ValidationError(FROZEN_ENV, "must be 1/true or 0/false (or unset)", raw)
+
+
 _SAFE_PATH = re.compile(r"\A/[A-Za-z0-9._/-]+\Z")
 _PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
 
@@ -43,7 +54,6 @@ _PACKAGE = re.compile(r"\A[a-z0-9][a-z0-9+.-]+\Z")
 @dataclass(frozen=True)
 class BaseSpec:
     name: str
-    repository: str
     suite: str
     variant: str
     epoch: int
@@ -109,9 +119,11 @@ def load_specs(path: Path = SPEC_PATH) -> dict[str, BaseSpec]:
         for pkg in include:
             if not _PACKAGE.match(pkg):
                 raise ValidationError(f"{path}: images.{name}.include", "must be Debian package names", pkg)
+        if "repository" in image:
+            raise ValidationError(f"{path}: images.{name}.repository", "image names are configuration "
+                                  "(--image-prefix / $BENCHSEAL_IMAGE_PREFIX), not part of the spec", image["repository"])
         specs[name] = BaseSpec(
             name=name,
-            repository=image["repository"],
             suite=raw["suite"],
             variant=raw["variant"],
             epoch=epoch,
@@ -284,67 +296,88 @@ def push_assembled(registry: Registry, repository: str, image: AssembledBase, st
     return digest
 
 
-def read_lock(path: Path | None = None) -> dict[str, Any]:
-    path = path or lock_path()
-    if not path.is_file():
-        return {}
-    data = json.loads(path.read_text())
-    if data.get("schema") != LOCK_SCHEMA:
-        raise ValidationError(f"{path}: schema", f"must be {LOCK_SCHEMA!r}", data.get("schema"))
-    images: dict[str, Any] = data.get("images", {})
-    return images
+def ensure_base(target: ImageNames | str, rebuild: bool = False) -> dict[str, ImageRef]:
+    """Every base image present by digest under its configured name; build what is missing.
 
-
-def _lock_ref(name: str, entry: dict[str, Any]) -> ImageRef:
-    from pipeline.digests import parse_ref
-
-    ref = parse_ref(entry.get("ref"), f"base lock images.{name}.ref")
-    if ref.name != entry.get("name") or ref.digest != entry.get("digest"):
-        raise ValidationError(f"base lock images.{name}", "ref must equal name@digest", entry.get("ref"))
-    return ref
-
-
-def ensure_base(registry: str, rebuild: bool = False) -> dict[str, ImageRef]:
-    """Every base image present in ``registry`` (host:port) by digest; build what is missing.
-
+    ``target``: the image names (pipeline.build.names), or a bare ``host:port`` (the
+    ``--registry`` shorthand, ``host:port/benchseal/<base>``).
     Idempotent: when the lock names an image the registry serves with that
     digest (and the spec has not changed), nothing is built or pushed.
     """
-    validate_name(f"{registry}/x", "registry")
+    names = as_names(target)
     with build_lock():
-        return _ensure_base(registry, rebuild)
+        return _ensure_base(names, rebuild)
 
 
-def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
+def _frozen_bases(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
+    """Every base from the committed lock, pinned by digest; nothing is built or written. Fails closed."""
+    path = base_lock_path()
+    if rebuild:
+        raise UsageError(f"{FROZEN_ENV}=1: the committed lock {path} is never rebuilt here; refresh it (docs/build.md)")
+    if not os.environ.get("BENCHSEAL_BASE_LOCK"):
+        raise UsageError(f"{FROZEN_ENV}=1 needs BENCHSEAL_BASE_LOCK naming the committed base lock")
+    if not path.is_file():
+        raise CheckFailed(f"base lock {path} is missing: a frozen build never builds a base; "
+                          "refresh and commit the lock (docs/build.md)")
+    try:
+        lock = read_base_lock(path)
+    except ValueError as exc:
+        raise CheckFailed(f"base lock {path} is not a valid base lock: {exc}") from None
+    refs: dict[str, ImageRef] = {}
+    for name, spec in load_specs().items():
+        entry = lock.images.get(name)
+        if entry is None:
+            raise CheckFailed(f"base lock {path}: images.{name} is missing; refresh the lock (docs/build.md)")
+        ref = ImageRef(entry.name, entry.digest)
+        if entry.spec_hash != spec.spec_hash:
+            raise CheckFailed(f"base lock {path}: images.{name}.spec_hash {entry.spec_hash!r} does not match "
+                              f"images/base/spec.toml ({spec.spec_hash}); refresh the lock (docs/build.md)")
+        expected = names.name(name)
+        if ref.name != expected:
+            raise CheckFailed(f"base lock {path}: images.{name}.name {ref.name!r} is not {expected!r} "
+                              f"(the lock is for another registry than {names.prefix!r}); refresh the lock (docs/build.md)")
+        client = Registry(ref.registry)
+        if not client.has_manifest(ref):
+            raise CheckFailed(f"the registry does not serve the locked base {ref.ref}; push it (docs/build.md)")
+        client.get_manifest(ref.repository, ref.digest)  # exactly these bytes: CheckFailed unless they hash to it
+        refs[name] = ref
+    return refs
+
+
+def _ensure_base(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
+    if frozen():
+        return _frozen_bases(names, rebuild)
     specs = load_specs()
-    lock = read_lock()
-    client = Registry(registry)
+    lock = dict(read_base_lock().images)
+    client = Registry(names.registry)
     store = BlobStore()
     refs: dict[str, ImageRef] = {}
     changed = False
     for name, spec in specs.items():
         entry = lock.get(name)
-        if entry and not rebuild and entry.get("spec_hash") in (spec.spec_hash, None):
-            ref = _lock_ref(name, entry)
+        if entry is not None and not rebuild and entry.spec_hash in (spec.spec_hash, None):
+            ref = ImageRef(entry.name, entry.digest)
             # A lock entry without spec_hash names a base the user supplies: use it as is.
-            if (ref.registry == registry or entry.get("spec_hash") is None) and Registry(ref.registry).has_manifest(ref):
+            if (ref.name == names.name(name) or entry.spec_hash is None) and Registry(ref.registry).has_manifest(ref):
                 refs[name] = ref
-                if entry.get("spec_hash") and "debs" not in entry and _add_debs(spec, entry):
-                    changed = True
+                if entry.spec_hash and entry.debs is None:
+                    with_debs = _add_debs(spec, entry)
+                    if with_debs is not None:
+                        lock[name] = with_debs
+                        changed = True
                 continue
         if paths.PROJECT_SOURCE == "package data" and not os.environ.get("BENCHSEAL_BASE_LOCK"):
             # The lock would be written inside the installed package.
             raise UsageError(
-                f"base {name} must be built but the lock is the installed package's own ({lock_path()}): "
+                f"base {name} must be built but the lock is the installed package's own ({base_lock_path()}): "
                 "run benchseal --project-dir CHECKOUT ..., or set BENCHSEAL_BASE_LOCK"
             )
         tarball = rootfs_tarball(spec)
         image = assemble(spec, tarball, store)
-        repo_name = f"{registry}/{spec.repository}"
-        digest = push_assembled(client, spec.repository, image, store)
-        ref = ImageRef(repo_name, digest)
+        digest = push_assembled(client, names.repository(name), image, store)
+        ref = ImageRef(names.name(name), digest)
         refs[name] = ref
-        lock[name] = {
+        built = BaseImage.model_validate({
             "name": ref.name,
             "digest": ref.digest,
             "ref": ref.ref,
@@ -356,24 +389,23 @@ def _ensure_base(registry: str, rebuild: bool) -> dict[str, ImageRef]:
             "rootfs_sha256": sha256_file(tarball),
             "layer": image.layer.to_json(),
             "packages": packages(tarball),
-        }
-        _add_debs(spec, lock[name])
+        })
+        lock[name] = _add_debs(spec, built) or built
         changed = True
     if changed:
-        atomic_write_json(lock_path(), {"schema": LOCK_SCHEMA, "images": lock})
+        dump_document(BaseLock(images=lock), base_lock_path())
     return refs
 
 
-def _add_debs(spec: BaseSpec, entry: dict[str, Any]) -> bool:
-    """Record in ``entry`` the .deb hashes of its rootfs (SBOM hashes for Debian packages), when provable."""
+def _add_debs(spec: BaseSpec, entry: BaseImage) -> BaseImage | None:
+    """``entry`` with the .deb hashes of its rootfs (SBOM hashes for Debian packages), when provable."""
     tarball = _tarball_cache() / f"{spec.name}-{spec.spec_hash[:20]}.tar"
-    if not tarball.is_file() or sha256_file(tarball) != entry.get("rootfs_sha256"):
-        return False
+    if not tarball.is_file() or sha256_file(tarball) != entry.rootfs_sha256:
+        return None
     debs = deb_hashes(spec, tarball)
     if debs is None:
-        return False
-    entry["debs"] = debs
-    return True
+        return None
+    return BaseImage.model_validate({**entry.to_json_dict(), "debs": debs})
 
 
 def ensure_local(ref: ImageRef) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -26,11 +27,13 @@ from typing import Any
 
 from pipeline import __version__, paths
 from pipeline.build import bytecode, oci, wheels
-from pipeline.build.base import LOCK_PATH, load_specs
+from pipeline.build.base import load_specs
 from pipeline.build.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
-from pipeline.build.push import PushStats, Registry, validate_tag
+from pipeline.build.names import ImageNames, as_names
+from pipeline.build.push import PushStats, Registry, validate_oci_tag
 from pipeline.contracts import DigestsFile, ImageEntry, SourceInfo
-from pipeline.digests import ImageRef, validate_name
+from pipeline.digests import ImageRef
+from pipeline.documents import BASE_LOCK_PATH
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 
 IMAGES_DIR = paths.REPO_ROOT / "images"
@@ -87,7 +90,6 @@ def source_date_epoch(commit: str = "HEAD") -> int:
 class ImageSpec:
     role: str
     directory: Path
-    repository: str
     base: str
     config: dict[str, Any]
     layers: tuple[dict[str, Any], ...]
@@ -98,10 +100,12 @@ def load_image_spec(role: str) -> ImageSpec:
         raise ValidationError("image", f"must be one of {', '.join(ROLES)}", role)
     directory = IMAGES_DIR / role
     raw = tomllib.loads((directory / "image.toml").read_text())
+    if "repository" in raw:
+        raise ValidationError(f"images/{role}/image.toml: repository", "image names are configuration "
+                              "(--image-prefix / $BENCHSEAL_IMAGE_PREFIX), not part of the spec", raw["repository"])
     return ImageSpec(
         role=role,
         directory=directory,
-        repository=raw["repository"],
         base=raw["base"],
         config=raw.get("config", {}),
         layers=tuple(raw.get("layers", ())),
@@ -195,8 +199,51 @@ def _app_entries(app_root: Path) -> list[Entry]:
     )
     entries.append(Entry("/usr/local/bin/benchseal", "file", mode=0o755, data=script))
     # Debian's python3 reads .pth files in /usr/local/lib/python3.13/dist-packages.
-    entries.append(Entry("/usr/local/lib/python3.13/dist-packages/benchseal.pth", "file", data=f"{APP_ROOT}\n".encode()))
-    return entries
+    entries.append(Entry(f"{APP_SITE}/benchseal.pth", "file", data=f"{APP_ROOT}\n".encode()))
+    return entries + _app_dist_info(app_root, entries)
+
+
+APP_SITE = "/usr/local/lib/python3.13/dist-packages"
+_SPDX_EXPRESSION = re.compile(r"[A-Za-z0-9.+-]+(?: (?:AND|OR|WITH) [A-Za-z0-9.+-]+)*")
+
+
+def _app_dist_info(app_root: Path, entries: list[Entry]) -> list[Entry]:
+    """benchseal's own dist-info, so the image says what it is: METADATA (name, version, the license
+    pyproject.toml declares) and a RECORD listing every app file (the launcher and the suites' scripts
+    included), as an installer writes it. Deterministic: the same files give the same bytes."""
+    import base64
+    import csv
+    import io
+
+    project: dict[str, Any] = {}
+    pyproject = app_root / "pyproject.toml"
+    if pyproject.is_file():
+        project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {})
+    license_ = project.get("license")
+    license_text = license_.get("text") if isinstance(license_, dict) else license_
+    lines = ["Metadata-Version: 2.4", "Name: benchseal", f"Version: {__version__}"]
+    if isinstance(project.get("description"), str):
+        lines.append(f"Summary: {project['description']}")
+    if isinstance(license_text, str) and _SPDX_EXPRESSION.fullmatch(license_text.strip()):
+        lines.append(f"License-Expression: {license_text.strip()}")
+    metadata = ("\n".join(lines) + "\n").encode()
+    installer = b"benchseal-build\n"
+    dist_info = f"{APP_SITE}/benchseal-{__version__.replace('-', '_')}.dist-info"
+    rows: list[list[str]] = []
+    for entry in [*entries, Entry(f"{dist_info}/METADATA", "file", data=metadata),
+                  Entry(f"{dist_info}/INSTALLER", "file", data=installer)]:
+        if entry.kind != "file":
+            continue
+        data = entry.data if entry.data is not None else entry.source.read_bytes() if entry.source else b""
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append([os.path.relpath(entry.path, APP_SITE), f"sha256={digest}", str(len(data))])
+    rows.append([os.path.relpath(f"{dist_info}/RECORD", APP_SITE), "", ""])
+    buffer = io.StringIO()
+    csv.writer(buffer, lineterminator="\n").writerows(sorted(rows))
+    return [Entry(dist_info, "dir", mode=0o755),
+            Entry(f"{dist_info}/METADATA", "file", data=metadata),
+            Entry(f"{dist_info}/INSTALLER", "file", data=installer),
+            Entry(f"{dist_info}/RECORD", "file", data=buffer.getvalue().encode())]
 
 
 def _app_layer(
@@ -354,12 +401,12 @@ def default_tags(source: SourceInfo, extra: Sequence[str] = ()) -> tuple[str, ..
     if source.ref.startswith("refs/tags/"):
         tags.append(source.ref.removeprefix("refs/tags/"))
     tags += list(extra)
-    return tuple(dict.fromkeys(validate_tag(t) for t in tags))
+    return tuple(dict.fromkeys(validate_oci_tag(t) for t in tags))
 
 
 def build_image(
     role: str,
-    registry: str,
+    target: ImageNames | str,
     bases: dict[str, ImageRef],
     source: SourceInfo,
     tags: Sequence[str] = (),
@@ -369,16 +416,17 @@ def build_image(
 ) -> BuildResult:
     spec = load_image_spec(role)
     if spec.base not in bases:
-        raise UsageError(f"image {role}: base {spec.base!r} is not in {LOCK_PATH.name} / images/base/spec.toml")
+        raise UsageError(f"image {role}: base {spec.base!r} is not in {BASE_LOCK_PATH.name} / images/base/spec.toml")
     base = bases[spec.base]
     store = BlobStore()
     started = time.monotonic()
     manifest, _, built = assemble(spec, base, source, store, use_cache=use_cache, app_root=app_root, epoch=epoch)
     assembled = time.monotonic()
-    client = Registry(registry)
-    name = validate_name(f"{registry}/{spec.repository}", f"images.{role}.name")
+    names = as_names(target)
+    client = Registry(names.registry)
+    name = names.name(role)
     all_tags = default_tags(source, tags)
-    digest = push_image(client, spec.repository, manifest, store, base, all_tags)
+    digest = push_image(client, names.repository(role), manifest, store, base, all_tags)
     return BuildResult(
         role=role,
         ref=ImageRef(name, digest),

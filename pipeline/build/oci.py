@@ -8,9 +8,10 @@ which are canonical (sorted keys, no whitespace), so it is known before push.
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import UTC, datetime
 from typing import Any
+
+import rfc8785
 
 from pipeline.build.layers import Layer
 
@@ -28,7 +29,8 @@ DEFAULT_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bi
 
 
 def canonical_bytes(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    """RFC 8785 canonical JSON (sorted keys, no whitespace): image configs, manifests, cache keys."""
+    return rfc8785.dumps(data)
 
 
 def sha256_digest(data: bytes) -> str:

@@ -1,7 +1,7 @@
 """Push to an OCI registry over its HTTP API (distribution spec), from Python.
 
 Blobs: HEAD in the target repository -> skip when present; else try a
-cross-repository mount (the base layer already lives in benchseal/base);
+cross-repository mount (the base layer already lives in the base image's repository, PREFIX + base);
 else POST an upload and PUT the whole blob with ``?digest=``. Manifests: PUT
 the exact bytes; the registry's ``Docker-Content-Digest`` must equal the
 sha256 of those bytes, or the push fails with CheckFailed. Every uploaded
@@ -33,7 +33,7 @@ _TIMEOUT = 60.0
 _TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
-def validate_tag(tag: str) -> str:
+def validate_oci_tag(tag: str) -> str:
     """OCI tag grammar: ``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}``."""
     if not (0 < len(tag) <= 128) or tag[0] in ".-" or not set(tag) <= _TAG_CHARS:
         raise ValidationError("tag", "must match [A-Za-z0-9_][A-Za-z0-9._-]{0,127}", tag)

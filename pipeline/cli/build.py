@@ -6,7 +6,6 @@ infrastructure); 2 bad arguments.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated
 
@@ -14,20 +13,25 @@ import typer
 
 from pipeline.fsutil import canonical_json
 
+PREFIX_HELP = ("Registry and repository prefix of every image: PREFIX + runner|api|base|runner-base, e.g. "
+               "ghcr.io/OWNER/benchseal- (default $BENCHSEAL_IMAGE_PREFIX, else --registry / $BENCHSEAL_REGISTRY "
+               "as HOST:PORT/benchseal/, else 127.0.0.1:5055/benchseal/).")
+REGISTRY_HELP = "host:port: shorthand for --image-prefix HOST:PORT/benchseal/ (default $BENCHSEAL_REGISTRY)."
+
 
 def build(
     image: Annotated[list[str] | None, typer.Option("--image", help="runner or api; repeatable (default: both).")] = None,
-    registry: Annotated[str | None, typer.Option("--registry", help="host:port (default $BENCHSEAL_REGISTRY or 127.0.0.1:5055).")] = None,
+    image_prefix: Annotated[str | None, typer.Option("--image-prefix", help=PREFIX_HELP)] = None,
+    registry: Annotated[str | None, typer.Option("--registry", help=REGISTRY_HELP)] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the digests file (benchseal.digests/v1) here, atomically.")] = None,
     tag: Annotated[list[str] | None, typer.Option("--tag", help="Extra tag to push (metadata only: the digest is what counts).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer (the result must be identical).")] = False,
 ) -> None:
     """Build the images, push them, and print/write the digests file."""
-    from pipeline.build import build_images
+    from pipeline.build import build_images, resolve_image_names
 
-    result = build_images(
-        image or [], registry or os.environ.get("BENCHSEAL_REGISTRY", "127.0.0.1:5055"), out, tag or [], use_cache=not no_cache
-    )
+    names = resolve_image_names(image_prefix, registry)
+    result = build_images(image or [], names, out, tag or [], use_cache=not no_cache)
     typer.echo(canonical_json(result.to_json_dict()), nl=False)
 
 

@@ -118,6 +118,7 @@ def dispatch(
     """Dispatch a benchmark to the infra repository and wait for its run."""
     cid = correlation
     try:
+        from pipeline.contracts import validate_correlation
         from pipeline.dispatch import (
             PollConfig,
             build_payload,
@@ -126,7 +127,7 @@ def dispatch(
             make_client,
             validate_workflow_file,
         )
-        from pipeline.dispatch.dispatch import new_correlation_id, validate_correlation
+        from pipeline.dispatch.dispatch import new_correlation_id
 
         if workflow is not None:
             validate_workflow_file(workflow, "--workflow")

@@ -20,8 +20,13 @@ from pipeline.errors import UsageError
 def release(
     tag: str = typer.Argument(..., help="The release tag, vX.Y.Z."),
     local: bool = typer.Option(False, "--local", help="Run the whole chain on this machine (required)."),
-    registry: str | None = typer.Option(None, "--registry", help="Registry HOST:PORT (default $BENCHSEAL_REGISTRY "
-                                        "or 127.0.0.1:5055)."),
+    image_prefix: str | None = typer.Option(None, "--image-prefix", help="Registry and repository prefix of the "
+                                            "images, PREFIX + runner|api|base|runner-base (default "
+                                            "$BENCHSEAL_IMAGE_PREFIX; see `benchseal build --help`)."),
+    registry: str | None = typer.Option(None, "--registry", help="Registry HOST:PORT: shorthand for --image-prefix "
+                                        "HOST:PORT/benchseal/ (default $BENCHSEAL_REGISTRY, else 127.0.0.1:5055)."),
+    policy: Annotated[Path | None, typer.Option("--policy", help="Infra policy that admits the images "
+                                                "(default policies/infra.yaml).")] = None,
     suite: str = typer.Option("smoke", "--suite"),
     agent: str = typer.Option("oracle", "--agent"),
     dist: Annotated[Path | None, typer.Option("--dist", help="Local release root (default dist/releases).")] = None,
@@ -31,19 +36,20 @@ def release(
                                               "and a fresh key for this release only."),
 ) -> None:
     """Release TAG locally: images, benchmark run, evidence, publication, verification."""
-    import os
-
     from rich.console import Console
 
-    from pipeline.release.local import DEFAULT_REGISTRY, release_local
+    from pipeline.build.names import resolve_image_names
+    from pipeline.release.local import release_local
     from pipeline.release.report import render_report
 
     if not local:
         raise UsageError("only --local is available from the command line; GitHub releases run in the workflows")
+    names = resolve_image_names(image_prefix, registry)
     console = Console(stderr=True)
     report = release_local(
         tag,
-        registry=registry or os.environ.get("BENCHSEAL_REGISTRY") or DEFAULT_REGISTRY,
+        names=names,
+        policy=policy,
         dist=dist.resolve() if dist else None,
         suite=suite,
         agent=agent,

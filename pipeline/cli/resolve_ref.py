@@ -25,10 +25,10 @@ def resolve_ref(
 ) -> None:
     """Resolve a tag to its commit via the GitHub API."""
     from pipeline.dispatch import make_client, resolve_tag
-    from pipeline.dispatch.resolve import validate_repo, validate_tag
+    from pipeline.dispatch.resolve import tag_of_ref, validate_repo
 
     validate_repo(repo)
-    tag = validate_tag(tag)
+    tag = tag_of_ref(tag)
     commit = resolve_tag(make_client(), repo, tag)
     if as_json:
         typer.echo(json.dumps({"repository": repo, "tag": tag, "commit": commit}, sort_keys=True))

@@ -111,7 +111,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class RunState:
+class WorkflowRunState:
     run_id: int
     html_url: str
     status: str
@@ -123,7 +123,7 @@ class RunState:
 class RunFacts:
     """The fields of a workflow run the checks read, type-checked (a listing may be hostile)."""
 
-    state: RunState
+    state: WorkflowRunState
     workflow_id: int
     path: str
     event: str
@@ -156,7 +156,7 @@ def _time(value: object) -> datetime | None:
     if not isinstance(value, str):
         return None
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        moment = datetime.fromisoformat(value)  # Python >= 3.11 reads a "Z" offset
     except ValueError:
         return None
     return moment if moment.tzinfo is not None else None
@@ -185,7 +185,7 @@ def parse_run(data: object) -> RunFacts:
         bad.append("created_at")
     if bad or not isinstance(workflow_id, int) or created_at is None:
         raise CheckFailed(f"workflow run {run_id} from GitHub has malformed field(s) {', '.join(bad)}")
-    state = RunState(run_id, str(strings["html_url"]), str(strings["status"]), conclusion,
+    state = WorkflowRunState(run_id, str(strings["html_url"]), str(strings["status"]), conclusion,
                      str(strings["display_title"]))
     return RunFacts(state, workflow_id, str(strings["path"]), str(strings["event"]), head_branch,
                     created_at, _full_name(data.get("repository")),
@@ -296,9 +296,9 @@ class Correlator:
             page += 1
             total, runs = self._list_page(page)
 
-    def matches(self) -> list[RunState]:
+    def matches(self) -> list[WorkflowRunState]:
         """The runs of this dispatch visible now; fails on a conflicting run of the workflow."""
-        found: list[RunState] = []
+        found: list[WorkflowRunState] = []
         for run in self.listing():
             if not title_matches(run.state.display_title, self.correlation):
                 continue
@@ -337,7 +337,7 @@ class Correlator:
                 raise CheckFailed(f"listing runs of {self.target.describe()} failed: {describe_failure(exc)}") from None
             return None, transient
 
-    def _poll(self, attempt: int | None = None) -> tuple[list[RunState], Transient | None]:
+    def _poll(self, attempt: int | None = None) -> tuple[list[WorkflowRunState], Transient | None]:
         self.polls += 1
         found, transient = self._guarded(self.matches)
         if self.on_poll:
@@ -348,7 +348,7 @@ class Correlator:
 
     # --- the state machine ---------------------------------------------------------------
 
-    def find(self) -> RunState:
+    def find(self) -> WorkflowRunState:
         """Discovery: exactly one match within ``attempts`` polls."""
         for attempt in range(1, self.poll.attempts + 1):
             found, transient = self._poll(attempt)
@@ -360,13 +360,13 @@ class Correlator:
             f"no run of {self.target.describe()} has a title ending in {self.correlation!r} "
             f"after {self.poll.attempts} polls {self.poll.interval_s:g} s apart; not adopting any other run")
 
-    def _ambiguous(self, found: list[RunState]) -> CheckFailed:
+    def _ambiguous(self, found: list[WorkflowRunState]) -> CheckFailed:
         ids = ", ".join(str(r.run_id) for r in found)
         return CheckFailed(
             f"{len(found)} workflow runs of {self.target.describe()} match correlation {self.correlation!r} "
             f"(runs {ids}): duplicate delivery or a reused id; refusing to pick one")
 
-    def follow(self, run: RunState, deadline: datetime) -> RunState:
+    def follow(self, run: WorkflowRunState, deadline: datetime) -> WorkflowRunState:
         """Poll the listing until the run completes and a second listing has confirmed it is the
         only match; fails on a second match at any poll."""
         current = run
@@ -392,7 +392,7 @@ class Correlator:
             sightings += 1
         return current
 
-    def wait(self, deadline: datetime, expected_id: int | None = None) -> RunState:
+    def wait(self, deadline: datetime, expected_id: int | None = None) -> WorkflowRunState:
         """Find exactly one match (``expected_id`` if GitHub named the run), then follow it to the end."""
         found = self.find()
         if expected_id is not None and found.run_id != expected_id:

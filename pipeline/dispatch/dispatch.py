@@ -28,8 +28,9 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.contracts import CORRELATION_RE, DigestsFile, DispatchPayload, PayloadSource, load_model
-from pipeline.digests import validate_ref
+import rfc8785
+
+from pipeline.contracts import DigestsFile, DispatchPayload, PayloadSource, load_model, validate_correlation
 from pipeline.dispatch.client import classify
 from pipeline.dispatch.correlate import (
     DEFAULT_WORKFLOW_FILE,
@@ -37,13 +38,13 @@ from pipeline.dispatch.correlate import (
     Clock,
     Correlator,
     PollConfig,
-    RunState,
     SystemClock,
     Target,
+    WorkflowRunState,
     describe_failure,
     validate_workflow_file,
 )
-from pipeline.dispatch.resolve import validate_repo, validate_tag
+from pipeline.dispatch.resolve import tag_of_ref, validate_repo
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 
 if TYPE_CHECKING:
@@ -80,16 +81,7 @@ def new_correlation_id(env: Mapping[str, str] | None = None) -> str:
     if not value[0].isalnum():
         value = "c" + value
     value = value[:128]
-    if not CORRELATION_RE.match(value):  # cannot happen with the rules above; fail loudly if it does
-        raise ValidationError("correlation_id", "generated id does not match the correlation rule", value)
-    return value
-
-
-def validate_correlation(value: str, field: str = "correlation") -> str:
-    if not CORRELATION_RE.match(value):
-        raise ValidationError(field, "must be 8-128 characters of [A-Za-z0-9._-], starting with a letter or digit "
-                                     "(no spaces)", value)
-    return value
+    return validate_correlation(value, "correlation_id")  # cannot fail with the rules above; fail loudly if it does
 
 
 def load_digests(path: Path) -> DigestsFile:
@@ -117,11 +109,9 @@ def build_payload(
         entry = digests.images.get(role)
         if entry is None:
             raise ValidationError(f"digests.images.{role}", "is required")
-        refs[role] = validate_ref(entry.ref, f"digests.images.{role}.ref")
-        if refs[role] != f"{entry.name}@{entry.digest}":
-            raise ValidationError(f"digests.images.{role}.ref", "must equal name@digest", entry.ref)
+        refs[role] = entry.ref  # the model checked it: digest-pinned, and equal to name@digest
     source_ref = digests.source.ref
-    chosen_tag = validate_tag(tag or source_ref.removeprefix("refs/tags/"), "tag")
+    chosen_tag = tag_of_ref(tag or source_ref.removeprefix("refs/tags/"), "tag")
     slug = validate_repo(repository or digests.source.repository, "source.repository")
     data = {
         "schema": "benchseal.dispatch/v1",
@@ -140,15 +130,12 @@ def client_payload(payload: DispatchPayload) -> dict[str, object]:
     if len(data) > MAX_CLIENT_PAYLOAD_KEYS:
         raise ValidationError("client_payload", f"GitHub allows at most {MAX_CLIENT_PAYLOAD_KEYS} top-level keys",
                               sorted(data))
-    # Re-validate what is about to leave the process.
-    validate_ref(data["runner"], "payload.runner")
-    validate_ref(data["api"], "payload.api")
     return data
 
 
 def workflow_inputs(payload: DispatchPayload) -> dict[str, str]:
     """workflow_dispatch inputs are flat strings: the payload travels as compact sorted JSON."""
-    text = json.dumps(payload.to_json_dict(), sort_keys=True, separators=(",", ":"))
+    text = rfc8785.dumps(payload.model_dump(mode="json", by_alias=True)).decode("utf-8")  # RFC 8785 canonical JSON
     return {"payload": text, "tag": payload.source.tag, "correlation_id": payload.correlation_id}
 
 
@@ -250,7 +237,7 @@ def dispatch_and_wait(
         workflow_file, workflow_dispatch = workflow, True
     validate_workflow_file(workflow_file)
     validate_repo(repo)
-    correlation = validate_correlation(payload.correlation_id, "payload.correlation_id")
+    correlation = payload.correlation_id  # the model checked it
     if not EVENT_TYPE_RE.match(event_type):
         raise ValidationError("event_type", "must be 1-100 characters of [A-Za-z0-9._-]", event_type)
     if timeout_s <= 0:
@@ -300,7 +287,7 @@ def dispatch_and_wait(
     return _conclude(state, correlation, mode, target.workflow_path)
 
 
-def _conclude(state: RunState, correlation: str, mode: str, workflow_path: str) -> DispatchResult:
+def _conclude(state: WorkflowRunState, correlation: str, mode: str, workflow_path: str) -> DispatchResult:
     if state.conclusion != "success":
         raise CheckFailed(f"workflow run {state.run_id} ({state.html_url}) concluded {state.conclusion!r}, "
                           "not 'success'")

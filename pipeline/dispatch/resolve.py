@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING
 
-from pipeline.contracts import COMMIT_RE, REPOSITORY_RE
+from pipeline.contracts import COMMIT_RE, REPOSITORY_RE, validate_git_tag
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 
 if TYPE_CHECKING:
     import github
 
-TAG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
 MAX_PEEL_DEPTH = 5
 
 
@@ -21,11 +19,9 @@ def validate_repo(repo: str, field: str = "repo") -> str:
     return repo
 
 
-def validate_tag(tag: str, field: str = "tag") -> str:
-    tag = tag.removeprefix("refs/tags/")
-    if not TAG_RE.match(tag) or ".." in tag or tag.endswith((".", "/", ".lock")):
-        raise ValidationError(field, "must be a tag name of [A-Za-z0-9._/-], starting with a letter or digit", tag)
-    return tag
+def tag_of_ref(tag: str, field: str = "tag") -> str:
+    """A tag name, or a ``refs/tags/`` ref reduced to one, checked by the one git tag rule."""
+    return validate_git_tag(tag.removeprefix("refs/tags/"), field)
 
 
 def resolve_tag(gh: github.Github, repo: str, tag: str, *, max_depth: int = MAX_PEEL_DEPTH) -> str:
@@ -34,7 +30,7 @@ def resolve_tag(gh: github.Github, repo: str, tag: str, *, max_depth: int = MAX_
     from github import GithubException, UnknownObjectException
 
     validate_repo(repo)
-    tag = validate_tag(tag)
+    tag = tag_of_ref(tag)
     try:
         repository = gh.get_repo(repo)
         ref = repository.get_git_ref(f"tags/{tag}")

@@ -13,14 +13,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.contracts import DispatchPayload, Grading
+from pipeline.layout import ARTIFACTS_DIR, MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SBOMS
 
 if TYPE_CHECKING:
     from pipeline.evidence.signing import Signer
 
-__all__ = ["EvidenceResult", "cosign_commands", "reseal", "write_evidence"]
-
-SBOM_NAMES = {"runner": "sbom-runner.cdx.json", "api": "sbom-api.cdx.json"}
-MANIFEST_NAMES = {"runner": "manifest-runner.oci.json", "api": "manifest-api.oci.json"}
+__all__ = ["EvidenceResult", "reseal", "write_evidence"]
 
 
 @dataclass(frozen=True)
@@ -47,17 +45,17 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
 
     from pipeline.evidence import artifacts, provenance, sbom
 
-    out = run_dir / "artifacts"
+    out = run_dir / ARTIFACTS_DIR
     out.mkdir(parents=True, exist_ok=True)
     summary = artifacts.write_summary(out, artifacts.build_summary(grading, payload))
     # The two images are read in parallel: most of the time is network and zlib (no GIL).
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {role: pool.submit(sbom.write_sbom, ref, out / SBOM_NAMES[role], manifest_out=out / MANIFEST_NAMES[role])
+        futures = {role: pool.submit(sbom.write_sbom, ref, out / SBOMS[role], manifest_out=out / MANIFESTS[role])
                    for role, ref in (("runner", grading.runner_ref), ("api", grading.api_ref))}
         sboms = {role: future.result() for role, future in futures.items()}
     statements = (
-        provenance.write_statement(out / provenance.IMAGES, provenance.images_statement(payload)),
-        provenance.write_statement(out / provenance.SUMMARY, provenance.summary_statement(summary, grading, payload)),
+        provenance.write_statement(out / PROVENANCE_IMAGES, provenance.images_statement(payload)),
+        provenance.write_statement(out / PROVENANCE_SUMMARY, provenance.summary_statement(summary, grading, payload)),
     )
     signing = time.monotonic()
     bundles = [signer.sign_file(summary), *(signer.sign_file(p) for p in sboms.values())]
@@ -80,9 +78,3 @@ def reseal(artifacts_dir: Path, *, signer: Signer) -> Path:
 
     return recheck_and_resign(artifacts_dir, signer)
 
-
-def cosign_commands(artifacts_dir: Path, **options: object) -> list[str]:
-    """The consumer's verification commands (cosign + sha256sum -c), run inside the release dir."""
-    from pipeline.verify.external import cosign_commands as commands
-
-    return commands(artifacts_dir, **options)  # type: ignore[arg-type]

@@ -13,16 +13,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from pipeline.contracts import DispatchPayload, Grading
 from pipeline.digests import parse_ref
+from pipeline.documents import (
+    BuildDefinition,
+    Builder,
+    DigestSet,
+    ExternalParameters,
+    InternalParameters,
+    ProvenanceStatement,
+    ResourceDescriptor,
+    RunDetails,
+    RunMetadata,
+    SlsaProvenance,
+    SourceRef,
+    Subject,
+)
 from pipeline.fsutil import atomic_write_text, canonical_json, sha256_file
 
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
-IMAGES = "provenance-images.intoto.json"
-SUMMARY = "provenance-summary.intoto.json"
 BUILD_TYPE = "https://benchseal.invalid/build-types/image-release/v1"
 RUN_TYPE = "https://benchseal.invalid/build-types/benchmark-run/v1"
 LOCAL_BUILDER = "https://benchseal.invalid/builders/local"
@@ -41,70 +50,65 @@ def _source_uri(payload: DispatchPayload) -> str:
     return f"git+https://github.com/{payload.source.repository}@refs/tags/{payload.source.tag}"
 
 
-def _image_subject(ref: str, field: str) -> dict[str, Any]:
+def _source(payload: DispatchPayload) -> SourceRef:
+    return SourceRef(repository=payload.source.repository, ref=f"refs/tags/{payload.source.tag}")
+
+
+def _git(payload: DispatchPayload) -> ResourceDescriptor:
+    return ResourceDescriptor(uri=_source_uri(payload), digest=DigestSet(gitCommit=payload.source.commit))
+
+
+def _image_subject(ref: str, field: str) -> Subject:
     image = parse_ref(ref, field)
-    return {"name": image.name, "digest": {"sha256": image.digest.removeprefix("sha256:")}}
+    return Subject(name=image.name, digest=DigestSet(sha256=image.digest.removeprefix("sha256:")))
 
 
-def images_statement(payload: DispatchPayload, *, workflow: str | None = None) -> dict[str, Any]:
+def images_statement(payload: DispatchPayload, *, workflow: str | None = None) -> ProvenanceStatement:
     run_url = _run_url()
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [_image_subject(payload.runner, "runner"), _image_subject(payload.api, "api")],
-        "predicateType": SLSA_PROVENANCE,
-        "predicate": {
-            "buildDefinition": {
-                "buildType": BUILD_TYPE,
-                "externalParameters": {
-                    "source": {"repository": payload.source.repository, "ref": f"refs/tags/{payload.source.tag}"},
-                    "workflow": workflow or os.environ.get("GITHUB_WORKFLOW_REF", "local"),
-                },
-                "internalParameters": {"images": ["runner", "api"], "reproducible": True},
-                "resolvedDependencies": [
-                    {"uri": _source_uri(payload), "digest": {"gitCommit": payload.source.commit}},
-                ],
-            },
-            "runDetails": {
-                "builder": {"id": builder_id()},
-                "metadata": {"invocationId": run_url or f"benchseal:{payload.correlation_id}"},
-            },
-        },
-    }
+    return ProvenanceStatement(
+        subject=(_image_subject(payload.runner, "runner"), _image_subject(payload.api, "api")),
+        predicate=SlsaProvenance(
+            buildDefinition=BuildDefinition(
+                buildType=BUILD_TYPE,
+                externalParameters=ExternalParameters(
+                    source=_source(payload), workflow=workflow or os.environ.get("GITHUB_WORKFLOW_REF", "local")),
+                internalParameters=InternalParameters(images=("runner", "api"), reproducible=True),
+                resolvedDependencies=(_git(payload),),
+            ),
+            runDetails=RunDetails(builder=Builder(id=builder_id()),
+                                  metadata=RunMetadata(invocationId=run_url or f"benchseal:{payload.correlation_id}")),
+        ),
+    )
 
 
-def summary_statement(summary_path: Path, grading: Grading, payload: DispatchPayload) -> dict[str, Any]:
+def summary_statement(summary_path: Path, grading: Grading, payload: DispatchPayload) -> ProvenanceStatement:
     runner = parse_ref(grading.runner_ref, "runner_ref")
     api = parse_ref(grading.api_ref, "api_ref")
-    return {
-        "_type": STATEMENT_TYPE,
-        "subject": [{"name": summary_path.name, "digest": {"sha256": sha256_file(summary_path)}}],
-        "predicateType": SLSA_PROVENANCE,
-        "predicate": {
-            "buildDefinition": {
-                "buildType": RUN_TYPE,
-                "externalParameters": {
-                    "suite": grading.suite,
-                    "agent": grading.agent,
-                    "correlation_id": payload.correlation_id,
-                    "source": {"repository": payload.source.repository, "ref": f"refs/tags/{payload.source.tag}"},
-                },
-                "internalParameters": {"infra_run_id": grading.run_id},
-                "resolvedDependencies": [
-                    {"uri": f"oci://{runner.name}", "name": "runner", "digest": {"sha256": runner.digest.removeprefix("sha256:")}},
-                    {"uri": f"oci://{api.name}", "name": "api", "digest": {"sha256": api.digest.removeprefix("sha256:")}},
-                    {"uri": _source_uri(payload), "digest": {"gitCommit": payload.source.commit}},
-                ],
-            },
-            "runDetails": {
-                "builder": {"id": builder_id()},
-                "metadata": {"invocationId": grading.run_id, "startedOn": grading.started_at, "finishedOn": grading.finished_at},
-            },
-        },
-    }
+    return ProvenanceStatement(
+        subject=(Subject(name=summary_path.name, digest=DigestSet(sha256=sha256_file(summary_path))),),
+        predicate=SlsaProvenance(
+            buildDefinition=BuildDefinition(
+                buildType=RUN_TYPE,
+                externalParameters=ExternalParameters(source=_source(payload), suite=grading.suite,
+                                                      agent=grading.agent, correlation_id=payload.correlation_id),
+                internalParameters=InternalParameters(run_id=grading.run_id),
+                resolvedDependencies=(
+                    ResourceDescriptor(uri=f"oci://{runner.name}", name="runner",
+                                       digest=DigestSet(sha256=runner.digest.removeprefix("sha256:"))),
+                    ResourceDescriptor(uri=f"oci://{api.name}", name="api",
+                                       digest=DigestSet(sha256=api.digest.removeprefix("sha256:"))),
+                    _git(payload),
+                ),
+            ),
+            runDetails=RunDetails(builder=Builder(id=builder_id()), metadata=RunMetadata.model_validate(
+                {"invocationId": grading.run_id, "startedOn": grading.started_at, "finishedOn": grading.finished_at})),
+        ),
+    )
 
 
-def write_statement(path: Path, statement: dict[str, Any]) -> Path:
-    atomic_write_text(path, canonical_json(statement))
+def write_statement(path: Path, statement: ProvenanceStatement) -> Path:
+    # exclude_none: the two build types fill different parameters; absent is not null.
+    atomic_write_text(path, canonical_json(statement.model_dump(mode="json", by_alias=True, exclude_none=True)))
     return path
 
 

@@ -16,20 +16,32 @@ import hashlib
 import io
 import json
 import posixpath
+import re
 import tarfile
 import uuid
 import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from email.message import Message
 from pathlib import Path
 from typing import IO, Any
 
 from pipeline.digests import ImageRef, parse_ref
+from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed
 from pipeline.evidence import depgraph, goinfo
 from pipeline.evidence.goinfo import GoBuildInfo
-from pipeline.evidence.licenses import DeclaredLicense, dep5_licenses, npm_licenses, python_licenses, unknown
+from pipeline.evidence.golicenses import lookup as go_license
+from pipeline.evidence.licenses import (
+    DeclaredLicense,
+    dep5_licenses,
+    is_unknown,
+    npm_licenses,
+    python_licenses,
+    unknown,
+)
+from pipeline.evidence.licensetext import identify
 from pipeline.fsutil import atomic_write_bytes, atomic_write_text
 
 DPKG_STATUS = "var/lib/dpkg/status"
@@ -188,6 +200,9 @@ class _Entry:
     go_error: str | None = None
 
 
+_LICENSE_FILE = re.compile(r"(?i)\A(?:licen[cs]e|copying)(?:[._-][A-Za-z0-9.+_-]*)?\Z")
+
+
 def _interesting(path: str) -> bool:
     """Files whose content the SBOM reads: package databases, dist-info metadata, copyright files, package.json."""
     if path == DPKG_STATUS:
@@ -195,6 +210,10 @@ def _interesting(path: str) -> bool:
     directory, base = posixpath.split(path)
     if base in ("METADATA", "RECORD"):
         return directory.endswith(".dist-info")
+    if directory.endswith(".dist-info"):  # License-File at the dist-info root (older wheels)
+        return bool(_LICENSE_FILE.match(base))
+    if ".dist-info/licenses" in directory + "/":  # License-File: dist-info/licenses/PATH (metadata 2.4)
+        return (directory + "/").split(".dist-info/licenses", 1)[1].startswith("/")
     if base == "copyright":
         return directory.startswith("usr/share/doc/") and directory.count("/") == 3
     if base.endswith(".list"):
@@ -466,17 +485,14 @@ def _base_debs(layers: tuple[str, ...], diff_ids: list[str]) -> tuple[str, dict[
     The lock is written where the base is built (``benchseal base build``): its ``debs`` are the
     sha256 of the .deb files mmdebstrap installed into exactly that rootfs tarball (= layer diff_id).
     """
-    from pipeline.build.base import lock_path, read_lock
-
     if not layers or not diff_ids:
         return None
-    for name, entry in sorted(read_lock().items()):
-        if not isinstance(entry, dict) or not isinstance(entry.get("debs"), dict):
+    for name, entry in sorted(read_base_lock().images.items()):
+        if entry.debs is None or entry.layer is None:
             continue
-        layer = entry.get("layer") or {}
-        if ("sha256:" + str(entry.get("rootfs_sha256")) == diff_ids[0] and layer.get("diff_id") == diff_ids[0]
-                and layer.get("digest") == layers[0]):
-            return f"{lock_path().name}:{name}", entry["debs"]
+        if (f"sha256:{entry.rootfs_sha256}" == diff_ids[0] and entry.layer.diff_id == diff_ids[0]
+                and entry.layer.digest == layers[0]):
+            return f"{base_lock_path().name}:{name}", {key: deb.to_json_dict() for key, deb in entry.debs.items()}
     return None
 
 
@@ -556,9 +572,30 @@ def _python_packages(files: dict[str, _Entry]) -> Iterator[Package]:
                     tops.add(first[0])
         yield Package("pypi", str(name), str(version), location=location, supplier=supplier, top_level=tuple(sorted(tops)),
                       requires=tuple(str(r) for r in meta.get_all("Requires-Dist") or []),
-                      licenses=python_licenses(meta, "/" + path),
+                      licenses=_python_declared(files, meta, location, "/" + path),
                       sha256=hashlib.sha256(record.data).hexdigest() if record is not None and record.data is not None else None,
                       hash_source="dist-info/RECORD" if record is not None and record.data is not None else None)
+
+
+def _python_declared(files: dict[str, _Entry], meta: Message, location: str, source: str) -> tuple[DeclaredLicense, ...]:
+    """The metadata's licenses; when it declares none, the ``License-File`` files identified by their full text."""
+    declared = python_licenses(meta, source)
+    names = [str(n) for n in meta.get_all("License-File") or []]
+    if not is_unknown(declared) or not names:
+        return declared
+    found: dict[str, DeclaredLicense] = {}
+    for name in names:
+        path = next((p for p in (f"{location}/licenses/{name}", f"{location}/{name}")
+                     if p in files and files[p].data is not None), None)
+        data = files[path].data if path is not None else None
+        if path is None or data is None:
+            return declared
+        result = identify(data.decode("utf-8", "replace"))
+        if not result.ok:  # every license file must be identified, or the package says unknown
+            return declared
+        for spdx in result.spdx:
+            found.setdefault(spdx, DeclaredLicense(spdx, "id", f"/{path} (License-File, full text)"))
+    return tuple(found[k] for k in sorted(found)) or declared
 
 
 def _npm_packages(files: dict[str, _Entry]) -> Iterator[Package]:
@@ -780,7 +817,13 @@ def build_bom(contents: ImageContents, *, distro: str | None = None) -> Any:
     edges.update(found)
 
     owner_refs = {**deb_refs, **py_refs}
-    go_unknown = unknown("go build info (carries no license)")
+    owner_licenses = {**{f"deb:{p.name}:{p.arch}": p.licenses for p in contents.debian},
+                      **{f"pypi:{p.location}": p.licenses for p in contents.python}}
+    go_unknown = unknown("go build info (carries no license); module@version+h1 not in go_licenses.json")
+
+    def go_licenses(path: str, version: str, go_sum: str = "", binary_sha256: str = "") -> tuple[DeclaredLicense, ...]:
+        found = go_license(path, version, go_sum, binary_sha256)
+        return found.licenses if found is not None else go_unknown
     for binary in contents.binaries:
         owner = owner_refs.get(binary.owner or "")
         if binary.go is not None:
@@ -789,24 +832,35 @@ def build_bom(contents: ImageContents, *, distro: str | None = None) -> Any:
             version, version_source = info.main_version()
             purl = _go_purl(module, version)
             ref = f"{purl}#{binary.path}"
+            app_licenses = go_licenses(module, version, binary_sha256=binary.sha256)
+            owned = owner_licenses.get(binary.owner or "", ())
+            if is_unknown(app_licenses) and owned and not is_unknown(owned):
+                # a binary a package ships is under that package's declared licenses
+                app_licenses = tuple(DeclaredLicense(d.value, d.kind, f"owning package {owner}: {d.source}") for d in owned)
             add(Component(type=ComponentType.APPLICATION, name=module, version=version, purl=purl, bom_ref=ref,
-                          hashes=sha(binary.sha256), licenses=_license_models(go_unknown),
+                          hashes=sha(binary.sha256), licenses=_license_models(app_licenses),
                           properties=props(("path", binary.path), ("go-version", info.go_version),
                                            ("go-package", info.path), ("version-source", version_source),
                                            ("vcs-revision", info.setting("vcs.revision")),
                                            ("vcs-time", info.setting("vcs.time")),
                                            ("go-sum", info.main.sum if info.main else None),
+                                           ("license-source", app_licenses[0].source),
                                            ("owner", owner))))
             targets: list[str] = []
             stdlib = PackageURL(type="golang", name="stdlib", version=info.go_version.removeprefix("go"))
+            std_licenses = go_licenses("stdlib", info.go_version.removeprefix("go"))
             add(Component(type=ComponentType.LIBRARY, name="stdlib", version=info.go_version, purl=stdlib,
-                          bom_ref=str(stdlib), licenses=_license_models(unknown("go toolchain version only"))))
+                          bom_ref=str(stdlib), licenses=_license_models(std_licenses),
+                          properties=props(("license-source", std_licenses[0].source))))
             targets.append(str(stdlib))
             for dep in info.deps:
                 dep_purl = _go_purl(dep.path, dep.version)
+                # a replaced module's code is the replacement's: the table names neither, so unknown
+                dep_licenses = go_unknown if dep.replaced_by else go_licenses(dep.path, dep.version, dep.sum)
                 add(Component(type=ComponentType.LIBRARY, name=dep.path, version=dep.version, purl=dep_purl,
-                              bom_ref=str(dep_purl), licenses=_license_models(go_unknown),
-                              properties=props(("go-sum", dep.sum), ("replaced-by", dep.replaced_by))))
+                              bom_ref=str(dep_purl), licenses=_license_models(dep_licenses),
+                              properties=props(("go-sum", dep.sum), ("replaced-by", dep.replaced_by),
+                                               ("license-source", dep_licenses[0].source))))
                 targets.append(str(dep_purl))
             edges[ref] = sorted(set(targets))
             if owner:
@@ -821,6 +875,7 @@ def build_bom(contents: ImageContents, *, distro: str | None = None) -> Any:
             add(Component(type=ComponentType.FILE, name=binary.path, bom_ref=ref, hashes=sha(binary.sha256), purl=file_purl,
                           licenses=_license_models(unknown("no package owns this file")),
                           properties=props(("path", binary.path), ("elf", "true" if binary.elf else "false"),
+                                           ("license-source", "no package owns this file"),
                                            ("go-buildinfo-error", binary.go_error))))
     _link_unowned_go(contents, components, edges, py_refs)
 
@@ -902,17 +957,17 @@ def write_sbom(ref: str, out: Path, *, manifest_out: Path | None = None) -> Path
 # An image digest names immutable content, so its SBOM can be kept by digest. The key also
 # names the generator's sources, the base lock (the .deb hashes) and the library version:
 # a change in how SBOMs are made is a miss.
-_GENERATOR_SOURCES = ("sbom.py", "goinfo.py", "licenses.py", "depgraph.py")
+_GENERATOR_SOURCES = ("sbom.py", "goinfo.py", "licenses.py", "depgraph.py", "golicenses.py", "licensetext.py",
+                      "go_licenses.json", "license_texts/Apache-2.0.txt", "license_texts/MPL-2.0.txt")
 
 def _cache_path(image: ImageRef) -> Path:
     from importlib.metadata import version
 
     from pipeline import paths
-    from pipeline.build.base import lock_path
 
     here = Path(__file__).parent
     material = b"".join((here / name).read_bytes() for name in _GENERATOR_SOURCES)
-    lock = lock_path()
+    lock = base_lock_path()
     material += lock.read_bytes() if lock.is_file() else b"no base lock"
     generator = hashlib.sha256(material + version("cyclonedx-python-lib").encode()).hexdigest()[:16]
     return paths.state_dir("cache", "sbom") / f"{image.digest.removeprefix('sha256:')}-{generator}.json"

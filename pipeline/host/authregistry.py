@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from pipeline.errors import InfrastructureError, ValidationError
 from pipeline.host import registry as reg
 from pipeline.host.tokenserver import TokenServer
+from pipeline.polling import poll_until
 
 _BASE_CONFIG = """\
 version: 0.1
@@ -67,11 +67,8 @@ def _start(registry: reg.Registry, auth_yaml: str, wait_seconds: float) -> None:
     os.chmod(tmp, 0o600)
     os.replace(tmp, registry.config_path)
     reg.launch(registry)
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        if _answers(registry):
-            return
-        time.sleep(0.2)
+    if poll_until(lambda: True if _answers(registry) else None, timeout=wait_seconds, interval=0.2):
+        return
     reg.stop(registry)
     raise InfrastructureError(f"registry on {registry.address} did not answer within {wait_seconds:.0f}s; see {registry.log_path}")
 

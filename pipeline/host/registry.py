@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from pipeline import paths
 from pipeline.errors import InfrastructureError, ValidationError
+from pipeline.polling import poll_until
 
 DEFAULT_ADDRESS = "127.0.0.1:5055"
 
@@ -111,11 +111,8 @@ def start(registry: Registry, wait_seconds: float = 20.0) -> str:
     data.mkdir(parents=True, exist_ok=True)
     registry.config_path.write_text(_CONFIG.format(root=data, address=registry.address))
     launch(registry)
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
-        if answers(registry, timeout=0.5):
-            return "started"
-        time.sleep(0.2)
+    if poll_until(lambda: True if answers(registry, timeout=0.5) else None, timeout=wait_seconds, interval=0.2):
+        return "started"
     raise InfrastructureError(f"registry on {registry.address} did not answer within {wait_seconds:.0f}s; see {registry.log_path}")
 
 
@@ -125,10 +122,7 @@ def stop(registry: Registry) -> str:
     if pid is None:
         return "not ours" if answers(registry) else "stopped"
     os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not Path(f"/proc/{pid}").exists():
-            break
-        time.sleep(0.1)
+    poll_until(lambda: True if not Path(f"/proc/{pid}").exists() else None, timeout=5.0, interval=0.1)
     registry.pid_path.unlink(missing_ok=True)
     return "stopped"
 

@@ -20,7 +20,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.contracts import GradeCounts, Grading, TrialOutcome, TrialRecord
+from pipeline.contracts import SCORE_DIGITS, GradeCounts, Grading, TrialOutcome, TrialRecord
+from pipeline.documents import TrialsPlan, load_document
+from pipeline.errors import ValidationError
 from pipeline.infra.policy import InfraPolicy
 from pipeline.infra.queue import RunRecord
 from pipeline.infra.trial import TRIALS_FILE
@@ -52,8 +54,8 @@ class RunnerInfo:
 def _seconds(phase: Any) -> float | None:
     if not isinstance(phase, dict) or not phase.get("started_at") or not phase.get("finished_at"):
         return None
-    start = datetime.fromisoformat(str(phase["started_at"]).replace("Z", "+00:00"))
-    end = datetime.fromisoformat(str(phase["finished_at"]).replace("Z", "+00:00"))
+    start = datetime.fromisoformat(str(phase["started_at"]))
+    end = datetime.fromisoformat(str(phase["finished_at"]))
     return round((end - start).total_seconds(), 3)
 
 
@@ -74,15 +76,12 @@ def _model_usage(agent_result: Any) -> dict[str, Any]:
     return {k: v for k, v in usage.items() if v is not None}
 
 
-def read_plan(run_dir: Path) -> dict[str, Any] | None:
-    path = run_dir / TRIALS_FILE
-    if not path.is_file():
-        return None
+def read_plan(run_dir: Path) -> TrialsPlan | None:
+    """The runner's trials.json through its model; None when missing or not a valid plan (no trials graded)."""
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return load_document(TrialsPlan, run_dir / TRIALS_FILE)
+    except (OSError, ValidationError):
         return None
-    return data
 
 
 def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runner: RunnerInfo, harbor_version: str | None) -> TrialRecord:
@@ -136,9 +135,9 @@ def grade_run(
 ) -> Grading:
     """Grade ``run_dir``; ``failure`` (timeout, runner usage error) forces FAILED with no score."""
     payload = record.payload
-    plan = read_plan(run_dir) or {}
-    harbor_version = plan.get("harbor_version")
-    planned = [(str(t["task"]), str(t["trial_name"])) for t in plan.get("trials", [])]
+    plan = read_plan(run_dir)
+    harbor_version = plan.harbor_version if plan else None
+    planned = [(t.task, t.trial_name) for t in plan.trials] if plan else []
     trials = tuple(
         grade_trial(run_dir / "harbor" / name / "result.json", task, name, payload.agent, runner, harbor_version)
         for task, name in planned
@@ -164,11 +163,11 @@ def grade_run(
         suite=payload.suite,
         agent=payload.agent,
         counts=counts,
-        score=round(resolved / counts.completed, 6) if ok else None,
+        score=round(resolved / counts.completed, SCORE_DIGITS) if ok else None,
         trials=trials,
         harbor_version=harbor_version,
-        agent_version_pin=plan.get("agent_version"),
-        model=plan.get("model"),
+        agent_version_pin=plan.agent_version if plan else None,
+        model=plan.model if plan else None,
         runner_ref=payload.runner,
         api_ref=payload.api,
         started_at=started_at,

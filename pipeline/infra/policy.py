@@ -236,15 +236,21 @@ class InfraPolicy(_Strict):
         With ``repository``: allowed for that source repository (the rule accept applies);
         without: allowed for some listed source.
         """
+        self.check_name(role, ref.name, field, repository=repository, shown=ref.ref)
+
+    def check_name(self, role: Literal["runner", "api"], name: str, field: str | None = None,
+                   *, repository: str | None = None, shown: str | None = None) -> None:
+        """``check_image`` for an image name (``<registry>/<repository>``) before it has a digest."""
+        registry, _, path = name.partition("/")
         entries = (self.source(repository),) if repository is not None else self.sources
         allowed: list[AllowedImage] = [image for entry in entries for image in getattr(entry.images, role)]
         for image in allowed:
-            if image.registry == ref.registry and image.repository == ref.repository:
+            if image.registry == registry and image.repository == path:
                 return
         names = ", ".join(dict.fromkeys(f"{e.registry}/{e.repository}" for e in allowed))
         whose = f" for source {entries[0].repository}" if repository is not None else ""
         raise ValidationError(field or role,
-                              f"image {ref.name!r} is not an allowed {role} image{whose} (allowed: {names})", ref.ref)
+                              f"image {name!r} is not an allowed {role} image{whose} (allowed: {names})", shown or name)
 
     def check_payload(self, payload: DispatchPayload) -> SourcePolicy:
         """The payload's source repository is listed, and its runner and api are allowed for it."""

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.contracts import trial_name
+from pipeline.documents import PlannedTrial, TrialsPlan, dump_document
 from pipeline.errors import UsageError, ValidationError
-from pipeline.fsutil import atomic_write_json
 
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
@@ -71,9 +72,7 @@ def discover_tasks(suite_dir: Path) -> list[str]:
 
 
 def plan_trials(run_id: str, tasks: list[str]) -> list[TrialSpec]:
-    # Deterministic trial names let the worker tell a missing trial from a present one.
-    short = re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
-    return [TrialSpec(task=t, trial_name=f"{t}__{short}") for t in tasks]
+    return [TrialSpec(task=t, trial_name=trial_name(t, run_id)) for t in tasks]
 
 
 def run_suite(
@@ -115,12 +114,10 @@ def run_suite(
     trials_dir = out_dir / "harbor"
     trials_dir.mkdir(parents=True, exist_ok=True)
     specs = plan_trials(run_id, discover_tasks(suite_dir))
-    atomic_write_json(
-        out_dir / TRIALS_FILE,
-        {"run_id": run_id, "agent": agent, "agent_version": agent_version, "harbor_version": harbor_version,
-         "model": model.name if model else None,
-         "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]},
-    )
+    dump_document(TrialsPlan(run_id=run_id, agent=agent, agent_version=agent_version, harbor_version=harbor_version,
+                             model=model.name if model else None,
+                             trials=tuple(PlannedTrial(task=s.task, trial_name=s.trial_name) for s in specs)),
+                  out_dir / TRIALS_FILE)
     relay = None
     api_base = None
     if model is not None:

@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.attest import SigstoreEndpoints
-from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState
+from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, trial_short_id
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
+from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent
@@ -64,7 +65,6 @@ log = logging.getLogger("benchseal.worker")
 
 Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
 BASE_PLACEHOLDER = "benchseal-base"
-BASE_LOCK = REPO_ROOT / "images" / "base.lock.json"
 CONTAINER_PREFIX = "benchseal-infra-"
 LABEL_RUN = "benchseal.infra.run_id"
 # cosign failures that say the registry or Sigstore could not be reached (retry), not that a
@@ -90,7 +90,7 @@ class WorkerConfig:
     queue_url_file: Path | None = None
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     suites_dir: Path = REPO_ROOT / "suites"
-    # Base image for task environments; default: images/base.lock.json, else pipeline.build.base.ensure_base.
+    # Base image for task environments; default: the base lock, else pipeline.build.base.ensure_base (resolve_base_ref).
     base_ref: str | None = None
     docker_socket: str = "/var/run/docker.sock"
     heartbeat_seconds: float | None = None  # default: lease_seconds / 3
@@ -207,21 +207,30 @@ def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust:
                                + " nor ".join(e.identity for e in admitted) + ": " + "; ".join(refusals))
 
 
-def resolve_base_ref(config: WorkerConfig, registry: str) -> ImageRef:
+def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
+    """The task environments' base: ``config.base_ref``, else the base lock (``$BENCHSEAL_BASE_LOCK`` or
+    images/base.lock.json), else built now under the configured image names (pipeline.build.names), or,
+    when none are configured, beside the runner (``<prefix>runner`` -> ``<prefix>base``)."""
+    from pipeline.build.base import ensure_base
+    from pipeline.build.names import PREFIX_ENV, ImageNames, configured_names
+
     if config.base_ref:
         return parse_ref(config.base_ref, "base_ref")
-    if BASE_LOCK.is_file():
-        import json
-
-        lock = json.loads(BASE_LOCK.read_text(encoding="utf-8"))
-        entry = (lock.get("images") or {}).get("base")
-        if entry and entry.get("ref"):
-            return parse_ref(entry["ref"], "images/base.lock.json images.base.ref")
-    try:
-        from pipeline.build.base import ensure_base
-    except ImportError as exc:
-        raise InfraFailure("no base image: images/base.lock.json is missing and pipeline.build is unavailable") from exc
-    refs: dict[str, ImageRef] = ensure_base(registry)
+    names = configured_names()
+    entry = read_base_lock().images.get("base")
+    if entry is not None:
+        ref = parse_ref(entry.ref, f"{base_lock_path()} images.base.ref")
+        # A configured prefix is the only place images come from: never another registry's base.
+        if os.environ.get(PREFIX_ENV) is not None and names is not None and ref.name != names.name("base"):
+            raise InfraFailure(f"the base lock {base_lock_path()} names {ref.name}, not {names.name('base')} "
+                               f"(${PREFIX_ENV}): refusing a base from elsewhere; rebuild the lock with that prefix")
+        return ref
+    if names is None:
+        if not runner.name.endswith("runner"):
+            raise InfraFailure(f"no base image: {base_lock_path()} has none and no image prefix is configured "
+                               f"($BENCHSEAL_IMAGE_PREFIX), and the runner {runner.name} is not named <prefix>runner")
+        names = ImageNames(runner.name.removesuffix("runner"), "the runner's name")
+    refs: dict[str, ImageRef] = ensure_base(names)
     return refs["base"]
 
 
@@ -332,7 +341,7 @@ def kill_leftovers(client: Any, run_id: str) -> list[str]:
     import docker.errors
 
     removed: list[str] = []
-    short = re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
+    short = trial_short_id(run_id)
 
     def remove(container: Any) -> None:
         try:
@@ -464,7 +473,7 @@ def _attempt(
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         pull_by_digest(client, runner_ref)  # a missing runner stays an infrastructure error (retried)
         require_signed_images(payload, source, config.image_trust)  # before anything pulled is used
-        base = resolve_base_ref(config, runner_ref.registry)
+        base = resolve_base_ref(config, runner_ref)
         pull_by_digest(client, base)
         suite_src = config.suites_dir / payload.suite
         if not suite_src.is_dir():

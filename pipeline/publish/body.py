@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.documents import ReleaseSummary, parse_document
 from pipeline.errors import ValidationError
 
 START = "<!-- benchseal:start -->"
@@ -54,82 +55,41 @@ class SectionFacts:
     correlation_id: str
 
 
-def _get(data: Mapping[str, Any], *paths: str, default: Any = None) -> Any:
-    """First present value among dotted ``paths`` (summary.json nests some facts)."""
-    for path in paths:
-        node: Any = data
-        for part in path.split("."):
-            if not isinstance(node, Mapping) or part not in node:
-                break
-            node = node[part]
-        else:
-            if node is not None:
-                return node
-    return default
-
-
-def _int(data: Mapping[str, Any], *paths: str) -> int:
-    value = _get(data, *paths, default=0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValidationError(f"summary.json: {paths[0]}", "must be a non-negative integer", value)
-    return value
-
-
-def facts_from_summary(summary: Mapping[str, Any], tag: str) -> SectionFacts:
-    """Read the section's facts from a parsed summary.json (benchseal.summary/v1)."""
-    status = _get(summary, "status", "run.status", default=None)
-    if not isinstance(status, str):
-        raise ValidationError("summary.json: status", "must be a string", status)
-    score = _get(summary, "score", "grading.score")
-    if score is not None and (isinstance(score, bool) or not isinstance(score, int | float)):
-        raise ValidationError("summary.json: score", "must be a number or null", score)
-    if status != "SUCCEEDED" and score is not None:
-        raise ValidationError("summary.json: score", f"must be null for a {status} run", score)
-    agent_name = _get(summary, "agent.name", "agent", default="unknown")
-    agent_version = _get(summary, "agent.version", "agent_version")
-    if isinstance(agent_name, Mapping):
-        agent_name = "unknown"
-    if isinstance(agent_version, list):
-        agent_version = ", ".join(str(v) for v in agent_version)
-    agent = f"{agent_name} {agent_version}" if agent_version else str(agent_name)
-    model = _get(summary, "agent.model", default=None)
-    if isinstance(model, str) and model:
-        usage = _get(summary, "model_usage", default=None)
-        calls = f"; {usage.get('model_calls')} model calls, {usage.get('input_tokens')} input / " \
-            f"{usage.get('output_tokens')} output tokens" if isinstance(usage, Mapping) else ""
-        agent += f" (model {model}{calls})"
+def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) -> SectionFacts:
+    """The section's facts from summary.json (``ReleaseSummary``; parsed JSON goes through the model)."""
+    if not isinstance(summary, ReleaseSummary):
+        summary = parse_document(ReleaseSummary, summary, "summary.json")
+    version = summary.agent.version
+    agent_version = ", ".join(version) if isinstance(version, tuple) else version
+    agent = f"{summary.agent.name} {agent_version}" if agent_version else summary.agent.name
+    if summary.agent.model:
+        usage = summary.model_usage
+        calls = f"; {usage.model_calls} model calls, {usage.input_tokens} input / {usage.output_tokens} output tokens" \
+            if usage is not None else ""
+        agent += f" (model {summary.agent.model}{calls})"
+    revision = summary.dataset.revision
     return SectionFacts(
         tag=tag,
-        status=status,
-        suite=str(_get(summary, "suite.name", "suite", default="unknown")),
-        dataset=str(_dataset(summary)),
-        evaluation=str(_get(summary, "evaluation.method", "evaluation_method", "evaluation", default="unknown")),
-        total=_int(summary, "counts.total"),
-        completed=_int(summary, "counts.completed"),
-        resolved=_int(summary, "counts.resolved"),
-        unresolved=_int(summary, "counts.unresolved"),
-        infra_errors=_int(summary, "counts.infra_errors"),
-        score=None if score is None else float(score),
-        reason=_get(summary, "reason", "run.reason"),
-        runner_ref=str(_get(summary, "images.runner.ref", "images.runner", "runner_ref", "runner", default="unknown")),
-        api_ref=str(_get(summary, "images.api.ref", "images.api", "api_ref", "api", default="unknown")),
-        harbor_version=str(_get(summary, "harbor.version", "harbor_version", default="unknown")),
+        status=summary.status,
+        suite=summary.suite,
+        dataset=f"{summary.dataset.name}@{revision}" if revision else summary.dataset.name,
+        evaluation=summary.evaluation_method,
+        total=summary.counts.total,
+        completed=summary.counts.completed,
+        resolved=summary.counts.resolved,
+        unresolved=summary.counts.unresolved,
+        infra_errors=summary.counts.infra_errors,
+        score=summary.score,
+        reason=summary.reason,
+        runner_ref=summary.images.runner.ref,
+        api_ref=summary.images.api.ref,
+        harbor_version=summary.harbor_version or "unknown",
         agent=agent,
-        source_repository=str(_get(summary, "source.repository", default="unknown")),
-        source_commit=str(_get(summary, "source.commit", default="unknown")),
-        run_id=str(_get(summary, "infra_run_id", "run_id", "infra.run_id", default="unknown")),
-        correlation_id=str(_get(summary, "correlation_id", "infra.correlation_id", default="unknown")),
+        source_repository=summary.source.repository,
+        source_commit=summary.source.commit,
+        run_id=summary.run_id,
+        correlation_id=summary.correlation_id,
     )
-
-
-def _dataset(summary: Mapping[str, Any]) -> str:
-    name = _get(summary, "dataset.name", "dataset", default=None)
-    revision = _get(summary, "dataset.revision", "dataset_revision", "revision", default=None)
-    if isinstance(name, Mapping):
-        name = None
-    if name and revision:
-        return f"{name}@{revision}"
-    return str(name or revision or "unknown")
 
 
 def _cell(value: object) -> str:

@@ -8,15 +8,14 @@ Sigstore bundles.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.evidence.artifacts import CHECKSUMS, SUMMARY, parse_checksums
-from pipeline.evidence.signing import BUNDLE_SUFFIX
+from pipeline.documents import ReleaseSummary, load_document
+from pipeline.errors import CheckFailed
 from pipeline.fsutil import sha256_file
+from pipeline.layout import CHECKSUMS, SUMMARY, bundle_name, parse_checksums
 from pipeline.publish.body import END, START, SectionFacts, check_body_length, facts_from_summary, render_section
 
 __all__ = ["Asset", "ReleaseBundle", "load_bundle", "sha256_file"]
@@ -64,14 +63,11 @@ def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = 
         if actual != expected:
             raise CheckFailed(f"{path}: sha256 {actual} does not match SHA256SUMS ({expected}); re-run evidence")
         assets.append(Asset(name, path, actual, path.stat().st_size))
-    extra = [sums_path, *sorted(artifacts_dir.glob("*" + BUNDLE_SUFFIX))]
+    extra = [sums_path, *sorted(artifacts_dir.glob(bundle_name("*")))]
     for path in extra:
         if path.name not in sums:
             assets.append(Asset(path.name, path, sha256_file(path), path.stat().st_size))
-    summary = json.loads(summary_path.read_text("utf-8"))
-    if not isinstance(summary, dict):
-        raise ValidationError(f"{summary_path}", "must be a JSON object")
-    facts = facts_from_summary(summary, tag)
+    facts = facts_from_summary(load_document(ReleaseSummary, summary_path), tag)
     section = render_section(facts, verify_commands)
     # The smallest body the section can be in: over GitHub's limit, refuse before any request.
     check_body_length(f"{START}\n{section}\n{END}\n", f"release body for {tag} (the benchmark section alone)")

@@ -14,7 +14,6 @@ terminal (``SqliteQueue.complete``). This loop delivers those rows:
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -25,8 +24,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from pipeline.contracts import PublicationRequest
+from pipeline.documents import PublisherError, ReleaseSummary, dump_document, load_document
 from pipeline.errors import Error, ValidationError
-from pipeline.fsutil import atomic_write_json
+from pipeline.layout import PUBLISHER_ERROR, SUMMARY
 from pipeline.paths import REPO_ROOT
 from pipeline.publish.bundle import ReleaseBundle, load_bundle
 from pipeline.publish.targets import (
@@ -38,10 +38,10 @@ from pipeline.publish.targets import (
     Target,
     github_repo,
 )
+from pipeline.verify.external import cosign_commands
 
 log = logging.getLogger(__name__)
 
-PUBLISHER_ERROR = "publisher-error.json"  # = pipeline.evidence.artifacts.PUBLISHER_ERROR
 DEFAULT_LOCAL_ROOT = REPO_ROOT / "dist" / "releases"
 
 
@@ -123,8 +123,6 @@ def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_r
     ``trusted_root`` (``options.trusted_root`` of a local publication) is the private instance's
     root a consumer of that release needs; public-good releases need none.
     """
-    from pipeline.evidence import cosign_commands
-
     return list(cosign_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
                                 cosign="cosign", benchseal="benchseal", infra_repository=infra_repository))
 
@@ -138,14 +136,10 @@ def _body_repository(request: PublicationRequest, artifacts: Path) -> str:
     if request.target == "github":
         raise PublishError("publication options.repository is required for the github target", retryable=False)
     try:
-        source = json.loads((artifacts / "summary.json").read_text("utf-8")).get("source") or {}
-    except (OSError, ValueError, AttributeError):
-        source = {}
-    value = source.get("repository") if isinstance(source, dict) else None
-    if not isinstance(value, str):
-        raise PublishError(f"{artifacts}/summary.json names no source.repository for the verify commands",
-                           retryable=False)
-    return value
+        return load_document(ReleaseSummary, artifacts / SUMMARY).source.repository
+    except (OSError, ValidationError) as exc:
+        raise PublishError(f"{artifacts}/{SUMMARY} names no source.repository for the verify commands: {exc}",
+                           retryable=False) from None
 
 
 def default_resealer(signer: Any = None) -> Resealer:
@@ -188,19 +182,9 @@ def publish_request(request: PublicationRequest, target: Target, *, bundle: Rele
 
 def _write_publisher_error(request: PublicationRequest, attempts: int, error: str, reseal: Resealer) -> None:
     artifacts = Path(request.artifacts_dir)
-    atomic_write_json(
-        artifacts / PUBLISHER_ERROR,
-        {
-            "schema": "benchseal.publisher-error/v1",
-            "run_id": request.run_id,
-            "tag": request.tag,
-            "target": request.target,
-            "attempts": attempts,
-            "error": error,
-            "at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "note": "publication is retried later; this file records why it has not happened yet",
-        },
-    )
+    document = PublisherError(run_id=request.run_id, tag=request.tag, target=request.target, attempts=attempts,
+                              error=error, at=datetime.now(UTC).replace(microsecond=0))
+    dump_document(document, artifacts / PUBLISHER_ERROR)
     reseal(artifacts)
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from pipeline.contracts import COMMIT_RE, canonical_repository
 from pipeline.errors import CheckFailed, Error, ValidationError
 from pipeline.fsutil import atomic_write_text
+from pipeline.layout import BODY, CHECKSUMS, CHECKSUMS_BUNDLE, bundle_name, parse_checksums
 from pipeline.publish.body import START, splice
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
 
@@ -128,7 +129,7 @@ class LocalTarget:
     def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult:
         allowed_source(bundle, self.sources)
         dest = self.release_dir(bundle.tag)
-        old_body = (dest / "body.md").read_text("utf-8") if (dest / "body.md").is_file() else ""
+        old_body = (dest / BODY).read_text("utf-8") if (dest / BODY).is_file() else ""
         body = splice(old_body, bundle.section)
         actions: dict[str, AssetAction] = {}
         for asset in bundle.assets:
@@ -137,7 +138,7 @@ class LocalTarget:
                 actions[asset.name] = "kept" if sha256_file(existing) == asset.sha256 else "replaced"
             else:
                 actions[asset.name] = "uploaded"
-        wanted = {a.name for a in bundle.assets} | {"body.md"}
+        wanted = {a.name for a in bundle.assets} | {BODY}
         present = {p.name for p in dest.iterdir()} if dest.is_dir() else set()
         unchanged = body == old_body and all(v == "kept" for v in actions.values()) and present == wanted
         if not unchanged:
@@ -152,7 +153,7 @@ class LocalTarget:
                 shutil.copyfile(asset.path, stage / asset.name)
                 if sha256_file(stage / asset.name) != asset.sha256:
                     raise CheckFailed(f"{asset.path} changed while it was being published")
-            atomic_write_text(stage / "body.md", body)
+            atomic_write_text(stage / BODY, body)
             os.chmod(stage, 0o755)  # noqa: S103 -- a published release is world-readable
             if dest.is_dir() and _exchange(stage, dest):
                 return  # stage now holds the old release; removed below
@@ -173,7 +174,7 @@ class LocalTarget:
 def _content_type(name: str) -> str:
     if name.endswith(".json"):
         return "application/json"
-    if name == "SHA256SUMS" or name.endswith((".txt", ".md")):
+    if name == CHECKSUMS or name.endswith((".txt", ".md")):
         return "text/plain"
     return "application/octet-stream"
 
@@ -260,10 +261,7 @@ class GitHubTarget:
             raise PublishError(
                 f"refusing to publish run {bundle.run_id} of {entry.repository} to repository {answered!r}: "
                 "a run is published only to its own source repository", retryable=False)
-        commit = bundle.facts.source_commit
-        if not COMMIT_RE.match(commit):
-            raise PublishError(f"summary.json source.commit must be a 40-character lowercase hex commit "
-                               f"(got {commit!r})", retryable=False)
+        commit = bundle.facts.source_commit  # 40 lowercase hex: summary.json's model checked it
         resolved = self._resolve_tag(bundle.tag)
         if resolved != commit:
             raise PublishError(
@@ -393,7 +391,7 @@ class GitHubTarget:
         # What an earlier publication put there (its SHA256SUMS and their bundles): removed when
         # this bundle no longer has it, so the release never carries a file its SHA256SUMS does not
         # list. Read before anything changes; assets benchseal never listed (a human's) are kept.
-        new_sums = next((a for a in assets if a.name == "SHA256SUMS"), None)
+        new_sums = next((a for a in assets if a.name == CHECKSUMS), None)
         stale = self._previous_listing(existing, new_sums) - wanted
         actions: dict[str, AssetAction] = {}
         for asset in assets:
@@ -412,9 +410,6 @@ class GitHubTarget:
         return actions
 
     def _previous_listing(self, existing: dict[str, GitReleaseAsset], new_sums: Asset | None) -> set[str]:
-        from pipeline.evidence.artifacts import CHECKSUMS, parse_checksums
-        from pipeline.evidence.signing import BUNDLE_SUFFIX
-
         sums = existing.get(CHECKSUMS)
         if sums is None or sums.state != "uploaded" or (new_sums is not None and self._matches(sums, new_sums)):
             return set()  # nothing published before, or the same listing: nothing can be stale
@@ -425,7 +420,7 @@ class GitHubTarget:
                 names = set(parse_checksums(path.read_text("utf-8"), f"release asset {CHECKSUMS}"))
             except (CheckFailed, UnicodeDecodeError):
                 return set()  # not ours to interpret: remove nothing
-        return names | {n + BUNDLE_SUFFIX for n in names} | {CHECKSUMS + BUNDLE_SUFFIX}
+        return names | {bundle_name(n) for n in names} | {CHECKSUMS_BUNDLE}
 
     @staticmethod
     def _matches(remote: GitReleaseAsset, asset: Asset) -> bool:

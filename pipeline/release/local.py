@@ -29,14 +29,19 @@ from typing import Any
 from rich.console import Console
 
 from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
+<<<<<<< HEAD
 from pipeline.contracts import Grading, PublicationRequest
+=======
+from pipeline.build.names import ImageNames, as_names, resolve_image_names
+from pipeline.contracts import Grading
+>>>>>>> main
 from pipeline.errors import CheckFailed, UsageError
 from pipeline.fsutil import atomic_write_json
+from pipeline.infra.policy import InfraPolicy
 from pipeline.paths import REPO_ROOT, state_dir
 from pipeline.release.stages import StageClock
 
 TAG_RE = re.compile(r"\Av\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?\Z")
-DEFAULT_REGISTRY = "127.0.0.1:5055"
 
 
 def _queue_wait(events: Sequence[Any]) -> float:
@@ -44,7 +49,7 @@ def _queue_wait(events: Sequence[Any]) -> float:
     from datetime import datetime
 
     def parse(text: str) -> datetime:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return datetime.fromisoformat(text)  # Python >= 3.11 reads a "Z" offset
 
     accepted = next((e.at for e in events if e.event == "accepted"), None)
     claimed = [e.at for e in events if e.event == "claimed"]
@@ -156,37 +161,51 @@ def _verify_images(images: dict[str, str], repository: str, tag: str, endpoints:
 def release_local(
     tag: str,
     *,
-    registry: str = DEFAULT_REGISTRY,
+    names: ImageNames | str | None = None,
     dist: Path | None = None,
     suite: str = "smoke",
     agent: str = "oracle",
     console: Console | None = None,
     scripted_model: str | None = None,
+    policy: Path | None = None,
 ) -> ReleaseReport:
+    """``names``: the image names (default: the configured ones, pipeline.build.names, whose
+    local default is 127.0.0.1:5055/benchseal/); ``policy``: the infra policy that must admit
+    them (default policies/infra.yaml)."""
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
+    from pipeline.build.images import source_info
     from pipeline.infra.model_local import scripted_model_for
+    from pipeline.infra.policy import load_policy
 
+    resolved = resolve_image_names() if names is None else as_names(names)
+    infra_policy = load_policy(policy)
+    # Before anything is built: the policy must admit these names for this source repository.
+    repository = source_info().repository
+    for role in ("runner", "api"):
+        infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
     with scripted_model_for(agent, suite, scripted_model):
-        return _release_local(tag, registry=registry, dist=dist, suite=suite, agent=agent, console=console)
+        return _release_local(tag, names=resolved, dist=dist, suite=suite, agent=agent, console=console,
+                              policy=infra_policy)
 
 
 def _release_local(
     tag: str,
     *,
-    registry: str,
+    names: ImageNames,
     dist: Path | None,
     suite: str,
     agent: str,
     console: Console | None,
+    policy: InfraPolicy,
 ) -> ReleaseReport:
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
     import docker  # noqa: F401  (before _warm_imports: the worker stage then imports nothing new)
 
     from pipeline.build import build_images_with_results
     from pipeline.dispatch.dispatch import build_payload, new_correlation_id
-    from pipeline.evidence import cosign_commands, sigstore_local
+    from pipeline.evidence import sigstore_local
     from pipeline.evidence.signing import local_signer
     from pipeline.infra.accept import accept_payload
     from pipeline.infra.export import export_run, import_run
@@ -196,7 +215,7 @@ def _release_local(
     from pipeline.publish.seal import seal_run
     from pipeline.publish.targets import LocalTarget, PublishError
     from pipeline.verify import verify_release
-    from pipeline.verify.external import local_benchseal
+    from pipeline.verify.external import cosign_commands, local_benchseal
 
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)
@@ -204,8 +223,8 @@ def _release_local(
         with clock.stage("setup", "Private Sigstore instance"):
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
 
-        with clock.stage("build", f"Building runner and api images into {registry}"):
-            digests, results = build_images_with_results(("runner", "api"), registry, work / "digests.json", (tag,))
+        with clock.stage("build", f"Building runner and api images as {names.prefix}{{runner,api}}"):
+            digests, results = build_images_with_results(("runner", "api"), names, work / "digests.json", (tag,))
         push_seconds = sum(r.seconds_push for r in results)
         clock.add("build", -push_seconds)
         clock.add("push", push_seconds)
@@ -226,7 +245,7 @@ def _release_local(
         payload = build_payload(digests, correlation_id=new_correlation_id(), tag=tag, suite=suite, agent=agent)
         source = payload.source.model_dump()
         with clock.stage("dispatch", "Dispatching to infra accept"):
-            accepted = accept_payload(payload.to_json_dict())
+            accepted = accept_payload(payload.to_json_dict(), policy=policy)
         run_id = accepted.run_id
 
         # The worker grades and signs nothing, as the infra host's service does. Then the run is sealed
@@ -245,7 +264,7 @@ def _release_local(
         with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
             # The worker checks the images' signatures against the private instance, as it would
             # against public-good in production.
-            config = WorkerConfig(image_trust=endpoints)
+            config = WorkerConfig(image_trust=endpoints, policy=policy)
             for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
                 outcome = run_once(config)
                 if outcome is None:

@@ -22,42 +22,35 @@ The first failure raises CheckFailed naming it.
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.digests import parse_ref
-from pipeline.errors import CheckFailed, Error, ValidationError
+from pipeline.digests import ImageRef, parse_ref
+from pipeline.documents import DigestSet, ProvenanceStatement, ReleaseSummary, parse_document
+from pipeline.errors import CheckFailed, ValidationError
+from pipeline.fsutil import sha256_file
+from pipeline.layout import (
+    CHECKSUMS,
+    CHECKSUMS_BUNDLE,
+    MANIFESTS,
+    NESTED_SUMS,
+    NOT_ASSETS,
+    PROVENANCE_IMAGES,
+    PROVENANCE_SUMMARY,
+    REQUIRED_SIGNED,
+    SBOMS,
+    SUMMARY,
+    bundle_name,
+    is_statement,
+    nested_files,
+    parse_checksums,
+)
 from pipeline.verify.policy import Expectation, expectation
 
-__all__ = ["REQUIRED_SIGNED", "VerifiedRelease", "check_summary", "select_profile", "verify_release"]
+__all__ = ["VerifiedRelease", "check_summary", "select_profile", "verify_release"]
 
-SUMMARY = "summary.json"
-CHECKSUMS = "SHA256SUMS"
-BUNDLE_SUFFIX = ".sigstore.json"
-NOT_ASSETS = frozenset({"body.md"})
-REQUIRED_SIGNED = (
-    SUMMARY,
-    "sbom-runner.cdx.json",
-    "sbom-api.cdx.json",
-    "provenance-images.intoto.json",
-    "provenance-summary.intoto.json",
-    CHECKSUMS,
-)
-# Files whose bundle must be a DSSE attestation (an in-toto statement); every other file's
-# bundle must be a plain message signature.
-STATEMENT_SUFFIX = ".intoto.json"
-SUMMARY_SCHEMA = "benchseal.summary/v1"
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
-STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
-STATUSES = ("SUCCEEDED", "FAILED", "INFRA_ERROR")
-COUNT_KEYS = ("total", "completed", "resolved", "unresolved", "infra_errors")
-# The grader stores score = round(resolved / completed, SCORE_DIGITS) (pipeline.infra.grading).
-SCORE_DIGITS = 6
-_COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 
 
 @dataclass(frozen=True)
@@ -107,11 +100,9 @@ def _read_json(path: Path) -> Any:
         raise CheckFailed(f"{path.name}: not valid JSON ({exc})") from None
 
 
-def load_summary(directory: Path) -> dict[str, Any]:
-    summary = _read_json(directory / SUMMARY)
-    if not isinstance(summary, dict) or summary.get("schema") != SUMMARY_SCHEMA:
-        raise CheckFailed(f"{SUMMARY}: schema must be {SUMMARY_SCHEMA!r}")
-    return summary
+def load_summary(directory: Path) -> ReleaseSummary:
+    """summary.json through its model (strict JSON first); CheckFailed names the field and rule."""
+    return check_summary(_read_json(directory / SUMMARY))
 
 
 def _verifier(trusted_root: Path | None, offline: bool) -> Any:
@@ -144,8 +135,6 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
     from sigstore.verify import policy
     from sigstore_models.common.v1 import HashAlgorithm
 
-    from pipeline.fsutil import sha256_file
-
     name = bundle_file.name
     if not target.is_file():
         raise CheckFailed(f"{name}: the file it signs ({target.name}) is missing")
@@ -157,7 +146,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
     except Exception as exc:
         raise CheckFailed(f"{name}: not a valid Sigstore bundle: {exc}") from None
     is_dsse = bundle._dsse_envelope is not None
-    dsse_expected = target.name.endswith(STATEMENT_SUFFIX)
+    dsse_expected = is_statement(target.name)
     if dsse_expected and not is_dsse:
         raise CheckFailed(f"{name}: must be a DSSE attestation of the in-toto statement {target.name}; "
                           "a plain message signature over the statement file is refused")
@@ -183,9 +172,6 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
 
 
 def verify_checksums(directory: Path) -> dict[str, str]:
-    from pipeline.evidence.artifacts import CHECKSUMS_BUNDLE, NESTED_SUMS, nested_files, parse_checksums
-    from pipeline.fsutil import sha256_file
-
     entries = parse_checksums((directory / CHECKSUMS).read_text("utf-8"))
     for name, expected in entries.items():
         path = directory / name
@@ -213,170 +199,101 @@ def verify_checksums(directory: Path) -> dict[str, str]:
     return entries
 
 
-def _subjects(statement: dict[str, Any], name: str) -> set[tuple[str, str]]:
-    subjects = statement.get("subject")
-    if not isinstance(subjects, list):
-        raise CheckFailed(f"{name}: statement has no subject list")
-    out = set()
-    for s in subjects:
-        digest = _mapping(s.get("digest")).get("sha256") if isinstance(s, dict) else None
-        if not isinstance(digest, str):
-            raise CheckFailed(f"{name}: a subject has no sha256 digest")
-        out.add((str(s.get("name")), f"sha256:{digest}"))
-    return out
+def load_statement(data: object, name: str) -> ProvenanceStatement:
+    """A provenance statement through its model (in-toto v1, SLSA provenance v1); CheckFailed names the field."""
+    try:
+        return parse_document(ProvenanceStatement, data, name)
+    except ValidationError as exc:
+        raise CheckFailed(f"{exc.field}: {exc.rule} (got {repr(exc.value)[:200]})") from None
 
 
-def _count(counts: dict[str, Any], key: str) -> int:
-    value = counts.get(key)
-    # bool is an int in Python; JSON true is not a count.
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise CheckFailed(f"{SUMMARY}: counts.{key} must be a non-negative integer (got {value!r})")
-    return value
+def _subjects(statement: ProvenanceStatement) -> set[tuple[str, str]]:
+    return {(s.name, f"sha256:{s.digest.sha256}") for s in statement.subject}
 
 
-def check_summary(summary: dict[str, Any]) -> None:
-    """summary.json must be internally consistent; raise CheckFailed naming the field and rule.
+def check_summary(data: object) -> ReleaseSummary:
+    """Parsed summary.json as ``ReleaseSummary``; raise CheckFailed naming the field and rule.
 
-    * counts has exactly total, completed, resolved, unresolved, infra_errors, each a
-      non-negative integer; resolved + unresolved <= completed and
-      completed + infra_errors <= total (every trial has one outcome);
-    * status is SUCCEEDED, FAILED or INFRA_ERROR;
-    * score is present; null unless SUCCEEDED; on SUCCEEDED completed > 0 and score is a
-      finite number equal to round(resolved / completed, 6) (the grader's stored precision).
+    The model holds every rule (``pipeline.documents``): counts are non-negative strict integers
+    whose parts never exceed the whole; status is SUCCEEDED, FAILED or INFRA_ERROR; score is
+    present, null unless SUCCEEDED, and on SUCCEEDED equal to round(resolved / completed, 6)
+    with completed > 0; image refs are digest-pinned; source.commit is 40 lowercase hex.
     """
-    counts = summary.get("counts")
-    if not isinstance(counts, dict):
-        raise CheckFailed(f"{SUMMARY}: counts must be an object with {', '.join(COUNT_KEYS)}")
-    if set(counts) != set(COUNT_KEYS):
-        raise CheckFailed(f"{SUMMARY}: counts must have exactly the keys {', '.join(COUNT_KEYS)} "
-                          f"(got {', '.join(sorted(map(str, counts)))})")
-    total, completed, resolved, unresolved, infra = (_count(counts, key) for key in COUNT_KEYS)
-    if resolved + unresolved > completed:
-        raise CheckFailed(f"{SUMMARY}: counts.resolved + counts.unresolved ({resolved} + {unresolved}) "
-                          f"must not exceed counts.completed ({completed})")
-    if completed > total:
-        raise CheckFailed(f"{SUMMARY}: counts.completed ({completed}) must not exceed counts.total ({total})")
-    if completed + infra > total:
-        raise CheckFailed(f"{SUMMARY}: counts.completed + counts.infra_errors ({completed} + {infra}) "
-                          f"must not exceed counts.total ({total})")
-    status = summary.get("status")
-    if status not in STATUSES:
-        raise CheckFailed(f"{SUMMARY}: status must be one of {', '.join(STATUSES)} (got {status!r})")
-    if "score" not in summary:
-        raise CheckFailed(f"{SUMMARY}: score must be present (null, or a number for a SUCCEEDED run)")
-    score = summary["score"]
-    if status != "SUCCEEDED":
-        if score is not None:
-            raise CheckFailed(f"{SUMMARY}: score must be null for a {status} run (got {score!r})")
-        return
-    if completed == 0:
-        raise CheckFailed(f"{SUMMARY}: a SUCCEEDED run must have counts.completed > 0")
-    # (an int is finite; math.isfinite would overflow on a huge one)
-    if isinstance(score, bool) or not isinstance(score, int | float) or (isinstance(score, float)
-                                                                          and not math.isfinite(score)):
-        raise CheckFailed(f"{SUMMARY}: score of a SUCCEEDED run must be a finite number (got {score!r})")
-    expected = round(resolved / completed, SCORE_DIGITS)
-    if score != expected:
-        raise CheckFailed(f"{SUMMARY}: score {score!r} is not resolved / completed = {resolved}/{completed} "
-                          f"rounded to {SCORE_DIGITS} decimals ({expected!r})")
+    try:
+        return parse_document(ReleaseSummary, data, SUMMARY)
+    except ValidationError as exc:
+        field = exc.field.removeprefix(f"{SUMMARY}: ")
+        if field == "(root)":  # a rule across fields: the message names them
+            raise CheckFailed(f"{SUMMARY}: {exc.rule}") from None
+        raise CheckFailed(f"{SUMMARY}: {field}: {exc.rule} (got {repr(exc.value)[:200]})") from None
 
 
-def check_source(summary: dict[str, Any], expect: Expectation) -> str:
+def check_source(summary: ReleaseSummary, expect: Expectation) -> str:
     """summary.json's source must be the expected repository and tag; return its commit."""
-    source = summary.get("source")
-    if not isinstance(source, dict):
-        raise CheckFailed(f"{SUMMARY}: source must be an object with repository, tag and commit")
-    for key, want in (("repository", expect.repository), ("tag", expect.tag)):
-        got = source.get(key)
+    for key, got, want in (("repository", summary.source.repository, expect.repository),
+                           ("tag", summary.source.tag, expect.tag)):
         if got != want:
             raise CheckFailed(f"{SUMMARY}: source.{key} is {got!r}, expected {want!r}: this release is not "
                               f"the one you asked for")
-    commit = source.get("commit")
-    if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
-        raise CheckFailed(f"{SUMMARY}: source.commit must be a 40-character lowercase hex commit (got {commit!r})")
-    return commit
+    return summary.source.commit
 
 
 def _mapping(value: Any) -> dict[str, Any]:
+    # The SBOM is CycloneDX (validated where it is made); verify reads one field of it.
     return value if isinstance(value, dict) else {}
 
 
-def check_statement_source(statement: dict[str, Any], name: str, repository: str, tag: str, commit: str) -> None:
-    """The statement's type, and its source repository, tag and commit, equal summary.json's."""
-    if statement.get("_type") != STATEMENT_TYPE:
-        raise CheckFailed(f"{name}: _type must be {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") != SLSA_PROVENANCE:
-        raise CheckFailed(f"{name}: predicateType must be {SLSA_PROVENANCE!r}")
-    definition = _mapping(_mapping(statement.get("predicate")).get("buildDefinition"))
-    source = _mapping(definition.get("externalParameters")).get("source")
-    if source != {"repository": repository, "ref": f"refs/tags/{tag}"}:
-        raise CheckFailed(f"{name}: externalParameters.source is {source!r}, but summary.json is for "
+def check_statement_source(statement: ProvenanceStatement, name: str, repository: str, tag: str,
+                           commit: str) -> None:
+    """The statement's source repository, tag and commit equal summary.json's (its types: the model)."""
+    definition = statement.predicate.buildDefinition
+    source = definition.externalParameters.source
+    if (source.repository, source.ref) != (repository, f"refs/tags/{tag}"):
+        raise CheckFailed(f"{name}: externalParameters.source is {source.to_json_dict()!r}, but summary.json is for "
                           f"{repository} refs/tags/{tag}")
-    deps = definition.get("resolvedDependencies")
-    commits = [d for d in deps if isinstance(d, dict) and "gitCommit" in _mapping(d.get("digest"))] \
-        if isinstance(deps, list) else []
+    commits = [d for d in definition.resolvedDependencies if d.digest.gitCommit is not None]
     uri = f"git+https://github.com/{repository}@refs/tags/{tag}"
-    if len(commits) != 1 or commits[0].get("uri") != uri or commits[0]["digest"] != {"gitCommit": commit}:
+    if len(commits) != 1 or commits[0].uri != uri or commits[0].digest != DigestSet(gitCommit=commit):
         raise CheckFailed(f"{name}: resolvedDependencies must name exactly one source, {uri} at commit {commit}, "
-                          f"the source of summary.json (got {commits!r})")
+                          f"the source of summary.json (got {[c.to_json_dict() for c in commits]!r})")
 
 
-def verify_consistency(directory: Path, summary: dict[str, Any], repository: str, tag: str, commit: str) -> None:
-    from pipeline.fsutil import sha256_file
-
-    images = summary.get("images")
-    if not isinstance(images, dict) or set(images) != {"runner", "api"}:
-        raise CheckFailed(f"{SUMMARY}: images must name exactly runner and api")
-    refs = {}
-    for role in ("runner", "api"):
-        entry = images[role]
-        try:
-            ref = parse_ref(entry.get("ref") if isinstance(entry, dict) else entry, f"summary.json images.{role}.ref")
-        except Error as exc:
-            raise CheckFailed(f"{SUMMARY}: images.{role} is not digest-pinned: {exc.diagnostics()}") from None
-        if isinstance(entry, dict) and (entry.get("name"), entry.get("digest")) != (ref.name, ref.digest):
-            raise CheckFailed(f"{SUMMARY}: images.{role} name/digest disagree with its ref")
-        refs[role] = ref
+def verify_consistency(directory: Path, summary: ReleaseSummary, repository: str, tag: str, commit: str) -> None:
+    # The model already checked each image entry (digest-pinned, ref = name@digest).
+    refs: dict[str, ImageRef] = {role: parse_ref(image.ref) for role, image in
+                                 (("runner", summary.images.runner), ("api", summary.images.api))}
     expected = {(r.name, r.digest) for r in refs.values()}
 
-    images_name = "provenance-images.intoto.json"
-    images_st = _read_json(directory / images_name)
-    if not isinstance(images_st, dict):
-        raise CheckFailed(f"{images_name}: must be a JSON object")
-    if _subjects(images_st, images_name) != expected:
-        raise CheckFailed(f"{images_name}: subjects are not the runner and api images of summary.json")
-    check_statement_source(images_st, images_name, repository, tag, commit)
+    images_st = load_statement(_read_json(directory / PROVENANCE_IMAGES), PROVENANCE_IMAGES)
+    if _subjects(images_st) != expected:
+        raise CheckFailed(f"{PROVENANCE_IMAGES}: subjects are not the runner and api images of summary.json")
+    check_statement_source(images_st, PROVENANCE_IMAGES, repository, tag, commit)
 
-    summary_name = "provenance-summary.intoto.json"
-    summary_st = _read_json(directory / summary_name)
-    if not isinstance(summary_st, dict):
-        raise CheckFailed(f"{summary_name}: must be a JSON object")
-    if _subjects(summary_st, summary_name) != {(SUMMARY, "sha256:" + sha256_file(directory / SUMMARY))}:
-        raise CheckFailed(f"{summary_name}: subject is not this summary.json")
-    check_statement_source(summary_st, summary_name, repository, tag, commit)
-    definition = _mapping(_mapping(summary_st.get("predicate")).get("buildDefinition"))
-    deps = definition.get("resolvedDependencies")
-    bound = {(str(d.get("name")), "sha256:" + str(_mapping(d.get("digest")).get("sha256")))
-             for d in (deps if isinstance(deps, list) else [])
-             if isinstance(d, dict) and d.get("name") in ("runner", "api")}
+    summary_st = load_statement(_read_json(directory / PROVENANCE_SUMMARY), PROVENANCE_SUMMARY)
+    if _subjects(summary_st) != {(SUMMARY, "sha256:" + sha256_file(directory / SUMMARY))}:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: subject is not this summary.json")
+    check_statement_source(summary_st, PROVENANCE_SUMMARY, repository, tag, commit)
+    definition = summary_st.predicate.buildDefinition
+    bound = {(d.name, f"sha256:{d.digest.sha256}") for d in definition.resolvedDependencies
+             if d.name in ("runner", "api")}
     if bound != {(role, ref.digest) for role, ref in refs.items()}:
-        raise CheckFailed(f"{summary_name}: does not bind summary.json to the runner and api digests")
-    run_id = _mapping(definition.get("internalParameters")).get("infra_run_id")
-    if run_id != summary.get("infra_run_id", summary.get("run_id")):
-        raise CheckFailed(f"{summary_name}: infra_run_id {run_id!r} is not summary.json's run")
-    correlation = _mapping(definition.get("externalParameters")).get("correlation_id")
-    if correlation != summary.get("correlation_id"):
-        raise CheckFailed(f"{summary_name}: correlation_id {correlation!r} is not summary.json's")
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: does not bind summary.json to the runner and api digests")
+    if definition.internalParameters.run_id != summary.run_id:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: run_id {definition.internalParameters.run_id!r} is not "
+                          "summary.json's run")
+    correlation = definition.externalParameters.correlation_id
+    if correlation != summary.correlation_id:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: correlation_id {correlation!r} is not summary.json's")
 
     for role, ref in refs.items():
-        manifest = directory / f"manifest-{role}.oci.json"
+        manifest = directory / MANIFESTS[role]
         if not manifest.is_file() or "sha256:" + sha256_file(manifest) != ref.digest:
             raise CheckFailed(f"{manifest.name}: missing or its sha256 is not the {role} digest {ref.digest}")
-        sbom = _read_json(directory / f"sbom-{role}.cdx.json")
+        sbom = _read_json(directory / SBOMS[role])
         component = _mapping(_mapping(sbom if isinstance(sbom, dict) else {}).get("metadata")).get("component")
         component = _mapping(component)
         if (component.get("name"), component.get("version")) != (ref.name, ref.digest):
-            raise CheckFailed(f"sbom-{role}.cdx.json: describes {component.get('name')!r}@{component.get('version')!r}, "
+            raise CheckFailed(f"{SBOMS[role]}: describes {component.get('name')!r}@{component.get('version')!r}, "
                               f"not {ref.ref}")
 
 
@@ -395,26 +312,25 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
                          infra_repository=infra_repository)
     if not directory.is_dir():
         raise ValidationError("DIR", "must be a directory", str(directory))
-    for name in (SUMMARY, CHECKSUMS, CHECKSUMS + BUNDLE_SUFFIX):
+    for name in (SUMMARY, CHECKSUMS, CHECKSUMS_BUNDLE):
         if not (directory / name).is_file():
             raise CheckFailed(f"{name}: missing")
     verifier = _verifier(trusted_root, offline)
 
-    verify_bundle(verifier, directory / CHECKSUMS, directory / (CHECKSUMS + BUNDLE_SUFFIX), expect)
+    verify_bundle(verifier, directory / CHECKSUMS, directory / CHECKSUMS_BUNDLE, expect)
     verify_checksums(directory)
     for name in REQUIRED_SIGNED:
-        if not (directory / (name + BUNDLE_SUFFIX)).is_file():
-            raise CheckFailed(f"{name}{BUNDLE_SUFFIX}: missing ({name} must be signed)")
-    bundles = [CHECKSUMS + BUNDLE_SUFFIX]
-    for bundle_file in sorted(directory.glob("*" + BUNDLE_SUFFIX)):
-        if bundle_file.name == CHECKSUMS + BUNDLE_SUFFIX:
+        if not (directory / bundle_name(name)).is_file():
+            raise CheckFailed(f"{bundle_name(name)}: missing ({name} must be signed)")
+    bundles = [CHECKSUMS_BUNDLE]
+    for bundle_file in sorted(directory.glob(bundle_name("*"))):
+        if bundle_file.name == CHECKSUMS_BUNDLE:
             continue
-        verify_bundle(verifier, directory / bundle_file.name.removesuffix(BUNDLE_SUFFIX), bundle_file, expect)
+        verify_bundle(verifier, directory / bundle_file.name.removesuffix(bundle_name("")), bundle_file, expect)
         bundles.append(bundle_file.name)
     # Only now, with every signature checked, is summary.json read for its content.
     summary = load_summary(directory)
     commit = check_source(summary, expect)
-    check_summary(summary)
     verify_consistency(directory, summary, expect.repository, expect.tag, commit)
     return VerifiedRelease(directory=directory, profile=expect.profile, identity=expect.identity,
                            issuer=expect.issuer, repository=expect.repository, tag=expect.tag, commit=commit,

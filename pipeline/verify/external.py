@@ -6,6 +6,7 @@ Also the consumer's command lines (``sha256sum -c``, ``cosign verify-blob ...``,
 
 from __future__ import annotations
 
+import base64
 import json
 import shlex
 import shutil
@@ -14,11 +15,27 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography import x509
+from cryptography.hazmat import asn1
+
 from pipeline import paths
 from pipeline.errors import InfrastructureError
+from pipeline.layout import (
+    BUNDLE_SUFFIX,
+    CHECKSUMS,
+    CHECKSUMS_BUNDLE,
+    MANIFESTS,
+    PROVENANCE_IMAGES,
+    PROVENANCE_SUMMARY,
+    SUMMARY,
+    bundle_name,
+)
+from pipeline.node import node_binary, node_env
 from pipeline.verify.policy import expectation
 
 SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
+# What it requires (found through pipeline.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).
+SIGSTORE_JS_PACKAGES = ("@sigstore/bundle", "@sigstore/protobuf-specs", "@sigstore/verify")
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 _ISSUER_OID = "1.3.6.1.4.1.57264.1.8"
 
@@ -64,15 +81,13 @@ def _cosign_args(target: str, bundle: str, identity: str, issuer: str, trusted_r
 
 def sigstore_js_verify(trusted_root: Path, jobs: list[dict[str, str | None]]) -> list[Outcome]:
     """Verify many bundles with @sigstore/verify in one node process (offline)."""
-    node = shutil.which("node")
-    if node is None:
-        raise InfrastructureError("node is not installed (run `make setup`)")
+    node, env = node_binary(), node_env(SIGSTORE_JS_PACKAGES)
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"trusted_root": str(trusted_root), "jobs": jobs}, handle)
         spec = Path(handle.name)
     try:
         done = subprocess.run([node, str(SIGSTORE_JS), str(spec)], capture_output=True, text=True, check=False,
-                              timeout=120, cwd=str(paths.REPO_ROOT))
+                              timeout=120, cwd=str(paths.REPO_ROOT), env=env)
     finally:
         spec.unlink(missing_ok=True)
     if done.returncode not in (0, 1):
@@ -91,21 +106,23 @@ def _is_dsse(bundle: Path) -> bool:
 
 def bundle_issuer(bundle: Path) -> str | None:
     """The OIDC issuer recorded in a bundle's signing certificate (None if unreadable)."""
-    import base64
-
-    from cryptography import x509
-
     try:
         data = json.loads(bundle.read_text("utf-8"))
         material = data["verificationMaterial"]
         raw = (material.get("certificate") or material["x509CertificateChain"]["certificates"][0])["rawBytes"]
-        cert = x509.load_der_x509_certificate(base64.b64decode(raw))
-        ext = cert.extensions.get_extension_for_oid(x509.ObjectIdentifier(_ISSUER_OID))
-        value = ext.value.value  # type: ignore[attr-defined]
-        # DER UTF8String: tag 0x0c, length, text
-        return bytes(value[2:]).decode("utf-8") if value[:1] == b"\x0c" else bytes(value).decode("utf-8")
-    except (OSError, KeyError, IndexError, ValueError, x509.ExtensionNotFound):
+        return certificate_issuer(x509.load_der_x509_certificate(base64.b64decode(raw)))
+    except (OSError, KeyError, IndexError, TypeError, ValueError, x509.ExtensionNotFound):
         return None
+
+
+def certificate_issuer(cert: x509.Certificate) -> str:
+    """Fulcio's OIDC issuer (v2) extension: a DER UTF8String, decoded by ``cryptography``'s
+    ASN.1 reader (any length form; a value of another type raises ValueError)."""
+    ext = cert.extensions.get_extension_for_oid(x509.ObjectIdentifier(_ISSUER_OID))
+    if not isinstance(ext.value, x509.UnrecognizedExtension):
+        raise ValueError(f"extension {_ISSUER_OID} is not an opaque DER value")
+    issuer: str = asn1.decode_der(str, ext.value.value)
+    return issuer
 
 
 def local_benchseal() -> str:
@@ -133,9 +150,15 @@ def command_profile(directory: Path, profile: str | None) -> str:
 
     if profile is not None:
         return profile
+<<<<<<< HEAD
     if bundle_issuer(directory / "SHA256SUMS.sigstore.json") == GITHUB_ISSUER:
         return "production"
     return "local"
+=======
+    if bundle_issuer(directory / CHECKSUMS_BUNDLE) == sigstore_local.LOCAL_ISSUER:
+        return "local"
+    return "production"
+>>>>>>> main
 
 
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
@@ -160,17 +183,17 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
         default_root = sigstore_local.default_state() / "trusted_root.json"
         root = default_root if default_root.is_file() else None
     binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
-    lines = ["sha256sum -c SHA256SUMS"]
-    for bundle in sorted(directory.glob("*.sigstore.json")):
-        target = bundle.name.removesuffix(".sigstore.json")
+    lines = [f"sha256sum -c {CHECKSUMS}"]
+    for bundle in sorted(directory.glob(bundle_name("*"))):
+        target = bundle.name.removesuffix(BUNDLE_SUFFIX)
         dsse = _is_dsse(bundle)
-        if dsse and target == "provenance-summary.intoto.json":
+        if dsse and target == PROVENANCE_SUMMARY:
             # Check the claim that matters: summary.json is the statement's subject.
-            args = _cosign_args("summary.json", bundle.name, expect.identity, expect.issuer,
+            args = _cosign_args(SUMMARY, bundle.name, expect.identity, expect.issuer,
                                 str(root) if root else None, True, True)
-        elif dsse and target == "provenance-images.intoto.json":
+        elif dsse and target == PROVENANCE_IMAGES:
             # The subjects are image manifests: check each published manifest is one.
-            for manifest in sorted(directory.glob("manifest-*.oci.json")):
+            for manifest in (directory / name for name in sorted(MANIFESTS.values()) if (directory / name).is_file()):
                 lines.append(shlex.join([binary, *_cosign_args(manifest.name, bundle.name, expect.identity,
                                                                expect.issuer, str(root) if root else None, True, True)]))
             continue

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.contracts import REPOSITORY_RE
+from pipeline.contracts import REPOSITORY_RE, validate_git_tag
 from pipeline.errors import ValidationError
 from pipeline.paths import REPO_ROOT
 
@@ -28,7 +28,6 @@ POLICY_SCHEMA = "benchseal.verify-policy/v1"
 # The only values a template may use: all are stated by the consumer.
 PLACEHOLDERS = ("repository", "tag", "infra_repository")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-_TAG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
 _POLICY_KEYS = frozenset({"schema", "profiles", "expect"})
 
 
@@ -72,10 +71,7 @@ def validate_repository(value: object, field: str = "--repo") -> str:
 def validate_tag(value: object, field: str = "--tag") -> str:
     if not isinstance(value, str) or value.startswith("refs/"):
         raise ValidationError(field, "must be a tag name such as v1.2.3, not a ref (drop refs/tags/)", value)
-    if not _TAG_RE.match(value) or ".." in value or value.endswith((".", "/", ".lock")):
-        raise ValidationError(field, "must be a tag name of at most 128 characters of [A-Za-z0-9._/-], starting "
-                                     "with a letter or digit (no '..', not ending in '.', '/' or '.lock')", value)
-    return value
+    return validate_git_tag(value, field)
 
 
 def _check_template(value: str, field: str) -> None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from pipeline import __version__
 from pipeline.api.app import create_app
+from pipeline.evidence.artifacts import build_summary
+from tests.fixtures.sigstore import make_inputs
 
 REF = "127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "b" * 64
@@ -32,13 +35,22 @@ def _status(run_id: str, state: str = "SUCCEEDED") -> dict[str, object]:
     }
 
 
+def _summary() -> dict[str, Any]:
+    grading, payload = make_inputs({"runner": "127.0.0.1:5055/x/runner@sha256:" + "1" * 64,
+                                    "api": "127.0.0.1:5055/x/api@sha256:" + "2" * 64})
+    return build_summary(grading, payload).to_json_dict()
+
+
+_SUMMARY = _summary()
+
+
 @pytest.fixture
 def runs(tmp_path: Path) -> Path:
     for run_id, state in (("run-a", "SUCCEEDED"), ("run-b", "RUNNING")):
         (tmp_path / run_id).mkdir()
         (tmp_path / run_id / "run.json").write_text(json.dumps(_status(run_id, state)))
     (tmp_path / "run-a" / "artifacts").mkdir()
-    (tmp_path / "run-a" / "artifacts" / "summary.json").write_text(json.dumps({"score": 1.0, "run_id": "run-a"}))
+    (tmp_path / "run-a" / "artifacts" / "summary.json").write_text(json.dumps(_SUMMARY))
     (tmp_path / "no-status").mkdir()
     return tmp_path
 
@@ -92,6 +104,12 @@ def test_run_id_cannot_escape_the_runs_directory(client: TestClient, run_id: str
 
 
 def test_results_when_present_and_404_otherwise(client: TestClient) -> None:
-    assert client.get("/runs/run-a/results").json() == {"score": 1.0, "run_id": "run-a"}
+    assert client.get("/runs/run-a/results").json() == _SUMMARY
     assert client.get("/runs/run-b/results").status_code == 404
+
+
+def test_results_are_served_through_the_summary_model(client: TestClient, runs: Path) -> None:
+    """A summary.json that is not a benchseal.summary/v1 document is an error, never passed through."""
+    (runs / "run-a" / "artifacts" / "summary.json").write_text(json.dumps({"score": 1.0, "run_id": "run-a"}))
+    assert client.get("/runs/run-a/results").status_code == 500
     assert client.get("/runs/..%2Frun-a/results").status_code in (400, 404)

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from pipeline.build import ensure_base, ensure_local
-from pipeline.build.base import assemble, load_specs, lock_path, read_lock, rootfs_tarball
+from pipeline.build.base import assemble, load_specs, rootfs_tarball
 from pipeline.build.images import build_image
 from pipeline.build.layers import BlobStore
 from pipeline.build.oci import MANIFEST_TYPE
 from pipeline.build.push import Registry
 from pipeline.contracts import DigestsFile, SourceInfo, load_model
 from pipeline.digests import ImageRef, parse_ref
+from pipeline.documents import base_lock_path, read_base_lock
 
 FROZEN_EPOCH = 1767225600  # same as tests/build/conftest.py
 
@@ -192,17 +193,17 @@ def test_base_assembly_is_deterministic_and_matches_the_lock(base_refs: dict[str
     first = assemble(spec, rootfs_tarball(spec), store, use_cache=False)
     again = assemble(spec, rootfs_tarball(spec), store, use_cache=True)
     assert first.manifest == again.manifest
-    assert first.digest == base_refs["base"].digest == read_lock()["base"]["digest"]
+    assert first.digest == base_refs["base"].digest == read_base_lock().images["base"].digest
 
 
 def test_ensure_base_is_idempotent(image_registry: str, base_refs: dict[str, ImageRef]) -> None:
-    before = lock_path().stat().st_mtime_ns
+    before = base_lock_path().stat().st_mtime_ns
     assert ensure_base(image_registry) == base_refs
-    assert lock_path().stat().st_mtime_ns == before
-    lock = read_lock()
-    assert lock["base"]["packages"]["python3"].startswith("3.13")
-    assert "docker-cli" in lock["runner-base"]["packages"]
-    assert lock["base"]["epoch"] == load_specs()["base"].epoch
+    assert base_lock_path().stat().st_mtime_ns == before
+    lock = read_base_lock().images
+    assert lock["base"].packages["python3"].startswith("3.13")
+    assert "docker-cli" in lock["runner-base"].packages
+    assert lock["base"].epoch == load_specs()["base"].epoch
 
 
 def test_base_is_available_by_digest_in_the_engine(base_refs: dict[str, ImageRef]) -> None:
@@ -247,7 +248,7 @@ def test_ensure_local_fails_for_a_digest_the_registry_lacks(image_registry: str)
 
 
 def test_cli_base_build_is_a_no_op_when_the_lock_matches(image_registry: str, base_refs: dict[str, ImageRef]) -> None:
-    before = lock_path().stat().st_mtime_ns
+    before = base_lock_path().stat().st_mtime_ns
     proc = subprocess.run(
         [str(Path(".venv/bin/benchseal").resolve()), "base", "build", "--registry", image_registry],
         capture_output=True,
@@ -256,7 +257,7 @@ def test_cli_base_build_is_a_no_op_when_the_lock_matches(image_registry: str, ba
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == {name: ref.ref for name, ref in base_refs.items()}
-    assert lock_path().stat().st_mtime_ns == before
+    assert base_lock_path().stat().st_mtime_ns == before
 
 
 def test_local_images_fixture_pins_repo_digests(local_images: dict[str, ImageRef], built_images: DigestsFile) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.build import oci
 from pipeline.build.layers import BlobStore, Entry, LayerCache, build_layer, entries_key, tree_entries
-from pipeline.build.push import validate_tag
+from pipeline.build.push import validate_oci_tag
 from pipeline.build.wheels import parse_lock
 from pipeline.errors import ValidationError
 
@@ -123,9 +123,9 @@ def test_env_merge_overrides_by_key() -> None:
 @pytest.mark.parametrize("tag", ["", "-x", ".x", "a b", "a/b", "x" * 129, "v1\n"])
 def test_bad_tags_are_rejected(tag: str) -> None:
     with pytest.raises(ValidationError, match="tag"):
-        validate_tag(tag)
+        validate_oci_tag(tag)
 
 
 def test_good_tags() -> None:
-    assert validate_tag("git-0123456789ab") == "git-0123456789ab"
-    assert validate_tag("v1.2.3_rc-1") == "v1.2.3_rc-1"
+    assert validate_oci_tag("git-0123456789ab") == "git-0123456789ab"
+    assert validate_oci_tag("v1.2.3_rc-1") == "v1.2.3_rc-1"

@@ -89,7 +89,8 @@ def test_installed_package_reads_its_own_data(installed: Installed) -> None:
         [str(installed.venv / "bin" / "python"), "-c",
          "import pipeline, pipeline.paths as p; print(pipeline.__file__); print(p.REPO_ROOT); print(p.PROJECT_SOURCE); print(p.home())"],
         cwd=installed.workdir, capture_output=True, text=True, check=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_")} | {"XDG_STATE_HOME": str(installed.state)},
+        env={k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_") and k != "PYTHONPATH"}
+        | {"XDG_STATE_HOME": str(installed.state)},
     )
     module, root, source, home = probe.stdout.splitlines()
     assert module.startswith(str(installed.venv)), module
@@ -152,3 +153,63 @@ def test_installed_build_with_project_dir_matches_the_checkout(installed: Instal
     assert reference.returncode == 0, reference.stderr[-3000:]
     installed_entry = json.loads(out.read_text())["images"]["api"]
     assert installed_entry == json.loads(reference_out.read_text())["images"]["api"]
+
+
+def test_installed_node_helpers_need_an_explicit_node_modules(installed: Installed, tmp_path: Path) -> None:
+    # Package data has no node_modules beside the scripts: a clear usage error, before node runs.
+    done = installed.run("sigstore", "start", "--state", str(tmp_path / "sig"))
+    assert done.returncode == 2 and "BENCHSEAL_NODE_MODULES" in done.stderr and "npm ci" in done.stderr, done.stderr
+    absent = installed.run("sigstore", "start", "--state", str(tmp_path / "sig"),
+                           env={"BENCHSEAL_NODE_MODULES": str(tmp_path / "absent")})
+    assert absent.returncode == 2 and "BENCHSEAL_NODE_MODULES must name an existing" in absent.stderr, absent.stderr
+    incomplete = tmp_path / "node_modules"
+    incomplete.mkdir()
+    partial = installed.run("sigstore", "start", "--state", str(tmp_path / "sig"),
+                            env={"BENCHSEAL_NODE_MODULES": str(incomplete)})
+    assert partial.returncode == 2 and "@sigstore/mock" in partial.stderr, partial.stderr
+    assert not (tmp_path / "sig" / "server.pid").exists()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_installed_node_helpers_run_from_site_packages(installed: Installed, tmp_path: Path) -> None:
+    # The scripts run from the venv; their packages come only through the setting (NODE_PATH).
+    state = tmp_path / "sig"
+    env = {"BENCHSEAL_NODE_MODULES": str(REPO / "node_modules")}
+    done = installed.run("sigstore", "start", "--state", str(state), env=env, timeout=120)
+    try:
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert (state / "trusted_root.json").is_file()
+    finally:
+        installed.run("sigstore", "stop", "--state", str(state), env=env, timeout=60)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_installed_release_local(installed: Installed, image_registry: str, tmp_path: Path) -> None:
+    """``release --local`` from the wheel's venv, outside the checkout, against the checkout as project dir.
+
+    Its own state dir (queue, Sigstore instance, release work) shares only the build caches
+    and cosign with the checkout's, so no base or wheel is fetched again.
+    """
+    home = tmp_path / "home"
+    home.mkdir()
+    for shared in ("cache", "tools"):
+        if (paths.home() / shared).is_dir():
+            (home / shared).symlink_to(paths.home() / shared, target_is_directory=True)
+    dist = tmp_path / "dist"
+    env = {"BENCHSEAL_HOME": str(home), "BENCHSEAL_REGISTRY": image_registry, "NO_PROXY": "127.0.0.1,localhost",
+           "HARBOR_TELEMETRY": "0"}
+    try:
+        done = installed.run("--project-dir", str(paths.REPO_ROOT), "release", "v0.0.1-wheel", "--local", "--json",
+                             "--dist", str(dist), env=env, timeout=1800)
+        assert done.returncode == 0, done.stderr[-4000:]
+        report = json.loads(done.stdout)
+        assert report["status"] == "SUCCEEDED" and report["verified"]["benchseal_verify"] is True
+        assert report["images"]["runner"].startswith(f"{image_registry}/benchseal/runner@sha256:")
+        assert (dist / "v0.0.1-wheel" / "SHA256SUMS").is_file()
+        # The Sigstore server ran from the venv's copy of server.js, with the checkout's node_modules.
+        instance = json.loads((home / "sigstore" / "instance.json").read_text())
+        assert instance["url"].startswith("http://127.0.0.1:")
+    finally:
+        installed.run("--project-dir", str(paths.REPO_ROOT), "sigstore", "stop", env=env, timeout=60)

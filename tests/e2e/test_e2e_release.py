@@ -198,10 +198,9 @@ def _download(emulator: Any, repo: str, tag: str, dest: Path) -> dict[str, bytes
 
 def _verify_downloaded(directory: Path, trusted_root: Path) -> None:
     """The consumer's checks, expecting the release of SOURCE at TAG (stated, not read from the files)."""
-    from pipeline.evidence import cosign_commands
     from pipeline.release.local import run_commands
     from pipeline.verify import verify_release
-    from pipeline.verify.external import local_benchseal
+    from pipeline.verify.external import cosign_commands, local_benchseal
 
     done = verify_release(directory, repository=SOURCE, tag=TAG, trusted_root=trusted_root, offline=True)
     assert (done.repository, done.tag) == (SOURCE, TAG) and len(done.commit) == 40

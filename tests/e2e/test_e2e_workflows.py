@@ -37,7 +37,9 @@ from typing import Any
 
 import pytest
 
+from pipeline.build.names import ImageNames
 from pipeline.digests import parse_ref
+from pipeline.documents import BASE_LOCK_SCHEMA, base_lock_path
 from tests.workflows.harness import Runner, RunResult, Trigger, references, run_workflow
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -81,6 +83,19 @@ def _snapshot(dest: Path) -> str:
     return _git(dest, "rev-parse", "HEAD")
 
 
+def _commit_base_lock(source: Path, registry: str, base_refs: Any) -> str:
+    """What a maintainer does before a release (docs/build.md): the base lock for the registry the
+    release pushes to, committed as images/base.production.lock.json (the build reads it frozen)."""
+    local = json.loads(base_lock_path().read_text())["images"]
+    entries = {name: local[name] for name in base_refs}
+    for name, ref in base_refs.items():
+        assert entries[name]["ref"] == ref.ref and ref.name == ImageNames.for_registry(registry).name(name)
+    (source / "images" / "base.production.lock.json").write_text(
+        json.dumps({"schema": BASE_LOCK_SCHEMA, "images": entries}, indent=2, sort_keys=True) + "\n")
+    _git(source, "commit", "--quiet", "-am", "the base lock for the test registry")
+    return _git(source, "rev-parse", "HEAD")
+
+
 @dataclass
 class World:
     emulator: Any
@@ -104,20 +119,27 @@ class World:
         self.emulator.set_ref(INFRA, "refs/heads/main", _git(self.infra_sources[mode], "rev-parse", "HEAD"))
 
     def trigger(self, **fields: Any) -> Trigger:
+        # The dispatch token as docs/github.md says: fine-grained, the infra repository, Actions: write.
+        dispatch_token = self.emulator.add_token([INFRA], {"actions": "write"})
         return Trigger(token=self.emulator.token, api_url=self.emulator.base_url, server_url=self.emulator.origin,
-                       vars={"BENCHSEAL_INFRA_REPOSITORY": INFRA, "BENCHSEAL_REGISTRY": self.registry,
+                       vars={"BENCHSEAL_INFRA_REPOSITORY": INFRA, "BENCHSEAL_IMAGE_PREFIX": f"{self.registry}/benchseal/",
                              # the build job signs with cosign against the private instance
                              "BENCHSEAL_SIGSTORE_URL": self.sigstore.url,
                              "BENCHSEAL_TRUSTED_ROOT": str(self.sigstore.trusted_root)},
-                       secrets={"BENCHSEAL_INFRA_DISPATCH_TOKEN": self.emulator.token}, **fields)
+                       secrets={"BENCHSEAL_INFRA_DISPATCH_TOKEN": dispatch_token}, **fields)
 
     def release_runner(self, name: str) -> Runner:
-        # The release repository's hosted runner; BENCHSEAL_HOME: the shared build caches.
+        # The release repository's hosted runner; BENCHSEAL_HOME: the shared build caches. Each job's
+        # GITHUB_TOKEN has exactly the job's permissions; ghcr.io stands for the test registry.
         from pipeline import paths
         from tests.workflows.harness import local_issuer
 
+        def job_token(repository: str, permissions: dict[str, str]) -> str:
+            return str(self.emulator.add_token([repository], permissions, kind="github-token"))
+
         return Runner(root=self.root / name, source=self.source, env={"BENCHSEAL_HOME": str(paths.home())},
-                      oidc=local_issuer(self.sigstore))
+                      oidc=local_issuer(self.sigstore), github_token=job_token,
+                      ghcr=(self.registry, "e2e-ghcr", "e2e-ghcr-password"))
 
 
 def _service(unit: str, home: Path, log: Path, env_file: dict[str, str],
@@ -160,7 +182,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
 
     root = tmp_path_factory.mktemp("workflows-e2e")
     source = root / "source"
-    commit = _snapshot(source)
+    _snapshot(source)
+    commit = _commit_base_lock(source, image_registry, base_refs)
     _git(source, "tag", TAG)
     # The infra repository runs the same project; a second one has a policy that refuses the oracle agent.
     refusing = root / "infra-refusing"

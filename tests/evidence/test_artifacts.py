@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import layout
 from pipeline.errors import CheckFailed
 from pipeline.evidence import artifacts, reseal
 from pipeline.verify import verify_release
@@ -23,7 +24,7 @@ def test_summary_fields(tmp_path: Path) -> None:
     (suites / "smoke" / "t1").mkdir(parents=True)
     (suites / "smoke" / "t1" / "task.toml").write_text("x = 1\n")
     grading, payload = make_inputs({"runner": RUNNER, "api": API})
-    summary = artifacts.build_summary(grading, payload, suites_root=suites)
+    summary = artifacts.build_summary(grading, payload, suites_root=suites).to_json_dict()
     assert summary["schema"] == "benchseal.summary/v1"
     assert summary["images"]["runner"] == {"name": "127.0.0.1:5055/benchseal/runner", "digest": "sha256:" + "1" * 64,
                                            "ref": RUNNER}
@@ -31,13 +32,14 @@ def test_summary_fields(tmp_path: Path) -> None:
     assert summary["score"] == 0.5 and summary["status"] == "SUCCEEDED"
     assert summary["counts"]["resolved"] == 1
     assert summary["source"]["commit"] == payload.source.commit and summary["source"]["tag"] == "v9.9.9"
-    assert summary["harbor_version"] == "0.26.0" and summary["agent"] == {"name": "oracle", "version": "1.0"}
-    assert summary["infra_run_id"] == "run-evidence-0001" and summary["correlation_id"] == "evidence-test-0001"
+    assert summary["harbor_version"] == "0.26.0" and summary["agent"] == {"name": "oracle", "version": "1.0",
+                                                                         "version_pin": None, "model": None}
+    assert summary["run_id"] == "run-evidence-0001" and "infra_run_id" not in summary and summary["correlation_id"] == "evidence-test-0001"
     assert summary["timings"]["started_at"] == "2026-12-02T10:00:00Z" and len(summary["timings"]["trials"]) == 2
     # the revision changes with the suite's content
     before = summary["dataset"]["revision"]
     (suites / "smoke" / "t1" / "task.toml").write_text("x = 2\n")
-    assert artifacts.build_summary(grading, payload, suites_root=suites)["dataset"]["revision"] != before
+    assert artifacts.build_summary(grading, payload, suites_root=suites).dataset.revision != before
 
 
 def test_summary_refuses_images_other_than_dispatched() -> None:
@@ -57,7 +59,7 @@ def test_sha256sums_is_sha256sum_format(tmp_path: Path) -> None:
     done = subprocess.run(["sha256sum", "-c", "--strict", "SHA256SUMS"], cwd=tmp_path, capture_output=True, text=True,
                           check=False)
     assert done.returncode == 0, done.stderr
-    assert artifacts.parse_checksums(path.read_text()) == {
+    assert layout.parse_checksums(path.read_text()) == {
         name: h for h, name in (line.split("  ") for line in lines)}
     (tmp_path / "b.bin").write_bytes(b"changed")
     assert subprocess.run(["sha256sum", "-c", "SHA256SUMS"], cwd=tmp_path, capture_output=True, check=False).returncode == 1
@@ -69,7 +71,7 @@ def test_sha256sums_is_sha256sum_format(tmp_path: Path) -> None:
 ])
 def test_parse_checksums_is_strict(text: str) -> None:
     with pytest.raises(CheckFailed):
-        artifacts.parse_checksums(text)
+        layout.parse_checksums(text)
 
 
 @pytest.mark.slow

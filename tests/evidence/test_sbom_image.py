@@ -169,7 +169,8 @@ def base_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, planted: PushedIm
     diff_id = config["rootfs"]["diff_ids"][0]
     lock = tmp_path / "base.lock.json"
     lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1", "images": {"planted-base": {
-        "name": "x", "digest": "sha256:" + "0" * 64, "ref": "x", "rootfs_sha256": diff_id.removeprefix("sha256:"),
+        "name": "127.0.0.1:5055/x", "digest": "sha256:" + "0" * 64, "ref": "127.0.0.1:5055/x@sha256:" + "0" * 64,
+        "rootfs_sha256": diff_id.removeprefix("sha256:"),
         "layer": {"digest": layer["digest"], "diff_id": diff_id, "size": layer["size"]},
         "debs": {"libc6:amd64": {"version": "2.41-12", "sha256": "a" * 64},
                  "mawk:amd64": {"version": "1.3.4-1", "sha256": "b" * 64},

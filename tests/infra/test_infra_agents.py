@@ -253,12 +253,13 @@ def test_terminus2_scores_one_with_the_right_script(right_run: dict[str, Any]) -
         assert "task_complete" in trajectory
     pane = (right_run["run_dir"] / "harbor").glob("write-answer__*/agent/terminus_2.pane")
     assert "1041" in next(pane).read_text()
-    summary = build_summary(grading, _payload_model(right_run["payload"]))
+    model = build_summary(grading, _payload_model(right_run["payload"]))
+    summary = model.to_json_dict()
     assert summary["agent"] == {"name": "terminus-2", "version": "2.0.0", "version_pin": "0.26.0",
                                 "model": "openai/benchseal-scripted"}
     assert summary["model_usage"]["model_calls"] == len(requests)
     assert summary["model_usage"]["input_tokens"] == sum(r["prompt_tokens"] for r in requests)
-    body = render_section(facts_from_summary(summary, "v9.9.9"))
+    body = render_section(facts_from_summary(model, "v9.9.9"))
     assert "terminus-2 2.0.0 (model openai/benchseal-scripted;" in body and "0.26.0" in body
 
 

@@ -40,8 +40,9 @@ def _run(tmp_path: Path, make_payload, results: list[dict[str, Any] | None], pol
         run_dir = q.run_dir(run_id)
     tasks = [f"task-{i}" for i in range(len(results))]
     specs = plan_trials(run_id, tasks)
-    (run_dir / TRIALS_FILE).write_text(json.dumps({"harbor_version": "0.26.0", "trials": [
-        {"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+    (run_dir / TRIALS_FILE).write_text(json.dumps({
+        "schema": "benchseal.trials/v1", "run_id": run_id, "agent": "oracle", "agent_version": None,
+        "harbor_version": "0.26.0", "model": None, "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]}))
     for spec, result in zip(specs, results, strict=True):
         if result is not None:
             (run_dir / "harbor" / spec.trial_name).mkdir(parents=True)

@@ -444,7 +444,7 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
     from pipeline.infra.worker import TASK_IMAGE_LABEL, prebuild_task_images, render_suite, resolve_base_ref
 
     client = docker.from_env()
-    base = resolve_base_ref(WorkerConfig(), parse_ref(infra_setup["runner"]).registry)
+    base = resolve_base_ref(WorkerConfig(), parse_ref(infra_setup["runner"]))
     first, second = tmp_path / "one", tmp_path / "two"
     render_suite(infra_setup["suites"] / "smoke", first, base)
     render_suite(infra_setup["suites"] / "smoke", second, base)

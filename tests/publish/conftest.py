@@ -10,14 +10,26 @@ from typing import Any
 
 import pytest
 
+_RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
+_API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
+# A complete benchseal.summary/v1 document (pipeline.documents.ReleaseSummary).
 SUMMARY: dict[str, Any] = {
     "schema": "benchseal.summary/v1",
     "status": "SUCCEEDED",
+    "reason": None,
     "suite": "smoke",
+    "dataset": {"name": "smoke", "revision": None},
+    "evaluation_method": "harbor-verifier-reward",
     "counts": {"total": 3, "completed": 3, "resolved": 3, "unresolved": 0, "infra_errors": 0},
     "score": 1.0,
     "run_id": "run-gh-1",
+    "correlation_id": "corr-publish-0001",
     "source": {"repository": "acme/widget", "commit": "c" * 40, "tag": "v1.0.0"},
+    "images": {role: {"name": ref.split("@")[0], "digest": ref.split("@")[1], "ref": ref}
+               for role, ref in (("runner", _RUNNER), ("api", _API))},
+    "harbor_version": "0.26.0",
+    "agent": {"name": "oracle", "version": None},
+    "timings": {"started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:01:00Z", "trials": []},
 }
 
 MakeArtifacts = Callable[..., Path]

@@ -85,22 +85,37 @@ def test_append_separators() -> None:
     assert splice("notes\n\n", "S") == f"notes\n\n{START}\nS\n{END}\n"
 
 
-SUMMARY = {
+SUMMARY: dict[str, Any] = {
     "schema": "benchseal.summary/v1",
     "status": "SUCCEEDED",
+    "reason": None,
     "suite": "smoke",
     "dataset": {"name": "benchseal-smoke", "revision": "abc123"},
-    "evaluation": {"method": "harbor reward == 1 per task"},
+    "evaluation_method": "harbor reward == 1 per task",
     "counts": {"total": 3, "completed": 3, "resolved": 2, "unresolved": 1, "infra_errors": 0},
-    "score": 2 / 3,
-    "images": {"runner": {"ref": "127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64},
-               "api": {"ref": "127.0.0.1:5055/benchseal/api@sha256:" + "b" * 64}},
-    "harbor": {"version": "0.26.0"},
+    "score": round(2 / 3, 6),
+    "images": {"runner": {"name": "127.0.0.1:5055/benchseal/runner", "digest": "sha256:" + "a" * 64,
+                          "ref": "127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64},
+               "api": {"name": "127.0.0.1:5055/benchseal/api", "digest": "sha256:" + "b" * 64,
+                       "ref": "127.0.0.1:5055/benchseal/api@sha256:" + "b" * 64}},
+    "harbor_version": "0.26.0",
     "agent": {"name": "oracle", "version": "1.0"},
     "source": {"repository": "acme/widget", "commit": "c" * 40, "tag": "v1.2.3"},
     "run_id": "run-1",
     "correlation_id": "corr-12345678",
+    "timings": {"started_at": "2026-01-01T00:00:00Z", "finished_at": "2026-01-01T00:01:00Z", "trials": []},
 }
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"run": {"status": "SUCCEEDED"}}, "run"),  # spellings the writer never produces are refused, not guessed
+    ({"infra": {"run_id": "run-1"}}, "infra"),
+    ({"harbor": {"version": "0.26.0"}}, "harbor"),
+    ({"images": {"runner": "127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64}}, "images"),
+])
+def test_summary_is_read_through_its_model(change: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        facts_from_summary({**SUMMARY, **change}, "v1")
 
 
 def test_render_succeeded_table() -> None:

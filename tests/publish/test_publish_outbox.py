@@ -13,7 +13,8 @@ import pytest
 from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
 from pipeline.dispatch.client import make_client
 from pipeline.infra.queue import SqliteQueue
-from pipeline.publish.outbox import PUBLISHER_ERROR, OutboxConfig, deliver_pending, publish_request
+from pipeline.layout import PUBLISHER_ERROR
+from pipeline.publish.outbox import OutboxConfig, deliver_pending, publish_request
 from pipeline.publish.targets import GitHubTarget, LocalTarget, Target
 from tests.fixtures.github import tag_release_commit
 
@@ -33,7 +34,7 @@ def _terminal_run(queue: SqliteQueue, correlation: str, make_artifacts: Any,
     run_id, _ = queue.enqueue(payload, max_attempts=2)
     record = queue.claim("test-worker", 60)
     assert record is not None and record.lease_token
-    art = make_artifacts(run_id, run_id=run_id, infra_run_id=run_id)
+    art = make_artifacts(run_id, run_id=run_id)
     grading = Grading(run_id=run_id, status="SUCCEEDED", suite="smoke", agent="oracle",
                       counts=GradeCounts(total=3, completed=3, resolved=3, unresolved=0, infra_errors=0),
                       score=1.0, runner_ref=RUNNER, api_ref=API, started_at="2026-01-01T00:00:00Z",
@@ -148,7 +149,7 @@ def test_retry_budget_writes_signed_publisher_error_and_keeps_row(tmp_path: Path
 
 
 def test_wrong_run_artifacts_are_refused(tmp_path: Path, make_artifacts: Any) -> None:
-    art = make_artifacts("x", run_id="run-other", infra_run_id="run-other")
+    art = make_artifacts("x", run_id="run-other")
     request = PublicationRequest(run_id="run-mine", target="local", tag="v1.0.0", artifacts_dir=str(art))
     from pipeline.publish.targets import PublishError
 
@@ -172,7 +173,7 @@ def test_failure_that_cannot_heal_uses_the_budget_at_once(tmp_path: Path, make_a
         run_id, art = _terminal_run(queue, "corr-manual-0001", make_artifacts,
                                     {"target": "local", "tag": "v1.0.0", "options": {"root": str(tmp_path / "d")}})
         # The artifacts now claim another run: retrying cannot fix that.
-        make_artifacts(run_id, run_id="run-someone-else", infra_run_id="run-someone-else")
+        make_artifacts(run_id, run_id="run-someone-else")
         report = deliver_pending(queue, config=config, reseal=default_resealer(signer_v1))
         assert [f["attempts"] for f in report.failed] == [1]
         error = json.loads((art / PUBLISHER_ERROR).read_text())

@@ -186,10 +186,10 @@ def test_correctly_signed_but_unbound_summary_is_rejected(release_copy: Path, si
     (release_copy / "summary.json").write_text(json.dumps(summary))
     signer_v1.sign_file(release_copy / "summary.json")  # type: ignore[attr-defined]
     reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
-    with pytest.raises(CheckFailed, match=r"not digest-pinned"):
+    with pytest.raises(CheckFailed, match=r"must be pinned by digest"):
         verify_release(release_copy, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=sigstore_instance.trusted_root)  # type: ignore[attr-defined]
     done = _cli(release_copy, "--trusted-root", str(sigstore_instance.trusted_root))  # type: ignore[attr-defined]
-    assert done.returncode == 1 and "not digest-pinned" in done.stderr
+    assert done.returncode == 1 and "must be pinned by digest" in done.stderr
 
 
 def test_missing_bundle_and_extra_file(release_copy: Path, sigstore_instance: object) -> None:

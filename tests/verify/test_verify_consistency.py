@@ -116,7 +116,7 @@ PROVENANCE_CASES: dict[str, dict[str, Any]] = {
     "summary-st-no-commit": {"summary_st": _drop_commit},
     "images-predicate-type": {"images_st": lambda st: st.update(predicateType="https://example.com/other")},
     "summary-st-run-id": {"summary_st": lambda st: st["predicate"]["buildDefinition"]["internalParameters"].update(
-        infra_run_id="run-other")},
+        run_id="run-other")},
     "summary-commit": {"summary": lambda s: s["source"].update(commit=OTHER)},
     "summary-commit-uppercase": {"summary": lambda s: s["source"].update(commit=s["source"]["commit"].upper())},
     "summary-commit-missing": {"summary": lambda s: s["source"].pop("commit")},
@@ -250,9 +250,18 @@ def test_failed_run_without_score_verifies(release_copy: Path, signer_v1: object
     _verify(release_copy, root)
 
 
+def _valid_summary() -> dict[str, Any]:
+    from pipeline.evidence.artifacts import build_summary
+    from tests.fixtures.sigstore import make_inputs
+
+    grading, payload = make_inputs({"runner": "127.0.0.1:5055/x/runner@sha256:" + "1" * 64,
+                                    "api": "127.0.0.1:5055/x/api@sha256:" + "2" * 64})
+    return build_summary(grading, payload).to_json_dict()
+
+
 def test_score_tolerance_is_rounding_to_six_decimals() -> None:
-    base = {"status": "SUCCEEDED", "counts": {"total": 3, "completed": 3, "resolved": 1, "unresolved": 2,
-                                              "infra_errors": 0}}
+    base = {**_valid_summary(), "status": "SUCCEEDED",
+            "counts": {"total": 3, "completed": 3, "resolved": 1, "unresolved": 2, "infra_errors": 0}}
     check_summary({**base, "score": 0.333333})
     for score in (1 / 3, 0.3333333, 0.333334, 0.33333):
         with pytest.raises(CheckFailed, match="rounded to 6 decimals"):
@@ -267,6 +276,9 @@ _json = st.recursive(
 _count = st.one_of(st.integers(min_value=-3, max_value=10**30), st.booleans(), st.floats(), st.text(max_size=3), st.none())
 
 
+_VALID = _valid_summary()
+
+
 @settings(max_examples=400, deadline=None)
 @given(status=st.one_of(st.sampled_from(["SUCCEEDED", "FAILED", "INFRA_ERROR"]), _json),
        counts=st.one_of(st.fixed_dictionaries({k: _count for k in ("total", "completed", "resolved", "unresolved",
@@ -278,13 +290,12 @@ def test_hostile_summary_values_fail_closed_by_name(status: Any, counts: Any, sc
     from pipeline.verify import check_source
     from pipeline.verify.policy import Expectation
 
-    summary = {"status": status, "counts": counts, "score": score, "source": source}
+    summary = {**_VALID, "status": status, "counts": counts, "score": score, "source": source}
     expect = Expectation("local", "id", "iss", SOURCE_REPO, SOURCE_TAG)
-    for check in (lambda: check_summary(summary), lambda: check_source(summary, expect)):
-        try:
-            check()
-        except CheckFailed as exc:
-            assert str(exc).startswith("summary.json: ")
+    try:
+        check_source(check_summary(summary), expect)
+    except CheckFailed as exc:
+        assert str(exc).startswith("summary.json: ")
     try:
         check_summary(summary)
     except CheckFailed:
@@ -298,11 +309,18 @@ def test_hostile_summary_values_fail_closed_by_name(status: Any, counts: Any, sc
         assert score == round(resolved / completed, 6)
 
 
-@pytest.mark.parametrize("subject", [None, "x", [{"name": "summary.json", "digest": ["a"]}], [5],
-                                     [{"name": "summary.json", "digest": {"sha256": 5}}], [{"name": "a"}]])
+@pytest.mark.parametrize("subject", [None, "x", [], [{"name": "summary.json", "digest": ["a"]}], [5],
+                                     [{"name": "summary.json", "digest": {"sha256": 5}}], [{"name": "a"}],
+                                     [{"name": "a", "digest": {"sha256": "A" * 64}}], [{"name": "a", "digest": {}}]])
 def test_malformed_statement_subjects_fail_by_name(subject: Any) -> None:
     """sigstore-python will not sign such statements; another signer might: fail closed, by name."""
-    from pipeline.verify import _subjects
+    from pipeline.evidence.provenance import images_statement
+    from pipeline.verify import load_statement
+    from tests.fixtures.sigstore import make_inputs
 
-    with pytest.raises(CheckFailed, match=r"provenance-images\.intoto\.json: "):
-        _subjects({"subject": subject}, "provenance-images.intoto.json")
+    _, payload = make_inputs({"runner": "127.0.0.1:5055/x/runner@sha256:" + "1" * 64,
+                              "api": "127.0.0.1:5055/x/api@sha256:" + "2" * 64})
+    statement = images_statement(payload).to_json_dict()
+    assert load_statement(statement, "provenance-images.intoto.json").subject
+    with pytest.raises(CheckFailed, match=r"provenance-images\.intoto\.json: subject"):
+        load_statement({**statement, "subject": subject}, "provenance-images.intoto.json")

@@ -73,6 +73,13 @@ class Runner:
     ``sudo_home``: the infra host's ``/var/lib/benchseal`` (the sudo-admitted wrappers' state).
     ``registry_auth``: ``{registry: (user, password)}`` for ``docker/login-action``.
     ``oidc``: mints the Actions OIDC token (audience, claims) -> JWT; the local issuer.
+    ``github_token``: mints each job's GITHUB_TOKEN from (repository, the job's ``permissions``),
+    e.g. the GitHub emulator's ``add_token(..., kind="github-token")``; None: every job gets
+    ``Trigger.token`` (all permissions).
+    ``ghcr``: what stands in for ghcr.io: ``(registry host, user, password)`` of a local registry.
+    ``docker/login-action`` with ``registry: ghcr.io`` then accepts exactly what ghcr.io accepts
+    from a workflow (username ``github.actor``, password the job's GITHUB_TOKEN, the job granted
+    ``packages: write``) and writes that registry's credentials into the job's Docker config.
     """
 
     root: Path
@@ -82,6 +89,8 @@ class Runner:
     sudo_home: Path | None = None
     registry_auth: dict[str, tuple[str, str]] = field(default_factory=dict)
     oidc: Callable[[str, Mapping[str, str]], str] | None = None
+    github_token: Callable[[str, Mapping[str, str]], str] | None = None
+    ghcr: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -218,10 +227,23 @@ def _download_artifact(job: JobRun, inputs: Mapping[str, str]) -> None:
         shutil.copy2(path, dest / path.name)
 
 
+GHCR = "ghcr.io"
+
+
 def _docker_login(job: JobRun, inputs: Mapping[str, str]) -> None:
     registry = _required(inputs, "registry")
     username, password = _required(inputs, "username"), _required(inputs, "password")
-    if job.runner.registry_auth.get(registry) != (username, password):
+    if registry == GHCR and job.runner.ghcr is not None:
+        # ghcr.io takes a workflow's GITHUB_TOKEN when the job has packages: write.
+        github = job.ctx["github"]
+        if username != github["actor"] or password != github["token"]:
+            raise StepFailed("docker/login-action: ghcr.io: unauthorized: the username is not the actor "
+                             "or the password is not this job's GITHUB_TOKEN")
+        if job.permissions.get("packages") != "write":
+            raise StepFailed("docker/login-action: ghcr.io: denied: permission_denied: "
+                             "The token provided does not match expected scopes (this job lacks packages: write)")
+        registry, username, password = job.runner.ghcr
+    elif job.runner.registry_auth.get(registry) != (username, password):
         raise StepFailed(f"docker/login-action: {registry} refused these credentials")
     import base64
 
@@ -247,7 +269,8 @@ ACTIONS: dict[str, Action] = {
         "copies <run>/artifacts/<name> into `path` (default the workspace); a missing artifact fails the step",
         _download_artifact, frozenset({"name", "path"})),
     "docker/login-action": Action(
-        "checks the credentials against Runner.registry_auth, writes a DOCKER_CONFIG for the job",
+        "checks the credentials against Runner.registry_auth (ghcr.io: the job's GITHUB_TOKEN with "
+        "packages: write, standing in Runner.ghcr), writes a DOCKER_CONFIG for the job",
         _docker_login, frozenset({"registry", "username", "password"})),
 }
 
@@ -556,6 +579,7 @@ class JobRun:
     path: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    permissions: dict[str, str] = field(default_factory=dict)
 
     @property
     def workspace(self) -> Path:
@@ -613,7 +637,16 @@ def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, runner: Runner
     (job_dir / "workspace").mkdir(parents=True)
     (job_dir / "temp").mkdir()
     (job_dir / "home").mkdir()
-    run = JobRun(runner, job_dir, run_dir / "artifacts", ev.ctx)
+    stated = _job_permissions(job_id, job)
+    permissions = stated or {}
+    if runner.github_token is not None:
+        if stated is None:
+            raise HarnessError(f"job {job_id}: no permissions key; the repository's default token "
+                               "permissions are not implemented (Runner.github_token is set)")
+        # This job's GITHUB_TOKEN: exactly its permissions (id-token is not a token permission).
+        granted = {k: v for k, v in permissions.items() if k != "id-token" and v != "none"}
+        ev.ctx["github"] = dict(ev.ctx["github"], token=runner.github_token(trigger.repository, granted))
+    run = JobRun(runner, job_dir, run_dir / "artifacts", ev.ctx, permissions=permissions)
     ev.ctx["runner"] = dict(ev.ctx["runner"], temp=str(job_dir / "temp"))
     steps_spec = job.get("steps") or []
     for spec in steps_spec:
@@ -627,9 +660,8 @@ def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, runner: Runner
     ev.ctx["env"] = dict(env)
     job_env = {k: ev.text(v, f"env.{k}") for k, v in (job.get("env") or {}).items()}
     env.update(job_env)
-    permissions = job.get("permissions") or {}
     token_server: _TokenServer | None = None
-    if isinstance(permissions, dict) and permissions.get("id-token") == "write":
+    if permissions.get("id-token") == "write":
         if runner.oidc is None:
             raise HarnessError(f"job {job_id} asks for id-token: write but the runner has no OIDC issuer")
         token_server = _TokenServer(runner.oidc, _oidc_claims(ev.ctx["github"]))
@@ -700,6 +732,23 @@ def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, runner: Runner
         if len(ev.result.unresolved) + len(ev.result.unresolved_after_failure) == before:
             outputs[str(key)] = value
     return conclusion, results, summary, run.notes, outputs
+
+
+_PERMISSION_LEVELS = ("read", "write", "none")
+
+
+def _job_permissions(job_id: str, job: Mapping[str, Any]) -> dict[str, str] | None:
+    """The job's ``permissions`` map (``{}``: none), or None when the job states none (the
+    repository's default token permissions). The shorthands (read-all, write-all) are not implemented."""
+    if "permissions" not in job:
+        return None
+    permissions = job.get("permissions") or {}
+    if not isinstance(permissions, dict):
+        raise HarnessError(f"job {job_id}: permissions {permissions!r}: only a map is implemented")
+    for name, level in permissions.items():
+        if level not in _PERMISSION_LEVELS:
+            raise HarnessError(f"job {job_id}: permissions.{name}: {level!r} is not read|write|none")
+    return {str(k): str(v) for k, v in permissions.items()}
 
 
 def _base_env(runner: Runner, run: JobRun, github: Mapping[str, Any], job_dir: Path, event_path: Path,

@@ -274,6 +274,45 @@ def test_docker_login_writes_the_test_registry_credentials(tmp_path: Path, sourc
     assert run.secret_leaks == [], run.jobs["login"].log
 
 
+def test_ghcr_login_takes_the_jobs_github_token_only_with_packages_write(tmp_path: Path,
+                                                                        source: tuple[Path, str]) -> None:
+    """ghcr.io as a workflow sees it: username github.actor, password the job's GITHUB_TOKEN,
+    accepted only when the job has packages: write; the job's Docker config then holds the
+    stand-in registry's credentials."""
+    repo, sha = source
+    path = tmp_path / "wf.yml"
+    login = (f"      - uses: {LOGIN}\n"
+             "        with: {registry: ghcr.io, username: '${{ github.actor }}', password: '${{ github.token }}'}\n")
+    check = ("      - shell: bash\n"
+             "        run: test \"$(jq -r '.auths[\"127.0.0.1:5057\"].auth' \"$DOCKER_CONFIG/config.json\" | base64 -d)\""
+             " = stand-in:pw-2\n")
+    path.write_text("on: push\njobs:\n"
+                    "  pusher:\n    runs-on: ubuntu-24.04\n    permissions: {contents: read, packages: write}\n"
+                    f"    steps:\n{login}{check}"
+                    "  reader:\n    runs-on: ubuntu-24.04\n    permissions: {contents: read}\n"
+                    f"    steps:\n{login}"
+                    "  stranger:\n    runs-on: ubuntu-24.04\n    permissions: {packages: write}\n"
+                    "    steps:\n"
+                    f"      - uses: {LOGIN}\n"
+                    "        with: {registry: ghcr.io, username: '${{ github.actor }}', password: not-the-token}\n"
+                    "  defaults:\n    runs-on: ubuntu-24.04\n    steps:\n      - run: 'true'\n")
+    minted: list[dict[str, str]] = []
+
+    def mint(repository: str, permissions: dict[str, str]) -> str:
+        minted.append(dict(permissions))
+        return f"ghs_job{len(minted)}"
+
+    runner = Runner(root=tmp_path / "runner", source=repo, github_token=mint, ghcr=("127.0.0.1:5057", "stand-in", "pw-2"))
+    with pytest.raises(HarnessError, match="no permissions key"):
+        run_workflow(path, Trigger("push", "acme/widget", sha, "refs/heads/main"), runner)
+    path.write_text(path.read_text().split("  defaults:")[0])
+    run = run_workflow(path, Trigger("push", "acme/widget", sha, "refs/heads/main"), runner)
+    assert run.jobs["pusher"].result == "success", run.describe()
+    assert run.jobs["reader"].result == "failure" and "permission_denied" in run.jobs["reader"].log
+    assert run.jobs["stranger"].result == "failure" and "not this job's GITHUB_TOKEN" in run.jobs["stranger"].log
+    assert {"contents": "read", "packages": "write"} in minted and {"contents": "read"} in minted
+
+
 def test_id_token_permission_serves_tokens_from_the_local_issuer(tmp_path: Path, source: tuple[Path, str]) -> None:
     repo, sha = source
     path = tmp_path / "wf.yml"

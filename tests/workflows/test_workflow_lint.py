@@ -48,8 +48,8 @@ def _actionlint(paths: list[Path], tmp_path: Path) -> list[dict[str, object]]:
     return findings
 
 
-def test_there_are_the_three_workflows() -> None:
-    assert {p.name for p in WORKFLOWS} == {"tag.yml", "runner-release.yml", "benchmark.yml"}
+def test_there_are_the_four_workflows() -> None:
+    assert {p.name for p in WORKFLOWS} == {"tag.yml", "runner-release.yml", "benchmark.yml", "base.yml"}
 
 
 def _require_actionlint() -> None:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -23,6 +21,8 @@ from pathlib import Path
 
 from pipeline import paths
 from pipeline.errors import InfrastructureError, ValidationError
+from pipeline.node import node_binary, node_env
+from pipeline.polling import poll_until
 
 SERVER_JS = Path(__file__).with_name("server.js")
 LOCAL_ISSUER = "https://oidc.benchseal.invalid"
@@ -106,11 +106,8 @@ def default_state() -> Path:
     return paths.state_dir("sigstore")
 
 
-def _node() -> str:
-    node = shutil.which("node")
-    if node is None:
-        raise InfrastructureError("node is not installed (run `make setup`)")
-    return node
+# What server.js requires (found through pipeline.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).
+SERVER_PACKAGES = ("reflect-metadata", "asn1js", "canonicalize", "jose", "pkijs", "@peculiar/x509", "@sigstore/mock")
 
 
 def _pid_path(state: Path) -> Path:
@@ -176,24 +173,28 @@ def ensure_running(state: Path | None = None, *, port: int = 0, wait_seconds: fl
         return found
     stop(state)  # our own server from an older build that no longer describes itself fully
     (state / "instance.json").unlink(missing_ok=True)
+    node, env = node_binary(), node_env(SERVER_PACKAGES)
     log = (state / "server.log").open("ab")
     try:
         process = subprocess.Popen(
-            [_node(), str(SERVER_JS), "--state", str(state), "--port", str(port)],
+            [node, str(SERVER_JS), "--state", str(state), "--port", str(port)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
-            cwd=str(paths.REPO_ROOT),
+            cwd=str(paths.REPO_ROOT), env=env,
         )
     finally:
         log.close()
     _pid_path(state).write_text(f"{process.pid}\n")
-    deadline = time.monotonic() + wait_seconds
-    while time.monotonic() < deadline:
+    def ready() -> LocalInstance | None:
         if process.poll() is not None:
             raise InfrastructureError(f"local Sigstore server exited with {process.returncode}; see {state / 'server.log'}")
         instance = _read_instance(state)
         if instance is not None and instance.pid == process.pid and _answers(instance, timeout=0.5):
             return instance
-        time.sleep(0.1)
+        return None
+
+    started = poll_until(ready, timeout=wait_seconds, interval=0.1)
+    if started is not None:
+        return started
     process.kill()
     raise InfrastructureError(f"local Sigstore server did not answer within {wait_seconds:.0f}s; see {state / 'server.log'}")
 
@@ -209,11 +210,7 @@ def stop(state: Path | None = None) -> str:
         _pid_path(state).unlink(missing_ok=True)
         return "stopped"
     os.kill(pid, signal.SIGTERM)
-    for _ in range(50):
-        if not _ours(state, pid):
-            break
-        time.sleep(0.1)
-    else:
+    if poll_until(lambda: True if not _ours(state, pid) else None, timeout=5.0, interval=0.1) is None:
         os.kill(pid, signal.SIGKILL)
     _pid_path(state).unlink(missing_ok=True)
     return "stopped"

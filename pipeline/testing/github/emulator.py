@@ -324,6 +324,66 @@ ROUTES: tuple[_Route, ...] = (
 )
 
 
+# What a fine-grained token (or a job's GITHUB_TOKEN) needs for each operation, as GitHub's
+# "Permissions required for fine-grained personal access tokens" lists it. None: no
+# repository permission. Metadata: read is always granted (GitHub makes it mandatory).
+OPERATION_PERMISSIONS: dict[str, tuple[str, str] | None] = {
+    "rate-limit/get": None,
+    "repos/get": ("metadata", "read"),
+    "repos/list-releases": ("contents", "read"),
+    "repos/create-release": ("contents", "write"),
+    "repos/get-latest-release": ("contents", "read"),
+    "repos/get-release-by-tag": ("contents", "read"),
+    "repos/get-release-asset": ("contents", "read"),
+    "repos/delete-release-asset": ("contents", "write"),
+    "repos/get-release": ("contents", "read"),
+    "repos/update-release": ("contents", "write"),
+    "repos/delete-release": ("contents", "write"),
+    "repos/list-release-assets": ("contents", "read"),
+    "repos/upload-release-asset": ("contents", "write"),
+    "repos/create-dispatch-event": ("contents", "write"),
+    "actions/list-repo-workflows": ("actions", "read"),
+    "actions/get-workflow": ("actions", "read"),
+    "actions/create-workflow-dispatch": ("actions", "write"),
+    "actions/list-workflow-runs": ("actions", "read"),
+    "actions/list-workflow-runs-for-repo": ("actions", "read"),
+    "actions/get-workflow-run": ("actions", "read"),
+    "git/get-ref": ("contents", "read"),
+    "git/list-matching-refs": ("contents", "read"),
+    "git/get-tag": ("contents", "read"),
+    "repos/get-commit": ("contents", "read"),
+    "checks/create": ("checks", "write"),
+    "checks/get": ("checks", "read"),
+    "checks/update": ("checks", "write"),
+}
+PERMISSION_NAMES = frozenset({"actions", "checks", "contents", "metadata", "packages", "pull-requests",
+                              "statuses", "id-token", "attestations", "deployments", "issues"})
+TOKEN_KINDS = {"fine-grained": "personal access token", "github-token": "integration"}
+
+
+@dataclass(frozen=True)
+class TokenGrant:
+    """What one token may do: ``permissions`` (name -> read|write) on ``repositories``."""
+
+    kind: str  # "fine-grained" | "github-token" | "full"
+    repositories: frozenset[str]  # lowercased OWNER/NAME; empty for "full"
+    permissions: Mapping[str, str]
+
+    def allows(self, repo: str | None, needed: tuple[str, str] | None) -> tuple[int, str] | None:
+        """None when allowed; else (status, message) as GitHub answers."""
+        if self.kind == "full":
+            return None
+        if repo is not None and repo.lower() not in self.repositories:
+            return 404, "Not Found"  # a token never sees a repository it was not given
+        if needed is None:
+            return None
+        name, level = needed
+        have = "read" if name == "metadata" else self.permissions.get(name)
+        if have == "write" or (have == "read" and level == "read"):
+            return None
+        return 403, f"Resource not accessible by {TOKEN_KINDS[self.kind]}"
+
+
 class _Ctx:
     """Per-request data handed to a handler."""
 
@@ -360,6 +420,8 @@ class GitHubEmulator:
                  owner_login: str = "benchseal-bot") -> None:
         self.clock: Clock = clock or SystemClock()
         self.token = token or "ghs_" + secrets.token_hex(18)
+        # Further tokens with limited permissions (add_token); self.token may do everything.
+        self._grants: dict[str, TokenGrant] = {self.token: TokenGrant("full", frozenset(), {})}
         self.login = owner_login
         self.violations: list[Violation] = []
         self.requests: list[RequestRecord] = []
@@ -427,6 +489,27 @@ class GitHubEmulator:
 
     def _next_id(self) -> int:
         return next(self._ids)
+
+    def add_token(self, repositories: list[str] | tuple[str, ...], permissions: Mapping[str, str], *,
+                  kind: str = "fine-grained") -> str:
+        """A new token limited to ``permissions`` (e.g. ``{"actions": "write"}``) on ``repositories``.
+
+        ``kind``: "fine-grained" (a fine-grained personal access token; 403 "Resource not accessible
+        by personal access token") or "github-token" (a job's GITHUB_TOKEN; "... by integration").
+        Metadata: read is implied. A repository not listed answers 404, as GitHub does.
+        """
+        if kind not in TOKEN_KINDS:
+            raise ValueError(f"token kind must be one of {sorted(TOKEN_KINDS)}, got {kind!r}")
+        if not repositories:
+            raise ValueError("a limited token names at least one repository")
+        for name, level in permissions.items():
+            if name not in PERMISSION_NAMES or level not in ("read", "write"):
+                raise ValueError(f"permission {name}: {level} is not a repository permission read|write")
+        prefix = "github_pat_" if kind == "fine-grained" else "ghs_"
+        token = prefix + secrets.token_hex(20)
+        with self._lock:
+            self._grants[token] = TokenGrant(kind, frozenset(r.lower() for r in repositories), dict(permissions))
+        return token
 
     def add_repo(self, full_name: str, *, default_branch: str = "main", immutable_releases: bool = False) -> Repo:
         owner, _, name = full_name.partition("/")
@@ -617,15 +700,18 @@ class GitHubEmulator:
             after = fault.after if fault else False
         if delay:
             time.sleep(delay)
-        if planned is not None and after and self._authorized(request):
+        if planned is not None and after and self._authorized(request) and self._denied(route, params, request) is None:
             try:
                 with self._lock:
                     getattr(self, "_h_" + route.handler)(ctx)
             except HttpError:
                 pass
             ctx = _Ctx(request, params, origin)
+        denied = self._denied(route, params, request)
         if not self._authorized(request):
             status, body = 401, {"message": "Bad credentials", "documentation_url": DOCS_URL}
+        elif denied is not None:
+            status, body = denied[0], {"message": denied[1], "documentation_url": DOCS_URL, "status": str(denied[0])}
         elif planned is not None:
             status, extra, message = planned
             ctx.headers.update(extra)
@@ -650,10 +736,32 @@ class GitHubEmulator:
         self._validate(route, params, request, response)
         return response
 
-    def _authorized(self, request: Request) -> bool:
+    def _grant(self, request: Request) -> TokenGrant | None:
         auth = request.headers.get("Authorization", "")
         scheme, _, value = auth.partition(" ")
-        return scheme.lower() in ("token", "bearer") and secrets.compare_digest(value.strip(), self.token)
+        if scheme.lower() not in ("token", "bearer"):
+            return None
+        presented = value.strip().encode()
+        with self._lock:
+            grants = list(self._grants.items())
+        found = None
+        for token, grant in grants:  # compare with every token, in constant time each
+            if secrets.compare_digest(presented, token.encode()):
+                found = grant
+        return found
+
+    def _authorized(self, request: Request) -> bool:
+        return self._grant(request) is not None
+
+    def _denied(self, route: _Route, params: Mapping[str, str], request: Request) -> tuple[int, str] | None:
+        """(status, message) when the token's permissions do not cover the operation, else None."""
+        grant = self._grant(request)
+        if grant is None:
+            return None  # 401, decided by the caller
+        if route.operation not in OPERATION_PERMISSIONS:
+            raise RuntimeError(f"operation {route.operation} has no entry in OPERATION_PERMISSIONS")
+        repo = f"{params['owner']}/{params['repo']}" if "owner" in params and "repo" in params else None
+        return grant.allows(repo, OPERATION_PERMISSIONS[route.operation])
 
     def _rate_headers(self) -> dict[str, str]:
         now = self.clock.now()

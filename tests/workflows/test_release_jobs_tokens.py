@@ -1,0 +1,200 @@
+"""The release workflows' jobs after the build, executed by the Actions harness against the
+GitHub emulator with the tokens GitHub would give them:
+
+* every job's GITHUB_TOKEN carries exactly that job's ``permissions`` (the emulator refuses
+  anything more: 403 "Resource not accessible by integration");
+* ``BENCHSEAL_INFRA_DISPATCH_TOKEN`` is a fine-grained token with Actions: read and write on
+  the infra repository only;
+* dispatch_infra sends a workflow_dispatch with return_run_details and follows the run
+  GitHub names, end to end, through the real step script of tag.yml / runner-release.yml.
+
+The build job (Docker, registry, cosign) is replaced by one that uploads the two digests
+files it would have uploaded; everything downstream is the workflow file as committed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle
+from tests.fixtures.github import digests_data
+from tests.workflows.harness import Runner, RunResult, Trigger, run_workflow
+
+pytestmark = pytest.mark.slow  # pip installs of the checkout, real dispatch polling
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / ".github" / "workflows"
+SOURCE = "acme/widget"
+INFRA = "acme/bench-infra"
+TAG = "v1.0.0"
+CORRELATION = "switchboard-0001-feedface"
+UPLOAD = "actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02"
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@benchseal.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@benchseal.invalid"}
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=False, timeout=120,
+                          env={**os.environ, **GIT_ENV})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A repository whose one commit is this working tree (what the jobs check out and install)."""
+    dest = tmp_path_factory.mktemp("release-source") / "source"
+    _git(ROOT.parent, "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest))
+    listed = _git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for name in filter(None, listed):
+        if name.split("/")[0] in (".benchseal", ".venv", "node_modules"):
+            continue
+        src, dst = ROOT / name, dest / name
+        if not src.exists():
+            dst.unlink(missing_ok=True)
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst, follow_symlinks=False)
+    _git(dest, "add", "-A")
+    _git(dest, "commit", "--quiet", "--allow-empty", "-m", "the working tree under test")
+    return dest, _git(dest, "rev-parse", "HEAD")
+
+
+def _after_the_build(workflow: str, commit: str, tmp_path: Path, artifact_prefix: str,
+                     strip: str | None = None) -> Path:
+    """``workflow`` with its build job replaced by one that uploads the digests files it would
+    (and, with ``strip``, that job's permissions removed)."""
+    doc = yaml.safe_load((WORKFLOWS / workflow).read_text())
+    if strip is not None:
+        doc["jobs"][strip]["permissions"] = {}
+    full = digests_data(commit=commit, ref=f"refs/tags/{TAG}")
+    env, run, uploads = {}, [], []
+    for role in ("runner", "api"):
+        env[f"DIGESTS_{role.upper()}"] = json.dumps({**full, "images": {role: full["images"][role]}})
+        run.append(f'printf "%s" "$DIGESTS_{role.upper()}" > digests-{role}.json')
+        uploads.append({"uses": UPLOAD, "with": {"name": f"{artifact_prefix}-digests-{role}",
+                                                  "path": f"digests-{role}.json", "if-no-files-found": "error"}})
+    doc["jobs"]["build"] = {"runs-on": "ubuntu-24.04", "permissions": {},
+                            "steps": [{"shell": "bash", "env": env, "run": "\n".join(run)}, *uploads]}
+    path = tmp_path / workflow
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+class World:
+    def __init__(self, emulator: GitHubEmulator, source: Path, commit: str) -> None:
+        self.emulator = emulator
+        self.source = source
+        self.commit = commit
+        self.events: list[DispatchEvent] = []
+        self.job_tokens: list[tuple[str, dict[str, str]]] = []
+
+    def job_token(self, repository: str, permissions: dict[str, str]) -> str:
+        self.job_tokens.append((repository, dict(permissions)))
+        return self.emulator.add_token([repository], permissions, kind="github-token")
+
+    def run(self, workflow: str, tmp_path: Path, dispatch_token: str, strip: str | None = None) -> RunResult:
+        prefix = workflow.removesuffix(".yml")
+        if workflow == "tag.yml":
+            trigger = Trigger("push", SOURCE, self.commit, f"refs/tags/{TAG}")
+        else:
+            trigger = Trigger("workflow_dispatch", SOURCE, self.commit, "refs/heads/main",
+                              inputs={"deploy_ref": TAG, "switchboard_correlation_id": CORRELATION})
+        trigger.token = self.emulator.token  # never used: every job gets its own (Runner.github_token)
+        trigger.api_url, trigger.server_url = self.emulator.base_url, self.emulator.origin
+        trigger.vars = {"BENCHSEAL_INFRA_REPOSITORY": INFRA}
+        trigger.secrets = {"BENCHSEAL_INFRA_DISPATCH_TOKEN": dispatch_token}
+        runner = Runner(root=tmp_path / "runner", source=self.source, github_token=self.job_token)
+        return run_workflow(_after_the_build(workflow, self.commit, tmp_path, prefix, strip), trigger, runner)
+
+
+@pytest.fixture
+def world(source: tuple[Path, str]) -> Iterator[World]:
+    repo, commit = source
+    with GitHubEmulator() as emu:
+        emu.add_repo(SOURCE)
+        emu.add_repo(INFRA)
+        emu.set_ref(SOURCE, f"refs/tags/{TAG}", commit)
+        emu.add_workflow(INFRA, ".github/workflows/benchmark.yml", (WORKFLOWS / "benchmark.yml").read_text())
+        world = World(emu, repo, commit)
+
+        def on_dispatch(handle: RunHandle, event: DispatchEvent) -> None:
+            world.events.append(event)
+            handle.start()
+            handle.complete("success")
+
+        emu.on_dispatch(on_dispatch)
+        yield world
+        emu.wait_callbacks(timeout=30)
+        assert emu.callback_errors == []
+        assert emu.violations == [], emu.violations
+
+
+@pytest.mark.parametrize("workflow", ["tag.yml", "runner-release.yml"])
+def test_each_job_runs_on_its_own_permissions_and_dispatch_needs_only_actions_write(
+        world: World, tmp_path: Path, workflow: str) -> None:
+    emu = world.emulator
+    dispatch_token = emu.add_token([INFRA], {"actions": "write"})
+    run = world.run(workflow, tmp_path, dispatch_token)
+    assert run.conclusion == "success", run.describe()
+    assert [run.jobs[j].result for j in run.order] == ["success"] * 5, run.describe()
+    assert run.unresolved == [] and run.secret_leaks == []
+    # one token per job, each exactly the job's permissions (id-token is not a token permission)
+    granted = sorted(json.dumps(p, sort_keys=True) for _, p in world.job_tokens)
+    assert granted == sorted(json.dumps(p) for p in [{}, {"contents": "read"}, {"contents": "read"},
+                                                      {"checks": "write"}, {}])
+    assert {r for r, _ in world.job_tokens} == {SOURCE}
+    # workflow_dispatch with return_run_details: one POST, the named run read back, no repository_dispatch
+    [event] = world.events
+    assert (event.kind, event.repo, event.workflow_path) == ("workflow_dispatch", INFRA, ".github/workflows/benchmark.yml")
+    payload = event.benchseal_payload()
+    [infra_run] = emu.runs(INFRA)
+    outputs = run.jobs["dispatch_infra"].outputs
+    assert outputs["run_id"] == str(infra_run.id)
+    assert infra_run.display_title.endswith(" " + outputs["correlation_id"]) and payload is not None
+    assert payload["correlation_id"] == outputs["correlation_id"]
+    assert (outputs["runner_ref"], outputs["api_ref"]) == (payload["runner"], payload["api"])
+    assert emu.count("actions/create-workflow-dispatch", "POST") == 1
+    assert emu.count("repos/create-dispatch-event") == 0
+    assert emu.count("actions/get-workflow-run") >= 1  # the run GitHub named, checked
+    # promote_marker's check run, made with its own checks: write token
+    [check] = emu.repo(SOURCE).check_runs.values()
+    assert (check.name, check.head_sha, check.conclusion) == ("benchseal/benchmark", world.commit, "success")
+    assert f"infra run {outputs['run_url']}" in run.summary
+
+
+def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promoted(
+        world: World, tmp_path: Path) -> None:
+    emu = world.emulator
+    reader = emu.add_token([INFRA], {"actions": "read", "contents": "read"})
+    run = world.run("tag.yml", tmp_path, reader)
+    results: dict[str, Any] = {j: run.jobs[j].result for j in run.order}
+    assert results == {"build": "success", "resolve_images": "success", "dispatch_infra": "failure",
+                       "promote_marker": "skipped", "summarize": "success"}, run.describe()
+    assert emu.runs(INFRA) == [] and world.events == []
+    assert "Resource not accessible by personal access token" in run.summary
+    assert "Not promoted: dispatch_infra ended `failure`." in run.summary
+    assert emu.repo(SOURCE).check_runs == {}
+    assert run.secret_leaks == []
+
+
+@pytest.mark.parametrize("strip, failed, message", [
+    ("resolve_images", "resolve_images", "GitHub answered HTTP 403"),
+    ("promote_marker", "promote_marker", "Resource not accessible by integration"),
+])
+def test_a_job_without_its_permission_fails(world: World, tmp_path: Path, strip: str, failed: str,
+                                            message: str) -> None:
+    """The job tokens are enforced: the same jobs with their permissions removed fail at GitHub."""
+    run = world.run("tag.yml", tmp_path, world.emulator.add_token([INFRA], {"actions": "write"}), strip=strip)
+    assert run.jobs[failed].result == "failure", run.describe()
+    assert message in run.jobs[failed].log
+    assert world.emulator.repo(SOURCE).check_runs == {}
