@@ -248,25 +248,43 @@ def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: Bu
     return sboms
 
 
+_REF_RE = re.compile(r"\Arefs/(heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199}\Z")
+_COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+
+
 @dataclass(frozen=True)
 class ImageIdentityPolicy:
-    """Whose signature an image must carry: the release workflow of one repository at one tag."""
+    """Whose signature an image must carry: one workflow of one repository at one exact ref
+    (and, for a branch ref, one exact commit)."""
 
     identity: str
     issuer: str = GITHUB_ISSUER
     repository: str | None = None  # also checked through the certificate's GitHub extensions
     ref: str | None = None
+    sha: str | None = None  # the certificate's GitHub workflow SHA (1.3.6.1.4.1.57264.1.3)
 
     @classmethod
-    def release_workflow(cls, repository: str, tag: str, workflow: str = "tag.yml") -> ImageIdentityPolicy:
+    def release_workflow(cls, repository: str, tag: str, workflow: str = "tag.yml", *, ref: str | None = None,
+                         commit: str | None = None) -> ImageIdentityPolicy:
+        """``workflow`` of ``repository`` at ``refs/tags/<tag>`` (default), or at the exact ``ref`` given
+        (e.g. ``refs/heads/main``). A branch ref names no release, so it needs ``commit``: the signing
+        run must have run at exactly that commit."""
         if not REPOSITORY_RE.match(repository):
             raise ValidationError("repository", "must be 'owner/name'", repository)
         validate_git_tag(tag, "tag")
         if not _WORKFLOW_RE.match(workflow):
             raise ValidationError("workflow", "must be a workflow file name ending in .yml or .yaml", workflow)
-        ref = f"refs/tags/{tag}"
+        if ref is None:
+            ref = f"refs/tags/{tag}"
+        elif not _REF_RE.match(ref) or ".." in ref or ref.endswith(("/", ".", ".lock")):
+            raise ValidationError("ref", "must be one exact refs/heads/NAME or refs/tags/NAME (no patterns)", ref)
+        if commit is not None and not _COMMIT_RE.match(commit):
+            raise ValidationError("commit", "must be 40 lowercase hex", commit)
+        if ref.startswith("refs/heads/") and commit is None:
+            raise ValidationError("commit", "is required for a branch ref: a branch names no release, the signing "
+                                            "run's commit must be the release's", ref)
         return cls(identity=f"https://github.com/{repository}/.github/workflows/{workflow}@{ref}",
-                   repository=repository, ref=ref)
+                   repository=repository, ref=ref, sha=commit)
 
     def flags(self) -> list[str]:
         flags = ["--certificate-identity", self.identity, "--certificate-oidc-issuer", self.issuer]
@@ -274,6 +292,8 @@ class ImageIdentityPolicy:
             flags += ["--certificate-github-workflow-repository", self.repository]
         if self.ref:
             flags += ["--certificate-github-workflow-ref", self.ref]
+        if self.sha:
+            flags += ["--certificate-github-workflow-sha", self.sha]
         return flags
 
 

@@ -2,6 +2,14 @@
 
 Reads ``run.json`` (RunStatus) and ``grading.json`` (Grading) from RUN_DIR and
 writes RUN_DIR/artifacts/. ``--reseal`` only re-checksums and re-signs SHA256SUMS.
+
+``--from-export FILE --run-id ID`` first unpacks a graded run that ``benchseal infra export``
+wrote (benchmark.yml's seal job: the worker grades, the job seals with its ambient identity)
+into the new or empty RUN_DIR, checking it is that run's graded terminal state.
+
+The signer: ``ambient`` (= ``auto``): the GitHub Actions OIDC credential of the job, public-good
+Sigstore unless ``--sigstore-url``/``--trusted-root`` name a private instance (tests); ``local``:
+the private instance's own identity, only when asked for.
 Exit codes: 0 ok; 1 signing or a check failed; 2 bad input.
 """
 
@@ -12,18 +20,7 @@ from pathlib import Path
 
 import typer
 
-from pipeline.contracts import DispatchPayload, Grading, RunStatus, load_model
 from pipeline.errors import ValidationError
-
-
-def _load(path: Path) -> object:
-    try:
-        return json.loads(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ValidationError(str(path), "file does not exist") from None
-    except ValueError as exc:
-        raise ValidationError(str(path), f"is not JSON: {exc}") from None
-
 
 _RUN_DIR = typer.Argument(..., help="Run directory holding run.json and grading.json.")
 
@@ -33,29 +30,62 @@ def evidence(
     signer_kind: str = typer.Option("auto", "--signer", help="auto | local | ambient"),
     rekor: int = typer.Option(1, "--rekor", help="Rekor API version for the local signer (1 or 2)."),
     reseal: bool = typer.Option(False, "--reseal", help="Only re-checksum and re-sign SHA256SUMS."),
+    from_export: str | None = typer.Option(None, "--from-export", help="A `benchseal infra export` tar ('-': stdin) "
+                                                                          "to unpack into RUN_DIR first."),
+    run_id: str | None = typer.Option(None, "--run-id", help="With --from-export: the run the export must be."),
+    sigstore_url: str | None = typer.Option(None, "--sigstore-url", envvar="BENCHSEAL_SIGSTORE_URL",
+                                            help="Ambient signing against a private instance (http://127.0.0.1:PORT)."),
+    trusted_root: str | None = typer.Option(None, "--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT",
+                                            help="That instance's trusted_root.json (with --sigstore-url)."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was sealed as JSON."),
 ) -> None:
     """Write summary.json, SBOMs, provenance, SHA256SUMS and Sigstore bundles."""
+    import sys
+
+    from pipeline.cli.attest import sigstore_endpoints
     from pipeline.evidence import reseal as do_reseal
-    from pipeline.evidence import write_evidence
-    from pipeline.evidence.signing import ambient_signer, default_signer, local_signer
+    from pipeline.evidence.signing import ambient_signer, local_signer, private_trust_config
 
     if signer_kind not in ("auto", "local", "ambient"):
         raise ValidationError("--signer", "must be auto, local or ambient", signer_kind)
+    if (from_export is None) != (run_id is None):
+        raise ValidationError("--from-export/--run-id", "go together: the export and the run it must be")
+    if from_export is not None and reseal:
+        raise ValidationError("--reseal", "cannot be combined with --from-export")
+    endpoints = sigstore_endpoints(sigstore_url, Path(trusted_root) if trusted_root else None)
+    if from_export is not None and run_id is not None:
+        from pipeline.infra.export import import_run
+
+        if from_export == "-":
+            import_run(sys.stdin.buffer, run_dir, run_id)
+        else:
+            try:
+                with Path(from_export).open("rb") as handle:
+                    import_run(handle, run_dir, run_id)
+            except FileNotFoundError:
+                raise ValidationError("--from-export", "file does not exist", str(from_export)) from None
     if signer_kind == "local":
+        if endpoints.is_private:
+            raise ValidationError("--signer local", "uses the private instance of this state dir; do not name another")
         signer = local_signer(rekor_version=rekor)
+    elif endpoints.is_private and endpoints.fulcio_url and endpoints.trusted_root:
+        signer = ambient_signer(trust_config=private_trust_config(endpoints.fulcio_url, endpoints.trusted_root),
+                                trusted_root=endpoints.trusted_root)
     else:
-        signer = ambient_signer() if signer_kind == "ambient" else default_signer()
+        # The ambient Actions credential and nothing else (default_signer: no fallback).
+        from pipeline.evidence.signing import default_signer
+
+        signer = default_signer()
     if reseal:
         typer.echo(f"resealed: {do_reseal(run_dir / 'artifacts', signer=signer)}")
         return
-    status = load_model(RunStatus, _load(run_dir / "run.json"), "run.json")
-    grading = load_model(Grading, _load(run_dir / "grading.json"), "grading.json")
-    payload = load_model(DispatchPayload, {
-        "schema": "benchseal.dispatch/v1", "correlation_id": status.correlation_id,
-        "source": status.source.model_dump(mode="json"), "runner": status.runner, "api": status.api,
-        "suite": status.suite, "agent": status.agent,
-    }, "run.json")
-    result = write_evidence(run_dir, grading, payload, signer=signer)
+    from pipeline.publish.seal import seal_run
+
+    sealed = seal_run(run_dir, signer=signer)
+    if as_json:
+        typer.echo(json.dumps(sealed.to_json_dict(), sort_keys=True))
+        return
+    result = sealed.evidence
     typer.echo(f"evidence written: {result.artifacts} ({len(result.bundles)} bundles, signer {result.identity})")
 
 

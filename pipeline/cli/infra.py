@@ -124,6 +124,35 @@ def status(
                                "events": events}, indent=2, sort_keys=True))
 
 
+@infra_app.command("export")
+def export(
+    run_id: Annotated[str, typer.Argument(help="The graded run to export (run-<20 hex>).")],
+    db: Annotated[Path | None, typer.Option("--db", help=_DB_HELP)] = None,
+    queue_url_file: Annotated[Path | None, typer.Option("--queue-url-file", help=_URL_FILE_HELP)] = None,
+) -> None:
+    """Write a graded terminal run (run.json, grading.json, artifacts/evidence/) to stdout as a tar.
+
+    What benchmark.yml's seal job reads through the benchseal-export sudo wrapper; it seals the
+    run with `benchseal evidence --from-export`. A run that is not terminal is refused (exit 1).
+    Under sudo (SUDO_UID set) the caller may not choose another database.
+    """
+    import os
+
+    from pipeline.errors import UsageError
+    from pipeline.infra.export import export_run, validate_run_id
+    from pipeline.infra.queue import open_queue
+
+    if os.environ.get("SUDO_UID") and (db is not None or queue_url_file is not None):
+        raise UsageError("--db and --queue-url-file are not accepted under sudo")
+    validate_run_id(run_id)
+    if sys.stdout.isatty():
+        raise UsageError("the export is a tar stream: redirect stdout to a file or a pipe")
+    with open_queue(db, url_file=queue_url_file) as queue:
+        record = queue.get_run(run_id)
+        export_run(record, queue.run_dir(run_id), sys.stdout.buffer)
+    sys.stdout.buffer.flush()
+
+
 @infra_app.command("migrate")
 def migrate(
     db: Annotated[Path | None, typer.Option("--db", help=_DB_HELP)] = None,

@@ -1,10 +1,14 @@
 """``benchseal publish``: deliver the publication outbox, or publish one run's artifacts by hand.
 
     benchseal publish --pending [--loop] [--json]          # outbox rows written by the worker
-    benchseal publish ARTIFACTS --tag vX.Y.Z --target local|github [--repo OWNER/NAME] [--json]
+    benchseal publish ARTIFACTS --tag vX.Y.Z --target local|github [--repo OWNER/NAME]
+                      [--infra-repo OWNER/INFRA] [--trigger manual|tag] [--json]
 
 The GitHub token is read from $GITHUB_TOKEN (never from argv). A hand publication is
-"manual": it may touch only prereleases unless --allow-full-release is given.
+"manual": it may touch only prereleases unless --allow-full-release is given; benchmark.yml's
+seal job publishes the evidence of a tag's benchmark with ``--trigger tag``. ``--infra-repo``
+(the repository whose benchmark.yml sealed the evidence) and ``--trusted-root`` (a private
+instance's root, tests and local releases) go into the commands the release body prints.
 Exit codes: 0 published; 1 a publication failed (the outbox row stays for a retry); 2 usage.
 """
 
@@ -33,6 +37,13 @@ def publish(
     root: Annotated[Path | None, typer.Option("--root", help="Local target root (default dist/releases).")] = None,
     allow_full_release: bool = typer.Option(False, "--allow-full-release",
                                             help="Allow a manual publication to a non-prerelease."),
+    infra_repo: str | None = typer.Option(None, "--infra-repo", help="The infra repository OWNER/NAME whose "
+                                          "benchmark.yml sealed ARTIFACTS (printed in the body's verify commands)."),
+    trusted_root: Annotated[str | None, typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT",
+                                                     help="A private instance's trusted_root.json the body's commands "
+                                                          "name (never for public-good; empty: unset).")] = None,
+    trigger: str = typer.Option("manual", "--trigger", help="manual (a person; prereleases only unless "
+                                "--allow-full-release) or tag (a tag's benchmark, from benchmark.yml's seal job)."),
     db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report."),
 ) -> None:
@@ -45,8 +56,9 @@ def publish(
 
     policy = PublishPolicy(allow_manual_full_release=allow_full_release)
     if pending:
-        if artifacts is not None or tag is not None:
-            raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS or --tag")
+        if artifacts is not None or tag is not None or infra_repo is not None or trigger != "manual":
+            raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS, --tag, --infra-repo "
+                             "or --trigger")
         from pipeline.infra.queue import open_queue
 
         queue = open_queue(db)
@@ -75,7 +87,17 @@ def publish(
         raise UsageError("give --pending, or ARTIFACTS and --tag")
     if target not in ("local", "github"):
         raise UsageError(f"invalid --target: must be local or github (got {target!r})")
-    options = {"trigger": "manual"}
+    if trigger not in ("manual", "tag"):
+        raise UsageError(f"invalid --trigger: must be manual or tag (got {trigger!r})")
+    options = {"trigger": trigger}
+    if infra_repo is not None:
+        from pipeline.verify.policy import validate_repository
+
+        options["infra_repository"] = validate_repository(infra_repo, "--infra-repo")
+    if trusted_root:
+        if not Path(trusted_root).is_file():
+            raise UsageError(f"invalid --trusted-root: must be an existing trusted_root.json (got {trusted_root!r})")
+        options["trusted_root"] = str(Path(trusted_root).resolve())
     if root is not None:
         options["root"] = str(root.resolve())
     if target == "github":

@@ -1,7 +1,8 @@
-"""``benchseal verify DIR --repo OWNER/NAME --tag TAG [--policy FILE] [--trusted-root FILE] [--offline]``.
+"""``benchseal verify DIR --repo OWNER/NAME --tag TAG [--infra-repo OWNER/INFRA] [--policy FILE] [--trusted-root FILE] [--offline]``.
 
 The consumer states the release they expect (``--repo`` and ``--tag``, or ``expect:`` in
-``--policy FILE``); nothing of the expectation is taken from the release being checked.
+``--policy FILE``) and, for the production profile, which infra repository's benchmark.yml
+sealed it (``--infra-repo``); nothing of the expectation is taken from the release being checked.
 
 Exit codes: 0 verified; 1 a check failed (the message names the first failure);
 2 usage error (including a missing expectation).
@@ -20,6 +21,9 @@ _REPO = typer.Option(None, "--repo", help="The source repository OWNER/NAME the 
 _TAG = typer.Option(None, "--tag", help="The tag the release must be for (required unless the policy pins expect.tag).")
 _POLICY = typer.Option(None, "--policy", help="Verification policy: signer profiles and optional expect: "
                                               "{repository, tag} (default: policies/verify.yaml).")
+_INFRA = typer.Option(None, "--infra-repo", help="The infra repository OWNER/NAME whose benchmark.yml sealed the "
+                                                "release (required by the production profile unless the policy "
+                                                "pins expect.infra_repository).")
 _ROOT = typer.Option(None, "--trusted-root", help="Sigstore trusted_root.json (selects the local profile).")
 
 
@@ -27,6 +31,7 @@ def verify(
     directory: Path = _DIR,
     repo: str | None = _REPO,
     tag: str | None = _TAG,
+    infra_repo: str | None = _INFRA,
     policy: Path | None = _POLICY,
     trusted_root: Path | None = _ROOT,
     offline: bool = typer.Option(False, "--offline", help="Use the embedded public-good root; no network."),
@@ -39,7 +44,7 @@ def verify(
 
     try:
         done = verify_release(directory, repository=repo, tag=tag, policy=policy, trusted_root=trusted_root,
-                              offline=offline, profile=profile)
+                              offline=offline, profile=profile, infra_repository=infra_repo)
     except Error as exc:
         if not as_json:
             raise

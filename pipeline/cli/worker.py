@@ -1,9 +1,13 @@
 """``benchseal worker``: claim queued runs and run their Harbor trials in the runner image.
 
-With ``--publish github|local`` each terminal run also gets signed evidence and a
-publication outbox row (same transaction as the terminal state); ``--with-publisher``
-delivers the outbox beside the worker. Exit codes: 0 stopped cleanly; 1 a failed check;
-2 usage error.
+By default (``--publish none``, what deploy/benchseal-worker.service runs) the worker grades
+and signs nothing: benchmark.yml's seal job exports the graded run and seals it with the
+infra workflow's identity. With ``--publish github|local`` each terminal run also gets signed
+evidence and a publication outbox row (same transaction as the terminal state): with
+``--signer local`` (the private instance, only when asked for) or, inside a GitHub Actions job,
+``--signer ambient``; outside Actions the ambient signer is refused at startup, before a run is
+claimed. ``--with-publisher`` delivers the outbox beside the worker. Exit codes: 0 stopped
+cleanly; 1 a failed check; 2 usage error.
 """
 
 from __future__ import annotations
@@ -47,6 +51,15 @@ def worker(
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if publish != "none" and signer != "local" and not (
+            os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL")):
+        from pipeline.errors import UsageError
+
+        # Refused before a run is claimed: an ambient signer without a token would only turn every
+        # run into a retried infrastructure error.
+        raise UsageError(f"--publish {publish} --signer {signer} needs the GitHub Actions OIDC credential, and this "
+                         "process has none: run the worker without --publish (it grades; benchmark.yml's seal job "
+                         "seals and publishes) or with --signer local for the private instance")
     if queue_url_file is not None:
         if os.environ.get(QUEUE_URL_FILE_ENV):
             from pipeline.errors import UsageError

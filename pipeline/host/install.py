@@ -56,7 +56,7 @@ POLICY_FILE = "/etc/benchseal/infra.yaml"
 MANIFEST_FILE = "/etc/benchseal/installed.json"
 APP_DIR = "/opt/benchseal"
 APP_ENTRY = "/opt/benchseal/.venv/bin/benchseal"
-WRAPPERS = ("benchseal-accept", "benchseal-status")
+WRAPPERS = ("benchseal-accept", "benchseal-status", "benchseal-export")
 UNITS = ("benchseal-worker.service", "benchseal-publisher.service")
 NEW_SUFFIX = ".benchseal-new"
 NOLOGIN = "/usr/sbin/nologin"
@@ -184,7 +184,7 @@ def _sha256(data: bytes) -> str:
 
 def render_sudoers(text: str, runner_user: str, service_user: str) -> str:
     """deploy/benchseal.sudoers with the runner and service users put in; fails if the shipped
-    file no longer has exactly its two rules in the expected shape."""
+    file no longer has exactly one rule per wrapper in the expected shape."""
     shipped = f"{_SHIPPED_RUNNER} ALL=({_SHIPPED_SERVICE}) NOPASSWD: "
     out: list[str] = [f"# Rendered by `benchseal host install` for runner user {runner_user}, "
                       f"service user {service_user}."]
@@ -198,10 +198,11 @@ def render_sudoers(text: str, runner_user: str, service_user: str) -> str:
             line = f"{runner_user} ALL=({service_user}) NOPASSWD: " + line[len(shipped):]
         elif line.strip() and not line.startswith("Defaults!"):
             raise CheckFailed(f"deploy/benchseal.sudoers: unexpected line {line!r}: the installer renders only "
-                              "Defaults! lines and the two runner rules")
+                              f"Defaults! lines and the {len(WRAPPERS)} runner rules")
         out.append(line)
-    if rules != 2:
-        raise CheckFailed(f"deploy/benchseal.sudoers: expected 2 rules for {_SHIPPED_RUNNER}, found {rules}")
+    if rules != len(WRAPPERS):
+        raise CheckFailed(f"deploy/benchseal.sudoers: expected {len(WRAPPERS)} rules for {_SHIPPED_RUNNER}, "
+                          f"found {rules}")
     return "\n".join(out) + "\n"
 
 
@@ -412,7 +413,7 @@ class _Installer:
             in_primary = account is not None and account.gid == self.host.group_gid(group)
             if in_primary or runner in self.host.group_members(group):
                 self.warnings.append(f"runner user {runner} is a member of group {group}: it then reaches more "
-                                     "than the two wrappers; remove it (`gpasswd -d "
+                                     "than the three wrappers; remove it (`gpasswd -d "
                                      f"{runner} {group}`)")
 
     def install_dirs(self, user: _Account | None) -> None:
@@ -537,8 +538,8 @@ class _Installer:
             "edits.",
             "Start the services: `systemctl daemon-reload && systemctl enable --now benchseal-worker "
             "benchseal-publisher`.",
-            f"Check the sudo rule: `sudo -l -U {runner}` lists exactly {LIBEXEC_DIR}/benchseal-accept and "
-            f"{LIBEXEC_DIR}/benchseal-status, run as {service}.",
+            f"Check the sudo rule: `sudo -l -U {runner}` lists exactly {LIBEXEC_DIR}/benchseal-accept, "
+            f"{LIBEXEC_DIR}/benchseal-status and {LIBEXEC_DIR}/benchseal-export, run as {service}.",
         ])
 
 

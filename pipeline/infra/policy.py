@@ -16,6 +16,7 @@ import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -56,13 +57,39 @@ def _source_repository(value: str) -> str:
     return value
 
 
+# A ref a signer entry may name: "tag" (refs/tags/<the payload's tag>), or one exact branch or tag ref.
+# No patterns: every admitted identity is written out in the policy.
+_SIGNER_REF = r"^(tag|refs/(heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199})$"
+
+
+def _signer_ref(value: str) -> str:
+    name = value.split("/", 2)[-1]
+    if value != "tag" and (".." in name or "//" in name or name.endswith(("/", ".", ".lock"))):
+        raise ValueError("must be 'tag' or one exact refs/heads/NAME or refs/tags/NAME (no '..', '//', and not "
+                         "ending in '/', '.' or '.lock')")
+    return value
+
+
 class SignerPolicy(_Strict):
-    """Whose keyless signature every image of a source must carry before the worker runs it:
-    the source repository's release workflow at the payload's tag, i.e. the certificate identity
-    ``https://github.com/OWNER/REPO/.github/workflows/<workflow>@refs/tags/<tag>``."""
+    """One workflow identity whose keyless signature an image of a source may carry:
+    ``https://github.com/OWNER/REPO/.github/workflows/<workflow>@<ref>`` with the GitHub Actions issuer.
+
+    ``ref: tag`` (the default) is ``refs/tags/<the payload's tag>``: the release workflow run for
+    exactly that tag (tag.yml on a tag push). An exact ref (``refs/heads/main``, or one fixed
+    ``refs/tags/NAME``) admits a workflow run at that ref, e.g. runner-release.yml dispatched on
+    main; such a ref does not name the payload's release, so the worker additionally requires the
+    certificate's commit (its GitHub workflow SHA) to be the payload's commit. Nothing else is
+    admitted: no patterns, no "any ref".
+    """
 
     workflow: str = Field(default="tag.yml", pattern=r"^[A-Za-z0-9_.-]{1,100}\.ya?ml$")
+    ref: Annotated[str, StringConstraints(pattern=_SIGNER_REF), AfterValidator(_signer_ref)] = "tag"
     issuer: Literal["https://token.actions.githubusercontent.com"] = "https://token.actions.githubusercontent.com"
+
+
+def _signer_list(value: Any) -> Any:
+    # One mapping (the common case) or a list of them.
+    return [value] if isinstance(value, dict) else value
 
 
 class SourcePolicy(_Strict):
@@ -70,8 +97,10 @@ class SourcePolicy(_Strict):
 
     repository: Annotated[str, AfterValidator(_source_repository)]
     images: ImagePolicy
-    # Always checked; the release workflow's file name defaults to tag.yml.
-    signer: SignerPolicy = Field(default_factory=SignerPolicy)
+    # Always checked. One entry or a list: an image must carry the signature and both attestations
+    # of ONE of them (default: tag.yml at the payload's tag).
+    signer: Annotated[tuple[SignerPolicy, ...], BeforeValidator(_signer_list)] = Field(
+        default=(SignerPolicy(),), min_length=1, max_length=8)
 
     @property
     def canonical(self) -> str:

@@ -163,23 +163,48 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
     return pulled_id
 
 
+def signer_identities(payload: DispatchPayload, source: SourcePolicy) -> list[Any]:
+    """The identities ``source``'s policy admits for ``payload`` (``sources[].signer``), in policy order."""
+    from pipeline.attest import ImageIdentityPolicy
+
+    identities = []
+    for signer in source.signer:
+        if signer.ref == "tag":
+            identities.append(ImageIdentityPolicy.release_workflow(source.repository, payload.source.tag,
+                                                                   signer.workflow))
+        else:
+            # An explicit ref does not name the payload's release: the signing run must have run at
+            # the payload's commit (the certificate's GitHub workflow SHA).
+            identities.append(ImageIdentityPolicy.release_workflow(
+                source.repository, payload.source.tag, signer.workflow, ref=signer.ref, commit=payload.source.commit))
+    return identities
+
+
 def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust: SigstoreEndpoints) -> None:
     """Raise ImageRefused unless the runner and the api each carry a signature and the SLSA
-    provenance and CycloneDX attestations of ``source``'s release workflow at the payload's tag,
-    checked by cosign for the exact digest, before anything pulled is used."""
-    from pipeline.attest import ImageIdentityPolicy, verify_image
+    provenance and CycloneDX attestations of ONE identity ``source``'s policy admits (its release
+    workflow at the payload's tag, or at an exact ref the policy names), checked by cosign for the
+    exact digest, before anything pulled is used."""
+    from pipeline.attest import verify_image
 
-    expected = ImageIdentityPolicy.release_workflow(source.repository, payload.source.tag, source.signer.workflow)
+    admitted = signer_identities(payload, source)
     for role in ("runner", "api"):
         ref = parse_ref(getattr(payload, role), f"payload.{role}")
         loopback = ref.registry.split(":", 1)[0] in ("127.0.0.1", "localhost")
-        try:
-            verify_image(ref.ref, expected, trust, allow_http_registry=loopback)
-        except CheckFailed as exc:
-            text = str(exc).lower()
-            if any(sign in text for sign in _UNREACHABLE):
-                raise InfraFailure(f"could not check the signatures of {role} {ref.ref}: {exc}") from None
-            raise ImageRefused(f"{role} {ref.ref} is not signed by {expected.identity}: {exc}") from None
+        refusals = []
+        for expected in admitted:
+            try:
+                verify_image(ref.ref, expected, trust, allow_http_registry=loopback)
+            except CheckFailed as exc:
+                text = str(exc).lower()
+                if any(sign in text for sign in _UNREACHABLE):
+                    raise InfraFailure(f"could not check the signatures of {role} {ref.ref}: {exc}") from None
+                refusals.append(f"{expected.identity}{f' at commit {expected.sha}' if expected.sha else ''}: {exc}")
+                continue
+            break
+        else:
+            raise ImageRefused(f"{role} {ref.ref} is not signed by "
+                               + " nor ".join(e.identity for e in admitted) + ": " + "; ".join(refusals))
 
 
 def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:

@@ -112,16 +112,19 @@ def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory
     return make
 
 
-def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None) -> list[str]:
+def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None,
+                    infra_repository: str | None = None) -> list[str]:
     """The command lines the release body shows (from the evidence stage), stating the release
-    the consumer must expect: ``repository`` at ``tag``.
+    the consumer must expect: ``repository`` at ``tag``, sealed by ``infra_repository``'s
+    benchmark.yml (``options.infra_repository``: the publisher's statement of who sealed it,
+    required for GitHub-identity bundles, never read from them).
 
     They name plain ``cosign`` and ``benchseal``: the consumer's own, not this machine's tools path.
     ``trusted_root`` (``options.trusted_root`` of a local publication) is the private instance's
     root a consumer of that release needs; public-good releases need none.
     """
     return list(cosign_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
-                                cosign="cosign", benchseal="benchseal"))
+                                cosign="cosign", benchseal="benchseal", infra_repository=infra_repository))
 
 
 def _body_repository(request: PublicationRequest, artifacts: Path) -> str:
@@ -155,9 +158,10 @@ def prepare_bundle(request: PublicationRequest) -> ReleaseBundle:
     """Everything a publication carries, checked before any request is made (no network)."""
     artifacts = Path(request.artifacts_dir)
     root = request.options.get("trusted_root")
-    commands = verify_commands(artifacts, repository=_body_repository(request, artifacts), tag=request.tag,
-                               trusted_root=Path(root) if root else None)
     try:
+        commands = verify_commands(artifacts, repository=_body_repository(request, artifacts), tag=request.tag,
+                                   trusted_root=Path(root) if root else None,
+                                   infra_repository=request.options.get("infra_repository") or None)
         bundle = load_bundle(artifacts, request.tag, commands)
     except ValidationError as exc:
         # Bad summary content or an over-long body: waiting cannot heal it.

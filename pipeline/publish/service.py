@@ -2,15 +2,17 @@
 publisher loop that ``benchseal worker --publish ...`` adds to infra's worker loop.
 
 ``benchseal worker`` without ``--publish`` runs trials and grades only (no evidence, no
-outbox rows); with ``--publish github|local`` every terminal run carries signed evidence
-and a publication row written in the same transaction. ``--with-publisher`` delivers the
+outbox rows): what deploy/benchseal-worker.service runs; benchmark.yml's seal job signs. With
+``--publish github|local`` (``--signer local``, or inside an Actions job) every terminal run
+carries signed evidence and a publication row written in the same transaction. ``--with-publisher`` delivers the
 outbox in a thread beside the worker; it may also run as its own unit
 (``benchseal publish --pending --loop``): delivery is idempotent and leased, so both at
-once are safe. deploy/benchseal-worker.service runs the worker this way.
+once are safe.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +40,10 @@ def worker_finalizer(target: Literal["github", "local"], signer: SignerKind, *,
     from pipeline.publish.finalize import evidence_finalizer
 
     options: dict[str, str] = {}
+    if signer != "local" and os.environ.get("GITHUB_REPOSITORY"):
+        # Inside an Actions job (the worker refuses an ambient signer anywhere else): the job's own
+        # repository is the infra repository whose workflow identity signs, printed in the body.
+        options["infra_repository"] = os.environ["GITHUB_REPOSITORY"]
     if target == "local" and local_root is not None:
         options["root"] = str(local_root.resolve())
     if target == "github" and api_url:

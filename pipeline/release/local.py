@@ -4,16 +4,17 @@ It drives each stage through the same public API the GitHub flow uses, so the de
 exercises the production code paths:
 
 build_images -> DispatchPayload -> infra accept_payload (what the workflow's
-``benchseal infra accept`` runs) -> worker run_once with a finalizer that writes and
-signs evidence and returns a local PublicationRequest (stored in the outbox in the
-run's terminal transaction) -> outbox delivery to dist/releases/<tag>/ ->
-verify_release and the cosign commands on the published directory.
+``benchseal infra accept`` runs) -> worker run_once, grading only (the infra host's
+service) -> what benchmark.yml's seal job does: export_run (the export wrapper's
+``benchseal infra export``), import_run + seal_run (``benchseal evidence --from-export``)
+with the local signer as that job's identity, publish_request (``benchseal publish``) to
+dist/releases/<tag>/ -> verify_release and the body's commands on the published directory.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
+import io
 import json
 import re
 import shlex
@@ -28,8 +29,12 @@ from typing import Any
 from rich.console import Console
 
 from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
+<<<<<<< HEAD
+from pipeline.contracts import Grading, PublicationRequest
+=======
 from pipeline.build.names import ImageNames, as_names, resolve_image_names
 from pipeline.contracts import Grading
+>>>>>>> main
 from pipeline.errors import CheckFailed, UsageError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.policy import InfraPolicy
@@ -203,10 +208,12 @@ def _release_local(
     from pipeline.evidence import sigstore_local
     from pipeline.evidence.signing import local_signer
     from pipeline.infra.accept import accept_payload
+    from pipeline.infra.export import export_run, import_run
     from pipeline.infra.queue import TERMINAL_STATES, SqliteQueue
     from pipeline.infra.worker import WorkerConfig, run_once
-    from pipeline.publish.finalize import evidence_finalizer
-    from pipeline.publish.outbox import deliver_pending
+    from pipeline.publish.outbox import publish_request
+    from pipeline.publish.seal import seal_run
+    from pipeline.publish.targets import LocalTarget, PublishError
     from pipeline.verify import verify_release
     from pipeline.verify.external import cosign_commands, local_benchseal
 
@@ -241,18 +248,15 @@ def _release_local(
             accepted = accept_payload(payload.to_json_dict(), policy=policy)
         run_id = accepted.run_id
 
-        timings: dict[str, float] = {}
-        # The signer is made on first use, inside the finalizer, once _warm_imports has loaded sigstore.
-        # options.repository: the release the body's verify commands tell a consumer to expect.
-        # Evidence is sealed as the infra workflow's job would seal it in Actions (benchmark.yml on
-        # main): the same issuer, identity and certificate claims, only under the local root.
-        seal_job = sigstore_local.GitHubJob(repository=payload.source.repository, ref="refs/heads/main",
+        # The worker grades and signs nothing, as the infra host's service does. Then the run is sealed
+        # the way benchmark.yml's seal job seals it: exported as the export wrapper streams it,
+        # unpacked and checked, signed as that job's identity (benchmark.yml on main: the same issuer,
+        # identity and certificate claims, only under the local root), published. Here one checkout
+        # plays both repositories: the infra repository is the source repository.
+        infra_repository = payload.source.repository
+        seal_job = sigstore_local.GitHubJob(repository=infra_repository, ref="refs/heads/main",
                                             sha=payload.source.commit, workflow_file="benchmark.yml",
                                             event_name="workflow_dispatch")
-        finalize = evidence_finalizer(target="local", signer=functools.partial(local_signer, github_job=seal_job),
-                                      options={"root": str(dist), "repository": payload.source.repository,
-                                               "trusted_root": str(instance.trusted_root)},
-                                      timings=timings)
         _warm_imports()
 
         queue = stack.enter_context(SqliteQueue())
@@ -262,7 +266,7 @@ def _release_local(
             # against public-good in production.
             config = WorkerConfig(image_trust=endpoints, policy=policy)
             for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
-                outcome = run_once(config, finalize=finalize)
+                outcome = run_once(config)
                 if outcome is None:
                     break
                 if outcome.run_id == run_id and outcome.state in TERMINAL_STATES:
@@ -271,31 +275,44 @@ def _release_local(
         if grading is None:
             record = queue.get_run(run_id)
             raise CheckFailed(f"the worker did not finish run {run_id} (state {record.state}: {record.reason})")
-        for name, seconds in timings.items():
-            clock.add(name, seconds)
-        clock.add("worker", -sum(timings.values()))  # worker = pulls + trials + grading only
         clock.add("queue_wait", _queue_wait(queue.events(run_id)))
         trial_agent = sum(t.agent_seconds or 0.0 for t in grading.trials)
         trial_verifier = sum(t.verifier_seconds or 0.0 for t in grading.trials)
         trial_total = sum(t.total_seconds or 0.0 for t in grading.trials)
 
+        with clock.stage("evidence", "Sealing the graded run (export, evidence, signatures)"):
+            exported = io.BytesIO()
+            export_run(queue.get_run(run_id), queue.run_dir(run_id), exported)
+            exported.seek(0)
+            sealed_dir = import_run(exported, work / "sealed" / run_id, run_id)
+            sealed = seal_run(sealed_dir, signer=local_signer(github_job=seal_job))
+        clock.add("evidence", -sealed.evidence.signing_seconds)
+        clock.add("signing", sealed.evidence.signing_seconds)
+
         with clock.stage("publication", f"Publishing to {dist / tag}"):
-            delivered = deliver_pending(queue, run_id=run_id)
-        mine = [p for p in delivered.published if p.get("run_id") == run_id]
-        if not mine:
-            failed = [f for f in delivered.failed if f.get("run_id") == run_id]
-            raise CheckFailed(f"publication of run {run_id} failed: {failed or 'not delivered'}")
+            # What the seal job's `benchseal publish` does, to the local target.
+            request = PublicationRequest(
+                run_id=run_id, target="local", tag=payload.source.tag, artifacts_dir=str(sealed.evidence.artifacts),
+                options={"trigger": "tag", "root": str(dist), "repository": payload.source.repository,
+                         "trusted_root": str(instance.trusted_root), "infra_repository": infra_repository})
+            try:
+                published = publish_request(request, LocalTarget(dist))
+            except PublishError as exc:
+                raise CheckFailed(f"publication of run {run_id} failed: {exc.diagnostics()}") from None
+        mine = [{"run_id": run_id, **published.to_json_dict()}]
 
         release_dir = dist / tag
         with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
             # The expectation is what this release was made for (the dispatched payload), stated
             # explicitly, never read back from the release being verified.
             verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
-                                      trusted_root=instance.trusted_root, offline=True, profile="production")
+                                      trusted_root=instance.trusted_root, offline=True, profile="production",
+                                      infra_repository=infra_repository)
             # The body's commands, with this machine's cosign and benchseal binaries.
             ran = run_commands(cosign_commands(release_dir, repository=payload.source.repository,
                                                tag=payload.source.tag, trusted_root=instance.trusted_root,
-                                               profile="production", benchseal=local_benchseal()), release_dir)
+                                               profile="production", benchseal=local_benchseal(),
+                                               infra_repository=infra_repository), release_dir)
             image_checks = _verify_images(images, digests.source.repository, tag, endpoints)
 
     stages = dict(clock.seconds)

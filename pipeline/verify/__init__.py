@@ -299,15 +299,17 @@ def verify_consistency(directory: Path, summary: ReleaseSummary, repository: str
 
 def verify_release(directory: Path, *, repository: str | None = None, tag: str | None = None,
                    policy: Path | None = None, trusted_root: Path | None = None, offline: bool = False,
-                   profile: str | None = None) -> VerifiedRelease:
-    """Verify ``directory`` as the release of ``repository`` at ``tag``.
+                   profile: str | None = None, infra_repository: str | None = None) -> VerifiedRelease:
+    """Verify ``directory`` as the release of ``repository`` at ``tag``, sealed by the benchmark
+    workflow of ``infra_repository`` when the profile's identity names it (production).
 
     ``repository`` and ``tag`` (or ``expect:`` in ``policy``) are required: without them a
     ValidationError (usage, exit 2) is raised before anything is read. Raise CheckFailed
     naming the first failure; return what was verified.
     """
     directory = Path(directory)
-    expect = expectation(policy, select_profile(profile, trusted_root), repository=repository, tag=tag)
+    expect = expectation(policy, select_profile(profile, trusted_root), repository=repository, tag=tag,
+                         infra_repository=infra_repository)
     if not directory.is_dir():
         raise ValidationError("DIR", "must be a directory", str(directory))
     for name in (SUMMARY, CHECKSUMS, CHECKSUMS_BUNDLE):

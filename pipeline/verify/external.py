@@ -137,39 +137,47 @@ def local_benchseal() -> str:
 
 
 def command_profile(directory: Path, profile: str | None) -> str:
-    """Which policy profile the printed commands use: explicit, else local for bundles of the
-    private instance's own (non-GitHub) identity, else production. A private trust root alone
-    does not make a release "local": ``release --local`` signs with GitHub-shaped identities,
-    exactly as production does, only under another root.
+    """Which policy profile the printed commands use: explicit, else production for bundles
+    signed with a GitHub Actions identity (what benchmark.yml's seal job makes; ``release
+    --local`` signs with such identities too, only under another root), else local (the private
+    instance's own identity, or a bundle whose issuer cannot be read: nothing a consumer could
+    check against the production identity either).
 
     This only chooses how to *print* the producer's own release; ``benchseal verify`` never
     picks anything from the release it checks.
     """
-    from pipeline.evidence import sigstore_local
+    from pipeline.contracts import GITHUB_ISSUER
 
     if profile is not None:
         return profile
+<<<<<<< HEAD
+    if bundle_issuer(directory / "SHA256SUMS.sigstore.json") == GITHUB_ISSUER:
+        return "production"
+    return "local"
+=======
     if bundle_issuer(directory / CHECKSUMS_BUNDLE) == sigstore_local.LOCAL_ISSUER:
         return "local"
     return "production"
+>>>>>>> main
 
 
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
                     trusted_root: Path | None = None, profile: str | None = None, cosign: str | None = None,
-                    benchseal: str = "benchseal") -> list[str]:
+                    benchseal: str = "benchseal", infra_repository: str | None = None) -> list[str]:
     """Consumer command lines for the release of ``repository`` at ``tag``, to run inside the
     release directory: ``sha256sum -c``, one cosign line per bundle, and ``benchseal verify``
     with the expectation stated explicitly.
 
-    The identity and issuer come from the policy profile with ``repository``/``tag`` filled
-    in (never from the release). Bundles made by the local instance get ``--trusted-root``
+    The identity and issuer come from the policy profile with ``repository``/``tag`` (and
+    ``infra_repository``, the repository whose benchmark.yml sealed it, for the production
+    profile) filled in (never from the release). Bundles made by the local instance get ``--trusted-root``
     (that instance's root) and ``--offline``; public-good bundles need neither.
     """
     from pipeline.evidence import sigstore_local
 
     directory = Path(directory)
     chosen = command_profile(directory, profile)
-    expect = expectation(policy, chosen, repository=repository, tag=tag)
+    expect = expectation(policy, chosen, repository=repository, tag=tag, infra_repository=infra_repository)
     root = trusted_root
     if chosen == "local" and root is None:
         default_root = sigstore_local.default_state() / "trusted_root.json"
@@ -194,6 +202,8 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
                                 str(root) if root else None, dsse, False)
         lines.append(shlex.join([binary, *args]))
     verify = [benchseal, "verify", ".", "--repo", expect.repository, "--tag", expect.tag]
+    if expect.infra_repository is not None:
+        verify += ["--infra-repo", expect.infra_repository]
     if policy is not None:
         verify += ["--policy", str(policy)]
     if root is not None:

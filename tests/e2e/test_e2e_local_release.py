@@ -80,7 +80,8 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     # The consumer states the release: build's source repository (no GITHUB_REPOSITORY here) and the tag.
     source_repo = os.environ.get("GITHUB_REPOSITORY") or "local/benchseal"
     # Signed exactly as production would be (GitHub Actions identities), under the local root only.
-    done = verify_release(release, repository=source_repo, tag=TAG, profile="production",
+    # Sealed as the infra repository's benchmark.yml; locally one checkout is both repositories.
+    done = verify_release(release, repository=source_repo, tag=TAG, profile="production", infra_repository=source_repo,
                           trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
     assert (done.repository, done.tag, done.commit) == (source_repo, TAG, report["source"]["commit"])
     assert done.identity == f"https://github.com/{source_repo}/.github/workflows/benchmark.yml@refs/heads/main"
@@ -93,4 +94,7 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
                                           "/.github/workflows/tag.yml@refs/tags/" + TAG in c and "refused" in c
                                           for c in image_checks)
     assert report["verified"]["repository"] == source_repo and report["verified"]["tag"] == TAG
-    assert f"verify . --repo {source_repo} --tag {TAG}" in body2
+    assert f"verify . --repo {source_repo} --tag {TAG} --infra-repo {source_repo}" in body2
+    with pytest.raises(CheckFailed):  # another infra repository's benchmark.yml did not seal it
+        verify_release(release, repository=source_repo, tag=TAG, profile="production", infra_repository="other/infra",
+                       trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)

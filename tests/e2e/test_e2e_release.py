@@ -5,9 +5,10 @@ shared by every assertion here:
 
 tag release exists -> ``dispatch_and_wait`` (repository_dispatch, run found by its
 run-name) -> the emulated benchmark.yml job pipes the payload into
-``benchseal infra accept`` (the real CLI) and starts the worker service
-(``benchseal worker --publish github``, the systemd unit's command: evidence
-finalizer with real SBOMs and real Sigstore signatures on a private instance)
+``benchseal infra accept`` (the real CLI) and starts a publishing worker
+(``benchseal worker --publish github --signer local``: the outbox path, with the evidence
+finalizer's real SBOMs and real Sigstore signatures on a private instance; the production
+unit grades only and benchmark.yml's seal job signs, tests/e2e/test_e2e_workflows.py)
 -> the run's conclusion follows the worker -> the worker is SIGKILLed right after
 the terminal transition (its publisher is off) -> a publisher delivers the
 outbox row through a 502 on upload, a timed-out upload and a 500 on PATCH, then a

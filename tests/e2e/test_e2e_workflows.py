@@ -7,8 +7,13 @@
 * The emulated GitHub starts ``benchmark.yml`` for that dispatch; its jobs run in the harness
   on the "infra host": validate, accept through the sudo-admitted deploy/ wrappers, then
   wait (through the status wrapper) while the worker service (deploy/benchseal-worker.service's
-  command, real Harbor trials in the digest-pinned runner image) runs the benchmark. The run's
-  conclusion is the harness's.
+  command, real Harbor trials in the digest-pinned runner image) grades the benchmark, signing
+  nothing. The ``seal`` job (``id-token: write``) exports the graded run through the export
+  wrapper, signs the evidence with the ambient identity the emulated Actions token endpoint
+  serves (benchmark.yml of the infra repository on main, GitHub-shaped certificates from the
+  private instance) and publishes it to the source release. The consumer then runs the
+  commands the release body prints, exactly as printed, with the real cosign and benchseal,
+  and verifies with the pinned infra identity. The run's conclusion is the harness's.
 * ``runner-release.yml`` dispatched Switchboard-style (workflow_dispatch with deploy_ref and a
   correlation id, found again by its run-name) to an infra whose policy refuses the release:
   the infra run fails, promotion is skipped and the summary says why.
@@ -25,7 +30,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -103,6 +107,7 @@ class World:
     infra_sources: dict[str, Path]
     sigstore: Any  # the private instance: GitHub-shaped OIDC for the release jobs, the worker's image trust
     infra_mode: str = "accepting"
+    published: bool = False
     infra_runs: list[tuple[str, RunResult]] = field(default_factory=list)
     switchboard_runs: list[RunResult] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)  # (what, emulator request count)
@@ -198,13 +203,12 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
     services: list[subprocess.Popen[bytes]] = []
     try:
         with GitHubEmulator() as emu:
-            # The infra host's services, as their units run them (signing with the private instance).
-            # The worker checks the images' signatures against the private instance the release jobs
+            # The infra host's services, exactly as their units run them: the worker grades and signs
+            # nothing. It checks the images' signatures against the private instance the release jobs
             # signed with (its EnvironmentFile names it; production: public-good, nothing set).
             services.append(_service("benchseal-worker.service", infra_home, root / "worker.log",
                                      {"GITHUB_API_URL": emu.base_url, "BENCHSEAL_SIGSTORE_URL": sigstore_instance.url,
-                                      "BENCHSEAL_TRUSTED_ROOT": str(sigstore_instance.trusted_root)},
-                                     {"--signer": "local"}))
+                                      "BENCHSEAL_TRUSTED_ROOT": str(sigstore_instance.trusted_root)}, {}))
             services.append(_service("benchseal-publisher.service", infra_home, root / "publisher.log",
                                      {"GITHUB_TOKEN": emu.token, "GITHUB_API_URL": emu.base_url},
                                      {"--interval": "1"}))
@@ -236,11 +240,19 @@ def _on_dispatch(world: World, handle: Any, event: Any) -> None:
     handle.start()
     if event.repo == INFRA:
         mode = world.infra_mode
+        from tests.workflows.harness import local_issuer
+
+        # The infra repository's variables name the private instance (production: none, public-good);
+        # its publish token may write the source repository's releases.
         trigger = Trigger(event_name=event.kind, repository=INFRA, sha=handle.run.head_sha, ref="refs/heads/main",
                           event={"action": event.event_type, "client_payload": dict(event.client_payload or {})},
-                          inputs=dict(event.inputs or {}), token=emu.token, api_url=emu.base_url)
+                          inputs=dict(event.inputs or {}), token=emu.token, api_url=emu.base_url,
+                          server_url=emu.origin,
+                          vars={"BENCHSEAL_SIGSTORE_URL": world.sigstore.url,
+                                "BENCHSEAL_TRUSTED_ROOT": str(world.sigstore.trusted_root)},
+                          secrets={"BENCHSEAL_PUBLISH_TOKEN": emu.token})
         runner = Runner(root=world.root / f"infra-{handle.run_id}", source=world.infra_sources[mode],
-                        sudo_home=world.infra_home)
+                        sudo_home=world.infra_home, oidc=local_issuer(world.sigstore))
         result = run_workflow(WORKFLOWS / "benchmark.yml", trigger, runner)
         world.infra_runs.append((mode, result))
     elif event.workflow_path.endswith("runner-release.yml"):
@@ -317,7 +329,10 @@ def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: Worl
     # The infra side ran benchmark.yml in the harness: validate, accept via the wrapper, wait.
     ((mode, infra),) = world.infra_runs[infra_before:]
     assert mode == "accepting" and infra.conclusion == "success", infra.describe()
+    assert {job: r.result for job, r in infra.jobs.items()} == {"accept": "success", "wait": "success",
+                                                                 "seal": "success"}, infra.describe()
     assert_every_reference_resolved(infra, WORKFLOWS / "benchmark.yml")
+    assert infra.secret_leaks == []
     run_id = infra.jobs["accept"].outputs["run_id"]
     queued = _queued_payload(world.infra_home, run_id)
     assert queued["state"] == "SUCCEEDED"
@@ -351,25 +366,96 @@ def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: Worl
     posted = [i for i, r in enumerate(emu.requests) if r.operation == "checks/create" and r.status == 201]
     assert posted and posted[0] >= completed
 
-    # The worker sealed the evidence, the publisher put it on the release: the refs it names
-    # are the dispatched ones.
-    release = _wait_published(world)
+    # The worker service only graded: no publication row, no signature on the infra host.
+    from pipeline.infra.queue import SqliteQueue
+
+    with SqliteQueue(world.infra_home / "infra" / "queue.sqlite3") as queue:
+        assert queue.list_publications(run_id) == []
+        host_run = queue.run_dir(run_id)
+    assert (host_run / "grading.json").is_file()
+    assert list(host_run.rglob("*.sigstore.json")) == [], "the worker service signed something"
+
+    # The seal job sealed the evidence with the ambient identity and published it before the
+    # infra run concluded: the refs it names are the dispatched ones.
+    release = world.emulator.release(SOURCE, TAG)
     names = {a.name for a in release.assets}
     assert {"summary.json", "SHA256SUMS", "SHA256SUMS.sigstore.json"} <= names, names
     summary_json = json.loads(next(a for a in release.assets if a.name == "summary.json").data)
     assert json.dumps(summary_json).count(built["runner"]) >= 1 and json.dumps(summary_json).count(built["api"]) >= 1
     assert release.body.startswith(NOTES) and "benchseal:start" in release.body
+    world.published = True
 
 
-def _wait_published(world: World, timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        release = world.emulator.release(SOURCE, TAG)
-        if release.assets and "benchseal:start" in release.body:
-            return release
-        time.sleep(1)
-    raise AssertionError("the publisher did not publish in time:\n"
-                         + (world.root / "publisher.log").read_text(errors="replace")[-3000:])
+def _printed_commands(body: str) -> list[str]:
+    """The consumer's commands, as the release body's benchseal section prints them."""
+    from pipeline.publish.body import extract
+
+    section = extract(body)
+    assert section is not None, body
+    return section.split("```sh\n", 1)[1].split("\n```", 1)[0].splitlines()
+
+
+def _download(world: World, dest: Path) -> Path:
+    import requests
+
+    dest.mkdir(parents=True)
+    for asset in world.emulator.release(SOURCE, TAG).assets:
+        url = f"{world.emulator.origin}/{SOURCE}/releases/download/{TAG}/{asset.name}"
+        (dest / asset.name).write_bytes(requests.get(url, timeout=30).content)
+    return dest
+
+
+def test_consumer_runs_the_body_commands_as_printed(world: World, tmp_path: Path, cosign_bin: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The seal job signed with the ambient identity the emulated Actions token endpoint served;
+    a consumer pins the infra repository's benchmark.yml on main and runs the body's commands,
+    parsed from the published body and run exactly as printed (real cosign, real benchseal)."""
+    from pipeline.errors import CheckFailed
+    from pipeline.release.local import run_commands
+    from pipeline.verify import verify_release
+
+    if not world.published:
+        test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world)
+    commands = _printed_commands(world.emulator.release(SOURCE, TAG).body)
+    identity = f"https://github.com/{INFRA}/.github/workflows/benchmark.yml@refs/heads/main"
+    assert commands[0] == "sha256sum -c SHA256SUMS"
+    cosign_lines = [c for c in commands if c.startswith("cosign ")]
+    assert len(cosign_lines) == 7 and len(commands) == 9, commands  # 4 blobs, 3 attestation checks
+    for line in cosign_lines:
+        assert f"--certificate-identity {identity} --certificate-oidc-issuer https://token.actions.githubusercontent.com" \
+            in line, line
+    root = str(world.sigstore.trusted_root)
+    assert commands[-1] == (f"benchseal verify . --repo {SOURCE} --tag {TAG} --infra-repo {INFRA} "
+                            f"--trusted-root {root} --offline --profile production")
+    # A consumer's shell: their cosign and benchseal on PATH.
+    monkeypatch.setenv("PATH", os.pathsep.join([str(cosign_bin.parent), str(VENV_BIN), os.environ["PATH"]]))
+    release = _download(world, tmp_path / "release")
+    assert run_commands(commands, release) == commands
+
+    done = verify_release(release, repository=SOURCE, tag=TAG, infra_repository=INFRA,
+                          trusted_root=world.sigstore.trusted_root, offline=True, profile="production")
+    assert (done.identity, done.repository, done.tag, done.commit) == (identity, SOURCE, TAG, world.commit)
+    # Sealed by the infra repository's workflow, not by the source repository's own benchmark.yml.
+    with pytest.raises(CheckFailed):
+        verify_release(release, repository=SOURCE, tag=TAG, infra_repository=SOURCE,
+                       trusted_root=world.sigstore.trusted_root, offline=True, profile="production")
+
+    # A tampered artifact fails the printed commands: first the checksum line, and with SHA256SUMS
+    # rewritten to match, the signature over SHA256SUMS.
+    import hashlib
+
+    tampered = _download(world, tmp_path / "tampered")
+    summary = json.loads((tampered / "summary.json").read_text())
+    summary["score"] = 0.5
+    (tampered / "summary.json").write_text(json.dumps(summary))
+    with pytest.raises(CheckFailed, match="sha256sum -c SHA256SUMS"):
+        run_commands(commands, tampered)
+    sums = (tampered / "SHA256SUMS").read_text().splitlines()
+    digest = hashlib.sha256((tampered / "summary.json").read_bytes()).hexdigest()
+    (tampered / "SHA256SUMS").write_text("".join(
+        (f"{digest}  summary.json" if line.endswith("  summary.json") else line) + "\n" for line in sums))
+    with pytest.raises(CheckFailed, match=r"cosign verify-blob .*--bundle SHA256SUMS\.sigstore\.json"):
+        run_commands(commands, tampered)
 
 
 def _describe(world: World, run: RunResult) -> str:
@@ -408,6 +494,7 @@ def test_switchboard_release_refused_by_infra_is_not_promoted_and_says_why(world
     assert_every_reference_resolved(run, WORKFLOWS / "runner-release.yml")
     mode, infra = world.infra_runs[-1]
     assert mode == "refusing" and infra.jobs["accept"].result == "failure" and infra.jobs["wait"].result == "skipped"
+    assert infra.jobs["seal"].result == "skipped"  # nothing accepted, nothing graded, nothing signed
     assert "invalid" in infra.jobs["accept"].log and "agent" in infra.jobs["accept"].log
     # The summary says what happened and why, and names the refs that were dispatched.
     summary = run.summary

@@ -89,9 +89,10 @@ def test_render_sudoers_puts_in_both_users_and_refuses_a_drifted_template() -> N
     rendered = hi.render_sudoers(text, "ci-runner", "bench")
     rules = [line for line in rendered.splitlines() if line and not line.startswith(("#", "Defaults"))]
     assert rules == ['ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
-                     'ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-status ""']
+                     'ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-status ""',
+                     'ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-export ""']
     assert "github-runner ALL" not in rendered
-    with pytest.raises(CheckFailed, match="expected 2 rules"):
+    with pytest.raises(CheckFailed, match="expected 3 rules"):
         hi.render_sudoers(text.replace("github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status",
                                        "# gone"), "ci-runner", "bench")
     with pytest.raises(CheckFailed, match="unexpected line"):
@@ -144,6 +145,7 @@ def test_prefix_install_modes_owners_and_idempotence(tmp_path: Path) -> None:
         "etc/systemd/system/benchseal-publisher.service": (0o644, 0, 0),
         "usr/local/libexec/benchseal-accept": (0o755, 0, 0),
         "usr/local/libexec/benchseal-status": (0o755, 0, 0),
+        "usr/local/libexec/benchseal-export": (0o755, 0, 0),
     }
     for rel, (mode, owner, group) in expected.items():
         st = (root / rel).stat()
@@ -360,7 +362,8 @@ def test_container_accounts_modes_and_owners(box: Box, first_install: dict[str, 
     stat = box.sh("stat -c '%a %U %G %n' /var/lib/benchseal /etc/benchseal /etc/benchseal/infra.yaml "
                   "/etc/benchseal/worker.env /etc/benchseal/publisher.env /etc/sudoers.d/benchseal "
                   "/etc/systemd/system/benchseal-worker.service /etc/systemd/system/benchseal-publisher.service "
-                  "/usr/local/libexec/benchseal-accept /usr/local/libexec/benchseal-status").stdout.splitlines()
+                  "/usr/local/libexec/benchseal-accept /usr/local/libexec/benchseal-status "
+                  "/usr/local/libexec/benchseal-export").stdout.splitlines()
     assert stat == [
         "750 benchseal benchseal /var/lib/benchseal",
         "750 root benchseal /etc/benchseal",
@@ -372,20 +375,22 @@ def test_container_accounts_modes_and_owners(box: Box, first_install: dict[str, 
         "644 root root /etc/systemd/system/benchseal-publisher.service",
         "755 root root /usr/local/libexec/benchseal-accept",
         "755 root root /usr/local/libexec/benchseal-status",
+        "755 root root /usr/local/libexec/benchseal-export",
     ]
     steps = "\n".join(first_install["manual_steps"])
     assert f"as user {RUNNER}" in steps and "/etc/benchseal/publisher.env" in steps and "/etc/benchseal/infra.yaml" in steps
     assert "Install benchseal" not in steps and "Docker Engine" not in steps  # both are there already
 
 
-def test_container_sudo_rule_is_exactly_the_two_wrappers(box: Box, first_install: dict[str, Any]) -> None:
+def test_container_sudo_rule_is_exactly_the_three_wrappers(box: Box, first_install: dict[str, Any]) -> None:
     checked = box.sh("visudo -c")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     listing = box.sh(f"sudo -l -U {RUNNER}").stdout
     commands = [line.strip() for line in listing.split("may run the following commands")[1].splitlines()[1:]
                 if line.strip()]
     assert commands == ['(benchseal) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
-                        '(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""']
+                        '(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""',
+                        '(benchseal) NOPASSWD: /usr/local/libexec/benchseal-export ""']
     assert "is not allowed to run sudo" in box.sh("sudo -l -U benchseal").stdout
 
 

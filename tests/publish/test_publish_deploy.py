@@ -1,5 +1,6 @@
 """deploy/: the unit files parse cleanly and name real commands and options; the sudo rule
-admits only the accept wrapper, and the wrapper only reads a payload from stdin."""
+admits only the accept, status and export wrappers, each reading only stdin; the worker
+service grades and never signs."""
 
 from __future__ import annotations
 
@@ -65,7 +66,10 @@ def test_sudoers_admits_only_the_wrapper_without_arguments() -> None:
     text = (DEPLOY / "benchseal.sudoers").read_text()
     rules = [line for line in text.splitlines() if line.strip() and not line.startswith(("#", "Defaults"))]
     assert rules == ['github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
-                     'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""']
+                     'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""',
+                     'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-export ""']
+    defaults = [line for line in text.splitlines() if line.startswith("Defaults!")]
+    assert len(defaults) == 3 and all("env_reset, !setenv" in line for line in defaults)
     visudo = require("visudo", "sudo")
     done = subprocess.run([visudo, "-cf", str(DEPLOY / "benchseal.sudoers")], capture_output=True, text=True,
                           check=False)
@@ -110,3 +114,88 @@ def test_status_wrapper_reads_one_run_id_from_stdin(tmp_path: Path, make_payload
         assert refused.returncode == 2 and "invalid run id" in refused.stderr, hostile
     with_args = subprocess.run([str(status), run_id], input="", capture_output=True, text=True, check=False)
     assert with_args.returncode == 2 and "takes no arguments" in with_args.stderr
+
+
+def test_worker_service_grades_and_never_signs() -> None:
+    """No --publish (so no finalizer, no signer, no outbox row) and nothing that names a signer or
+    a Sigstore instance: under systemd there is no OIDC token, benchmark.yml's seal job signs."""
+    argv = shlex.split(_unit("benchseal-worker.service")["Service"]["ExecStart"])
+    assert argv[1:2] == ["worker"]
+    assert not any(a.startswith(("--publish", "--signer", "--with-publisher", "--sigstore", "--trusted-root"))
+                   for a in argv), argv
+
+
+@pytest.mark.parametrize("signer", ["ambient", "auto"])
+def test_worker_refuses_an_ambient_signer_without_an_actions_token(tmp_path: Path, signer: str) -> None:
+    """Refused at startup (usage, exit 2), before a run is claimed; --signer local is the only way
+    a worker outside Actions signs, and only when asked for."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACTIONS_", "GITHUB_"))}
+    env["BENCHSEAL_HOME"] = str(tmp_path / "home")
+    done = subprocess.run([str(VENV_BIN / "benchseal"), "worker", "--once", "--publish", "github", "--signer", signer],
+                          capture_output=True, text=True, check=False, timeout=120, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "needs the GitHub Actions OIDC credential" in done.stderr and "--signer local" in done.stderr
+    assert not (tmp_path / "home" / "infra").exists()  # no queue opened, nothing claimed
+
+
+def _graded(home: Path, run_id: str, status: str = "FAILED") -> None:
+    """Make ``run_id`` terminal the way the worker does (claim, complete with its grading)."""
+    from pipeline.contracts import GradeCounts, Grading
+    from pipeline.infra.queue import SqliteQueue
+
+    with SqliteQueue(home / "infra" / "queue.sqlite3") as queue:
+        record = queue.claim("deploy-test-worker", 60)
+        assert record is not None and record.run_id == run_id and record.lease_token
+        run_dir = queue.run_dir(run_id)
+        evidence = run_dir / "artifacts" / "evidence" / "harbor" / "trial-1"
+        evidence.mkdir(parents=True)
+        (evidence / "result.json").write_text('{"reward": 0}')
+        (evidence / "link").symlink_to("/etc/passwd")  # never exported
+        grading = Grading(run_id=run_id, status=status, suite="smoke", agent="oracle", reason="refused by policy: x",
+                          counts=GradeCounts(total=3, completed=0, resolved=0, unresolved=0, infra_errors=0),
+                          score=None, runner_ref=record.payload.runner, api_ref=record.payload.api,
+                          started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T00:01:00Z")
+        queue.complete(run_id, record.lease_token, grading, [])
+
+
+def test_export_wrapper_streams_only_a_graded_run(tmp_path: Path, make_payload) -> None:  # type: ignore[no-untyped-def]
+    """The seal job's only way to the benchseal user's runs: one run id on stdin, a tar out, only
+    once the run is terminal; what it streams unpacks (checked) into exactly that graded run."""
+    import io
+    import tarfile
+
+    from pipeline.errors import CheckFailed
+    from pipeline.infra.export import import_run
+
+    home = tmp_path / "home"
+    wrappers = {}
+    for name in ("benchseal-accept", "benchseal-export"):
+        wrappers[name] = tmp_path / name
+        wrappers[name].write_text(_local((DEPLOY / name).read_text()).replace("/var/lib/benchseal", str(home)))
+        wrappers[name].chmod(0o755)
+    accepted = subprocess.run([str(wrappers["benchseal-accept"])], input=json.dumps(make_payload(
+        correlation_id="deploy-export-0001")), capture_output=True, text=True, check=False, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    run_id = json.loads(accepted.stdout)["run_id"]
+    export = wrappers["benchseal-export"]
+    queued = subprocess.run([str(export)], input=(run_id + "\n").encode(), capture_output=True, check=False, timeout=60)
+    assert queued.returncode == 1 and b"not terminal" in queued.stderr and queued.stdout == b""
+    for hostile in ("", "run-../../etc", run_id + " --db /tmp/x", run_id.upper(), "run-" + "0" * 19):
+        refused = subprocess.run([str(export)], input=(hostile + "\n").encode(), capture_output=True, check=False)
+        assert refused.returncode == 2 and b"invalid run id" in refused.stderr, hostile
+    with_args = subprocess.run([str(export), run_id], input=b"", capture_output=True, check=False)
+    assert with_args.returncode == 2 and b"takes no arguments" in with_args.stderr
+
+    _graded(home, run_id)
+    done = subprocess.run([str(export)], input=(run_id + "\n").encode(), capture_output=True, check=False, timeout=60)
+    assert done.returncode == 0, done.stderr
+    with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
+        names = sorted(tar.getnames())
+    assert names == ["artifacts/evidence/harbor/trial-1/result.json", "grading.json", "run.json"]
+    dest = import_run(io.BytesIO(done.stdout), tmp_path / "sealed", run_id)
+    assert json.loads((dest / "grading.json").read_text())["status"] == "FAILED"
+    assert json.loads((dest / "run.json").read_text())["state"] == "FAILED"
+    with pytest.raises(CheckFailed, match="not the expected"):
+        import_run(io.BytesIO(done.stdout), tmp_path / "other", "run-" + "0" * 20)

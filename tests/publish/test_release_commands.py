@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -87,3 +88,46 @@ def test_printed_commands_fail_on_a_tampered_release(release_copy: Path, tmp_pat
     (release / "sbom-api.cdx.json").write_bytes(data.replace(b"{", b"{ ", 1))
     with pytest.raises(CheckFailed, match=r"sha256sum -c SHA256SUMS"):
         run_commands(commands, release)
+
+
+@pytest.mark.slow
+def test_github_release_body_commands_run_as_printed(release_copy: Path, tmp_path: Path, consumer_env: None,
+                                                     emulator: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GitHub target: published through the emulator (`benchseal publish --target github`, the
+    seal job's command), the body read back from the release, the assets downloaded, and the
+    printed commands run exactly as printed; a tampered download fails them."""
+    import json
+    import subprocess
+    import sys
+
+    import requests
+
+    from tests.fixtures.github import tag_release_commit
+
+    emu: Any = emulator
+    summary = json.loads((release_copy / "summary.json").read_text())
+    repository, tag = summary["source"]["repository"], summary["source"]["tag"]
+    emu.add_repo(repository)
+    tag_release_commit(emu, repository, tag, summary["source"]["commit"])
+    from pipeline.dispatch.client import make_client
+
+    make_client(base_url=emu.base_url, token=emu.token).get_repo(repository).create_git_release(
+        tag=tag, name=tag, message="notes\n", prerelease=False)
+    monkeypatch.setenv("GITHUB_TOKEN", emu.token)
+    monkeypatch.setenv("GITHUB_API_URL", emu.base_url)
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(release_copy), "--target", "github",
+                           "--trigger", "tag", "--tag", tag, "--repo", repository],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    release = emu.release(repository, tag)
+    commands = _printed_commands(release.body.split("<!-- benchseal:start -->", 1)[1])
+    assert commands[-1].startswith(f"benchseal verify . --repo {repository} --tag {tag} --trusted-root ")
+    downloaded = tmp_path / "downloaded"
+    downloaded.mkdir()
+    for asset in release.assets:
+        url = f"{emu.origin}/{repository}/releases/download/{tag}/{asset.name}"
+        (downloaded / asset.name).write_bytes(requests.get(url, timeout=30).content)
+    assert run_commands(commands, downloaded) == commands
+    (downloaded / "summary.json").write_bytes((downloaded / "summary.json").read_bytes() + b" ")
+    with pytest.raises(CheckFailed, match=r"sha256sum -c SHA256SUMS"):
+        run_commands(commands, downloaded)

@@ -53,8 +53,10 @@ def _js(directory: Path, root: Path, identity: str, issuer: str) -> tuple[bool, 
 
 
 def _cosign(directory: Path, root: Path, policy: Path | None, cosign: Path) -> tuple[bool, str]:
+    # The release was signed by the private instance's own identity: the local profile, stated (a
+    # tampered bundle's issuer cannot tell which profile printed the commands).
     lines = cosign_commands(directory, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root, policy=policy,
-                            cosign=str(cosign))
+                            cosign=str(cosign), profile="local")
     # The last line is `benchseal verify` (sigstore-python, checked above): cosign's lines only here.
     assert shlex.split(lines[-1])[1:3] == ["verify", "."]
     for line in lines[:-1]:

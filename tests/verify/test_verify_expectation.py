@@ -175,6 +175,8 @@ def test_expectation_pinned_in_a_policy(signed_release: Path, tmp_path: Path, si
     ("https://x/y", "expect:\n  repository: nope\n", "expect.repository"),
     ("https://x/y", "expect:\n  tag: 'refs/tags/v1'\n", "expect.tag"),
     ("https://x/y", "expect:\n  commit: " + "a" * 40 + "\n", "expect"),
+    ("https://x/y", "expect:\n  infra_repository: nope\n", "expect.infra_repository"),
+    ("https://x/{infra}", "", "may use only the placeholders"),
     ("https://x/y", "signer: whoever\n", "unknown keys"),
 ])
 def test_bad_policy_is_a_usage_error(tmp_path: Path, identity: str, extra: str, rule: str) -> None:
@@ -187,8 +189,27 @@ def test_templates_are_filled_only_from_the_expectation() -> None:
     policy = load_policy()
     assert set(policy.profiles) == {"production", "local"}
     assert policy.expect_repository is None and policy.expect_tag is None  # the project pins nothing
-    want = expectation(None, "production", repository="acme/widget", tag="v1.2.3")
-    assert want.identity == "https://github.com/acme/widget/.github/workflows/benchmark.yml@refs/heads/main"
+    want = expectation(None, "production", repository="acme/widget", tag="v1.2.3", infra_repository="acme/bench")
+    # The infra repository's benchmark.yml on main sealed it, whatever the source repository is.
+    assert want.identity == "https://github.com/acme/bench/.github/workflows/benchmark.yml@refs/heads/main"
     assert want.issuer == "https://token.actions.githubusercontent.com"
+    assert (want.repository, want.tag, want.infra_repository) == ("acme/widget", "v1.2.3", "acme/bench")
     with pytest.raises(ValidationError, match="--repo"):
-        expectation(None, "production", repository=None, tag="v1.2.3")
+        expectation(None, "production", repository=None, tag="v1.2.3", infra_repository="acme/bench")
+    # The production profile names the infra repository: the consumer must state it.
+    with pytest.raises(ValidationError, match=r"--infra-repo.*is required by the production profile"):
+        expectation(None, "production", repository="acme/widget", tag="v1.2.3")
+    with pytest.raises(ValidationError, match="--infra-repo"):
+        expectation(None, "production", repository="acme/widget", tag="v1.2.3", infra_repository="not a repo")
+    # The local profile does not use it.
+    assert expectation(None, "local", repository="acme/widget", tag="v1.2.3").infra_repository is None
+
+
+def test_infra_repository_pinned_in_a_policy_file(tmp_path: Path) -> None:
+    policy = _policy(tmp_path / "p.yaml", "https://github.com/{infra_repository}/.github/workflows/benchmark.yml@refs/heads/main",
+                     "https://token.actions.githubusercontent.com", "expect:\n  infra_repository: acme/bench\n")
+    want = expectation(policy, "local", repository="acme/widget", tag="v1")
+    assert want.identity == "https://github.com/acme/bench/.github/workflows/benchmark.yml@refs/heads/main"
+    assert expectation(policy, "local", repository="acme/widget", tag="v1", infra_repository="acme/bench") == want
+    with pytest.raises(ValidationError, match=r"--infra-repo: differs from expect\.infra_repository"):
+        expectation(policy, "local", repository="acme/widget", tag="v1", infra_repository="acme/other")

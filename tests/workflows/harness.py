@@ -113,10 +113,17 @@ class Runner:
                 raise HarnessError(f"deploy/benchseal.sudoers: rule the harness does not understand: {line!r}")
         wrappers = self.root / "libexec"
         wrappers.mkdir(exist_ok=True)
+        # /opt/benchseal/.venv/bin/benchseal: the project venv's interpreter running the checkout
+        # under test (the venv's own editable install may point at another checkout).
+        launcher = wrappers / "opt-benchseal-benchseal"
+        launcher.write_text(f"#!{self.venv}/bin/python\nimport sys\nsys.path.insert(0, {str(REPO_ROOT)!r})\n"
+                            "from pipeline.cli.main import main\nmain()\n", "utf-8")
+        launcher.chmod(0o755)
         mapped: dict[str, str] = {}
         for rule in rules:
             name = Path(rule["command"]).name
             text = (DEPLOY / name).read_text("utf-8")
+            text = text.replace("/opt/benchseal/.venv/bin/benchseal", str(launcher))
             text = text.replace("/opt/benchseal/.venv/bin/", f"{self.venv}/bin/").replace("/opt/benchseal", str(REPO_ROOT))
             # The operator's policy: the infra repository's own (what this runner checked out).
             text = text.replace("/etc/benchseal/infra.yaml", str(self.source / "policies" / "infra.yaml"))
@@ -269,7 +276,8 @@ ACTIONS: dict[str, Action] = {
 
 HOST: dict[str, str] = {
     "sudo": "Runner.tools/sudo: only the rules of deploy/benchseal.sudoers; runs the deploy/ wrapper with "
-            "/opt/benchseal -> the checkout + project venv, /var/lib/benchseal -> Runner.sudo_home",
+            "/opt/benchseal -> the checkout under test + the project venv's interpreter, "
+            "/var/lib/benchseal -> Runner.sudo_home",
     "gh": "the GitHub CLI (Debian package gh, installed by scripts/setup.sh), against GITHUB_API_URL",
     "id-token": "`permissions: id-token: write` -> ACTIONS_ID_TOKEN_REQUEST_URL/_TOKEN served on loopback, "
                 "tokens minted by Runner.oidc; local_issuer(instance): the private Sigstore instance's issuer, "

@@ -158,7 +158,9 @@ JOB_PERMISSIONS: dict[str, dict[str, dict[str, str]]] = {
         "promote_marker": {"checks": "write"},
         "summarize": {},
     },
-    "benchmark.yml": {"accept": {"contents": "read"}, "wait": {"contents": "read"}},
+    "benchmark.yml": {"accept": {"contents": "read"}, "wait": {"contents": "read"},
+                      # export the graded run; sign it as benchmark.yml; publish with BENCHSEAL_PUBLISH_TOKEN
+                      "seal": {"contents": "read", "id-token": "write"}},
     "base.yml": {"base": {"contents": "read", "packages": "write"}},
 }
 

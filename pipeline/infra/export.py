@@ -1,0 +1,194 @@
+"""A graded run leaves the infra host for sealing: exported by the benchseal user, imported by the job.
+
+The worker service grades and never signs (it has no OIDC token). benchmark.yml's ``seal`` job
+(``permissions: id-token: write``) gets the graded run through one narrow sudo-admitted wrapper
+(``deploy/benchseal-export``: one run id on stdin) that runs ``benchseal infra export RUN_ID``,
+and seals it with ``benchseal evidence --from-export``.
+
+What travels is exactly what sealing reads, as an uncompressed tar on stdout:
+
+* ``run.json`` (the run's state and the accepted payload), ``grading.json``;
+* ``artifacts/evidence/**`` (the trial evidence ``evidence-SHA256SUMS`` covers): regular files
+  and directories only (symlinks are never followed nor exported, as the evidence stage skips them).
+
+run.json and grading.json are written from the queue database (the truth), not read from the
+run dir. Both ends fail closed: export refuses a run that is not terminal or has no grading, or
+more than ``MAX_EXPORT_BYTES``;
+import accepts only those names (no absolute paths, no ``..``, no links or devices, no
+duplicates, the same size bound), into an empty directory, and requires ``run.json`` and
+``grading.json`` to name the run the caller expects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from stat import S_ISREG
+from typing import IO
+
+from pipeline.contracts import Grading, RunStatus, load_model
+from pipeline.errors import CheckFailed, ValidationError
+from pipeline.fsutil import canonical_json
+from pipeline.infra.queue import RunRecord
+
+MAX_EXPORT_BYTES = 512 * 1024 * 1024
+MAX_MEMBERS = 100_000
+RUN_ID_RE = re.compile(r"\Arun-[0-9a-f]{20}\Z")
+TOP_FILES = ("run.json", "grading.json")
+EVIDENCE = "artifacts/evidence"
+TERMINAL = ("SUCCEEDED", "FAILED", "INFRA_ERROR")
+
+
+def validate_run_id(run_id: str, field: str = "RUN_ID") -> str:
+    if not RUN_ID_RE.match(run_id):
+        raise ValidationError(field, "must be run-<20 lowercase hex>", run_id)
+    return run_id
+
+
+def _evidence_files(run_dir: Path) -> Iterator[tuple[str, Path]]:
+    evidence = run_dir / EVIDENCE
+    if evidence.is_symlink() or (run_dir / "artifacts").is_symlink():
+        raise CheckFailed(f"{evidence}: is a symlink")
+    if not evidence.is_dir():
+        return
+    for path in sorted(evidence.rglob("*")):
+        # Symlinks (Harbor's trial dirs may hold some) are not evidence: evidence-SHA256SUMS skips them too.
+        if path.is_symlink() or not path.is_file():
+            continue
+        if any(parent.is_symlink() for parent in path.parents if evidence in parent.parents):
+            continue
+        yield path.relative_to(run_dir).as_posix(), path
+
+
+def run_status(record: RunRecord) -> RunStatus:
+    """run.json of ``record``, from the queue database (the truth; the file on disk is a view of it)."""
+    grading = record.grading
+    return RunStatus(run_id=record.run_id, correlation_id=record.correlation_id, state=record.state,
+                     attempts=record.attempts, suite=record.payload.suite, agent=record.payload.agent,
+                     source=record.payload.source, runner=record.payload.runner, api=record.payload.api,
+                     created_at=record.created_at, updated_at=record.updated_at,
+                     score=grading.score if grading else None, counts=grading.counts if grading else None)
+
+
+def export_run(record: RunRecord, run_dir: Path, out: IO[bytes]) -> int:
+    """Write the graded run ``record`` (files under ``run_dir``) to ``out`` as a tar; return its content bytes.
+
+    run.json and grading.json come from the queue database; the evidence files from the run dir.
+    """
+    run_id = validate_run_id(record.run_id)
+    if record.state not in TERMINAL or record.grading is None:
+        raise CheckFailed(f"run {run_id} is {record.state}, not terminal: it has not been graded yet")
+    if record.grading.run_id != run_id or record.grading.status != record.state:
+        raise CheckFailed(f"run {run_id}: its grading is for {record.grading.run_id} ({record.grading.status})")
+    documents = {
+        "run.json": canonical_json(run_status(record).model_dump(mode="json")).encode(),
+        "grading.json": canonical_json(record.grading.model_dump(mode="json")).encode(),
+    }
+    files = list(_evidence_files(run_dir))
+    total = sum(len(data) for data in documents.values()) + sum(path.stat().st_size for _, path in files)
+    if total > MAX_EXPORT_BYTES or len(files) + 2 > MAX_MEMBERS:
+        raise CheckFailed(f"run {run_id}: {len(files) + 2} files, {total} bytes: more than the export limit "
+                          f"({MAX_MEMBERS} files, {MAX_EXPORT_BYTES} bytes)")
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in documents.items():
+            tar.addfile(_info(name, len(data)), io.BytesIO(data))
+        for name, path in files:
+            # O_NOFOLLOW: a file swapped for a symlink after the listing is refused, never followed.
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError as exc:
+                raise CheckFailed(f"{path}: cannot be exported ({exc.strerror})") from None
+            with os.fdopen(fd, "rb") as handle:
+                stat = os.fstat(handle.fileno())
+                if not S_ISREG(stat.st_mode):
+                    raise CheckFailed(f"{path}: not a regular file")
+                tar.addfile(_info(name, stat.st_size), handle)
+    return total
+
+
+def _info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    return info
+
+
+def _json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text("utf-8"))
+    except FileNotFoundError:
+        raise CheckFailed(f"{path}: missing; the run is not graded") from None
+    except (OSError, ValueError) as exc:
+        raise CheckFailed(f"{path}: not readable JSON ({exc})") from None
+
+
+def _allowed(name: str) -> bool:
+    if name in TOP_FILES:
+        return True
+    parts = name.split("/")
+    return (name.startswith(EVIDENCE + "/") and ".." not in parts and "." not in parts and "" not in parts
+            and "\\" not in name and "\0" not in name and PurePosixPath(name).as_posix() == name)
+
+
+def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:
+    """Unpack an export into the empty (or new) directory ``dest``; check it is ``run_id``'s graded run."""
+    validate_run_id(run_id, "--run-id")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise ValidationError("RUN_DIR", "must be a new or empty directory", str(dest))
+    dest.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    total = 0
+    try:
+        with tarfile.open(fileobj=source, mode="r|") as tar:
+            for member in tar:
+                name = member.name
+                if not member.isfile():
+                    raise CheckFailed(f"export: {name!r} is not a regular file (type {member.type!r})")
+                if not _allowed(name):
+                    raise CheckFailed(f"export: {name!r} is not run.json, grading.json or under {EVIDENCE}/")
+                if name in seen:
+                    raise CheckFailed(f"export: {name!r} appears twice")
+                seen.add(name)
+                total += member.size
+                if total > MAX_EXPORT_BYTES or len(seen) > MAX_MEMBERS:
+                    raise CheckFailed(f"export: more than {MAX_MEMBERS} files or {MAX_EXPORT_BYTES} bytes")
+                handle = tar.extractfile(member)
+                if handle is None:  # pragma: no cover - isfile() members always have data
+                    raise CheckFailed(f"export: {name!r} has no data")
+                target = dest / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with target.open("xb") as out:
+                    remaining = member.size
+                    while remaining:
+                        chunk = handle.read(min(remaining, 1 << 20))
+                        if not chunk:
+                            raise CheckFailed(f"export: {name!r} is truncated")
+                        out.write(chunk)
+                        remaining -= len(chunk)
+    except tarfile.TarError as exc:
+        raise CheckFailed(f"export: not a valid tar stream ({exc})") from None
+    for name in TOP_FILES:
+        if name not in seen:
+            raise CheckFailed(f"export: {name} is missing; the run is not graded")
+    status = load_model(RunStatus, _json(dest / "run.json"), "run.json")
+    grading = load_model(Grading, _json(dest / "grading.json"), "grading.json")
+    if status.run_id != run_id or grading.run_id != run_id:
+        raise CheckFailed(f"export: run.json/grading.json are for {status.run_id}/{grading.run_id}, not the "
+                          f"expected {run_id}")
+    if status.state not in TERMINAL or grading.status != status.state:
+        raise CheckFailed(f"export: run {run_id} is {status.state} with grading {grading.status}: not a graded "
+                          f"terminal run")
+    return dest
+
+
+def export_bytes(record: RunRecord, run_dir: Path) -> bytes:
+    """The export in memory (tests)."""
+    buffer = io.BytesIO()
+    export_run(record, run_dir, buffer)
+    return buffer.getvalue()
