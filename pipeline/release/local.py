@@ -29,12 +29,8 @@ from typing import Any
 from rich.console import Console
 
 from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
-<<<<<<< HEAD
-from pipeline.contracts import Grading, PublicationRequest
-=======
 from pipeline.build.names import ImageNames, as_names, resolve_image_names
-from pipeline.contracts import Grading
->>>>>>> main
+from pipeline.contracts import Grading, PublicationRequest
 from pipeline.errors import CheckFailed, UsageError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.policy import InfraPolicy

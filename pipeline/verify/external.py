@@ -19,6 +19,7 @@ from cryptography import x509
 from cryptography.hazmat import asn1
 
 from pipeline import paths
+from pipeline.contracts import GITHUB_ISSUER
 from pipeline.errors import InfrastructureError
 from pipeline.layout import (
     BUNDLE_SUFFIX,
@@ -146,19 +147,11 @@ def command_profile(directory: Path, profile: str | None) -> str:
     This only chooses how to *print* the producer's own release; ``benchseal verify`` never
     picks anything from the release it checks.
     """
-    from pipeline.contracts import GITHUB_ISSUER
-
     if profile is not None:
         return profile
-<<<<<<< HEAD
-    if bundle_issuer(directory / "SHA256SUMS.sigstore.json") == GITHUB_ISSUER:
+    if bundle_issuer(directory / CHECKSUMS_BUNDLE) == GITHUB_ISSUER:
         return "production"
     return "local"
-=======
-    if bundle_issuer(directory / CHECKSUMS_BUNDLE) == sigstore_local.LOCAL_ISSUER:
-        return "local"
-    return "production"
->>>>>>> main
 
 
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
