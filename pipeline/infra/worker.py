@@ -53,7 +53,7 @@ from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, Run
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
-from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent
+from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent, reap_private_dirs
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading, read_plan
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import Queue, RunRecord, open_queue
@@ -393,6 +393,8 @@ def _archive_previous_attempt(run_dir: Path, attempt: int) -> None:
 def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
     """Claim one run and take it through one attempt; None when nothing was queued."""
     policy = config.policy or load_policy()
+    # Secret files and sockets of attempts whose worker died (kill -9) on this host: gone before any claim.
+    reap_private_dirs()
     with open_queue(config.db, url_file=config.queue_url_file) as queue:
         for run_id in queue.requeue_expired():
             log.warning("run %s: lease expired; requeued or ended", run_id)
@@ -593,7 +595,9 @@ def _run_container(
     # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
     # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
     # (the worker pulled the base by digest already).
-    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir, docker_socket=config.docker_socket)
+    # A model-backed agent's trial containers each get a model gateway (the runner image) as their only way out.
+    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir, docker_socket=config.docker_socket,
+                                       runner_image=runner_ref.ref, labels={LABEL_RUN: run_id})
     try:
         return _run_started_container(client, record, runner_ref, run_dir, config, command, agent_setup,
                                       policy.suite_timeout(record.payload.suite))

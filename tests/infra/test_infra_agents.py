@@ -419,6 +419,140 @@ def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload:
     assert [r["path"] for r in requests] == ["/v1/models", "/v2/"]
 
 
+# --- egress from inside a trial container: the model gateway and nothing else ----------
+
+_TRIAL_PROBE = r"""
+import json, os, socket, sys, urllib.error, urllib.request
+out = {"interfaces": sorted(os.listdir("/sys/class/net"))}
+try:
+    urllib.request.urlopen("http://127.0.0.1:%s/v1/models" % sys.argv[1], timeout=10)
+    out["model"] = "no auth asked"
+except urllib.error.HTTPError as exc:
+    out["model"] = "%d %s" % (exc.code, json.loads(exc.read())["error"]["message"])
+except OSError as exc:
+    out["model"] = "unreachable " + str(exc)
+targets = [("registry", "127.0.0.1", sys.argv[2]), ("loopback_service", "127.0.0.1", sys.argv[3]),
+           ("model_direct", "127.0.0.1", sys.argv[4]), ("host_via_bridge", "172.17.0.1", sys.argv[5]),
+           ("registry_via_bridge", "172.17.0.1", sys.argv[2]), ("metadata", "169.254.169.254", "80"),
+           ("internet", "1.1.1.1", "443")]
+for name, host, port in targets:
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        out[name] = "connected"
+    except OSError as exc:
+        out[name] = "refused " + type(exc).__name__
+try:
+    socket.getaddrinfo("example.com", 443)
+    out["dns"] = "resolved"
+except OSError:
+    out["dns"] = "failed"
+print("PROBE " + json.dumps(out))
+"""
+
+
+class _Listener:
+    """A TCP service on the host that must stay unreachable (counts the connections it accepts)."""
+
+    def __init__(self, host: str) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload: Any, local_images: Any,
+                                                            base_refs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task container started THROUGH the runner's engine proxy (as Harbor's compose does): the
+    proxy forces it into its own model gateway's network namespace; the model answers there, while
+    the registry, two other host services (loopback and all-interfaces), the metadata address, the
+    internet and DNS are refused."""
+    from pipeline.build import ensure_local
+    from pipeline.contracts import DispatchPayload
+    from pipeline.infra.engine_proxy import GATEWAY_LABEL
+    from pipeline.infra.relay import GATEWAY_PORT
+    from pipeline.infra.worker import LABEL_RUN
+
+    base = base_refs["base"]
+    ensure_local(base)
+    registry_port = int(local_images["runner"].registry.rpartition(":")[2])
+    run_label = f"egress-{SESSION}-{uuid.uuid4().hex[:6]}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    loopback, anywhere = _Listener("127.0.0.1"), _Listener("0.0.0.0")
+    client = docker.from_env()
+    try:
+        with ModelServer(key=CANARY, log_path=tmp_path / "log.jsonl") as server:
+            policy = load_policy(_write_policy(tmp_path, _policy_data(server.port)))
+            monkeypatch.setenv(KEY_ENV, CANARY)
+            setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="terminus-2")),
+                                         run_dir=run_dir, runner_image=local_images["runner"].ref,
+                                         labels={LABEL_RUN: run_label})
+            try:
+                # Removed with DELETE, as compose does (an AutoRemove container's gateway goes when the proxy stops).
+                script = ('docker run --name "$1" "$2" python3 -c "$3" "$4" "$5" "$6" "$7" "$8"; '
+                          'echo "exit=$?"; docker rm "$1" >/dev/null; echo "rm=$?"; '
+                          'docker run --rm --network bridge "$2" true; echo "bridge_exit=$?"')
+                output = client.containers.run(
+                    local_images["runner"].ref, entrypoint=["sh", "-c", script, "probe"],
+                    command=[f"egress-trial-{run_label}", base.ref, _TRIAL_PROBE, str(GATEWAY_PORT), str(registry_port),
+                             str(loopback.port), str(server.port), str(anywhere.port)],
+                    volumes={str(run_dir): {"bind": str(run_dir), "mode": "rw"}, **setup.volumes},
+                    network_mode="none", environment={"DOCKER_BUILDKIT": "0"}, remove=True, stdout=True,
+                    stderr=True).decode()
+                assert setup.engine is not None
+                gateways_left_by_rm = set(setup.engine.gateways)
+            finally:
+                setup.close()
+        leftovers = client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_label}"})
+    finally:
+        loopback.close()
+        anywhere.close()
+    line = next((x for x in output.splitlines() if x.startswith("PROBE ")), None)
+    assert line is not None, output
+    result = json.loads(line[len("PROBE "):])
+    # Only a loopback interface: the gateway's namespace, no bridge, no route anywhere.
+    assert result["interfaces"] == ["lo"], result
+    # The model server itself answered (its own 401 message: the trial holds no key).
+    assert result["model"] == "401 invalid or missing API key", result
+    for name in ("registry", "loopback_service", "model_direct", "host_via_bridge", "registry_via_bridge",
+                 "metadata", "internet"):
+        assert result[name].startswith("refused"), (name, result)
+    assert result["dns"] == "failed"
+    assert loopback.accepted == 0 and anywhere.accepted == 0
+    assert "exit=0" in output and "rm=0" in output
+    # Asking for a network is refused outright.
+    assert "bridge_exit=125" in output and "benchseal engine proxy" in output, output
+    requests = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [(r["path"], r["status"]) for r in requests] == [("/v1/models", 401)]
+    # The gateway went with its container (docker run --rm), and nothing of the run is left.
+    assert gateways_left_by_rm == set() and leftovers == []
+    assert not [c for c in client.containers.list(all=True, filters={"label": GATEWAY_LABEL})
+                if c.labels.get(LABEL_RUN) == run_label]
+
+
 # --- engine access: from inside the runner, its own containers only --------------------
 
 _ENGINE_PROBE = r"""
