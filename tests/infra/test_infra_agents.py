@@ -135,19 +135,75 @@ def test_runner_refuses_an_agent_version_its_harbor_does_not_ship(tmp_path: Path
 # --- the real thing: worker + runner + Harbor + terminus-2 + scripted model ------------
 
 class Scanner(threading.Thread):
-    """While the run is in flight: /proc/*/cmdline and docker inspect of every container."""
+    """While the run is in flight, over and over: every /proc/*/cmdline; docker inspect (Env, Labels,
+    everything) of every container on the engine, and of EVERY container created meanwhile, inspected
+    the moment its create event arrives (with the event's own attributes); the logs of the
+    containers created meanwhile; every file under ``roots`` (run dir, Harbor trial configs, logs,
+    artifacts, the queue database and its WAL); the runner container's /tmp (Harbor's compose env
+    files) through /proc/<pid>/root."""
 
-    def __init__(self, needle: str) -> None:
+    def __init__(self, needle: str, roots: list[Path]) -> None:
         super().__init__(daemon=True)
         self.needle = needle.encode()
+        self.roots = roots
         self.stop = threading.Event()
         self.argv_hits: list[str] = []
         self.inspect_hits: list[str] = []
-        self.containers: dict[str, str] = {}
+        self.file_hits: set[str] = set()
+        self.log_hits: set[str] = set()
+        self.containers: dict[str, str] = {}  # name -> image, every container seen
+        self.created: dict[str, str] = {}  # id -> name, from create events while in flight
+        self.inspected: set[str] = set()  # ids inspected at least once
+        self.files_seen: set[str] = set()
+        self.runner_tmp_files: set[str] = set()
+        self.runner_tmp_scans = 0
         self.scans = 0
+        self._client = docker.from_env()
+        self._events = self._client.events(decode=True, filters={"type": "container", "event": "create"})
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def _check_container(self, client: Any, ident: str) -> None:
+        try:
+            info = client.api.inspect_container(ident)
+        except docker.errors.APIError:
+            return  # removed meanwhile
+        self.inspected.add(info["Id"])
+        self.containers[info["Name"]] = info["Config"]["Image"]
+        if self.needle in json.dumps(info).encode():
+            self.inspect_hits.append(info["Name"])
+
+    def _watch(self) -> None:
+        client = docker.from_env()
+        try:
+            for event in self._events:
+                ident = event.get("id") or event.get("Actor", {}).get("ID")
+                self.created[ident] = event.get("Actor", {}).get("Attributes", {}).get("name", "")
+                if self.needle in json.dumps(event).encode():  # labels, name, image of the create
+                    self.inspect_hits.append(f"event {self.created[ident]}")
+                self._check_container(client, ident)
+        except Exception:  # the stream is closed by stop_all()
+            pass
+
+    def stop_all(self) -> None:
+        self.stop.set()
+        self.join()
+        self._events.close()
+        self._watcher.join(timeout=10)
+
+    def _scan_files(self, paths: list[Path], into: set[str]) -> None:
+        for path in paths:
+            try:
+                if path.is_symlink() or not path.is_file() or path.stat().st_size > 20_000_000:
+                    continue
+                into.add(str(path))
+                if self.needle in path.read_bytes():
+                    self.file_hits.add(str(path))
+            except OSError:
+                continue
 
     def run(self) -> None:
-        client = docker.from_env()
+        self._watcher.start()
+        client = self._client
         while not self.stop.is_set():
             for entry in os.scandir("/proc"):
                 if entry.name.isdigit():
@@ -159,12 +215,22 @@ class Scanner(threading.Thread):
                         self.argv_hits.append(cmdline.replace(b"\0", b" ")[:3000].decode(errors="replace"))
             try:
                 for container in client.api.containers(all=True):
-                    info = client.api.inspect_container(container["Id"])
-                    self.containers[info["Name"]] = info["Config"]["Image"]
-                    if self.needle in json.dumps(info).encode():
-                        self.inspect_hits.append(info["Name"])
+                    self._check_container(client, container["Id"])
             except docker.errors.APIError:
-                pass  # a container removed between list and inspect
+                pass
+            for ident, name in list(self.created.items()):
+                try:
+                    if self.needle in client.api.logs(ident, stdout=True, stderr=True):
+                        self.log_hits.add(name)
+                    if name.startswith("benchseal-infra-"):
+                        pid = client.api.inspect_container(ident)["State"]["Pid"]
+                        tmp = Path(f"/proc/{pid}/root/tmp")
+                        if pid and tmp.is_dir():
+                            self._scan_files(list(tmp.rglob("*")), self.runner_tmp_files)
+                            self.runner_tmp_scans += 1
+                except (docker.errors.APIError, OSError):
+                    continue
+            self._scan_files([p for root in self.roots if root.exists() for p in root.rglob("*")], self.files_seen)
             self.scans += 1
 
 
@@ -205,15 +271,15 @@ def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
             return set(tmp.glob("benchseal-secrets-*")) | set(tmp.glob("benchseal-model-*"))
 
         before = private_dirs()
-        scanner = Scanner(CANARY)
+        # The queue DB, its WAL and the run dir (Harbor's trial configs, logs, artifacts) live under db.parent.
+        scanner = Scanner(CANARY, [db.parent])
         old = os.environ.get(KEY_ENV)
         os.environ[KEY_ENV] = CANARY
         scanner.start()
         try:
             outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=setup["suites"], image_trust=setup["trust"]))
         finally:
-            scanner.stop.set()
-            scanner.join()
+            scanner.stop_all()
             if old is None:
                 os.environ.pop(KEY_ENV, None)
             else:
@@ -279,6 +345,18 @@ def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any
     assert sum("__" in n or "main" in n for n in names) >= 1, names
     assert scanner.argv_hits == [], scanner.argv_hits[:3]
     assert scanner.inspect_hits == []
+    # EVERY container created while the run was in flight (runner, trial containers, model gateways)
+    # was inspected while it existed; none of their logs held the key.
+    created = scanner.created
+    assert any(n.startswith("benchseal-infra-") for n in created.values()), created
+    assert sum(n.endswith("-model-gateway") for n in created.values()) >= 3, created
+    assert set(created) <= scanner.inspected, {i: n for i, n in created.items() if i not in scanner.inspected}
+    assert scanner.log_hits == set()
+    # Files were searched while in flight too: Harbor's trial configs, the queue DB, the runner's /tmp.
+    assert scanner.file_hits == set(), scanner.file_hits
+    assert any(p.endswith("/config.json") for p in scanner.files_seen)
+    assert any(p.endswith("queue.sqlite3") for p in scanner.files_seen)
+    assert scanner.runner_tmp_scans >= 1, "the runner's /tmp was never searched"
     roots = [right_run["run_dir"], right_run["db"].parent]
     files = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name == "config.json" for p in files) and any(p.suffix == ".sqlite3" for p in files)
@@ -619,3 +697,115 @@ def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, loc
     assert (run_dir / "ok" / "out.txt").read_text() == "inside\n"
     assert any("privileged" in r for r in refused) and any("/etc" in r for r in refused)
     assert not client.volumes.list(filters={"name": "escape-vol"})
+
+
+# --- secret files outlive no worker: kill -9 before the runner planned, then recovery -----
+
+def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path, make_payload: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from pipeline.contracts import DispatchPayload
+    from pipeline.infra.agents import reap_private_dirs
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv(KEY_ENV, CANARY)
+    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="terminus-2")),
+                                 run_dir=tmp_path)
+    try:
+        live = sorted(private.iterdir())
+        assert [p.name.rsplit("-", 1)[0] for p in live] == ["benchseal-engine", "benchseal-model", "benchseal-secrets"]
+        assert reap_private_dirs() == [] and all(p.exists() for p in live)  # held by this attempt
+    finally:
+        setup.close()
+    # A process that made its dirs and died with -9 (its locks gone with it): the next reap removes them.
+    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom pipeline.infra.agents import _private_dir\n"
+            "locks = []\nd = _private_dir('benchseal-secrets-', locks)\n(d / 'K').write_text(sys.argv[1])\n"
+            "print(d, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, CANARY], env={**os.environ, "TMPDIR": str(private)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == -9
+    dead = Path(done.stdout.strip())
+    assert (dead / "K").read_text() == CANARY
+    assert reap_private_dirs() == [dead] and not dead.exists()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_setup: dict[str, Any],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real `benchseal worker` is frozen the moment its secret file exists and killed with -9 (so
+    it never drops the file); the next worker on the host removes it, and the dead attempt's
+    runner, trial and gateway containers, before anything else."""
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.infra.worker import LABEL_RUN
+
+    root: Path = agent_setup["root"] / "kill9-secrets"
+    root.mkdir()
+    private = root / "tmp"
+    private.mkdir()
+    with ModelServer(key=CANARY, mode="right", log_path=root / "model.jsonl") as server:
+        data = json.loads(json.dumps(agent_setup["data"]))
+        data["suites"]["smoke"]["model"]["endpoint"] = server.base_url
+        data["max_attempts"], data["lease_seconds"] = 1, 4
+        policy_path = _write_policy(root, data)
+        policy = load_policy(policy_path)
+        db = root / "queue.sqlite3"
+        payload = {"schema": "benchseal.dispatch/v1", "correlation_id": f"agent-kill9-secrets-{SESSION}",
+                   "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
+                              "tag": "v9.9.9"},
+                   "runner": agent_setup["runner"], "api": agent_setup["api"], "suite": "smoke", "agent": "terminus-2"}
+        run_id = accept_payload(payload, db=db, policy=policy).run_id
+        trust = agent_setup["trust"]
+        cmd = [sys.executable, "-m", "pipeline", "worker", "--once", "--db", str(db), "--policy", str(policy_path),
+               "--suites-dir", str(agent_setup["suites"]), "--sigstore-url", str(trust.fulcio_url),
+               "--trusted-root", str(trust.trusted_root)]
+        env = {**os.environ, "TMPDIR": str(private), KEY_ENV: CANARY, "PYTHONPATH": str(REPO_ROOT)}
+        worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        secret: list[Path] = []
+        try:
+            from tests.fixtures.infra import wait_for
+
+            def secret_written() -> bool:
+                secret[:] = [p for p in private.glob(f"benchseal-secrets-*/{KEY_ENV}")]
+                return bool(secret)
+
+            wait_for(secret_written, "the worker's secret file", limit=240)
+            worker.send_signal(signal.SIGSTOP)  # frozen: it can no longer drop the file itself
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        assert worker.returncode == -signal.SIGKILL
+        assert secret[0].read_text() == CANARY  # left behind by the dead worker
+        left = sorted(p.name.rsplit("-", 1)[0] for p in private.iterdir())
+        assert "benchseal-secrets" in left and "benchseal-model" in left
+        # Recovery: the next worker on this host (same temp dir) polls the queue.
+        monkeypatch.setattr(tempfile, "tempdir", str(private))
+        outcomes: list[Any] = []
+
+        def recovered() -> bool:
+            got = run_once(WorkerConfig(db=db, policy=policy, suites_dir=agent_setup["suites"], image_trust=trust))
+            if got is not None:
+                outcomes.append(got)
+            return bool(outcomes)
+
+        # Its very first poll (before the lease expires, nothing to claim yet) already removed the files.
+        assert run_once(WorkerConfig(db=db, policy=policy, suites_dir=agent_setup["suites"], image_trust=trust)) is None
+        assert not secret[0].exists() and list(private.iterdir()) == []
+        wait_for(recovered, "the lease to expire and the run to be finalized", limit=60)
+    assert outcomes[0].run_id == run_id and outcomes[0].state == "INFRA_ERROR"
+    client = docker.from_env()
+    assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}) == []
+    roots = [db.parent]
+    files = [p for r in roots for p in r.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert [p for p in files if CANARY.encode() in p.read_bytes()] == []
