@@ -21,7 +21,7 @@ Private directories (secrets, relay socket, engine socket) are created 0700 in
 the temp dir and held with an exclusive ``flock`` for their lifetime; they are
 removed when the attempt ends. A worker killed with -9 cannot remove them, but
 the kernel drops its lock: ``reap_private_dirs`` (run by every worker before it
-claims) removes every such directory whose lock nobody holds, so a secret file
+claims) removes every such directory (marked ``LOCK_MARKER``) whose lock nobody holds, so a secret file
 outlives its worker only until the next worker on the host polls the queue.
 """
 
@@ -46,6 +46,7 @@ SECRETS_MOUNT = "/run/benchseal/secrets"
 MODEL_MOUNT = "/run/benchseal/model"
 MODEL_SOCKET = "model.sock"
 PRIVATE_PREFIXES = ("benchseal-secrets-", "benchseal-model-", "benchseal-engine-")
+LOCK_MARKER = ".benchseal-flock"
 
 log = logging.getLogger("benchseal.agents")
 
@@ -58,6 +59,8 @@ def _private_dir(prefix: str, locks: list[int]) -> Path:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     locks.append(fd)
+    # Marks a directory whose lifetime is its lock (a directory without it is never reaped).
+    (path / LOCK_MARKER).touch(mode=0o400)
     return path
 
 
@@ -68,7 +71,8 @@ def reap_private_dirs(tmp: Path | None = None) -> list[Path]:
     for prefix in PRIVATE_PREFIXES:
         for path in sorted(root.glob(prefix + "*")):
             try:
-                if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid():
+                if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid() \
+                        or not (path / LOCK_MARKER).is_file():
                     continue
                 fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             except OSError:

@@ -731,7 +731,10 @@ def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path
     assert done.returncode == -9
     dead = Path(done.stdout.strip())
     assert (dead / "K").read_text() == CANARY
-    assert reap_private_dirs() == [dead] and not dead.exists()
+    # A directory of the same name without the lock marker (not made by _private_dir) is never touched.
+    foreign = private / "benchseal-secrets-foreign"
+    foreign.mkdir()
+    assert reap_private_dirs() == [dead] and not dead.exists() and foreign.is_dir()
 
 
 @pytest.mark.docker
