@@ -35,7 +35,7 @@ from pipeline.infra.queue import SqliteQueue
 from pipeline.infra.worker import WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
 from pipeline.publish.body import facts_from_summary, render_section
-from tests.fixtures.infra import built_images_source
+from tests.fixtures.infra import built_images_source, wait_for
 
 CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
 KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
@@ -600,8 +600,11 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
                     volumes={str(run_dir): {"bind": str(run_dir), "mode": "rw"}, **setup.volumes},
                     network_mode="none", environment={"DOCKER_BUILDKIT": "0"}, remove=True, stdout=True,
                     stderr=True).decode()
-                assert setup.engine is not None
-                gateways_left_by_rm = set(setup.engine.gateways)
+                engine = setup.engine
+                assert engine is not None
+                # The proxy removes a gateway once the engine answered its container's DELETE (after
+                # the reply reached the client, so a moment later): before the proxy stops, not by it.
+                wait_for(lambda: not engine.gateways, "the gateway's removal after `docker rm`", limit=30)
             finally:
                 setup.close()
         leftovers = client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_label}"})
@@ -625,8 +628,8 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     assert "bridge_exit=125" in output and "benchseal engine proxy" in output, output
     requests = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [(r["path"], r["status"]) for r in requests] == [("/v1/models", 401)]
-    # The gateway went with its container (docker run --rm), and nothing of the run is left.
-    assert gateways_left_by_rm == set() and leftovers == []
+    # The gateway went with its container (waited for above), and nothing of the run is left.
+    assert leftovers == []
     assert not [c for c in client.containers.list(all=True, filters={"label": GATEWAY_LABEL})
                 if c.labels.get(LABEL_RUN) == run_label]
 
@@ -774,8 +777,6 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
         worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         secret: list[Path] = []
         try:
-            from tests.fixtures.infra import wait_for
-
             def secret_written() -> bool:
                 secret[:] = [p for p in private.glob(f"benchseal-secrets-*/{KEY_ENV}")]
                 return bool(secret)
