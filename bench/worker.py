@@ -42,11 +42,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Not bench/ itself on the path: bench/queue.py would shadow the standard library's queue (urllib3 needs it).
+_BENCH = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH]
+sys.path.insert(0, str(_BENCH.parent))
 
-from pipeline.contracts import DispatchPayload
-from pipeline.infra.policy import load_policy
-from pipeline.infra.queue import SqliteQueue
+from pipeline.contracts import DispatchPayload  # noqa: E402 (after the sys.path fix above)
+from pipeline.infra.policy import load_policy  # noqa: E402
+from pipeline.infra.queue import SqliteQueue  # noqa: E402
 
 
 def rss_kib() -> int:
@@ -108,7 +111,11 @@ def bench_queue(root: Path, n: int) -> None:
 def bench_cheap_worker(root: Path, n: int) -> None:
     from pipeline.infra.worker import WorkerConfig, run_once
 
-    policy = load_policy().model_copy(update={"max_attempts": 1})
+    # acme/benchseal with the local runner/api repositories: the payloads pass the policy and the
+    # attempt fails at the pull (the digest is absent), before any signature is checked.
+    policy = _policy_file(root / "cheap", {"runner": [{"registry": "127.0.0.1:5055", "repository": "benchseal/runner"}],
+                                           "api": [{"registry": "127.0.0.1:5055", "repository": "benchseal/api"}]},
+                          None).model_copy(update={"max_attempts": 1})
     db = root / "cheap" / "queue.sqlite3"
     missing = "127.0.0.1:5055/benchseal/runner@sha256:" + "0" * 64
     api = "127.0.0.1:5055/benchseal/api@sha256:" + "b" * 64
@@ -152,12 +159,9 @@ KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
 def signed_policy(root: Path, images: list[str], model_endpoint: str | None) -> tuple[Any, Any, Any]:
     """(policy, worker image trust, sigstore state): ``images`` signed and attested as acme/benchseal's
     tag.yml at the bench payloads' tag by a private Sigstore instance (stop it with sigstore_local.stop)."""
-    import yaml
-
     from pipeline.attest import BuildInvocation, ImageSigner, SigstoreEndpoints, attest_images
     from pipeline.digests import parse_ref
     from pipeline.evidence import sigstore_local
-    from pipeline.paths import REPO_ROOT
 
     state = root / "sigstore"
     instance = sigstore_local.ensure_running(state)
@@ -170,7 +174,6 @@ def signed_policy(root: Path, images: list[str], model_endpoint: str | None) -> 
                                  run_url="https://github.com/acme/benchseal/actions/runs/1/attempts/1")
     signer = ImageSigner(endpoints, allow_http_registry=True, actions_env=session.environ())
     attest_images({f"image{i}": ref for i, ref in enumerate(images)}, signer, invocation, root / "sboms")
-    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     by_role: dict[str, list[dict[str, str]]] = {"runner": [], "api": []}
     for ref in images:
         parsed = parse_ref(ref)
@@ -178,12 +181,23 @@ def signed_policy(root: Path, images: list[str], model_endpoint: str | None) -> 
         entry = {"registry": parsed.registry, "repository": parsed.repository}
         if entry not in by_role[role]:
             by_role[role].append(entry)
-    data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": by_role}]
+    return _policy_file(root, by_role, model_endpoint), endpoints, state
+
+
+def _policy_file(root: Path, images: dict[str, list[dict[str, str]]], model_endpoint: str | None) -> Any:
+    """The shipped infra policy with acme/benchseal (signed by its tag.yml) running ``images``."""
+    import yaml
+
+    from pipeline.paths import REPO_ROOT
+
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": images}]
     if model_endpoint is not None:
         data["suites"]["smoke"]["model"]["endpoint"] = model_endpoint
+    root.mkdir(parents=True, exist_ok=True)
     path = root / "infra.yaml"
     path.write_text(yaml.safe_dump(data))
-    return load_policy(path), endpoints, state
+    return load_policy(path)
 
 
 @dataclass
