@@ -589,9 +589,18 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
                                          run_dir=run_dir, runner_image=local_images["runner"].ref,
                                          labels={LABEL_RUN: run_label})
             try:
-                # Removed with DELETE, as compose does (an AutoRemove container's gateway goes when the proxy stops).
-                script = ('docker run --name "$1" "$2" python3 -c "$3" "$4" "$5" "$6" "$7" "$8"; '
-                          'echo "exit=$?"; docker rm "$1" >/dev/null; echo "rm=$?"; '
+                # Started, probed with exec and removed with DELETE, as Harbor's compose does (an
+                # AutoRemove container's gateway goes when the proxy stops). The runner may not touch
+                # the gateway itself.
+                script = ('docker run -d --name "$1" "$2" sleep 300 >/dev/null; echo "run=$?"; '
+                          'docker exec "$1" python3 -c "$3" "$4" "$5" "$6" "$7" "$8"; echo "exit=$?"; '
+                          'gw=$(docker inspect -f \'{{index .Config.Labels "benchseal.engine-proxy.gateway"}}\' "$1"); '
+                          'echo "gateway=$gw"; '
+                          'if out=$(docker exec "$gw" true 2>&1); then echo gw_exec=ok; '
+                          'else echo "gw_exec=refused:$(echo "$out" | grep -c \'benchseal engine proxy\')"; fi; '
+                          'if out=$(docker kill "$gw" 2>&1); then echo gw_kill=ok; '
+                          'else echo "gw_kill=refused:$(echo "$out" | grep -c \'benchseal engine proxy\')"; fi; '
+                          'docker rm -f "$1" >/dev/null; echo "rm=$?"; '
                           'docker run --rm --network bridge "$2" true; echo "bridge_exit=$?"')
                 output = client.containers.run(
                     local_images["runner"].ref, entrypoint=["sh", "-c", script, "probe"],
@@ -623,7 +632,10 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
         assert result[name].startswith("refused"), (name, result)
     assert result["dns"] == "failed"
     assert loopback.accepted == 0 and anywhere.accepted == 0
-    assert "exit=0" in output and "rm=0" in output
+    assert "run=0" in output and "exit=0" in output and "rm=0" in output
+    results = dict(x.split("=", 1) for x in output.splitlines() if "=" in x and not x.startswith("PROBE "))
+    assert len(results.get("gateway", "")) == 64, output
+    assert results["gw_exec"] == "refused:1" and results["gw_kill"] == "refused:1", output
     # Asking for a network is refused outright.
     assert "bridge_exit=125" in output and "benchseal engine proxy" in output, output
     requests = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
