@@ -25,8 +25,8 @@ unchecked request; hijacked exec/attach streams stay raw after the check):
 * everything that addresses a container or an exec (start, stop, kill, exec,
   attach, archive, logs, inspect, delete...) only for containers this proxy
   labelled: no exec into, or inspect of, any other container;
-* image pulls only of the allowlisted repositories; volume create without driver options (a ``local`` volume with
-  ``o=bind`` is a bind mount);
+* image pulls only of the allowlisted repositories; volume create without
+  driver options (a ``local`` volume with ``o=bind`` is a bind mount);
 * read-only listings and ``/_ping``, ``/version``, ``/info``; anything else is
   refused with 403 and logged.
 """

@@ -2,8 +2,9 @@
 
 One attempt (``run_once``):
 
-1. requeue expired leases, claim the oldest QUEUED run, start a heartbeat thread
-   (its failures are logged, never fatal to the trial);
+1. remove the secret files and sockets that dead workers on this host left behind
+   (``agents.reap_private_dirs``), requeue expired leases, claim the oldest QUEUED run,
+   start a heartbeat thread (its failures are logged, never fatal to the trial);
 2. pull the runner and base images BY DIGEST and check the local RepoDigests
    list exactly that reference for that repository (refuse otherwise);
 3. copy the suite into the run dir, render each task Dockerfile's
@@ -12,7 +13,8 @@ One attempt (``run_once``):
    leaves its runner container behind), then start the runner container by
    digest with an engine socket and the run dir mounted at the same path,
    running ``benchseal trial run``; secrets go in as 0400 files on a read-only
-   mount (never Env or argv), the engine socket is the filtering proxy, a model
+   mount (never Env or argv), the engine socket is the filtering proxy (trial
+   containers: network none, or a model agent's per-container model gateway), a model
    agent reaches its endpoint through a relay socket (``pipeline.infra.agents``);
 5. wait under the suite timeout (kill on expiry), record what the container ran
    (``docker inspect`` Image + RepoDigests), copy evidence into artifacts/ in
