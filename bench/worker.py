@@ -12,12 +12,20 @@
    its share of the trial wall time, runner start to the first trial (the runner
    container's StartedAt to the earliest trial start), where the time goes (Harbor's
    compose commands, from each trial's compose-timings.jsonl), plus RSS/FDs;
-5. `harbor --version` in the runner (container start + import) with and without bytecode.
+5. `harbor --version` in the runner (container start + import) with and without bytecode;
+6. with --agents (default oracle,terminus-2): the same "now" runner per agent, interleaved in the
+   same rounds (terminus-2 against the scripted model server, `right` script, on 127.0.0.1, its
+   trial containers each behind a model gateway), and a side-by-side table of the per-trial
+   harness overhead with each agent's ratio to oracle's.
+
+The images are signed and attested as acme/benchseal's tag.yml by a private Sigstore instance of
+the bench's own (started and stopped here), which the worker trusts, as in the tests.
 
 Ratios between variants are measured in the same process minutes apart; absolute times
 depend on the machine's load.
 
 Usage: .venv/bin/python bench/worker.py [--real-runs N] [--cheap-runs N] [--ablation] [--version-runs N]
+                                        [--agents oracle,terminus-2]
 """
 
 from __future__ import annotations
@@ -34,11 +42,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# Not bench/ itself on the path: bench/queue.py would shadow the standard library's queue (urllib3 needs it).
+_BENCH = Path(__file__).resolve().parent
+sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH]
+sys.path.insert(0, str(_BENCH.parent))
 
-from pipeline.contracts import DispatchPayload
-from pipeline.infra.policy import load_policy
-from pipeline.infra.queue import SqliteQueue
+from pipeline.contracts import DispatchPayload  # noqa: E402 (after the sys.path fix above)
+from pipeline.infra.policy import load_policy  # noqa: E402
+from pipeline.infra.queue import SqliteQueue  # noqa: E402
 
 
 def rss_kib() -> int:
@@ -52,11 +63,14 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+TAG = "v0.0.0-bench"
+
+
 def payload(i: int, runner: str, api: str, agent: str = "oracle") -> DispatchPayload:
     return DispatchPayload.model_validate({
         "schema": "benchseal.dispatch/v1",
         "correlation_id": f"bench-{os.getpid()}-{i:07d}",
-        "source": {"repository": "acme/benchseal", "commit": "0" * 40, "tag": "v0.0.0-bench"},
+        "source": {"repository": "acme/benchseal", "commit": "0" * 40, "tag": TAG},
         "runner": runner, "api": api, "suite": "smoke", "agent": agent,
     })
 
@@ -97,7 +111,11 @@ def bench_queue(root: Path, n: int) -> None:
 def bench_cheap_worker(root: Path, n: int) -> None:
     from pipeline.infra.worker import WorkerConfig, run_once
 
-    policy = load_policy().model_copy(update={"max_attempts": 1})
+    # acme/benchseal with the local runner/api repositories: the payloads pass the policy and the
+    # attempt fails at the pull (the digest is absent), before any signature is checked.
+    policy = _policy_file(root / "cheap", {"runner": [{"registry": "127.0.0.1:5055", "repository": "benchseal/runner"}],
+                                           "api": [{"registry": "127.0.0.1:5055", "repository": "benchseal/api"}]},
+                          None).model_copy(update={"max_attempts": 1})
     db = root / "cheap" / "queue.sqlite3"
     missing = "127.0.0.1:5055/benchseal/runner@sha256:" + "0" * 64
     api = "127.0.0.1:5055/benchseal/api@sha256:" + "b" * 64
@@ -132,6 +150,54 @@ class Variant:
     runner: str
     prebuild: bool = True
     disable: tuple[str, ...] = ()
+    agent: str = "oracle"
+
+
+KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
+
+
+def signed_policy(root: Path, images: list[str], model_endpoint: str | None) -> tuple[Any, Any, Any]:
+    """(policy, worker image trust, sigstore state): ``images`` signed and attested as acme/benchseal's
+    tag.yml at the bench payloads' tag by a private Sigstore instance (stop it with sigstore_local.stop)."""
+    from pipeline.attest import BuildInvocation, ImageSigner, SigstoreEndpoints, attest_images
+    from pipeline.digests import parse_ref
+    from pipeline.evidence import sigstore_local
+
+    state = root / "sigstore"
+    instance = sigstore_local.ensure_running(state)
+    endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
+    job = sigstore_local.GitHubJob(repository="acme/benchseal", ref=f"refs/tags/{TAG}", sha="0" * 40,
+                                   workflow_file="tag.yml")
+    session = sigstore_local.open_actions_session(instance, job)
+    invocation = BuildInvocation(repository="acme/benchseal", ref=job.ref, commit="0" * 40,
+                                 workflow_ref=job.job_workflow_ref,
+                                 run_url="https://github.com/acme/benchseal/actions/runs/1/attempts/1")
+    signer = ImageSigner(endpoints, allow_http_registry=True, actions_env=session.environ())
+    attest_images({f"image{i}": ref for i, ref in enumerate(images)}, signer, invocation, root / "sboms")
+    by_role: dict[str, list[dict[str, str]]] = {"runner": [], "api": []}
+    for ref in images:
+        parsed = parse_ref(ref)
+        role = "api" if parsed.repository.endswith("/api") else "runner"
+        entry = {"registry": parsed.registry, "repository": parsed.repository}
+        if entry not in by_role[role]:
+            by_role[role].append(entry)
+    return _policy_file(root, by_role, model_endpoint), endpoints, state
+
+
+def _policy_file(root: Path, images: dict[str, list[dict[str, str]]], model_endpoint: str | None) -> Any:
+    """The shipped infra policy with acme/benchseal (signed by its tag.yml) running ``images``."""
+    import yaml
+
+    from pipeline.paths import REPO_ROOT
+
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": images}]
+    if model_endpoint is not None:
+        data["suites"]["smoke"]["model"]["endpoint"] = model_endpoint
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "infra.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_policy(path)
 
 
 @dataclass
@@ -144,6 +210,8 @@ class Sample:
     runner_start: list[float] = field(default_factory=list)
     ops: dict[str, list[float]] = field(default_factory=dict)  # op -> seconds per trial (summed per trial)
     counts: dict[str, list[int]] = field(default_factory=dict)
+    rss: list[int] = field(default_factory=list)
+    fds: list[int] = field(default_factory=list)
 
 
 def _ts(value: str) -> datetime:
@@ -207,7 +275,11 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def bench_real(root: Path, n: int, ablation: bool, version_runs: int) -> None:
+def bench_real(root: Path, n: int, ablation: bool, version_runs: int, agents: tuple[str, ...] = ("oracle",)) -> None:
+    import secrets
+
+    from pipeline.evidence import sigstore_local
+    from pipeline.infra.model_server import ModelServer
     from pipeline.infra.trial import TUNINGS
     from pipeline.infra.worker import WorkerConfig, run_once
 
@@ -216,23 +288,43 @@ def bench_real(root: Path, n: int, ablation: bool, version_runs: int) -> None:
     if ablation:
         variants += [Variant("now - bytecode", plain_ref), Variant("now - prebuilt images", now_ref, prebuild=False)]
         variants += [Variant(f"now - {name}", now_ref, disable=(name,)) for name in TUNINGS]
-    policy = load_policy()
+    variants += [Variant(f"now, {agent}", now_ref, agent=agent) for agent in agents if agent != "oracle"]
+    server = None
+    if any(v.agent != "oracle" for v in variants):
+        key = secrets.token_urlsafe(32)
+        server = ModelServer(key=key, mode="right", log_path=root / "model-requests.jsonl")
+        server.start()
+        os.environ[KEY_ENV] = key  # the worker writes it to the runner's 0400 secret file
+    policy, trust, sigstore_state = signed_policy(root, [now_ref, plain_ref, api],
+                                                  server.base_url if server is not None else None)
+    try:
+        samples = _run_rounds(root, n, variants, policy, trust, api, WorkerConfig, run_once)
+    finally:
+        if server is not None:
+            server.stop()
+            os.environ.pop(KEY_ENV, None)
+        sigstore_local.stop(sigstore_state)
+    _report(samples, variants, policy, n, now_ref, plain_ref, version_runs)
+
+
+def _run_rounds(root: Path, n: int, variants: list[Variant], policy: Any, trust: Any, api: str,
+                config_cls: Any, run_once: Any) -> dict[str, Sample]:
     db = root / "real" / "queue.sqlite3"
     samples = {v.name: Sample() for v in variants}
-    rss, fds = [], []
     counter = 0
     from pipeline.build import ensure_local
     from pipeline.digests import parse_ref
 
-    for ref in (now_ref, plain_ref):
+    for ref in {v.runner for v in variants}:
         ensure_local(parse_ref(ref))  # a pull is not per-trial work
     for round_ in range(-1, n):  # round 0 warms up (task images, page cache) and is not recorded
         for variant in variants:
             counter += 1
             with SqliteQueue(db) as q:
-                run_id = q.enqueue(payload(20_000 + counter, variant.runner, api), max_attempts=1)[0]
+                run_id = q.enqueue(payload(20_000 + counter, variant.runner, api, variant.agent), max_attempts=1)[0]
                 run_dir = q.run_dir(run_id)
-            config = WorkerConfig(db=db, policy=policy, prebuild_task_images=variant.prebuild, harbor_disable=variant.disable)
+            config = config_cls(db=db, policy=policy, prebuild_task_images=variant.prebuild,
+                                harbor_disable=variant.disable, image_trust=trust)
             t = time.perf_counter()
             outcome = run_once(config)
             wall = time.perf_counter() - t
@@ -240,11 +332,15 @@ def bench_real(root: Path, n: int, ablation: bool, version_runs: int) -> None:
             assert outcome.state == "SUCCEEDED" and outcome.grading.score == 1.0, (variant, outcome.reason)
             if round_ >= 0:
                 _record(samples[variant.name], run_dir, outcome, wall)
-            rss.append(rss_kib())
-            fds.append(open_fds())
+            samples[variant.name].rss.append(rss_kib())
+            samples[variant.name].fds.append(open_fds())
             print(f"  {'warm-up' if round_ < 0 else f'round {round_ + 1}'} {variant.name:<26} run wall {wall:6.1f} s",
                   flush=True)
+    return samples
 
+
+def _report(samples: dict[str, Sample], variants: list[Variant], policy: Any, n: int, now_ref: str, plain_ref: str,
+            version_runs: int) -> None:
     before = samples["before"]
     print(f"\nreal runs: {n} per variant, interleaved; smoke suite, oracle, {policy.trial_concurrency('smoke')} trials at once "
           "in one runner container per run (medians)")
@@ -257,7 +353,7 @@ def bench_real(root: Path, n: int, ablation: bool, version_runs: int) -> None:
               f"{_median(smp.runner_start):>12.2f}{ovh / _median(before.overheads):>11.2f}")
     print("\nwhere a trial's Harbor time goes (median seconds per trial, and commands per trial):")
     keys = sorted({k for smp in samples.values() for k in smp.ops})
-    shown = [v.name for v in variants[:2]]
+    shown = [v.name for v in variants[:2]] + [v.name for v in variants if v.agent != "oracle"]
     print(f"{'':<28}" + "".join(f"{name:>18}" for name in shown))
     for key in keys:
         cells = []
@@ -285,7 +381,21 @@ def bench_real(root: Path, n: int, ablation: bool, version_runs: int) -> None:
         goal = TARGETS[target]
         print(f"{label:<40}{fmt(old):>9}{fmt(new):>9}{new / old:>11.2f}{'<= ' + fmt(goal):>9}  "
               f"{'yes' if new <= goal else 'NO'}")
-    print(f"  RSS KiB after each real run: {rss}; open FDs: {fds}")
+    print(f"  RSS KiB after each real run: {[x for smp in samples.values() for x in smp.rss]}; "
+          f"open FDs: {[x for smp in samples.values() for x in smp.fds]}")
+    agent_rows = [v for v in variants if v.agent != "oracle"]
+    if agent_rows:
+        print("\nper-trial harness overhead by agent (same runner 'now', same rounds, medians; "
+              "terminus-2 against the scripted model):")
+        print(f"{'agent':<14}{'trial':>8}{'agent':>8}{'verif.':>8}{'harbor ovh':>11}{'share':>7}{'ovh/oracle':>11}"
+              f"{'trial/oracle':>13}")
+        oracle = samples["now"]
+        for name, label in [("now", "oracle")] + [(v.name, v.agent) for v in agent_rows]:
+            smp = samples[name]
+            ovh = _median(smp.overheads)
+            print(f"{label:<14}{_median(smp.totals):>8.2f}{_median(smp.agents):>8.2f}{_median(smp.verifiers):>8.2f}"
+                  f"{ovh:>11.2f}{ovh / _median(smp.totals):>7.0%}{ovh / _median(oracle.overheads):>11.2f}"
+                  f"{_median(smp.totals) / _median(oracle.totals):>13.2f}")
 
 
 def bench_version(now_ref: str, plain_ref: str, n: int) -> tuple[float, float]:
@@ -325,13 +435,19 @@ def main() -> None:
     parser.add_argument("--real-runs", type=int, default=3, help="real runs per variant")
     parser.add_argument("--ablation", action="store_true", help="also 'now' minus each single change")
     parser.add_argument("--version-runs", type=int, default=5)
+    parser.add_argument("--agents", default="oracle,terminus-2",
+                        help="agents whose per-trial overhead is compared with oracle's (comma-separated)")
     args = parser.parse_args()
+    agents = tuple(a.strip() for a in args.agents.split(",") if a.strip())
+    unknown = sorted(set(agents) - set(load_policy().agent_names))
+    if unknown:
+        parser.error(f"--agents: not in the infra policy: {', '.join(unknown)}")
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
         root = Path(tmp)
         bench_queue(root, args.queue_n)
         bench_cheap_worker(root, args.cheap_runs)
         if args.real_runs:
-            bench_real(root, args.real_runs, args.ablation, args.version_runs)
+            bench_real(root, args.real_runs, args.ablation, args.version_runs, agents)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,23 @@
   (``engine_proxy.EngineProxy``): its own trial containers only, binds under the
   run dir only, no privileged or host-namespace containers, pulls of the base only.
 
-Both directories are removed when the attempt ends.
+* Trial containers: the engine proxy gives each one network ``none``, or, for a
+  model-backed agent, the network namespace of its own model gateway (the same
+  relay socket), so the model is ``127.0.0.1:GATEWAY_PORT`` there and nothing else is.
+
+Private directories (secrets, relay socket, engine socket) are created 0700 in
+the temp dir and held with an exclusive ``flock`` for their lifetime; they are
+removed when the attempt ends. A worker killed with -9 cannot remove them, but
+the kernel drops its lock: ``reap_private_dirs`` (run by every worker before it
+claims) removes every such directory (marked ``LOCK_MARKER``) whose lock nobody holds, so a secret file
+outlives its worker only until the next worker on the host polls the queue.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
 import os
 import shutil
 import tempfile
@@ -26,13 +38,57 @@ from pathlib import Path
 
 from pipeline.contracts import DispatchPayload
 from pipeline.errors import UsageError
-from pipeline.infra.engine_proxy import EnginePolicy, EngineProxy
+from pipeline.infra.engine_proxy import EnginePolicy, EngineProxy, ModelGateway
 from pipeline.infra.policy import InfraPolicy
 from pipeline.infra.relay import UnixToTcpRelay
 
 SECRETS_MOUNT = "/run/benchseal/secrets"
 MODEL_MOUNT = "/run/benchseal/model"
 MODEL_SOCKET = "model.sock"
+PRIVATE_PREFIXES = ("benchseal-secrets-", "benchseal-model-", "benchseal-engine-")
+LOCK_MARKER = ".benchseal-flock"
+
+log = logging.getLogger("benchseal.agents")
+
+
+def _private_dir(prefix: str, locks: list[int]) -> Path:
+    """A new 0700 directory in the temp dir, locked (flock) by this process until ``close``."""
+    if prefix not in PRIVATE_PREFIXES:
+        raise ValueError(f"unknown private dir prefix {prefix!r}")
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    locks.append(fd)
+    # Marks a directory whose lifetime is its lock (a directory without it is never reaped).
+    (path / LOCK_MARKER).touch(mode=0o400)
+    return path
+
+
+def reap_private_dirs(tmp: Path | None = None) -> list[Path]:
+    """Remove private dirs (secrets, relay, engine sockets) whose creating process is gone (its lock is free)."""
+    root = Path(tmp or tempfile.gettempdir())
+    removed: list[Path] = []
+    for prefix in PRIVATE_PREFIXES:
+        for path in sorted(root.glob(prefix + "*")):
+            try:
+                if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid() \
+                        or not (path / LOCK_MARKER).is_file():
+                    continue
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a live worker's attempt
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                if not path.exists():
+                    removed.append(path)
+                    log.warning("removed %s, left behind by a worker that died", path)
+            finally:
+                os.close(fd)
+    return removed
 
 
 @dataclass
@@ -44,6 +100,7 @@ class RunnerAgentSetup:
     relay: UnixToTcpRelay | None = None
     engine: EngineProxy | None = None
     dirs: list[Path] = field(default_factory=list)
+    locks: list[int] = field(default_factory=list)  # flock'd fds of ``dirs`` (released by close or by death)
 
     secrets_dir: Path | None = None
 
@@ -67,29 +124,31 @@ class RunnerAgentSetup:
         for path in self.dirs:
             shutil.rmtree(path, ignore_errors=True)
         self.dirs.clear()
+        for fd in self.locks:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.locks.clear()
 
 
 def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_dir: Path | None = None,
                          docker_socket: str = "/var/run/docker.sock",
-                         pull_repositories: tuple[str, ...] = ()) -> RunnerAgentSetup:
-    """Secret files, the model relay, the agent arguments and (with ``run_dir``) the filtered engine socket."""
+                         pull_repositories: tuple[str, ...] = (), runner_image: str | None = None,
+                         labels: dict[str, str] | None = None) -> RunnerAgentSetup:
+    """Secret files, the model relay, the agent arguments and (with ``run_dir``) the filtered engine socket.
+
+    With a model and ``runner_image``, the engine proxy starts a model gateway (that image,
+    carrying ``labels``) for each trial container; without, trial containers get no network.
+    """
     entry, model = policy.agent(payload.agent, payload.suite)
     setup = RunnerAgentSetup()
     try:
-        if run_dir is not None:
-            engine = Path(tempfile.mkdtemp(prefix="benchseal-engine-"))
-            setup.dirs.append(engine)
-            setup.engine = EngineProxy(engine / "docker.sock", EnginePolicy(
-                bind_roots=(run_dir,), pull_repositories=pull_repositories), upstream=docker_socket)
-            setup.engine.start()
-            setup.volumes[str(engine / "docker.sock")] = {"bind": "/var/run/docker.sock", "mode": "rw"}
         if entry is not None:
             setup.args += ["--agent-version", entry.version]
         present = [name for name in policy.secret_env if name in os.environ]
         if model is not None and model.key_env not in present:
             raise UsageError(f"agent {payload.agent} needs the model key: {model.key_env} is not set in the worker's environment")
         if present:
-            secrets = Path(tempfile.mkdtemp(prefix="benchseal-secrets-"))
+            secrets = _private_dir("benchseal-secrets-", setup.locks)
             setup.dirs.append(secrets)
             setup.secrets_dir = secrets
             for name in present:
@@ -100,8 +159,9 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
                 setup.args += ["--secret-env", name]
             setup.args += ["--secret-dir", SECRETS_MOUNT]
             setup.volumes[str(secrets)] = {"bind": SECRETS_MOUNT, "mode": "ro"}
+        gateway = None
         if model is not None:
-            sockets = Path(tempfile.mkdtemp(prefix="benchseal-model-"))
+            sockets = _private_dir("benchseal-model-", setup.locks)
             setup.dirs.append(sockets)
             host, port, tls = model.host_port
             setup.relay = UnixToTcpRelay(sockets / MODEL_SOCKET, host, port, tls=tls)
@@ -109,6 +169,16 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
             setup.volumes[str(sockets)] = {"bind": MODEL_MOUNT, "mode": "rw"}
             setup.args += ["--model-socket", f"{MODEL_MOUNT}/{MODEL_SOCKET}", "--model-path", model.path or "/",
                            "--model-name", model.name, "--model-key-env", model.key_env]
+            if runner_image is not None:
+                gateway = ModelGateway(image=runner_image, socket_dir=sockets, mount=MODEL_MOUNT,
+                                       socket_name=MODEL_SOCKET, labels=dict(labels or {}))
+        if run_dir is not None:
+            engine = _private_dir("benchseal-engine-", setup.locks)
+            setup.dirs.append(engine)
+            setup.engine = EngineProxy(engine / "docker.sock", EnginePolicy(
+                bind_roots=(run_dir,), pull_repositories=pull_repositories, gateway=gateway), upstream=docker_socket)
+            setup.engine.start()
+            setup.volumes[str(engine / "docker.sock")] = {"bind": "/var/run/docker.sock", "mode": "rw"}
     except BaseException:
         setup.close()
         raise

@@ -7,6 +7,12 @@ connects each accepted stream to the ONE endpoint the policy names
 own loopback and forwards to that socket (``TcpToUnixRelay``), so the agent's
 HTTP client talks to ``http://127.0.0.1:<port>``. Nothing else is reachable: no
 registry, no host ports, no metadata address, no internet.
+
+Trial containers get the same single way out when the agent is model-backed:
+the engine proxy starts a gateway container per trial container (network
+``none``, the relay socket mounted, ``python3 -m pipeline.infra.relay``) and
+puts the trial container into the gateway's network namespace, so the model is
+``http://127.0.0.1:GATEWAY_PORT`` there and there is no other interface.
 """
 
 from __future__ import annotations
@@ -15,8 +21,9 @@ import contextlib
 import os
 import socket
 import ssl
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 _BUF = 65536
@@ -106,11 +113,12 @@ class UnixToTcpRelay(_Relay):
 
 
 class TcpToUnixRelay(_Relay):
-    """Runner side: ``127.0.0.1:<ephemeral>`` -> ``socket_path``."""
+    """Runner (or trial gateway) side: ``127.0.0.1:<port>`` (ephemeral unless given) -> ``socket_path``."""
 
-    def __init__(self, socket_path: Path) -> None:
+    def __init__(self, socket_path: Path, port: int = 0) -> None:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.bind(("127.0.0.1", 0))
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
         listener.listen(64)
 
         def connect() -> socket.socket:
@@ -120,3 +128,21 @@ class TcpToUnixRelay(_Relay):
 
         self.port: int = listener.getsockname()[1]
         super().__init__(listener, connect)
+
+
+GATEWAY_PORT = 47813  # the model's loopback port inside a trial container (gateway namespace)
+
+
+def gateway_main(argv: Sequence[str]) -> int:
+    """``python3 -m pipeline.infra.relay SOCKET [PORT]``: serve 127.0.0.1:PORT -> SOCKET until killed."""
+    if not 1 <= len(argv) <= 2 or (len(argv) == 2 and not argv[1].isdigit()):
+        print("usage: python3 -m pipeline.infra.relay SOCKET [PORT]", file=sys.stderr)
+        return 2
+    relay = TcpToUnixRelay(Path(argv[0]), int(argv[1]) if len(argv) == 2 else GATEWAY_PORT)
+    relay.start()
+    threading.Event().wait()
+    return 0  # pragma: no cover - the gateway is removed with its trial container
+
+
+if __name__ == "__main__":
+    raise SystemExit(gateway_main(sys.argv[1:]))

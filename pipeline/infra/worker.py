@@ -2,8 +2,9 @@
 
 One attempt (``run_once``):
 
-1. requeue expired leases, claim the oldest QUEUED run, start a heartbeat thread
-   (its failures are logged, never fatal to the trial);
+1. remove the secret files and sockets that dead workers on this host left behind
+   (``agents.reap_private_dirs``), requeue expired leases, claim the oldest QUEUED run,
+   start a heartbeat thread (its failures are logged, never fatal to the trial);
 2. pull the runner and base images BY DIGEST and check the local RepoDigests
    list exactly that reference for that repository (refuse otherwise);
 3. copy the suite into the run dir, render each task Dockerfile's
@@ -12,7 +13,8 @@ One attempt (``run_once``):
    leaves its runner container behind), then start the runner container by
    digest with an engine socket and the run dir mounted at the same path,
    running ``benchseal trial run``; secrets go in as 0400 files on a read-only
-   mount (never Env or argv), the engine socket is the filtering proxy, a model
+   mount (never Env or argv), the engine socket is the filtering proxy (trial
+   containers: network none, or a model agent's per-container model gateway), a model
    agent reaches its endpoint through a relay socket (``pipeline.infra.agents``);
 5. wait under the suite timeout (kill on expiry), record what the container ran
    (``docker inspect`` Image + RepoDigests), copy evidence into artifacts/ in
@@ -54,7 +56,7 @@ from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
-from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent
+from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent, reap_private_dirs
 from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading, read_plan
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import Queue, RunRecord, open_queue
@@ -427,6 +429,8 @@ def _archive_previous_attempt(run_dir: Path, attempt: int) -> None:
 def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
     """Claim one run and take it through one attempt; None when nothing was queued."""
     policy = config.policy or load_policy()
+    # Secret files and sockets of attempts whose worker died (kill -9) on this host: gone before any claim.
+    reap_private_dirs()
     with open_queue(config.db, url_file=config.queue_url_file) as queue:
         for run_id in queue.requeue_expired():
             log.warning("run %s: lease expired; requeued or ended", run_id)
@@ -627,7 +631,9 @@ def _run_container(
     # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
     # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
     # (the worker pulled the base by digest already).
-    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir, docker_socket=config.docker_socket)
+    # A model-backed agent's trial containers each get a model gateway (the runner image) as their only way out.
+    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir, docker_socket=config.docker_socket,
+                                       runner_image=runner_ref.ref, labels={LABEL_RUN: run_id})
     try:
         return _run_started_container(client, record, runner_ref, run_dir, config, command, agent_setup,
                                       policy.suite_timeout(record.payload.suite))

@@ -103,6 +103,10 @@ def _post(path: str, body: dict[str, Any]) -> bytes:
     ("host userns", {"UsernsMode": "host"}),
     ("host network", {"NetworkMode": "host"}),
     ("container network", {"NetworkMode": "container:other"}),
+    ("bridge network", {"NetworkMode": "bridge"}),
+    ("named network", {"NetworkMode": "benchseal-other-net"}),
+    ("published port", {"PortBindings": {"80/tcp": [{"HostIp": "0.0.0.0", "HostPort": "8080"}]}}),
+    ("publish all", {"PublishAllPorts": True}),
     ("seccomp unconfined", {"SecurityOpt": ["seccomp=unconfined"]}),
     ("volumes from", {"VolumesFrom": ["other"]}),
     ("bind root", {"Binds": ["/:/host"]}),
@@ -131,6 +135,33 @@ def test_allowed_create_is_labelled_and_forwarded_alone(proxy: Any) -> None:
     head, _, body = engine.requests[0].partition(b"\r\n\r\n")
     assert json.loads(body)["Labels"] == {"a": "b", LABEL: p.policy.token}
     assert b"Connection: close" in head and f"Content-Length: {len(body)}".encode() in head
+    # The default network (what `docker run` asks for) becomes none; extra endpoints are dropped.
+    status, _ = _send(p, _post("/containers/create", {"Image": "x", "HostConfig": {"NetworkMode": "default"},
+                                                      "NetworkingConfig": {"EndpointsConfig": {"bridge": {}}}}))
+    assert status == 200
+    forced = json.loads(engine.requests[1].partition(b"\r\n\r\n")[2])
+    assert forced["HostConfig"]["NetworkMode"] == "none" and "NetworkingConfig" not in forced
+
+
+def test_build_steps_run_without_network(proxy: Any) -> None:
+    p, engine, _ = proxy
+    for query in ("t=a", "t=a&networkmode=default", "networkmode=none&t=a"):
+        status, _ = _send(p, f"POST /v1.41/build?{query} HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n".encode())
+        assert status == 200, query
+    lines = [r.split(b"\r\n", 1)[0].decode() for r in engine.requests]
+    assert all(line.count("networkmode=") == 1 and "networkmode=none" in line for line in lines), lines
+    for mode in ("bridge", "host", "container%3Aother", "some-net"):
+        status, _ = _send(p, f"POST /v1.41/build?networkmode={mode} HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n".encode())
+        assert status == 403, mode
+    assert len(engine.requests) == 3
+
+
+@pytest.mark.parametrize("body", [b"[]", b'{"HostConfig": []}', b'{"HostConfig": {"Mounts": ["x"]}}', b'"x"'])
+def test_malformed_create_bodies_are_refused(proxy: Any, body: bytes) -> None:
+    p, engine, _ = proxy
+    raw = (f"POST /containers/create HTTP/1.1\r\nHost: d\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    status, _ = _send(p, raw)
+    assert status == 403 and engine.requests == []
 
 
 def test_smuggling_and_framing_tricks_are_refused(proxy: Any) -> None:
@@ -171,6 +202,8 @@ def test_smuggling_and_framing_tricks_are_refused(proxy: Any) -> None:
     ("POST /v1.41/swarm/init", False),
     ("POST /v1.41/plugins/pull?remote=x", False),
     ("POST /v1.41/networks/create", False),
+    ("POST /v1.41/networks/bridge/connect", False),
+    ("POST /v1.41/containers/mine/update", True),
     ("POST /v1.41/containers/prune", False),
     ("GET /v1.41/_ping", True),
     ("GET /v1.41/containers/json?all=1", True),

@@ -35,7 +35,7 @@ from pipeline.infra.queue import SqliteQueue
 from pipeline.infra.worker import WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
 from pipeline.publish.body import facts_from_summary, render_section
-from tests.fixtures.infra import built_images_source
+from tests.fixtures.infra import built_images_source, wait_for
 
 CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
 KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
@@ -135,19 +135,75 @@ def test_runner_refuses_an_agent_version_its_harbor_does_not_ship(tmp_path: Path
 # --- the real thing: worker + runner + Harbor + terminus-2 + scripted model ------------
 
 class Scanner(threading.Thread):
-    """While the run is in flight: /proc/*/cmdline and docker inspect of every container."""
+    """While the run is in flight, over and over: every /proc/*/cmdline; docker inspect (Env, Labels,
+    everything) of every container on the engine, and of EVERY container created meanwhile, inspected
+    the moment its create event arrives (with the event's own attributes); the logs of the
+    containers created meanwhile; every file under ``roots`` (run dir, Harbor trial configs, logs,
+    artifacts, the queue database and its WAL); the runner container's /tmp (Harbor's compose env
+    files) through /proc/<pid>/root."""
 
-    def __init__(self, needle: str) -> None:
+    def __init__(self, needle: str, roots: list[Path]) -> None:
         super().__init__(daemon=True)
         self.needle = needle.encode()
+        self.roots = roots
         self.stop = threading.Event()
         self.argv_hits: list[str] = []
         self.inspect_hits: list[str] = []
-        self.containers: dict[str, str] = {}
+        self.file_hits: set[str] = set()
+        self.log_hits: set[str] = set()
+        self.containers: dict[str, str] = {}  # name -> image, every container seen
+        self.created: dict[str, str] = {}  # id -> name, from create events while in flight
+        self.inspected: set[str] = set()  # ids inspected at least once
+        self.files_seen: set[str] = set()
+        self.runner_tmp_files: set[str] = set()
+        self.runner_tmp_scans = 0
         self.scans = 0
+        self._client = docker.from_env()
+        self._events = self._client.events(decode=True, filters={"type": "container", "event": "create"})
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+
+    def _check_container(self, client: Any, ident: str) -> None:
+        try:
+            info = client.api.inspect_container(ident)
+        except docker.errors.APIError:
+            return  # removed meanwhile
+        self.inspected.add(info["Id"])
+        self.containers[info["Name"]] = info["Config"]["Image"]
+        if self.needle in json.dumps(info).encode():
+            self.inspect_hits.append(info["Name"])
+
+    def _watch(self) -> None:
+        client = docker.from_env()
+        try:
+            for event in self._events:
+                ident = event.get("id") or event.get("Actor", {}).get("ID")
+                self.created[ident] = event.get("Actor", {}).get("Attributes", {}).get("name", "")
+                if self.needle in json.dumps(event).encode():  # labels, name, image of the create
+                    self.inspect_hits.append(f"event {self.created[ident]}")
+                self._check_container(client, ident)
+        except Exception:  # the stream is closed by stop_all()
+            pass
+
+    def stop_all(self) -> None:
+        self.stop.set()
+        self.join()
+        self._events.close()
+        self._watcher.join(timeout=10)
+
+    def _scan_files(self, paths: list[Path], into: set[str]) -> None:
+        for path in paths:
+            try:
+                if path.is_symlink() or not path.is_file() or path.stat().st_size > 20_000_000:
+                    continue
+                into.add(str(path))
+                if self.needle in path.read_bytes():
+                    self.file_hits.add(str(path))
+            except OSError:
+                continue
 
     def run(self) -> None:
-        client = docker.from_env()
+        self._watcher.start()
+        client = self._client
         while not self.stop.is_set():
             for entry in os.scandir("/proc"):
                 if entry.name.isdigit():
@@ -159,12 +215,22 @@ class Scanner(threading.Thread):
                         self.argv_hits.append(cmdline.replace(b"\0", b" ")[:3000].decode(errors="replace"))
             try:
                 for container in client.api.containers(all=True):
-                    info = client.api.inspect_container(container["Id"])
-                    self.containers[info["Name"]] = info["Config"]["Image"]
-                    if self.needle in json.dumps(info).encode():
-                        self.inspect_hits.append(info["Name"])
+                    self._check_container(client, container["Id"])
             except docker.errors.APIError:
-                pass  # a container removed between list and inspect
+                pass
+            for ident, name in list(self.created.items()):
+                try:
+                    if self.needle in client.api.logs(ident, stdout=True, stderr=True):
+                        self.log_hits.add(name)
+                    if name.startswith("benchseal-infra-"):
+                        pid = client.api.inspect_container(ident)["State"]["Pid"]
+                        tmp = Path(f"/proc/{pid}/root/tmp")
+                        if pid and tmp.is_dir():
+                            self._scan_files(list(tmp.rglob("*")), self.runner_tmp_files)
+                            self.runner_tmp_scans += 1
+                except (docker.errors.APIError, OSError):
+                    continue
+            self._scan_files([p for root in self.roots if root.exists() for p in root.rglob("*")], self.files_seen)
             self.scans += 1
 
 
@@ -205,15 +271,15 @@ def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
             return set(tmp.glob("benchseal-secrets-*")) | set(tmp.glob("benchseal-model-*"))
 
         before = private_dirs()
-        scanner = Scanner(CANARY)
+        # The queue DB, its WAL and the run dir (Harbor's trial configs, logs, artifacts) live under db.parent.
+        scanner = Scanner(CANARY, [db.parent])
         old = os.environ.get(KEY_ENV)
         os.environ[KEY_ENV] = CANARY
         scanner.start()
         try:
             outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=setup["suites"], image_trust=setup["trust"]))
         finally:
-            scanner.stop.set()
-            scanner.join()
+            scanner.stop_all()
             if old is None:
                 os.environ.pop(KEY_ENV, None)
             else:
@@ -280,6 +346,18 @@ def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any
     assert sum("__" in n or "main" in n for n in names) >= 1, names
     assert scanner.argv_hits == [], scanner.argv_hits[:3]
     assert scanner.inspect_hits == []
+    # EVERY container created while the run was in flight (runner, trial containers, model gateways)
+    # was inspected while it existed; none of their logs held the key.
+    created = scanner.created
+    assert any(n.startswith("benchseal-infra-") for n in created.values()), created
+    assert sum(n.endswith("-model-gateway") for n in created.values()) >= 3, created
+    assert set(created) <= scanner.inspected, {i: n for i, n in created.items() if i not in scanner.inspected}
+    assert scanner.log_hits == set()
+    # Files were searched while in flight too: Harbor's trial configs, the queue DB, the runner's /tmp.
+    assert scanner.file_hits == set(), scanner.file_hits
+    assert any(p.endswith("/config.json") for p in scanner.files_seen)
+    assert any(p.endswith("queue.sqlite3") for p in scanner.files_seen)
+    assert scanner.runner_tmp_scans >= 1, "the runner's /tmp was never searched"
     roots = [right_run["run_dir"], right_run["db"].parent]
     files = [p for root in roots for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
     assert any(p.name == "config.json" for p in files) and any(p.suffix == ".sqlite3" for p in files)
@@ -420,6 +498,155 @@ def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload:
     assert [r["path"] for r in requests] == ["/v1/models", "/v2/"]
 
 
+# --- egress from inside a trial container: the model gateway and nothing else ----------
+
+_TRIAL_PROBE = r"""
+import json, os, socket, sys, urllib.error, urllib.request
+out = {"interfaces": sorted(os.listdir("/sys/class/net"))}
+try:
+    urllib.request.urlopen("http://127.0.0.1:%s/v1/models" % sys.argv[1], timeout=10)
+    out["model"] = "no auth asked"
+except urllib.error.HTTPError as exc:
+    out["model"] = "%d %s" % (exc.code, json.loads(exc.read())["error"]["message"])
+except OSError as exc:
+    out["model"] = "unreachable " + str(exc)
+targets = [("registry", "127.0.0.1", sys.argv[2]), ("loopback_service", "127.0.0.1", sys.argv[3]),
+           ("model_direct", "127.0.0.1", sys.argv[4]), ("host_via_bridge", "172.17.0.1", sys.argv[5]),
+           ("registry_via_bridge", "172.17.0.1", sys.argv[2]), ("metadata", "169.254.169.254", "80"),
+           ("internet", "1.1.1.1", "443")]
+for name, host, port in targets:
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        out[name] = "connected"
+    except OSError as exc:
+        out[name] = "refused " + type(exc).__name__
+try:
+    socket.getaddrinfo("example.com", 443)
+    out["dns"] = "resolved"
+except OSError:
+    out["dns"] = "failed"
+print("PROBE " + json.dumps(out))
+"""
+
+
+class _Listener:
+    """A TCP service on the host that must stay unreachable (counts the connections it accepts)."""
+
+    def __init__(self, host: str) -> None:
+        import socket
+
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen(8)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload: Any, local_images: Any,
+                                                            base_refs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task container started THROUGH the runner's engine proxy (as Harbor's compose does): the
+    proxy forces it into its own model gateway's network namespace; the model answers there, while
+    the registry, two other host services (loopback and all-interfaces), the metadata address, the
+    internet and DNS are refused."""
+    from pipeline.build import ensure_local
+    from pipeline.contracts import DispatchPayload
+    from pipeline.infra.engine_proxy import GATEWAY_LABEL
+    from pipeline.infra.relay import GATEWAY_PORT
+    from pipeline.infra.worker import LABEL_RUN
+
+    base = base_refs["base"]
+    ensure_local(base)
+    registry_port = int(local_images["runner"].registry.rpartition(":")[2])
+    run_label = f"egress-{SESSION}-{uuid.uuid4().hex[:6]}"
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    loopback, anywhere = _Listener("127.0.0.1"), _Listener("0.0.0.0")
+    client = docker.from_env()
+    try:
+        with ModelServer(key=CANARY, log_path=tmp_path / "log.jsonl") as server:
+            policy = load_policy(_write_policy(tmp_path, _policy_data(server.port)))
+            monkeypatch.setenv(KEY_ENV, CANARY)
+            setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="terminus-2")),
+                                         run_dir=run_dir, runner_image=local_images["runner"].ref,
+                                         labels={LABEL_RUN: run_label})
+            try:
+                # Started, probed with exec and removed with DELETE, as Harbor's compose does (an
+                # AutoRemove container's gateway goes when the proxy stops). The runner may not touch
+                # the gateway itself.
+                script = ('docker run -d --name "$1" "$2" sleep 300 >/dev/null; echo "run=$?"; '
+                          'docker exec "$1" python3 -c "$3" "$4" "$5" "$6" "$7" "$8"; echo "exit=$?"; '
+                          'gw=$(docker inspect -f \'{{index .Config.Labels "benchseal.engine-proxy.gateway"}}\' "$1"); '
+                          'echo "gateway=$gw"; '
+                          'if out=$(docker exec "$gw" true 2>&1); then echo gw_exec=ok; '
+                          'else echo "gw_exec=refused:$(echo "$out" | grep -c \'benchseal engine proxy\')"; fi; '
+                          'if out=$(docker kill "$gw" 2>&1); then echo gw_kill=ok; '
+                          'else echo "gw_kill=refused:$(echo "$out" | grep -c \'benchseal engine proxy\')"; fi; '
+                          'docker rm -f "$1" >/dev/null; echo "rm=$?"; '
+                          'docker run --rm --network bridge "$2" true; echo "bridge_exit=$?"')
+                output = client.containers.run(
+                    local_images["runner"].ref, entrypoint=["sh", "-c", script, "probe"],
+                    command=[f"egress-trial-{run_label}", base.ref, _TRIAL_PROBE, str(GATEWAY_PORT), str(registry_port),
+                             str(loopback.port), str(server.port), str(anywhere.port)],
+                    volumes={str(run_dir): {"bind": str(run_dir), "mode": "rw"}, **setup.volumes},
+                    network_mode="none", environment={"DOCKER_BUILDKIT": "0"}, remove=True, stdout=True,
+                    stderr=True).decode()
+                engine = setup.engine
+                assert engine is not None
+                # The proxy removes a gateway once the engine answered its container's DELETE (after
+                # the reply reached the client, so a moment later): before the proxy stops, not by it.
+                wait_for(lambda: not engine.gateways, "the gateway's removal after `docker rm`", limit=30)
+            finally:
+                setup.close()
+        leftovers = client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_label}"})
+    finally:
+        loopback.close()
+        anywhere.close()
+    line = next((x for x in output.splitlines() if x.startswith("PROBE ")), None)
+    assert line is not None, output
+    result = json.loads(line[len("PROBE "):])
+    # Only a loopback interface: the gateway's namespace, no bridge, no route anywhere.
+    assert result["interfaces"] == ["lo"], result
+    # The model server itself answered (its own 401 message: the trial holds no key).
+    assert result["model"] == "401 invalid or missing API key", result
+    for name in ("registry", "loopback_service", "model_direct", "host_via_bridge", "registry_via_bridge",
+                 "metadata", "internet"):
+        assert result[name].startswith("refused"), (name, result)
+    assert result["dns"] == "failed"
+    assert loopback.accepted == 0 and anywhere.accepted == 0
+    assert "run=0" in output and "exit=0" in output and "rm=0" in output
+    results = dict(x.split("=", 1) for x in output.splitlines() if "=" in x and not x.startswith("PROBE "))
+    assert len(results.get("gateway", "")) == 64, output
+    assert results["gw_exec"] == "refused:1" and results["gw_kill"] == "refused:1", output
+    # Asking for a network is refused outright.
+    assert "bridge_exit=125" in output and "benchseal engine proxy" in output, output
+    requests = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert [(r["path"], r["status"]) for r in requests] == [("/v1/models", 401)]
+    # The gateway went with its container (waited for above), and nothing of the run is left.
+    assert leftovers == []
+    assert not [c for c in client.containers.list(all=True, filters={"label": GATEWAY_LABEL})
+                if c.labels.get(LABEL_RUN) == run_label]
+
+
 # --- engine access: from inside the runner, its own containers only --------------------
 
 _ENGINE_PROBE = r"""
@@ -486,3 +713,116 @@ def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, loc
     assert (run_dir / "ok" / "out.txt").read_text() == "inside\n"
     assert any("privileged" in r for r in refused) and any("/etc" in r for r in refused)
     assert not client.volumes.list(filters={"name": "escape-vol"})
+
+
+# --- secret files outlive no worker: kill -9 before the runner planned, then recovery -----
+
+def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path, make_payload: Any,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    from pipeline.contracts import DispatchPayload
+    from pipeline.infra.agents import reap_private_dirs
+
+    private = tmp_path / "tmp"
+    private.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    monkeypatch.setenv(KEY_ENV, CANARY)
+    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="terminus-2")),
+                                 run_dir=tmp_path)
+    try:
+        live = sorted(private.iterdir())
+        assert [p.name.rsplit("-", 1)[0] for p in live] == ["benchseal-engine", "benchseal-model", "benchseal-secrets"]
+        assert reap_private_dirs() == [] and all(p.exists() for p in live)  # held by this attempt
+    finally:
+        setup.close()
+    # A process that made its dirs and died with -9 (its locks gone with it): the next reap removes them.
+    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom pipeline.infra.agents import _private_dir\n"
+            "locks = []\nd = _private_dir('benchseal-secrets-', locks)\n(d / 'K').write_text(sys.argv[1])\n"
+            "print(d, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    done = subprocess.run([sys.executable, "-c", code, CANARY], env={**os.environ, "TMPDIR": str(private)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == -9
+    dead = Path(done.stdout.strip())
+    assert (dead / "K").read_text() == CANARY
+    # A directory of the same name without the lock marker (not made by _private_dir) is never touched.
+    foreign = private / "benchseal-secrets-foreign"
+    foreign.mkdir()
+    assert reap_private_dirs() == [dead] and not dead.exists() and foreign.is_dir()
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_setup: dict[str, Any],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real `benchseal worker` is frozen the moment its secret file exists and killed with -9 (so
+    it never drops the file); the next worker on the host removes it, and the dead attempt's
+    runner, trial and gateway containers, before anything else."""
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.infra.worker import LABEL_RUN
+
+    root: Path = agent_setup["root"] / "kill9-secrets"
+    root.mkdir()
+    private = root / "tmp"
+    private.mkdir()
+    with ModelServer(key=CANARY, mode="right", log_path=root / "model.jsonl") as server:
+        data = json.loads(json.dumps(agent_setup["data"]))
+        data["suites"]["smoke"]["model"]["endpoint"] = server.base_url
+        data["max_attempts"], data["lease_seconds"] = 1, 4
+        policy_path = _write_policy(root, data)
+        policy = load_policy(policy_path)
+        db = root / "queue.sqlite3"
+        payload = {"schema": "benchseal.dispatch/v1", "correlation_id": f"agent-kill9-secrets-{SESSION}",
+                   "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
+                              "tag": "v9.9.9"},
+                   "runner": agent_setup["runner"], "api": agent_setup["api"], "suite": "smoke", "agent": "terminus-2"}
+        run_id = accept_payload(payload, db=db, policy=policy).run_id
+        trust = agent_setup["trust"]
+        cmd = [sys.executable, "-m", "pipeline", "worker", "--once", "--db", str(db), "--policy", str(policy_path),
+               "--suites-dir", str(agent_setup["suites"]), "--sigstore-url", str(trust.fulcio_url),
+               "--trusted-root", str(trust.trusted_root)]
+        env = {**os.environ, "TMPDIR": str(private), KEY_ENV: CANARY, "PYTHONPATH": str(REPO_ROOT)}
+        worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        secret: list[Path] = []
+        try:
+            def secret_written() -> bool:
+                secret[:] = [p for p in private.glob(f"benchseal-secrets-*/{KEY_ENV}")]
+                return bool(secret)
+
+            wait_for(secret_written, "the worker's secret file", limit=240)
+            worker.send_signal(signal.SIGSTOP)  # frozen: it can no longer drop the file itself
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=30)
+        finally:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        assert worker.returncode == -signal.SIGKILL
+        assert secret[0].read_text() == CANARY  # left behind by the dead worker
+        left = sorted(p.name.rsplit("-", 1)[0] for p in private.iterdir())
+        assert "benchseal-secrets" in left and "benchseal-model" in left
+        # Recovery: the next worker on this host (same temp dir) polls the queue.
+        monkeypatch.setattr(tempfile, "tempdir", str(private))
+        outcomes: list[Any] = []
+
+        def recovered() -> bool:
+            got = run_once(WorkerConfig(db=db, policy=policy, suites_dir=agent_setup["suites"], image_trust=trust))
+            if got is not None:
+                outcomes.append(got)
+            return bool(outcomes)
+
+        # Its very first poll (before the lease expires, nothing to claim yet) already removed the files.
+        assert run_once(WorkerConfig(db=db, policy=policy, suites_dir=agent_setup["suites"], image_trust=trust)) is None
+        assert not secret[0].exists() and list(private.iterdir()) == []
+        wait_for(recovered, "the lease to expire and the run to be finalized", limit=60)
+    assert outcomes[0].run_id == run_id and outcomes[0].state == "INFRA_ERROR"
+    client = docker.from_env()
+    assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}) == []
+    roots = [db.parent]
+    files = [p for r in roots for p in r.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert [p for p in files if CANARY.encode() in p.read_bytes()] == []

@@ -123,7 +123,8 @@ def oracle_probe_run(infra_setup: dict[str, Any]) -> dict[str, Any]:
     os.environ["BENCHSEAL_AGENT_API_KEY"] = CANARY
     scanner.start()
     # Control: the scanner does see a canary that IS in an argv.
-    control = subprocess.Popen(["sh", "-c", "sleep 3", CANARY])
+    # One process that never forks (a shell's forked child carries the shell's argv until it execs).
+    control = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)", CANARY])
     try:
         outcome = run_once(_config(infra_setup, db), finalize)
     finally:

@@ -166,3 +166,34 @@ def test_bad_content_length_is_a_400(length: str) -> None:
         response = conn.getresponse()
         assert response.status == 400 and b"body required" in response.read()
         conn.close()
+
+
+def test_gateway_entry_point_serves_a_fixed_port_and_checks_its_arguments(tmp_path: Path) -> None:
+    import socket
+    import time
+
+    from pipeline.infra.relay import gateway_main
+
+    assert gateway_main([]) == 2 and gateway_main(["a", "port"]) == 2 and gateway_main(["a", "1", "2"]) == 2
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with ModelServer(key=KEY) as server:
+        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port).start()
+        gateway = subprocess.Popen([sys.executable, "-m", "pipeline.infra.relay", str(tmp_path / "model.sock"), str(port)])
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            status, body = _chat(f"http://127.0.0.1:{port}/v1", [{"role": "user", "content": _instruction("cli-flag")}])
+            assert status == 200 and "wc.py" in body["choices"][0]["message"]["content"]
+        finally:
+            gateway.kill()
+            gateway.wait()
+            host_side.stop()
