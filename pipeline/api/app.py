@@ -1,7 +1,10 @@
-"""FastAPI app: health, run list, run status (run.json), results (summary.json).
+"""FastAPI app: health, run list, run status (run.json), grading (grading.json), results (summary.json).
 
-Reads ``<runs>/<run_id>/run.json`` (pipeline.contracts.RunStatus) and
-``<runs>/<run_id>/artifacts/summary.json`` (pipeline.documents.ReleaseSummary); read-only, no state of its own.
+Reads ``<runs>/<run_id>/run.json`` (pipeline.contracts.RunStatus), ``<runs>/<run_id>/grading.json``
+(pipeline.contracts.Grading: what the worker concluded, unsigned; on a production host, where the
+worker only grades, this is all there is) and ``<runs>/<run_id>/artifacts/summary.json``
+(pipeline.documents.ReleaseSummary: the sealed results, present where the run was sealed on this
+host, e.g. ``release --local``); read-only, no state of its own.
 Run ids are validated before they touch the filesystem (no traversal).
 """
 
@@ -15,7 +18,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException
 
 from pipeline import __version__
-from pipeline.contracts import RunStatus, load_model
+from pipeline.contracts import Grading, RunStatus, load_model
 from pipeline.documents import ReleaseSummary, load_document
 from pipeline.errors import ValidationError
 from pipeline.layout import ARTIFACTS_DIR, SUMMARY
@@ -81,5 +84,21 @@ def create_app(runs: Path) -> FastAPI:
             return load_document(ReleaseSummary, path).to_json_dict()
         except (OSError, ValidationError) as exc:
             raise HTTPException(status_code=500, detail=f"{SUMMARY} unreadable: {exc.__class__.__name__}") from None
+
+
+    @app.get("/runs/{run_id}/grading")
+    def get_grading(run_id: str) -> dict[str, Any]:
+        path = _run_dir(runs, run_id) / "grading.json"
+        if not path.is_file():
+            raise HTTPException(status_code=404, detail=f"run {run_id} is not graded yet")
+        try:
+            grading = load_model(Grading, json.loads(path.read_text()), "grading.json")
+        except (OSError, json.JSONDecodeError) as exc:
+            raise HTTPException(status_code=500, detail=f"grading.json unreadable: {exc.__class__.__name__}") from None
+        except ValidationError as exc:
+            raise HTTPException(status_code=500, detail=exc.diagnostics()) from None
+        if grading.run_id != run_id:
+            raise HTTPException(status_code=500, detail=f"grading.json names run {grading.run_id}, not {run_id}")
+        return grading.model_dump(mode="json")
 
     return app

@@ -113,3 +113,33 @@ def test_results_are_served_through_the_summary_model(client: TestClient, runs: 
     (runs / "run-a" / "artifacts" / "summary.json").write_text(json.dumps({"score": 1.0, "run_id": "run-a"}))
     assert client.get("/runs/run-a/results").status_code == 500
     assert client.get("/runs/..%2Frun-a/results").status_code in (400, 404)
+
+
+def _grading(run_id: str) -> dict[str, Any]:
+    grading, _ = make_inputs({"runner": REF, "api": API})
+    return {**grading.model_dump(mode="json"), "run_id": run_id}
+
+
+def test_grading_is_served_where_the_worker_only_grades(client: TestClient, runs: Path) -> None:
+    """A production host has grading.json and no summary.json (the seal job signs elsewhere)."""
+    (runs / "run-b" / "grading.json").write_text(json.dumps(_grading("run-b")))
+    served = client.get("/runs/run-b/grading")
+    assert served.status_code == 200
+    assert served.json() == _grading("run-b")
+    assert client.get("/runs/run-b/results").status_code == 404  # not sealed here
+    assert client.get("/runs/run-a/grading").status_code == 404  # not graded
+
+
+@pytest.mark.parametrize("breakage", ["not-json", "bad-score", "other-run"])
+def test_a_broken_grading_is_an_error_not_a_pass_through(client: TestClient, runs: Path, breakage: str) -> None:
+    grading = _grading("run-b")
+    if breakage == "not-json":
+        text = "{"
+    elif breakage == "bad-score":
+        text = json.dumps({**grading, "score": 2.0})
+    else:
+        text = json.dumps({**grading, "run_id": "run-a"})
+    (runs / "run-b" / "grading.json").write_text(text)
+    r = client.get("/runs/run-b/grading")
+    assert r.status_code == 500
+    assert "grading" in r.json()["detail"].lower() or "score" in r.json()["detail"]
