@@ -29,7 +29,7 @@ os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 from pipeline.contracts import DigestsFile, load_model
 from pipeline.dispatch import PollConfig, build_payload, dispatch_and_wait, make_client
 from pipeline.dispatch.correlate import created_filter
-from pipeline.testing.github import FakeClock, GitHubEmulator
+from tests.doubles.github import FakeClock, GitHubEmulator
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = "acme/bench-infra"

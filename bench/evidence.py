@@ -78,8 +78,8 @@ def bench_signing(scratch: Path, count: int) -> None:
 
 
 def _image_refs() -> dict[str, str]:
-    from pipeline.build import build_images
     from pipeline.host import registry as reg
+    from pipeline.imaging import build_images
 
     registry = reg.default_registry()
     reg.start(registry)

@@ -1,7 +1,7 @@
 """Benchmark the run queue's own overhead: SQLite and PostgreSQL side by side, 1, 2, 4, 8 workers.
 
 Each configuration gets a fresh store with ``--runs`` queued no-op runs, and W worker processes
-(``pipeline.testing.queue_load``) drain it: claim, start, one heartbeat, a no-op trial, complete
+(``tests.doubles.queue_load``) drain it: claim, start, one heartbeat, a no-op trial, complete
 (grading + one outbox row in the terminal transaction), then deliver the outbox row
 (claim_publication + mark_published). Printed per configuration:
 
@@ -12,7 +12,7 @@ Each configuration gets a fresh store with ``--runs`` queued no-op runs, and W w
 then the ratio PostgreSQL@8 / SQLite@1, and whether PostgreSQL@8 meets the target of <= 10 ms
 median overhead per run. Figures only: nothing here is asserted.
 
-PostgreSQL is a throwaway cluster on a Unix socket (pipeline.testing.postgres), stopped at the end.
+PostgreSQL is a throwaway cluster on a Unix socket (tests.doubles.postgres), stopped at the end.
 
     .venv/bin/python bench/queue.py [--runs 1000] [--workers 1,2,4,8]
 """
@@ -35,8 +35,8 @@ import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
-from pipeline.testing.postgres import PgCluster, pg_bindir  # noqa: E402
-from pipeline.testing.queue_load import noop_payload, open_store  # noqa: E402
+from tests.doubles.postgres import PgCluster, pg_bindir  # noqa: E402
+from tests.doubles.queue_load import noop_payload, open_store  # noqa: E402
 
 
 def _p(values: list[float], q: float) -> float:
@@ -52,7 +52,7 @@ def run_config(backend: str, target: str, workdir: Path, runs: int, workers: int
             q.enqueue(noop_payload(i, "bench"), max_attempts=3)
     env = {**os.environ, "QUEUE_TARGET": target}
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "pipeline.testing.queue_load", "worker", "--backend", backend, "--target-env", "QUEUE_TARGET",
+        [sys.executable, "-m", "tests.doubles.queue_load", "worker", "--backend", backend, "--target-env", "QUEUE_TARGET",
          "--runs-dir", str(runs_dir), "--name", f"w{i}", "--log", str(logs / f"w{i}.jsonl"), "--lease", "60"],
         env=env, cwd=ROOT) for i in range(workers)]
     for proc in procs:

@@ -224,10 +224,10 @@ def _ts(value: str) -> datetime:
 
 def runner_variants(registry: str) -> tuple[str, str, str]:
     """(runner as built now, the same runner without bytecode, api), all pushed by digest."""
-    from pipeline.build import as_names, build_images, ensure_base
-    from pipeline.build.images import assemble, load_image_spec, push_image, source_info
-    from pipeline.build.layers import BlobStore, build_lock
-    from pipeline.build.push import Registry
+    from pipeline.imaging import as_names, build_images, ensure_base
+    from pipeline.imaging.images import assemble, load_image_spec, push_image, source_info
+    from pipeline.imaging.layers import BlobStore, build_lock
+    from pipeline.imaging.push import Registry
 
     images = build_images(["runner", "api"], registry)
     spec = load_image_spec("runner")
@@ -312,8 +312,8 @@ def _run_rounds(root: Path, n: int, variants: list[Variant], policy: Any, trust:
     db = root / "real" / "queue.sqlite3"
     samples = {v.name: Sample() for v in variants}
     counter = 0
-    from pipeline.build import ensure_local
     from pipeline.digests import parse_ref
+    from pipeline.imaging import ensure_local
 
     for ref in {v.runner for v in variants}:
         ensure_local(parse_ref(ref))  # a pull is not per-trial work
@@ -402,8 +402,8 @@ def bench_version(now_ref: str, plain_ref: str, n: int) -> tuple[float, float]:
     """Median wall time of `docker run --entrypoint harbor REF --version` (container start + import), (now, before)."""
     import subprocess
 
-    from pipeline.build import ensure_local
     from pipeline.digests import parse_ref
+    from pipeline.imaging import ensure_local
 
     walls: dict[str, list[float]] = {now_ref: [], plain_ref: []}
     inside: dict[str, list[float]] = {now_ref: [], plain_ref: []}

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.build.wheels import write_lock  # noqa: E402
+from pipeline.imaging.wheels import write_lock  # noqa: E402
 
 CONSTRAINTS = ROOT / "requirements" / "constraints.txt"
 

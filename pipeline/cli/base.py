@@ -21,7 +21,7 @@ def build(
     local: bool = typer.Option(False, "--local", help="Also pull each base by digest into the local engine."),
 ) -> None:
     """Build (if needed) and push the base images; write images/base.lock.json. Idempotent."""
-    from pipeline.build import ensure_base, ensure_local, resolve_image_names
+    from pipeline.imaging import ensure_base, ensure_local, resolve_image_names
 
     refs = ensure_base(resolve_image_names(image_prefix, registry), rebuild=rebuild)
     if local:

@@ -28,7 +28,7 @@ def build(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer (the result must be identical).")] = False,
 ) -> None:
     """Build the images, push them, and print/write the digests file."""
-    from pipeline.build import build_images, resolve_image_names
+    from pipeline.imaging import build_images, resolve_image_names
 
     names = resolve_image_names(image_prefix, registry)
     result = build_images(image or [], names, out, tag or [], use_cache=not no_cache)

@@ -38,7 +38,7 @@ def release(
     """Release TAG locally: images, benchmark run, evidence, publication, verification."""
     from rich.console import Console
 
-    from pipeline.build.names import resolve_image_names
+    from pipeline.imaging.names import resolve_image_names
     from pipeline.release.local import release_local
     from pipeline.release.report import render_report
 

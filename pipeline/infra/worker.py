@@ -92,7 +92,7 @@ class WorkerConfig:
     queue_url_file: Path | None = None
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     suites_dir: Path = REPO_ROOT / "suites"
-    # Base image for task environments; default: the base lock, else pipeline.build.base.ensure_base (resolve_base_ref).
+    # Base image for task environments; default: the base lock, else pipeline.imaging.base.ensure_base (resolve_base_ref).
     base_ref: str | None = None
     docker_socket: str = "/var/run/docker.sock"
     heartbeat_seconds: float | None = None  # default: lease_seconds / 3
@@ -211,10 +211,10 @@ def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust:
 
 def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
     """The task environments' base: ``config.base_ref``, else the base lock (``$BENCHSEAL_BASE_LOCK`` or
-    images/base.lock.json), else built now under the configured image names (pipeline.build.names), or,
+    images/base.lock.json), else built now under the configured image names (pipeline.imaging.names), or,
     when none are configured, beside the runner (``<prefix>runner`` -> ``<prefix>base``)."""
-    from pipeline.build.base import ensure_base
-    from pipeline.build.names import PREFIX_ENV, ImageNames, configured_names
+    from pipeline.imaging.base import ensure_base
+    from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 
     if config.base_ref:
         return parse_ref(config.base_ref, "base_ref")

@@ -29,10 +29,10 @@ from typing import Any
 from rich.console import Console
 
 from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
-from pipeline.build.names import ImageNames, as_names, resolve_image_names
 from pipeline.contracts import Grading, PublicationRequest
 from pipeline.errors import CheckFailed, UsageError
 from pipeline.fsutil import atomic_write_json
+from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
 from pipeline.infra.policy import InfraPolicy
 from pipeline.paths import REPO_ROOT, state_dir
 from pipeline.release.stages import StageClock
@@ -165,12 +165,12 @@ def release_local(
     scripted_model: str | None = None,
     policy: Path | None = None,
 ) -> ReleaseReport:
-    """``names``: the image names (default: the configured ones, pipeline.build.names, whose
+    """``names``: the image names (default: the configured ones, pipeline.imaging.names, whose
     local default is 127.0.0.1:5055/benchseal/); ``policy``: the infra policy that must admit
     them (default policies/infra.yaml)."""
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
-    from pipeline.build.images import source_info
+    from pipeline.imaging.images import source_info
     from pipeline.infra.model_local import scripted_model_for
     from pipeline.infra.policy import load_policy
 
@@ -199,10 +199,10 @@ def _release_local(
     # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
     import docker  # noqa: F401  (before _warm_imports: the worker stage then imports nothing new)
 
-    from pipeline.build import build_images_with_results
     from pipeline.dispatch.dispatch import build_payload, new_correlation_id
     from pipeline.evidence import sigstore_local
     from pipeline.evidence.signing import local_signer
+    from pipeline.imaging import build_images_with_results
     from pipeline.infra.accept import accept_payload
     from pipeline.infra.export import export_run, import_run
     from pipeline.infra.queue import TERMINAL_STATES, SqliteQueue

@@ -17,7 +17,7 @@ import pytest
 from pipeline.contracts import DigestsFile, load_model
 from pipeline.dispatch import DispatchResult, PollConfig, build_payload, dispatch_and_wait
 from pipeline.errors import CheckFailed, ValidationError
-from pipeline.testing.github import DispatchEvent, GitHubEmulator, Run, RunHandle
+from tests.doubles.github import DispatchEvent, GitHubEmulator, Run, RunHandle
 from tests.fixtures.github import SyncedClock, digests_data
 
 CID = "bench-infra-4242-1-0a1b2c3d4e5f"

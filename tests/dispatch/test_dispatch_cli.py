@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle, SystemClock
+from tests.doubles.github import DispatchEvent, GitHubEmulator, RunHandle, SystemClock
 from tests.fixtures.github import API_REF, RUNNER_REF
 
 pytestmark = pytest.mark.slow  # real processes, ~1-2 s each

@@ -10,7 +10,7 @@ import pytest
 from pipeline.contracts import load_model
 from pipeline.dispatch import DispatchResult, PollConfig, build_payload, dispatch_and_wait
 from pipeline.errors import CheckFailed, InfrastructureError
-from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle
+from tests.doubles.github import DispatchEvent, GitHubEmulator, RunHandle
 from tests.fixtures.github import API_REF, RUNNER_REF, SyncedClock, digests_data
 
 CID = "bench-infra-4242-1-0a1b2c3d4e5f"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle
-from pipeline.testing.github.emulator import OPERATION_PERMISSIONS, ROUTES
 from tests.dispatch.test_dispatch_cli import cli, github_clock, json_failure  # noqa: F401 -- the real clock
+from tests.doubles.github import DispatchEvent, GitHubEmulator, RunHandle
+from tests.doubles.github.emulator import OPERATION_PERMISSIONS, ROUTES
 
 pytestmark = pytest.mark.slow  # real processes
 

@@ -11,9 +11,9 @@ import github
 import pytest
 import requests
 
-from pipeline.testing.github import SPEC_CORRECTIONS, FakeClock, GitHubEmulator, client
-from pipeline.testing.github.actions import WorkflowSpec, render_run_name
-from pipeline.testing.github.emulator import IMMUTABLE_UPLOAD_MESSAGE
+from tests.doubles.github import SPEC_CORRECTIONS, FakeClock, GitHubEmulator, client
+from tests.doubles.github.actions import WorkflowSpec, render_run_name
+from tests.doubles.github.emulator import IMMUTABLE_UPLOAD_MESSAGE
 
 REPO = "acme/widget"
 
@@ -197,7 +197,7 @@ def test_violations_are_recorded_not_hidden() -> None:
 
 def test_spec_copy_and_corrections_are_documented() -> None:
     root = Path(__file__).resolve().parents[2]
-    openapi = root / "pipeline/testing/github/openapi"
+    openapi = root / "tests/doubles/github/openapi"
     assert (openapi / "PROVENANCE.md").is_file() and (openapi / "github-rest-subset.json").is_file()
     docs = (root / "docs/github.md").read_text()
     for name, _why, _fn in SPEC_CORRECTIONS:
@@ -213,7 +213,7 @@ def test_emulator_serves_standalone_for_the_demo(tmp_path: Path) -> None:
 
     state = tmp_path / "emulator.json"
     root = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.testing.github", "--state", str(state),
+    proc = subprocess.Popen([sys.executable, "-m", "tests.doubles.github", "--state", str(state),
                              "--repo", REPO, "--workflow", f"{REPO}={root / '.github/workflows/benchmark.yml'}"],
                             cwd=root)
     try:

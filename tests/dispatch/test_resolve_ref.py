@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.dispatch import resolve_tag
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.testing.github import GitHubEmulator
+from tests.doubles.github import GitHubEmulator
 
 REPO = "acme/widget"
 

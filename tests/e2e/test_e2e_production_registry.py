@@ -198,7 +198,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
     from pipeline.dispatch.correlate import PollConfig
     from pipeline.dispatch.dispatch import dispatch_and_wait
     from pipeline.evidence import sigstore_local
-    from pipeline.testing.github import GitHubEmulator
+    from tests.doubles.github import GitHubEmulator
 
     root = tmp_path_factory.mktemp("e2e-prod")
     home = root / "home"

@@ -99,7 +99,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
     from pipeline.dispatch.correlate import PollConfig
     from pipeline.dispatch.dispatch import build_payload
     from pipeline.evidence import sigstore_local
-    from pipeline.testing.github import GitHubEmulator
+    from tests.doubles.github import GitHubEmulator
 
     home = tmp_path_factory.mktemp("e2e-home")
     if (paths.home() / "tools").is_dir():  # cosign, installed by make setup
@@ -274,7 +274,7 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path)
 def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Path) -> None:
     # The run's own repository (a run is published only there), on a second GitHub whose
     # repository has immutable releases.
-    from pipeline.testing.github import GitHubEmulator
+    from tests.doubles.github import GitHubEmulator
 
     commit = json.loads((world.artifacts / "summary.json").read_text())["source"]["commit"]
     with GitHubEmulator() as emu:

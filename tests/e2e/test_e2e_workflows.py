@@ -37,9 +37,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.build.names import ImageNames
 from pipeline.digests import parse_ref
 from pipeline.documents import BASE_LOCK_SCHEMA, base_lock_path
+from pipeline.imaging.names import ImageNames
 from tests.workflows.harness import Runner, RunResult, Trigger, references, run_workflow
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -178,7 +178,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_refs: object,
           sigstore_instance: Any) -> Iterator[World]:
     from pipeline.dispatch.client import make_client
-    from pipeline.testing.github import GitHubEmulator
+    from tests.doubles.github import GitHubEmulator
 
     root = tmp_path_factory.mktemp("workflows-e2e")
     source = root / "source"

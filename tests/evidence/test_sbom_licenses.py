@@ -297,7 +297,7 @@ def test_app_layer_carries_benchseal_dist_info(tmp_path: Path) -> None:
     import csv
     import io
 
-    from pipeline.build import images
+    from pipeline.imaging import images
 
     app = tmp_path / "app"
     (app / "pipeline").mkdir(parents=True)

@@ -286,7 +286,7 @@ def _docker(*args: str, check: bool = True, timeout: float = 300, **kw: Any) -> 
 @pytest.fixture(scope="module")
 def host_image(base_refs: dict[str, Any]) -> str:
     """The project's Debian base plus sudo and systemd (for visudo, sudo -l, systemd-analyze), cached."""
-    from pipeline.build import ensure_local
+    from pipeline.imaging import ensure_local
 
     base = base_refs["base"]
     tag = f"benchseal-test/host-install:{base.digest.split(':')[1][:12]}"

@@ -394,7 +394,7 @@ def test_policy_duplicate_yaml_keys_refused(tmp_path):
 
 def test_shipped_policy_lists_the_demo_repositories(infra_policy):
     # release --local (no $GITHUB_REPOSITORY) and the GitHub emulator's demo repository (e2e).
-    from pipeline.build.images import source_info
+    from pipeline.imaging.images import source_info
 
     listed = {s.canonical for s in infra_policy.sources}
     assert {"local/benchseal", "acme/widget"} <= listed

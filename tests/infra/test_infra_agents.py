@@ -568,8 +568,8 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     proxy forces it into its own model gateway's network namespace; the model answers there, while
     the registry, two other host services (loopback and all-interfaces), the metadata address, the
     internet and DNS are refused."""
-    from pipeline.build import ensure_local
     from pipeline.contracts import DispatchPayload
+    from pipeline.imaging import ensure_local
     from pipeline.infra.engine_proxy import GATEWAY_LABEL
     from pipeline.infra.relay import GATEWAY_PORT
     from pipeline.infra.worker import LABEL_RUN
@@ -679,8 +679,8 @@ echo "own_out=$(cat "$run/ok/out.txt" 2>/dev/null)"
 def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, local_images: Any,
                                           base_refs: Any) -> None:
     """docker CLI inside the runner, through the worker's engine proxy: only its own, unprivileged containers."""
-    from pipeline.build import ensure_local
     from pipeline.contracts import DispatchPayload
+    from pipeline.imaging import ensure_local
 
     base = base_refs["base"]
     ensure_local(base)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.infra.queue import TERMINAL_STATES
-from pipeline.testing.queue_load import noop_payload, open_store
+from tests.doubles.queue_load import noop_payload, open_store
 
 N_RUNS = 200
 N_WORKERS = 4
@@ -29,7 +29,7 @@ KILL_ROUNDS = 4
 def _spawn(spec, name: str, logs: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "QUEUE_TARGET": spec.target}
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline.testing.queue_load", "worker", "--backend", spec.backend, "--target-env", "QUEUE_TARGET",
+        [sys.executable, "-m", "tests.doubles.queue_load", "worker", "--backend", spec.backend, "--target-env", "QUEUE_TARGET",
          "--runs-dir", spec.runs_dir, "--name", name, "--log", str(logs / f"{name}.jsonl"), "--lease", "2", "--trial-ms", "100"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

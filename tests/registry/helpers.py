@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.oci import LAYER_TYPE, canonical_bytes, descriptor, manifest_bytes, sha256_digest
 from pipeline.host import authregistry
 from pipeline.host import registry as reg
 from pipeline.host.tokenserver import TokenServer
+from pipeline.imaging.oci import LAYER_TYPE, canonical_bytes, descriptor, manifest_bytes, sha256_digest
 
 
 def free_port() -> int:

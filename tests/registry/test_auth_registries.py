@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.oci import sha256_digest
-from pipeline.build.push import Registry
 from pipeline.digests import ImageRef
 from pipeline.errors import CheckFailed
 from pipeline.evidence.sbom import read_image
+from pipeline.imaging.oci import sha256_digest
+from pipeline.imaging.push import Registry
 from tests.registry.helpers import (
     AuthRegistry,
     assert_no_secret,
@@ -222,7 +222,7 @@ def test_token_answer_without_a_token_fails_closed(token_registry: AuthRegistry,
 def test_ensure_local_pulls_with_registry_auth_file(htpasswd_registry: AuthRegistry, docker_login, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     import docker
 
-    from pipeline.build import ensure_local
+    from pipeline.imaging import ensure_local
 
     docker_login(htpasswd_registry.address, "alice", htpasswd_registry.users["alice"])
     image = tiny_image()

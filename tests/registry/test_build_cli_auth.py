@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline import paths
-from pipeline.build.push import Registry
+from pipeline.imaging.push import Registry
 from tests.registry.helpers import AuthRegistry, assert_no_secret, basic_entry, write_docker_config
 
 

@@ -7,7 +7,7 @@ This is a test harness, not a product feature. It executes a workflow file's job
 no shell -> ``bash -e``), its ``env`` and ``id``, and gives each step the
 ``GITHUB_OUTPUT`` / ``GITHUB_ENV`` / ``GITHUB_STEP_SUMMARY`` / ``GITHUB_PATH`` files
 (``name=value`` and the ``name<<DELIMITER`` heredoc form). Every ``${{ }}`` is evaluated
-by the GitHub emulator's evaluator (pipeline/testing/github/actions.py) with the
+by the GitHub emulator's evaluator (tests/doubles/github/actions.py) with the
 ``github``, ``inputs``, ``vars``, ``secrets``, ``env``, ``matrix``, ``needs``, ``steps``,
 ``job``, ``runner`` and ``strategy`` contexts; what it cannot evaluate raises.
 
@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from pipeline.testing.github.actions import ExpressionError, evaluate_condition, interpolate, to_str
+from tests.doubles.github.actions import ExpressionError, evaluate_condition, interpolate, to_str
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"

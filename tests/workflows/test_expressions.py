@@ -1,4 +1,4 @@
-"""The emulator's Actions expression evaluator (pipeline/testing/github/actions.py): the forms
+"""The emulator's Actions expression evaluator (tests/doubles/github/actions.py): the forms
 the workflows use, evaluated as Actions does, and everything else refused."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.testing.github.actions import ExpressionError, evaluate, evaluate_condition, interpolate
+from tests.doubles.github.actions import ExpressionError, evaluate, evaluate_condition, interpolate
 
 CTX: dict[str, Any] = {
     "github": {"event_name": "repository_dispatch", "ref_name": "v1.2.3",

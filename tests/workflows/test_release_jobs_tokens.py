@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.testing.github import DispatchEvent, GitHubEmulator, RunHandle
+from tests.doubles.github import DispatchEvent, GitHubEmulator, RunHandle
 from tests.fixtures.github import digests_data
 from tests.workflows.harness import Runner, RunResult, Trigger, run_workflow
 

@@ -11,7 +11,7 @@ import yaml
 
 from pipeline.contracts import DigestsFile, load_model
 from pipeline.dispatch.dispatch import build_payload, workflow_inputs
-from pipeline.testing.github.actions import render_run_name
+from tests.doubles.github.actions import render_run_name
 from tests.fixtures.github import digests_data
 
 ROOT = Path(__file__).resolve().parents[2]

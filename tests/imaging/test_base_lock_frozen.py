@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from pipeline import paths
-from pipeline.build import base
-from pipeline.build.names import ImageNames
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.documents import BASE_LOCK_PATH, BASE_LOCK_SCHEMA
 from pipeline.errors import CheckFailed, UsageError, ValidationError
+from pipeline.imaging import base
+from pipeline.imaging.names import ImageNames
 
 COMMITTED = paths.REPO_ROOT / "images" / "base.production.lock.json"
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import rfc8785
 
-from pipeline.build.layers import Layer
+from pipeline.imaging.layers import Layer
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import oci
-from pipeline.build.layers import BlobStore, Entry, LayerCache, build_layer, entries_key, tree_entries
-from pipeline.build.push import validate_oci_tag
-from pipeline.build.wheels import parse_lock
 from pipeline.errors import ValidationError
+from pipeline.imaging import oci
+from pipeline.imaging.layers import BlobStore, Entry, LayerCache, build_layer, entries_key, tree_entries
+from pipeline.imaging.push import validate_oci_tag
+from pipeline.imaging.wheels import parse_lock
 
 
 def _tree(root: Path, mtime: int, mode: int) -> Path:

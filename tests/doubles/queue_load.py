@@ -1,6 +1,6 @@
 """No-op load on the run queue, for the concurrency tests and ``bench/queue.py``.
 
-``python -m pipeline.testing.queue_load worker --backend sqlite|postgresql --target T --runs-dir D
+``python -m tests.doubles.queue_load worker --backend sqlite|postgresql --target T --runs-dir D
 --name N --log FILE`` runs one worker process against a real queue: it claims runs, starts them,
 sends one heartbeat, "runs" a no-op trial (``--trial-ms``), completes each with a grading and one
 outbox row, and delivers that row (claim_publication + mark_published). Runs in their finalize

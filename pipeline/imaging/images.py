@@ -26,15 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__, paths
-from pipeline.build import bytecode, oci, wheels
-from pipeline.build.base import load_specs
-from pipeline.build.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
-from pipeline.build.names import ImageNames, as_names
-from pipeline.build.push import PushStats, Registry, validate_oci_tag
 from pipeline.contracts import DigestsFile, ImageEntry, SourceInfo
 from pipeline.digests import ImageRef
 from pipeline.documents import BASE_LOCK_PATH
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
+from pipeline.imaging import bytecode, oci, wheels
+from pipeline.imaging.base import load_specs
+from pipeline.imaging.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
+from pipeline.imaging.names import ImageNames, as_names
+from pipeline.imaging.push import PushStats, Registry, validate_oci_tag
 
 IMAGES_DIR = paths.REPO_ROOT / "images"
 BUILDER_VERSION = "benchseal-build/1"

@@ -6,7 +6,7 @@ Public API (used by the release orchestrator and by test fixtures):
 * ``ensure_local(ref)``: pull by digest into the engine, check RepoDigests
 * ``build_images(images, names, out=None, tags=()) -> DigestsFile``
 
-``names``: ``pipeline.build.names.ImageNames`` (the configured image prefix), or a bare
+``names``: ``pipeline.imaging.names.ImageNames`` (the configured image prefix), or a bare
 ``host:port`` meaning ``host:port/benchseal/<image>``.
 * ``build_images_with_results(...) -> (DigestsFile, [BuildResult])``: the same, with per-image timings
 """
@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.build.base import ensure_base, ensure_local
-from pipeline.build.names import ImageNames, as_names, resolve_image_names
 from pipeline.contracts import DigestsFile
 from pipeline.digests import parse_ref
+from pipeline.imaging.base import ensure_base, ensure_local
+from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
 
 if TYPE_CHECKING:
-    from pipeline.build.images import BuildResult
+    from pipeline.imaging.images import BuildResult
 
 __all__ = ["ImageNames", "as_names", "build_images", "build_images_with_results", "ensure_base", "ensure_local",
            "resolve_image_names"]
@@ -53,9 +53,9 @@ def build_images_with_results(
     use_cache: bool = True,
 ) -> tuple[DigestsFile, list[BuildResult]]:
     """``build_images`` plus each image's BuildResult (build/push seconds, bytes uploaded)."""
-    from pipeline.build.images import build_image, digests_file, load_image_spec, source_info
-    from pipeline.build.layers import build_lock
     from pipeline.fsutil import atomic_write_json
+    from pipeline.imaging.images import build_image, digests_file, load_image_spec, source_info
+    from pipeline.imaging.layers import build_lock
 
     roles = list(dict.fromkeys(images)) or ["runner", "api"]
     for role in roles:

@@ -94,7 +94,7 @@ def compile_tree(stage: Path, dirs: Sequence[str], interpreter: ImageRef) -> int
     ``stage`` is a staging tree laid out as the image (``stage/usr/...``). Any file
     that does not compile fails the build (the message names it).
     """
-    from pipeline.build.base import ensure_local
+    from pipeline.imaging.base import ensure_local
 
     for top in dirs:
         if not top.startswith("/") or ".." in Path(top).parts:

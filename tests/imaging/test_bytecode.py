@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build.bytecode import compile_tree
 from pipeline.digests import ImageRef
 from pipeline.errors import CheckFailed, ValidationError
+from pipeline.imaging.bytecode import compile_tree
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.build.names import ImageNames, configured_names, resolve_image_names
 from pipeline.digests import validate_name_prefix
 from pipeline.errors import UsageError, ValidationError
+from pipeline.imaging.names import ImageNames, configured_names, resolve_image_names
 from pipeline.infra.accept import accept_payload, validate_payload
 from pipeline.infra.policy import load_policy
 from pipeline.paths import REPO_ROOT

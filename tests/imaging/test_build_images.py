@@ -12,17 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import ensure_base, ensure_local
-from pipeline.build.base import assemble, load_specs, rootfs_tarball
-from pipeline.build.images import build_image
-from pipeline.build.layers import BlobStore
-from pipeline.build.oci import MANIFEST_TYPE
-from pipeline.build.push import Registry
 from pipeline.contracts import DigestsFile, SourceInfo, load_model
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.documents import base_lock_path, read_base_lock
+from pipeline.imaging import ensure_base, ensure_local
+from pipeline.imaging.base import assemble, load_specs, rootfs_tarball
+from pipeline.imaging.images import build_image
+from pipeline.imaging.layers import BlobStore
+from pipeline.imaging.oci import MANIFEST_TYPE
+from pipeline.imaging.push import Registry
 
-FROZEN_EPOCH = 1767225600  # same as tests/build/conftest.py
+FROZEN_EPOCH = 1767225600  # same as tests/imaging/conftest.py
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 # Per session: the refs this module pulls and `docker rmi`s are its own, never another

@@ -1,4 +1,4 @@
-"""Run the emulator for the local demo: ``python -m pipeline.testing.github --state FILE [--repo OWNER/NAME]...``
+"""Run the emulator for the local demo: ``python -m tests.doubles.github --state FILE [--repo OWNER/NAME]...``
 
 Writes ``{"base_url", "token", "pid"}`` to FILE (mode 0600, atomically) and
 serves until SIGTERM/SIGINT. The token is the emulator's own, valid nowhere else.
@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 
 from pipeline.fsutil import atomic_write_text, canonical_json
-from pipeline.testing.github.emulator import GitHubEmulator
+from tests.doubles.github.emulator import GitHubEmulator
 
 
 def _write_private(path: Path, data: dict[str, object]) -> None:
@@ -22,7 +22,7 @@ def _write_private(path: Path, data: dict[str, object]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.testing.github")
+    parser = argparse.ArgumentParser(prog="python -m tests.doubles.github")
     parser.add_argument("--state", type=Path, required=True, help="where to write base_url/token/pid")
     parser.add_argument("--repo", action="append", default=[], help="repository to create (repeatable)")
     parser.add_argument("--workflow", action="append", default=[], metavar="OWNER/NAME=FILE",

@@ -33,9 +33,9 @@ from werkzeug.datastructures import Headers
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from werkzeug.wrappers import Request, Response
 
-from pipeline.testing.github.actions import WorkflowSpec, render_run_name
-from pipeline.testing.github.clock import SystemClock
-from pipeline.testing.github.validation import SpecValidator, Violation
+from tests.doubles.github.actions import WorkflowSpec, render_run_name
+from tests.doubles.github.clock import SystemClock
+from tests.doubles.github.validation import SpecValidator, Violation
 
 API_PREFIX = "/api/v3"
 UPLOADS_PREFIX = "/api/uploads"

@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipeline.build.oci import canonical_bytes, manifest_bytes
-from pipeline.build.push import Registry
 from pipeline.errors import CheckFailed
+from pipeline.imaging.oci import canonical_bytes, manifest_bytes
+from pipeline.imaging.push import Registry
 
 
 class _LyingRegistry(BaseHTTPRequestHandler):

@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import paths
-from pipeline.build import oci
-from pipeline.build.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
-from pipeline.build.names import ImageNames, as_names
-from pipeline.build.push import Registry
 from pipeline.digests import ImageRef, require_repo_digest
 from pipeline.documents import BaseImage, BaseLock, base_lock_path, dump_document, read_base_lock
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.fsutil import atomic_write_json, sha256_file
+from pipeline.imaging import oci
+from pipeline.imaging.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
+from pipeline.imaging.names import ImageNames, as_names
+from pipeline.imaging.push import Registry
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
 FROZEN_ENV = "BENCHSEAL_BASE_FROZEN"
@@ -299,7 +299,7 @@ def push_assembled(registry: Registry, repository: str, image: AssembledBase, st
 def ensure_base(target: ImageNames | str, rebuild: bool = False) -> dict[str, ImageRef]:
     """Every base image present by digest under its configured name; build what is missing.
 
-    ``target``: the image names (pipeline.build.names), or a bare ``host:port`` (the
+    ``target``: the image names (pipeline.imaging.names), or a bare ``host:port`` (the
     ``--registry`` shorthand, ``host:port/benchseal/<base>``).
     Idempotent: when the lock names an image the registry serves with that
     digest (and the spec has not changed), nothing is built or pushed.

@@ -24,9 +24,9 @@ from urllib.parse import urljoin
 
 import requests
 
-from pipeline.build.oci import ACCEPT, MANIFEST_TYPE, sha256_digest
 from pipeline.digests import ImageRef, validate_digest, validate_name
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.imaging.oci import ACCEPT, MANIFEST_TYPE, sha256_digest
 from pipeline.registry_auth import AuthSession, scope
 
 _TIMEOUT = 60.0

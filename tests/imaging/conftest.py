@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import paths
-from pipeline.build.images import APP_DIRS, source_info
 from pipeline.contracts import SourceInfo
+from pipeline.imaging.images import APP_DIRS, source_info
 
 FROZEN_EPOCH = 1767225600
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.testing.github.clock import FakeClock, SystemClock
-from pipeline.testing.github.emulator import DispatchEvent, GitHubEmulator, Run, RunHandle
-from pipeline.testing.github.validation import SPEC_CORRECTIONS, Violation
+from tests.doubles.github.clock import FakeClock, SystemClock
+from tests.doubles.github.emulator import DispatchEvent, GitHubEmulator, Run, RunHandle
+from tests.doubles.github.validation import SPEC_CORRECTIONS, Violation
 
 if TYPE_CHECKING:
     import github
