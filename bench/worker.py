@@ -280,7 +280,7 @@ def bench_real(root: Path, n: int, ablation: bool, version_runs: int, agents: tu
 
     from pipeline.evidence import sigstore_local
     from pipeline.infra.model_server import ModelServer
-    from pipeline.infra.trial import TUNINGS
+    from pipeline.infra.tunings import TUNINGS
     from pipeline.infra.worker import WorkerConfig, run_once
 
     now_ref, plain_ref, api = runner_variants("127.0.0.1:5055")

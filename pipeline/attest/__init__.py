@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives import serialization
 from pipeline.contracts import GITHUB_ISSUER, REPOSITORY_RE, validate_git_tag
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.evidence.sbom import write_sbom
 from pipeline.fsutil import atomic_write_text, canonical_json
 from pipeline.verify.external import cosign_path
 
@@ -237,7 +238,6 @@ class ImageSigner:
 
 def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: BuildInvocation, sbom_dir: Path) -> dict[str, Path]:
     """Sign every image (role -> ref) and attest its provenance and SBOM; returns role -> SBOM path."""
-    from pipeline.evidence.sbom import write_sbom
 
     sbom_dir.mkdir(parents=True, exist_ok=True)
     sboms: dict[str, Path] = {}

@@ -19,6 +19,10 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from pipeline.contracts import DigestsFile, load_model
+from pipeline.digests import parse_ref
+from pipeline.errors import ValidationError
+
 if TYPE_CHECKING:
     from pipeline.attest import SigstoreEndpoints
 
@@ -33,8 +37,8 @@ _HTTP = typer.Option("--allow-http-registry",
 def sigstore_endpoints(url: str | None, trusted_root: Path | None) -> SigstoreEndpoints:
     """Public-good, or the private instance the caller named with both options (never implicit).
     An empty value (an unset Actions variable) counts as not given."""
+    # lazy: pipeline.attest (sigstore, docker) costs 600 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.attest import SigstoreEndpoints
-    from pipeline.errors import ValidationError
 
     url = url or None
     trusted_root = trusted_root if trusted_root and str(trusted_root) not in ("", ".") else None
@@ -56,10 +60,8 @@ def attest(
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
     """Sign each image and attest its provenance and SBOM (ambient Actions identity)."""
+    # lazy: pipeline.attest (sigstore, docker) costs 600 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.attest import BuildInvocation, ImageSigner, attest_images
-    from pipeline.contracts import DigestsFile, load_model
-    from pipeline.digests import parse_ref
-    from pipeline.errors import ValidationError
 
     try:
         document = json.loads(digests.read_text())
@@ -88,9 +90,9 @@ def verify_image(
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
     """Check an image's signature and its provenance and SBOM attestations, exact identity."""
+    # lazy: pipeline.attest (sigstore, docker) costs 600 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.attest import ImageIdentityPolicy
     from pipeline.attest import verify_image as check
-    from pipeline.digests import parse_ref
 
     policy = ImageIdentityPolicy.release_workflow(repo, tag, workflow)
     loopback = parse_ref(ref, "REF").registry.split(":", 1)[0] in ("127.0.0.1", "localhost")

@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.fsutil import canonical_json
 
 base_app = typer.Typer(help="Debian base images (mmdebstrap, fixed SOURCE_DATE_EPOCH) pushed by digest.", no_args_is_help=True)
@@ -21,6 +22,7 @@ def build(
     local: bool = typer.Option(False, "--local", help="Also pull each base by digest into the local engine."),
 ) -> None:
     """Build (if needed) and push the base images; write images/base.lock.json. Idempotent."""
+    # lazy: pipeline.imaging (docker, installer) costs 145 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.imaging import ensure_base, ensure_local, resolve_image_names
 
     refs = ensure_base(resolve_image_names(image_prefix, registry), rebuild=rebuild)
@@ -33,7 +35,6 @@ def build(
 @base_app.command()
 def show() -> None:
     """Print the lock (name, ref, epoch, package count) without building."""
-    from pipeline.documents import base_lock_path, read_base_lock
 
     lock = read_base_lock().images
     if not lock:

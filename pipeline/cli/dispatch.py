@@ -31,7 +31,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from pipeline.errors import Error, InfrastructureError
+from pipeline.contracts import validate_correlation
+from pipeline.errors import Error, InfrastructureError, UsageError
+from pipeline.fsutil import atomic_write_json
 
 # Characters never echoed raw: C0/C1 controls (newline, ESC ...), DEL, format characters
 # (bidi overrides) and Unicode line/paragraph separators. A hostile value in an error can then
@@ -55,6 +57,7 @@ def escape_text(text: str) -> str:
 
 
 def _secrets() -> list[str]:
+    # lazy: pipeline.dispatch (PyGithub) costs 205 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.dispatch.client import TOKEN_VARIABLES
 
     return [value for name in TOKEN_VARIABLES if len(value := os.environ.get(name, "").strip()) >= 4]
@@ -118,7 +121,7 @@ def dispatch(
     """Dispatch a benchmark to the infra repository and wait for its run."""
     cid = correlation
     try:
-        from pipeline.contracts import validate_correlation
+        # lazy: pipeline.dispatch (PyGithub) costs 205 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.dispatch import (
             PollConfig,
             build_payload,
@@ -132,7 +135,6 @@ def dispatch(
         if workflow is not None:
             validate_workflow_file(workflow, "--workflow")
             if workflow_file not in ("benchmark.yml", workflow):
-                from pipeline.errors import UsageError
 
                 raise UsageError(f"--workflow {workflow} and --workflow-file {workflow_file} disagree; give one")
             workflow_file, workflow_dispatch = workflow, True
@@ -175,8 +177,8 @@ def merge_digests(
     as_json: bool = typer.Option(False, "--json", help="Print the refs as JSON instead of key=value lines."),
 ) -> None:
     """Merge and re-validate per-image digests files; print runner_ref=/api_ref= lines (for $GITHUB_OUTPUT)."""
+    # lazy: pipeline.dispatch (PyGithub) costs 205 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.dispatch.merge import merge_digests as merge
-    from pipeline.fsutil import atomic_write_json
 
     merged = merge(files, expect_commit=expect_commit)
     atomic_write_json(out, merged.to_json_dict())

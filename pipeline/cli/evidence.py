@@ -16,11 +16,14 @@ Exit codes: 0 ok; 1 signing or a check failed; 2 bad input.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
 
+from pipeline.cli.attest import sigstore_endpoints
 from pipeline.errors import ValidationError
+from pipeline.infra.export import import_run
 
 _RUN_DIR = typer.Argument(..., help="Run directory holding run.json and grading.json.")
 
@@ -40,9 +43,8 @@ def evidence(
     as_json: bool = typer.Option(False, "--json", help="Print what was sealed as JSON."),
 ) -> None:
     """Write summary.json, SBOMs, provenance, SHA256SUMS and Sigstore bundles."""
-    import sys
 
-    from pipeline.cli.attest import sigstore_endpoints
+    # lazy: pipeline.evidence (sigstore, cyclonedx) + pipeline.evidence.signing (sigstore) cost 590 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.evidence import reseal as do_reseal
     from pipeline.evidence.signing import ambient_signer, local_signer, private_trust_config
 
@@ -54,7 +56,6 @@ def evidence(
         raise ValidationError("--reseal", "cannot be combined with --from-export")
     endpoints = sigstore_endpoints(sigstore_url, Path(trusted_root) if trusted_root else None)
     if from_export is not None and run_id is not None:
-        from pipeline.infra.export import import_run
 
         if from_export == "-":
             import_run(sys.stdin.buffer, run_dir, run_id)
@@ -73,12 +74,14 @@ def evidence(
                                 trusted_root=endpoints.trusted_root)
     else:
         # The ambient Actions credential and nothing else (default_signer: no fallback).
+        # lazy: pipeline.evidence.signing (sigstore) costs 590 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.evidence.signing import default_signer
 
         signer = default_signer()
     if reseal:
         typer.echo(f"resealed: {do_reseal(run_dir / 'artifacts', signer=signer)}")
         return
+    # lazy: pipeline.publish.seal (sigstore, cyclonedx) costs 410 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.publish.seal import seal_run
 
     sealed = seal_run(run_dir, signer=signer)

@@ -12,6 +12,9 @@ from typing import Annotated
 
 import typer
 
+from pipeline.host.install import InstallOptions
+from pipeline.host.install import install as run_install
+
 host_app = typer.Typer(help="Set up the infra host from deploy/ (see docs/host.md).", no_args_is_help=True)
 
 
@@ -24,8 +27,6 @@ def install(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
 ) -> None:
     """Create the service user and directories, install units, wrappers, sudo rule and policy; idempotent."""
-    from pipeline.host.install import InstallOptions
-    from pipeline.host.install import install as run_install
 
     report = run_install(InstallOptions(runner_user=runner_user, service_user=service_user, prefix=prefix,
                                         dry_run=dry_run))

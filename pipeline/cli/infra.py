@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from pipeline.errors import ValidationError
+from pipeline.errors import UsageError, ValidationError
+from pipeline.infra.export import export_run, validate_run_id
+from pipeline.infra.policy import load_policy
+from pipeline.infra.queue import QueueStats, open_queue
 
 infra_app = typer.Typer(help="Benchmark infra: accept dispatch payloads, inspect runs.", no_args_is_help=True)
 
@@ -40,11 +45,9 @@ def accept(
     Meant to be callable through a narrow sudo rule: under sudo (SUDO_UID set)
     the caller may not choose another database or policy.
     """
-    import os
 
-    from pipeline.errors import UsageError
+    # lazy: pipeline.infra.accept (jsonschema) costs 140 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.accept import accept_payload
-    from pipeline.infra.policy import load_policy
 
     if os.environ.get("SUDO_UID") and (db is not None or policy_path is not None):
         raise UsageError("--db and --policy are not accepted under sudo")
@@ -65,8 +68,8 @@ def validate(
 
     Prints the correlation id; exit 2 naming the field when the payload is refused.
     """
+    # lazy: pipeline.infra.accept (jsonschema) costs 140 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.accept import validate_payload
-    from pipeline.infra.policy import load_policy
 
     policy = load_policy(policy_path)
     typer.echo(validate_payload(_read_payload(payload, policy.max_payload_bytes), policy).correlation_id)
@@ -78,9 +81,7 @@ _URL_FILE_HELP = ("File holding the PostgreSQL queue URL (postgresql://...); als
 
 
 def _stats_json(stats: object) -> dict[str, object]:
-    from datetime import UTC, datetime
 
-    from pipeline.infra.queue import QueueStats
 
     if not isinstance(stats, QueueStats):  # pragma: no cover - typing aid
         raise TypeError("stats")
@@ -104,7 +105,6 @@ def status(
     summary: Annotated[bool, typer.Option("--summary", help="Only the queue: depth, claims in flight, worker heartbeats.")] = False,
 ) -> None:
     """Show the queue (depth, claims in flight, per-worker heartbeats) and its runs as JSON lines, or one run."""
-    from pipeline.infra.queue import open_queue
 
     with open_queue(db, url_file=queue_url_file) as queue:
         if run_id is None:
@@ -136,11 +136,7 @@ def export(
     run with `benchseal evidence --from-export`. A run that is not terminal is refused (exit 1).
     Under sudo (SUDO_UID set) the caller may not choose another database.
     """
-    import os
 
-    from pipeline.errors import UsageError
-    from pipeline.infra.export import export_run, validate_run_id
-    from pipeline.infra.queue import open_queue
 
     if os.environ.get("SUDO_UID") and (db is not None or queue_url_file is not None):
         raise UsageError("--db and --queue-url-file are not accepted under sudo")
@@ -159,7 +155,6 @@ def migrate(
     queue_url_file: Annotated[Path | None, typer.Option("--queue-url-file", help=_URL_FILE_HELP)] = None,
 ) -> None:
     """Apply the queue database's pending schema migrations (one transaction); print the versions."""
-    from pipeline.infra.queue import open_queue
 
     with open_queue(db, url_file=queue_url_file, check_schema=False) as queue:
         before, after = queue.migrate()

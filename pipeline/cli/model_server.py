@@ -7,6 +7,9 @@ from typing import Annotated, Literal
 
 import typer
 
+from pipeline.errors import ValidationError
+from pipeline.infra.model_server import serve as _serve
+from pipeline.infra.model_server import start_background, stop_background
 from pipeline.paths import REPO_ROOT
 
 model_app = typer.Typer(help="Scripted OpenAI-compatible model server on 127.0.0.1 (tests, demo).", no_args_is_help=True)
@@ -24,7 +27,6 @@ def _mode(value: str) -> Literal["right", "wrong"]:
         return "right"
     if value == "wrong":
         return "wrong"
-    from pipeline.errors import ValidationError
 
     raise ValidationError("--mode", "must be right or wrong", value)
 
@@ -33,7 +35,6 @@ def _mode(value: str) -> Literal["right", "wrong"]:
 def serve(key_file: KeyFile, state_dir: StateDir = DEFAULT_STATE, suite: Suite = "smoke", mode: Mode = "right",
           port: Port = 0) -> None:
     """Serve in the foreground."""
-    from pipeline.infra.model_server import serve as _serve
 
     _serve(state_dir, key_file=key_file, suite=suite, mode=_mode(mode), port=port)
 
@@ -42,7 +43,6 @@ def serve(key_file: KeyFile, state_dir: StateDir = DEFAULT_STATE, suite: Suite =
 def start(key_file: KeyFile, state_dir: StateDir = DEFAULT_STATE, suite: Suite = "smoke", mode: Mode = "right",
           port: Port = 0) -> None:
     """Start in the background (pid recorded in the state dir); print the base URL."""
-    from pipeline.infra.model_server import start_background
 
     state = start_background(state_dir, key_file=key_file, suite=suite, mode=_mode(mode), port=port)
     typer.echo(f"model server pid {state['pid']} at {state['base_url']} ({state['mode']} script)")
@@ -51,7 +51,6 @@ def start(key_file: KeyFile, state_dir: StateDir = DEFAULT_STATE, suite: Suite =
 @model_app.command("stop")
 def stop(state_dir: StateDir = DEFAULT_STATE) -> None:
     """Stop the server recorded in the state dir (by its pid)."""
-    from pipeline.infra.model_server import stop_background
 
     pid = stop_background(state_dir)
     typer.echo("no model server recorded" if pid is None else f"stopped model server pid {pid}")

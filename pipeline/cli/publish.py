@@ -15,6 +15,8 @@ Exit codes: 0 published; 1 a publication failed (the outbox row stays for a retr
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -22,6 +24,7 @@ import typer
 
 from pipeline.contracts import PublicationRequest
 from pipeline.errors import CheckFailed, UsageError
+from pipeline.infra.queue import open_queue
 
 
 def publish(
@@ -48,9 +51,8 @@ def publish(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report."),
 ) -> None:
     """Publish benchmark evidence to a GitHub Release or dist/releases/<tag>/."""
-    import signal
-    import threading
 
+    # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 730 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.publish import outbox
     from pipeline.publish.targets import PublishError, PublishPolicy
 
@@ -59,7 +61,6 @@ def publish(
         if artifacts is not None or tag is not None or infra_repo is not None or trigger != "manual":
             raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS, --tag, --infra-repo "
                              "or --trigger")
-        from pipeline.infra.queue import open_queue
 
         queue = open_queue(db)
         config = outbox.OutboxConfig(max_attempts=max_attempts)
@@ -91,6 +92,7 @@ def publish(
         raise UsageError(f"invalid --trigger: must be manual or tag (got {trigger!r})")
     options = {"trigger": trigger}
     if infra_repo is not None:
+        # lazy: pipeline.verify.policy (sigstore) costs 235 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.verify.policy import validate_repository
 
         options["infra_repository"] = validate_repository(infra_repo, "--infra-repo")

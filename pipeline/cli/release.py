@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
 from pipeline.errors import UsageError
 
@@ -36,8 +37,8 @@ def release(
                                               "and a fresh key for this release only."),
 ) -> None:
     """Release TAG locally: images, benchmark run, evidence, publication, verification."""
-    from rich.console import Console
 
+    # lazy: pipeline.release (every stage) costs 835 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.imaging.names import resolve_image_names
     from pipeline.release.local import release_local
     from pipeline.release.report import render_report

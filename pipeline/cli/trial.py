@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from pipeline.errors import UsageError
+
 trial_app = typer.Typer(help="Harbor trials (runs inside the runner image).", no_args_is_help=True)
 
 
@@ -26,7 +28,7 @@ def run(
     model_key_env: Annotated[str | None, typer.Option("--model-key-env", help="--secret-env name holding the model key.")] = None,
 ) -> None:
     """Run every task once; grade later from the trials' result.json files."""
-    from pipeline.errors import UsageError
+    # lazy: pipeline.infra.trial (harbor) costs 320 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.trial import ModelAccess, run_suite
 
     model = None

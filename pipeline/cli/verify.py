@@ -15,6 +15,8 @@ from pathlib import Path
 
 import typer
 
+from pipeline.errors import Error
+
 _DIR = typer.Argument(..., help="Release or artifacts directory.")
 _REPO = typer.Option(None, "--repo", help="The source repository OWNER/NAME the release must be for "
                                           "(required unless the policy pins expect.repository).")
@@ -39,7 +41,7 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print what was verified as a JSON object."),
 ) -> None:
     """Verify every bundle, every checksum and the bindings of the release of --repo at --tag."""
-    from pipeline.errors import Error
+    # lazy: pipeline.verify (sigstore) costs 420 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.verify import verify_release
 
     try:

@@ -12,11 +12,20 @@ cleanly; 1 a failed check; 2 usage error.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import os
+import signal
 from pathlib import Path
 from typing import Annotated, Literal
 
 import typer
+
+from pipeline.cli.attest import sigstore_endpoints
+from pipeline.errors import UsageError
+from pipeline.infra.policy import load_policy
+from pipeline.infra.queue import QUEUE_URL_FILE_ENV, open_queue
 
 PublishTarget = Literal["none", "github", "local"]
 SignerChoice = Literal["auto", "ambient", "local"]
@@ -41,19 +50,13 @@ def worker(
     trusted_root: Annotated[Path | None, typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT", help="The private instance's trusted_root.json (with --sigstore-url).")] = None,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
-    import dataclasses
-    import logging
-    import os
-    import signal
 
-    from pipeline.infra.policy import load_policy
-    from pipeline.infra.queue import QUEUE_URL_FILE_ENV, open_queue
+    # lazy: pipeline.infra.worker (docker, sigstore, harbor) costs 970 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if publish != "none" and signer != "local" and not (
             os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL")):
-        from pipeline.errors import UsageError
 
         # Refused before a run is claimed: an ambient signer without a token would only turn every
         # run into a retried infrastructure error.
@@ -62,14 +65,12 @@ def worker(
                          "seals and publishes) or with --signer local for the private instance")
     if queue_url_file is not None:
         if os.environ.get(QUEUE_URL_FILE_ENV):
-            from pipeline.errors import UsageError
 
             raise UsageError(f"--queue-url-file and {QUEUE_URL_FILE_ENV} both name a queue URL file: give exactly one")
         # Through the environment, so the publisher thread opens the same queue (never SQLite by default).
         os.environ[QUEUE_URL_FILE_ENV] = str(queue_url_file.resolve())
     # Fail before the loop starts: a bad URL, an unreachable database or a schema that is behind.
     open_queue(db).close()
-    from pipeline.cli.attest import sigstore_endpoints
 
     config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,
                           image_trust=sigstore_endpoints(sigstore_url, trusted_root))
@@ -77,6 +78,7 @@ def worker(
         config = dataclasses.replace(config, suites_dir=suites_dir)
     finalize = None
     if publish != "none":
+        # lazy: pipeline.publish.service (sigstore, PyGithub) costs 870 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.publish.service import worker_finalizer
 
         finalize = worker_finalizer(publish, signer, local_root=local_root, api_url=api_url)
@@ -96,6 +98,7 @@ def worker(
         return
     publisher = None
     if with_publisher:
+        # lazy: pipeline.publish.service (sigstore, PyGithub) costs 870 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.publish.service import start_publisher
 
         publisher = start_publisher(db, config.stop, publish_interval)

@@ -13,6 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import github
+import requests
+from github import GithubException, RateLimitExceededException
+from urllib3.util.retry import Retry
+
 from pipeline.errors import UsageError
 
 if TYPE_CHECKING:
@@ -42,7 +47,6 @@ def api_url_from_env(env: Mapping[str, str] | None = None) -> str:
 
 
 def make_retry(total: int = 3, backoff_factor: float = 0.5) -> Retry:
-    from urllib3.util.retry import Retry
 
     return Retry(
         total=total,
@@ -77,7 +81,6 @@ def make_client(
     ``throttle`` keeps PyGithub's pauses between requests (0.25 s) and writes
     (1 s); it defaults to on for github.com and off otherwise (emulator, GHES).
     """
-    import github
 
     url = (base_url or api_url_from_env(env)).rstrip("/")
     if throttle is None:
@@ -104,8 +107,6 @@ class Transient:
 
 def classify(exc: BaseException) -> Transient | None:
     """Transient (rate limit, 5xx, network) or None for a definitive answer."""
-    import requests
-    from github import GithubException, RateLimitExceededException
 
     if isinstance(exc, GithubException):
         status = exc.status

@@ -34,10 +34,13 @@ duplicate check share that one request.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
+
+from github import GithubException, UnknownObjectException
 
 from pipeline.dispatch.client import Transient, classify
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
@@ -63,7 +66,6 @@ class SystemClock:
         return datetime.now(UTC)
 
     def sleep(self, seconds: float) -> None:
-        import time
 
         time.sleep(max(0.0, seconds))
 
@@ -411,7 +413,6 @@ class Correlator:
                 _, data = self.gh.requester.requestJsonAndCheck("GET", url)
             except Exception as exc:
                 transient = classify(exc)
-                from github import UnknownObjectException
 
                 if isinstance(exc, UnknownObjectException):
                     if attempt < self.poll.attempts:
@@ -434,7 +435,6 @@ class Correlator:
 
 def describe_failure(exc: BaseException) -> str:
     """A short, secret-free description of a failed request (status and GitHub's message line)."""
-    from github import GithubException
 
     if isinstance(exc, GithubException):
         message = exc.data.get("message") if isinstance(exc.data, dict) else None

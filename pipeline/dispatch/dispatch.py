@@ -28,7 +28,9 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import requests
 import rfc8785
+from github import BadCredentialsException, GithubException, UnknownObjectException
 
 from pipeline.contracts import DigestsFile, DispatchPayload, PayloadSource, load_model, validate_correlation
 from pipeline.dispatch.client import classify
@@ -152,7 +154,6 @@ def _server_time(headers: Mapping[str, Any] | None) -> datetime | None:
 def _post(gh: github.Github, url: str, body: dict[str, Any], clock: Clock,
           poll: PollConfig) -> tuple[int, dict[str, Any] | None, datetime, str | None]:
     """POST once. Returns (status, data, since, ambiguity); raises on a definitive rejection."""
-    from github import GithubException
 
     before = clock.now()
     try:
@@ -179,8 +180,6 @@ def _post(gh: github.Github, url: str, body: dict[str, Any], clock: Clock,
 
 def _lookup(gh: github.Github, repo: str, workflow_file: str) -> tuple[Any, Any]:
     """The infra repository and its workflow ``.github/workflows/<workflow_file>``, checked."""
-    import requests
-    from github import BadCredentialsException, GithubException, UnknownObjectException
 
     what = f"repository {repo}"
     try:
@@ -226,7 +225,6 @@ def dispatch_and_wait(
     is sent and only ``workflow_file``'s runs count. ``workflow=FILE`` is the older spelling of
     ``workflow_file=FILE, workflow_dispatch=True``.
     """
-    from github import GithubException
 
     poll = poll or PollConfig()
     clock = clock or SystemClock()

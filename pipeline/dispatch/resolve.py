@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import requests
+from github import GithubException, UnknownObjectException
+
 from pipeline.contracts import COMMIT_RE, REPOSITORY_RE, validate_git_tag
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 
@@ -26,8 +29,6 @@ def tag_of_ref(tag: str, field: str = "tag") -> str:
 
 def resolve_tag(gh: github.Github, repo: str, tag: str, *, max_depth: int = MAX_PEEL_DEPTH) -> str:
     """The 40-hex commit ``tag`` points at in ``repo``; CheckFailed when it does not exist."""
-    import requests
-    from github import GithubException, UnknownObjectException
 
     validate_repo(repo)
     tag = tag_of_ref(tag)

@@ -7,12 +7,15 @@ every file so far (bundles included), then SHA256SUMS's own bundle.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.contracts import DispatchPayload, Grading
+from pipeline.evidence import artifacts, provenance, sbom
+from pipeline.evidence.artifacts import recheck_and_resign
 from pipeline.layout import ARTIFACTS_DIR, MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SBOMS
 
 if TYPE_CHECKING:
@@ -41,9 +44,7 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
     Idempotent: a retry rewrites every file atomically with the same content
     (bundles differ: each signature gets a new certificate and log entry).
     """
-    import time
 
-    from pipeline.evidence import artifacts, provenance, sbom
 
     out = run_dir / ARTIFACTS_DIR
     out.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,6 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
 
 def reseal(artifacts_dir: Path, *, signer: Signer) -> Path:
     """Re-checksum every file (e.g. after publisher-error.json was added) and re-sign SHA256SUMS."""
-    from pipeline.evidence.artifacts import recheck_and_resign
 
     return recheck_and_resign(artifacts_dir, signer)
 

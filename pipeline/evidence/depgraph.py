@@ -18,6 +18,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 _DEB_NAME = re.compile(r"\A\s*([a-z0-9][a-z0-9+.-]*)(?::([a-z0-9-]+))?")
 
 
@@ -111,7 +113,6 @@ def marker_environment(python_version: str, python_full_version: str, machine: s
 
 def python_edges(nodes: Iterable[PyNode], machine: str) -> tuple[dict[str, list[str]], list[str]]:
     """({key: [dependency keys]}, ["dist -> requirement" that applies but is not present])."""
-    from packaging.requirements import InvalidRequirement, Requirement
 
     nodes = list(nodes)
     by_name: dict[str, list[PyNode]] = {}

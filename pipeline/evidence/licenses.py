@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from email.message import Message
 
+from cyclonedx.spdx import fixup_id, is_expression
+
 UNKNOWN = "unknown"
 
 
@@ -32,7 +34,6 @@ def unknown(source: str) -> tuple[DeclaredLicense, ...]:
 
 
 def spdx_id(value: str) -> str | None:
-    from cyclonedx.spdx import fixup_id
 
     found: str | None = fixup_id(value)
     return found
@@ -169,7 +170,6 @@ _CLASSIFIERS = {
 
 def _from_string(value: str, source: str) -> DeclaredLicense:
     """An SPDX id, else a valid SPDX expression, else the string as a name (cyclonedx's license factory rules)."""
-    from cyclonedx.spdx import is_expression
 
     found = spdx_id(value)
     if found:

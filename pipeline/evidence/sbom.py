@@ -24,9 +24,22 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from email.message import Message
+from importlib.metadata import version
 from pathlib import Path
 from typing import IO, Any
 
+from cyclonedx.model import HashAlgorithm, HashType, Property
+from cyclonedx.model.bom import Bom
+from cyclonedx.model.component import Component, ComponentType
+from cyclonedx.model.contact import OrganizationalContact, OrganizationalEntity
+from cyclonedx.model.license import DisjunctiveLicense, LicenseExpression
+from cyclonedx.model.tool import ToolRepository
+from cyclonedx.output.json import JsonV1Dot6
+from cyclonedx.schema import SchemaVersion
+from cyclonedx.validation.json import JsonStrictValidator
+from packageurl import PackageURL
+
+from pipeline import __version__, paths
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed
@@ -43,6 +56,7 @@ from pipeline.evidence.licenses import (
 )
 from pipeline.evidence.licensetext import identify
 from pipeline.fsutil import atomic_write_bytes, atomic_write_text
+from pipeline.registry_auth import AuthSession, registry_url, scope
 
 DPKG_STATUS = "var/lib/dpkg/status"
 MANIFEST_TYPES = (
@@ -102,14 +116,12 @@ class ImageContents:
 # --- registry access ----------------------------------------------------------------
 
 def _base_url(image: ImageRef) -> str:
-    from pipeline.registry_auth import registry_url  # plain HTTP for loopback only, as for the push
 
     return f"{registry_url(image.registry)}/v2/{image.repository}"
 
 
 class _Registry:
     def __init__(self, image: ImageRef, timeout: float = 60.0) -> None:
-        from pipeline.registry_auth import AuthSession
 
         self.image = image
         self.base = _base_url(image)
@@ -118,7 +130,6 @@ class _Registry:
         self.timeout = timeout
 
     def get(self, path: str, accept: str | None = None, stream: bool = False) -> Any:
-        from pipeline.registry_auth import scope
 
         headers = {"Accept": accept} if accept else {}
         response = self.session.request("GET", f"{self.base}/{path}", [scope(self.image.repository)], headers=headers, stream=stream)
@@ -665,7 +676,6 @@ def _binaries(tree: _Tree, debian: list[Package], python: list[Package]) -> Iter
 # --- CycloneDX --------------------------------------------------------------------------
 
 def _oci_purl(image: ImageRef, config: dict[str, Any]) -> Any:
-    from packageurl import PackageURL
 
     qualifiers = {"repository_url": image.name}
     arch = config.get("architecture")
@@ -678,7 +688,6 @@ _MACHINES = {"amd64": "x86_64", "arm64": "aarch64", "386": "i686", "ppc64le": "p
 
 
 def _license_models(declared: tuple[DeclaredLicense, ...]) -> list[Any]:
-    from cyclonedx.model.license import DisjunctiveLicense, LicenseExpression
 
     if len(declared) == 1 and declared[0].kind == "expression":
         return [LicenseExpression(declared[0].value)]
@@ -687,7 +696,6 @@ def _license_models(declared: tuple[DeclaredLicense, ...]) -> list[Any]:
 
 
 def _go_purl(module: str, version: str) -> Any:
-    from packageurl import PackageURL
 
     namespace, _, name = module.rpartition("/")
     return PackageURL(type="golang", namespace=namespace or None, name=name,
@@ -696,7 +704,6 @@ def _go_purl(module: str, version: str) -> Any:
 
 def _python_versions(contents: ImageContents, location: str) -> tuple[str, str]:
     """(X.Y, X.Y.Z) of the interpreter a site directory belongs to: its path, else Debian's python3."""
-    import re
 
     full = ""
     debs = {p.name: p.version for p in contents.debian}
@@ -714,14 +721,7 @@ def _python_versions(contents: ImageContents, location: str) -> tuple[str, str]:
 def build_bom(contents: ImageContents, *, distro: str | None = None) -> Any:
     """A cyclonedx Bom: metadata component = the image by digest; components for every package and
     executable found; dependencies from the packages' own metadata, resolved to what is present."""
-    from cyclonedx.model import HashAlgorithm, HashType, Property
-    from cyclonedx.model.bom import Bom
-    from cyclonedx.model.component import Component, ComponentType
-    from cyclonedx.model.contact import OrganizationalContact, OrganizationalEntity
-    from cyclonedx.model.tool import ToolRepository
-    from packageurl import PackageURL
 
-    from pipeline import __version__
 
     image = contents.ref
     bom = Bom(serial_number=uuid.uuid5(uuid.NAMESPACE_URL, f"benchseal-sbom:{image.ref}"))
@@ -915,13 +915,11 @@ def _link_unowned_go(contents: ImageContents, components: dict[str, Any], edges:
 
 
 def _pep503(name: str) -> str:
-    import re
 
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def render_bom(bom: Any) -> str:
-    from cyclonedx.output.json import JsonV1Dot6
 
     data = json.loads(JsonV1Dot6(bom).output_as_string())
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
@@ -961,9 +959,7 @@ _GENERATOR_SOURCES = ("sbom.py", "goinfo.py", "licenses.py", "depgraph.py", "gol
                       "go_licenses.json", "license_texts/Apache-2.0.txt", "license_texts/MPL-2.0.txt")
 
 def _cache_path(image: ImageRef) -> Path:
-    from importlib.metadata import version
 
-    from pipeline import paths
 
     here = Path(__file__).parent
     material = b"".join((here / name).read_bytes() for name in _GENERATOR_SOURCES)
@@ -992,8 +988,6 @@ def _cache_put(image: ImageRef, manifest_bytes: bytes, sbom_text: str) -> None:
 
 def validate_sbom_text(text: str) -> None:
     """Validate against the CycloneDX 1.6 JSON schema (the library's strict validator)."""
-    from cyclonedx.schema import SchemaVersion
-    from cyclonedx.validation.json import JsonStrictValidator
 
     error = JsonStrictValidator(SchemaVersion.V1_6).validate_str(text)
     if error is not None:

@@ -11,6 +11,9 @@ one of the three verifiers consumers use) cannot verify Rekor v2 entries.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -18,8 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jwt
+from sigstore import dsse
+from sigstore.errors import Error as SigstoreError
+from sigstore.hashes import Hashed
+from sigstore.models import ClientTrustConfig
+from sigstore.oidc import IdentityToken, detect_credential
+from sigstore.sign import SigningContext
+from sigstore_models.common.v1 import HashAlgorithm
+
 from pipeline.contracts import GITHUB_ISSUER
 from pipeline.errors import InfrastructureError, ValidationError
+from pipeline.evidence import sigstore_local
 from pipeline.fsutil import atomic_write_text, sha256_file
 
 if TYPE_CHECKING:
@@ -55,8 +68,6 @@ class Signer:
     _renew_at: float = field(default=0.0, repr=False)
 
     def _current(self) -> Any:
-        from sigstore.oidc import IdentityToken
-        from sigstore.sign import SigningContext
 
         if self._context is None:
             self.trust_config.force_tlog_version = self.rekor_version
@@ -80,16 +91,12 @@ class Signer:
 
     def sign_file(self, path: Path) -> Path:
         """Sign ``path`` (streamed hash) into ``<path>.sigstore.json``; return the bundle path."""
-        from sigstore.hashes import Hashed
-        from sigstore_models.common.v1 import HashAlgorithm
 
         hashed = Hashed(algorithm=HashAlgorithm.SHA2_256, digest=bytes.fromhex(sha256_file(path)))
         return self._sign_into_bundle(path, lambda signer: signer.sign_artifact(hashed))
 
     def sign_statement(self, statement_path: Path) -> Path:
         """Sign the in-toto statement in ``statement_path`` (exact bytes) as a DSSE bundle."""
-        from sigstore import dsse
-        from sigstore.errors import Error as SigstoreError
 
         try:
             statement = dsse.Statement(statement_path.read_bytes())
@@ -119,9 +126,7 @@ def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: 
     With ``github_job`` it signs as that GitHub Actions job (issuer, certificate identity and
     Fulcio extensions exactly as public-good Fulcio issues them), under the local trust root.
     """
-    from sigstore.models import ClientTrustConfig
 
-    from pipeline.evidence import sigstore_local
 
     instance = sigstore_local.ensure_running(state)
     config = ClientTrustConfig.from_json(instance.client_trust_config(rekor_version).read_text())
@@ -151,7 +156,6 @@ def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: 
 def certificate_identity(token: str) -> tuple[str, str]:
     """(identity, issuer) that Fulcio will certify for ``token``: for GitHub Actions tokens the
     job's workflow ref as a URL (what cosign's --certificate-identity matches), else ``sub``."""
-    import jwt
 
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
@@ -178,8 +182,6 @@ def ambient_signer(*, identity: str | None = None, trust_config: ClientTrustConf
     ``trust_config``/``trusted_root`` replace the public-good instance (tests run the
     whole ambient-credential path against the private instance this way).
     """
-    from sigstore.models import ClientTrustConfig
-    from sigstore.oidc import IdentityToken, detect_credential
 
     def token() -> str:
         try:
@@ -211,10 +213,7 @@ def private_trust_config(url: str, trusted_root: Path) -> ClientTrustConfig:
     """The client trust config of a private instance named explicitly (``--sigstore-url`` and
     ``--trusted-root``, loopback only): its Fulcio, Rekor v1 and TSA at ``url``, trusting
     ``trusted_root``. What the ambient signer uses in place of public-good in tests."""
-    import json
-    import re
 
-    from sigstore.models import ClientTrustConfig
 
     if not re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}", url):
         raise ValidationError("--sigstore-url", "a private instance must be http://127.0.0.1:PORT", url)
@@ -246,7 +245,6 @@ def default_signer() -> Signer:
     There is no fallback. Outside Actions (no ``ACTIONS_ID_TOKEN_REQUEST_URL``) this fails; the
     private test instance is reached only by asking for it (``--signer local``, ``release --local``).
     """
-    import os
 
     if os.environ.get("GITHUB_ACTIONS") != "true" or not os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL"):
         raise InfrastructureError(

@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING
 
 from pipeline.contracts import DigestsFile
 from pipeline.digests import parse_ref
+from pipeline.fsutil import atomic_write_json
 from pipeline.imaging.base import ensure_base, ensure_local
+from pipeline.imaging.images import build_image, digests_file, load_image_spec, source_info
+from pipeline.imaging.layers import build_lock
 from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
 
 if TYPE_CHECKING:
@@ -53,9 +56,6 @@ def build_images_with_results(
     use_cache: bool = True,
 ) -> tuple[DigestsFile, list[BuildResult]]:
     """``build_images`` plus each image's BuildResult (build/push seconds, bytes uploaded)."""
-    from pipeline.fsutil import atomic_write_json
-    from pipeline.imaging.images import build_image, digests_file, load_image_spec, source_info
-    from pipeline.imaging.layers import build_lock
 
     roles = list(dict.fromkeys(images)) or ["runner", "api"]
     for role in roles:

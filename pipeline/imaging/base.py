@@ -23,6 +23,9 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+import docker
+import docker.errors
+
 from pipeline import paths
 from pipeline.digests import ImageRef, require_repo_digest
 from pipeline.documents import BaseImage, BaseLock, base_lock_path, dump_document, read_base_lock
@@ -32,6 +35,7 @@ from pipeline.imaging import oci
 from pipeline.imaging.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
 from pipeline.imaging.names import ImageNames, as_names
 from pipeline.imaging.push import Registry
+from pipeline.registry_auth import docker_auth_config
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
 FROZEN_ENV = "BENCHSEAL_BASE_FROZEN"
@@ -415,10 +419,7 @@ def ensure_local(ref: ImageRef) -> None:
     locally only when the engine holds the image WITH that RepoDigest
     (``docker load`` would leave RepoDigests empty).
     """
-    import docker
-    import docker.errors
 
-    from pipeline.registry_auth import docker_auth_config
 
     # The Docker SDK, so the Engine gets the same credentials as every other client (Docker config,
     # helpers, REGISTRY_AUTH_FILE) in the X-Registry-Auth header; never in argv.

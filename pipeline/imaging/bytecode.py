@@ -29,6 +29,7 @@ from pathlib import Path
 
 from pipeline.digests import ImageRef
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.imaging.base import ensure_local
 
 STAGE = "/stage"
 
@@ -94,7 +95,6 @@ def compile_tree(stage: Path, dirs: Sequence[str], interpreter: ImageRef) -> int
     ``stage`` is a staging tree laid out as the image (``stage/usr/...``). Any file
     that does not compile fails the build (the message names it).
     """
-    from pipeline.imaging.base import ensure_local
 
     for top in dirs:
         if not top.startswith("/") or ".." in Path(top).parts:

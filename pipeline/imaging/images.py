@@ -11,7 +11,10 @@ and the config ``created`` use SOURCE_DATE_EPOCH, default the commit time.
 
 from __future__ import annotations
 
+import base64
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -185,18 +188,28 @@ def _wheels_layer(
     return result
 
 
-def _app_entries(app_root: Path) -> list[Entry]:
+# The app layer's ``entry``: the ``pipeline.cli`` module whose ``main()`` the image's ``benchseal`` runs.
+_ENTRY_RE = re.compile(r"\Apipeline\.cli\.[a-z][a-z0-9_]*\Z")
+
+
+def app_entry(spec: ImageSpec, layer: dict[str, Any], app_root: Path) -> str:
+    """The app layer's ``entry`` module (required: each image names the verbs it ships)."""
+    field = f"images/{spec.role}/image.toml: layers.entry"
+    entry = layer.get("entry")
+    if not isinstance(entry, str) or not _ENTRY_RE.fullmatch(entry):
+        raise ValidationError(field, "must name a pipeline.cli module with a main(), e.g. 'pipeline.cli.main'", entry)
+    if not (app_root / (entry.replace(".", "/") + ".py")).is_file():
+        raise ValidationError(field, "must name a module that exists in the checkout", entry)
+    return entry
+
+
+def _app_entries(app_root: Path, entry: str) -> list[Entry]:
     entries: list[Entry] = []
     for name in APP_DIRS:
         source = app_root / name
         if source.is_dir():
             entries += tree_entries(source, f"{APP_ROOT}/{name}", _EXCLUDE_DIRS | {f"{name}.egg-info"}, _EXCLUDE_SUFFIXES)
-    script = (
-        b"#!/usr/bin/python3\n"
-        b"import sys\n"
-        b"from pipeline.cli.main import main\n"
-        b"sys.exit(main())\n"
-    )
+    script = f"#!/usr/bin/python3\nimport sys\nfrom {entry} import main\nsys.exit(main())\n".encode()
     entries.append(Entry("/usr/local/bin/benchseal", "file", mode=0o755, data=script))
     # Debian's python3 reads .pth files in /usr/local/lib/python3.13/dist-packages.
     entries.append(Entry(f"{APP_SITE}/benchseal.pth", "file", data=f"{APP_ROOT}\n".encode()))
@@ -211,9 +224,6 @@ def _app_dist_info(app_root: Path, entries: list[Entry]) -> list[Entry]:
     """benchseal's own dist-info, so the image says what it is: METADATA (name, version, the license
     pyproject.toml declares) and a RECORD listing every app file (the launcher and the suites' scripts
     included), as an installer writes it. Deterministic: the same files give the same bytes."""
-    import base64
-    import csv
-    import io
 
     project: dict[str, Any] = {}
     pyproject = app_root / "pyproject.toml"
@@ -247,9 +257,10 @@ def _app_dist_info(app_root: Path, entries: list[Entry]) -> list[Entry]:
 
 
 def _app_layer(
-    app_root: Path, epoch: int, store: BlobStore, cache: LayerCache, built: list[str], interpreter: ImageRef | None = None
+    app_root: Path, entry: str, epoch: int, store: BlobStore, cache: LayerCache, built: list[str],
+    interpreter: ImageRef | None = None,
 ) -> Layer:
-    entries = _app_entries(app_root)
+    entries = _app_entries(app_root, entry)
     key_text = f"{BUILDER_VERSION}\n{epoch}\n{entries_key(entries)}"
     if interpreter is not None:
         key_text += "\n" + json.dumps(_bytecode_key(interpreter), sort_keys=True)
@@ -333,7 +344,9 @@ def assemble(
         if kind == "wheels":
             new_layers.append((_wheels_layer(spec, layer, deps_epoch, store, cache, built, compiled_by), f"benchseal: wheels {layer.get('comment', '')}".strip()))
         elif kind == "app":
-            new_layers.append((_app_layer(app_root or paths.REPO_ROOT, app_epoch, store, cache, built, compiled_by), f"benchseal: app {__version__}"))
+            root = app_root or paths.REPO_ROOT
+            entry = app_entry(spec, layer, root)
+            new_layers.append((_app_layer(root, entry, app_epoch, store, cache, built, compiled_by), f"benchseal: app {__version__}"))
         else:
             raise ValidationError(f"images/{spec.role}/image.toml: layers.kind", "must be 'wheels' or 'app'", kind)
 

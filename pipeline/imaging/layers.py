@@ -29,7 +29,7 @@ from typing import BinaryIO
 from pipeline import paths
 from pipeline.digests import validate_digest
 from pipeline.errors import CheckFailed
-from pipeline.fsutil import sha256_file
+from pipeline.fsutil import atomic_write_json, sha256_file
 
 GZIP_LEVEL = 6
 _CHUNK = 1 << 20
@@ -270,6 +270,5 @@ class LayerCache:
         return layer if self.store.has(layer.digest) else None
 
     def put(self, key: str, layer: Layer) -> None:
-        from pipeline.fsutil import atomic_write_json
 
         atomic_write_json(self.root / f"{key}.json", layer.to_json())

@@ -18,6 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from installer import install as run_install
+from installer.destinations import SchemeDictionaryDestination
+from installer.sources import WheelFile
+
 from pipeline import paths
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_file
@@ -105,9 +109,6 @@ def download(lock: Path, dest: Path, python_version: str, platforms: Sequence[st
 
 def install(wheels: Sequence[Path], root: Path, site_packages: str, scripts: str, interpreter: str) -> None:
     """Install ``wheels`` (sorted by file name) into ``root`` as if it were ``/``."""
-    from installer import install as run_install
-    from installer.destinations import SchemeDictionaryDestination
-    from installer.sources import WheelFile
 
     schemes = {
         "purelib": site_packages,

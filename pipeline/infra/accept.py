@@ -19,6 +19,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
 from pipeline.contracts import DispatchPayload, load_model
 from pipeline.digests import parse_ref
 from pipeline.errors import ValidationError
@@ -34,7 +36,6 @@ class AcceptResult:
 
 @cache
 def _schema_validator() -> Any:
-    import jsonschema
 
     schema = json.loads(SCHEMA_PATH.read_text(encoding="ascii"))
     jsonschema.Draft202012Validator.check_schema(schema)

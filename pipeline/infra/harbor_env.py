@@ -18,7 +18,7 @@ It also removes per-trial work the suites do not need (measured in docs/infra.md
   task and returns; ``drain_teardowns()`` (awaited by ``run_suite`` before it returns)
   waits for all of them, so no container outlives the runner.
 
-``BENCHSEAL_HARBOR_DISABLE`` (comma-separated names of ``pipeline.infra.trial.TUNINGS``)
+``BENCHSEAL_HARBOR_DISABLE`` (comma-separated names of ``pipeline.infra.tunings.TUNINGS``)
 turns single changes off; only the benchmark uses it, to measure each one's effect.
 
 Imported only inside the runner image (or a host with harbor installed), via
@@ -30,15 +30,17 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from harbor.constants import MAIN_SERVICE_NAME
+from harbor.environments.base import ExecResult
 from harbor.environments.docker import COMPOSE_NO_NETWORK_PATH, ENV_COMPOSE_NAME
 from harbor.environments.docker.docker import DockerEnvironment
 
-from pipeline.infra.trial import enabled_tunings
+from pipeline.infra.tunings import enabled_tunings
 
 # Values for the compose subprocess currently being started from this asyncio task.
 _exec_values: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("benchseal_exec_values", default=None)
@@ -88,7 +90,6 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         return paths
 
     def _write_env_compose_file(self) -> Path:
-        import tempfile
 
         self._cleanup_env_compose_file()
         self._env_compose_temp_dir = tempfile.TemporaryDirectory()
@@ -141,7 +142,6 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
 
     async def _run_docker_compose_command(self, command: list[str], *args: Any, **kwargs: Any) -> Any:
         if self._starting and command == ["down", "--remove-orphans"] and "no-predown" in self._tunings:
-            from harbor.environments.base import ExecResult
 
             return ExecResult(stdout=None, stderr=None, return_code=0)
         started = time.monotonic()

@@ -21,6 +21,8 @@ import json
 import os
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -265,8 +267,6 @@ def _alive(pid: int) -> bool:
 def start_background(state_dir: Path, *, key_file: Path, suite: str = "smoke", mode: Mode = "right",
                      port: int = 0, timeout: float = 15.0) -> dict[str, Any]:
     """Start ``serve`` as a detached process; return its recorded state once it listens."""
-    import subprocess
-    import sys
 
     state_dir.mkdir(parents=True, exist_ok=True)
     existing = read_state(state_dir)

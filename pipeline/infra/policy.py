@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -119,7 +120,6 @@ class ModelPolicy(_Strict):
 
     @property
     def host_port(self) -> tuple[str, int, bool]:
-        from urllib.parse import urlsplit
 
         parts = urlsplit(self.endpoint)
         tls = parts.scheme == "https"
@@ -127,7 +127,6 @@ class ModelPolicy(_Strict):
 
     @property
     def path(self) -> str:
-        from urllib.parse import urlsplit
 
         return urlsplit(self.endpoint).path.rstrip("/")
 

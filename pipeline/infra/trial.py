@@ -15,33 +15,25 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
 
 from pipeline.contracts import trial_name
 from pipeline.documents import PlannedTrial, TrialsPlan, dump_document
 from pipeline.errors import UsageError, ValidationError
+from pipeline.infra.harbor_env import IMPORT_PATH, drain_teardowns
+from pipeline.infra.relay import TcpToUnixRelay
+from pipeline.infra.tunings import DISABLE_ENV as DISABLE_ENV  # re-exported: pipeline.infra.worker names it here
+from pipeline.infra.tunings import enabled_tunings
 
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 TRIALS_FILE = "trials.json"
-# What pipeline.infra.harbor_env changes in Harbor's per-trial work (docs/infra.md), by name.
-TUNINGS = ("stop-signal", "never-pull", "no-predown", "async-stop")
-DISABLE_ENV = "BENCHSEAL_HARBOR_DISABLE"
-
-
-def enabled_tunings(environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """``TUNINGS`` minus the ones named in ``BENCHSEAL_HARBOR_DISABLE`` (an unknown name is an error)."""
-    raw = (os.environ if environ is None else environ).get(DISABLE_ENV, "")
-    disabled = {item.strip() for item in raw.split(",") if item.strip()}
-    unknown = sorted(disabled - set(TUNINGS))
-    if unknown:
-        raise ValidationError(DISABLE_ENV, f"unknown names {unknown}; known: {', '.join(TUNINGS)}")
-    return frozenset(TUNINGS) - disabled
-
-
 @dataclass(frozen=True)
 class ModelAccess:
     """How a model-backed agent reaches its model from the network-less runner."""
@@ -121,7 +113,6 @@ def run_suite(
     relay = None
     api_base = None
     if model is not None:
-        from pipeline.infra.relay import TcpToUnixRelay
 
         relay = TcpToUnixRelay(model.socket)
         relay.start()
@@ -135,7 +126,6 @@ def run_suite(
 
 
 def _harbor_version() -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
 
     try:
         return version("harbor")
@@ -164,7 +154,6 @@ async def _run_all(
     finally:
         # Environments tear down in the background (off each trial's critical path);
         # none may outlive this process.
-        from pipeline.infra.harbor_env import drain_teardowns
 
         await drain_teardowns()
     for spec, result in zip(specs, results, strict=True):
@@ -176,10 +165,7 @@ async def _run_all(
 
 async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...],
                      model: ModelAccess | None = None, api_base: str | None = None) -> None:
-    from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
-    from harbor.trial.trial import Trial
 
-    from pipeline.infra.harbor_env import IMPORT_PATH
 
     config = TrialConfig(
         task=TaskConfig(path=task_dir),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.contracts import Grading, PublicationRequest
+from pipeline.evidence import write_evidence
 
 if TYPE_CHECKING:
     from pipeline.evidence.signing import Signer
@@ -44,7 +45,6 @@ def evidence_finalizer(
         return chosen[0]
 
     def finalize(record: RunRecord, grading: Grading, run_dir: Path) -> Sequence[PublicationRequest]:
-        from pipeline.evidence import write_evidence
 
         started = time.monotonic()
         result = write_evidence(run_dir, grading, record.payload, signer=get_signer())

@@ -26,6 +26,8 @@ from typing import Any, Protocol
 from pipeline.contracts import PublicationRequest
 from pipeline.documents import PublisherError, ReleaseSummary, dump_document, load_document
 from pipeline.errors import Error, ValidationError
+from pipeline.evidence import reseal as evidence_reseal
+from pipeline.evidence.signing import default_signer
 from pipeline.layout import PUBLISHER_ERROR, SUMMARY
 from pipeline.paths import REPO_ROOT
 from pipeline.publish.bundle import ReleaseBundle, load_bundle
@@ -146,8 +148,6 @@ def default_resealer(signer: Any = None) -> Resealer:
     """Re-checksum and re-sign through the evidence stage (SHA256SUMS then covers publisher-error.json)."""
 
     def reseal(artifacts_dir: Path) -> None:
-        from pipeline.evidence import reseal as evidence_reseal
-        from pipeline.evidence.signing import default_signer
 
         evidence_reseal(artifacts_dir, signer=signer or default_signer())
 

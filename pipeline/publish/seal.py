@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.contracts import DispatchPayload, Grading, RunStatus, load_model
 from pipeline.errors import ValidationError
+from pipeline.evidence import write_evidence
 
 if TYPE_CHECKING:
     from pipeline.evidence import EvidenceResult
@@ -45,7 +46,6 @@ def _load(path: Path) -> object:
 
 def seal_run(run_dir: Path, *, signer: Signer) -> Sealed:
     """Write and sign the evidence of the graded run in ``run_dir`` (run.json + grading.json)."""
-    from pipeline.evidence import write_evidence
 
     status = load_model(RunStatus, _load(run_dir / "run.json"), "run.json")
     grading = load_model(Grading, _load(run_dir / "grading.json"), "grading.json")

@@ -18,13 +18,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from pipeline.evidence.signing import ambient_signer, default_signer, local_signer
+from pipeline.infra.queue import open_queue
+from pipeline.publish import outbox
+from pipeline.publish.finalize import evidence_finalizer
+
 SignerKind = Literal["auto", "ambient", "local"]
 
 
 def signer_factory(kind: SignerKind) -> Callable[[], Any]:
     # Built lazily: an ambient OIDC token is short-lived, so it is fetched per run.
     def make() -> Any:
-        from pipeline.evidence.signing import ambient_signer, default_signer, local_signer
 
         if kind == "ambient":
             return ambient_signer()
@@ -37,7 +41,6 @@ def signer_factory(kind: SignerKind) -> Callable[[], Any]:
 
 def worker_finalizer(target: Literal["github", "local"], signer: SignerKind, *,
                      local_root: Path | None = None, api_url: str | None = None) -> Any:
-    from pipeline.publish.finalize import evidence_finalizer
 
     options: dict[str, str] = {}
     if signer != "local" and os.environ.get("GITHUB_REPOSITORY"):
@@ -52,8 +55,6 @@ def worker_finalizer(target: Literal["github", "local"], signer: SignerKind, *,
 
 
 def start_publisher(db: Path | None, stop: threading.Event, interval: float) -> threading.Thread:
-    from pipeline.infra.queue import open_queue
-    from pipeline.publish import outbox
 
     def publish_loop() -> None:
         with open_queue(db) as queue:

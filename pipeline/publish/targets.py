@@ -23,9 +23,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from github import GithubException, UnknownObjectException
+
 from pipeline.contracts import COMMIT_RE, canonical_repository
+from pipeline.dispatch.client import classify, make_client
 from pipeline.errors import CheckFailed, Error, ValidationError
 from pipeline.fsutil import atomic_write_text
+from pipeline.infra.policy import load_policy
 from pipeline.layout import BODY, CHECKSUMS, CHECKSUMS_BUNDLE, bundle_name, parse_checksums
 from pipeline.publish.body import START, splice
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
@@ -86,7 +90,6 @@ def allowed_source(bundle: ReleaseBundle, sources: InfraPolicy | None = None) ->
     ``sources`` defaults to policies/infra.yaml, read now: a repository removed from the
     policy after the run was accepted is no longer written to.
     """
-    from pipeline.infra.policy import load_policy
 
     try:
         policy = sources if sources is not None else load_policy()
@@ -181,13 +184,11 @@ def _content_type(name: str) -> str:
 
 def _is_immutable_refusal(exc: Exception) -> bool:
     """GitHub answers 422 naming immutability when assets change on an immutable release."""
-    from github import GithubException
 
     return isinstance(exc, GithubException) and exc.status == 422 and "immutable" in str(exc.data).lower()
 
 
 def _is_already_exists(exc: Exception) -> bool:
-    from github import GithubException
 
     return isinstance(exc, GithubException) and exc.status == 422 and "already_exists" in str(exc.data)
 
@@ -195,9 +196,7 @@ def _is_already_exists(exc: Exception) -> bool:
 def _translate(exc: Exception, what: str) -> PublishError:
     """Every client failure becomes a PublishError; only transient ones (5xx, rate limit,
     network, timeout: the github stage's ``classify``) are worth retrying."""
-    from github import GithubException
 
-    from pipeline.dispatch.client import classify
 
     if isinstance(exc, PublishError):
         return exc
@@ -271,7 +270,6 @@ class GitHubTarget:
 
     def _resolve_tag(self, tag: str) -> str:
         """The commit ``refs/tags/<tag>`` points at now, peeling annotated tags (and tags of tags)."""
-        from github import UnknownObjectException
 
         try:
             ref = self.repo.get_git_ref(f"tags/{tag}")
@@ -355,7 +353,6 @@ class GitHubTarget:
         )
 
     def _find(self, tag: str) -> GitRelease | None:
-        from github import UnknownObjectException
 
         try:
             return self.repo.get_release(tag)
@@ -460,7 +457,6 @@ def github_repo(repository: str, *, base_url: str | None = None, token: str | No
     The client comes from the github stage's factory, which never retries POSTs at the
     transport (a retried upload races itself); our retry is the outbox, over idempotent steps.
     """
-    from pipeline.dispatch.client import make_client
 
     repo: Repository = make_client(base_url=base_url, token=token, timeout=timeout).get_repo(repository)
     return repo

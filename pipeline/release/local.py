@@ -13,36 +13,57 @@ dist/releases/<tag>/ -> verify_release and the body's commands on the published 
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import re
 import shlex
 import subprocess
-import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
+from pipeline.attest import (
+    BuildInvocation,
+    ImageIdentityPolicy,
+    ImageSigner,
+    SigstoreEndpoints,
+    attest_images,
+    verify_image,
+)
 from pipeline.contracts import Grading, PublicationRequest
+from pipeline.dispatch.dispatch import build_payload, new_correlation_id
 from pipeline.errors import CheckFailed, UsageError
+from pipeline.evidence import sigstore_local
+from pipeline.evidence.signing import local_signer
 from pipeline.fsutil import atomic_write_json
+from pipeline.imaging import build_images_with_results
+from pipeline.imaging.images import source_info
 from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
-from pipeline.infra.policy import InfraPolicy
+from pipeline.infra.accept import accept_payload
+from pipeline.infra.export import export_run, import_run
+from pipeline.infra.model_local import scripted_model_for
+from pipeline.infra.policy import InfraPolicy, load_policy
+from pipeline.infra.queue import TERMINAL_STATES, SqliteQueue
+from pipeline.infra.worker import WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT, state_dir
+from pipeline.publish.outbox import publish_request
+from pipeline.publish.seal import seal_run
+from pipeline.publish.targets import LocalTarget, PublishError
 from pipeline.release.stages import StageClock
+from pipeline.verify import verify_release
+from pipeline.verify.external import cosign_commands, local_benchseal
 
 TAG_RE = re.compile(r"\Av\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?\Z")
 
 
 def _queue_wait(events: Sequence[Any]) -> float:
     """Seconds from accept to the (last) claim, from the queue's audit trail."""
-    from datetime import datetime
 
     def parse(text: str) -> datetime:
         return datetime.fromisoformat(text)  # Python >= 3.11 reads a "Z" offset
@@ -75,31 +96,12 @@ class ReleaseReport:
         return dict(self.__dict__)
 
 
-# What evidence, signing and verification import after the worker stage (about 1 s here).
-_LATE_MODULES = ("sigstore.models", "sigstore.sign", "sigstore.verify", "sigstore.oidc", "sigstore.dsse",
-                 "cyclonedx.model.bom", "cyclonedx.output.json")
-
-
-def _warm_imports() -> None:
-    """Import the post-trial modules in a thread while the worker stage waits on containers."""
-
-    def load() -> None:
-        for name in _LATE_MODULES:
-            try:
-                importlib.import_module(name)
-            except ImportError:
-                return  # the real import, later on the main thread, reports it
-
-    threading.Thread(target=load, name="warm-imports", daemon=True).start()
-
-
 def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
     """Run the consumer's verification commands exactly as the release body shows them.
 
     They only read the release directory, so they run side by side; a failure is reported
     for the first failing command in the body's order.
     """
-    from concurrent.futures import ThreadPoolExecutor
 
     def run(line: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, check=False)
@@ -119,8 +121,6 @@ def _attest_as_release_workflow(images: dict[str, str], repository: str, commit:
     The private instance serves the job's OIDC token the way Actions does; images that already
     carry a verified signature and attestations by this exact identity are not signed again.
     """
-    from pipeline.attest import BuildInvocation, ImageSigner, attest_images
-    from pipeline.evidence import sigstore_local
 
     unsigned = {}
     for role, ref in images.items():
@@ -170,9 +170,6 @@ def release_local(
     them (default policies/infra.yaml)."""
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
-    from pipeline.imaging.images import source_info
-    from pipeline.infra.model_local import scripted_model_for
-    from pipeline.infra.policy import load_policy
 
     resolved = resolve_image_names() if names is None else as_names(names)
     infra_policy = load_policy(policy)
@@ -196,22 +193,7 @@ def _release_local(
     console: Console | None,
     policy: InfraPolicy,
 ) -> ReleaseReport:
-    # Heavy stage APIs are imported here so ``benchseal --help`` stays fast.
-    import docker  # noqa: F401  (before _warm_imports: the worker stage then imports nothing new)
 
-    from pipeline.dispatch.dispatch import build_payload, new_correlation_id
-    from pipeline.evidence import sigstore_local
-    from pipeline.evidence.signing import local_signer
-    from pipeline.imaging import build_images_with_results
-    from pipeline.infra.accept import accept_payload
-    from pipeline.infra.export import export_run, import_run
-    from pipeline.infra.queue import TERMINAL_STATES, SqliteQueue
-    from pipeline.infra.worker import WorkerConfig, run_once
-    from pipeline.publish.outbox import publish_request
-    from pipeline.publish.seal import seal_run
-    from pipeline.publish.targets import LocalTarget, PublishError
-    from pipeline.verify import verify_release
-    from pipeline.verify.external import cosign_commands, local_benchseal
 
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)
@@ -253,7 +235,6 @@ def _release_local(
         seal_job = sigstore_local.GitHubJob(repository=infra_repository, ref="refs/heads/main",
                                             sha=payload.source.commit, workflow_file="benchmark.yml",
                                             event_name="workflow_dispatch")
-        _warm_imports()
 
         queue = stack.enter_context(SqliteQueue())
         grading: Grading | None = None

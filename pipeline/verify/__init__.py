@@ -26,6 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sigstore.errors import Error as SigstoreError
+from sigstore.hashes import Hashed
+from sigstore.models import Bundle, TrustedRoot
+from sigstore.verify import Verifier, policy
+from sigstore_models.common.v1 import HashAlgorithm
+
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.documents import DigestSet, ProvenanceStatement, ReleaseSummary, parse_document
 from pipeline.errors import CheckFailed, ValidationError
@@ -106,8 +112,6 @@ def load_summary(directory: Path) -> ReleaseSummary:
 
 
 def _verifier(trusted_root: Path | None, offline: bool) -> Any:
-    from sigstore.models import TrustedRoot
-    from sigstore.verify import Verifier
 
     if trusted_root is not None:
         try:
@@ -129,11 +133,6 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
     (``*.intoto.json``) must be signed as a DSSE attestation, anything else as a message
     signature over the file's digest.
     """
-    from sigstore.errors import Error as SigstoreError
-    from sigstore.hashes import Hashed
-    from sigstore.models import Bundle
-    from sigstore.verify import policy
-    from sigstore_models.common.v1 import HashAlgorithm
 
     name = bundle_file.name
     if not target.is_file():

@@ -11,6 +11,7 @@ import json
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from cryptography.hazmat import asn1
 from pipeline import paths
 from pipeline.contracts import GITHUB_ISSUER
 from pipeline.errors import InfrastructureError
+from pipeline.evidence import sigstore_local
 from pipeline.layout import (
     BUNDLE_SUFFIX,
     CHECKSUMS,
@@ -128,7 +130,6 @@ def certificate_issuer(cert: x509.Certificate) -> str:
 
 def local_benchseal() -> str:
     """The ``benchseal`` of this environment (the venv's console script), else the one on PATH."""
-    import sys
 
     found = shutil.which("benchseal")
     if found:
@@ -166,7 +167,6 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
     profile) filled in (never from the release). Bundles made by the local instance get ``--trusted-root``
     (that instance's root) and ``--offline``; public-good bundles need neither.
     """
-    from pipeline.evidence import sigstore_local
 
     directory = Path(directory)
     chosen = command_profile(directory, profile)

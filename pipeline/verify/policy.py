@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from pipeline.contracts import REPOSITORY_RE, validate_git_tag
 from pipeline.errors import ValidationError
 from pipeline.paths import REPO_ROOT
@@ -86,7 +88,6 @@ def _check_template(value: str, field: str) -> None:
 
 
 def load_policy(path: Path | None = None) -> VerifyPolicy:
-    import yaml
 
     path = path or DEFAULT_POLICY
     try:

@@ -305,7 +305,7 @@ def test_app_layer_carries_benchseal_dist_info(tmp_path: Path) -> None:
     (app / "suites" / "s" / "tests").mkdir(parents=True)
     (app / "suites" / "s" / "tests" / "test.sh").write_text("#!/bin/sh\n")
     (app / "pyproject.toml").write_text('[project]\nname = "benchseal"\nlicense = { text = "Apache-2.0" }\n')
-    entries = images._app_entries(app)
+    entries = images._app_entries(app, "pipeline.cli.main")
     files = {e.path: e for e in entries if e.kind == "file"}
     info = next(p for p in files if p.endswith(".dist-info/METADATA")).rsplit("/", 1)[0]
     meta = email.parser.BytesHeaderParser().parsebytes(files[f"{info}/METADATA"].data or b"")
@@ -319,10 +319,10 @@ def test_app_layer_carries_benchseal_dist_info(tmp_path: Path) -> None:
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
         rel = os.path.relpath(path, site)
         assert rows[rel][1:] == [f"sha256={digest}", str(len(data))]
-    assert images._app_entries(app)[-1].data == files[f"{info}/RECORD"].data  # deterministic
+    assert images._app_entries(app, "pipeline.cli.main")[-1].data == files[f"{info}/RECORD"].data  # deterministic
     # no declared license: no License-Expression (the SBOM then says unknown), never a default
     (app / "pyproject.toml").write_text('[project]\nname = "benchseal"\n')
-    meta2 = next(e for e in images._app_entries(app) if e.path.endswith("METADATA"))
+    meta2 = next(e for e in images._app_entries(app, "pipeline.cli.main") if e.path.endswith("METADATA"))
     assert b"License" not in (meta2.data or b"")
 
 

@@ -10,7 +10,7 @@ import yaml
 
 from pipeline.errors import CheckFailed, ValidationError
 from pipeline.infra.policy import load_policy
-from pipeline.infra.trial import DISABLE_ENV, TUNINGS, enabled_tunings
+from pipeline.infra.tunings import DISABLE_ENV, TUNINGS, enabled_tunings
 from pipeline.infra.worker import _pin_docker_image, _task_context_hash
 from pipeline.paths import REPO_ROOT
 

@@ -1,0 +1,69 @@
+"""The ``benchseal`` application object shared by every entry point.
+
+``pipeline.cli.main`` registers every verb (the installed ``benchseal``); the runner and api
+images register only the verbs they run (``pipeline.cli.runner_main``, ``pipeline.cli.api_main``),
+because each image ships only the libraries those verbs need (images/*/image.toml).
+
+Exit codes: 0 success, 1 a check failed, 2 usage error (bad input).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import typer
+
+from pipeline import __version__, paths
+from pipeline.errors import Error, ValidationError
+
+Register = Callable[[typer.Typer], None]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"benchseal {__version__}")
+        raise typer.Exit(0)
+
+
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    project_dir: str | None = typer.Option(
+        None, "--project-dir", help="Project directory with images/, policies/, suites/ (default $BENCHSEAL_PROJECT_DIR, "
+        "else the data installed with benchseal, else the source checkout)."
+    ),
+) -> None:
+    """benchseal: the release pipeline that scores every release."""
+    if project_dir is not None and paths.REPO_ROOT != Path(project_dir).resolve():
+        # Paths were resolved before this option was seen (it was not the first option).
+        raise ValidationError("--project-dir", "must come first, before any other option and the verb", project_dir)
+    # An explicit project directory fails closed; the defaults are checked where they are used
+    # (the runner image, for one, ships no images/).
+    problem = paths.project_problem() if paths.PROJECT_SOURCE == paths.PROJECT_DIR_ENV else None
+    if problem is not None:
+        raise ValidationError("--project-dir / BENCHSEAL_PROJECT_DIR", f"must contain images/, policies/ and suites/: {problem}")
+
+
+def new_app(*verbs: Register) -> typer.Typer:
+    """A ``benchseal`` app with the given verbs' ``register`` functions applied, in order."""
+    app = typer.Typer(
+        name="benchseal",
+        help="Build, benchmark, sign and publish a release, pinned by digest end to end.",
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+    app.callback()(_root)
+    for register in verbs:
+        register(app)
+    return app
+
+
+def run(app: typer.Typer) -> None:
+    """Run ``app``; a benchseal error becomes one diagnostic line and its exit code."""
+    try:
+        app()
+    except Error as exc:
+        typer.echo(f"benchseal: error: {exc.diagnostics()}", err=True)
+        sys.exit(exc.exit_code)
