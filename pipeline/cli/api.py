@@ -17,7 +17,7 @@ def serve(
     runs: Annotated[Path, typer.Option(help="Directory holding <run_id>/run.json.")] = Path("/runs"),
 ) -> None:
     """Serve the API with uvicorn until interrupted."""
-    # lazy: pipeline.api.app (fastapi) + uvicorn cost 285 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.api.app (fastapi) + uvicorn cost 154 ms at CLI start (bench/cli.py, 2026-12-03)
     import uvicorn
 
     from pipeline.api.app import create_app

@@ -37,7 +37,7 @@ _HTTP = typer.Option("--allow-http-registry",
 def sigstore_endpoints(url: str | None, trusted_root: Path | None) -> SigstoreEndpoints:
     """Public-good, or the private instance the caller named with both options (never implicit).
     An empty value (an unset Actions variable) counts as not given."""
-    # lazy: pipeline.attest (sigstore, docker) costs 600 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.attest import SigstoreEndpoints
 
     url = url or None
@@ -60,7 +60,7 @@ def attest(
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
     """Sign each image and attest its provenance and SBOM (ambient Actions identity)."""
-    # lazy: pipeline.attest (sigstore, docker) costs 600 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.attest import BuildInvocation, ImageSigner, attest_images
 
     try:
@@ -90,7 +90,7 @@ def verify_image(
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
     """Check an image's signature and its provenance and SBOM attestations, exact identity."""
-    # lazy: pipeline.attest (sigstore, docker) costs 600 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.attest import ImageIdentityPolicy
     from pipeline.attest import verify_image as check
 

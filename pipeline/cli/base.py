@@ -22,7 +22,7 @@ def build(
     local: bool = typer.Option(False, "--local", help="Also pull each base by digest into the local engine."),
 ) -> None:
     """Build (if needed) and push the base images; write images/base.lock.json. Idempotent."""
-    # lazy: pipeline.imaging (docker, installer) costs 145 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.imaging (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.imaging import ensure_base, ensure_local, resolve_image_names
 
     refs = ensure_base(resolve_image_names(image_prefix, registry), rebuild=rebuild)

@@ -28,7 +28,7 @@ def build(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer (the result must be identical).")] = False,
 ) -> None:
     """Build the images, push them, and print/write the digests file."""
-    # lazy: pipeline.imaging (docker, installer) costs 145 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.imaging (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.imaging import build_images, resolve_image_names
 
     names = resolve_image_names(image_prefix, registry)

@@ -57,7 +57,7 @@ def escape_text(text: str) -> str:
 
 
 def _secrets() -> list[str]:
-    # lazy: pipeline.dispatch (PyGithub) costs 205 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.dispatch.client import TOKEN_VARIABLES
 
     return [value for name in TOKEN_VARIABLES if len(value := os.environ.get(name, "").strip()) >= 4]
@@ -121,7 +121,7 @@ def dispatch(
     """Dispatch a benchmark to the infra repository and wait for its run."""
     cid = correlation
     try:
-        # lazy: pipeline.dispatch (PyGithub) costs 205 ms at CLI start (bench/cli.py, 2026-12-03)
+        # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.dispatch import (
             PollConfig,
             build_payload,
@@ -177,7 +177,7 @@ def merge_digests(
     as_json: bool = typer.Option(False, "--json", help="Print the refs as JSON instead of key=value lines."),
 ) -> None:
     """Merge and re-validate per-image digests files; print runner_ref=/api_ref= lines (for $GITHUB_OUTPUT)."""
-    # lazy: pipeline.dispatch (PyGithub) costs 205 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.dispatch.merge import merge_digests as merge
 
     merged = merge(files, expect_commit=expect_commit)

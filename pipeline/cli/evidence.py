@@ -44,7 +44,7 @@ def evidence(
 ) -> None:
     """Write summary.json, SBOMs, provenance, SHA256SUMS and Sigstore bundles."""
 
-    # lazy: pipeline.evidence (sigstore, cyclonedx) + pipeline.evidence.signing (sigstore) cost 590 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.evidence (sigstore, cyclonedx) + pipeline.evidence.signing (sigstore) cost 365 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.evidence import reseal as do_reseal
     from pipeline.evidence.signing import ambient_signer, local_signer, private_trust_config
 
@@ -74,14 +74,14 @@ def evidence(
                                 trusted_root=endpoints.trusted_root)
     else:
         # The ambient Actions credential and nothing else (default_signer: no fallback).
-        # lazy: pipeline.evidence.signing (sigstore) costs 590 ms at CLI start (bench/cli.py, 2026-12-03)
+        # lazy: pipeline.evidence.signing (sigstore) costs 365 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.evidence.signing import default_signer
 
         signer = default_signer()
     if reseal:
         typer.echo(f"resealed: {do_reseal(run_dir / 'artifacts', signer=signer)}")
         return
-    # lazy: pipeline.publish.seal (sigstore, cyclonedx) costs 410 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.publish.seal (sigstore, cyclonedx) costs 194 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.publish.seal import seal_run
 
     sealed = seal_run(run_dir, signer=signer)

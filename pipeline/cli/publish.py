@@ -52,7 +52,7 @@ def publish(
 ) -> None:
     """Publish benchmark evidence to a GitHub Release or dist/releases/<tag>/."""
 
-    # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 730 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 471 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.publish import outbox
     from pipeline.publish.targets import PublishError, PublishPolicy
 
@@ -92,7 +92,7 @@ def publish(
         raise UsageError(f"invalid --trigger: must be manual or tag (got {trigger!r})")
     options = {"trigger": trigger}
     if infra_repo is not None:
-        # lazy: pipeline.verify.policy (sigstore) costs 235 ms at CLI start (bench/cli.py, 2026-12-03)
+        # lazy: pipeline.verify.policy (sigstore) costs 241 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.verify.policy import validate_repository
 
         options["infra_repository"] = validate_repository(infra_repo, "--infra-repo")

@@ -24,7 +24,7 @@ def resolve_ref(
     as_json: bool = typer.Option(False, "--json", help="Print {repository, tag, commit} as JSON."),
 ) -> None:
     """Resolve a tag to its commit via the GitHub API."""
-    # lazy: pipeline.dispatch (PyGithub) costs 205 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.dispatch import make_client, resolve_tag
     from pipeline.dispatch.resolve import tag_of_ref, validate_repo
 

@@ -28,7 +28,7 @@ def run(
     model_key_env: Annotated[str | None, typer.Option("--model-key-env", help="--secret-env name holding the model key.")] = None,
 ) -> None:
     """Run every task once; grade later from the trials' result.json files."""
-    # lazy: pipeline.infra.trial (harbor) costs 320 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.infra.trial (harbor) costs 178 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.trial import ModelAccess, run_suite
 
     model = None

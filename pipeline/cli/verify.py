@@ -41,7 +41,7 @@ def verify(
     as_json: bool = typer.Option(False, "--json", help="Print what was verified as a JSON object."),
 ) -> None:
     """Verify every bundle, every checksum and the bindings of the release of --repo at --tag."""
-    # lazy: pipeline.verify (sigstore) costs 420 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.verify (sigstore) costs 224 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.verify import verify_release
 
     try:

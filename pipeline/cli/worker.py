@@ -51,7 +51,7 @@ def worker(
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
 
-    # lazy: pipeline.infra.worker (docker, sigstore, harbor) costs 970 ms at CLI start (bench/cli.py, 2026-12-03)
+    # lazy: pipeline.infra.worker (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -78,7 +78,7 @@ def worker(
         config = dataclasses.replace(config, suites_dir=suites_dir)
     finalize = None
     if publish != "none":
-        # lazy: pipeline.publish.service (sigstore, PyGithub) costs 870 ms at CLI start (bench/cli.py, 2026-12-03)
+        # lazy: pipeline.publish.service (sigstore, PyGithub) costs 475 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.publish.service import worker_finalizer
 
         finalize = worker_finalizer(publish, signer, local_root=local_root, api_url=api_url)
@@ -98,7 +98,7 @@ def worker(
         return
     publisher = None
     if with_publisher:
-        # lazy: pipeline.publish.service (sigstore, PyGithub) costs 870 ms at CLI start (bench/cli.py, 2026-12-03)
+        # lazy: pipeline.publish.service (sigstore, PyGithub) costs 475 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.publish.service import start_publisher
 
         publisher = start_publisher(db, config.stop, publish_interval)
