@@ -29,7 +29,8 @@ from typing import Any
 from sigstore.errors import Error as SigstoreError
 from sigstore.hashes import Hashed
 from sigstore.models import Bundle, TrustedRoot
-from sigstore.verify import Verifier, policy
+from sigstore.verify import Verifier
+from sigstore.verify import policy as sigstore_policy  # not `policy`: pipeline.verify.policy is a submodule
 from sigstore_models.common.v1 import HashAlgorithm
 
 from pipeline.digests import ImageRef, parse_ref
@@ -152,7 +153,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
     if is_dsse and not dsse_expected:
         raise CheckFailed(f"{name}: is a DSSE envelope, but {target.name} is not an in-toto statement: "
                           "it must be signed as a message signature over the file")
-    identity = policy.Identity(identity=expect.identity, issuer=expect.issuer)
+    identity = sigstore_policy.Identity(identity=expect.identity, issuer=expect.issuer)
     try:
         if is_dsse:
             payload_type, payload = verifier.verify_dsse(bundle, identity)
