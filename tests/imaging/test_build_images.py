@@ -151,7 +151,7 @@ def test_runner_imports_harbor_and_benchseal_from_bytecode(local_images: dict[st
     ref = local_images["runner"]
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", ref.ref, "-v", "-c",
-         "import harbor.trial.trial, harbor.cli.main, pipeline.infra.trial, pipeline.cli.runner_main"],
+         "import harbor.trial.trial, harbor.cli.main, pipeline.infra.trial, pipeline.cli.runner_main, pipeline.cli.main"],
         capture_output=True, text=True, check=True,
     )
     ours = ("/usr/local/lib/python3.13/dist-packages/", "/opt/benchseal/")
