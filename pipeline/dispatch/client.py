@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import github
 import requests
@@ -19,10 +18,6 @@ from github import GithubException, RateLimitExceededException
 from urllib3.util.retry import Retry
 
 from pipeline.errors import UsageError
-
-if TYPE_CHECKING:
-    import github
-    from urllib3.util.retry import Retry
 
 DEFAULT_API_URL = "https://api.github.com"
 TOKEN_VARIABLES = ("GITHUB_TOKEN", "GH_TOKEN")

@@ -38,15 +38,13 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
+import github
 from github import GithubException, UnknownObjectException
 
 from pipeline.dispatch.client import Transient, classify
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-
-if TYPE_CHECKING:
-    import github
 
 DEFAULT_WORKFLOW_FILE = "benchmark.yml"
 WORKFLOWS_DIR = ".github/workflows/"

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import github
 import requests
 import rfc8785
 from github import BadCredentialsException, GithubException, UnknownObjectException
@@ -48,9 +49,6 @@ from pipeline.dispatch.correlate import (
 )
 from pipeline.dispatch.resolve import tag_of_ref, validate_repo
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
-
-if TYPE_CHECKING:
-    import github
 
 DEFAULT_EVENT_TYPE = "benchseal-benchmark"
 MAX_CLIENT_PAYLOAD_KEYS = 10

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+import github
 import requests
 from github import GithubException, UnknownObjectException
 
 from pipeline.contracts import COMMIT_RE, REPOSITORY_RE, validate_git_tag
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-
-if TYPE_CHECKING:
-    import github
 
 MAX_PEEL_DEPTH = 5
 

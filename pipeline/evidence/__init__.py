@@ -11,15 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.contracts import DispatchPayload, Grading
 from pipeline.evidence import artifacts, provenance, sbom
 from pipeline.evidence.artifacts import recheck_and_resign
+from pipeline.evidence.signing import Signer
 from pipeline.layout import ARTIFACTS_DIR, MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SBOMS
-
-if TYPE_CHECKING:
-    from pipeline.evidence.signing import Signer
 
 __all__ = ["EvidenceResult", "reseal", "write_evidence"]
 

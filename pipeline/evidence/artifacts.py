@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline import paths
 from pipeline.contracts import DispatchPayload, Grading
@@ -26,11 +25,9 @@ from pipeline.documents import (
     dump_document,
 )
 from pipeline.errors import CheckFailed
+from pipeline.evidence.signing import Signer
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.layout import CHECKSUMS, NESTED_SUMS, SUMMARY, checksummed_files, nested_files, render_checksums
-
-if TYPE_CHECKING:
-    from pipeline.evidence.signing import Signer
 
 EVALUATION_METHOD = "harbor-verifier-reward: a trial is resolved when its verifier reward is >= 1; score = resolved / completed"
 

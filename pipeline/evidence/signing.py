@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jwt
 from sigstore import dsse
@@ -33,12 +33,8 @@ from sigstore_models.common.v1 import HashAlgorithm
 from pipeline.contracts import GITHUB_ISSUER
 from pipeline.errors import InfrastructureError, ValidationError
 from pipeline.evidence import sigstore_local
+from pipeline.evidence.sigstore_local import GitHubJob
 from pipeline.fsutil import atomic_write_text, sha256_file
-
-if TYPE_CHECKING:
-    from sigstore.models import ClientTrustConfig
-
-    from pipeline.evidence.sigstore_local import GitHubJob
 
 BUNDLE_SUFFIX = ".sigstore.json"
 

@@ -15,18 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.contracts import DigestsFile
 from pipeline.digests import parse_ref
 from pipeline.fsutil import atomic_write_json
 from pipeline.imaging.base import ensure_base, ensure_local
-from pipeline.imaging.images import build_image, digests_file, load_image_spec, source_info
+from pipeline.imaging.images import BuildResult, build_image, digests_file, load_image_spec, source_info
 from pipeline.imaging.layers import build_lock
 from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
-
-if TYPE_CHECKING:
-    from pipeline.imaging.images import BuildResult
 
 __all__ = ["ImageNames", "as_names", "build_images", "build_images_with_results", "ensure_base", "ensure_local",
            "resolve_image_names"]

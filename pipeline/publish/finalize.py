@@ -11,14 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pipeline.contracts import Grading, PublicationRequest
 from pipeline.evidence import write_evidence
-
-if TYPE_CHECKING:
-    from pipeline.evidence.signing import Signer
-    from pipeline.infra.queue import RunRecord
+from pipeline.evidence.signing import Signer
+from pipeline.infra.queue import RunRecord
 
 Finalize = Callable[["RunRecord", Grading, Path], Sequence[PublicationRequest]]
 

@@ -11,15 +11,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.contracts import DispatchPayload, Grading, RunStatus, load_model
 from pipeline.errors import ValidationError
-from pipeline.evidence import write_evidence
-
-if TYPE_CHECKING:
-    from pipeline.evidence import EvidenceResult
-    from pipeline.evidence.signing import Signer
+from pipeline.evidence import EvidenceResult, write_evidence
+from pipeline.evidence.signing import Signer
 
 
 @dataclass(frozen=True)

@@ -21,25 +21,21 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from github import GithubException, UnknownObjectException
+from github.GitRelease import GitRelease
+from github.GitReleaseAsset import GitReleaseAsset
+from github.Repository import Repository
 
 from pipeline.contracts import COMMIT_RE, canonical_repository
 from pipeline.dispatch.client import classify, make_client
 from pipeline.errors import CheckFailed, Error, ValidationError
 from pipeline.fsutil import atomic_write_text
-from pipeline.infra.policy import load_policy
+from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.layout import BODY, CHECKSUMS, CHECKSUMS_BUNDLE, bundle_name, parse_checksums
 from pipeline.publish.body import START, splice
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
-
-if TYPE_CHECKING:
-    from github.GitRelease import GitRelease
-    from github.GitReleaseAsset import GitReleaseAsset
-    from github.Repository import Repository
-
-    from pipeline.infra.policy import InfraPolicy, SourcePolicy
 
 AssetAction = Literal["kept", "uploaded", "replaced", "removed"]
 Strategy = Literal["local", "in-place", "draft", "companion"]
