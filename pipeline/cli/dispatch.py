@@ -135,7 +135,6 @@ def dispatch(
         if workflow is not None:
             validate_workflow_file(workflow, "--workflow")
             if workflow_file not in ("benchmark.yml", workflow):
-
                 raise UsageError(f"--workflow {workflow} and --workflow-file {workflow_file} disagree; give one")
             workflow_file, workflow_dispatch = workflow, True
         validate_workflow_file(workflow_file, "--workflow-file")

@@ -43,7 +43,6 @@ def evidence(
     as_json: bool = typer.Option(False, "--json", help="Print what was sealed as JSON."),
 ) -> None:
     """Write summary.json, SBOMs, provenance, SHA256SUMS and Sigstore bundles."""
-
     # lazy: pipeline.evidence (sigstore, cyclonedx) + pipeline.evidence.signing (sigstore) cost 365 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.evidence import reseal as do_reseal
     from pipeline.evidence.signing import ambient_signer, local_signer, private_trust_config
@@ -56,7 +55,6 @@ def evidence(
         raise ValidationError("--reseal", "cannot be combined with --from-export")
     endpoints = sigstore_endpoints(sigstore_url, Path(trusted_root) if trusted_root else None)
     if from_export is not None and run_id is not None:
-
         if from_export == "-":
             import_run(sys.stdin.buffer, run_dir, run_id)
         else:

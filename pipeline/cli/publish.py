@@ -51,7 +51,6 @@ def publish(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report."),
 ) -> None:
     """Publish benchmark evidence to a GitHub Release or dist/releases/<tag>/."""
-
     # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 471 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.publish import outbox
     from pipeline.publish.targets import PublishError, PublishPolicy

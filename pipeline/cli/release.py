@@ -37,7 +37,6 @@ def release(
                                               "and a fresh key for this release only."),
 ) -> None:
     """Release TAG locally: images, benchmark run, evidence, publication, verification."""
-
     # lazy: pipeline.release (every stage) costs 875 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.imaging.names import resolve_image_names
     from pipeline.release.local import release_local

@@ -50,14 +50,12 @@ def worker(
     trusted_root: Annotated[Path | None, typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT", help="The private instance's trusted_root.json (with --sigstore-url).")] = None,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
-
     # lazy: pipeline.infra.worker (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if publish != "none" and signer != "local" and not (
             os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL")):
-
         # Refused before a run is claimed: an ambient signer without a token would only turn every
         # run into a retried infrastructure error.
         raise UsageError(f"--publish {publish} --signer {signer} needs the GitHub Actions OIDC credential, and this "
@@ -65,7 +63,6 @@ def worker(
                          "seals and publishes) or with --signer local for the private instance")
     if queue_url_file is not None:
         if os.environ.get(QUEUE_URL_FILE_ENV):
-
             raise UsageError(f"--queue-url-file and {QUEUE_URL_FILE_ENV} both name a queue URL file: give exactly one")
         # Through the environment, so the publisher thread opens the same queue (never SQLite by default).
         os.environ[QUEUE_URL_FILE_ENV] = str(queue_url_file.resolve())

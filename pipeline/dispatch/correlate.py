@@ -64,7 +64,6 @@ class SystemClock:
         return datetime.now(UTC)
 
     def sleep(self, seconds: float) -> None:
-
         time.sleep(max(0.0, seconds))
 
 

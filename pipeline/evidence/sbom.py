@@ -122,7 +122,6 @@ def _base_url(image: ImageRef) -> str:
 
 class _Registry:
     def __init__(self, image: ImageRef, timeout: float = 60.0) -> None:
-
         self.image = image
         self.base = _base_url(image)
         # Credentials and the Basic/Bearer handshake as for the push (pipeline.registry_auth).
@@ -130,7 +129,6 @@ class _Registry:
         self.timeout = timeout
 
     def get(self, path: str, accept: str | None = None, stream: bool = False) -> Any:
-
         headers = {"Accept": accept} if accept else {}
         response = self.session.request("GET", f"{self.base}/{path}", [scope(self.image.repository)], headers=headers, stream=stream)
         if response.status_code != 200:

@@ -64,7 +64,6 @@ class Signer:
     _renew_at: float = field(default=0.0, repr=False)
 
     def _current(self) -> Any:
-
         if self._context is None:
             self.trust_config.force_tlog_version = self.rekor_version
             self._context = SigningContext.from_trust_config(self.trust_config)

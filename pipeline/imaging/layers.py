@@ -270,5 +270,4 @@ class LayerCache:
         return layer if self.store.has(layer.digest) else None
 
     def put(self, key: str, layer: Layer) -> None:
-
         atomic_write_json(self.root / f"{key}.json", layer.to_json())

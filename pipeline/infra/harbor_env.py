@@ -90,7 +90,6 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         return paths
 
     def _write_env_compose_file(self) -> Path:
-
         self._cleanup_env_compose_file()
         self._env_compose_temp_dir = tempfile.TemporaryDirectory()
         path = Path(self._env_compose_temp_dir.name) / ENV_COMPOSE_NAME
@@ -142,7 +141,6 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
 
     async def _run_docker_compose_command(self, command: list[str], *args: Any, **kwargs: Any) -> Any:
         if self._starting and command == ["down", "--remove-orphans"] and "no-predown" in self._tunings:
-
             return ExecResult(stdout=None, stderr=None, return_code=0)
         started = time.monotonic()
         try:

@@ -120,14 +120,12 @@ class ModelPolicy(_Strict):
 
     @property
     def host_port(self) -> tuple[str, int, bool]:
-
         parts = urlsplit(self.endpoint)
         tls = parts.scheme == "https"
         return str(parts.hostname), int(parts.port or (443 if tls else 80)), tls
 
     @property
     def path(self) -> str:
-
         return urlsplit(self.endpoint).path.rstrip("/")
 
 

@@ -113,7 +113,6 @@ def run_suite(
     relay = None
     api_base = None
     if model is not None:
-
         relay = TcpToUnixRelay(model.socket)
         relay.start()
         api_base = f"http://127.0.0.1:{relay.port}{model.path.rstrip('/')}"
@@ -165,8 +164,6 @@ async def _run_all(
 
 async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...],
                      model: ModelAccess | None = None, api_base: str | None = None) -> None:
-
-
     config = TrialConfig(
         task=TaskConfig(path=task_dir),
         trial_name=trial_name,

@@ -43,7 +43,6 @@ def evidence_finalizer(
         return chosen[0]
 
     def finalize(record: RunRecord, grading: Grading, run_dir: Path) -> Sequence[PublicationRequest]:
-
         started = time.monotonic()
         result = write_evidence(run_dir, grading, record.payload, signer=get_signer())
         if timings is not None:

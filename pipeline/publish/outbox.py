@@ -148,7 +148,6 @@ def default_resealer(signer: Any = None) -> Resealer:
     """Re-checksum and re-sign through the evidence stage (SHA256SUMS then covers publisher-error.json)."""
 
     def reseal(artifacts_dir: Path) -> None:
-
         evidence_reseal(artifacts_dir, signer=signer or default_signer())
 
     return reseal

@@ -29,7 +29,6 @@ SignerKind = Literal["auto", "ambient", "local"]
 def signer_factory(kind: SignerKind) -> Callable[[], Any]:
     # Built lazily: an ambient OIDC token is short-lived, so it is fetched per run.
     def make() -> Any:
-
         if kind == "ambient":
             return ambient_signer()
         if kind == "local":
@@ -41,7 +40,6 @@ def signer_factory(kind: SignerKind) -> Callable[[], Any]:
 
 def worker_finalizer(target: Literal["github", "local"], signer: SignerKind, *,
                      local_root: Path | None = None, api_url: str | None = None) -> Any:
-
     options: dict[str, str] = {}
     if signer != "local" and os.environ.get("GITHUB_REPOSITORY"):
         # Inside an Actions job (the worker refuses an ambient signer anywhere else): the job's own

@@ -349,7 +349,6 @@ class GitHubTarget:
         )
 
     def _find(self, tag: str) -> GitRelease | None:
-
         try:
             return self.repo.get_release(tag)
         except UnknownObjectException:
