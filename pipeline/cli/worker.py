@@ -24,7 +24,6 @@ import typer
 
 from pipeline.cli.attest import sigstore_endpoints
 from pipeline.errors import UsageError
-from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import QUEUE_URL_FILE_ENV, open_queue
 
 PublishTarget = Literal["none", "github", "local"]
@@ -51,6 +50,7 @@ def worker(
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     # lazy: pipeline.infra.worker (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.infra.policy import load_policy
     from pipeline.infra.worker import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
