@@ -84,6 +84,28 @@ CREATE TABLE workers (
 );
 CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id)
 """,
+    """
+ALTER TABLE runs ADD COLUMN trials_planned INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE trials (
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    idx INTEGER NOT NULL,
+    task TEXT NOT NULL,
+    trial_name TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('QUEUED','RUNNING','DONE')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    lease_token TEXT,
+    lease_expires_at DOUBLE PRECISION,
+    worker TEXT,
+    reason TEXT,
+    result TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE INDEX trials_claim ON trials (state, created_at, run_id, idx);
+CREATE INDEX trials_lease ON trials (run_id, lease_token)
+""",
 )
 if len(_PG_MIGRATIONS) != SCHEMA_VERSION:  # pragma: no cover - a development error
     raise RuntimeError("the PostgreSQL and SQLite migrations must have the same versions")
@@ -123,6 +145,7 @@ class PostgresQueue(SqlQueue):
 
     backend = "postgresql"
     _claim_lock = " FOR UPDATE SKIP LOCKED"
+    _row_lock = " FOR UPDATE"
 
     def __init__(self, url: str, *, runs_dir: Path | None = None, reconnect_seconds: float = 30.0,
                  connect_timeout: int = 10, check_schema: bool = True) -> None:
