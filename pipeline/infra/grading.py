@@ -143,6 +143,24 @@ def grade_run(
         grade_trial(run_dir / "harbor" / name / "result.json", task, name, payload.agent, runner, harbor_version)
         for task, name in planned
     )
+    return grade_trials(record, policy, trials, started_at=started_at, finished_at=finished_at, failure=failure,
+                        harbor_version=harbor_version, agent_version_pin=plan.get("agent_version"), model=plan.get("model"))
+
+
+def grade_trials(
+    record: RunRecord,
+    policy: InfraPolicy,
+    trials: tuple[TrialRecord, ...],
+    *,
+    started_at: str,
+    finished_at: str,
+    failure: str | None = None,
+    harbor_version: str | None = None,
+    agent_version_pin: str | None = None,
+    model: str | None = None,
+) -> Grading:
+    """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score."""
+    payload = record.payload
     resolved = sum(t.outcome == "resolved" for t in trials)
     unresolved = sum(t.outcome == "unresolved" for t in trials)
     infra = sum(t.outcome == "infra_error" for t in trials)
@@ -167,8 +185,8 @@ def grade_run(
         score=round(resolved / counts.completed, 6) if ok else None,
         trials=trials,
         harbor_version=harbor_version,
-        agent_version_pin=plan.get("agent_version"),
-        model=plan.get("model"),
+        agent_version_pin=agent_version_pin,
+        model=model,
         runner_ref=payload.runner,
         api_ref=payload.api,
         started_at=started_at,

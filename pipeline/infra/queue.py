@@ -371,9 +371,10 @@ class Queue(abc.ABC):
     @abc.abstractmethod
     def complete_trials(self, run_id: str, lease_token: str, results: Mapping[int, str], *,
                         lease_seconds: float) -> RunRecord | None:
-        """Record the batch's graded trials (one per claimed trial, each exactly once). When this ends
-        the run's LAST trial (checked in the same transaction), the caller gets the run under a fresh
-        lease and must grade it and ``complete`` it; otherwise None."""
+        """Record graded trials of the batch (all or some of them, as they finish; each exactly once: a
+        recorded trial is no longer held). When this ends the run's LAST trial (checked in the same
+        transaction), the caller gets the run under a fresh lease and must grade it and ``complete`` it;
+        otherwise None."""
 
     @abc.abstractmethod
     def fail_trials(self, run_id: str, lease_token: str, reason: str, *, lease_seconds: float) -> RunRecord | None:
@@ -551,19 +552,26 @@ class SqlQueue(Queue):
         placeholders = ",".join("?" for _ in from_states)
 
         def work(cur: Cursor) -> tuple[object, ...] | None:
-            row = self._row(cur, run_id)
-            if row is None:
-                raise ValidationError("run_id", "no such run", run_id)
-            current = str(row[3])
+            # One possible from-state: it is the event's from-state, no read needed before the update.
+            current = from_states[0] if len(from_states) == 1 else None
+            if current is None:
+                before = self._row(cur, run_id)
+                if before is None:
+                    raise ValidationError("run_id", "no such run", run_id)
+                current = str(before[3])
             cur.execute(
                 f"UPDATE runs SET state = ?, updated_at = ?{sets} WHERE run_id = ? AND lease_token = ?"  # noqa: S608
-                f" AND state IN ({placeholders})",
+                f" AND state IN ({placeholders}) RETURNING {_RUN_COLUMNS}",
                 (to_state, _iso(now), *params, run_id, lease_token, *from_states),
             )
-            if cur.rowcount != 1:
-                raise CheckFailed(f"run {run_id}: lease not held (state {current}); refusing {event}")
+            row: tuple[object, ...] | None = cur.fetchone()
+            if row is None:
+                found = self._row(cur, run_id)
+                if found is None:
+                    raise ValidationError("run_id", "no such run", run_id)
+                raise CheckFailed(f"run {run_id}: lease not held (state {found[3]}); refusing {event}")
             self._event(cur, run_id, event, current, to_state, detail, now)
-            return self._row(cur, run_id)
+            return row
 
         self._write_status(run_id, self._transaction(work))
 
@@ -615,28 +623,25 @@ class SqlQueue(Queue):
         token = secrets.token_hex(16)
 
         def work(cur: Cursor) -> tuple[object, ...] | None:
-            # Runs waiting to be finalized first ('finalize' < 'run'): their results are already in.
+            # One statement: pick the oldest QUEUED run (finalize before run: 'finalize' < 'run', their
+            # results are already in), skipping rows other claimers hold, and claim it; the outer
+            # state guard is the contract.
             cur.execute(
-                "SELECT run_id FROM runs WHERE state = 'QUEUED'"  # noqa: S608
-                " ORDER BY phase, created_at, run_id LIMIT 1" + self._claim_lock
+                "UPDATE runs SET state = 'CLAIMED', lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
+                " attempts = attempts + CASE WHEN phase = 'run' THEN 1 ELSE 0 END,"
+                " finalize_attempts = finalize_attempts + CASE WHEN phase = 'finalize' THEN 1 ELSE 0 END,"
+                " updated_at = ? WHERE state = 'QUEUED' AND run_id = (SELECT run_id FROM runs WHERE state = 'QUEUED'"
+                " ORDER BY phase, created_at, run_id LIMIT 1" + self._claim_lock + f") RETURNING {_RUN_COLUMNS}",
+                (token, at + lease_seconds, worker, _iso(at)),
             )
-            row = cur.fetchone()
+            row: tuple[object, ...] | None = cur.fetchone()
             if row is None:
                 self._beat(cur, worker, None, at)
                 return None
             run_id = str(row[0])
-            cur.execute(
-                "UPDATE runs SET state = 'CLAIMED', lease_token = ?, lease_expires_at = ?, worker = ?,"
-                " attempts = attempts + CASE WHEN phase = 'run' THEN 1 ELSE 0 END,"
-                " finalize_attempts = finalize_attempts + CASE WHEN phase = 'finalize' THEN 1 ELSE 0 END,"
-                " updated_at = ? WHERE run_id = ? AND state = 'QUEUED'",
-                (token, at + lease_seconds, worker, _iso(at), run_id),
-            )
-            if cur.rowcount != 1:  # cannot happen under the row lock; the guard is the contract
-                return None
             self._event(cur, run_id, "claimed", "QUEUED", "CLAIMED", f"worker={worker}", at)
             self._beat(cur, worker, run_id, at)
-            return self._row(cur, run_id)
+            return row
 
         row = self._transaction(work)
         if row is None:
@@ -653,13 +658,13 @@ class SqlQueue(Queue):
 
         def work(cur: Cursor) -> bool:
             cur.execute(
-                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')",
+                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')"
+                " RETURNING worker",
                 (at + lease_seconds, run_id, lease_token),
             )
-            if cur.rowcount != 1:
-                return False
-            cur.execute("SELECT worker FROM runs WHERE run_id = ?", (run_id,))
             row = cur.fetchone()
+            if row is None:
+                return False
             if row is not None and row[0] is not None:
                 self._beat(cur, str(row[0]), run_id, at)
             return True
@@ -719,27 +724,29 @@ class SqlQueue(Queue):
                 raise ValidationError("run_id", "no such run", run_id)
             current = str(row[3])
             cur.execute(
-                "UPDATE runs SET state = ?, grading = ?, reason = ?, lease_token = NULL, lease_expires_at = NULL,"
+                "UPDATE runs SET state = ?, grading = ?, reason = ?, lease_token = NULL, lease_expires_at = NULL,"  # noqa: S608
                 " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')"
                 # A planned run ends only once every one of its trials has ended.
-                " AND NOT EXISTS (SELECT 1 FROM trials WHERE trials.run_id = runs.run_id AND trials.state <> 'DONE')",
+                " AND NOT EXISTS (SELECT 1 FROM trials WHERE trials.run_id = runs.run_id AND trials.state <> 'DONE')"
+                f" RETURNING {_RUN_COLUMNS}",
                 (grading.status, grading.model_dump_json(), grading.reason, _iso(now), run_id, lease_token),
             )
-            if cur.rowcount != 1:
+            ended: tuple[object, ...] | None = cur.fetchone()
+            if ended is None:
                 raise CheckFailed(f"run {run_id}: lease not held or trials still open (state {current}); refusing to complete")
             self._event(cur, run_id, "completed", current, grading.status, grading.reason, now)
+            ids: list[int] = []
             for request in publications:
                 cur.execute(
                     "INSERT INTO publications (run_id, target, tag, request, state, attempts, next_attempt_at, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, 'PENDING', 0, ?, ?, ?) ON CONFLICT (run_id, target, tag) DO NOTHING",
+                    " VALUES (?, ?, ?, ?, 'PENDING', 0, ?, ?, ?) ON CONFLICT (run_id, target, tag) DO NOTHING RETURNING id",
                     (run_id, request.target, request.tag, request.model_dump_json(), now, _iso(now), _iso(now)),
                 )
+                inserted = cur.fetchone()
+                if inserted is not None:
+                    ids.append(int(inserted[0]))
                 self._event(cur, run_id, "publication_queued", None, None, f"{request.target}:{request.tag}", now)
-            ids: list[int] = []
-            if publications:
-                cur.execute("SELECT id FROM publications WHERE run_id = ? ORDER BY id", (run_id,))
-                ids = [int(r[0]) for r in cur.fetchall()]
-            return self._row(cur, run_id), ids
+            return ended, ids
 
         row, ids = self._transaction(work)
         self._write_status(run_id, row)
@@ -825,17 +832,16 @@ class SqlQueue(Queue):
         marks = ",".join("?" for _ in picked)
         cur.execute(
             "UPDATE trials SET state = 'RUNNING', lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
-            f" attempts = attempts + 1, updated_at = ? WHERE run_id = ? AND state = 'QUEUED' AND idx IN ({marks})",
+            f" attempts = attempts + 1, updated_at = ? WHERE run_id = ? AND state = 'QUEUED' AND idx IN ({marks})"
+            " RETURNING idx, task, trial_name, attempts, max_attempts",
             (token, at + lease_seconds, worker, _iso(at), target, *picked),
         )
-        if cur.rowcount != len(picked):  # cannot happen under the row locks; the guard is the contract
+        claims = tuple(sorted((TrialClaim(idx=int(i), task=str(t), trial_name=str(n), attempts=int(a), max_attempts=int(m))
+                               for i, t, n, a, m in cur.fetchall()), key=lambda c: c.idx))
+        if len(claims) != len(picked):  # cannot happen under the row locks; the guard is the contract
             raise CheckFailed(f"run {target}: trials {picked} changed while being claimed")
         self._event(cur, target, "trials_claimed", None, None, f"worker={worker} trials={picked}", at)
         self._beat(cur, worker, target, at)
-        cur.execute("SELECT idx, task, trial_name, attempts, max_attempts FROM trials WHERE run_id = ? AND lease_token = ?"
-                    " ORDER BY idx", (target, token))
-        claims = tuple(TrialClaim(idx=int(i), task=str(t), trial_name=str(n), attempts=int(a), max_attempts=int(m))
-                       for i, t, n, a, m in cur.fetchall())
         run = self._row(cur, target)
         if run is None:
             raise ValidationError("run_id", "no such run", target)
@@ -865,11 +871,13 @@ class SqlQueue(Queue):
             if cur.rowcount != 1:
                 raise CheckFailed(f"run {run_id}: lease not held, or already planned (state {current}); refusing to plan trials")
             self._event(cur, run_id, "trials_planned", current, "RUNNING", f"{len(trials)} trials", at)
-            for idx, trial in enumerate(trials):
+            for first in range(0, len(trials), 100):  # one statement per 100 trials
+                chunk = list(enumerate(trials))[first:first + 100]
                 cur.execute(
-                    "INSERT INTO trials (run_id, idx, task, trial_name, state, attempts, max_attempts, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, 'QUEUED', 0, ?, ?, ?)",
-                    (run_id, idx, trial.task, trial.trial_name, max_attempts, _iso(at), _iso(at)),
+                    "INSERT INTO trials (run_id, idx, task, trial_name, state, attempts, max_attempts, created_at, updated_at)"  # noqa: S608
+                    " VALUES " + ",".join("(?, ?, ?, ?, 'QUEUED', 0, ?, ?, ?)" for _ in chunk),
+                    [v for idx, trial in chunk for v in (run_id, idx, trial.task, trial.trial_name, max_attempts,
+                                                          _iso(at), _iso(at))],
                 )
             batch = self._claim_trials(cur, worker or "", lease_seconds, claim, run_id, at) if claim else None
             return self._row(cur, run_id), batch
@@ -882,24 +890,28 @@ class SqlQueue(Queue):
                      now: datetime | None = None) -> TrialBatch | None:
         at = _epoch(now)
 
-        def work(cur: Cursor) -> TrialBatch | None:
-            batch = self._claim_trials(cur, worker, lease_seconds, limit, run_id, at)
-            if batch is None:
-                self._beat(cur, worker, None, at)
-            return batch
+        def any_queued(cur: Cursor) -> bool:
+            if run_id is None:
+                cur.execute("SELECT 1 FROM trials WHERE state = 'QUEUED' LIMIT 1")
+            else:
+                cur.execute("SELECT 1 FROM trials WHERE run_id = ? AND state = 'QUEUED' LIMIT 1", (run_id,))
+            return cur.fetchone() is not None
 
-        return self._transaction(work)
+        # The common case for an idle worker or one-trial runs (nothing queued) takes no write lock.
+        if not self._read(any_queued):
+            return None
+        return self._transaction(lambda cur: self._claim_trials(cur, worker, lease_seconds, limit, run_id, at))
 
     def heartbeat_trials(self, run_id: str, lease_token: str, lease_seconds: float, now: datetime | None = None) -> bool:
         at = _epoch(now)
 
         def work(cur: Cursor) -> bool:
-            cur.execute("UPDATE trials SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'",
-                        (at + lease_seconds, run_id, lease_token))
-            if cur.rowcount < 1:
+            cur.execute("UPDATE trials SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'"
+                        " RETURNING worker", (at + lease_seconds, run_id, lease_token))
+            rows = cur.fetchall()
+            if not rows:
                 return False
-            cur.execute("SELECT worker FROM trials WHERE run_id = ? AND lease_token = ? LIMIT 1", (run_id, lease_token))
-            row = cur.fetchone()
+            row = rows[0]
             if row is not None and row[0] is not None:
                 self._beat(cur, str(row[0]), run_id, at)
             return True
@@ -931,14 +943,16 @@ class SqlQueue(Queue):
             return None
         token = secrets.token_hex(16)
         cur.execute(
-            "UPDATE runs SET lease_token = ?, lease_expires_at = ?, worker = ?, updated_at = ?"
-            " WHERE run_id = ? AND state = 'RUNNING' AND lease_token IS NULL AND trials_planned > 0",
+            "UPDATE runs SET lease_token = ?, lease_expires_at = ?, worker = ?, updated_at = ?"  # noqa: S608
+            " WHERE run_id = ? AND state = 'RUNNING' AND lease_token IS NULL AND trials_planned > 0"
+            f" RETURNING {_RUN_COLUMNS}",
             (token, at + lease_seconds, worker, _iso(at), run_id))
-        if cur.rowcount != 1:
+        row: tuple[object, ...] | None = cur.fetchone()
+        if row is None:
             return None
         self._event(cur, run_id, "trials_done", None, None, f"worker={worker} grades the run", at)
         self._beat(cur, worker, run_id, at)
-        return self._row(cur, run_id)
+        return row
 
     def complete_trials(self, run_id: str, lease_token: str, results: Mapping[int, str], *,
                         lease_seconds: float) -> RunRecord | None:
@@ -950,17 +964,16 @@ class SqlQueue(Queue):
             lost = sorted(set(results) - set(held))
             if lost:
                 raise CheckFailed(f"run {run_id}: trials {lost} are not held under this lease; refusing to complete them")
-            missing = sorted(set(held) - set(results))
-            if missing:
-                raise ValidationError("results", f"must hold a result for every claimed trial; missing {missing}", run_id)
-            for idx in held:
+            if not results:
+                raise ValidationError("results", "must hold at least one trial result", run_id)
+            for idx in sorted(results):
                 cur.execute(
                     "UPDATE trials SET state = 'DONE', result = ?, reason = NULL, lease_token = NULL, lease_expires_at = NULL,"
                     " updated_at = ? WHERE run_id = ? AND idx = ? AND lease_token = ? AND state = 'RUNNING'",
                     (results[idx], _iso(at), run_id, idx, lease_token))
                 if cur.rowcount != 1:
                     raise CheckFailed(f"run {run_id}: trial {idx} changed under its lease; refusing to complete it")
-            self._event(cur, run_id, "trials_completed", None, None, f"worker={worker} trials={held}", at)
+            self._event(cur, run_id, "trials_completed", None, None, f"worker={worker} trials={sorted(results)}", at)
             return self._after_trials_end(cur, run_id, worker, lease_seconds, at)
 
         row = self._transaction(work)
@@ -1148,12 +1161,13 @@ class SqlQueue(Queue):
             cur.execute(
                 "UPDATE publications SET lease_expires_at = ?, attempts = attempts + 1, updated_at = ?"
                 " WHERE id = ? AND state = 'PENDING' AND next_attempt_at <= ?"
-                " AND (lease_expires_at IS NULL OR lease_expires_at < ?)",
+                " AND (lease_expires_at IS NULL OR lease_expires_at < ?) RETURNING run_id",
                 (now + lease_seconds, _iso(now), pub_id, now, now),
             )
-            if cur.rowcount != 1:
+            won = cur.fetchone()
+            if won is None:
                 return False
-            self._event(cur, self._publication_run(cur, pub_id), "publication_claimed", None, None, f"publication={pub_id}", now)
+            self._event(cur, str(won[0]), "publication_claimed", None, None, f"publication={pub_id}", now)
             return True
 
         return self._transaction(work)
@@ -1163,15 +1177,17 @@ class SqlQueue(Queue):
         encoded = json.dumps(dict(result), sort_keys=True, default=str)
 
         def work(cur: Cursor) -> None:
-            run_id = self._publication_run(cur, pub_id)
             cur.execute(
                 "UPDATE publications SET state = 'DELIVERED', result = ?, lease_expires_at = NULL, last_error = NULL,"
-                " updated_at = ? WHERE id = ? AND state = 'PENDING'",
+                " updated_at = ? WHERE id = ? AND state = 'PENDING' RETURNING run_id",
                 (encoded, _iso(now), pub_id),
             )
+            delivered = cur.fetchone()
             # A second deliverer (its lease expired meanwhile) finds the row delivered: no second "published".
-            if cur.rowcount == 1:
-                self._event(cur, run_id, "published", None, None, f"publication={pub_id}", now)
+            if delivered is not None:
+                self._event(cur, str(delivered[0]), "published", None, None, f"publication={pub_id}", now)
+            else:
+                self._publication_run(cur, pub_id)  # no such publication: refused
 
         self._transaction(work)
 

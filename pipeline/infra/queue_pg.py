@@ -200,6 +200,15 @@ class PostgresQueue(SqlQueue):
                 conn = self._connect()
                 committing = False
                 try:
+                    if not write:
+                        # Reads run in autocommit: no BEGIN/COMMIT round trips (each statement its own snapshot).
+                        conn.autocommit = True
+                        try:
+                            with conn.cursor() as raw:
+                                return work(_PgCursor(raw))
+                        finally:
+                            if not conn.closed:
+                                conn.autocommit = False
                     with conn.cursor() as raw:
                         result = work(_PgCursor(raw))
                     committing = True

@@ -66,12 +66,17 @@ def test_workers_share_one_runs_trials_and_the_last_batch_grades_it_once(make_pa
         with pytest.raises(CheckFailed):
             q.complete_trials(run_id, a.lease_token, {0: "{}", 1: "{}", 2: "{}"}, lease_seconds=60)
         with pytest.raises(ValidationError):
-            q.complete_trials(run_id, a.lease_token, {0: "{}"}, lease_seconds=60)
+            q.complete_trials(run_id, a.lease_token, {}, lease_seconds=60)
         assert q.heartbeat_trials(run_id, a.lease_token, 60) and not q.heartbeat_trials(run_id, "stolen", 60)
         assert q.complete_trials(run_id, c.lease_token, {4: '{"r": 4}'}, lease_seconds=60) is None
-        assert q.complete_trials(run_id, a.lease_token, {0: '{"r": 0}', 1: '{"r": 1}'}, lease_seconds=60) is None
-        with pytest.raises(CheckFailed):  # a batch completes once
-            q.complete_trials(run_id, a.lease_token, {0: "{}", 1: "{}"}, lease_seconds=60)
+        # A batch records its trials as they finish: each exactly once.
+        assert q.complete_trials(run_id, a.lease_token, {1: '{"r": 1}'}, lease_seconds=60) is None
+        with pytest.raises(CheckFailed):
+            q.complete_trials(run_id, a.lease_token, {1: "{}"}, lease_seconds=60)
+        assert q.heartbeat_trials(run_id, a.lease_token, 60)  # trial 0 is still held
+        assert q.complete_trials(run_id, a.lease_token, {0: '{"r": 0}'}, lease_seconds=60) is None
+        with pytest.raises(CheckFailed):  # nothing of the batch is held any more
+            q.complete_trials(run_id, a.lease_token, {0: "{}"}, lease_seconds=60)
         grader = q.complete_trials(run_id, b.lease_token, {2: '{"r": 2}', 3: '{"r": 3}'}, lease_seconds=60)
         assert grader is not None and grader.run_id == run_id and grader.worker == "host-b" and grader.lease_token
         rows = q.trials(run_id)

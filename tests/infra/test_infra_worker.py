@@ -262,8 +262,8 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
     run_id = accepted.run_id
     worker = subprocess.Popen(_worker_cmd(infra_setup, db), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        # Mid-trial: the runner container exists and Harbor has planned the trials.
-        wait_for(lambda: bool(_runner_containers(run_id)) and (db.parent / "runs" / run_id / "trials.json").is_file(),
+        # Mid-trial: the runner container of the first batch exists and Harbor has planned its trials.
+        wait_for(lambda: bool(_runner_containers(run_id)) and any((db.parent / "runs" / run_id).glob("batches/*/trials.json")),
                   "the runner container to start trials")
         wait_for(lambda: bool(_trial_containers(run_id)), "a trial container")
         # While it runs: the runner was started by digest, and nothing in the run has a network.
@@ -278,13 +278,16 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
         if worker.poll() is None:
             worker.kill()
     with SqliteQueue(db) as q:
-        assert q.get_run(run_id).state == "RUNNING"  # stuck until the lease expires
+        assert q.get_run(run_id).state == "RUNNING"  # planned; its claimed trials are stuck until their lease expires
+        held = [t.idx for t in q.trials(run_id) if t.state == "RUNNING"]
+        assert held
+
     def requeued() -> bool:
         with SqliteQueue(db) as q:
             q.requeue_expired()
-            return q.get_run(run_id).state == "QUEUED"
+            return all(t.state == "QUEUED" for t in q.trials(run_id) if t.idx in held)
 
-    wait_for(requeued, "the lease to expire", limit=60)
+    wait_for(requeued, "the trial lease to expire", limit=60)
     restarted = subprocess.run(_worker_cmd(infra_setup, db), capture_output=True, text=True, timeout=300, check=False)
     assert restarted.returncode == 0, restarted.stdout + restarted.stderr
     with SqliteQueue(db) as q:
@@ -292,8 +295,14 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
         record = q.get_run(run_id)
         events = [e.event for e in q.events(run_id)]
     assert [r.run_id for r in runs] == [run_id]  # not duplicated
-    assert record.state == "SUCCEEDED" and record.attempts == 2 and record.grading and record.grading.score == 1.0
-    assert events.count("claimed") == 2 and "lease_expired" in events and events.count("completed") == 1
+    assert record.state == "SUCCEEDED" and record.attempts == 1 and record.grading and record.grading.score == 1.0
+    with SqliteQueue(db) as q:
+        trials = q.trials(run_id)
+    # Every trial graded exactly once; the killed batch's trials ran a second time.
+    assert record.grading.counts.total == len(trials) == record.trials_planned and {t.state for t in trials} == {"DONE"}
+    assert all(t.attempts == 2 for t in trials if t.idx in held)
+    assert events.count("claimed") == 1 and "trials_lease_expired" in events and events.count("completed") == 1
+    assert events.count("trials_done") == 1
     assert _runner_containers(run_id) == []  # the orphan of attempt 1 was removed
     assert _trial_containers(run_id) == []
 
@@ -331,8 +340,12 @@ def test_sigterm_releases_the_lease(infra_setup, tmp_path):
     with SqliteQueue(db) as q:
         record = q.get_run(accepted.run_id)
         events = [e.event for e in q.events(accepted.run_id)]
-    assert record.state == "QUEUED" and record.attempts == 0 and record.lease_token is None
-    assert events[-1] == "released"
+    assert record.state == "RUNNING" and record.attempts == 1 and record.lease_token is None  # planned once
+    with SqliteQueue(db) as q:
+        trials = q.trials(accepted.run_id)
+    # The batch was given back: its trials are queued again, no attempt used.
+    assert {(t.state, t.attempts) for t in trials} == {("QUEUED", 0)}
+    assert events[-1] == "trials_released"
     assert _runner_containers(accepted.run_id) == []
 
 
@@ -362,7 +375,8 @@ def test_suite_timeout_kills_runner_and_trial_containers(infra_setup, tmp_path):
     assert _trial_containers(accepted.run_id) == []
     with SqliteQueue(db) as q:
         run_dir = q.run_dir(accepted.run_id)
-    assert (run_dir / "artifacts" / "evidence" / "logs" / "runner.log").is_file()  # evidence kept on failure too
+    # Evidence kept on failure too (each batch's runner log).
+    assert list((run_dir / "artifacts" / "evidence" / "batches").glob("*/logs/runner.log"))
 
 
 def test_worker_loop_with_concurrency_drains_the_queue_and_stops_on_sigterm(infra_setup, tmp_path):
@@ -409,7 +423,9 @@ def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_
     with SqliteQueue(oracle_probe_run["db"]) as q:
         run_dir = q.run_dir(run_id)
     client = docker.from_env()
-    for task_toml in sorted((run_dir / "suite").glob("*/task.toml")):
+    task_tomls = sorted(run_dir.glob("batches/*/suite/*/task.toml"))  # each batch renders its own tasks
+    assert len(task_tomls) == 4
+    for task_toml in task_tomls:
         image_id = tomllib.loads(task_toml.read_text())["environment"]["docker_image"]
         assert image_id.startswith("sha256:") and len(image_id) == 71, task_toml
         assert "benchseal.task.hash" in client.images.get(image_id).labels
@@ -426,8 +442,9 @@ def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_
     mine = [c for c in listed
             if (c.attrs.get("Labels") or {}).get("com.docker.compose.project.working_dir", "").startswith(str(run_dir))]
     assert mine == []
-    state = json.loads((run_dir / "logs" / "runner-state.json").read_text())
-    assert state["ExitCode"] == 0 and state["StartedAt"] and state["FinishedAt"]
+    for state_file in run_dir.glob("batches/*/logs/runner-state.json"):
+        state = json.loads(state_file.read_text())
+        assert state["ExitCode"] == 0 and state["StartedAt"] and state["FinishedAt"]
 
     def ts(value: str) -> datetime:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
