@@ -447,6 +447,9 @@ class SqlQueue(Queue):
     _claim_lock = ""
     # Appended to a SELECT that must hold its row until COMMIT (SQLite: BEGIN IMMEDIATE already does).
     _row_lock = ""
+    # Run first in a transaction whose loss in a database crash is harmless (a heartbeat: the lease
+    # then expires a little earlier), so its COMMIT does not wait for the disk. None: no such setting.
+    _relaxed_commit: str | None = None
 
     @abc.abstractmethod
     def _transaction(self, work: Callable[[Cursor], T]) -> T:
@@ -504,9 +507,12 @@ class SqlQueue(Queue):
             trials_planned=int(str(trials_planned)),
         )
 
-    def _write_status(self, run_id: str, row: Sequence[object] | None = None) -> None:
+    def _write_status(self, run_id: str, row: Sequence[object] | RunRecord | None = None) -> None:
         """Rewrite run.json from ``row`` (read in the committing transaction) or from the database."""
-        record = self._record(row) if row is not None else self.get_run(run_id)
+        if isinstance(row, RunRecord):
+            record = row
+        else:
+            record = self._record(row) if row is not None else self.get_run(run_id)
         grading = record.grading
         status = RunStatus(
             run_id=record.run_id,
@@ -657,6 +663,8 @@ class SqlQueue(Queue):
         at = _epoch(now)
 
         def work(cur: Cursor) -> bool:
+            if self._relaxed_commit:
+                cur.execute(self._relaxed_commit)
             cur.execute(
                 "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')"
                 " RETURNING worker",
@@ -719,21 +727,26 @@ class SqlQueue(Queue):
         now = time.time()
 
         def work(cur: Cursor) -> tuple[tuple[object, ...] | None, list[int]]:
-            row = self._row(cur, run_id)
-            if row is None:
-                raise ValidationError("run_id", "no such run", run_id)
-            current = str(row[3])
-            cur.execute(
-                "UPDATE runs SET state = ?, grading = ?, reason = ?, lease_token = NULL, lease_expires_at = NULL,"  # noqa: S608
-                " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')"
-                # A planned run ends only once every one of its trials has ended.
-                " AND NOT EXISTS (SELECT 1 FROM trials WHERE trials.run_id = runs.run_id AND trials.state <> 'DONE')"
-                f" RETURNING {_RUN_COLUMNS}",
-                (grading.status, grading.model_dump_json(), grading.reason, _iso(now), run_id, lease_token),
-            )
-            ended: tuple[object, ...] | None = cur.fetchone()
+            ended: tuple[object, ...] | None = None
+            current = ""
+            # RUNNING first (the usual case: no read before the update), then CLAIMED.
+            for current in ("RUNNING", "CLAIMED"):
+                cur.execute(
+                    "UPDATE runs SET state = ?, grading = ?, reason = ?, lease_token = NULL, lease_expires_at = NULL,"  # noqa: S608
+                    " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ?"
+                    # A planned run ends only once every one of its trials has ended.
+                    " AND NOT EXISTS (SELECT 1 FROM trials WHERE trials.run_id = runs.run_id AND trials.state <> 'DONE')"
+                    f" RETURNING {_RUN_COLUMNS}",
+                    (grading.status, grading.model_dump_json(), grading.reason, _iso(now), run_id, lease_token, current),
+                )
+                ended = cur.fetchone()
+                if ended is not None:
+                    break
             if ended is None:
-                raise CheckFailed(f"run {run_id}: lease not held or trials still open (state {current}); refusing to complete")
+                found = self._row(cur, run_id)
+                if found is None:
+                    raise ValidationError("run_id", "no such run", run_id)
+                raise CheckFailed(f"run {run_id}: lease not held or trials still open (state {found[3]}); refusing to complete")
             self._event(cur, run_id, "completed", current, grading.status, grading.reason, now)
             ids: list[int] = []
             for request in publications:
@@ -880,10 +893,13 @@ class SqlQueue(Queue):
                                                           _iso(at), _iso(at))],
                 )
             batch = self._claim_trials(cur, worker or "", lease_seconds, claim, run_id, at) if claim else None
-            return self._row(cur, run_id), batch
+            return (None if batch is not None else self._row(cur, run_id)), batch
 
         row, batch = self._transaction(work)
-        self._write_status(run_id, row)
+        if batch is not None:
+            self._write_status(run_id, batch.run)
+        else:
+            self._write_status(run_id, row)
         return batch
 
     def claim_trials(self, worker: str, lease_seconds: float, limit: int, *, run_id: str | None = None,
@@ -906,6 +922,8 @@ class SqlQueue(Queue):
         at = _epoch(now)
 
         def work(cur: Cursor) -> bool:
+            if self._relaxed_commit:
+                cur.execute(self._relaxed_commit)
             cur.execute("UPDATE trials SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'"
                         " RETURNING worker", (at + lease_seconds, run_id, lease_token))
             rows = cur.fetchall()

@@ -146,6 +146,7 @@ class PostgresQueue(SqlQueue):
     backend = "postgresql"
     _claim_lock = " FOR UPDATE SKIP LOCKED"
     _row_lock = " FOR UPDATE"
+    _relaxed_commit = "SET LOCAL synchronous_commit = off"
 
     def __init__(self, url: str, *, runs_dir: Path | None = None, reconnect_seconds: float = 30.0,
                  connect_timeout: int = 10, check_schema: bool = True) -> None:

@@ -118,10 +118,13 @@ def _run_batch(queue: SqlQueue, batch: TrialBatch, timings: dict[str, float], *,
     run_id, token = batch.run.run_id, batch.lease_token
     log.write(kind="trial_claim", run=run_id, worker=name, token=token,
               trials=[[t.idx, t.attempts] for t in batch.trials])
-    with _timer(timings, "heartbeat"):
-        queue.heartbeat_trials(run_id, token, lease)
     if trial_ms > 0:
-        time.sleep(trial_ms / 1000)  # the no-op trials
+        # A trial that takes time renews its lease (the worker's heartbeat thread, every lease/3); the
+        # claim itself set the lease, so a zero-length trial has no heartbeat due.
+        time.sleep(trial_ms / 2000)
+        with _timer(timings, "heartbeat"):
+            queue.heartbeat_trials(run_id, token, lease)
+        time.sleep(trial_ms / 2000)
     results = {t.idx: json.dumps({"idx": t.idx, "by": name, "attempt": t.attempts}) for t in batch.trials}
     with _timer(timings, "complete"):
         grader = queue.complete_trials(run_id, token, results, lease_seconds=lease)
