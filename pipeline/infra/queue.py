@@ -12,13 +12,23 @@ Both guard every transition (``UPDATE ... WHERE state IN (...) AND
 lease_token = ?`` + rowcount), so two claimers can never both win and a worker
 that lost its lease can change nothing.
 
-States: QUEUED -> CLAIMED -> RUNNING -> SUCCEEDED | FAILED | INFRA_ERROR.
+States: QUEUED -> CLAIMED -> RUNNING -> SUCCEEDED | FAILED | INFRA_ERROR; trials:
+QUEUED -> RUNNING -> DONE.
 A claim holds a lease (random token + expiry) renewed by heartbeats; an expired
 lease goes back to QUEUED. Once the attempts are used up (lease expiry or
 infrastructure errors) the run goes back to QUEUED in the ``finalize`` phase:
 the next worker grades whatever trials completed, runs the finalizer (evidence,
 signing) and completes it, so EVERY terminal state is written by ``complete``
 together with its grading and outbox rows, in one transaction.
+
+Work split below the run (``trials``): a claimed run is planned once into trial rows
+(``plan_trials``) and gives up its lease; workers on any host then claim batches of its trials
+(``claim_trials``, each batch under its own lease token, attempts bounded per trial) and record
+each trial's graded result (``complete_trials``). The transaction that ends a run's LAST trial
+(it locks the run row, then counts) hands the run to that worker under a fresh lease; it grades
+from the trial rows and ends the run with ``complete``, which refuses while any trial is open. A
+run whose last trial ended by lease expiry, or whose grader died, is queued in the ``finalize``
+phase and graded by the next claim.
 
 Every change appends to ``events`` (the audit trail), and ``run.json``
 (pipeline.contracts.RunStatus) in the run directory is rewritten atomically
