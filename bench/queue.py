@@ -82,7 +82,9 @@ def run_config(backend: str, target: str, workdir: Path, runs: int, workers: int
         if stats.by_state != {"SUCCEEDED": runs} or stats.outbox_pending != 0:
             raise SystemExit(f"{backend}@{workers}: not every run finished and published: {stats}")
     return {"median": statistics.median(overhead), "p99": _p(overhead, 0.99), "rps": runs / wall if wall > 0 else float("inf"),
-            "isolation": groups.isolation}
+            "isolation": groups.isolation, "statements": statistics.median(e.get("statements", 0) for e in timings),
+            "commits": statistics.median(e.get("commits", 0) for e in timings),
+            "reads": statistics.median(e.get("reads", 0) for e in timings)}
 
 
 def main() -> None:
@@ -119,6 +121,10 @@ def main() -> None:
         s, p = results[("sqlite", workers)], results[("postgresql", workers)]
         print(f"{workers:>7} | {s['median']:>8.2f}ms {s['p99']:>6.2f}ms {s['rps']:>8.1f} | "
               f"{p['median']:>12.2f}ms {p['p99']:>6.2f}ms {p['rps']:>8.1f}")
+    for backend in ("sqlite", "postgresql"):
+        r = results[(backend, counts[-1])]
+        print(f"{backend}: per run (median) {r['statements']:g} statements, {r['commits']:g} write transactions "
+              f"(durable commits), {r['reads']:g} reads: the load-independent part of the cost")
     if 1 in counts and 8 in counts:
         s1, p8 = results[("sqlite", 1)], results[("postgresql", 8)]
         print(f"ratio PostgreSQL@8 / SQLite@1: median overhead {p8['median'] / s1['median']:.2f}x, "

@@ -9,7 +9,7 @@ rules, written once in portable SQL (``?`` placeholders) over two backends:
   claims with ``SELECT ... FOR UPDATE SKIP LOCKED``.
 
 Both guard every transition (``UPDATE ... WHERE state IN (...) AND
-lease_token = ?`` + rowcount), so two claimers can never both win and a worker
+lease_token = ? RETURNING ...``: no row back, no transition), so two claimers can never both win and a worker
 that lost its lease can change nothing.
 
 States: QUEUED -> CLAIMED -> RUNNING -> SUCCEEDED | FAILED | INFRA_ERROR; trials:
@@ -609,10 +609,10 @@ class SqlQueue(Queue):
         def work(cur: Cursor) -> tuple[str, bool, bool]:
             cur.execute(
                 "INSERT INTO runs (run_id, correlation_id, payload, state, attempts, max_attempts, created_at, updated_at)"
-                " VALUES (?, ?, ?, 'QUEUED', 0, ?, ?, ?) ON CONFLICT DO NOTHING",
+                " VALUES (?, ?, ?, 'QUEUED', 0, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING run_id",
                 (run_id, payload.correlation_id, encoded, max_attempts, _iso(now), _iso(now)),
             )
-            if cur.rowcount == 1:
+            if cur.fetchone() is not None:
                 self._event(cur, run_id, "accepted", None, "QUEUED", None, now)
                 return run_id, True, True
             cur.execute("SELECT run_id, payload FROM runs WHERE correlation_id = ?", (payload.correlation_id,))
@@ -808,10 +808,10 @@ class SqlQueue(Queue):
                     reason = "lease expired"
                 cur.execute(
                     "UPDATE runs SET state = 'QUEUED', lease_token = NULL, lease_expires_at = NULL, reason = ?, phase = ?,"
-                    " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ?",
+                    " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ? RETURNING run_id",
                     (reason, "finalize" if exhausted else "run", _iso(at), run_id, token, state),
                 )
-                if cur.rowcount == 1:
+                if cur.fetchone() is not None:
                     self._event(cur, run_id, "lease_expired", state, "QUEUED", reason, at)
                     changed.append(str(run_id))
             return changed
@@ -888,10 +888,10 @@ class SqlQueue(Queue):
             cur.execute(
                 "UPDATE runs SET state = 'RUNNING', lease_token = NULL, lease_expires_at = NULL, worker = NULL,"
                 " trials_planned = ?, updated_at = ? WHERE run_id = ? AND lease_token = ?"
-                " AND state IN ('CLAIMED','RUNNING') AND phase = 'run' AND trials_planned = 0",
+                " AND state IN ('CLAIMED','RUNNING') AND phase = 'run' AND trials_planned = 0 RETURNING run_id",
                 (len(trials), _iso(at), run_id, lease_token),
             )
-            if cur.rowcount != 1:
+            if cur.fetchone() is None:
                 raise CheckFailed(f"run {run_id}: lease not held, or already planned (state {current}); refusing to plan trials")
             self._event(cur, run_id, "trials_planned", current, "RUNNING", f"{len(trials)} trials", at)
             for first in range(0, len(trials), 100):  # one statement per 100 trials
@@ -965,8 +965,8 @@ class SqlQueue(Queue):
             cur.execute(
                 "UPDATE runs SET state = 'QUEUED', phase = 'finalize', lease_token = NULL, lease_expires_at = NULL,"
                 " worker = NULL, updated_at = ? WHERE run_id = ? AND state = 'RUNNING' AND lease_token IS NULL"
-                " AND trials_planned > 0", (_iso(at), run_id))
-            if cur.rowcount == 1:
+                " AND trials_planned > 0 RETURNING run_id", (_iso(at), run_id))
+            if cur.fetchone() is not None:
                 self._event(cur, run_id, "trials_done", "RUNNING", "QUEUED", "the last trial ended by lease expiry: queued for grading", at)
             return None
         token = secrets.token_hex(16)
@@ -997,9 +997,9 @@ class SqlQueue(Queue):
             for idx in sorted(results):
                 cur.execute(
                     "UPDATE trials SET state = 'DONE', result = ?, reason = NULL, lease_token = NULL, lease_expires_at = NULL,"
-                    " updated_at = ? WHERE run_id = ? AND idx = ? AND lease_token = ? AND state = 'RUNNING'",
+                    " updated_at = ? WHERE run_id = ? AND idx = ? AND lease_token = ? AND state = 'RUNNING' RETURNING idx",
                     (results[idx], _iso(at), run_id, idx, lease_token))
-                if cur.rowcount != 1:
+                if cur.fetchone() is None:
                     raise CheckFailed(f"run {run_id}: trial {idx} changed under its lease; refusing to complete it")
             self._event(cur, run_id, "trials_completed", None, None, f"worker={worker} trials={sorted(results)}", at)
             return self._after_trials_end(cur, run_id, worker, lease_seconds, at)
@@ -1070,11 +1070,12 @@ class SqlQueue(Queue):
                     "UPDATE trials SET state = CASE WHEN attempts >= max_attempts THEN 'DONE' ELSE 'QUEUED' END,"
                     " reason = CASE WHEN attempts >= max_attempts THEN 'lease expired on the final attempt' ELSE 'lease expired' END,"
                     " lease_token = NULL, lease_expires_at = NULL, updated_at = ?"
-                    " WHERE run_id = ? AND state = 'RUNNING' AND lease_expires_at < ?",
+                    " WHERE run_id = ? AND state = 'RUNNING' AND lease_expires_at < ? RETURNING idx",
                     (_iso(at), run_id, at))
-                if cur.rowcount < 1:
+                ended = cur.fetchall()
+                if not ended:
                     return False
-                self._event(cur, run_id, "trials_lease_expired", None, None, f"{cur.rowcount} trials", at)
+                self._event(cur, run_id, "trials_lease_expired", None, None, f"{len(ended)} trials", at)
                 self._after_trials_end(cur, run_id, None, 0.0, at)
                 return True
 

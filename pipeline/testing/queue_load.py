@@ -25,14 +25,14 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
 from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
 from pipeline.errors import Error
-from pipeline.infra.queue import TERMINAL_STATES, PlannedTrial, RunRecord, SqliteQueue, SqlQueue, TrialBatch
+from pipeline.infra.queue import TERMINAL_STATES, Cursor, PlannedTrial, RunRecord, SqliteQueue, SqlQueue, T, TrialBatch
 
 
 def open_store(backend: str, target: str, runs_dir: Path) -> SqlQueue:
@@ -74,6 +74,46 @@ class _Log:
 
     def write(self, **entry: Any) -> None:
         self._handle.write((json.dumps({"t": time.time(), **entry}, sort_keys=True) + "\n").encode())
+
+
+class _Cursor:
+    """Counts the statements a queue call sends (one round trip each, plus BEGIN/COMMIT per write)."""
+
+    def __init__(self, cur: Cursor, counts: dict[str, int]) -> None:
+        self._cur, self._counts = cur, counts
+
+    @property
+    def rowcount(self) -> int:
+        return self._cur.rowcount
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> Any:
+        self._counts["statements"] += 1
+        return self._cur.execute(sql, params)
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+
+def count_round_trips(queue: SqlQueue) -> dict[str, int]:
+    """Wrap ``queue``'s transactions and reads so that every statement, write transaction (a COMMIT,
+    durable on disk) and read is counted in the returned dict (the load's deterministic cost)."""
+    counts = {"statements": 0, "commits": 0, "reads": 0}
+    transaction, read = queue._transaction, queue._read  # instrumentation of the load driver only
+
+    def counted_transaction(work: Callable[[Cursor], T]) -> T:
+        counts["commits"] += 1
+        return transaction(lambda cur: work(_Cursor(cur, counts)))
+
+    def counted_read(work: Callable[[Cursor], T]) -> T:
+        counts["reads"] += 1
+        return read(lambda cur: work(_Cursor(cur, counts)))
+
+    setattr(queue, "_transaction", counted_transaction)  # noqa: B010
+    setattr(queue, "_read", counted_read)  # noqa: B010
+    return counts
 
 
 @contextmanager
@@ -145,6 +185,7 @@ def work(queue: SqlQueue, *, name: str, log: _Log, lease: float, trial_ms: float
     done = 0
     reconnects = 0
     swept = 0.0
+    counts = count_round_trips(queue)
     while True:
         seen = int(getattr(queue, "reconnects", 0))
         if seen != reconnects:
@@ -152,6 +193,7 @@ def work(queue: SqlQueue, *, name: str, log: _Log, lease: float, trial_ms: float
             reconnects = seen
         try:
             timings: dict[str, float] = {}
+            before = dict(counts)
             if time.monotonic() - swept >= requeue_every:
                 with _timer(timings, "requeue"):
                     queue.requeue_expired()
@@ -167,7 +209,8 @@ def work(queue: SqlQueue, *, name: str, log: _Log, lease: float, trial_ms: float
                     if record.phase == "finalize":
                         _grade(queue, record, timings, name=name, log=log, lease=lease)
                         done += 1
-                        log.write(kind="timing", run=record.run_id, worker=name, **_rounded(timings))
+                        log.write(kind="timing", run=record.run_id, worker=name, **_rounded(timings),
+                                  **{k: counts[k] - before[k] for k in counts})
                         continue
                     plan = [PlannedTrial(task=f"task-{i:03d}", trial_name=f"task-{i:03d}__{record.run_id[-12:]}")
                             for i in range(trials)]
@@ -180,7 +223,8 @@ def work(queue: SqlQueue, *, name: str, log: _Log, lease: float, trial_ms: float
                 if grader is not None:
                     _grade(queue, grader, timings, name=name, log=log, lease=lease)
                     done += 1
-                    log.write(kind="timing", run=grader.run_id, worker=name, **_rounded(timings))
+                    log.write(kind="timing", run=grader.run_id, worker=name, **_rounded(timings),
+                              **{k: counts[k] - before[k] for k in counts})
                 continue
             pending = queue.pending_publications(limit=20)
             for pub in pending:
