@@ -1,36 +1,35 @@
-"""The infra worker: claim a run, run its trials in the runner image (by digest), grade, finish.
+"""The infra worker: plan runs into trials, run claimed batches of trials in the runner image
+(by digest), grade each run once from its trial rows, finish.
 
-One attempt (``run_once``):
+One piece of work (``run_once``):
 
-1. requeue expired leases, claim the oldest QUEUED run, start a heartbeat thread
-   (its failures are logged, never fatal to the trial);
-2. pull the runner and base images BY DIGEST and check the local RepoDigests
-   list exactly that reference for that repository (refuse otherwise);
-3. copy the suite into the run dir, render each task Dockerfile's
-   ``FROM benchseal-base`` to the base reference by digest;
-4. kill leftovers of earlier attempts of this run (a worker killed with -9
-   leaves its runner container behind), then start the runner container by
-   digest with an engine socket and the run dir mounted at the same path,
-   running ``benchseal trial run``; secrets go in as 0400 files on a read-only
-   mount (never Env or argv), the engine socket is the filtering proxy, a model
-   agent reaches its endpoint through a relay socket (``pipeline.infra.agents``);
-5. wait under the suite timeout (kill on expiry), record what the container ran
-   (``docker inspect`` Image + RepoDigests), copy evidence into artifacts/ in
-   every outcome, grade from result.json, write grading.json;
-6. finalize hook (evidence + signing) then ONE terminal transaction with the
-   publication outbox rows; infrastructure errors requeue instead, until the
-   attempts are used up (then INFRA_ERROR, no score).
+1. requeue expired leases (runs and trials); claim a batch of QUEUED trials of any planned run,
+   else the oldest QUEUED run (a heartbeat thread renews whichever lease is held; its failures are
+   logged, never fatal);
+2. a run in its run phase is planned: the payload is checked against the policy, the runner is
+   pulled BY DIGEST (local RepoDigests must list exactly that reference) and its and the api's
+   signatures are checked, the suite's tasks become trial rows (``plan_trials``), and the planner
+   claims the first batch in the same transaction;
+3. a batch runs in its own runner container on this host: leftovers of earlier batches of the same
+   trials are removed (a worker killed with -9 leaves its runner container behind), the images
+   are pulled and checked again, the batch's tasks are rendered (``FROM benchseal-base`` -> the base
+   by digest) and prebuilt, and ``benchseal trial run`` runs them; secrets go in as 0400 files on a
+   read-only mount (never Env or argv), the engine socket is the filtering proxy, a model agent
+   reaches its endpoint through a relay socket (``pipeline.infra.agents``);
+4. each trial is graded from its result.json as soon as it finishes and recorded in the queue
+   (``complete_trials``), under the suite timeout (kill on expiry); an infrastructure error
+   requeues the batch's unrecorded trials (bounded per trial);
+5. the worker whose batch ends the run's last trial is handed the run: it grades from the trial
+   rows (every trial exactly once), copies the evidence, runs the finalize hook (evidence +
+   signing), then ONE terminal transaction with the publication outbox rows.
 
-Attempts used up, by an infrastructure error or by a worker that died on the
-final attempt (its lease expired): the run is finalized like every other
-terminal run. Whatever trials completed are graded (INFRA_ERROR, no score),
-the evidence is copied, the finalizer runs, and ``complete`` writes the terminal
-state with its outbox rows in one transaction. A dead worker's run is finalized
-by the next worker that claims it (phase ``finalize``), after it stopped the
-dead attempt's containers.
+A grader that dies, or a last trial that ends by lease expiry, leaves the run QUEUED in its
+finalize phase: the next claim grades it the same way. A run whose planning attempts are used up
+is finalized like every other terminal run (INFRA_ERROR, no score), through ``complete``; so is a
+run with a trial whose attempts ran out (its completed trials graded as they are).
 
-SIGTERM: the running attempt is given ``term_grace_seconds`` to finish, then its
-container is killed and the lease released (the attempt is not counted).
+SIGTERM: the running batch is given ``term_grace_seconds`` to finish, then its container is
+killed and its unrecorded trials released (no attempt counted).
 """
 
 from __future__ import annotations
