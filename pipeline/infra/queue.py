@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -182,6 +183,13 @@ def _one_line(text: str, limit: int = 300) -> str:
 def run_id_for(correlation_id: str) -> str:
     """The run id of a correlation id: stable, so a redelivery names the same run everywhere."""
     return "run-" + hashlib.sha256(correlation_id.encode("ascii")).hexdigest()[:20]
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_payload(text: str) -> DispatchPayload:
+    """A stored payload, validated once per process (DispatchPayload is frozen, so sharing it is safe):
+    every RunRecord of a run carries the same payload text."""
+    return DispatchPayload.model_validate_json(text)
 
 
 def canonical_payload(payload: DispatchPayload) -> str:
@@ -501,7 +509,7 @@ class SqlQueue(Queue):
         return RunRecord(
             run_id=str(run_id),
             correlation_id=str(correlation_id),
-            payload=DispatchPayload.model_validate_json(str(payload)),
+            payload=_parse_payload(str(payload)),
             state=str(state),  # type: ignore[arg-type]
             attempts=int(str(attempts)),
             max_attempts=int(str(max_attempts)),
@@ -1005,10 +1013,8 @@ class SqlQueue(Queue):
             return self._after_trials_end(cur, run_id, worker, lease_seconds, at)
 
         row = self._transaction(work)
-        if row is None:
-            return None
-        self._write_status(run_id, row)
-        return self._record(row)
+        # A hand-over changes no state run.json shows (the run stays RUNNING): no rewrite.
+        return None if row is None else self._record(row)
 
     def fail_trials(self, run_id: str, lease_token: str, reason: str, *, lease_seconds: float) -> RunRecord | None:
         at = time.time()
