@@ -54,7 +54,15 @@ from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent
-from pipeline.infra.grading import RunnerInfo, grade_run, grade_trial, grade_trials, infra_error_grading, read_plan
+from pipeline.infra.grading import (
+    RecordedTrial,
+    RunnerInfo,
+    grade_run,
+    grade_trial,
+    grade_trials,
+    infra_error_grading,
+    read_plan,
+)
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import Queue, RunRecord, TrialBatch, open_queue
 from pipeline.infra.trial import DISABLE_ENV
@@ -600,10 +608,9 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
             if trial.idx in recorded or not (final or _finished(path)):
                 continue
             graded = grade_trial(path, trial.task, trial.trial_name, payload.agent, runner, plan.get("harbor_version"))
-            todo[trial.idx] = json.dumps({
-                "trial": graded.model_dump(mode="json"), "failure": failure if final else None,
-                "agent_version": plan.get("agent_version"), "model": plan.get("model"), "host": socket.gethostname(),
-                "batch_dir": str(out)}, sort_keys=True)
+            todo[trial.idx] = RecordedTrial(
+                trial=graded, failure=failure if final else None, agent_version=plan.get("agent_version"),
+                model=plan.get("model"), host=socket.gethostname(), batch_dir=str(out)).to_json()
         if not todo:
             return
         got = queue.complete_trials(run_id, token, todo, lease_seconds=policy.lease_seconds)
@@ -724,11 +731,12 @@ def _remove_run_leftovers(run_id: str) -> None:
         client.close()
 
 
-def _adopt_trial_dir(run_dir: Path, trial_name: str, data: dict[str, Any]) -> None:
+def _adopt_trial_dir(run_dir: Path, recorded: RecordedTrial) -> None:
     """A trial recorded by a batch on this host whose worker died before collecting it: move its dir."""
-    if data.get("host") != socket.gethostname() or not data.get("batch_dir"):
+    if recorded.host != socket.gethostname():
         return
-    source = Path(str(data["batch_dir"])) / "harbor" / trial_name
+    trial_name = recorded.trial.trial_name
+    source = Path(recorded.batch_dir) / "harbor" / trial_name
     target = run_dir / "harbor" / trial_name
     if source.is_dir() and not target.exists() and source.resolve().is_relative_to(run_dir.resolve()):
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -758,13 +766,17 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
                                       outcome="infra_error", reward=None, exception_type="TrialAttemptsExhausted"))
             exhausted.append(f"{row.task} ({row.attempts} attempts; {row.reason or 'no reason recorded'})")
             continue
-        data = json.loads(row.result)
-        _adopt_trial_dir(run_dir, row.trial_name, data)
-        trials.append(TrialRecord.model_validate(data["trial"]))
-        failure = failure or data.get("failure")
-        for key in ("agent_version", "model"):
-            if meta.get(key) is None and data.get(key) is not None:
-                meta[key] = data[key]
+        recorded = RecordedTrial.parse(row.result, row.task, row.trial_name, payload.agent)
+        if isinstance(recorded, TrialRecord):
+            log.error("run %s: trial %s has an unreadable record in the queue; graded as an infrastructure error",
+                      run_id, row.trial_name)
+            trials.append(recorded)
+            continue
+        _adopt_trial_dir(run_dir, recorded)
+        trials.append(recorded.trial)
+        failure = failure or recorded.failure
+        meta["agent_version"] = meta.get("agent_version") or recorded.agent_version
+        meta["model"] = meta.get("model") or recorded.model
     versions = sorted({t.harbor_version for t in trials if t.harbor_version})
     grading = grade_trials(record, policy, tuple(trials), started_at=started, finished_at=_now(), failure=failure,
                            harbor_version=versions[0] if versions else None, agent_version_pin=meta.get("agent_version"),
