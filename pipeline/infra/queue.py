@@ -192,6 +192,12 @@ def _parse_payload(text: str) -> DispatchPayload:
     return DispatchPayload.model_validate_json(text)
 
 
+def batch_label(lease_token: str) -> str:
+    """What names a trial batch outside the queue (a container label): a hash of its lease token,
+    never the token itself (the token is what authorises the batch's transitions)."""
+    return hashlib.sha256(lease_token.encode("ascii")).hexdigest()[:24]
+
+
 def canonical_payload(payload: DispatchPayload) -> str:
     return json.dumps(payload.to_json_dict(), sort_keys=True)
 
@@ -405,6 +411,10 @@ class Queue(abc.ABC):
 
     @abc.abstractmethod
     def trials(self, run_id: str) -> list[TrialRow]: ...
+
+    @abc.abstractmethod
+    def held_batches(self, run_id: str) -> set[str]:
+        """``batch_label`` of every lease that holds a trial of ``run_id`` now (what may still run)."""
 
     @abc.abstractmethod
     def get_run(self, run_id: str) -> RunRecord: ...
@@ -1062,6 +1072,13 @@ class SqlQueue(Queue):
                          attempts=int(a), max_attempts=int(m), worker=None if w is None else str(w),
                          reason=None if why is None else str(why), result=None if res is None else str(res))
                 for r, i, t, n, st, a, m, w, why, res in self._read(work)]
+
+    def held_batches(self, run_id: str) -> set[str]:
+        def work(cur: Cursor) -> list[Any]:
+            cur.execute("SELECT DISTINCT lease_token FROM trials WHERE run_id = ? AND state = 'RUNNING'", (run_id,))
+            return cur.fetchall()
+
+        return {batch_label(str(r[0])) for r in self._read(work) if r[0] is not None}
 
     def _requeue_expired_trials(self, at: float) -> list[str]:
         def expired(cur: Cursor) -> list[str]:

@@ -64,7 +64,7 @@ from pipeline.infra.grading import (
     read_plan,
 )
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.infra.queue import Queue, RunRecord, TrialBatch, open_queue
+from pipeline.infra.queue import Queue, RunRecord, TrialBatch, batch_label, open_queue
 from pipeline.infra.trial import DISABLE_ENV
 from pipeline.paths import REPO_ROOT
 
@@ -76,6 +76,7 @@ BASE_LOCK = REPO_ROOT / "images" / "base.lock.json"
 CONTAINER_PREFIX = "benchseal-infra-"
 LABEL_RUN = "benchseal.infra.run_id"
 LABEL_TRIALS = "benchseal.infra.trials"  # the trial names a runner container runs (one batch)
+LABEL_BATCH = "benchseal.infra.batch"  # queue.batch_label(lease token) of that batch
 # cosign failures that say the registry or Sigstore could not be reached (retry), not that a
 # signature is missing or wrong (refuse).
 _UNREACHABLE = ("connection refused", "i/o timeout", "no such host", "tls handshake timeout", "connection reset",
@@ -343,13 +344,35 @@ def kill_leftovers(client: Any, run_id: str) -> list[str]:
     return removed
 
 
-def kill_trial_leftovers(client: Any, run_id: str, trial_names: Sequence[str]) -> list[str]:
+def sweep_orphan_batches(client: Any, queue: Queue) -> list[str]:
+    """Remove runner containers on this engine whose batch no longer holds a lease (its worker died
+    and the trials were retried elsewhere, or ended): with nobody waiting on them they would run on
+    unbounded. A batch still holding its lease (another worker of this host) is left alone."""
+    removed: list[str] = []
+    for container in client.containers.list(all=True, sparse=True, filters={"label": LABEL_BATCH}):
+        labels = container.attrs.get("Labels") or {}
+        run_id, label = labels.get(LABEL_RUN), labels.get(LABEL_BATCH)
+        if not run_id or not label or label in queue.held_batches(str(run_id)):
+            continue
+        try:
+            queue.get_run(str(run_id))
+        except ValidationError:
+            continue  # a run of another queue on this engine: not this worker's to judge
+        # Its trials that run again right now (possibly on this engine, under the same compose
+        # project names) are left alone: that batch removed this one's leftovers when it started.
+        running = {t.trial_name for t in queue.trials(str(run_id)) if t.state == "RUNNING"}
+        names = [n for n in str(labels.get(LABEL_TRIALS, "")).split(",") if n and n not in running]
+        removed += kill_trial_leftovers(client, str(run_id), names, only_batch=str(label))
+    return removed
+
+
+def kill_trial_leftovers(client: Any, run_id: str, trial_names: Sequence[str], *, only_batch: str | None = None) -> list[str]:
     """Remove what an earlier batch of these trials left on this engine (a worker killed with -9
     leaves its runner container running): runner containers that ran any of them and the trial
     containers of their compose projects. Other batches of the same run are left alone."""
     import docker.errors
 
-    wanted = {name.lower() for name in trial_names}
+    wanted = {name.lower() for name in trial_names if name}
     removed: list[str] = []
 
     def remove(container: Any) -> None:
@@ -362,6 +385,10 @@ def kill_trial_leftovers(client: Any, run_id: str, trial_names: Sequence[str]) -
     for container in client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
         labels = container.attrs.get("Labels") or {}
         ran = {n.lower() for n in str(labels.get(LABEL_TRIALS, "")).split(",") if n}
+        if only_batch is not None:
+            if labels.get(LABEL_BATCH) == only_batch:
+                remove(container)
+            continue
         if ran & wanted or not ran:
             remove(container)
     for container in client.containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"}):
@@ -445,6 +472,7 @@ def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutc
     with open_queue(config.db, url_file=config.queue_url_file) as queue:
         for run_id in queue.requeue_expired():
             log.warning("run %s: leases expired; requeued or ended", run_id)
+        _sweep(queue)
         if config.stop.is_set():
             return None
         batch = queue.claim_trials(config.worker_id, policy.lease_seconds, _batch_size(config, policy, None))
@@ -471,6 +499,21 @@ def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutc
                 return planned
             batch = planned
         return _work_batches(queue, batch, config, policy, finalize)
+
+
+def _sweep(queue: Queue) -> None:
+    """Best effort: an engine that cannot be reached now is the next claim's problem, not this one's."""
+    try:
+        client = _docker()
+    except InfraFailure:
+        return
+    try:
+        for name in sweep_orphan_batches(client, queue):
+            log.warning("removed container %s of a batch that no longer holds its lease", name)
+    except Exception as exc:
+        log.warning("sweeping orphaned batches failed: %s", exc)
+    finally:
+        client.close()
 
 
 def _batch_size(config: WorkerConfig, policy: InfraPolicy, suite: str | None) -> int:
@@ -652,7 +695,7 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
             runner, failure, released = _run_container(
                 client, record, runner_ref, run_dir, config, policy,
                 _BatchRun(suite_dir=out / "suite", out_dir=out, name=_batch_container_name(run_id, token),
-                          trial_names=names, concurrency=concurrency, on_poll=on_poll))
+                          trial_names=names, concurrency=concurrency, label=batch_label(token), on_poll=on_poll))
         except (ValidationError, ImageRefused, InfraFailure, CheckFailed, InfrastructureError) as exc:
             log.error("run %s: batch %s failed: %s", run_id, list(names), exc)
             return _fail_rest(queue, run_id, token, f"{type(exc).__name__}: {exc}", policy, recorded, batch, handed)
@@ -919,6 +962,7 @@ class _BatchRun:
     name: str
     trial_names: tuple[str, ...]
     concurrency: int
+    label: str  # batch_label of the batch's lease
     # Called about once a second while the container runs, with what it runs (records finished trials).
     on_poll: Callable[[RunnerInfo], None] | None = None
 
@@ -958,7 +1002,8 @@ def _run_started_container(
             command=command + agent_setup.args,
             entrypoint=["python3", "-m", "pipeline"],
             name=batch.name,
-            labels={LABEL_RUN: run_id, LABEL_TRIALS: ",".join(batch.trial_names), "benchseal.stage": "infra"},
+            labels={LABEL_RUN: run_id, LABEL_TRIALS: ",".join(batch.trial_names), LABEL_BATCH: batch.label,
+                    "benchseal.stage": "infra"},
             # DOCKER_BUILDKIT=0: compose builds through /build, which the engine proxy can check (not BuildKit's /grpc).
             environment={"HARBOR_TELEMETRY": "0", "DOCKER_BUILDKIT": "0",
                          **({DISABLE_ENV: ",".join(config.harbor_disable)} if config.harbor_disable else {})},

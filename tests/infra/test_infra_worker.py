@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 import pytest
 import yaml
 
-from pipeline.contracts import DigestsFile, Grading, PublicationRequest
+from pipeline.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
 from pipeline.infra.accept import accept_payload
 from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
@@ -491,3 +492,47 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
 
     with pytest.raises(CheckFailed, match="symlink"):
         prebuild_task_images(client, fourth)
+
+
+def test_sweep_removes_the_runner_container_of_a_batch_that_lost_its_lease_only(infra_setup, tmp_path):
+    """A worker killed with -9 leaves its batch's runner container running; once the batch holds no
+    lease any more, the next worker on that engine removes it, and never a live batch's container."""
+    from pipeline.digests import parse_ref
+    from pipeline.infra.queue import PlannedTrial, batch_label
+    from pipeline.infra.worker import LABEL_BATCH, LABEL_TRIALS, pull_by_digest, sweep_orphan_batches
+
+    client = docker.from_env()
+    pull_by_digest(client, parse_ref(infra_setup["runner"]))
+    db = tmp_path / "sweep" / "queue.sqlite3"
+    with SqliteQueue(db) as q:
+        run_id, _ = q.enqueue(DispatchPayload.model_validate(_payload(infra_setup, f"sweep-run-{SESSION}")), max_attempts=2)
+        claim = q.claim("planner", 60)
+        assert claim is not None and claim.lease_token
+        names = [f"t{i}__{run_id[-12:]}" for i in range(2)]
+        q.plan_trials(run_id, claim.lease_token, [PlannedTrial(task=f"t{i}", trial_name=n) for i, n in enumerate(names)],
+                      max_attempts=2)
+        dead, live = q.claim_trials("dead-worker", 60, 1), q.claim_trials("live-worker", 60, 1)
+        assert dead is not None and live is not None
+        containers = {}
+        for batch in (dead, live):
+            containers[batch.lease_token] = client.containers.run(
+                infra_setup["runner"], entrypoint=["sleep", "300"], network_mode="none", detach=True,
+                labels={LABEL_RUN: run_id, LABEL_TRIALS: batch.trials[0].trial_name,
+                        LABEL_BATCH: batch_label(batch.lease_token)})
+        try:
+            assert sweep_orphan_batches(client, q) == []  # both batches hold their leases
+            with SqliteQueue(tmp_path / "other" / "queue.sqlite3") as other:
+                assert sweep_orphan_batches(client, other) == []  # another queue's runs are not its to judge
+            q.release_trials(run_id, dead.lease_token, "its worker is gone")
+            assert sweep_orphan_batches(client, q) == [containers[dead.lease_token].name]
+            left = {c.name for c in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})}
+            assert left == {containers[live.lease_token].name}
+            # The label names the batch by a hash of its lease token, never the token itself.
+            labels = client.containers.get(containers[live.lease_token].id).labels
+            assert live.lease_token not in json.dumps(labels)
+        finally:
+            for container in containers.values():
+                try:
+                    container.remove(force=True)
+                except docker.errors.NotFound:
+                    pass
