@@ -84,12 +84,21 @@ def _all_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and not p.is_symlink()]
 
 
+def _parent_pid(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            return handle.read().rpartition(")")[2].split()[1]
+    except (OSError, IndexError):
+        return None
+
+
 class ArgvScanner(threading.Thread):
     """Scan every /proc/*/cmdline for a needle until stopped."""
 
     def __init__(self, needle: bytes) -> None:
         super().__init__(daemon=True)
         self.needle, self.hits, self.scans, self.stop = needle, [], 0, threading.Event()
+        self.parents: dict[str, str | None] = {}
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -103,6 +112,7 @@ class ArgvScanner(threading.Thread):
                     continue
                 if self.needle in cmdline:
                     self.hits.append((entry.name, cmdline.replace(b"\0", b" ")[:300]))
+                    self.parents[entry.name] = _parent_pid(entry.name)
             self.scans += 1
 
 
@@ -173,7 +183,9 @@ def test_oracle_run_succeeds_with_score_one(oracle_probe_run, infra_setup):
 
 def test_secret_reaches_agent_but_never_argv_logs_or_artifacts(oracle_probe_run):
     scanner = oracle_probe_run["scanner"]
-    hits = [h for h in scanner.hits if h[0] != oracle_probe_run["control_pid"]]
+    control = oracle_probe_run["control_pid"]
+    # The control's `sh` forks `sleep`: between fork and exec the child shows the same argv.
+    hits = [h for h in scanner.hits if h[0] != control and scanner.parents.get(h[0]) != control]
     assert scanner.scans > 10
     assert any(h[0] == oracle_probe_run["control_pid"] for h in scanner.hits), "scanner failed its control"
     assert hits == [], hits
