@@ -77,6 +77,13 @@ def _policy(tmp_path: Path, **overrides: Any):
     return path, load_policy(path)
 
 
+def _write_plan(run_dir, run_id, specs) -> None:
+    """trials.json as the runner writes it (pipeline.documents.TrialsPlan)."""
+    (run_dir / TRIALS_FILE).write_text(json.dumps({
+        "schema": "benchseal.trials/v1", "run_id": run_id, "agent": "oracle", "agent_version": None,
+        "harbor_version": "0.26.0", "model": None, "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+
+
 def test_exhausted_grading_grades_what_completed_without_a_score(tmp_path, make_payload, infra_policy):
     with SqliteQueue(tmp_path / "q.sqlite3") as q:
         run_id, _ = q.enqueue(DispatchPayload.model_validate(make_payload()), max_attempts=1)
@@ -86,8 +93,7 @@ def test_exhausted_grading_grades_what_completed_without_a_score(tmp_path, make_
     nothing = exhausted_grading(run_dir, record, infra_policy, RunnerInfo(None, None), "lost", started_at="2026-01-01T00:00:00Z")
     assert nothing.status == "INFRA_ERROR" and nothing.counts.total == 0 and nothing.score is None
     specs = plan_trials(run_id, ["a", "b", "c"])
-    (run_dir / TRIALS_FILE).write_text(json.dumps({"harbor_version": "0.26.0", "trials": [
-        {"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+    _write_plan(run_dir, run_id, specs)
     for spec, reward in zip(specs[:2], (1.0, 0.0), strict=True):
         (run_dir / "harbor" / spec.trial_name).mkdir(parents=True)
         (run_dir / "harbor" / spec.trial_name / "result.json").write_text(json.dumps(_result(reward)))
@@ -111,8 +117,7 @@ def test_kill_9_on_the_final_attempt_is_finalized_once_with_what_completed(tmp_p
         assert line == [run_id, "1"]  # the final attempt
         # The dead attempt got this far: three trials planned, two finished.
         specs = plan_trials(run_id, ["a", "b", "c"])
-        (run_dir / TRIALS_FILE).write_text(json.dumps({"harbor_version": "0.26.0", "trials": [
-            {"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+        _write_plan(run_dir, run_id, specs)
         for spec in specs[:2]:
             (run_dir / "harbor" / spec.trial_name).mkdir(parents=True)
             (run_dir / "harbor" / spec.trial_name / "result.json").write_text(json.dumps(_result(1.0)))
