@@ -1,12 +1,17 @@
 """Benchmark the run queue's own overhead: SQLite and PostgreSQL side by side, 1, 2, 4, 8 workers.
 
 Each configuration gets a fresh store with ``--runs`` queued no-op runs, and W worker processes
-(``tests.doubles.queue_load``) drain it: claim, start, one heartbeat, a no-op trial, complete
-(grading + one outbox row in the terminal transaction), then deliver the outbox row
-(claim_publication + mark_published). Printed per configuration:
+(``tests.doubles.queue_load``) drain it, split into 2 groups the way the issue's spec asks: each
+group in its own network namespace (``unshare --net``; the queue reached only through its Unix
+socket or file), or in its own process group where namespaces are unavailable, with separate state
+dirs. Per run, the way the infra worker does it: claim the run, plan it into ``--trials`` trials and
+claim the first batch (one transaction), one trial heartbeat, a no-op trial, record the trial (the
+batch that ends the last trial is handed the run), read the trial rows to grade, complete (grading +
+one outbox row in the terminal transaction), deliver the outbox row (claim_publication +
+mark_published). Expired leases are swept at most every 0.25 s per worker. Printed per configuration:
 
-* the queue's overhead per run (requeue scan + claim + start + heartbeat + complete + outbox),
-  median and p99, in ms, measured inside the workers around each queue call;
+* the queue's overhead per run (requeue sweep + claims + plan + heartbeat + trial results + grading
+  read + complete + outbox), median and p99, in ms, measured inside the workers around each queue call;
 * runs completed per second (first claim to last completion);
 
 then the ratio PostgreSQL@8 / SQLite@1, and whether PostgreSQL@8 meets the target of <= 10 ms
@@ -14,7 +19,7 @@ median overhead per run. Figures only: nothing here is asserted.
 
 PostgreSQL is a throwaway cluster on a Unix socket (tests.doubles.postgres), stopped at the end.
 
-    .venv/bin/python bench/queue.py [--runs 1000] [--workers 1,2,4,8]
+    .venv/bin/python bench/queue.py [--runs 1000] [--workers 1,2,4,8] [--trials 1]
 """
 
 from __future__ import annotations
@@ -32,11 +37,13 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
+from typing import Any  # noqa: E402
 
 from tests.doubles.postgres import PgCluster, pg_bindir  # noqa: E402
-from tests.doubles.queue_load import noop_payload, open_store  # noqa: E402
+from tests.doubles.queue_load import WorkerGroups, noop_payload, open_store, worker_command  # noqa: E402
+
+OVERHEAD_KEYS = {"requeue", "claim", "plan", "heartbeat", "complete", "outbox"}
 
 
 def _p(values: list[float], q: float) -> float:
@@ -44,42 +51,47 @@ def _p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run_config(backend: str, target: str, workdir: Path, runs: int, workers: int) -> dict[str, float]:
-    runs_dir, logs = workdir / "runs", workdir / "logs"
+def run_config(backend: str, target: str, workdir: Path, runs: int, workers: int, trials: int) -> dict[str, float | str]:
+    logs = workdir / "logs"
     logs.mkdir(parents=True)
-    with open_store(backend, target, runs_dir) as q:
-        for i in range(runs):
-            q.enqueue(noop_payload(i, "bench"), max_attempts=3)
-    env = {**os.environ, "QUEUE_TARGET": target}
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "tests.doubles.queue_load", "worker", "--backend", backend, "--target-env", "QUEUE_TARGET",
-         "--runs-dir", str(runs_dir), "--name", f"w{i}", "--log", str(logs / f"w{i}.jsonl"), "--lease", "60"],
-        env=env, cwd=ROOT) for i in range(workers)]
-    for proc in procs:
-        if proc.wait(timeout=1800) != 0:
-            raise SystemExit(f"a {backend} worker failed (exit {proc.returncode})")
+    groups = WorkerGroups(workdir / "hosts", 2)
+    try:
+        with open_store(backend, target, groups.runs_dir(0)) as q:
+            for i in range(runs):
+                q.enqueue(noop_payload(i, "bench"), max_attempts=3)
+        env = {**os.environ, "QUEUE_TARGET": target}
+        procs = [groups.spawn(i % 2, worker_command(backend, "QUEUE_TARGET", groups.runs_dir(i % 2), f"w{i}",
+                                                    logs / f"w{i}.jsonl", lease=60, trials=trials, batch=1), env)
+                 for i in range(workers)]
+        for proc in procs:
+            if proc.wait(timeout=1800) != 0:
+                raise SystemExit(f"a {backend} worker failed (exit {proc.returncode})")
+    finally:
+        groups.close()
     entries = [json.loads(line) for path in logs.glob("*.jsonl") for line in path.read_text().splitlines()]
     timings = [e for e in entries if e["kind"] == "timing"]
     if len(timings) != runs:
         raise SystemExit(f"{backend}@{workers}: {len(timings)} runs finished, expected {runs}")
-    overhead = [sum(v for k, v in e.items() if k in {"requeue", "claim", "start", "heartbeat", "complete", "outbox"})
-                for e in timings]
+    # With one trial per run, one worker iteration takes a run from claim to delivery: its timings are the run's.
+    overhead = [sum(v for k, v in e.items() if k in OVERHEAD_KEYS) for e in timings]
     claims = [e["t"] for e in entries if e["kind"] == "claim"]
     done = [e["t"] for e in timings]
     wall = max(done) - min(claims)
-    with open_store(backend, target, runs_dir) as q:
+    with open_store(backend, target, groups.runs_dir(0)) as q:
         stats = q.stats()
         if stats.by_state != {"SUCCEEDED": runs} or stats.outbox_pending != 0:
             raise SystemExit(f"{backend}@{workers}: not every run finished and published: {stats}")
     return {"median": statistics.median(overhead), "p99": _p(overhead, 0.99), "rps": runs / wall if wall > 0 else float("inf"),
-            "claim": statistics.median(e.get("claim", 0.0) for e in timings),
-            "complete": statistics.median(e.get("complete", 0.0) for e in timings)}
+            "isolation": groups.isolation, "statements": statistics.median(e.get("statements", 0) for e in timings),
+            "commits": statistics.median(e.get("commits", 0) for e in timings),
+            "reads": statistics.median(e.get("reads", 0) for e in timings)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=1000)
     parser.add_argument("--workers", default="1,2,4,8")
+    parser.add_argument("--trials", type=int, default=1, help="Trials per run (1: the per-run figures are exact).")
     parser.add_argument("--pg-no-fsync", action="store_true",
                         help="Run PostgreSQL with fsync=off (not durable): separates the queue's cost from the disk's.")
     args = parser.parse_args()
@@ -89,17 +101,19 @@ def main() -> None:
         raise SystemExit("PostgreSQL is not installed: run `make setup`")
     # Default: fsync on, synchronous_commit on (the production defaults).
     cluster = PgCluster(bindir, durable=not args.pg_no_fsync)
-    results: dict[tuple[str, int], dict[str, float]] = {}
+    results: dict[tuple[str, int], dict[str, Any]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-queue-") as tmp:
             for workers in counts:
                 for backend in ("sqlite", "postgresql"):
                     workdir = Path(tmp) / f"{backend}-{workers}"
                     target = str(workdir / "queue.sqlite3") if backend == "sqlite" else cluster.new_database()
-                    results[(backend, workers)] = run_config(backend, target, workdir, args.runs, workers)
+                    results[(backend, workers)] = run_config(backend, target, workdir, args.runs, workers, args.trials)
     finally:
         cluster.close()
-    print(f"queue overhead per run (requeue + claim + start + heartbeat + complete + outbox), {args.runs} no-op runs, "
+    isolation = next(iter(results.values()))["isolation"] if results else "?"
+    print(f"queue overhead per run (requeue + claims + plan + heartbeat + trial results + complete + outbox), "
+          f"{args.runs} no-op runs x {args.trials} trial(s), workers in 2 groups ({isolation}), "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}, PostgreSQL fsync "
           f"{'off' if args.pg_no_fsync else 'on'}")
     print(f"{'workers':>7} | {'sqlite med':>10} {'p99':>8} {'runs/s':>8} | {'postgresql med':>14} {'p99':>8} {'runs/s':>8}")
@@ -107,6 +121,10 @@ def main() -> None:
         s, p = results[("sqlite", workers)], results[("postgresql", workers)]
         print(f"{workers:>7} | {s['median']:>8.2f}ms {s['p99']:>6.2f}ms {s['rps']:>8.1f} | "
               f"{p['median']:>12.2f}ms {p['p99']:>6.2f}ms {p['rps']:>8.1f}")
+    for backend in ("sqlite", "postgresql"):
+        r = results[(backend, counts[-1])]
+        print(f"{backend}: per run (median) {r['statements']:g} statements, {r['commits']:g} write transactions "
+              f"(durable commits), {r['reads']:g} reads: the load-independent part of the cost")
     if 1 in counts and 8 in counts:
         s1, p8 = results[("sqlite", 1)], results[("postgresql", 8)]
         print(f"ratio PostgreSQL@8 / SQLite@1: median overhead {p8['median'] / s1['median']:.2f}x, "

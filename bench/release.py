@@ -67,9 +67,13 @@ def runner_start_to_first_trial(home: Path, run_id: str) -> float | None:
         return datetime.fromisoformat(re.sub(r"(\.\d{6})\d+", r"\1", value.replace("Z", "+00:00")))
 
     run_dir = home / "infra" / "runs" / run_id
-    state_file = run_dir / "logs" / "runner-state.json"
+    # The first batch's runner container (each batch of trials runs in its own).
+    state_files = sorted(run_dir.glob("batches/*/logs/runner-state.json"))
     starts = [ts(json.loads(p.read_text())["started_at"]) for p in (run_dir / "harbor").glob("*/result.json")]
-    if not state_file.is_file() or not starts:
+    if not state_files or not starts:
+        return None
+    state_file = state_files[0]
+    if not state_file.is_file():
         return None
     started = json.loads(state_file.read_text()).get("StartedAt")
     return (min(starts) - ts(started)).total_seconds() if started else None

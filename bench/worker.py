@@ -253,7 +253,9 @@ def _record(sample: Sample, run_dir: Path, outcome: Any, wall: float) -> None:
         sample.agents.append(a)
         sample.verifiers.append(v)
         sample.overheads.append(trial.total_seconds - a - v)
-    state = json.loads((run_dir / "logs" / "runner-state.json").read_text())
+    # The first batch's runner container (each batch of trials runs in its own).
+    batch_states = sorted(run_dir.glob("batches/*/logs/runner-state.json"))
+    state = json.loads(batch_states[0].read_text()) if batch_states else {}
     starts = [_ts(json.loads(p.read_text())["started_at"]) for p in (run_dir / "harbor").glob("*/result.json")]
     if starts and state.get("StartedAt"):
         sample.runner_start.append((min(starts) - _ts(state["StartedAt"])).total_seconds())

@@ -378,7 +378,7 @@ def load_document[D: BaseModel](model: type[D], path: Path) -> D:
         data = json.loads(text)
     except ValueError as exc:
         raise ValidationError(str(path), f"is not valid JSON ({exc})") from None
-    return parse_document(model, data, path.name)
+    return parse_document(model, data, str(path))
 
 
 def dump_document(document: _Document, path: Path) -> Path:

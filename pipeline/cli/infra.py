@@ -93,6 +93,7 @@ def _stats_json(stats: object) -> dict[str, object]:
         "backend": stats.backend, "location": stats.location, "schema_version": stats.schema_version,
         "depth": stats.depth, "finalize_pending": stats.finalize_pending, "in_flight": stats.in_flight,
         "expired_leases": stats.expired_leases, "outbox_pending": stats.outbox_pending,
+        "trials_queued": stats.trials_queued, "trials_in_flight": stats.trials_in_flight,
         "by_state": dict(sorted(stats.by_state.items())),
         "workers": [{"worker": w.worker, "run_id": w.run_id,
                      "last_heartbeat": w.last_seen.isoformat().replace("+00:00", "Z"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -47,6 +48,8 @@ def publish(
                                                           "name (never for public-good; empty: unset).")] = None,
     trigger: str = typer.Option("manual", "--trigger", help="manual (a person; prereleases only unless "
                                 "--allow-full-release) or tag (a tag's benchmark, from benchmark.yml's seal job)."),
+    attempts: int = typer.Option(1, "--attempts", min=1, max=10, help="ARTIFACTS: tries of a retryable failure "
+                                 "(5xx, rate limit, timeout), with the outbox's backoff; the seal job uses 5."),
     db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report."),
 ) -> None:
@@ -57,8 +60,8 @@ def publish(
 
     policy = PublishPolicy(allow_manual_full_release=allow_full_release)
     if pending:
-        if artifacts is not None or tag is not None or infra_repo is not None or trigger != "manual":
-            raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS, --tag, --infra-repo "
+        if artifacts is not None or tag is not None or infra_repo is not None or trigger != "manual" or attempts != 1:
+            raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS, --tag, --infra-repo, --attempts "
                              "or --trigger")
 
         queue = open_queue(db)
@@ -109,10 +112,20 @@ def publish(
             options["api_url"] = api_url
     request = PublicationRequest(run_id="unknown", target=target, tag=tag,  # type: ignore[arg-type]
                                  artifacts_dir=str(artifacts.resolve()), options=options)
-    try:
-        result = outbox.publish_request(request, outbox.default_target_factory(policy)(request))
-    except PublishError as exc:
-        raise CheckFailed(exc.diagnostics()) from None
+    backoff = outbox.OutboxConfig(max_attempts=attempts)
+    for attempt in range(1, attempts + 1):
+        try:
+            result = outbox.publish_request(request, outbox.default_target_factory(policy)(request))
+            break
+        except PublishError as exc:
+            # Publication is idempotent (assets synced by digest, one section replaced): a retry
+            # after a partial attempt converges on the same release.
+            if not exc.retryable or attempt == attempts:
+                raise CheckFailed(f"{exc.diagnostics()} (attempt {attempt} of {attempts})") from None
+            wait = backoff.delay(attempt)
+            typer.echo(f"publication attempt {attempt} of {attempts} failed, retrying in {wait:.0f} s: "
+                       f"{exc.diagnostics()}", err=True)
+            time.sleep(wait)
     if as_json:
         typer.echo(json.dumps(result.to_json_dict(), indent=2))
     else:

@@ -31,8 +31,9 @@ SignerChoice = Literal["auto", "ambient", "local"]
 
 
 def worker(
-    once: Annotated[bool, typer.Option("--once", help="Take at most one run through one attempt, then exit.")] = False,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=8, help="Runs handled in parallel.")] = 1,
+    once: Annotated[bool, typer.Option("--once", help="Take one piece of work (a run to plan or grade, or a batch of trials and more of the same run), then exit.")] = False,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=8, help="Claim loops (runs or trial batches) handled in parallel.")] = 1,
+    trial_batch: Annotated[int | None, typer.Option("--trial-batch", min=1, max=64, help="Trials claimed at once and run in one runner container (default: the suite's trial_concurrency).")] = None,
     db: Annotated[Path | None, typer.Option("--db", help="SQLite queue database (default: state dir infra/queue.sqlite3; not with a PostgreSQL queue URL).")] = None,
     queue_url_file: Annotated[Path | None, typer.Option("--queue-url-file", help="File holding the PostgreSQL queue URL (also BENCHSEAL_QUEUE_URL_FILE or BENCHSEAL_QUEUE_URL; never the URL itself in argv).")] = None,
     policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
@@ -70,7 +71,7 @@ def worker(
     open_queue(db).close()
 
     config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,
-                          image_trust=sigstore_endpoints(sigstore_url, trusted_root))
+                          image_trust=sigstore_endpoints(sigstore_url, trusted_root), trial_batch=trial_batch)
     if suites_dir is not None:
         config = dataclasses.replace(config, suites_dir=suites_dir)
     finalize = None

@@ -240,7 +240,11 @@ def dispatch_and_wait(
         raise ValidationError("timeout", "must be positive", timeout_s)
     deadline = clock.now() + timedelta(seconds=timeout_s)
     repository, wf = _lookup(gh, repo, workflow_file)
-    full_name, branch = str(repository.full_name), str(repository.default_branch)
+    full_name, branch = str(repository.full_name), repository.default_branch
+    if not isinstance(branch, str) or not branch:
+        # Never str(None): a workflow_dispatch to ref "None" would be refused by GitHub, or worse, name a branch.
+        raise CheckFailed(f"GitHub answered repository {full_name} without a default branch ({branch!r}); "
+                          "workflow_dispatch needs the ref its workflow runs at")
 
     mode = "workflow_dispatch" if workflow_dispatch else "repository_dispatch"
     run_id: int | None = None

@@ -18,7 +18,10 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
 
 from pipeline.contracts import SCORE_DIGITS, GradeCounts, Grading, TrialOutcome, TrialRecord
 from pipeline.documents import TrialsPlan, load_document
@@ -74,6 +77,37 @@ def _model_usage(agent_result: Any) -> dict[str, Any]:
     usage = {"model_calls": calls, "input_tokens": _count(agent_result.get("n_input_tokens")),
              "output_tokens": _count(agent_result.get("n_output_tokens"))}
     return {k: v for k, v in usage.items() if v is not None}
+
+
+class RecordedTrial(BaseModel):
+    """One graded trial as the worker that ran it records it in the queue (``trials.result``), for
+    the grader, possibly on another host: ``benchseal.recorded-trial/v1``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_: Literal["benchseal.recorded-trial/v1"] = Field(default="benchseal.recorded-trial/v1", alias="schema")
+    trial: TrialRecord
+    failure: str | None = None  # the batch's failure (timeout, a wrong runner): fails the run
+    agent_version: str | None = None
+    model: str | None = None
+    host: str = Field(min_length=1, max_length=255)
+    batch_dir: str = Field(min_length=1, max_length=4096)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    @classmethod
+    def parse(cls, text: str, task: str, trial_name: str, agent: str) -> RecordedTrial | TrialRecord:
+        """The recorded trial, or (a row that does not validate, or names another trial) an
+        infrastructure-error TrialRecord: fail closed, never a stuck run."""
+        try:
+            recorded = cls.model_validate_json(text)
+        except PydanticValidationError:
+            recorded = None
+        if recorded is None or recorded.trial.task != task or recorded.trial.trial_name != trial_name:
+            return TrialRecord(task=task, trial_name=trial_name, agent_name=agent, outcome="infra_error", reward=None,
+                               exception_type="UnreadableTrialRecord")
+        return recorded
 
 
 def read_plan(run_dir: Path) -> TrialsPlan | None:
@@ -142,6 +176,25 @@ def grade_run(
         grade_trial(run_dir / "harbor" / name / "result.json", task, name, payload.agent, runner, harbor_version)
         for task, name in planned
     )
+    return grade_trials(record, policy, trials, started_at=started_at, finished_at=finished_at, failure=failure,
+                        harbor_version=harbor_version, agent_version_pin=plan.agent_version if plan else None,
+                        model=plan.model if plan else None)
+
+
+def grade_trials(
+    record: RunRecord,
+    policy: InfraPolicy,
+    trials: tuple[TrialRecord, ...],
+    *,
+    started_at: str,
+    finished_at: str,
+    failure: str | None = None,
+    harbor_version: str | None = None,
+    agent_version_pin: str | None = None,
+    model: str | None = None,
+) -> Grading:
+    """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score."""
+    payload = record.payload
     resolved = sum(t.outcome == "resolved" for t in trials)
     unresolved = sum(t.outcome == "unresolved" for t in trials)
     infra = sum(t.outcome == "infra_error" for t in trials)
@@ -166,8 +219,8 @@ def grade_run(
         score=round(resolved / counts.completed, SCORE_DIGITS) if ok else None,
         trials=trials,
         harbor_version=harbor_version,
-        agent_version_pin=plan.agent_version if plan else None,
-        model=plan.model if plan else None,
+        agent_version_pin=agent_version_pin,
+        model=model,
         runner_ref=payload.runner,
         api_ref=payload.api,
         started_at=started_at,

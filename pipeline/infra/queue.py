@@ -9,16 +9,26 @@ rules, written once in portable SQL (``?`` placeholders) over two backends:
   claims with ``SELECT ... FOR UPDATE SKIP LOCKED``.
 
 Both guard every transition (``UPDATE ... WHERE state IN (...) AND
-lease_token = ?`` + rowcount), so two claimers can never both win and a worker
+lease_token = ? RETURNING ...``: no row back, no transition), so two claimers can never both win and a worker
 that lost its lease can change nothing.
 
-States: QUEUED -> CLAIMED -> RUNNING -> SUCCEEDED | FAILED | INFRA_ERROR.
+States: QUEUED -> CLAIMED -> RUNNING -> SUCCEEDED | FAILED | INFRA_ERROR; trials:
+QUEUED -> RUNNING -> DONE.
 A claim holds a lease (random token + expiry) renewed by heartbeats; an expired
 lease goes back to QUEUED. Once the attempts are used up (lease expiry or
 infrastructure errors) the run goes back to QUEUED in the ``finalize`` phase:
 the next worker grades whatever trials completed, runs the finalizer (evidence,
 signing) and completes it, so EVERY terminal state is written by ``complete``
 together with its grading and outbox rows, in one transaction.
+
+Work split below the run (``trials``): a claimed run is planned once into trial rows
+(``plan_trials``) and gives up its lease; workers on any host then claim batches of its trials
+(``claim_trials``, each batch under its own lease token, attempts bounded per trial) and record
+each trial's graded result (``complete_trials``). The transaction that ends a run's LAST trial
+(it locks the run row, then counts) hands the run to that worker under a fresh lease; it grades
+from the trial rows and ends the run with ``complete``, which refuses while any trial is open. A
+run whose last trial ended by lease expiry, or whose grader died, is queued in the ``finalize``
+phase and graded by the next claim.
 
 Every change appends to ``events`` (the audit trail), and ``run.json``
 (pipeline.contracts.RunStatus) in the run directory is rewritten atomically
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -125,6 +136,29 @@ CREATE TABLE workers (
 -- The claim order (finalize before run, then oldest) read straight from this index.
 CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id);
 """,
+    # Version 3: work split below the run (see "trials" in the module docstring).
+    """
+ALTER TABLE runs ADD COLUMN trials_planned INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE trials (
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    idx INTEGER NOT NULL,
+    task TEXT NOT NULL,
+    trial_name TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('QUEUED','RUNNING','DONE')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    lease_token TEXT,
+    lease_expires_at REAL,
+    worker TEXT,
+    reason TEXT,
+    result TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE INDEX trials_claim ON trials (state, created_at, run_id, idx);
+CREATE INDEX trials_lease ON trials (run_id, lease_token);
+""",
 )
 SCHEMA_VERSION = len(_SQLITE_MIGRATIONS)
 
@@ -151,6 +185,19 @@ def run_id_for(correlation_id: str) -> str:
     return "run-" + hashlib.sha256(correlation_id.encode("ascii")).hexdigest()[:20]
 
 
+@functools.lru_cache(maxsize=4096)
+def _parse_payload(text: str) -> DispatchPayload:
+    """A stored payload, validated once per process (DispatchPayload is frozen, so sharing it is safe):
+    every RunRecord of a run carries the same payload text."""
+    return DispatchPayload.model_validate_json(text)
+
+
+def batch_label(lease_token: str) -> str:
+    """What names a trial batch outside the queue (a container label): a hash of its lease token,
+    never the token itself (the token is what authorises the batch's transitions)."""
+    return hashlib.sha256(lease_token.encode("ascii")).hexdigest()[:24]
+
+
 def canonical_payload(payload: DispatchPayload) -> str:
     return json.dumps(payload.to_json_dict(), sort_keys=True)
 
@@ -173,10 +220,60 @@ class RunRecord:
     # "finalize": the attempts are used up; the next claim grades what completed and ends the run.
     phase: RunPhase = "run"
     finalize_attempts: int = 0
+    # How many trial rows the run was split into (0: not planned yet). Once planned, the run's
+    # trials are claimed one batch at a time (``claim_trials``), possibly by workers on other hosts.
+    trials_planned: int = 0
 
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+
+TrialState = Literal["QUEUED", "RUNNING", "DONE"]
+
+
+@dataclass(frozen=True)
+class PlannedTrial:
+    """One trial of a run's plan: the task and Harbor's (deterministic) trial name."""
+
+    task: str
+    trial_name: str
+
+
+@dataclass(frozen=True)
+class TrialClaim:
+    """One claimed trial of a batch."""
+
+    idx: int
+    task: str
+    trial_name: str
+    attempts: int
+    max_attempts: int
+
+
+@dataclass(frozen=True)
+class TrialBatch:
+    """Trials of ONE run claimed together under one lease token (one runner container runs them)."""
+
+    run: RunRecord
+    lease_token: str
+    trials: tuple[TrialClaim, ...]
+
+
+@dataclass(frozen=True)
+class TrialRow:
+    """A trial as the queue holds it; ``result`` is the graded trial (JSON, opaque to the queue)."""
+
+    run_id: str
+    idx: int
+    task: str
+    trial_name: str
+    state: TrialState
+    attempts: int
+    max_attempts: int
+    worker: str | None
+    reason: str | None
+    result: str | None
 
 
 @dataclass(frozen=True)
@@ -222,6 +319,8 @@ class QueueStats:
     expired_leases: int
     outbox_pending: int
     workers: tuple[WorkerBeat, ...]
+    trials_queued: int = 0  # trials of planned runs waiting for a worker
+    trials_in_flight: int = 0  # trials claimed (RUNNING) by some worker
 
 
 class Queue(abc.ABC):
@@ -271,10 +370,51 @@ class Queue(abc.ABC):
     @abc.abstractmethod
     def complete(
         self, run_id: str, lease_token: str, grading: Grading, publications: Sequence[PublicationRequest]
-    ) -> None: ...
+    ) -> list[int]:
+        """Terminal state + grading + outbox rows in one transaction; returns the outbox row ids."""
 
     @abc.abstractmethod
     def requeue_expired(self, now: datetime | None = None) -> list[str]: ...
+
+    # --- trials: the work split below the run ---------------------------------------
+
+    @abc.abstractmethod
+    def plan_trials(self, run_id: str, lease_token: str, trials: Sequence[PlannedTrial], *, max_attempts: int,
+                    claim: int = 0, worker: str | None = None, lease_seconds: float = 0.0) -> TrialBatch | None:
+        """Split a claimed run into trial rows (once) and give up the run's lease: from now on the run
+        belongs to its trials. With ``claim`` > 0 the planner also claims its first batch (same transaction)."""
+
+    @abc.abstractmethod
+    def claim_trials(self, worker: str, lease_seconds: float, limit: int, *, run_id: str | None = None,
+                     now: datetime | None = None) -> TrialBatch | None:
+        """Claim up to ``limit`` QUEUED trials of one run (the oldest, or ``run_id``) under one fresh lease."""
+
+    @abc.abstractmethod
+    def heartbeat_trials(self, run_id: str, lease_token: str, lease_seconds: float, now: datetime | None = None) -> bool: ...
+
+    @abc.abstractmethod
+    def complete_trials(self, run_id: str, lease_token: str, results: Mapping[int, str], *,
+                        lease_seconds: float) -> RunRecord | None:
+        """Record graded trials of the batch (all or some of them, as they finish; each exactly once: a
+        recorded trial is no longer held). When this ends the run's LAST trial (checked in the same
+        transaction), the caller gets the run under a fresh lease and must grade it and ``complete`` it;
+        otherwise None."""
+
+    @abc.abstractmethod
+    def fail_trials(self, run_id: str, lease_token: str, reason: str, *, lease_seconds: float) -> RunRecord | None:
+        """An infrastructure failure of the batch: each trial is requeued until its attempts are used up,
+        then ends with no result (graded as an infrastructure error). Returns the run like ``complete_trials``."""
+
+    @abc.abstractmethod
+    def release_trials(self, run_id: str, lease_token: str, reason: str) -> None:
+        """Give the batch back (SIGTERM): requeued, no attempt used."""
+
+    @abc.abstractmethod
+    def trials(self, run_id: str) -> list[TrialRow]: ...
+
+    @abc.abstractmethod
+    def held_batches(self, run_id: str) -> set[str]:
+        """``batch_label`` of every lease that holds a trial of ``run_id`` now (what may still run)."""
 
     @abc.abstractmethod
     def get_run(self, run_id: str) -> RunRecord: ...
@@ -322,7 +462,7 @@ class Cursor(Protocol):
 
 
 _RUN_COLUMNS = ("run_id, correlation_id, payload, state, attempts, max_attempts, lease_token, lease_expires_at,"
-                " worker, reason, grading, created_at, updated_at, phase, finalize_attempts")
+                " worker, reason, grading, created_at, updated_at, phase, finalize_attempts, trials_planned")
 _PUB_COLUMNS = "id, request, state, attempts, next_attempt_at, last_error, result"
 
 
@@ -333,6 +473,11 @@ class SqlQueue(Queue):
     location = ""
     # Appended to the claim's SELECT: the PostgreSQL backend skips rows other claimers hold.
     _claim_lock = ""
+    # Appended to a SELECT that must hold its row until COMMIT (SQLite: BEGIN IMMEDIATE already does).
+    _row_lock = ""
+    # Run first in a transaction whose loss in a database crash is harmless (a heartbeat: the lease
+    # then expires a little earlier), so its COMMIT does not wait for the disk. None: no such setting.
+    _relaxed_commit: str | None = None
 
     @abc.abstractmethod
     def _transaction(self, work: Callable[[Cursor], T]) -> T:
@@ -370,11 +515,11 @@ class SqlQueue(Queue):
     @staticmethod
     def _record(row: Sequence[object]) -> RunRecord:
         (run_id, correlation_id, payload, state, attempts, max_attempts, token, expires, worker, reason, grading,
-         created, updated, phase, finalize_attempts) = row
+         created, updated, phase, finalize_attempts, trials_planned) = row
         return RunRecord(
             run_id=str(run_id),
             correlation_id=str(correlation_id),
-            payload=DispatchPayload.model_validate_json(str(payload)),
+            payload=_parse_payload(str(payload)),
             state=str(state),  # type: ignore[arg-type]
             attempts=int(str(attempts)),
             max_attempts=int(str(max_attempts)),
@@ -387,11 +532,15 @@ class SqlQueue(Queue):
             updated_at=str(updated),
             phase="finalize" if str(phase) == "finalize" else "run",
             finalize_attempts=int(str(finalize_attempts)),
+            trials_planned=int(str(trials_planned)),
         )
 
-    def _write_status(self, run_id: str, row: Sequence[object] | None = None) -> None:
+    def _write_status(self, run_id: str, row: Sequence[object] | RunRecord | None = None) -> None:
         """Rewrite run.json from ``row`` (read in the committing transaction) or from the database."""
-        record = self._record(row) if row is not None else self.get_run(run_id)
+        if isinstance(row, RunRecord):
+            record = row
+        else:
+            record = self._record(row) if row is not None else self.get_run(run_id)
         grading = record.grading
         status = RunStatus(
             run_id=record.run_id,
@@ -437,19 +586,26 @@ class SqlQueue(Queue):
         placeholders = ",".join("?" for _ in from_states)
 
         def work(cur: Cursor) -> tuple[object, ...] | None:
-            row = self._row(cur, run_id)
-            if row is None:
-                raise ValidationError("run_id", "no such run", run_id)
-            current = str(row[3])
+            # One possible from-state: it is the event's from-state, no read needed before the update.
+            current = from_states[0] if len(from_states) == 1 else None
+            if current is None:
+                before = self._row(cur, run_id)
+                if before is None:
+                    raise ValidationError("run_id", "no such run", run_id)
+                current = str(before[3])
             cur.execute(
                 f"UPDATE runs SET state = ?, updated_at = ?{sets} WHERE run_id = ? AND lease_token = ?"  # noqa: S608
-                f" AND state IN ({placeholders})",
+                f" AND state IN ({placeholders}) RETURNING {_RUN_COLUMNS}",
                 (to_state, _iso(now), *params, run_id, lease_token, *from_states),
             )
-            if cur.rowcount != 1:
-                raise CheckFailed(f"run {run_id}: lease not held (state {current}); refusing {event}")
+            row: tuple[object, ...] | None = cur.fetchone()
+            if row is None:
+                found = self._row(cur, run_id)
+                if found is None:
+                    raise ValidationError("run_id", "no such run", run_id)
+                raise CheckFailed(f"run {run_id}: lease not held (state {found[3]}); refusing {event}")
             self._event(cur, run_id, event, current, to_state, detail, now)
-            return self._row(cur, run_id)
+            return row
 
         self._write_status(run_id, self._transaction(work))
 
@@ -471,10 +627,10 @@ class SqlQueue(Queue):
         def work(cur: Cursor) -> tuple[str, bool, bool]:
             cur.execute(
                 "INSERT INTO runs (run_id, correlation_id, payload, state, attempts, max_attempts, created_at, updated_at)"
-                " VALUES (?, ?, ?, 'QUEUED', 0, ?, ?, ?) ON CONFLICT DO NOTHING",
+                " VALUES (?, ?, ?, 'QUEUED', 0, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING run_id",
                 (run_id, payload.correlation_id, encoded, max_attempts, _iso(now), _iso(now)),
             )
-            if cur.rowcount == 1:
+            if cur.fetchone() is not None:
                 self._event(cur, run_id, "accepted", None, "QUEUED", None, now)
                 return run_id, True, True
             cur.execute("SELECT run_id, payload FROM runs WHERE correlation_id = ?", (payload.correlation_id,))
@@ -501,28 +657,25 @@ class SqlQueue(Queue):
         token = secrets.token_hex(16)
 
         def work(cur: Cursor) -> tuple[object, ...] | None:
-            # Runs waiting to be finalized first ('finalize' < 'run'): their results are already in.
+            # One statement: pick the oldest QUEUED run (finalize before run: 'finalize' < 'run', their
+            # results are already in), skipping rows other claimers hold, and claim it; the outer
+            # state guard is the contract.
             cur.execute(
-                "SELECT run_id FROM runs WHERE state = 'QUEUED'"  # noqa: S608
-                " ORDER BY phase, created_at, run_id LIMIT 1" + self._claim_lock
+                "UPDATE runs SET state = 'CLAIMED', lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
+                " attempts = attempts + CASE WHEN phase = 'run' THEN 1 ELSE 0 END,"
+                " finalize_attempts = finalize_attempts + CASE WHEN phase = 'finalize' THEN 1 ELSE 0 END,"
+                " updated_at = ? WHERE state = 'QUEUED' AND run_id = (SELECT run_id FROM runs WHERE state = 'QUEUED'"
+                " ORDER BY phase, created_at, run_id LIMIT 1" + self._claim_lock + f") RETURNING {_RUN_COLUMNS}",
+                (token, at + lease_seconds, worker, _iso(at)),
             )
-            row = cur.fetchone()
+            row: tuple[object, ...] | None = cur.fetchone()
             if row is None:
                 self._beat(cur, worker, None, at)
                 return None
             run_id = str(row[0])
-            cur.execute(
-                "UPDATE runs SET state = 'CLAIMED', lease_token = ?, lease_expires_at = ?, worker = ?,"
-                " attempts = attempts + CASE WHEN phase = 'run' THEN 1 ELSE 0 END,"
-                " finalize_attempts = finalize_attempts + CASE WHEN phase = 'finalize' THEN 1 ELSE 0 END,"
-                " updated_at = ? WHERE run_id = ? AND state = 'QUEUED'",
-                (token, at + lease_seconds, worker, _iso(at), run_id),
-            )
-            if cur.rowcount != 1:  # cannot happen under the row lock; the guard is the contract
-                return None
             self._event(cur, run_id, "claimed", "QUEUED", "CLAIMED", f"worker={worker}", at)
             self._beat(cur, worker, run_id, at)
-            return self._row(cur, run_id)
+            return row
 
         row = self._transaction(work)
         if row is None:
@@ -538,14 +691,16 @@ class SqlQueue(Queue):
         at = _epoch(now)
 
         def work(cur: Cursor) -> bool:
+            if self._relaxed_commit:
+                cur.execute(self._relaxed_commit)
             cur.execute(
-                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')",
+                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')"
+                " RETURNING worker",
                 (at + lease_seconds, run_id, lease_token),
             )
-            if cur.rowcount != 1:
-                return False
-            cur.execute("SELECT worker FROM runs WHERE run_id = ?", (run_id,))
             row = cur.fetchone()
+            if row is None:
+                return False
             if row is not None and row[0] is not None:
                 self._beat(cur, str(row[0]), run_id, at)
             return True
@@ -557,7 +712,8 @@ class SqlQueue(Queue):
         self._transition(
             run_id, lease_token, from_states=tuple(ACTIVE_STATES), event="released", to_state="QUEUED", detail=reason,
             sets=", lease_token = NULL, lease_expires_at = NULL, worker = NULL,"
-                 " attempts = CASE WHEN phase = 'run' AND attempts > 0 THEN attempts - 1 ELSE attempts END,"
+                 " phase = CASE WHEN trials_planned > 0 THEN 'finalize' ELSE phase END,"
+                 " attempts = CASE WHEN phase = 'run' AND trials_planned = 0 AND attempts > 0 THEN attempts - 1 ELSE attempts END,"
                  " finalize_attempts = CASE WHEN phase = 'finalize' AND finalize_attempts > 0"
                  " THEN finalize_attempts - 1 ELSE finalize_attempts END",
         )
@@ -568,7 +724,8 @@ class SqlQueue(Queue):
         Never terminal by itself: the run ends through ``complete`` (grading + outbox rows).
         """
         record = self.get_run(run_id)
-        exhausted = record.phase == "finalize" or record.attempts >= record.max_attempts
+        # A planned run has no attempts left to run: its trials ended; it waits to be graded again.
+        exhausted = record.phase == "finalize" or record.attempts >= record.max_attempts or record.trials_planned > 0
         self._transition(
             run_id, lease_token, from_states=tuple(ACTIVE_STATES),
             event="finalize_pending" if exhausted else "requeued", to_state="QUEUED", detail=reason,
@@ -586,8 +743,10 @@ class SqlQueue(Queue):
 
     def complete(
         self, run_id: str, lease_token: str, grading: Grading, publications: Sequence[PublicationRequest]
-    ) -> None:
-        """Terminal state + grading + outbox rows in ONE transaction; refuses unless the lease is held."""
+    ) -> list[int]:
+        """Terminal state + grading + outbox rows in ONE transaction; refuses unless the lease is held.
+
+        Returns the ids of the run's outbox rows (so a caller can deliver them without a lookup)."""
         if grading.run_id != run_id:
             raise ValidationError("grading.run_id", f"must equal the run id {run_id}", grading.run_id)
         for index, request in enumerate(publications):
@@ -595,29 +754,44 @@ class SqlQueue(Queue):
                 raise ValidationError(f"publications[{index}].run_id", f"must equal the run id {run_id}", request.run_id)
         now = time.time()
 
-        def work(cur: Cursor) -> tuple[object, ...] | None:
-            row = self._row(cur, run_id)
-            if row is None:
-                raise ValidationError("run_id", "no such run", run_id)
-            current = str(row[3])
-            cur.execute(
-                "UPDATE runs SET state = ?, grading = ?, reason = ?, lease_token = NULL, lease_expires_at = NULL,"
-                " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')",
-                (grading.status, grading.model_dump_json(), grading.reason, _iso(now), run_id, lease_token),
-            )
-            if cur.rowcount != 1:
-                raise CheckFailed(f"run {run_id}: lease not held (state {current}); refusing to complete")
+        def work(cur: Cursor) -> tuple[tuple[object, ...] | None, list[int]]:
+            ended: tuple[object, ...] | None = None
+            current = ""
+            # RUNNING first (the usual case: no read before the update), then CLAIMED.
+            for current in ("RUNNING", "CLAIMED"):
+                cur.execute(
+                    "UPDATE runs SET state = ?, grading = ?, reason = ?, lease_token = NULL, lease_expires_at = NULL,"  # noqa: S608
+                    " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ?"
+                    # A planned run ends only once every one of its trials has ended.
+                    " AND NOT EXISTS (SELECT 1 FROM trials WHERE trials.run_id = runs.run_id AND trials.state <> 'DONE')"
+                    f" RETURNING {_RUN_COLUMNS}",
+                    (grading.status, grading.model_dump_json(), grading.reason, _iso(now), run_id, lease_token, current),
+                )
+                ended = cur.fetchone()
+                if ended is not None:
+                    break
+            if ended is None:
+                found = self._row(cur, run_id)
+                if found is None:
+                    raise ValidationError("run_id", "no such run", run_id)
+                raise CheckFailed(f"run {run_id}: lease not held or trials still open (state {found[3]}); refusing to complete")
             self._event(cur, run_id, "completed", current, grading.status, grading.reason, now)
+            ids: list[int] = []
             for request in publications:
                 cur.execute(
                     "INSERT INTO publications (run_id, target, tag, request, state, attempts, next_attempt_at, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, 'PENDING', 0, ?, ?, ?) ON CONFLICT (run_id, target, tag) DO NOTHING",
+                    " VALUES (?, ?, ?, ?, 'PENDING', 0, ?, ?, ?) ON CONFLICT (run_id, target, tag) DO NOTHING RETURNING id",
                     (run_id, request.target, request.tag, request.model_dump_json(), now, _iso(now), _iso(now)),
                 )
+                inserted = cur.fetchone()
+                if inserted is not None:
+                    ids.append(int(inserted[0]))
                 self._event(cur, run_id, "publication_queued", None, None, f"{request.target}:{request.tag}", now)
-            return self._row(cur, run_id)
+            return ended, ids
 
-        self._write_status(run_id, self._transaction(work))
+        row, ids = self._transaction(work)
+        self._write_status(run_id, row)
+        return ids
 
     def requeue_expired(self, now: datetime | None = None) -> list[str]:
         """Requeue runs whose lease expired (a dead worker); to the finalize phase once attempts are used up."""
@@ -627,27 +801,35 @@ class SqlQueue(Queue):
             cur.execute("SELECT 1 FROM runs WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ? LIMIT 1", (at,))
             return cur.fetchone() is not None
 
+        # Trials first: a run whose last trial expires here is queued for grading in the same pass.
+        changed_trials = self._requeue_expired_trials(at)
         # A plain read first: the common case (nothing expired) takes no write lock.
         if not self._read(expired):
-            return []
+            return changed_trials
 
         def work(cur: Cursor) -> list[str]:
             changed: list[str] = []
             cur.execute(
-                "SELECT run_id, state, attempts, max_attempts, lease_token, phase FROM runs"  # noqa: S608
+                "SELECT run_id, state, attempts, max_attempts, lease_token, phase, trials_planned FROM runs"  # noqa: S608
                 " WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ?" + self._claim_lock,
                 (at,),
             )
-            for run_id, state, attempts, max_attempts, token, phase in cur.fetchall():
-                exhausted = phase == "finalize" or attempts >= max_attempts
-                reason = (f"lease expired on the final attempt ({attempts} of {max_attempts}); finalizing with the"
-                          " trials that completed" if exhausted else "lease expired")
+            for run_id, state, attempts, max_attempts, token, phase, planned in cur.fetchall():
+                # A planned run's lease is its grader's: every trial has ended, so the next claim grades it.
+                exhausted = phase == "finalize" or attempts >= max_attempts or int(planned) > 0
+                if int(planned) > 0:
+                    reason = "lease expired while grading; queued for grading again"
+                elif exhausted:
+                    reason = (f"lease expired on the final attempt ({attempts} of {max_attempts}); finalizing with the"
+                              " trials that completed")
+                else:
+                    reason = "lease expired"
                 cur.execute(
                     "UPDATE runs SET state = 'QUEUED', lease_token = NULL, lease_expires_at = NULL, reason = ?, phase = ?,"
-                    " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ?",
+                    " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ? RETURNING run_id",
                     (reason, "finalize" if exhausted else "run", _iso(at), run_id, token, state),
                 )
-                if cur.rowcount == 1:
+                if cur.fetchone() is not None:
                     self._event(cur, run_id, "lease_expired", state, "QUEUED", reason, at)
                     changed.append(str(run_id))
             return changed
@@ -655,6 +837,273 @@ class SqlQueue(Queue):
         changed = self._transaction(work)
         for run_id in changed:
             self._write_status(run_id)
+        return changed_trials + [r for r in changed if r not in changed_trials]
+
+    # --- trials: the work split below the run -----------------------------------------
+    # Lock order everywhere: the run row first, then its trial rows (no deadlock between a
+    # completing batch and the expiry scan). Every transaction that can end a run's last trial
+    # locks the run row before counting what is left, so exactly one of two concurrent batches
+    # sees zero trials left (READ COMMITTED re-reads after the lock).
+
+    def _lock_run(self, cur: Cursor, run_id: str) -> tuple[object, ...]:
+        cur.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE run_id = ?" + self._row_lock, (run_id,))  # noqa: S608
+        row: tuple[object, ...] | None = cur.fetchone()
+        if row is None:
+            raise ValidationError("run_id", "no such run", run_id)
+        return row
+
+    def _claim_trials(self, cur: Cursor, worker: str, lease_seconds: float, limit: int, run_id: str | None,
+                      at: float) -> TrialBatch | None:
+        if limit < 1:
+            raise ValidationError("limit", "must be >= 1", limit)
+        target = run_id
+        if target is None:
+            cur.execute("SELECT run_id FROM trials WHERE state = 'QUEUED'"  # noqa: S608
+                        " ORDER BY created_at, run_id, idx LIMIT 1" + self._claim_lock)
+            first = cur.fetchone()
+            if first is None:
+                return None
+            target = str(first[0])
+        cur.execute("SELECT idx FROM trials WHERE run_id = ? AND state = 'QUEUED' ORDER BY idx LIMIT ?"  # noqa: S608
+                    + self._claim_lock, (target, int(limit)))
+        picked = [int(r[0]) for r in cur.fetchall()]
+        if not picked:
+            return None
+        token = secrets.token_hex(16)
+        marks = ",".join("?" for _ in picked)
+        cur.execute(
+            "UPDATE trials SET state = 'RUNNING', lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
+            f" attempts = attempts + 1, updated_at = ? WHERE run_id = ? AND state = 'QUEUED' AND idx IN ({marks})"
+            " RETURNING idx, task, trial_name, attempts, max_attempts",
+            (token, at + lease_seconds, worker, _iso(at), target, *picked),
+        )
+        claims = tuple(sorted((TrialClaim(idx=int(i), task=str(t), trial_name=str(n), attempts=int(a), max_attempts=int(m))
+                               for i, t, n, a, m in cur.fetchall()), key=lambda c: c.idx))
+        if len(claims) != len(picked):  # cannot happen under the row locks; the guard is the contract
+            raise CheckFailed(f"run {target}: trials {picked} changed while being claimed")
+        self._event(cur, target, "trials_claimed", None, None, f"worker={worker} trials={picked}", at)
+        self._beat(cur, worker, target, at)
+        run = self._row(cur, target)
+        if run is None:
+            raise ValidationError("run_id", "no such run", target)
+        return TrialBatch(run=self._record(run), lease_token=token, trials=claims)
+
+    def plan_trials(self, run_id: str, lease_token: str, trials: Sequence[PlannedTrial], *, max_attempts: int,
+                    claim: int = 0, worker: str | None = None, lease_seconds: float = 0.0) -> TrialBatch | None:
+        if not trials:
+            raise ValidationError("trials", "a run must be planned with at least one trial", run_id)
+        names = [t.trial_name for t in trials]
+        if len(set(names)) != len(names):
+            raise ValidationError("trials", "trial names must be unique within a run", run_id)
+        if max_attempts < 1:
+            raise ValidationError("max_attempts", "must be >= 1", max_attempts)
+        if claim and (worker is None or lease_seconds <= 0):
+            raise ValidationError("claim", "claiming a first batch needs a worker and a lease", claim)
+        at = time.time()
+
+        def work(cur: Cursor) -> tuple[tuple[object, ...] | None, TrialBatch | None]:
+            current = str(self._lock_run(cur, run_id)[3])
+            cur.execute(
+                "UPDATE runs SET state = 'RUNNING', lease_token = NULL, lease_expires_at = NULL, worker = NULL,"
+                " trials_planned = ?, updated_at = ? WHERE run_id = ? AND lease_token = ?"
+                " AND state IN ('CLAIMED','RUNNING') AND phase = 'run' AND trials_planned = 0 RETURNING run_id",
+                (len(trials), _iso(at), run_id, lease_token),
+            )
+            if cur.fetchone() is None:
+                raise CheckFailed(f"run {run_id}: lease not held, or already planned (state {current}); refusing to plan trials")
+            self._event(cur, run_id, "trials_planned", current, "RUNNING", f"{len(trials)} trials", at)
+            for first in range(0, len(trials), 100):  # one statement per 100 trials
+                chunk = list(enumerate(trials))[first:first + 100]
+                cur.execute(
+                    "INSERT INTO trials (run_id, idx, task, trial_name, state, attempts, max_attempts, created_at, updated_at)"  # noqa: S608
+                    " VALUES " + ",".join("(?, ?, ?, ?, 'QUEUED', 0, ?, ?, ?)" for _ in chunk),
+                    [v for idx, trial in chunk for v in (run_id, idx, trial.task, trial.trial_name, max_attempts,
+                                                          _iso(at), _iso(at))],
+                )
+            batch = self._claim_trials(cur, worker or "", lease_seconds, claim, run_id, at) if claim else None
+            return (None if batch is not None else self._row(cur, run_id)), batch
+
+        row, batch = self._transaction(work)
+        if batch is not None:
+            self._write_status(run_id, batch.run)
+        else:
+            self._write_status(run_id, row)
+        return batch
+
+    def claim_trials(self, worker: str, lease_seconds: float, limit: int, *, run_id: str | None = None,
+                     now: datetime | None = None) -> TrialBatch | None:
+        at = _epoch(now)
+
+        def any_queued(cur: Cursor) -> bool:
+            if run_id is None:
+                cur.execute("SELECT 1 FROM trials WHERE state = 'QUEUED' LIMIT 1")
+            else:
+                cur.execute("SELECT 1 FROM trials WHERE run_id = ? AND state = 'QUEUED' LIMIT 1", (run_id,))
+            return cur.fetchone() is not None
+
+        # The common case for an idle worker or one-trial runs (nothing queued) takes no write lock.
+        if not self._read(any_queued):
+            return None
+        return self._transaction(lambda cur: self._claim_trials(cur, worker, lease_seconds, limit, run_id, at))
+
+    def heartbeat_trials(self, run_id: str, lease_token: str, lease_seconds: float, now: datetime | None = None) -> bool:
+        at = _epoch(now)
+
+        def work(cur: Cursor) -> bool:
+            if self._relaxed_commit:
+                cur.execute(self._relaxed_commit)
+            cur.execute("UPDATE trials SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'"
+                        " RETURNING worker", (at + lease_seconds, run_id, lease_token))
+            rows = cur.fetchall()
+            if not rows:
+                return False
+            row = rows[0]
+            if row is not None and row[0] is not None:
+                self._beat(cur, str(row[0]), run_id, at)
+            return True
+
+        return self._transaction(work)
+
+    def _held_trials(self, cur: Cursor, run_id: str, lease_token: str, what: str) -> tuple[list[int], str]:
+        cur.execute("SELECT idx, worker FROM trials WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING' ORDER BY idx",
+                    (run_id, lease_token))
+        rows = cur.fetchall()
+        if not rows:
+            raise CheckFailed(f"run {run_id}: trial lease not held; refusing {what}")
+        return [int(r[0]) for r in rows], str(rows[0][1] or "")
+
+    def _after_trials_end(self, cur: Cursor, run_id: str, worker: str | None, lease_seconds: float,
+                          at: float) -> tuple[object, ...] | None:
+        """When no trial of ``run_id`` is left, hand the run to ``worker`` under a fresh lease (it grades
+        and completes it), or with no worker (lease expiry) queue it to be graded by the next claim."""
+        cur.execute("SELECT COUNT(*) FROM trials WHERE run_id = ? AND state <> 'DONE'", (run_id,))
+        if int(cur.fetchone()[0]) != 0:
+            return None
+        if worker is None:
+            cur.execute(
+                "UPDATE runs SET state = 'QUEUED', phase = 'finalize', lease_token = NULL, lease_expires_at = NULL,"
+                " worker = NULL, updated_at = ? WHERE run_id = ? AND state = 'RUNNING' AND lease_token IS NULL"
+                " AND trials_planned > 0 RETURNING run_id", (_iso(at), run_id))
+            if cur.fetchone() is not None:
+                self._event(cur, run_id, "trials_done", "RUNNING", "QUEUED", "the last trial ended by lease expiry: queued for grading", at)
+            return None
+        token = secrets.token_hex(16)
+        cur.execute(
+            "UPDATE runs SET lease_token = ?, lease_expires_at = ?, worker = ?, updated_at = ?"  # noqa: S608
+            " WHERE run_id = ? AND state = 'RUNNING' AND lease_token IS NULL AND trials_planned > 0"
+            f" RETURNING {_RUN_COLUMNS}",
+            (token, at + lease_seconds, worker, _iso(at), run_id))
+        row: tuple[object, ...] | None = cur.fetchone()
+        if row is None:
+            return None
+        self._event(cur, run_id, "trials_done", None, None, f"worker={worker} grades the run", at)
+        self._beat(cur, worker, run_id, at)
+        return row
+
+    def complete_trials(self, run_id: str, lease_token: str, results: Mapping[int, str], *,
+                        lease_seconds: float) -> RunRecord | None:
+        at = time.time()
+
+        def work(cur: Cursor) -> tuple[object, ...] | None:
+            self._lock_run(cur, run_id)
+            held, worker = self._held_trials(cur, run_id, lease_token, "to complete trials")
+            lost = sorted(set(results) - set(held))
+            if lost:
+                raise CheckFailed(f"run {run_id}: trials {lost} are not held under this lease; refusing to complete them")
+            if not results:
+                raise ValidationError("results", "must hold at least one trial result", run_id)
+            for idx in sorted(results):
+                cur.execute(
+                    "UPDATE trials SET state = 'DONE', result = ?, reason = NULL, lease_token = NULL, lease_expires_at = NULL,"
+                    " updated_at = ? WHERE run_id = ? AND idx = ? AND lease_token = ? AND state = 'RUNNING' RETURNING idx",
+                    (results[idx], _iso(at), run_id, idx, lease_token))
+                if cur.fetchone() is None:
+                    raise CheckFailed(f"run {run_id}: trial {idx} changed under its lease; refusing to complete it")
+            self._event(cur, run_id, "trials_completed", None, None, f"worker={worker} trials={sorted(results)}", at)
+            return self._after_trials_end(cur, run_id, worker, lease_seconds, at)
+
+        row = self._transaction(work)
+        # A hand-over changes no state run.json shows (the run stays RUNNING): no rewrite.
+        return None if row is None else self._record(row)
+
+    def fail_trials(self, run_id: str, lease_token: str, reason: str, *, lease_seconds: float) -> RunRecord | None:
+        at = time.time()
+        reason = _one_line(reason, 2000)
+
+        def work(cur: Cursor) -> tuple[object, ...] | None:
+            self._lock_run(cur, run_id)
+            held, worker = self._held_trials(cur, run_id, lease_token, "to fail trials")
+            cur.execute(
+                "UPDATE trials SET state = CASE WHEN attempts >= max_attempts THEN 'DONE' ELSE 'QUEUED' END,"
+                " reason = ?, result = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ?"
+                " WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'",
+                (reason, _iso(at), run_id, lease_token))
+            self._event(cur, run_id, "trials_failed", None, None, f"worker={worker} trials={held}: {reason[:300]}", at)
+            return self._after_trials_end(cur, run_id, worker, lease_seconds, at)
+
+        row = self._transaction(work)
+        if row is None:
+            return None
+        self._write_status(run_id, row)
+        return self._record(row)
+
+    def release_trials(self, run_id: str, lease_token: str, reason: str) -> None:
+        at = time.time()
+
+        def work(cur: Cursor) -> None:
+            self._lock_run(cur, run_id)
+            held, worker = self._held_trials(cur, run_id, lease_token, "to release trials")
+            cur.execute(
+                "UPDATE trials SET state = 'QUEUED', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,"
+                " lease_token = NULL, lease_expires_at = NULL, worker = NULL, updated_at = ?"
+                " WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'",
+                (_iso(at), run_id, lease_token))
+            self._event(cur, run_id, "trials_released", None, None, f"worker={worker} trials={held}: {reason[:300]}", at)
+
+        self._transaction(work)
+
+    def trials(self, run_id: str) -> list[TrialRow]:
+        def work(cur: Cursor) -> list[Any]:
+            cur.execute("SELECT run_id, idx, task, trial_name, state, attempts, max_attempts, worker, reason, result"
+                        " FROM trials WHERE run_id = ? ORDER BY idx", (run_id,))
+            return cur.fetchall()
+
+        return [TrialRow(run_id=str(r), idx=int(i), task=str(t), trial_name=str(n), state=str(st),  # type: ignore[arg-type]
+                         attempts=int(a), max_attempts=int(m), worker=None if w is None else str(w),
+                         reason=None if why is None else str(why), result=None if res is None else str(res))
+                for r, i, t, n, st, a, m, w, why, res in self._read(work)]
+
+    def held_batches(self, run_id: str) -> set[str]:
+        def work(cur: Cursor) -> list[Any]:
+            cur.execute("SELECT DISTINCT lease_token FROM trials WHERE run_id = ? AND state = 'RUNNING'", (run_id,))
+            return cur.fetchall()
+
+        return {batch_label(str(r[0])) for r in self._read(work) if r[0] is not None}
+
+    def _requeue_expired_trials(self, at: float) -> list[str]:
+        def expired(cur: Cursor) -> list[str]:
+            cur.execute("SELECT DISTINCT run_id FROM trials WHERE state = 'RUNNING' AND lease_expires_at < ?", (at,))
+            return sorted(str(r[0]) for r in cur.fetchall())
+
+        changed: list[str] = []
+        for run_id in self._read(expired):
+            def work(cur: Cursor, run_id: str = run_id) -> bool:
+                self._lock_run(cur, run_id)
+                cur.execute(
+                    "UPDATE trials SET state = CASE WHEN attempts >= max_attempts THEN 'DONE' ELSE 'QUEUED' END,"
+                    " reason = CASE WHEN attempts >= max_attempts THEN 'lease expired on the final attempt' ELSE 'lease expired' END,"
+                    " lease_token = NULL, lease_expires_at = NULL, updated_at = ?"
+                    " WHERE run_id = ? AND state = 'RUNNING' AND lease_expires_at < ? RETURNING idx",
+                    (_iso(at), run_id, at))
+                ended = cur.fetchall()
+                if not ended:
+                    return False
+                self._event(cur, run_id, "trials_lease_expired", None, None, f"{len(ended)} trials", at)
+                self._after_trials_end(cur, run_id, None, 0.0, at)
+                return True
+
+            if self._transaction(work):
+                changed.append(run_id)
         return changed
 
     def get_run(self, run_id: str) -> RunRecord:
@@ -681,7 +1130,7 @@ class SqlQueue(Queue):
     def stats(self, now: datetime | None = None) -> QueueStats:
         at = _epoch(now)
 
-        def work(cur: Cursor) -> tuple[dict[str, int], int, int, int, list[Any]]:
+        def work(cur: Cursor) -> tuple[dict[str, int], dict[str, int], int, int, int, list[Any]]:
             cur.execute("SELECT state, COUNT(*) FROM runs GROUP BY state")
             by_state = {str(s): int(n) for s, n in cur.fetchall()}
             cur.execute("SELECT COUNT(*) FROM runs WHERE state = 'QUEUED' AND phase = 'finalize'")
@@ -691,14 +1140,19 @@ class SqlQueue(Queue):
             cur.execute("SELECT COUNT(*) FROM publications WHERE state = 'PENDING'")
             outbox = int(cur.fetchone()[0])
             cur.execute("SELECT worker, last_seen, run_id FROM workers ORDER BY worker")
-            return by_state, finalize, expired, outbox, cur.fetchall()
+            workers = cur.fetchall()
+            cur.execute("SELECT state, COUNT(*) FROM trials GROUP BY state")
+            trials = {str(s): int(n) for s, n in cur.fetchall()}
+            cur.execute("SELECT COUNT(*) FROM trials WHERE state = 'RUNNING' AND lease_expires_at < ?", (at,))
+            expired += int(cur.fetchone()[0])
+            return by_state, trials, finalize, expired, outbox, workers
 
-        by_state, finalize, expired, outbox, workers = self._read(work)
+        by_state, trials, finalize, expired, outbox, workers = self._read(work)
         return QueueStats(
             backend=self.backend, location=self.location, schema_version=self.schema_version(),
             by_state=by_state, depth=by_state.get("QUEUED", 0), finalize_pending=finalize,
             in_flight=by_state.get("CLAIMED", 0) + by_state.get("RUNNING", 0), expired_leases=expired,
-            outbox_pending=outbox,
+            outbox_pending=outbox, trials_queued=trials.get("QUEUED", 0), trials_in_flight=trials.get("RUNNING", 0),
             workers=tuple(WorkerBeat(worker=str(w), last_seen=datetime.fromtimestamp(float(s), UTC),
                                      run_id=None if r is None else str(r)) for w, s, r in workers),
         )
@@ -759,12 +1213,13 @@ class SqlQueue(Queue):
             cur.execute(
                 "UPDATE publications SET lease_expires_at = ?, attempts = attempts + 1, updated_at = ?"
                 " WHERE id = ? AND state = 'PENDING' AND next_attempt_at <= ?"
-                " AND (lease_expires_at IS NULL OR lease_expires_at < ?)",
+                " AND (lease_expires_at IS NULL OR lease_expires_at < ?) RETURNING run_id",
                 (now + lease_seconds, _iso(now), pub_id, now, now),
             )
-            if cur.rowcount != 1:
+            won = cur.fetchone()
+            if won is None:
                 return False
-            self._event(cur, self._publication_run(cur, pub_id), "publication_claimed", None, None, f"publication={pub_id}", now)
+            self._event(cur, str(won[0]), "publication_claimed", None, None, f"publication={pub_id}", now)
             return True
 
         return self._transaction(work)
@@ -774,15 +1229,17 @@ class SqlQueue(Queue):
         encoded = json.dumps(dict(result), sort_keys=True, default=str)
 
         def work(cur: Cursor) -> None:
-            run_id = self._publication_run(cur, pub_id)
             cur.execute(
                 "UPDATE publications SET state = 'DELIVERED', result = ?, lease_expires_at = NULL, last_error = NULL,"
-                " updated_at = ? WHERE id = ? AND state = 'PENDING'",
+                " updated_at = ? WHERE id = ? AND state = 'PENDING' RETURNING run_id",
                 (encoded, _iso(now), pub_id),
             )
+            delivered = cur.fetchone()
             # A second deliverer (its lease expired meanwhile) finds the row delivered: no second "published".
-            if cur.rowcount == 1:
-                self._event(cur, run_id, "published", None, None, f"publication={pub_id}", now)
+            if delivered is not None:
+                self._event(cur, str(delivered[0]), "published", None, None, f"publication={pub_id}", now)
+            else:
+                self._publication_run(cur, pub_id)  # no such publication: refused
 
         self._transaction(work)
 

@@ -84,6 +84,28 @@ CREATE TABLE workers (
 );
 CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id)
 """,
+    """
+ALTER TABLE runs ADD COLUMN trials_planned INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE trials (
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    idx INTEGER NOT NULL,
+    task TEXT NOT NULL,
+    trial_name TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('QUEUED','RUNNING','DONE')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    lease_token TEXT,
+    lease_expires_at DOUBLE PRECISION,
+    worker TEXT,
+    reason TEXT,
+    result TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE INDEX trials_claim ON trials (state, created_at, run_id, idx);
+CREATE INDEX trials_lease ON trials (run_id, lease_token)
+""",
 )
 if len(_PG_MIGRATIONS) != SCHEMA_VERSION:  # pragma: no cover - a development error
     raise RuntimeError("the PostgreSQL and SQLite migrations must have the same versions")
@@ -123,6 +145,8 @@ class PostgresQueue(SqlQueue):
 
     backend = "postgresql"
     _claim_lock = " FOR UPDATE SKIP LOCKED"
+    _row_lock = " FOR UPDATE"
+    _relaxed_commit = "SET LOCAL synchronous_commit = off"
 
     def __init__(self, url: str, *, runs_dir: Path | None = None, reconnect_seconds: float = 30.0,
                  connect_timeout: int = 10, check_schema: bool = True) -> None:
@@ -177,6 +201,15 @@ class PostgresQueue(SqlQueue):
                 conn = self._connect()
                 committing = False
                 try:
+                    if not write:
+                        # Reads run in autocommit: no BEGIN/COMMIT round trips (each statement its own snapshot).
+                        conn.autocommit = True
+                        try:
+                            with conn.cursor() as raw:
+                                return work(_PgCursor(raw))
+                        finally:
+                            if not conn.closed:
+                                conn.autocommit = False
                     with conn.cursor() as raw:
                         result = work(_PgCursor(raw))
                     committing = True

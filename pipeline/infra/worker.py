@@ -1,42 +1,41 @@
-"""The infra worker: claim a run, run its trials in the runner image (by digest), grade, finish.
+"""The infra worker: plan runs into trials, run claimed batches of trials in the runner image
+(by digest), grade each run once from its trial rows, finish.
 
-One attempt (``run_once``):
+One piece of work (``run_once``):
 
 1. remove the secret files and sockets that dead workers on this host left behind
-   (``agents.reap_private_dirs``), requeue expired leases, claim the oldest QUEUED run,
-   start a heartbeat thread (its failures are logged, never fatal to the trial);
-2. pull the runner and base images BY DIGEST and check the local RepoDigests
-   list exactly that reference for that repository (refuse otherwise);
-3. copy the suite into the run dir, render each task Dockerfile's
-   ``FROM benchseal-base`` to the base reference by digest;
-4. kill leftovers of earlier attempts of this run (a worker killed with -9
-   leaves its runner container behind), then start the runner container by
-   digest with an engine socket and the run dir mounted at the same path,
-   running ``benchseal trial run``; secrets go in as 0400 files on a read-only
-   mount (never Env or argv), the engine socket is the filtering proxy (trial
-   containers: network none, or a model agent's per-container model gateway), a model
-   agent reaches its endpoint through a relay socket (``pipeline.infra.agents``);
-5. wait under the suite timeout (kill on expiry), record what the container ran
-   (``docker inspect`` Image + RepoDigests), copy evidence into artifacts/ in
-   every outcome, grade from result.json, write grading.json;
-6. finalize hook (evidence + signing) then ONE terminal transaction with the
-   publication outbox rows; infrastructure errors requeue instead, until the
-   attempts are used up (then INFRA_ERROR, no score).
+   (``agents.reap_private_dirs``), requeue expired leases (runs and trials); claim a batch of QUEUED trials of any planned run,
+   else the oldest QUEUED run (a heartbeat thread renews whichever lease is held; its failures are
+   logged, never fatal);
+2. a run in its run phase is planned: the payload is checked against the policy, the runner is
+   pulled BY DIGEST (local RepoDigests must list exactly that reference) and its and the api's
+   signatures are checked, the suite's tasks become trial rows (``plan_trials``), and the planner
+   claims the first batch in the same transaction;
+3. a batch runs in its own runner container on this host: leftovers of earlier batches of the same
+   trials are removed (a worker killed with -9 leaves its runner container behind), the images
+   are pulled and checked again, the batch's tasks are rendered (``FROM benchseal-base`` -> the base
+   by digest) and prebuilt, and ``benchseal trial run`` runs them; secrets go in as 0400 files on a
+   read-only mount (never Env or argv), the engine socket is the filtering proxy, a model agent
+   reaches its endpoint through a relay socket (``pipeline.infra.agents``);
+4. each trial is graded from its result.json as soon as it finishes and recorded in the queue
+   (``complete_trials``), under the suite timeout (kill on expiry); an infrastructure error
+   requeues the batch's unrecorded trials (bounded per trial);
+5. the worker whose batch ends the run's last trial is handed the run: it grades from the trial
+   rows (every trial exactly once), copies the evidence, runs the finalize hook (evidence +
+   signing), then ONE terminal transaction with the publication outbox rows.
 
-Attempts used up, by an infrastructure error or by a worker that died on the
-final attempt (its lease expired): the run is finalized like every other
-terminal run. Whatever trials completed are graded (INFRA_ERROR, no score),
-the evidence is copied, the finalizer runs, and ``complete`` writes the terminal
-state with its outbox rows in one transaction. A dead worker's run is finalized
-by the next worker that claims it (phase ``finalize``), after it stopped the
-dead attempt's containers.
+A grader that dies, or a last trial that ends by lease expiry, leaves the run QUEUED in its
+finalize phase: the next claim grades it the same way. A run whose planning attempts are used up
+is finalized like every other terminal run (INFRA_ERROR, no score), through ``complete``; so is a
+run with a trial whose attempts ran out (its completed trials graded as they are).
 
-SIGTERM: the running attempt is given ``term_grace_seconds`` to finish, then its
-container is killed and the lease released (the attempt is not counted).
+SIGTERM: the running batch is given ``term_grace_seconds`` to finish, then its container is
+killed and its unrecorded trials released (no attempt counted).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -51,15 +50,23 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.attest import SigstoreEndpoints
-from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, trial_short_id
+from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, TrialRecord, trial_short_id
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent, reap_private_dirs
-from pipeline.infra.grading import RunnerInfo, grade_run, infra_error_grading, read_plan
+from pipeline.infra.grading import (
+    RecordedTrial,
+    RunnerInfo,
+    grade_run,
+    grade_trial,
+    grade_trials,
+    infra_error_grading,
+    read_plan,
+)
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.infra.queue import Queue, RunRecord, open_queue
+from pipeline.infra.queue import Queue, RunRecord, TrialBatch, batch_label, open_queue
 from pipeline.infra.trial import DISABLE_ENV
 from pipeline.paths import REPO_ROOT
 
@@ -69,6 +76,8 @@ Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
 BASE_PLACEHOLDER = "benchseal-base"
 CONTAINER_PREFIX = "benchseal-infra-"
 LABEL_RUN = "benchseal.infra.run_id"
+LABEL_TRIALS = "benchseal.infra.trials"  # the trial names a runner container runs (one batch)
+LABEL_BATCH = "benchseal.infra.batch"  # queue.batch_label(lease token) of that batch
 # cosign failures that say the registry or Sigstore could not be reached (retry), not that a
 # signature is missing or wrong (refuse).
 _UNREACHABLE = ("connection refused", "i/o timeout", "no such host", "tls handshake timeout", "connection reset",
@@ -98,6 +107,8 @@ class WorkerConfig:
     heartbeat_seconds: float | None = None  # default: lease_seconds / 3
     term_grace_seconds: float = 30.0
     trial_concurrency: int | None = None  # default: the suite's trial_concurrency in the policy
+    # Trials claimed at once and run in one runner container (default: trial_concurrency).
+    trial_batch: int | None = None
     # Build each task's environment image once (cached by content) and hand it to Harbor by
     # image id, so no trial runs `compose build`; False leaves the builds to Harbor (bench ablation).
     prebuild_task_images: bool = True
@@ -236,11 +247,19 @@ def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
     return refs["base"]
 
 
-def render_suite(source: Path, target: Path, base: ImageRef) -> None:
-    """Copy a suite and point every task Dockerfile's placeholder FROM at ``base`` (by digest)."""
+def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] | None = None) -> None:
+    """Copy a suite (only ``tasks``, when given) and point every task Dockerfile's placeholder FROM at ``base``."""
     if target.exists():
         shutil.rmtree(target)
-    shutil.copytree(source, target, symlinks=False)
+    if tasks is None:
+        shutil.copytree(source, target, symlinks=False)
+    else:
+        missing = sorted(t for t in tasks if not (source / t / "task.toml").is_file())
+        if missing:
+            raise CheckFailed(f"suite {source.name}: tasks {missing} are planned but not in {source}")
+        target.mkdir(parents=True)
+        for task in sorted(tasks):
+            shutil.copytree(source / task, target / task, symlinks=False)
     for dockerfile in sorted(target.glob("*/environment/Dockerfile")) + sorted(target.glob("*/tests/Dockerfile")):
         lines = dockerfile.read_text(encoding="utf-8").splitlines(keepends=True)
         out = []
@@ -334,10 +353,6 @@ def _pin_docker_image(task_toml: Path, image_id: str) -> None:
 
 # --- containers ------------------------------------------------------------------
 
-def _container_name(run_id: str, attempt: int) -> str:
-    return f"{CONTAINER_PREFIX}{run_id}-a{attempt}"
-
-
 def kill_leftovers(client: Any, run_id: str) -> list[str]:
     """Remove runner containers of earlier attempts of ``run_id`` and the trial containers they started."""
     import docker.errors
@@ -360,6 +375,60 @@ def kill_leftovers(client: Any, run_id: str) -> list[str]:
     for container in client.containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"}):
         project = (container.attrs.get("Labels") or {}).get("com.docker.compose.project", "")
         if short and short in project:
+            remove(container)
+    return removed
+
+
+def sweep_orphan_batches(client: Any, queue: Queue) -> list[str]:
+    """Remove runner containers on this engine whose batch no longer holds a lease (its worker died
+    and the trials were retried elsewhere, or ended): with nobody waiting on them they would run on
+    unbounded. A batch still holding its lease (another worker of this host) is left alone."""
+    removed: list[str] = []
+    for container in client.containers.list(all=True, sparse=True, filters={"label": LABEL_BATCH}):
+        labels = container.attrs.get("Labels") or {}
+        run_id, label = labels.get(LABEL_RUN), labels.get(LABEL_BATCH)
+        if not run_id or not label or label in queue.held_batches(str(run_id)):
+            continue
+        try:
+            queue.get_run(str(run_id))
+        except ValidationError:
+            continue  # a run of another queue on this engine: not this worker's to judge
+        # Its trials that run again right now (possibly on this engine, under the same compose
+        # project names) are left alone: that batch removed this one's leftovers when it started.
+        running = {t.trial_name for t in queue.trials(str(run_id)) if t.state == "RUNNING"}
+        names = [n for n in str(labels.get(LABEL_TRIALS, "")).split(",") if n and n not in running]
+        removed += kill_trial_leftovers(client, str(run_id), names, only_batch=str(label))
+    return removed
+
+
+def kill_trial_leftovers(client: Any, run_id: str, trial_names: Sequence[str], *, only_batch: str | None = None) -> list[str]:
+    """Remove what an earlier batch of these trials left on this engine (a worker killed with -9
+    leaves its runner container running): runner containers that ran any of them and the trial
+    containers of their compose projects. Other batches of the same run are left alone."""
+    import docker.errors
+
+    wanted = {name.lower() for name in trial_names if name}
+    removed: list[str] = []
+
+    def remove(container: Any) -> None:
+        try:
+            container.remove(force=True)
+            removed.append(str((container.attrs.get("Names") or [container.id])[0]).lstrip("/"))
+        except docker.errors.NotFound:
+            pass
+
+    for container in client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
+        labels = container.attrs.get("Labels") or {}
+        ran = {n.lower() for n in str(labels.get(LABEL_TRIALS, "")).split(",") if n}
+        if only_batch is not None:
+            if labels.get(LABEL_BATCH) == only_batch:
+                remove(container)
+            continue
+        if ran & wanted or not ran:
+            remove(container)
+    for container in client.containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"}):
+        project = (container.attrs.get("Labels") or {}).get("com.docker.compose.project", "").lower()
+        if any(name in project for name in wanted):
             remove(container)
     return removed
 
@@ -399,8 +468,16 @@ class _Heartbeat(threading.Thread):
 
 
 def _copy_evidence(run_dir: Path) -> None:
-    """Copy Harbor trial dirs and logs into artifacts/ (every outcome)."""
+    """Copy Harbor trial dirs and logs into artifacts/ (every outcome): the trials that ran on this host
+    and the runner logs of its batches (trials that ran on other hosts are in the queue's trial rows, graded)."""
     artifacts = run_dir / "artifacts"
+    for batch in sorted((run_dir / "batches").glob("*")) if (run_dir / "batches").is_dir() else []:
+        source = batch / "logs"
+        if source.is_dir():
+            target = artifacts / "evidence" / "batches" / batch.name / "logs"
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(source, target, symlinks=True, ignore_dangling_symlinks=True)
     for name in ("harbor", "logs"):
         source = run_dir / name
         if source.is_dir():
@@ -414,81 +491,109 @@ def _copy_evidence(run_dir: Path) -> None:
             shutil.copy2(run_dir / name, artifacts / "evidence" / name)
 
 
-def _archive_previous_attempt(run_dir: Path, attempt: int) -> None:
-    previous = run_dir / "harbor"
-    if previous.exists():
-        target = run_dir / "attempts" / str(max(attempt - 1, 0))
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("harbor", "trials.json", "logs"):
-            if (run_dir / name).exists():
-                shutil.move(str(run_dir / name), str(target / name))
-
-
 # --- one attempt -----------------------------------------------------------------
 
 def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
-    """Claim one run and take it through one attempt; None when nothing was queued."""
+    """Take one piece of work; None when nothing was claimable.
+
+    First a batch of QUEUED trials of any planned run (this is how one run spreads over several
+    hosts); else the oldest QUEUED run: in its run phase it is checked and planned into trials (the
+    planner claims the first batch in the same transaction), in its finalize phase it is graded.
+    After a batch, the worker keeps taking batches of the same run while there are any; the worker
+    whose batch ends the run's last trial grades and completes it (RunOutcome with the terminal
+    state); otherwise the outcome says RUNNING (other workers hold the rest of its trials).
+    """
     policy = config.policy or load_policy()
     # Secret files and sockets of attempts whose worker died (kill -9) on this host: gone before any claim.
     reap_private_dirs()
     with open_queue(config.db, url_file=config.queue_url_file) as queue:
         for run_id in queue.requeue_expired():
-            log.warning("run %s: lease expired; requeued or ended", run_id)
+            log.warning("run %s: leases expired; requeued or ended", run_id)
+        _sweep(queue)
         if config.stop.is_set():
             return None
-        record = queue.claim(config.worker_id, policy.lease_seconds)
-        if record is None:
-            return None
-        token = record.lease_token
-        if token is None:  # pragma: no cover - claim always sets a token
-            raise CheckFailed(f"run {record.run_id}: claimed without a lease token")
-        beat = _Heartbeat(queue, record.run_id, token, policy.lease_seconds,
-                          config.heartbeat_seconds or policy.lease_seconds / 3)
-        beat.start()
-        try:
-            if record.phase == "finalize":
-                return _finalize_abandoned(queue, record, token, policy, finalize)
-            return _attempt(queue, record, token, config, policy, finalize)
-        finally:
-            beat.done.set()
-            beat.join(timeout=5)
+        batch = queue.claim_trials(config.worker_id, policy.lease_seconds, _batch_size(config, policy, None))
+        if batch is None:
+            record = queue.claim(config.worker_id, policy.lease_seconds)
+            if record is None:
+                return None
+            token = record.lease_token
+            if token is None:  # pragma: no cover - claim always sets a token
+                raise CheckFailed(f"run {record.run_id}: claimed without a lease token")
+            beat = _Heartbeat(queue, record.run_id, token, policy.lease_seconds,
+                              config.heartbeat_seconds or policy.lease_seconds / 3)
+            beat.start()
+            try:
+                if record.phase == "finalize" and record.trials_planned > 0:
+                    return _grade_planned(queue, record, token, policy, finalize, _now())
+                if record.phase == "finalize":
+                    return _finalize_abandoned(queue, record, token, policy, finalize)
+                planned = _plan(queue, record, token, config, policy, finalize)
+            finally:
+                beat.done.set()
+                beat.join(timeout=5)
+            if isinstance(planned, RunOutcome):
+                return planned
+            batch = planned
+        return _work_batches(queue, batch, config, policy, finalize)
 
 
-def _attempt(
+def _sweep(queue: Queue) -> None:
+    """Best effort: an engine that cannot be reached now is the next claim's problem, not this one's."""
+    try:
+        client = _docker()
+    except InfraFailure:
+        return
+    try:
+        for name in sweep_orphan_batches(client, queue):
+            log.warning("removed container %s of a batch that no longer holds its lease", name)
+    except Exception as exc:
+        log.warning("sweeping orphaned batches failed: %s", exc)
+    finally:
+        client.close()
+
+
+def _batch_size(config: WorkerConfig, policy: InfraPolicy, suite: str | None) -> int:
+    """Trials one runner container takes at once: --trial-batch, else the suite's trial_concurrency."""
+    if config.trial_batch is not None:
+        return config.trial_batch
+    if config.trial_concurrency is not None:
+        return config.trial_concurrency
+    if suite is not None and suite in policy.suites:
+        return policy.trial_concurrency(suite)
+    return max((policy.trial_concurrency(name) for name in policy.suites), default=1)
+
+
+def _plan(
     queue: Queue, record: RunRecord, token: str, config: WorkerConfig, policy: InfraPolicy, finalize: Finalizer | None
-) -> RunOutcome:
+) -> RunOutcome | TrialBatch:
+    """Check the run (policy, images by digest and signature, suite) and split it into trials."""
+    from pipeline.infra.queue import PlannedTrial
+    from pipeline.infra.trial import discover_tasks, plan_trials
+
     run_id, payload = record.run_id, record.payload
     run_dir = queue.run_dir(run_id)
     started = _now()
     queue.start(run_id, token)
-    runner = RunnerInfo(image_id=None, digest=None)
     failure: str | None = None
-    released = False
     client: Any = None
     try:
         runner_ref = parse_ref(payload.runner, "payload.runner")
         source = policy.check_payload(payload)  # the repository and both images, as accept checked them
         client = _docker()
-        # A worker killed with -9 leaves its runner container running: stop it
-        # before this attempt touches the run dir, so two attempts never overlap.
+        # Nothing of this run runs anywhere yet (it is not planned): anything left on this engine
+        # under its label is an earlier planning attempt's.
         for name in kill_leftovers(client, run_id):
             log.warning("run %s: removed leftover container %s", run_id, name)
-        _archive_previous_attempt(run_dir, record.attempts)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         pull_by_digest(client, runner_ref)  # a missing runner stays an infrastructure error (retried)
         require_signed_images(payload, source, config.image_trust)  # before anything pulled is used
-        base = resolve_base_ref(config, runner_ref)
-        pull_by_digest(client, base)
         suite_src = config.suites_dir / payload.suite
         if not suite_src.is_dir():
             raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
-        render_suite(suite_src, run_dir / "suite", base)
-        if config.prebuild_task_images:
-            prebuild_task_images(client, run_dir / "suite")
-        runner, failure, released = _run_container(client, record, runner_ref, run_dir, config, policy)
+        specs = plan_trials(run_id, discover_tasks(suite_src))
     except ValidationError as exc:
-        # The payload no longer passes the policy: retrying cannot help.
-        failure = f"rejected: {exc.diagnostics()}"
+        failure = f"rejected: {exc.diagnostics()}"  # the payload no longer passes the policy: retrying cannot help
     except ImageRefused as exc:
         failure = f"refused by policy: {exc}"
     except (InfraFailure, CheckFailed, InfrastructureError) as exc:
@@ -499,25 +604,291 @@ def _attempt(
     finally:
         if client is not None:
             client.close()
-    if released:
-        queue.release(run_id, token, "worker stopping (SIGTERM)")
+    if failure is not None:
+        runner = RunnerInfo(image_id=None, digest=None)
+        grading = grade_run(run_dir, record, policy, runner, started_at=started, finished_at=_now(), failure=failure)
+        atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
         _copy_evidence(run_dir)
-        return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="released on SIGTERM", runner_digest=runner.digest)
-    if failure is None and not (run_dir / "trials.json").is_file():
-        return _infra(queue, record, token, "runner produced no trials.json", started, finalize, run_dir, policy, runner)
-    if failure is None and runner.digest != runner_ref.digest:
-        failure = f"runner container ran {runner.digest}, not {runner_ref.digest}"
-    grading = grade_run(run_dir, record, policy, runner, started_at=started, finished_at=_now(), failure=failure)
+        try:
+            publications = list(finalize(record, grading, run_dir)) if finalize else []
+        except Exception as exc:
+            log.exception("run %s: finalize failed", run_id)
+            return _infra(queue, record, token, f"finalize failed: {type(exc).__name__}: {exc}", started, finalize,
+                          run_dir, policy)
+        queue.complete(run_id, token, grading, publications)
+        return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason)
+    batch = queue.plan_trials(
+        run_id, token, [PlannedTrial(task=s.task, trial_name=s.trial_name) for s in specs],
+        max_attempts=record.max_attempts, claim=_batch_size(config, policy, payload.suite),
+        worker=config.worker_id, lease_seconds=policy.lease_seconds)
+    if batch is None:  # pragma: no cover - a planned run always has a first trial to claim
+        raise CheckFailed(f"run {run_id}: planned but its first batch could not be claimed")
+    log.info("run %s: planned %d trials", run_id, len(specs))
+    return batch
+
+
+class _TrialHeartbeat(_Heartbeat):
+    def run(self) -> None:
+        while not self.done.wait(self._every):
+            try:
+                if not self._queue.heartbeat_trials(self._run_id, self._token, self._lease):
+                    self.lost = True
+                    log.error("run %s: trial lease lost", self._run_id)
+            except Exception as exc:  # a failed heartbeat must never kill the trials
+                self.failures += 1
+                log.warning("run %s: trial heartbeat failed: %s", self._run_id, exc)
+
+
+def _work_batches(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: InfraPolicy,
+                  finalize: Finalizer | None) -> RunOutcome:
+    """Run ``batch`` and further batches of the same run; grade the run if this worker ends its last trial."""
+    run_id = batch.run.run_id
+    current: TrialBatch | None = batch
+    while current is not None:
+        ended = _run_batch(queue, current, config, policy)
+        if ended == "released":
+            return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="released on SIGTERM")
+        if isinstance(ended, RunRecord):
+            grader_token = ended.lease_token or ""
+            beat = _Heartbeat(queue, run_id, grader_token, policy.lease_seconds,
+                              config.heartbeat_seconds or policy.lease_seconds / 3)
+            beat.start()
+            try:
+                return _grade_planned(queue, ended, grader_token, policy, finalize, _now())
+            finally:
+                beat.done.set()
+                beat.join(timeout=5)
+        if config.stop.is_set():
+            break
+        current = queue.claim_trials(config.worker_id, policy.lease_seconds,
+                                     _batch_size(config, policy, batch.run.payload.suite), run_id=run_id)
+    return RunOutcome(run_id=run_id, state="RUNNING", grading=None, reason="other workers hold the run's remaining trials")
+
+
+def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: InfraPolicy) -> RunRecord | str | None:
+    """Run one batch in its own runner container; record each trial's graded result.
+
+    Returns the run (under a fresh lease) when this batch ended its last trial, "released" on
+    SIGTERM, else None. An infrastructure failure requeues the batch's trials (bounded per trial).
+    """
+    record, token = batch.run, batch.lease_token
+    run_id, payload = record.run_id, record.payload
+    run_dir = queue.run_dir(run_id)
+    names = tuple(t.trial_name for t in batch.trials)
+    out = run_dir / "batches" / f"{min(t.idx for t in batch.trials):04d}-{token[:12]}"
+    recorded: set[int] = set()
+    handed: list[RunRecord] = []
+
+    def record_trials(runner: RunnerInfo, *, final: bool, failure: str | None = None) -> None:
+        """Record the batch's finished trials (all remaining ones when ``final``), each exactly once."""
+        plan = read_plan(out)
+        todo: dict[int, str] = {}
+        for trial in batch.trials:
+            path = out / "harbor" / trial.trial_name / "result.json"
+            if trial.idx in recorded or not (final or _finished(path)):
+                continue
+            graded = grade_trial(path, trial.task, trial.trial_name, payload.agent, runner,
+                                 plan.harbor_version if plan else None)
+            todo[trial.idx] = RecordedTrial(
+                trial=graded, failure=failure if final else None, agent_version=plan.agent_version if plan else None,
+                model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(out)).to_json()
+        if not todo:
+            return
+        got = queue.complete_trials(run_id, token, todo, lease_seconds=policy.lease_seconds)
+        recorded.update(todo)
+        if got is not None:
+            handed.append(got)
+
+    expected_digest = parse_ref(payload.runner, "payload.runner").digest
+
+    def on_poll(runner: RunnerInfo) -> None:
+        if runner.digest != expected_digest:
+            return  # a wrong runner: its trials are recorded at the end, with the failure
+        try:
+            record_trials(runner, final=False)
+        except Exception as exc:  # recorded at the end instead; a finished trial is never lost by this
+            log.warning("run %s: recording finished trials failed: %s", run_id, exc)
+
+    beat = _TrialHeartbeat(queue, run_id, token, policy.lease_seconds, config.heartbeat_seconds or policy.lease_seconds / 3)
+    beat.start()
+    client: Any = None
+    try:
+        try:
+            runner_ref = parse_ref(payload.runner, "payload.runner")
+            source = policy.check_payload(payload)
+            client = _docker()
+            for name in kill_trial_leftovers(client, run_id, names):
+                log.warning("run %s: removed leftover container %s", run_id, name)
+            pull_by_digest(client, runner_ref)
+            require_signed_images(payload, source, config.image_trust)  # every host checks before it runs anything
+            base = resolve_base_ref(config, runner_ref)
+            pull_by_digest(client, base)
+            suite_src = config.suites_dir / payload.suite
+            if not suite_src.is_dir():
+                raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
+            render_suite(suite_src, out / "suite", base, tasks={t.task for t in batch.trials})
+            if config.prebuild_task_images:
+                prebuild_task_images(client, out / "suite")
+            concurrency = min(len(batch.trials), config.trial_concurrency or policy.trial_concurrency(payload.suite))
+            runner, failure, released = _run_container(
+                client, record, runner_ref, run_dir, config, policy,
+                _BatchRun(suite_dir=out / "suite", out_dir=out, name=_batch_container_name(run_id, token),
+                          trial_names=names, concurrency=concurrency, label=batch_label(token), on_poll=on_poll))
+        except (ValidationError, ImageRefused, InfraFailure, CheckFailed, InfrastructureError) as exc:
+            log.error("run %s: batch %s failed: %s", run_id, list(names), exc)
+            return _fail_rest(queue, run_id, token, f"{type(exc).__name__}: {exc}", policy, recorded, batch, handed)
+        except Exception as exc:
+            log.exception("run %s: unexpected error in batch %s", run_id, list(names))
+            return _fail_rest(queue, run_id, token, f"{type(exc).__name__}: {exc}", policy, recorded, batch, handed)
+        finally:
+            if client is not None:
+                client.close()
+    finally:
+        beat.done.set()
+        beat.join(timeout=5)
+    if released:
+        if len(recorded) < len(batch.trials):
+            queue.release_trials(run_id, token, "worker stopping (SIGTERM)")
+        return handed[0] if handed else "released"
+    if failure is None and runner.digest != parse_ref(payload.runner, "payload.runner").digest:
+        failure = f"runner container ran {runner.digest}, not {parse_ref(payload.runner, 'payload.runner').digest}"
+    if failure is not None and len(recorded) == len(batch.trials):
+        # Every trial had finished and was recorded before the batch failed: nothing is left to carry it.
+        log.error("run %s: %s (after every trial of the batch had finished)", run_id, failure)
+    # The batch's failure (timeout, a wrong runner) rides on the trials it left unfinished, and fails the run.
+    record_trials(runner, final=True, failure=failure)
+    _collect_trial_dirs(run_dir, out, names, token)
+    return handed[0] if handed else None
+
+
+def _finished(result: Path) -> bool:
+    """A trial's result.json is complete (Harbor writes finished_at when the trial has ended)."""
+    try:
+        data = json.loads(result.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and bool(data.get("finished_at"))
+
+
+def _fail_rest(queue: Queue, run_id: str, token: str, reason: str, policy: InfraPolicy, recorded: set[int],
+               batch: TrialBatch, handed: list[RunRecord]) -> RunRecord | None:
+    """An infrastructure failure of the batch: the trials not recorded yet are requeued (bounded)."""
+    if len(recorded) >= len(batch.trials):
+        return handed[0] if handed else None
+    got = queue.fail_trials(run_id, token, reason, lease_seconds=policy.lease_seconds)
+    return got or (handed[0] if handed else None)
+
+
+def _collect_trial_dirs(run_dir: Path, out: Path, names: Sequence[str], token: str) -> None:
+    """Move the batch's Harbor trial dirs to ``run_dir/harbor/<trial>`` (where this host keeps every trial it
+    ran; an earlier attempt's dir of the same trial goes to ``attempts/<trial>/``)."""
+    for name in names:
+        source = out / "harbor" / name
+        if not source.is_dir():
+            continue
+        target = run_dir / "harbor" / name
+        if target.exists():
+            keep = run_dir / "attempts" / name / f"replaced-by-{token[:12]}"
+            keep.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(target), str(keep))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(source), str(target))
+
+
+def _remove_run_leftovers(run_id: str) -> None:
+    """Every trial of the run has ended: nothing of it may still run on this engine (a batch whose
+    worker died leaves its runner container running). Best effort: grading goes on without Docker."""
+    try:
+        client = _docker()
+    except InfraFailure as exc:
+        log.warning("run %s: cannot look for leftover containers: %s", run_id, exc)
+        return
+    try:
+        for name in kill_leftovers(client, run_id):
+            log.warning("run %s: removed leftover container %s", run_id, name)
+    except Exception as exc:
+        log.warning("run %s: removing leftover containers failed: %s", run_id, exc)
+    finally:
+        client.close()
+
+
+def _adopt_trial_dir(run_dir: Path, recorded: RecordedTrial) -> None:
+    """A trial recorded by a batch on this host whose worker died before collecting it: move its dir."""
+    if recorded.host != socket.gethostname():
+        return
+    trial_name = recorded.trial.trial_name
+    source = Path(recorded.batch_dir) / "harbor" / trial_name
+    target = run_dir / "harbor" / trial_name
+    if source.is_dir() and not target.exists() and source.resolve().is_relative_to(run_dir.resolve()):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(source), str(target))
+
+
+def _batch_container_name(run_id: str, token: str) -> str:
+    return f"{CONTAINER_PREFIX}{run_id}-b{token[:12]}"
+
+
+def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None,
+                   started: str) -> RunOutcome:
+    """Grade a run whose trials have all ended, from the queue's trial rows (every trial exactly once),
+    then evidence, finalizer and ONE terminal transaction with the outbox rows."""
+    run_id, payload = record.run_id, record.payload
+    run_dir = queue.run_dir(run_id)
+    if record.state == "CLAIMED":
+        queue.start(run_id, token)
+    _remove_run_leftovers(run_id)
+    trials: list[TrialRecord] = []
+    failure: str | None = None
+    exhausted: list[str] = []
+    meta: dict[str, Any] = {}
+    for row in queue.trials(run_id):
+        if row.result is None:
+            trials.append(TrialRecord(task=row.task, trial_name=row.trial_name, agent_name=payload.agent,
+                                      outcome="infra_error", reward=None, exception_type="TrialAttemptsExhausted"))
+            exhausted.append(f"{row.task} ({row.attempts} attempts; {row.reason or 'no reason recorded'})")
+            continue
+        recorded = RecordedTrial.parse(row.result, row.task, row.trial_name, payload.agent)
+        if isinstance(recorded, TrialRecord):
+            log.error("run %s: trial %s has an unreadable record in the queue; graded as an infrastructure error",
+                      run_id, row.trial_name)
+            trials.append(recorded)
+            continue
+        _adopt_trial_dir(run_dir, recorded)
+        trials.append(recorded.trial)
+        failure = failure or recorded.failure
+        meta["agent_version"] = meta.get("agent_version") or recorded.agent_version
+        meta["model"] = meta.get("model") or recorded.model
+    versions = sorted({t.harbor_version for t in trials if t.harbor_version})
+    grading = grade_trials(record, policy, tuple(trials), started_at=started, finished_at=_now(), failure=failure,
+                           harbor_version=versions[0] if versions else None, agent_version_pin=meta.get("agent_version"),
+                           model=meta.get("model"))
+    if exhausted:
+        # The attempt rules, per trial: a trial whose attempts ran out on infrastructure errors ends the
+        # run as INFRA_ERROR with no score; the trials that completed are graded as they are.
+        reason = f"trial attempts exhausted: {'; '.join(exhausted)[:1500]}"
+        grading = grading.model_copy(update={"status": "INFRA_ERROR", "score": None, "reason": reason})
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / "trials.json", {
+        "run_id": run_id, "agent": payload.agent, "agent_version": meta.get("agent_version"),
+        "harbor_version": grading.harbor_version, "model": meta.get("model"),
+        "trials": [{"task": t.task, "trial_name": t.trial_name} for t in trials]})
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
-    try:
-        publications = list(finalize(record, grading, run_dir)) if finalize else []
-    except Exception as exc:
-        log.exception("run %s: finalize failed", run_id)
-        return _infra(queue, record, token, f"finalize failed: {type(exc).__name__}: {exc}", started, finalize, run_dir,
-                      policy, runner)
+    publications: list[PublicationRequest] = []
+    if finalize is not None:
+        try:
+            publications = list(finalize(record, grading, run_dir))
+        except Exception as exc:
+            log.exception("run %s: finalize failed", run_id)
+            if record.finalize_attempts < finalize_claims(record):
+                queue.fail_infra(run_id, token, f"finalize failed: {type(exc).__name__}: {exc}")
+                return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="finalize failed; queued for grading")
+            log.error("run %s: finalization tried %d times; completing without publications", run_id,
+                      record.finalize_attempts)
     queue.complete(run_id, token, grading, publications)
-    return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason, runner_digest=runner.digest)
+    digests = sorted({t.runner_digest for t in trials if t.runner_digest})
+    return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason,
+                      runner_digest=digests[0] if digests else None)
 
 
 def _infra(
@@ -620,14 +991,28 @@ def _finalize_abandoned(
     return _finalize(queue, record, token, policy, finalize, reason, started, runner, run_dir)
 
 
+@dataclass(frozen=True)
+class _BatchRun:
+    """Where one runner container works: its suite (the batch's tasks only), output dir, name and labels."""
+
+    suite_dir: Path
+    out_dir: Path
+    name: str
+    trial_names: tuple[str, ...]
+    concurrency: int
+    label: str  # batch_label of the batch's lease
+    # Called about once a second while the container runs, with what it runs (records finished trials).
+    on_poll: Callable[[RunnerInfo], None] | None = None
+
+
 def _run_container(
-    client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig, policy: InfraPolicy
+    client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig, policy: InfraPolicy,
+    batch: _BatchRun,
 ) -> tuple[RunnerInfo, str | None, bool]:
-    """Run the runner container; return (what it ran, failure reason or None, released on SIGTERM)."""
+    """Run the runner container on one batch; return (what it ran, failure reason or None, released on SIGTERM)."""
     run_id = record.run_id
-    command = ["trial", "run", "--suite-dir", str(run_dir / "suite"), "--out", str(run_dir), "--run-id", run_id,
-               "--concurrency", str(config.trial_concurrency or policy.trial_concurrency(record.payload.suite)),
-               "--agent", record.payload.agent]
+    command = ["trial", "run", "--suite-dir", str(batch.suite_dir), "--out", str(batch.out_dir), "--run-id", run_id,
+               "--concurrency", str(batch.concurrency), "--agent", record.payload.agent]
     # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
     # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
     # (the worker pulled the base by digest already).
@@ -636,26 +1021,29 @@ def _run_container(
                                        runner_image=runner_ref.ref, labels={LABEL_RUN: run_id})
     try:
         return _run_started_container(client, record, runner_ref, run_dir, config, command, agent_setup,
-                                      policy.suite_timeout(record.payload.suite))
+                                      policy.suite_timeout(record.payload.suite), batch)
     finally:
         agent_setup.close()
 
 
 def _run_started_container(
     client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig,
-    command: list[str], agent_setup: RunnerAgentSetup, payload_suite_timeout: float,
+    command: list[str], agent_setup: RunnerAgentSetup, payload_suite_timeout: float, batch: _BatchRun,
 ) -> tuple[RunnerInfo, str | None, bool]:
     import docker.errors
     import requests.exceptions
 
     run_id = record.run_id
+    out = batch.out_dir
+    (out / "logs").mkdir(parents=True, exist_ok=True)
     try:
         container = client.containers.run(
             runner_ref.ref,
             command=command + agent_setup.args,
             entrypoint=["python3", "-m", "pipeline"],
-            name=_container_name(run_id, record.attempts),
-            labels={LABEL_RUN: run_id, "benchseal.stage": "infra"},
+            name=batch.name,
+            labels={LABEL_RUN: run_id, LABEL_TRIALS: ",".join(batch.trial_names), LABEL_BATCH: batch.label,
+                    "benchseal.stage": "infra"},
             # DOCKER_BUILDKIT=0: compose builds through /build, which the engine proxy can check (not BuildKit's /grpc).
             environment={"HARBOR_TELEMETRY": "0", "DOCKER_BUILDKIT": "0",
                          **({DISABLE_ENV: ",".join(config.harbor_disable)} if config.harbor_disable else {})},
@@ -677,13 +1065,16 @@ def _run_started_container(
     released = False
     exit_code: int | None = None
     try:
+        running = _inspect_runner(client, container, runner_ref) if batch.on_poll is not None else None
         while True:
             try:
                 exit_code = int(container.wait(timeout=1)["StatusCode"])
                 break
             except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
                 pass
-            if (run_dir / "trials.json").is_file():
+            if batch.on_poll is not None and running is not None:
+                batch.on_poll(running)
+            if (out / "trials.json").is_file():
                 agent_setup.drop_secrets()  # read by `trial run` before it plans: no longer on disk
             now = time.monotonic()
             if config.stop.is_set() and term_deadline is None:
@@ -697,10 +1088,10 @@ def _run_started_container(
                 failure = f"timed out after {payload_suite_timeout:g} s; runner container killed"
                 break
         runner = _inspect_runner(client, container, runner_ref)
-        (run_dir / "logs" / "runner.log").write_bytes(container.logs(stdout=True, stderr=True)[-2_000_000:])
+        (out / "logs" / "runner.log").write_bytes(container.logs(stdout=True, stderr=True)[-2_000_000:])
         # When the runner started and ended (engine clock): runner start to first trial, in the benchmark.
         state = container.attrs.get("State") or {}
-        atomic_write_json(run_dir / "logs" / "runner-state.json",
+        atomic_write_json(out / "logs" / "runner-state.json",
                           {key: state.get(key) for key in ("StartedAt", "FinishedAt", "ExitCode")})
     finally:
         try:
@@ -708,11 +1099,11 @@ def _run_started_container(
         except docker.errors.APIError:
             log.warning("could not remove runner container %s", container.name)
         if failure or released:
-            kill_leftovers(client, run_id)
+            kill_trial_leftovers(client, run_id, batch.trial_names)
     if exit_code is not None and exit_code != 0 and failure is None and not released:
         if exit_code == 2:
             failure = "trial run rejected its input (exit 2)"
-        elif not (run_dir / "trials.json").is_file():
+        elif not (out / "trials.json").is_file():
             raise InfraFailure(f"runner container exited {exit_code} before planning trials")
     return runner, failure, released
 

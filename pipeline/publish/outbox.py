@@ -1,7 +1,7 @@
 """Durable delivery of the publication outbox.
 
 The worker writes a publication row in the same transaction that makes a run
-terminal (``SqliteQueue.complete``). This loop delivers those rows:
+terminal (``Queue.complete``, on either backend). This loop delivers those rows:
 
 - claim a due row with a lease (two publishers never deliver one row at once; a
   publisher that dies leaves the lease to expire and the row to be claimed again);
@@ -57,7 +57,7 @@ class _Publication(Protocol):
 
 
 class OutboxQueue(Protocol):
-    """The part of ``pipeline.infra.queue.SqliteQueue`` the publisher uses."""
+    """The part of ``pipeline.infra.queue.Queue`` (SQLite or PostgreSQL) the publisher uses."""
 
     def pending_publications(self, limit: int = 10, now: Any = None) -> list[Any]: ...
     def claim_publication(self, pub_id: int, lease_seconds: float) -> bool: ...

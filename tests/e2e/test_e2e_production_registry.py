@@ -330,10 +330,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
 
 
 def test_release_is_produced_and_verifies(world: World) -> None:
-    from pipeline.evidence import cosign_commands
     from pipeline.release.local import run_commands
     from pipeline.verify import verify_release
-    from pipeline.verify.external import local_benchseal
+    from pipeline.verify.external import cosign_commands, local_benchseal
 
     assert world.state == "SUCCEEDED" and world.score == 1.0, world.state
     assert world.dispatch.conclusion == "success"

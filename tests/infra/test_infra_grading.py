@@ -122,3 +122,19 @@ def test_render_suite_pins_base_by_digest_and_refuses_other_froms(tmp_path):
     (hostile / "fix-mean" / "environment" / "Dockerfile").write_text("FROM ubuntu:latest\n")
     with pytest.raises(CheckFailed):
         render_suite(hostile, tmp_path / "again", base)
+
+
+def test_a_recorded_trial_round_trips_and_a_bad_record_fails_closed():
+    from pipeline.contracts import TrialRecord
+    from pipeline.infra.grading import RecordedTrial
+
+    trial = TrialRecord(task="fix-mean", trial_name="fix-mean__abc", agent_name="oracle", outcome="resolved", reward=1.0)
+    text = RecordedTrial(trial=trial, host="host-a", batch_dir="/var/lib/benchseal/infra/runs/r/batches/0000-x").to_json()
+    assert '"schema":"benchseal.recorded-trial/v1"' in text
+    parsed = RecordedTrial.parse(text, "fix-mean", "fix-mean__abc", "oracle")
+    assert isinstance(parsed, RecordedTrial) and parsed.trial == trial and parsed.failure is None
+    # Garbage, an unknown field, or a record of another trial: an infrastructure error, never a crash.
+    for bad, name in ((text[:-5], "fix-mean__abc"), (text.replace('"host"', '"extra":1,"host"'), "fix-mean__abc"),
+                      (text, "cli-flag__abc")):
+        got = RecordedTrial.parse(bad, name.split("__")[0], name, "oracle")
+        assert isinstance(got, TrialRecord) and got.outcome == "infra_error" and got.exception_type == "UnreadableTrialRecord"

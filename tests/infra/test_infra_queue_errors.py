@@ -151,7 +151,7 @@ def _dump(db: Path) -> list[str]:
 
 @pytest.mark.parametrize("when", ["on-open", "on-write"])
 def test_full_file_system(tmp_path, make_payload, payload_file, when):
-    with _tmpfs(tmp_path / "tiny", "256k") as mount:
+    with _tmpfs(tmp_path / "tiny", "512k") as mount:
         db = mount / "queue.sqlite3"
         _make_db(db, make_payload)
         before, dump = _sha(db), _dump(db)

@@ -77,6 +77,13 @@ def _policy(tmp_path: Path, **overrides: Any):
     return path, load_policy(path)
 
 
+def _write_plan(run_dir, run_id, specs) -> None:
+    """trials.json as the runner writes it (pipeline.documents.TrialsPlan)."""
+    (run_dir / TRIALS_FILE).write_text(json.dumps({
+        "schema": "benchseal.trials/v1", "run_id": run_id, "agent": "oracle", "agent_version": None,
+        "harbor_version": "0.26.0", "model": None, "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+
+
 def test_exhausted_grading_grades_what_completed_without_a_score(tmp_path, make_payload, infra_policy):
     with SqliteQueue(tmp_path / "q.sqlite3") as q:
         run_id, _ = q.enqueue(DispatchPayload.model_validate(make_payload()), max_attempts=1)
@@ -86,8 +93,7 @@ def test_exhausted_grading_grades_what_completed_without_a_score(tmp_path, make_
     nothing = exhausted_grading(run_dir, record, infra_policy, RunnerInfo(None, None), "lost", started_at="2026-01-01T00:00:00Z")
     assert nothing.status == "INFRA_ERROR" and nothing.counts.total == 0 and nothing.score is None
     specs = plan_trials(run_id, ["a", "b", "c"])
-    (run_dir / TRIALS_FILE).write_text(json.dumps({"harbor_version": "0.26.0", "trials": [
-        {"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+    _write_plan(run_dir, run_id, specs)
     for spec, reward in zip(specs[:2], (1.0, 0.0), strict=True):
         (run_dir / "harbor" / spec.trial_name).mkdir(parents=True)
         (run_dir / "harbor" / spec.trial_name / "result.json").write_text(json.dumps(_result(reward)))
@@ -111,8 +117,7 @@ def test_kill_9_on_the_final_attempt_is_finalized_once_with_what_completed(tmp_p
         assert line == [run_id, "1"]  # the final attempt
         # The dead attempt got this far: three trials planned, two finished.
         specs = plan_trials(run_id, ["a", "b", "c"])
-        (run_dir / TRIALS_FILE).write_text(json.dumps({"harbor_version": "0.26.0", "trials": [
-            {"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+        _write_plan(run_dir, run_id, specs)
         for spec in specs[:2]:
             (run_dir / "harbor" / spec.trial_name).mkdir(parents=True)
             (run_dir / "harbor" / spec.trial_name / "result.json").write_text(json.dumps(_result(1.0)))
@@ -192,13 +197,16 @@ def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     trust = sign_release_images("acme/benchseal", "v9.9.8", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     data["sources"] = [built_images_source("acme/benchseal", built_images)]
-    data["suites"] = {"smoke": {"timeout_seconds": 300}}
+    # All four trials in one batch (one runner container), one of which never finishes: the kill
+    # certainly lands mid-batch, after the others were recorded.
+    data["suites"] = {"smoke": {"timeout_seconds": 300, "trial_concurrency": 4}}
     data["lease_seconds"] = 4
     data["max_attempts"] = 1
     policy_path = root / "infra.yaml"
     policy_path.write_text(yaml.safe_dump(data))
     suites = root / "suites"
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
+    shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "smoke" / "blocking")
     return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
             "runner": runner.ref, "api": api.ref, "trust": trust}
 
@@ -220,9 +228,12 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
            "--trusted-root", str(setup["trust"].trusted_root)]
     worker = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        # Mid-suite: at least one trial has its result, and the worker is still running.
-        wait_for(lambda: any((run_dir / "harbor").glob("*/result.json")) if (run_dir / "harbor").is_dir() else False,
-                  "a first trial result", limit=240)
+        # Mid-suite: at least one trial has its result recorded in the queue, and the worker is still running.
+        def recorded() -> bool:
+            with SqliteQueue(db) as q:
+                return any(t.result is not None for t in q.trials(run_id)) if q.get_run(run_id).trials_planned else False
+
+        wait_for(recorded, "a first trial result", limit=240)
         assert worker.poll() is None
         worker.send_signal(signal.SIGKILL)
         worker.wait(timeout=30)
@@ -231,6 +242,8 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
             worker.kill()
     with SqliteQueue(db) as q:
         assert q.get_run(run_id).state == "RUNNING" and q.get_run(run_id).attempts == 1
+        unfinished = [t.task for t in q.trials(run_id) if t.result is None]
+    assert "blocking" in unfinished  # the kill landed mid-batch
     finalize = Recorder(db)
     config = WorkerConfig(db=db, policy=setup["policy"], suites_dir=setup["suites"], image_trust=setup["trust"])
     outcomes = []
@@ -246,8 +259,10 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     assert outcome.run_id == run_id and outcome.state == "INFRA_ERROR"
     grading = outcome.grading
     assert grading is not None and grading.score is None
-    assert grading.counts.total == 3 and grading.counts.completed >= 1  # what completed is graded, not dropped
-    assert len(grading.trials) == 3
+    assert grading.counts.total == 4 and grading.counts.completed >= 1  # what completed is graded, not dropped
+    assert len(grading.trials) == 4
+    blocked = next(t for t in grading.trials if t.task == "blocking")
+    assert blocked.outcome == "infra_error" and blocked.exception_type == "TrialAttemptsExhausted"
     digest = setup["runner"].partition("@")[2]
     completed = [t for t in grading.trials if t.outcome != "infra_error"]
     assert all(t.reward is not None and t.harbor_version == "0.26.0" for t in completed)
@@ -266,7 +281,8 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
         events = [e.event for e in q.events(run_id)]
         pubs = q.list_publications(run_id)
     assert record.state == "INFRA_ERROR" and record.grading == grading
-    assert events.count("completed") == 1 and "lease_expired" in events
+    # The killed batch's unfinished trials expired on their final attempt; the run then waited to be graded.
+    assert events.count("completed") == 1 and "trials_lease_expired" in events and events.count("trials_done") == 1
     assert [(p.request.target, p.request.tag) for p in pubs] == [("local", "v9.9.8")]
     assert (run_dir / "artifacts" / "evidence" / "harbor").is_dir()
     assert (run_dir / "artifacts" / "evidence" / "grading.json").is_file()

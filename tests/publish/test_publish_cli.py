@@ -34,6 +34,8 @@ def test_usage_errors_exit_2(make_artifacts: Any) -> None:
     cases = [
         (["publish"], "give --pending, or ARTIFACTS and --tag"),
         (["publish", "--pending", str(art)], "do not combine"),
+        (["publish", "--pending", "--attempts", "3"], "do not combine"),
+        (["publish", str(art), "--tag", "v1.0.0", "--attempts", "0"], "--attempts"),
         (["publish", str(art), "--tag", "v1.0.0", "--target", "github"], "--repo OWNER/NAME"),
         (["publish", str(art), "--tag", "v1.0.0", "--target", "s3"], "must be local or github"),
         (["release", "v1.0.0"], "only --local"),
@@ -62,3 +64,47 @@ def test_manual_github_publication_needs_a_prerelease(make_artifacts: Any, githu
     assert allowed.returncode == 0, allowed.stderr
     assert sorted(a.name for a in github_env.release("acme/widget", "v1.0.0").assets) == sorted(
         p.name for p in art.iterdir())
+
+
+def _release_with_notes(github_env: Any, *, prerelease: bool = True) -> None:
+    from pipeline.dispatch.client import make_client
+
+    github_env.add_repo("acme/widget")
+    tag_release_commit(github_env, "acme/widget", "v1.0.0")
+    repo = make_client(base_url=github_env.base_url, token=github_env.token).get_repo("acme/widget")
+    repo.create_git_release(tag="v1.0.0", name="v1.0.0", message="notes", prerelease=prerelease)
+
+
+def test_seal_job_publication_retries_retryable_failures(make_artifacts: Any, github_env: Any) -> None:
+    """What benchmark.yml's seal job runs (--attempts 5): a 5xx is retried with the outbox's
+    backoff, and the release converges on exactly one correct publication."""
+    _release_with_notes(github_env)
+    art = make_artifacts()
+    github_env.inject_fault("repos/upload-release-asset", [502, 503])
+    done = _run("publish", str(art), "--tag", "v1.0.0", "--target", "github", "--repo", "acme/widget",
+                "--trigger", "tag", "--attempts", "5", env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert "attempt 1 of 5 failed, retrying" in done.stderr
+    assets = github_env.release("acme/widget", "v1.0.0").assets
+    assert sorted(a.name for a in assets) == sorted(p.name for p in art.iterdir())
+    assert {a.name: a.data for a in assets} == {p.name: p.read_bytes() for p in art.iterdir()}
+
+
+def test_publication_gives_up_after_its_attempts(make_artifacts: Any, github_env: Any) -> None:
+    _release_with_notes(github_env)
+    art = make_artifacts()
+    github_env.inject_fault("repos/update-release", [500, 500])
+    done = _run("publish", str(art), "--tag", "v1.0.0", "--target", "github", "--repo", "acme/widget",
+                "--trigger", "tag", "--attempts", "2", env=dict(os.environ))
+    assert done.returncode == 1 and "(attempt 2 of 2)" in done.stderr, done.stderr
+    assert "ghs_" not in done.stderr + done.stdout
+
+
+def test_a_refusal_is_never_retried(make_artifacts: Any, github_env: Any) -> None:
+    _release_with_notes(github_env, prerelease=False)  # a manual publication may not touch it
+    art = make_artifacts()
+    refused = _run("publish", str(art), "--tag", "v1.0.0", "--target", "github", "--repo", "acme/widget",
+                   "--attempts", "5", env=dict(os.environ))
+    assert refused.returncode == 1 and "not a prerelease" in refused.stderr
+    assert "retrying" not in refused.stderr and "(attempt 1 of 5)" in refused.stderr
+    assert github_env.release("acme/widget", "v1.0.0").assets == []
