@@ -60,11 +60,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, RunStatus
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.fsutil import canonical_json
-from pipeline.paths import state_dir
+from pipeline.paths import home, state_dir
 
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
 ACTIVE_STATES: frozenset[str] = frozenset({"CLAIMED", "RUNNING"})
@@ -1515,8 +1516,6 @@ def _check_version(location: str, version: int) -> None:
 
 def redact_url(url: str) -> str:
     """A connection URL without its password (and without query parameters, which may carry one)."""
-    from urllib.parse import urlsplit
-
     try:
         parts = urlsplit(url)
         host = parts.hostname or ""
@@ -1543,8 +1542,6 @@ def _read_url_file(path: Path, field: str) -> str:
 def state_url_file() -> Path:
     """``$BENCHSEAL_HOME/infra/queue-url``: every process sharing the state dir (the sudo accept wrapper,
     the worker and publisher units) selects the same queue from it, with no environment to plumb."""
-    from pipeline.paths import home
-
     return home() / "infra" / "queue-url"
 
 
@@ -1584,6 +1581,7 @@ def open_queue(db: Path | None = None, *, url_file: Path | None = None, runs_dir
         return SqliteQueue(db, runs_dir=runs_dir, check_schema=check_schema)
     if db is not None:
         raise UsageError(f"--db names a SQLite queue but {found[1]} names a PostgreSQL one: give exactly one")
+    # lazy: psycopg costs 120-150 ms at import (python -X importtime, 2026-12-03), and queue_pg imports this module
     from pipeline.infra.queue_pg import PostgresQueue
 
     return PostgresQueue(found[0], runs_dir=runs_dir, check_schema=check_schema)

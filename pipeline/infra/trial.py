@@ -28,7 +28,7 @@ from pipeline.documents import PlannedTrial, TrialsPlan, dump_document
 from pipeline.errors import UsageError, ValidationError
 from pipeline.infra.harbor_env import IMPORT_PATH, drain_teardowns
 from pipeline.infra.relay import TcpToUnixRelay
-from pipeline.infra.tunings import DISABLE_ENV as DISABLE_ENV  # re-exported: pipeline.infra.worker names it here
+
 from pipeline.infra.tunings import enabled_tunings
 
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")

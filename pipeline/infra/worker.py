@@ -35,6 +35,7 @@ killed and its unrecorded trials released (no attempt counted).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -43,18 +44,25 @@ import shutil
 import socket
 import threading
 import time
+import tomllib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pipeline.attest import SigstoreEndpoints
+import docker
+import docker.errors
+import requests.exceptions
+
+from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
 from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, TrialRecord, trial_short_id
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
+from pipeline.imaging.base import ensure_base
+from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent, reap_private_dirs
 from pipeline.infra.grading import (
     RecordedTrial,
@@ -66,9 +74,11 @@ from pipeline.infra.grading import (
     read_plan,
 )
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.infra.queue import Queue, RunRecord, TrialBatch, batch_label, open_queue
-from pipeline.infra.trial import DISABLE_ENV
+from pipeline.infra.queue import PlannedTrial, Queue, RunRecord, TrialBatch, batch_label, open_queue
+from pipeline.infra.trial import discover_tasks, plan_trials
+from pipeline.infra.tunings import DISABLE_ENV
 from pipeline.paths import REPO_ROOT
+from pipeline.registry_auth import docker_auth_config
 
 log = logging.getLogger("benchseal.worker")
 
@@ -136,8 +146,6 @@ def _now() -> str:
 # --- images --------------------------------------------------------------------
 
 def _docker() -> Any:
-    import docker
-
     try:
         client = docker.from_env(timeout=120)
         client.ping()
@@ -148,9 +156,6 @@ def _docker() -> Any:
 
 def pull_by_digest(client: Any, ref: ImageRef) -> str:
     """Pull ``ref`` by digest; return the local image id once RepoDigests contains exactly ``ref``."""
-    import docker.errors
-
-    from pipeline.registry_auth import docker_auth_config
 
     # Same credentials as the push, handed to the engine in the X-Registry-Auth header (never argv);
     # {} rather than None so the SDK does not look credentials up on its own.
@@ -178,8 +183,6 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
 
 def signer_identities(payload: DispatchPayload, source: SourcePolicy) -> list[Any]:
     """The identities ``source``'s policy admits for ``payload`` (``sources[].signer``), in policy order."""
-    from pipeline.attest import ImageIdentityPolicy
-
     identities = []
     for signer in source.signer:
         if signer.ref == "tag":
@@ -198,8 +201,6 @@ def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust:
     provenance and CycloneDX attestations of ONE identity ``source``'s policy admits (its release
     workflow at the payload's tag, or at an exact ref the policy names), checked by cosign for the
     exact digest, before anything pulled is used."""
-    from pipeline.attest import verify_image
-
     admitted = signer_identities(payload, source)
     for role in ("runner", "api"):
         ref = parse_ref(getattr(payload, role), f"payload.{role}")
@@ -224,9 +225,6 @@ def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
     """The task environments' base: ``config.base_ref``, else the base lock (``$BENCHSEAL_BASE_LOCK`` or
     images/base.lock.json), else built now under the configured image names (pipeline.imaging.names), or,
     when none are configured, beside the runner (``<prefix>runner`` -> ``<prefix>base``)."""
-    from pipeline.imaging.base import ensure_base
-    from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
-
     if config.base_ref:
         return parse_ref(config.base_ref, "base_ref")
     names = configured_names()
@@ -279,8 +277,6 @@ _TASK_IMAGE_VERSION = "benchseal-task-image/1"
 
 def _task_context_hash(env_dir: Path) -> str:
     """sha256 over a task environment dir: relative paths, exec bits, contents (the FROM line pins the base)."""
-    import hashlib
-
     h = hashlib.sha256(_TASK_IMAGE_VERSION.encode() + b"\n")
     for path in sorted(p for p in env_dir.rglob("*") if p.is_file() or p.is_symlink()):
         rel = path.relative_to(env_dir).as_posix()
@@ -291,8 +287,6 @@ def _task_context_hash(env_dir: Path) -> str:
 
 
 def _json_line(*items: object) -> bytes:
-    import json
-
     return json.dumps(list(items)).encode() + b"\n"
 
 
@@ -304,9 +298,7 @@ def prebuild_task_images(client: Any, suite_dir: Path) -> dict[str, str]:
     whose FROM names the base by digest), so a warm run builds nothing. Tasks that already
     name a ``docker_image`` or have no Dockerfile are left to Harbor. Returns {task: image id}.
     """
-    import tomllib
 
-    import docker.errors
 
     pinned: dict[str, str] = {}
     for task_toml in sorted(suite_dir.glob("*/task.toml")):
@@ -335,8 +327,6 @@ def prebuild_task_images(client: Any, suite_dir: Path) -> dict[str, str]:
 
 def _pin_docker_image(task_toml: Path, image_id: str) -> None:
     """Set ``[environment] docker_image`` in a rendered task.toml (the suite's own file is never touched)."""
-    import tomllib
-
     text = task_toml.read_text(encoding="utf-8")
     lines = text.splitlines(keepends=True)
     header = next((i for i, line in enumerate(lines) if line.strip() == "[environment]"), None)
@@ -355,8 +345,6 @@ def _pin_docker_image(task_toml: Path, image_id: str) -> None:
 
 def kill_leftovers(client: Any, run_id: str) -> list[str]:
     """Remove runner containers of earlier attempts of ``run_id`` and the trial containers they started."""
-    import docker.errors
-
     removed: list[str] = []
     short = trial_short_id(run_id)
 
@@ -405,8 +393,6 @@ def kill_trial_leftovers(client: Any, run_id: str, trial_names: Sequence[str], *
     """Remove what an earlier batch of these trials left on this engine (a worker killed with -9
     leaves its runner container running): runner containers that ran any of them and the trial
     containers of their compose projects. Other batches of the same run are left alone."""
-    import docker.errors
-
     wanted = {name.lower() for name in trial_names if name}
     removed: list[str] = []
 
@@ -568,9 +554,6 @@ def _plan(
     queue: Queue, record: RunRecord, token: str, config: WorkerConfig, policy: InfraPolicy, finalize: Finalizer | None
 ) -> RunOutcome | TrialBatch:
     """Check the run (policy, images by digest and signature, suite) and split it into trials."""
-    from pipeline.infra.queue import PlannedTrial
-    from pipeline.infra.trial import discover_tasks, plan_trials
-
     run_id, payload = record.run_id, record.payload
     run_dir = queue.run_dir(run_id)
     started = _now()
@@ -994,7 +977,6 @@ def _finalize_abandoned(
 @dataclass(frozen=True)
 class _BatchRun:
     """Where one runner container works: its suite (the batch's tasks only), output dir, name and labels."""
-
     suite_dir: Path
     out_dir: Path
     name: str
@@ -1030,8 +1012,6 @@ def _run_started_container(
     client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig,
     command: list[str], agent_setup: RunnerAgentSetup, payload_suite_timeout: float, batch: _BatchRun,
 ) -> tuple[RunnerInfo, str | None, bool]:
-    import docker.errors
-    import requests.exceptions
 
     run_id = record.run_id
     out = batch.out_dir
@@ -1040,7 +1020,7 @@ def _run_started_container(
         container = client.containers.run(
             runner_ref.ref,
             command=command + agent_setup.args,
-            entrypoint=["python3", "-m", "pipeline"],
+            entrypoint=["benchseal"],  # the image's launcher: pipeline.cli.runner_main (images/runner/image.toml entry)
             name=batch.name,
             labels={LABEL_RUN: run_id, LABEL_TRIALS: ",".join(batch.trial_names), LABEL_BATCH: batch.label,
                     "benchseal.stage": "infra"},
@@ -1112,7 +1092,6 @@ def _run_started_container(
 
 def run_forever(config: WorkerConfig, concurrency: int = 1, finalize: Finalizer | None = None, poll_seconds: float = 2.0) -> None:
     """Run ``concurrency`` claim loops until ``config.stop`` is set."""
-
     def loop() -> None:
         while not config.stop.is_set():
             try:
