@@ -28,7 +28,6 @@ from pipeline.documents import PlannedTrial, TrialsPlan, dump_document
 from pipeline.errors import UsageError, ValidationError
 from pipeline.infra.harbor_env import IMPORT_PATH, drain_teardowns
 from pipeline.infra.relay import TcpToUnixRelay
-
 from pipeline.infra.tunings import enabled_tunings
 
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
