@@ -99,6 +99,25 @@ def test_installed_package_reads_its_own_data(installed: Installed) -> None:
     assert installed.run("--version").stdout.strip() == "benchseal 0.1.0"
 
 
+def test_a_plain_install_imports_every_module_and_ships_no_test_double(installed: Installed) -> None:
+    """Every module of the installed package imports (no test extra needed); the GitHub emulator,
+    the PostgreSQL cluster and the queue load live in tests/doubles, outside the product."""
+    probe = subprocess.run(
+        [str(installed.venv / "bin" / "python"), "-c",
+         "import importlib, pkgutil, pipeline\n"
+         "names = [m.name for m in pkgutil.walk_packages(pipeline.__path__, 'pipeline.') if not m.name.endswith('__main__')]\n"
+         "for name in names: importlib.import_module(name)\n"
+         "print(len(names)); print('\\n'.join(names))"],
+        cwd=installed.workdir, capture_output=True, text=True, check=False, timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_") and k != "PYTHONPATH"}
+        | {"XDG_STATE_HOME": str(installed.state)},
+    )
+    assert probe.returncode == 0, probe.stderr
+    count, *names = probe.stdout.splitlines()
+    assert int(count) > 80 and "pipeline.cli.main" in names and "pipeline.infra.worker" in names
+    assert not any(".testing" in n or "emulator" in n or "doubles" in n for n in names), names
+
+
 def test_installed_infra_validate_uses_the_bundled_policy(installed: Installed, tmp_path: Path, make_payload) -> None:  # type: ignore[no-untyped-def]
     payload = tmp_path / "payload.json"
     payload.write_text(json.dumps(make_payload()))
