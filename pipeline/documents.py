@@ -66,6 +66,8 @@ class Dataset(_Document):
 
 
 class ImageDescriptor(_Document):
+    """One image pinned by digest: ``ref`` is exactly ``name@digest`` (summary.json images, base lock entries)."""
+
     name: ImageName
     digest: Digest
     ref: PinnedRef
@@ -204,12 +206,9 @@ class DebHash(_Document):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
-class BaseImage(_Document):
+class BaseImage(ImageDescriptor):
     """One base image. An entry without ``spec_hash`` names a base the user supplies (used as is)."""
 
-    name: ImageName
-    digest: Digest
-    ref: PinnedRef
     spec_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     suite: str | None = None
     variant: str | None = None
@@ -220,12 +219,6 @@ class BaseImage(_Document):
     packages: dict[str, str] = Field(default_factory=dict)
     # ``<package>:<arch>`` -> the .deb that mmdebstrap installed into exactly this rootfs.
     debs: dict[str, DebHash] | None = None
-
-    @model_validator(mode="after")
-    def _same_image(self) -> BaseImage:
-        if self.ref != f"{self.name}@{self.digest}":
-            raise ValueError("ref must equal '<name>@<digest>' of the same entry")
-        return self
 
 
 class BaseLock(_Document):
