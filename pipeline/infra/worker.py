@@ -442,15 +442,20 @@ class _Heartbeat(threading.Thread):
         self.lost = False
         self.failures = 0
 
+    _what = ""  # "trial " for a batch of trials: names the lease in the log
+
+    def _beat(self) -> bool:
+        return self._queue.heartbeat(self._run_id, self._token, self._lease)
+
     def run(self) -> None:
         while not self.done.wait(self._every):
             try:
-                if not self._queue.heartbeat(self._run_id, self._token, self._lease):
+                if not self._beat():
                     self.lost = True
-                    log.error("run %s: lease lost", self._run_id)
-            except Exception as exc:  # a failed heartbeat must never kill the trial
+                    log.error("run %s: %slease lost", self._run_id, self._what)
+            except Exception as exc:  # a failed heartbeat must never kill the trials
                 self.failures += 1
-                log.warning("run %s: heartbeat failed: %s", self._run_id, exc)
+                log.warning("run %s: %sheartbeat failed: %s", self._run_id, self._what, exc)
 
 
 def _copy_evidence(run_dir: Path) -> None:
@@ -611,15 +616,10 @@ def _plan(
 
 
 class _TrialHeartbeat(_Heartbeat):
-    def run(self) -> None:
-        while not self.done.wait(self._every):
-            try:
-                if not self._queue.heartbeat_trials(self._run_id, self._token, self._lease):
-                    self.lost = True
-                    log.error("run %s: trial lease lost", self._run_id)
-            except Exception as exc:  # a failed heartbeat must never kill the trials
-                self.failures += 1
-                log.warning("run %s: trial heartbeat failed: %s", self._run_id, exc)
+    _what = "trial "
+
+    def _beat(self) -> bool:
+        return self._queue.heartbeat_trials(self._run_id, self._token, self._lease)
 
 
 def _work_batches(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: InfraPolicy,
