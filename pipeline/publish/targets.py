@@ -28,8 +28,9 @@ from github.GitRelease import GitRelease
 from github.GitReleaseAsset import GitReleaseAsset
 from github.Repository import Repository
 
-from pipeline.contracts import COMMIT_RE, canonical_repository
+from pipeline.contracts import canonical_repository
 from pipeline.dispatch.client import classify, make_client
+from pipeline.dispatch.resolve import peel_tag
 from pipeline.errors import CheckFailed, Error, ValidationError
 from pipeline.fsutil import atomic_write_text
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
@@ -40,7 +41,6 @@ from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
 AssetAction = Literal["kept", "uploaded", "replaced", "removed"]
 Strategy = Literal["local", "in-place", "draft", "companion"]
 COMPANION_SUFFIX = "-benchmark"
-MAX_PEEL_DEPTH = 5
 
 
 class PublishError(Error):
@@ -268,25 +268,13 @@ class GitHubTarget:
         """The commit ``refs/tags/<tag>`` points at now, peeling annotated tags (and tags of tags)."""
 
         try:
-            ref = self.repo.get_git_ref(f"tags/{tag}")
-            kind, sha, name = ref.object.type, ref.object.sha, ref.ref
+            return peel_tag(self.repo, tag)
         except UnknownObjectException:
             # A tag can still be pushed (or a draft published): retried, with backoff.
             raise PublishError(f"tag {tag!r} does not exist in {self.repo.full_name}: nothing to publish to",
                                retryable=True) from None
-        if name != f"refs/tags/{tag}":
-            raise PublishError(f"GitHub answered ref {name!r} for tag {tag!r}", retryable=False)
-        for _ in range(MAX_PEEL_DEPTH + 1):
-            if kind != "tag":
-                break
-            tag_object = self.repo.get_git_tag(sha)
-            kind, sha = tag_object.object.type, tag_object.object.sha
-        else:
-            raise PublishError(f"tag {tag!r}: more than {MAX_PEEL_DEPTH} nested tag objects", retryable=False)
-        if kind != "commit" or not isinstance(sha, str) or not COMMIT_RE.match(sha):
-            raise PublishError(f"tag {tag!r} in {self.repo.full_name} points to a {kind} ({sha!r}), not a commit",
-                               retryable=False)
-        return sha
+        except CheckFailed as exc:
+            raise PublishError(str(exc), retryable=False) from None
 
     def _publish(self, bundle: ReleaseBundle, *, manual: bool) -> PublishResult:
         commit = self._check_source(bundle)

@@ -82,3 +82,15 @@ def test_bad_tag_names_are_usage_errors(github_client: Any, tag: str) -> None:
 def test_bad_repository_names_are_usage_errors(github_client: Any, name: str) -> None:
     with pytest.raises(ValidationError, match="OWNER/NAME"):
         resolve_tag(github_client, name, "v1.0.0")
+
+
+@pytest.mark.parametrize("operation, annotated", [("git/get-ref", False), ("git/get-tag", True)])
+def test_an_answer_without_an_object_fails_with_its_name(github_emulator: GitHubEmulator, github_client: Any,
+                                                         repo: str, operation: str, annotated: bool) -> None:
+    """A 200 that is not a ref (or tag object) fails closed as a check, never as an AttributeError."""
+    github_emulator.add_tag(repo, "v6.0.0", github_emulator.head(repo), annotated=annotated)
+    github_emulator.inject_fault(operation, [200])  # answers {"message": ...}: off-contract on purpose
+    with pytest.raises(CheckFailed, match="GitHub answered"):
+        resolve_tag(github_client, repo, "v6.0.0")
+    assert [v.operation for v in github_emulator.violations] == [operation]
+    github_emulator.violations.clear()  # the emulator flagged the off-contract answer, as it must

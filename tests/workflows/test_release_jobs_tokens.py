@@ -196,5 +196,5 @@ def test_a_job_without_its_permission_fails(world: World, tmp_path: Path, strip:
     """The job tokens are enforced: the same jobs with their permissions removed fail at GitHub."""
     run = world.run("tag.yml", tmp_path, world.emulator.add_token([INFRA], {"actions": "write"}), strip=strip)
     assert run.jobs[failed].result == "failure", run.describe()
-    assert message in run.jobs[failed].log
+    assert message in run.jobs[failed].log, run.jobs[failed].log  # the whole log when it fails
     assert world.emulator.repo(SOURCE).check_runs == {}
