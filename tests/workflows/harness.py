@@ -202,18 +202,30 @@ def _upload_artifact(job: JobRun, inputs: Mapping[str, str]) -> None:
     policy = inputs.get("if-no-files-found", "warn")
     if policy not in ("warn", "error", "ignore"):
         raise HarnessError(f"upload-artifact: if-no-files-found must be warn|error|ignore, got {policy!r}")
+    # Paths as the real action takes them: relative to the workspace or absolute, files or whole
+    # directories; kept relative to their least common ancestor (a single file: its name only).
     files: list[Path] = []
     for pattern in _required(inputs, "path").split("\n"):
-        if pattern.strip():
-            files += [p for p in job.workspace.glob(pattern.strip()) if p.is_file()]
+        pattern = pattern.strip()
+        if not pattern:
+            continue
+        matched = [Path(pattern)] if Path(pattern).is_absolute() else list(job.workspace.glob(pattern))
+        for path in matched:
+            if path.is_dir():
+                files += sorted(p for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+            elif path.is_file():
+                files.append(path)
     if not files:
         if policy == "error":
             raise StepFailed(f"upload-artifact: no files were found with the provided path: {inputs['path']}")
         job.log(f"upload-artifact: no files for {name!r} ({policy})")
         return
-    store.mkdir(parents=True)
-    for path in files:  # a single path keeps only its name, like the real action's least common ancestor
-        shutil.copy2(path, store / path.name)
+    root = Path(os.path.commonpath([p.parent for p in files]))
+    for path in files:
+        target = store / path.relative_to(root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    job.log(f"upload-artifact: {name!r}: {len(files)} file(s)")
 
 
 def _download_artifact(job: JobRun, inputs: Mapping[str, str]) -> None:
@@ -223,8 +235,7 @@ def _download_artifact(job: JobRun, inputs: Mapping[str, str]) -> None:
         raise StepFailed(f"download-artifact: artifact not found: {name}")
     dest = job.workspace / inputs.get("path", ".")
     dest.mkdir(parents=True, exist_ok=True)
-    for path in store.iterdir():
-        shutil.copy2(path, dest / path.name)
+    shutil.copytree(store, dest, dirs_exist_ok=True)
 
 
 GHCR = "ghcr.io"

@@ -30,9 +30,10 @@ _RUNNER = """
 const { createLinter } = require(process.argv[2]);
 const fs = require("fs");
 (async () => {
-  const lint = await createLinter();
   const out = [];
-  for (const f of process.argv.slice(3)) out.push(...lint(fs.readFileSync(f, "utf8"), f));
+  // One linter per file: the WebAssembly build reused across files traps ("unreachable") once
+  // the inputs together pass its memory.
+  for (const f of process.argv.slice(3)) out.push(...(await createLinter())(fs.readFileSync(f, "utf8"), f));
   process.stdout.write(JSON.stringify(out));
 })().catch((e) => { console.error(e); process.exit(3); });
 """
