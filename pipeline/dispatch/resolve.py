@@ -36,7 +36,8 @@ def _object_of(answer: Any, what: str) -> tuple[str, str]:
     kind = target.get("type") if isinstance(target, dict) else None
     sha = target.get("sha") if isinstance(target, dict) else None
     if not isinstance(kind, str) or not isinstance(sha, str):
-        raise CheckFailed(f"GitHub answered {what} without an object type and sha")
+        shape = sorted(answer)[:12] if isinstance(answer, dict) else type(answer).__name__
+        raise CheckFailed(f"GitHub answered {what} without an object type and sha (answer: {shape})")
     if not COMMIT_RE.match(sha):
         raise CheckFailed(f"GitHub answered {what} with object {sha!r}, not a 40-character lowercase hex id")
     return kind, sha
