@@ -110,7 +110,9 @@ def status(
 ) -> None:
     """Show the queue (depth, claims in flight, per-worker heartbeats) and its runs as JSON lines, or one run."""
 
-    with open_queue(db, url_file=queue_url_file) as queue:
+    if run_id is not None:
+        validate_run_id(run_id)  # a usage error before the database is looked at
+    with open_queue(db, url_file=queue_url_file, create=False) as queue:
         if run_id is None:
             typer.echo(json.dumps({"queue": _stats_json(queue.stats())}, sort_keys=True, indent=2 if summary else None))
             if summary:
@@ -147,7 +149,7 @@ def export(
     validate_run_id(run_id)
     if sys.stdout.isatty():
         raise UsageError("the export is a tar stream: redirect stdout to a file or a pipe")
-    with open_queue(db, url_file=queue_url_file) as queue:
+    with open_queue(db, url_file=queue_url_file, create=False) as queue:
         record = queue.get_run(run_id)
         export_run(record, queue.run_dir(run_id), sys.stdout.buffer)
     sys.stdout.buffer.flush()

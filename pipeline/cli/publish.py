@@ -24,7 +24,7 @@ from typing import Annotated
 import typer
 
 from pipeline.contracts import PublicationRequest
-from pipeline.errors import CheckFailed, UsageError
+from pipeline.errors import CheckFailed, UsageError, ValidationError
 from pipeline.infra.queue import open_queue
 
 
@@ -88,6 +88,8 @@ def publish(
 
     if artifacts is None or tag is None:
         raise UsageError("give --pending, or ARTIFACTS and --tag")
+    if not artifacts.is_dir():
+        raise ValidationError("ARTIFACTS", "must be an existing directory of sealed evidence", str(artifacts))
     if target not in ("local", "github"):
         raise UsageError(f"invalid --target: must be local or github (got {target!r})")
     if trigger not in ("manual", "tag"):
@@ -115,7 +117,9 @@ def publish(
     backoff = outbox.OutboxConfig(max_attempts=attempts)
     for attempt in range(1, attempts + 1):
         try:
-            result = outbox.publish_request(request, outbox.default_target_factory(policy)(request))
+            # The evidence is checked before GitHub is asked anything.
+            bundle = outbox.prepare_bundle(request)
+            result = outbox.publish_request(request, outbox.default_target_factory(policy)(request), bundle=bundle)
             break
         except PublishError as exc:
             # Publication is idempotent (assets synced by digest, one section replaced): a retry

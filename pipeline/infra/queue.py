@@ -60,7 +60,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, RunStatus
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
@@ -1332,22 +1332,30 @@ class SqliteQueue(SqlQueue):
     backend = "sqlite"
 
     def __init__(self, db: Path | None = None, *, runs_dir: Path | None = None, busy_timeout_ms: int = 30000,
-                 check_schema: bool = True) -> None:
+                 check_schema: bool = True, create: bool = True) -> None:
         self.db = (db or default_db_path()).resolve()
         self.location = str(self.db)
         self._busy = _busy_seconds(busy_timeout_ms / 1000)
-        try:
-            self.db.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise InfrastructureError(f"queue database {self.db}: cannot create its directory: {exc.strerror}") from exc
+        if create:
+            try:
+                self.db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise InfrastructureError(f"queue database {self.db}: cannot create its directory: {exc.strerror}") from exc
+        elif not self.db.is_file():
+            # A reader never creates a queue: an empty one made from a mistyped path would report "depth 0".
+            raise CheckFailed(f"queue database {self.db} does not exist (nothing accepted on this host yet, "
+                              "or the path names another file)")
         self.runs_dir = (runs_dir or self.db.parent / "runs").resolve()
         self._lock = threading.RLock()
         try:
-            self._conn = sqlite3.connect(self.db, isolation_level=None, check_same_thread=False, timeout=self._busy)
+            # mode=rw for a reader: the file must already exist (no creation between the check and here).
+            target = self.db if create else f"file:{quote(str(self.db))}?mode=rw"
+            self._conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False, timeout=self._busy,
+                                         uri=not create)
         except sqlite3.Error as exc:
             raise self._error(exc) from exc
         try:
-            self._open(check_schema)
+            self._open(check_schema, create)
         except BaseException:
             self._conn.close()
             raise
@@ -1355,13 +1363,16 @@ class SqliteQueue(SqlQueue):
     def _error(self, exc: sqlite3.Error) -> InfrastructureError:
         return InfrastructureError(f"queue database {self.db}: {_sqlite_cause(exc, self._busy, self.db)}")
 
-    def _open(self, check_schema: bool) -> None:
+    def _open(self, check_schema: bool, create: bool) -> None:
         deadline = time.monotonic() + self._busy
         while True:
             try:
                 self._conn.execute(f"PRAGMA busy_timeout = {int(self._busy * 1000)}")
                 # Read first: a corrupt or foreign file is refused before anything is written to it.
                 version = self._current_version()
+                if version == 0 and not create:
+                    raise CheckFailed(f"queue database {self.db} is not a benchseal queue (no schema); "
+                                      "a reader does not create one")
                 if version == 0:
                     # A new, empty file: create it at the current version (BEGIN IMMEDIATE: one creator wins).
                     self._conn.execute("PRAGMA journal_mode = WAL")
@@ -1569,8 +1580,11 @@ def queue_url(url_file: Path | None = None, *, use_state_file: bool = True) -> t
 
 
 def open_queue(db: Path | None = None, *, url_file: Path | None = None, runs_dir: Path | None = None,
-               check_schema: bool = True) -> SqlQueue:
+               check_schema: bool = True, create: bool = True) -> SqlQueue:
     """The configured queue: PostgreSQL when a queue URL is configured, else the SQLite file ``db``.
+
+    ``create=False`` (the read-only verbs): a SQLite file that does not exist, or has no schema, is
+    refused instead of created.
 
     The URL comes from ``url_file``, ``BENCHSEAL_QUEUE_URL_FILE``, ``BENCHSEAL_QUEUE_URL`` or, when
     none of them is set and no ``db`` is given, ``$BENCHSEAL_HOME/infra/queue-url``. A URL and an
@@ -1578,7 +1592,7 @@ def open_queue(db: Path | None = None, *, url_file: Path | None = None, runs_dir
     """
     found = queue_url(url_file, use_state_file=db is None)
     if found is None:
-        return SqliteQueue(db, runs_dir=runs_dir, check_schema=check_schema)
+        return SqliteQueue(db, runs_dir=runs_dir, check_schema=check_schema, create=create)
     if db is not None:
         raise UsageError(f"--db names a SQLite queue but {found[1]} names a PostgreSQL one: give exactly one")
     # lazy: psycopg costs 120-150 ms at import (python -X importtime, 2026-12-03), and queue_pg imports this module

@@ -441,5 +441,10 @@ def github_repo(repository: str, *, base_url: str | None = None, token: str | No
     transport (a retried upload races itself); our retry is the outbox, over idempotent steps.
     """
 
-    repo: Repository = make_client(base_url=base_url, token=token, timeout=timeout).get_repo(repository)
+    client = make_client(base_url=base_url, token=token, timeout=timeout)  # no token: a usage error, as is
+    try:
+        repo: Repository = client.get_repo(repository)
+    except Exception as exc:
+        # An unreachable or failing GitHub is a publication failure (retryable when transient), not a traceback.
+        raise _translate(exc, f"looking up {repository}") from exc
     return repo

@@ -199,3 +199,23 @@ def test_read_only_directory_for_a_new_database(tmp_path, payload_file):
         result = _accept(payload_file, db)
         assert result.returncode == 1 and str(db) in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert list(mount.iterdir()) == []
+
+
+@pytest.mark.parametrize("verb", [["infra", "status"], ["infra", "status", "--summary"],
+                                  ["infra", "export", "run-0123456789abcdef0123"]])
+@pytest.mark.parametrize("file", ["missing", "empty", "missing-dir"])
+def test_a_reader_never_creates_a_queue(tmp_path, verb, file):
+    """status and export on a path that holds no queue: exit 1 naming it, and nothing is created
+    (an empty queue made from a mistyped --db would report depth 0)."""
+    db = {"missing": tmp_path / "queue.db", "empty": tmp_path / "queue.db",
+          "missing-dir": tmp_path / "no" / "such" / "queue.db"}[file]
+    if file == "empty":
+        db.write_bytes(b"")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    result = _cli(*verb, "--db", str(db))
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert result.stderr.startswith(f"benchseal: error: queue database {db}"), result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+    if file == "empty":
+        assert db.read_bytes() == b""

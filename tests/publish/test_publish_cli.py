@@ -40,6 +40,7 @@ def test_usage_errors_exit_2(make_artifacts: Any) -> None:
         (["publish", str(art), "--tag", "v1.0.0", "--target", "s3"], "must be local or github"),
         (["release", "v1.0.0"], "only --local"),
         (["release", "1.0", "--local"], "must look like vX.Y.Z"),
+        (["publish", str(art.parent / "no-such-dir"), "--tag", "v1.0.0"], "invalid ARTIFACTS"),
     ]
     for argv, message in cases:
         done = _run(*argv)
@@ -108,3 +109,19 @@ def test_a_refusal_is_never_retried(make_artifacts: Any, github_env: Any) -> Non
     assert refused.returncode == 1 and "not a prerelease" in refused.stderr
     assert "retrying" not in refused.stderr and "(attempt 1 of 5)" in refused.stderr
     assert github_env.release("acme/widget", "v1.0.0").assets == []
+
+
+def test_an_unreachable_github_is_one_line_and_evidence_is_checked_first(make_artifacts: Any, tmp_path: Path) -> None:
+    """Nothing listens at the API URL: a retried publication failure on one line (exit 1), never a
+    traceback; an incomplete evidence directory is refused before GitHub is asked anything."""
+    env = {**os.environ, "GITHUB_TOKEN": "t", "GITHUB_API_URL": "http://127.0.0.1:9"}
+    argv = ["--tag", "v1.0.0", "--target", "github", "--trigger", "tag", "--repo", "acme/widget", "--attempts", "2"]
+    done = _run("publish", str(make_artifacts()), *argv, env=env)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stdout == ""
+    assert done.stderr.splitlines()[-1].startswith("benchseal: error: looking up acme/widget: ConnectionError")
+    assert "attempt 1 of 2 failed" in done.stderr and done.stderr.rstrip().endswith("(attempt 2 of 2)")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = _run("publish", str(empty), *argv, env=env)
+    assert done.returncode == 1 and done.stderr.strip() == f"benchseal: error: cannot publish {empty}: SHA256SUMS is missing"
