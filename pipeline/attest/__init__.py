@@ -39,7 +39,7 @@ from pipeline.digests import ImageRef, parse_ref
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.evidence.sbom import write_sbom
 from pipeline.fsutil import atomic_write_text, canonical_json
-from pipeline.verify.external import cosign_path
+from pipeline.verify.external import cosign_environment, cosign_path
 
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "https://github.com/benchseal/benchseal/build-types/image/v1"
@@ -318,7 +318,7 @@ def _run(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess
     cosign = cosign_path()
     if cosign is None:
         raise InfrastructureError("cosign is not installed (run scripts/install-tools.sh)")
-    return subprocess.run([str(cosign), *args], env={**os.environ, **env}, capture_output=True, text=True,
+    return subprocess.run([str(cosign), *args], env=cosign_environment(env), capture_output=True, text=True,
                           check=False, timeout=_COSIGN_TIMEOUT)
 
 

@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import threading
 import time
 import tomllib
@@ -458,6 +459,17 @@ class _Heartbeat(threading.Thread):
                 log.warning("run %s: %sheartbeat failed: %s", self._run_id, self._what, exc)
 
 
+def _links_and_special_files(directory: str, names: list[str]) -> set[str]:
+    """copytree ``ignore``: evidence holds regular files and directories only. A trial's symlink
+    could name any file of the host (and consumers refuse links), so it stays behind, as do FIFOs."""
+    left = set()
+    for name in names:
+        mode = os.lstat(os.path.join(directory, name)).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            left.add(name)
+    return left
+
+
 def _copy_evidence(run_dir: Path) -> None:
     """Copy Harbor trial dirs and logs into artifacts/ (every outcome): the trials that ran on this host
     and the runner logs of its batches (trials that ran on other hosts are in the queue's trial rows, graded)."""
@@ -468,14 +480,14 @@ def _copy_evidence(run_dir: Path) -> None:
             target = artifacts / "evidence" / "batches" / batch.name / "logs"
             if target.exists():
                 shutil.rmtree(target)
-            shutil.copytree(source, target, symlinks=True, ignore_dangling_symlinks=True)
+            shutil.copytree(source, target, symlinks=True, ignore=_links_and_special_files)
     for name in ("harbor", "logs"):
         source = run_dir / name
         if source.is_dir():
             target = artifacts / "evidence" / name
             if target.exists():
                 shutil.rmtree(target)
-            shutil.copytree(source, target, symlinks=True, ignore_dangling_symlinks=True)
+            shutil.copytree(source, target, symlinks=True, ignore=_links_and_special_files)
     for name in ("trials.json", "grading.json"):
         if (run_dir / name).is_file():
             (artifacts / "evidence").mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,8 @@ The first failure raises CheckFailed naming it.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,7 +173,27 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
                           f"(issuer {expect.issuer}): {exc}") from None
 
 
+def refuse_irregular_entries(directory: Path) -> None:
+    """Every entry below ``directory`` is a regular file or a real directory.
+
+    A symbolic link anywhere on a path can point outside the release (and change between two
+    reads of it); a FIFO or a device is not evidence. Checked on the entries themselves (lstat),
+    before any file is read.
+    """
+    for root, dirs, names in os.walk(directory):  # does not descend into symlinked directories
+        dirs.sort()
+        for name in sorted(dirs + names):
+            path = Path(root) / name
+            shown = path.relative_to(directory).as_posix()
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                raise CheckFailed(f"{shown}: a symbolic link; a release holds only regular files and directories")
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                raise CheckFailed(f"{shown}: not a regular file or directory")
+
+
 def verify_checksums(directory: Path) -> dict[str, str]:
+    refuse_irregular_entries(directory)
     entries = parse_checksums((directory / CHECKSUMS).read_text("utf-8"))
     for name, expected in entries.items():
         path = directory / name
@@ -181,6 +203,8 @@ def verify_checksums(directory: Path) -> dict[str, str]:
             raise CheckFailed(f"{name}: sha256 does not match SHA256SUMS")
     subdirs = [p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()]
     for path in sorted(directory.iterdir()):
+        if path.name in NOT_ASSETS and not path.is_file():
+            raise CheckFailed(f"{path.name}: must be a regular file")
         if path.name in entries or path.name in (CHECKSUMS, CHECKSUMS_BUNDLE) or path.name in NOT_ASSETS:
             continue
         if path in subdirs and NESTED_SUMS in entries:
@@ -312,6 +336,7 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
                          infra_repository=infra_repository)
     if not directory.is_dir():
         raise ValidationError("DIR", "must be a directory", str(directory))
+    refuse_irregular_entries(directory)
     for name in (SUMMARY, CHECKSUMS, CHECKSUMS_BUNDLE):
         if not (directory / name).is_file():
             raise CheckFailed(f"{name}: missing")

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +54,20 @@ def cosign_path() -> Path | None:
     return Path(found) if found else None
 
 
+# cosign reads its trust from these when set: they come only from the endpoints (``environ``), never
+# from whatever the calling process inherited (a leftover test setting would replace public-good).
+_COSIGN_TRUST_VARIABLES = frozenset({
+    "SIGSTORE_ROOT_FILE", "SIGSTORE_CT_LOG_PUBLIC_KEY_FILE", "SIGSTORE_REKOR_PUBLIC_KEY",
+    "SIGSTORE_TSA_CERTIFICATE_FILE", "SIGSTORE_TRUST_REKOR_API_PUBLIC_KEY", "TUF_ROOT", "TUF_MIRROR",
+})
+
+
+def cosign_environment(endpoint_env: Mapping[str, str], inherited: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment cosign runs with: the inherited one without any trust setting, then the endpoints'."""
+    base = os.environ if inherited is None else inherited
+    return {**{k: v for k, v in base.items() if k not in _COSIGN_TRUST_VARIABLES}, **endpoint_env}
+
+
 @dataclass(frozen=True)
 class Outcome:
     ok: bool
@@ -66,7 +82,7 @@ def cosign_verify(target: Path, bundle: Path, identity: str, issuer: str, *, tru
         raise InfrastructureError("cosign is not installed (run scripts/install-tools.sh)")
     argv = [str(cosign), *_cosign_args(str(target), str(bundle), identity, issuer,
                                         str(trusted_root) if trusted_root else None, dsse, check_claims)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120, env=cosign_environment({}))
     return Outcome(done.returncode == 0, (done.stderr + done.stdout).strip())
 
 

@@ -17,6 +17,10 @@ const { bundleFromJSON } = require('@sigstore/bundle');
 const { TrustedRoot } = require('@sigstore/protobuf-specs');
 const { Verifier, toSignedEntity, toTrustMaterial } = require('@sigstore/verify');
 
+function escapeRegExp(text) {
+  return String(text).replace(/[.*+?^${}()|[\]\\/]/g, '\\$&');
+}
+
 function checkSums(file) {
   const dir = path.dirname(file);
   const text = fs.readFileSync(file, 'utf8');
@@ -40,10 +44,17 @@ function main() {
       if (job.checksums) return checkSums(job.checksums);
       const bundle = bundleFromJSON(JSON.parse(fs.readFileSync(job.bundle, 'utf8')));
       const artifact = job.artifact ? fs.readFileSync(job.artifact) : undefined;
-      verifier.verify(toSignedEntity(bundle, artifact), {
-        subjectAlternativeName: job.identity,
+      // @sigstore/verify matches subjectAlternativeName as an unanchored regular expression
+      // ('.' any character, any suffix): the identity is escaped and anchored, and the signer it
+      // returns is compared exactly as well.
+      const signer = verifier.verify(toSignedEntity(bundle, artifact), {
+        subjectAlternativeName: `^${escapeRegExp(job.identity)}$`,
         extensions: { issuer: job.issuer },
       });
+      const signedAs = signer && signer.identity ? signer.identity.subjectAlternativeName : undefined;
+      if (signedAs !== job.identity) {
+        return { ok: false, error: `signed as ${signedAs}, not exactly ${job.identity}` };
+      }
       if (job.payload_file) {
         const payload = bundle.content.dsseEnvelope?.payload;
         if (!payload || !Buffer.from(payload).equals(fs.readFileSync(job.payload_file))) {

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -220,3 +223,49 @@ def test_wrong_trusted_root_is_rejected(signed_release: Path) -> None:
     staging = REPO / "tests" / "data" / "sigstore" / "public-good" / "trusted_root.json"
     with pytest.raises(CheckFailed, match=r"SHA256SUMS\.sigstore\.json"):
         verify_release(signed_release, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=staging, profile="local")
+
+
+def _link_summary_outside(release: Path, outside: Path) -> None:
+    outside.mkdir()
+    shutil.copy2(release / "summary.json", outside / "summary.json")  # same bytes: only the link is wrong
+    (release / "summary.json").unlink()
+    (release / "summary.json").symlink_to(outside / "summary.json")
+
+
+def _link_nested_dir_outside(release: Path, outside: Path) -> None:
+    outside.mkdir()
+    (outside / "x").write_text("x\n")
+    (release / "evidence").mkdir()
+    (release / "evidence" / "sneaky").symlink_to(outside, target_is_directory=True)
+
+
+def _unlisted_nested_link(release: Path, outside: Path) -> None:
+    (release / "evidence" / "trial").mkdir(parents=True)
+    (release / "evidence" / "trial" / "hostname").symlink_to("/etc/hostname")
+
+
+def _nested_fifo(release: Path, outside: Path) -> None:
+    (release / "evidence" / "trial").mkdir(parents=True)
+    os.mkfifo(release / "evidence" / "trial" / "pipe")
+
+
+def _body_is_a_directory(release: Path, outside: Path) -> None:
+    (release / "body.md" / "anything").mkdir(parents=True)
+    (release / "body.md" / "anything" / "payload.sh").write_text("echo hi\n")
+
+
+@pytest.mark.parametrize("plant, refusal", [
+    (_link_summary_outside, r"summary\.json: a symbolic link"),
+    (_link_nested_dir_outside, r"evidence/sneaky: a symbolic link"),
+    (_unlisted_nested_link, r"evidence/trial/hostname: a symbolic link"),
+    (_nested_fifo, r"evidence/trial/pipe: not a regular file or directory"),
+    (_body_is_a_directory, r"body\.md: must be a regular file"),
+])
+def test_a_release_holds_only_regular_files(release_copy: Path, tmp_path: Path, sigstore_instance: object,
+                                            plant: Any, refusal: str) -> None:
+    """Links (anywhere on a path, listed or not), FIFOs and a body.md that is not a file are refused
+    before anything they name is read: a link could point outside the release and change between reads."""
+    plant(release_copy, tmp_path / "outside")
+    with pytest.raises(CheckFailed, match=refusal):
+        verify_release(release_copy, repository=SOURCE_REPO, tag=SOURCE_TAG,
+                       trusted_root=sigstore_instance.trusted_root)  # type: ignore[attr-defined]

@@ -84,8 +84,14 @@ def test_sigstore_js_agrees_on_real_bundles() -> None:
     bad = sigstore_js_verify(pg / "trusted_root.json", [
         {**job, "bundle": str(pg / "a.txt.signature-mismatch.sigstore.json"), "artifact": str(pg / "a.txt")},
         {**job, "identity": BEACON + "x", "bundle": str(pg / "a.txt.sigstore.json"), "artifact": str(pg / "a.txt")},
+        # @sigstore/verify takes the identity as an unanchored regular expression: a prefix of the
+        # signer's identity, or one with '.' standing for another character, must not pass.
+        {**job, "identity": BEACON[:-4], "bundle": str(pg / "a.txt.sigstore.json"), "artifact": str(pg / "a.txt")},
+        {**job, "identity": BEACON[1:], "bundle": str(pg / "a.txt.sigstore.json"), "artifact": str(pg / "a.txt")},
+        {**job, "identity": BEACON[:8] + "." + BEACON[9:], "bundle": str(pg / "a.txt.sigstore.json"),
+         "artifact": str(pg / "a.txt")},
     ])
-    assert [o.ok for o in bad] == [False, False]
+    assert [o.ok for o in bad] == [False] * 5, bad
     wrong_root = sigstore_js_verify(st / "trusted_root.json", [
         {"identity": RFC8785, "issuer": GITHUB, "bundle": str(pg / (WHEEL + ".sigstore")), "artifact": str(pg / WHEEL)},
     ])
@@ -114,3 +120,24 @@ def test_cosign_25_cannot_verify_rekor_v2(cosign_bin: Path) -> None:
     outcome = cosign_verify(st / "a.txt", st / "a.txt.sigstore.json", BEACON, GITHUB, trusted_root=st / "trusted_root.json")
     assert not outcome.ok
     assert "transaction log entry" in outcome.output
+
+
+def test_cosign_takes_no_trust_from_the_inherited_environment(cosign_bin: Path, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """Leftover SIGSTORE_*/TUF_* settings in the caller's environment never reach cosign: its trust
+    comes only from the endpoints (the real public-good bundle still verifies, and only as it should)."""
+    from pipeline.verify.external import cosign_environment
+
+    bogus = tmp_path / "bogus.pem"
+    bogus.write_text("-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n")
+    for name in ("SIGSTORE_ROOT_FILE", "SIGSTORE_REKOR_PUBLIC_KEY", "SIGSTORE_CT_LOG_PUBLIC_KEY_FILE", "TUF_ROOT"):
+        monkeypatch.setenv(name, str(bogus))
+    monkeypatch.setenv("BENCHSEAL_UNRELATED", "kept")
+    env = cosign_environment({"SIGSTORE_ROOT_FILE": "/endpoint/fulcio.pem"})
+    assert env["SIGSTORE_ROOT_FILE"] == "/endpoint/fulcio.pem" and env["BENCHSEAL_UNRELATED"] == "kept"
+    assert not {"SIGSTORE_REKOR_PUBLIC_KEY", "SIGSTORE_CT_LOG_PUBLIC_KEY_FILE", "TUF_ROOT"} & set(env)
+    pg = DATA / "public-good"
+    ok = cosign_verify(pg / WHEEL, pg / (WHEEL + ".sigstore"), RFC8785, GITHUB, trusted_root=pg / "trusted_root.json")
+    assert ok.ok, ok.output
+    assert not cosign_verify(pg / WHEEL, pg / (WHEEL + ".sigstore"), RFC8785 + "x", GITHUB,
+                             trusted_root=pg / "trusted_root.json").ok
