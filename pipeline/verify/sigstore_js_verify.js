@@ -24,7 +24,9 @@ function escapeRegExp(text) {
 function checkSums(file) {
   const dir = path.dirname(file);
   const text = fs.readFileSync(file, 'utf8');
-  for (const line of text.split('\n').filter((l) => l.length > 0)) {
+  // As strict as the Python reader: one "HEX  NAME" line each, newline-terminated, no blank lines.
+  if (!text.endsWith('\n')) return { ok: false, error: 'malformed: no final newline' };
+  for (const line of text.slice(0, -1).split('\n')) {
     const m = /^([0-9a-f]{64})  ([A-Za-z0-9._+-]+)$/.exec(line);
     if (!m) return { ok: false, error: `malformed line: ${line}` };
     const file2 = path.join(dir, m[2]);
