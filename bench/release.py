@@ -31,7 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-STAGES = ["setup", "build", "push", "dispatch", "queue_wait", "worker", "evidence", "signing", "publication",
+STAGES = ["setup", "build", "push", "attest", "dispatch", "queue_wait", "worker", "evidence", "signing", "publication",
           "verification"]
 
 
