@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -45,3 +46,9 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def is_plain_entry(path: str | os.PathLike[str]) -> bool:
+    """A regular file or a real directory, judged by lstat: a symlink to either is not, nor a FIFO or device."""
+    mode = os.lstat(path).st_mode
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)

@@ -42,7 +42,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import threading
 import time
 import tomllib
@@ -61,7 +60,7 @@ from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, Run
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
-from pipeline.fsutil import atomic_write_json
+from pipeline.fsutil import atomic_write_json, is_plain_entry
 from pipeline.imaging.base import ensure_base
 from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent, reap_private_dirs
@@ -462,12 +461,7 @@ class _Heartbeat(threading.Thread):
 def _links_and_special_files(directory: str, names: list[str]) -> set[str]:
     """copytree ``ignore``: evidence holds regular files and directories only. A trial's symlink
     could name any file of the host (and consumers refuse links), so it stays behind, as do FIFOs."""
-    left = set()
-    for name in names:
-        mode = os.lstat(os.path.join(directory, name)).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            left.add(name)
-    return left
+    return {name for name in names if not is_plain_entry(os.path.join(directory, name))}
 
 
 def _copy_evidence(run_dir: Path) -> None:

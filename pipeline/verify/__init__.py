@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from sigstore_models.common.v1 import HashAlgorithm
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.documents import DigestSet, ProvenanceStatement, ReleaseSummary, parse_document
 from pipeline.errors import CheckFailed, ValidationError
-from pipeline.fsutil import sha256_file
+from pipeline.fsutil import is_plain_entry, sha256_file
 from pipeline.layout import (
     CHECKSUMS,
     CHECKSUMS_BUNDLE,
@@ -173,7 +172,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
                           f"(issuer {expect.issuer}): {exc}") from None
 
 
-def refuse_irregular_entries(directory: Path) -> None:
+def _refuse_irregular_entries(directory: Path) -> None:
     """Every entry below ``directory`` is a regular file or a real directory.
 
     A symbolic link anywhere on a path can point outside the release (and change between two
@@ -184,16 +183,13 @@ def refuse_irregular_entries(directory: Path) -> None:
         dirs.sort()
         for name in sorted(dirs + names):
             path = Path(root) / name
-            shown = path.relative_to(directory).as_posix()
-            mode = path.lstat().st_mode
-            if stat.S_ISLNK(mode):
-                raise CheckFailed(f"{shown}: a symbolic link; a release holds only regular files and directories")
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                raise CheckFailed(f"{shown}: not a regular file or directory")
+            if not is_plain_entry(path):
+                what = ("a symbolic link; a release holds only regular files and directories" if path.is_symlink()
+                        else "not a regular file or directory")
+                raise CheckFailed(f"{path.relative_to(directory).as_posix()}: {what}")
 
 
 def verify_checksums(directory: Path) -> dict[str, str]:
-    refuse_irregular_entries(directory)
     entries = parse_checksums((directory / CHECKSUMS).read_text("utf-8"))
     for name, expected in entries.items():
         path = directory / name
@@ -336,7 +332,7 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
                          infra_repository=infra_repository)
     if not directory.is_dir():
         raise ValidationError("DIR", "must be a directory", str(directory))
-    refuse_irregular_entries(directory)
+    _refuse_irregular_entries(directory)
     for name in (SUMMARY, CHECKSUMS, CHECKSUMS_BUNDLE):
         if not (directory / name).is_file():
             raise CheckFailed(f"{name}: missing")
