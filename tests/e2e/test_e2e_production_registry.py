@@ -44,6 +44,7 @@ from pipeline.host.tokenserver import TokenServer
 from pipeline.infra.worker import LABEL_RUN
 from pipeline.paths import REPO_ROOT
 from tests.fixtures.github import tag_release_commit
+from tests.fixtures.infra import wait_terminal
 from tests.registry.helpers import basic_entry, free_port, write_docker_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -165,19 +166,6 @@ def _env(base: dict[str, str], **extra: str) -> dict[str, str]:
     return {**env, **base, **extra, "NO_PROXY": "127.0.0.1,localhost", "HARBOR_TELEMETRY": "0"}
 
 
-def _wait_terminal(db: Path, timeout: float = 900) -> str:
-    from pipeline.infra.queue import SqliteQueue, run_id_for
-
-    deadline = time.monotonic() + timeout
-    with SqliteQueue(db) as queue:
-        while time.monotonic() < deadline:
-            state = queue.get_run(run_id_for(CORRELATION)).state
-            if state in ("SUCCEEDED", "FAILED", "INFRA_ERROR"):
-                return str(state)
-            time.sleep(0.5)
-    raise AssertionError("the run did not become terminal in time")
-
-
 def _policy(path: Path, prefix: str) -> Path:
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     registry, _, repo_prefix = prefix.partition("/")
@@ -277,7 +265,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
                              "--sigstore-url", str(trust.fulcio_url), "--trusted-root", str(trust.trusted_root)],
                             env=infra_env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT, timeout=1200,
                             check=False)
-                    state = _wait_terminal(db, timeout=5)
+                    state = wait_terminal(db, CORRELATION, timeout=5)
                     states.append(state)
                     if worker.returncode != 0 and state != "SUCCEEDED":
                         handle.complete("failure")

@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from pipeline.publish.bundle import load_bundle
 from pipeline.publish.outbox import OutboxConfig, deliver_pending, verify_commands
 from pipeline.publish.targets import GitHubTarget, PublishError, Target
 from tests.fixtures.github import tag_release_commit
+from tests.fixtures.infra import wait_terminal
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -76,21 +76,6 @@ def _env(emulator: Any, home: Path) -> dict[str, str]:
                BENCHSEAL_HOME=str(home), HARBOR_TELEMETRY="0", NO_PROXY="127.0.0.1,localhost")
     env.pop("GH_TOKEN", None)
     return env
-
-
-def _wait_terminal(db: Path, correlation: str, worker: subprocess.Popen[bytes], timeout: float = 600) -> str:
-    from pipeline.infra.queue import SqliteQueue, run_id_for
-
-    deadline = time.monotonic() + timeout
-    with SqliteQueue(db) as queue:
-        while time.monotonic() < deadline:
-            state = queue.get_run(run_id_for(correlation)).state
-            if state in ("SUCCEEDED", "FAILED", "INFRA_ERROR"):
-                return str(state)
-            if worker.poll() is not None:
-                raise AssertionError(f"the worker service exited {worker.returncode} before the run ended")
-            time.sleep(0.5)
-    raise AssertionError("the run did not become terminal in time")
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +128,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
                          "--sigstore-url", str(trust.fulcio_url), "--trusted-root", str(trust.trusted_root)],
                         env=_env(emu, home), stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
                     try:
-                        state = _wait_terminal(db, correlation, worker)
+                        state = wait_terminal(db, correlation, worker=worker)
                     finally:
                         # Killed right after the terminal transition: nothing was published by it.
                         worker.kill()
