@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import string
+import sys
 
 import pytest
 from hypothesis import assume, example, given
@@ -131,3 +132,15 @@ def test_error_names_field_and_rule() -> None:
     err = _rejected("127.0.0.1:5055/benchseal/runner:latest", parse_ref, "images.runner.ref")
     assert "images.runner.ref" in err.diagnostics()
     assert "digest" in err.rule or "tag" in err.rule
+
+
+def test_the_whitespace_rule_is_exactly_str_isspace() -> None:
+    # The validator searches with one regex (the queue's hot path); it must refuse exactly what
+    # str.isspace() calls whitespace, over every code point.
+    from pipeline.digests import _WHITESPACE_RE
+
+    differing = [c for c in range(sys.maxunicode + 1) if chr(c).isspace() != bool(_WHITESPACE_RE.search(chr(c)))]
+    assert differing == []
+    for c in (" ", "\t", "\u00a0", "\u2003", "\u3000", "\x1c"):
+        with pytest.raises(ValidationError, match="whitespace"):
+            validate_name(f"127.0.0.1:5055/bench{c}seal/runner")

@@ -28,13 +28,14 @@ class PgCluster:
     Only this cluster is ever stopped (by its data dir, then by its recorded pid).
     """
 
-    def __init__(self, bindir: Path, *, durable: bool = False) -> None:
+    def __init__(self, bindir: Path, *, durable: bool = False, parent: Path | None = None) -> None:
         import pwd
         import tempfile
 
         self.bindir = bindir
         # Not under pytest's tmp dir: that is mode 0700 root, which the postgres user cannot traverse.
-        self.root = Path(tempfile.mkdtemp(prefix="benchseal-pg-"))
+        # ``parent`` (default: the system temp dir) must be traversable by the postgres user.
+        self.root = Path(tempfile.mkdtemp(prefix="benchseal-pg-", dir=parent))
         self.data, self.sock, self.log = self.root / "data", self.root / "sock", self.root / "postgres.log"
         pw = pwd.getpwnam("postgres")
         for path in (self.root, self.sock):
@@ -96,6 +97,27 @@ class PgCluster:
         with PostgresQueue(url, check_schema=False) as queue:
             queue.migrate()
         return url
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by this cluster: its postmaster, its live processes
+        and every process of it that has exited (reaped by the postmaster, so in its children's time)."""
+        if self.pid is None:
+            raise RuntimeError("the cluster is not running")
+        ticks = 0
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # exited meanwhile: counted in the postmaster's children's time
+            fields = stat[stat.rindex(")") + 2:].split()
+            pid, ppid = int(entry.name), int(fields[1])
+            if pid == self.pid:
+                ticks += sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime
+            elif ppid == self.pid:
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def close(self) -> None:
         self.stop()

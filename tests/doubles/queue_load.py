@@ -77,9 +77,9 @@ class _Log:
 
 
 class _Cursor:
-    """Counts the statements a queue call sends (one round trip each, plus BEGIN/COMMIT per write)."""
+    """Counts the statements a queue call sends."""
 
-    def __init__(self, cur: Cursor, counts: dict[str, int]) -> None:
+    def __init__(self, cur: Cursor, counts: dict[str, float]) -> None:
         self._cur, self._counts = cur, counts
 
     @property
@@ -97,11 +97,20 @@ class _Cursor:
         return self._cur.fetchall()
 
 
-def count_round_trips(queue: SqlQueue) -> dict[str, int]:
+def count_round_trips(queue: SqlQueue) -> dict[str, float]:
     """Wrap ``queue``'s transactions and reads so that every statement, write transaction (a COMMIT,
-    durable on disk) and read is counted in the returned dict (the load's deterministic cost)."""
-    counts = {"statements": 0, "commits": 0, "reads": 0}
+    durable on disk) and read is counted in the returned dict (the load's deterministic cost), and
+    the CPU time (ms) spent rewriting run.json views is summed in ``status_cpu``."""
+    counts: dict[str, float] = {"statements": 0, "commits": 0, "reads": 0, "status_cpu": 0.0}
     transaction, read = queue._transaction, queue._read  # instrumentation of the load driver only
+    write_status = queue._write_status
+
+    def timed_write_status(run_id: str, row: Any = None) -> None:
+        started = time.thread_time()
+        try:
+            write_status(run_id, row)
+        finally:
+            counts["status_cpu"] += (time.thread_time() - started) * 1000
 
     def counted_transaction(work: Callable[[Cursor], T]) -> T:
         counts["commits"] += 1
@@ -113,16 +122,19 @@ def count_round_trips(queue: SqlQueue) -> dict[str, int]:
 
     setattr(queue, "_transaction", counted_transaction)  # noqa: B010
     setattr(queue, "_read", counted_read)  # noqa: B010
+    setattr(queue, "_write_status", timed_write_status)  # noqa: B010
     return counts
 
 
 @contextmanager
 def _timer(timings: dict[str, float], name: str) -> Iterator[None]:
-    started = time.perf_counter()
+    """Add the call's wall time (ms) to ``timings[name]`` and its CPU time in this process to ``timings["cpu"]``."""
+    started, cpu = time.perf_counter(), time.thread_time()
     try:
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + (time.perf_counter() - started) * 1000
+        timings["cpu"] = timings.get("cpu", 0.0) + (time.thread_time() - cpu) * 1000
 
 
 def _deliver(queue: SqlQueue, pub_id: int, log: _Log, name: str, lease: float, timings: dict[str, float]) -> bool:
@@ -210,7 +222,7 @@ def work(queue: SqlQueue, *, name: str, log: _Log, lease: float, trial_ms: float
                         _grade(queue, record, timings, name=name, log=log, lease=lease)
                         done += 1
                         log.write(kind="timing", run=record.run_id, worker=name, **_rounded(timings),
-                                  **{k: counts[k] - before[k] for k in counts})
+                                  **{k: round(counts[k] - before[k], 4) for k in counts})
                         continue
                     plan = [PlannedTrial(task=f"task-{i:03d}", trial_name=f"task-{i:03d}__{record.run_id[-12:]}")
                             for i in range(trials)]
@@ -224,7 +236,7 @@ def work(queue: SqlQueue, *, name: str, log: _Log, lease: float, trial_ms: float
                     _grade(queue, grader, timings, name=name, log=log, lease=lease)
                     done += 1
                     log.write(kind="timing", run=grader.run_id, worker=name, **_rounded(timings),
-                              **{k: counts[k] - before[k] for k in counts})
+                              **{k: round(counts[k] - before[k], 4) for k in counts})
                 continue
             pending = queue.pending_publications(limit=20)
             for pub in pending:
@@ -303,10 +315,23 @@ class WorkerGroups:
 
 
 def worker_command(backend: str, target_env: str, runs_dir: Path, name: str, log: Path, *, lease: float,
-                   trial_ms: float = 0.0, trials: int = 1, batch: int = 1) -> list[str]:
+                   trial_ms: float = 0.0, trials: int = 1, batch: int = 1, gate: Path | None = None) -> list[str]:
     return [sys.executable, "-m", "tests.doubles.queue_load", "worker", "--backend", backend, "--target-env", target_env,
             "--runs-dir", str(runs_dir), "--name", name, "--log", str(log), "--lease", str(lease),
-            "--trial-ms", str(trial_ms), "--trials", str(trials), "--batch", str(batch)]
+            "--trial-ms", str(trial_ms), "--trials", str(trials), "--batch", str(batch),
+            *(["--gate", str(gate)] if gate is not None else [])]
+
+
+def _wait_for_gate(gate: Path, log: _Log, name: str, timeout: float = 600.0) -> None:
+    """Say "ready" (imports done, store open), then wait until ``gate`` exists: a benchmark opens the
+    gate once every worker is ready, so no worker's start-up (about 0.4 s of CPU for its imports)
+    runs beside another's claims."""
+    log.write(kind="ready", worker=name)
+    deadline = time.monotonic() + timeout
+    while not gate.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{name}: the start gate {gate} did not open within {timeout:g} s")
+        time.sleep(0.005)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trial-ms", type=float, default=0.0)
     parser.add_argument("--trials", type=int, default=1, help="Trials each run is planned into.")
     parser.add_argument("--batch", type=int, default=1, help="Trials claimed at once.")
+    parser.add_argument("--gate", type=Path, help="Start claiming only once this file exists (benchmarks).")
     args = parser.parse_args(argv)
     log = _Log(args.log)
     target = os.environ[args.target_env]  # never in argv: a URL may carry a password
@@ -332,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
             log.write(kind="error", worker=args.name, error=exc.diagnostics()[:300])
             time.sleep(0.2)
     with queue:
+        if args.gate is not None:
+            _wait_for_gate(args.gate, log, args.name)
         work(queue, name=args.name, log=log, lease=args.lease, trial_ms=args.trial_ms, trials=args.trials, batch=args.batch)
     return 0
 
