@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from pipeline.errors import UsageError, ValidationError
-from pipeline.infra.export import export_run, validate_run_id
+from pipeline.infra.export import export_run, packs_not_here, validate_run_id
 from pipeline.infra.queue import QueueStats, open_queue
 
 infra_app = typer.Typer(help="Benchmark infra: accept dispatch payloads, inspect runs.", no_args_is_help=True)
@@ -151,7 +151,8 @@ def export(
         raise UsageError("the export is a tar stream: redirect stdout to a file or a pipe")
     with open_queue(db, url_file=queue_url_file, create=False) as queue:
         record = queue.get_run(run_id)
-        export_run(record, queue.run_dir(run_id), sys.stdout.buffer)
+        run_dir = queue.run_dir(run_id)
+        export_run(record, run_dir, sys.stdout.buffer, packs_not_here(queue, run_id, run_dir))
     sys.stdout.buffer.flush()
 
 

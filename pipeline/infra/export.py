@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from stat import S_ISREG
 from typing import IO
@@ -34,9 +35,11 @@ from typing import IO
 from pipeline.contracts import Grading, RunStatus, load_model
 from pipeline.errors import CheckFailed, ValidationError
 from pipeline.fsutil import canonical_json
-from pipeline.infra.queue import RunRecord
+from pipeline.infra.queue import Queue, RunRecord
+from pipeline.infra.trial_evidence import check_trial_name, read_trial_pack
 
 MAX_EXPORT_BYTES = 512 * 1024 * 1024
+log = logging.getLogger("benchseal.export")
 MAX_MEMBERS = 100_000
 RUN_ID_RE = re.compile(r"\Arun-[0-9a-f]{20}\Z")
 TOP_FILES = ("run.json", "grading.json")
@@ -75,10 +78,50 @@ def run_status(record: RunRecord) -> RunStatus:
                      score=grading.score if grading else None, counts=grading.counts if grading else None)
 
 
-def export_run(record: RunRecord, run_dir: Path, out: IO[bytes]) -> int:
+def packs_not_here(queue: Queue, run_id: str, run_dir: Path) -> dict[str, bytes]:
+    """trial name -> the pack in the queue, for each trial whose dir this host's evidence lacks (it ran
+    on another host and another host graded the run). Empty for a queue on one host."""
+    if not queue.spans_hosts:
+        return {}
+    harbor = run_dir / EVIDENCE / "harbor"
+    packs: dict[str, bytes] = {}
+    for row in queue.trials(run_id):
+        if (harbor / row.trial_name).is_dir():
+            continue
+        data = queue.trial_evidence(run_id, row.idx)
+        if data is not None:
+            packs[row.trial_name] = data
+    return packs
+
+
+def trial_pack_files(trial_packs: Mapping[str, bytes], present: set[str], budget: int) -> list[tuple[str, bytes]]:
+    """The evidence files of the trials whose dir is not under ``present`` (names in the export), from
+    the packs the hosts that ran them recorded in the queue (a pack that is refused is left out, and said).
+    More than ``budget`` bytes unpacked is refused before the rest is read."""
+    files: list[tuple[str, bytes]] = []
+    for trial_name, data in sorted(trial_packs.items()):
+        prefix = f"{EVIDENCE}/harbor/{trial_name}/"
+        if any(name.startswith(prefix) for name in present):
+            continue
+        try:
+            check_trial_name(trial_name)
+            members = [(prefix + name, content) for name, content in read_trial_pack(data) if content is not None]
+        except CheckFailed as exc:
+            log.error("trial %s: its packed dir is left out of the export: %s", trial_name, exc)
+            continue
+        files.extend(members)
+        budget -= sum(len(content) for _, content in members)
+        if budget < 0:
+            raise CheckFailed(f"the trials' packed dirs exceed the export limit ({MAX_EXPORT_BYTES} bytes)")
+    return files
+
+
+def export_run(record: RunRecord, run_dir: Path, out: IO[bytes], trial_packs: Mapping[str, bytes] | None = None) -> int:
     """Write the graded run ``record`` (files under ``run_dir``) to ``out`` as a tar; return its content bytes.
 
-    run.json and grading.json come from the queue database; the evidence files from the run dir.
+    run.json and grading.json come from the queue database; the evidence files from the run dir,
+    and, for trials whose dir is not there (they ran on another host, and this host did not grade
+    the run), from ``trial_packs`` (trial name -> the pack recorded in the queue).
     """
     run_id = validate_run_id(record.run_id)
     if record.state not in TERMINAL or record.grading is None:
@@ -90,12 +133,15 @@ def export_run(record: RunRecord, run_dir: Path, out: IO[bytes]) -> int:
         "grading.json": canonical_json(record.grading.model_dump(mode="json")).encode(),
     }
     files = list(_evidence_files(run_dir))
-    total = sum(len(data) for data in documents.values()) + sum(path.stat().st_size for _, path in files)
-    if total > MAX_EXPORT_BYTES or len(files) + 2 > MAX_MEMBERS:
-        raise CheckFailed(f"run {run_id}: {len(files) + 2} files, {total} bytes: more than the export limit "
+    local = sum(len(data) for data in documents.values()) + sum(path.stat().st_size for _, path in files)
+    packed = trial_pack_files(trial_packs or {}, {name for name, _ in files}, MAX_EXPORT_BYTES - local)
+    count = len(files) + len(packed) + 2
+    total = local + sum(len(data) for _, data in packed)
+    if total > MAX_EXPORT_BYTES or count > MAX_MEMBERS:
+        raise CheckFailed(f"run {run_id}: {count} files, {total} bytes: more than the export limit "
                           f"({MAX_MEMBERS} files, {MAX_EXPORT_BYTES} bytes)")
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in documents.items():
+        for name, data in [*documents.items(), *packed]:
             tar.addfile(_info(name, len(data)), io.BytesIO(data))
         for name, path in files:
             # O_NOFOLLOW: a file swapped for a symlink after the listing is refused, never followed.
@@ -187,8 +233,8 @@ def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:
     return dest
 
 
-def export_bytes(record: RunRecord, run_dir: Path) -> bytes:
+def export_bytes(record: RunRecord, run_dir: Path, trial_packs: Mapping[str, bytes] | None = None) -> bytes:
     """The export in memory (tests)."""
     buffer = io.BytesIO()
-    export_run(record, run_dir, buffer)
+    export_run(record, run_dir, buffer, trial_packs)
     return buffer.getvalue()

@@ -160,8 +160,15 @@ CREATE TABLE trials (
 CREATE INDEX trials_claim ON trials (state, created_at, run_id, idx);
 CREATE INDEX trials_lease ON trials (run_id, lease_token);
 """,
+    # Version 4: each trial's evidence (its Harbor trial dir, packed by the host that ran it), so the
+    # grading host publishes every trial's dir, wherever it ran.
+    """
+ALTER TABLE trials ADD COLUMN evidence BLOB;
+""",
 )
 SCHEMA_VERSION = len(_SQLITE_MIGRATIONS)
+# The packed evidence of one trial (pipeline.infra.trial_evidence) may not exceed this.
+MAX_TRIAL_EVIDENCE_BYTES = 64 * 1024 * 1024
 
 
 def _iso(ts: float) -> str:
@@ -328,6 +335,9 @@ class Queue(abc.ABC):
     """What the dispatcher, worker and publisher need from a queue backend."""
 
     runs_dir: Path
+    # Whether workers on other hosts may share this queue (then a trial's dir can be on another host
+    # than its grader's, and each trial's evidence travels in the queue).
+    spans_hosts = False
 
     def run_dir(self, run_id: str) -> Path:
         return self.runs_dir / run_id
@@ -395,9 +405,10 @@ class Queue(abc.ABC):
 
     @abc.abstractmethod
     def complete_trials(self, run_id: str, lease_token: str, results: Mapping[int, str], *,
-                        lease_seconds: float) -> RunRecord | None:
+                        lease_seconds: float, evidence: Mapping[int, bytes] | None = None) -> RunRecord | None:
         """Record graded trials of the batch (all or some of them, as they finish; each exactly once: a
-        recorded trial is no longer held). When this ends the run's LAST trial (checked in the same
+        recorded trial is no longer held), each with its packed evidence when given (``evidence`` keys
+        are a subset of ``results``'). When this ends the run's LAST trial (checked in the same
         transaction), the caller gets the run under a fresh lease and must grade it and ``complete`` it;
         otherwise None."""
 
@@ -412,6 +423,10 @@ class Queue(abc.ABC):
 
     @abc.abstractmethod
     def trials(self, run_id: str) -> list[TrialRow]: ...
+
+    @abc.abstractmethod
+    def trial_evidence(self, run_id: str, idx: int) -> bytes | None:
+        """The packed evidence recorded with trial ``idx`` of ``run_id``; None when none was recorded."""
 
     @abc.abstractmethod
     def held_batches(self, run_id: str) -> set[str]:
@@ -1002,8 +1017,15 @@ class SqlQueue(Queue):
         return row
 
     def complete_trials(self, run_id: str, lease_token: str, results: Mapping[int, str], *,
-                        lease_seconds: float) -> RunRecord | None:
+                        lease_seconds: float, evidence: Mapping[int, bytes] | None = None) -> RunRecord | None:
         at = time.time()
+        packed = dict(evidence or {})
+        for idx, data in packed.items():
+            if idx not in results:
+                raise ValidationError(f"evidence[{idx}]", "must belong to a trial recorded in the same call", run_id)
+            if not isinstance(data, bytes) or len(data) > MAX_TRIAL_EVIDENCE_BYTES:
+                raise ValidationError(f"evidence[{idx}]", f"must be bytes, at most {MAX_TRIAL_EVIDENCE_BYTES}",
+                                      type(data).__name__ if not isinstance(data, bytes) else len(data))
 
         def work(cur: Cursor) -> tuple[object, ...] | None:
             self._lock_run(cur, run_id)
@@ -1015,9 +1037,10 @@ class SqlQueue(Queue):
                 raise ValidationError("results", "must hold at least one trial result", run_id)
             for idx in sorted(results):
                 cur.execute(
-                    "UPDATE trials SET state = 'DONE', result = ?, reason = NULL, lease_token = NULL, lease_expires_at = NULL,"
-                    " updated_at = ? WHERE run_id = ? AND idx = ? AND lease_token = ? AND state = 'RUNNING' RETURNING idx",
-                    (results[idx], _iso(at), run_id, idx, lease_token))
+                    "UPDATE trials SET state = 'DONE', result = ?, evidence = ?, reason = NULL, lease_token = NULL,"
+                    " lease_expires_at = NULL, updated_at = ? WHERE run_id = ? AND idx = ? AND lease_token = ?"
+                    " AND state = 'RUNNING' RETURNING idx",
+                    (results[idx], packed.get(idx), _iso(at), run_id, idx, lease_token))
                 if cur.fetchone() is None:
                     raise CheckFailed(f"run {run_id}: trial {idx} changed under its lease; refusing to complete it")
             self._event(cur, run_id, "trials_completed", None, None, f"worker={worker} trials={sorted(results)}", at)
@@ -1073,6 +1096,16 @@ class SqlQueue(Queue):
                          attempts=int(a), max_attempts=int(m), worker=None if w is None else str(w),
                          reason=None if why is None else str(why), result=None if res is None else str(res))
                 for r, i, t, n, st, a, m, w, why, res in self._read(work)]
+
+    def trial_evidence(self, run_id: str, idx: int) -> bytes | None:
+        def work(cur: Cursor) -> Any:
+            cur.execute("SELECT evidence FROM trials WHERE run_id = ? AND idx = ?", (run_id, int(idx)))
+            return cur.fetchone()
+
+        row = self._read(work)
+        if row is None:
+            raise ValidationError("idx", f"run {run_id} has no trial {idx}", idx)
+        return None if row[0] is None else bytes(row[0])
 
     def held_batches(self, run_id: str) -> set[str]:
         def work(cur: Cursor) -> list[Any]:

@@ -106,6 +106,9 @@ CREATE TABLE trials (
 CREATE INDEX trials_claim ON trials (state, created_at, run_id, idx);
 CREATE INDEX trials_lease ON trials (run_id, lease_token)
 """,
+    """
+ALTER TABLE trials ADD COLUMN evidence BYTEA
+""",
 )
 if len(_PG_MIGRATIONS) != SCHEMA_VERSION:  # pragma: no cover - a development error
     raise RuntimeError("the PostgreSQL and SQLite migrations must have the same versions")
@@ -144,6 +147,7 @@ class PostgresQueue(SqlQueue):
     """PostgreSQL backend (psycopg 3): one connection per queue object, shared by its threads under a lock."""
 
     backend = "postgresql"
+    spans_hosts = True
     _claim_lock = " FOR UPDATE SKIP LOCKED"
     _row_lock = " FOR UPDATE"
     _relaxed_commit = "SET LOCAL synchronous_commit = off"

@@ -18,10 +18,12 @@ One piece of work (``run_once``):
    read-only mount (never Env or argv), the engine socket is the filtering proxy, a model agent
    reaches its endpoint through a relay socket (``pipeline.infra.agents``);
 4. each trial is graded from its result.json as soon as it finishes and recorded in the queue
-   (``complete_trials``), under the suite timeout (kill on expiry); an infrastructure error
-   requeues the batch's unrecorded trials (bounded per trial);
+   (``complete_trials``; with a queue shared by several hosts, with its packed trial dir), under
+   the suite timeout (kill on expiry); an infrastructure error requeues the batch's unrecorded
+   trials (bounded per trial);
 5. the worker whose batch ends the run's last trial is handed the run: it grades from the trial
-   rows (every trial exactly once), copies the evidence, runs the finalize hook (evidence +
+   rows (every trial exactly once), unpacks the dirs of trials that ran on other hosts
+   (``pipeline.infra.trial_evidence``), copies the evidence, runs the finalize hook (evidence +
    signing), then ONE terminal transaction with the publication outbox rows.
 
 A grader that dies, or a last trial that ends by lease expiry, leaves the run QUEUED in its
@@ -76,6 +78,7 @@ from pipeline.infra.grading import (
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import PlannedTrial, Queue, RunRecord, TrialBatch, batch_label, open_queue
 from pipeline.infra.trial import discover_tasks, plan_trials
+from pipeline.infra.trial_evidence import check_trial_name, pack_trial_dir, unpack_trial_dir
 from pipeline.infra.tunings import DISABLE_ENV
 from pipeline.paths import REPO_ROOT
 from pipeline.registry_auth import docker_auth_config
@@ -465,8 +468,8 @@ def _links_and_special_files(directory: str, names: list[str]) -> set[str]:
 
 
 def _copy_evidence(run_dir: Path) -> None:
-    """Copy Harbor trial dirs and logs into artifacts/ (every outcome): the trials that ran on this host
-    and the runner logs of its batches (trials that ran on other hosts are in the queue's trial rows, graded)."""
+    """Copy Harbor trial dirs and logs into artifacts/ (every outcome): the trial dirs in ``harbor/`` (those
+    that ran on this host, and those the grader unpacked from the queue) and the runner logs of this host's batches."""
     artifacts = run_dir / "artifacts"
     for batch in sorted((run_dir / "batches").glob("*")) if (run_dir / "batches").is_dir() else []:
         source = batch / "logs"
@@ -672,6 +675,7 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
         """Record the batch's finished trials (all remaining ones when ``final``), each exactly once."""
         plan = read_plan(out)
         todo: dict[int, str] = {}
+        packed: dict[int, bytes] = {}
         for trial in batch.trials:
             path = out / "harbor" / trial.trial_name / "result.json"
             if trial.idx in recorded or not (final or _finished(path)):
@@ -681,9 +685,13 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
             todo[trial.idx] = RecordedTrial(
                 trial=graded, failure=failure if final else None, agent_version=plan.agent_version if plan else None,
                 model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(out)).to_json()
+            if queue.spans_hosts:
+                evidence = _pack_evidence(run_id, path.parent)
+                if evidence is not None:
+                    packed[trial.idx] = evidence
         if not todo:
             return
-        got = queue.complete_trials(run_id, token, todo, lease_seconds=policy.lease_seconds)
+        got = queue.complete_trials(run_id, token, todo, lease_seconds=policy.lease_seconds, evidence=packed)
         recorded.update(todo)
         if got is not None:
             handed.append(got)
@@ -801,16 +809,67 @@ def _remove_run_leftovers(run_id: str) -> None:
         client.close()
 
 
-def _adopt_trial_dir(run_dir: Path, recorded: RecordedTrial) -> None:
-    """A trial recorded by a batch on this host whose worker died before collecting it: move its dir."""
-    if recorded.host != socket.gethostname():
-        return
+def _pack_evidence(run_id: str, trial_dir: Path) -> bytes | None:
+    """The trial's dir packed for the queue (workers on several hosts), or None (logged) when it cannot be."""
+    if not trial_dir.is_dir():
+        return None
+    try:
+        return pack_trial_dir(trial_dir)
+    except (CheckFailed, OSError) as exc:
+        log.warning("run %s: trial %s: its dir is not packed into the queue (%s); only this host keeps it",
+                    run_id, trial_dir.name, exc)
+        return None
+
+
+def _ran_here(run_dir: Path, recorded: RecordedTrial) -> bool:
+    """The graded attempt ran in a batch of this host's run dir (its trial dir is here, or was)."""
+    return recorded.host == socket.gethostname() and Path(recorded.batch_dir).resolve().is_relative_to(run_dir.resolve())
+
+
+def _adopt_trial_dir(queue: Queue, run_id: str, run_dir: Path, idx: int, recorded: RecordedTrial) -> None:
+    """Put the graded attempt's trial dir at ``run_dir/harbor/<trial>``: a dir of this host whose worker
+    died before collecting it is moved there; a trial that ran on another host is unpacked from the queue
+    (``harbor-origin/<trial>.json`` says from which pack, so a second grading keeps what is there)."""
     trial_name = recorded.trial.trial_name
-    source = Path(recorded.batch_dir) / "harbor" / trial_name
     target = run_dir / "harbor" / trial_name
-    if source.is_dir() and not target.exists() and source.resolve().is_relative_to(run_dir.resolve()):
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.move(str(source), str(target))
+    if _ran_here(run_dir, recorded):
+        source = Path(recorded.batch_dir) / "harbor" / trial_name
+        if source.is_dir() and not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(source), str(target))
+        return
+    data = queue.trial_evidence(run_id, idx)
+    if data is None:
+        log.warning("run %s: trial %s ran on %s and its dir is not in the queue: the evidence lacks it",
+                    run_id, trial_name, recorded.host)
+        return
+    try:
+        check_trial_name(trial_name)
+    except CheckFailed as exc:
+        log.error("run %s: %s", run_id, exc)
+        return
+    digest = hashlib.sha256(data).hexdigest()
+    origin = run_dir / "harbor-origin" / f"{trial_name}.json"
+    try:
+        unpacked_before = json.loads(origin.read_text(encoding="utf-8")).get("sha256") == digest
+    except (OSError, ValueError, AttributeError):
+        unpacked_before = False
+    if unpacked_before and target.is_dir() and not target.is_symlink():
+        return
+    if target.exists() or target.is_symlink():
+        # An earlier attempt of this trial ran here; the graded one ran elsewhere.
+        keep = run_dir / "attempts" / trial_name / f"replaced-by-{digest[:12]}"
+        if keep.exists():
+            shutil.rmtree(keep)
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(target), str(keep))
+    try:
+        unpack_trial_dir(data, target)
+    except CheckFailed as exc:
+        log.error("run %s: trial %s: the dir packed on %s is refused: %s", run_id, trial_name, recorded.host, exc)
+        return
+    atomic_write_json(origin, {"trial_name": trial_name, "host": recorded.host, "batch_dir": recorded.batch_dir,
+                               "sha256": digest})
 
 
 def _batch_container_name(run_id: str, token: str) -> str:
@@ -842,7 +901,7 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
                       run_id, row.trial_name)
             trials.append(recorded)
             continue
-        _adopt_trial_dir(run_dir, recorded)
+        _adopt_trial_dir(queue, run_id, run_dir, row.idx, recorded)
         trials.append(recorded.trial)
         failure = failure or recorded.failure
         meta["agent_version"] = meta.get("agent_version") or recorded.agent_version

@@ -26,6 +26,7 @@ from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.worker import LABEL_RUN, WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
+from pipeline.verify.external import cosign_path
 from tests.fixtures.infra import built_images_source, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -549,3 +550,70 @@ def test_sweep_removes_the_runner_container_of_a_batch_that_lost_its_lease_only(
                     container.remove(force=True)
                 except docker.errors.NotFound:
                     pass
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_two_hosts_on_one_postgresql_queue_split_a_run_and_its_evidence_holds_every_trial_dir(
+        infra_setup, pg_cluster, tmp_path):
+    """Two workers with their own state dirs (two hosts' run dirs) share one PostgreSQL queue: the
+    run's trials spread over both, and the host that grades it publishes every trial's Harbor dir,
+    the other host's unpacked from the queue."""
+    from pipeline.infra.queue_pg import PostgresQueue
+
+    url = pg_cluster.new_database()
+    url_file = tmp_path / "queue-url"
+    url_file.write_text(url + "\n")
+    url_file.chmod(0o600)
+    with PostgresQueue(url) as q:
+        run_id, _ = q.enqueue(DispatchPayload.model_validate(_payload(infra_setup, "two-hosts-0001")), max_attempts=2)
+    setup = infra_setup
+    cmd = [sys.executable, "-m", "pipeline", "worker", "--once", "--trial-batch", "1", "--queue-url-file", str(url_file),
+           "--policy", str(setup["policy_path"]), "--suites-dir", str(setup["suites"]),
+           "--sigstore-url", str(setup["trust"].fulcio_url), "--trusted-root", str(setup["trust"].trusted_root)]
+    hosts = {name: tmp_path / name for name in ("host-a", "host-b")}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_QUEUE_URL")}
+    cosign = cosign_path()  # the tools this machine's state dir holds; the hosts' state dirs are new
+    assert cosign is not None
+    env["PATH"] = f"{cosign.parent}{os.pathsep}{env.get('PATH', '')}"
+
+    def spawn(name: str) -> None:
+        log = (tmp_path / f"{name}.log").open("wb")
+        procs[name] = subprocess.Popen(cmd, env={**env, "BENCHSEAL_HOME": str(hosts[name])}, stdout=log,
+                                       stderr=subprocess.STDOUT)
+
+    def planned() -> bool:
+        with PostgresQueue(url) as q:
+            return q.get_run(run_id).trials_planned > 0
+
+    try:
+        spawn("host-a")
+        wait_for(planned, "host-a to plan the run", limit=240)
+        spawn("host-b")  # the other trials are QUEUED while host-a runs its first batch
+        for name, proc in procs.items():
+            assert proc.wait(timeout=600) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    with PostgresQueue(url) as q:
+        record, rows = q.get_run(run_id), q.trials(run_id)
+    assert record.state == "SUCCEEDED" and record.grading is not None and record.grading.counts.resolved == len(rows)
+    ran_by = {row.trial_name: json.loads(row.result or "{}")["batch_dir"] for row in rows}
+    by_host = {name: [t for t, batch in ran_by.items() if batch.startswith(str(home))] for name, home in hosts.items()}
+    assert all(by_host.values()), f"both hosts ran trials: {by_host}"
+    graders = [name for name, home in hosts.items() if (home / "infra" / "runs" / run_id / "grading.json").is_file()]
+    assert len(graders) == 1
+    grader, other = graders[0], next(name for name in hosts if name != graders[0])
+    run_dir = hosts[grader] / "infra" / "runs" / run_id
+    evidence = run_dir / "artifacts" / "evidence" / "harbor"
+    assert sorted(p.name for p in evidence.iterdir()) == sorted(ran_by)
+    for trial_name in ran_by:
+        result = json.loads((evidence / trial_name / "result.json").read_text())
+        assert result["verifier_result"]["rewards"]["reward"] == 1.0
+    for trial_name in by_host[other]:  # unpacked from the queue, with where it came from
+        origin = json.loads((run_dir / "harbor-origin" / f"{trial_name}.json").read_text())
+        assert origin["batch_dir"].startswith(str(hosts[other]))
+    # The other host's own copy of its trial dirs stays where it ran them.
+    assert all((hosts[other] / "infra" / "runs" / run_id / "harbor" / t).is_dir() for t in by_host[other])

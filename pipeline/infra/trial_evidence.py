@@ -1,0 +1,153 @@
+"""One trial's evidence (its Harbor trial dir) packed into the queue, so the grading host publishes
+every trial's dir whichever host ran it.
+
+The host that ran a trial packs the dir with its graded record (``complete_trials``); the host
+that grades the run unpacks, into ``runs/<run_id>/harbor/<trial>/``, the dirs it does not hold
+itself. A pack is a gzip'd tar of regular files and directories only, under bounded sizes; an
+unpack accepts nothing else (no links, devices, absolute names, ``..``, duplicates) and writes
+into a new directory that replaces nothing, so a pack from a compromised host cannot reach
+outside its trial's dir.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import stat
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from pipeline.errors import CheckFailed
+from pipeline.fsutil import is_plain_entry
+from pipeline.infra.queue import MAX_TRIAL_EVIDENCE_BYTES
+
+# Unpacked size and member bounds (a gzip bomb stays a refused pack, not a full disk).
+MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+MAX_MEMBERS = 20_000
+
+
+def pack_trial_dir(trial_dir: Path) -> bytes:
+    """Pack ``trial_dir`` (its regular files and directories; links and special files stay behind,
+    as in the evidence copy). Raises CheckFailed when the pack exceeds the queue's bound."""
+    if not trial_dir.is_dir() or trial_dir.is_symlink():
+        raise CheckFailed(f"{trial_dir}: not a directory")
+    buffer = io.BytesIO()
+    members = 0
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT, compresslevel=6) as tar:
+        for root, dirs, files in os.walk(trial_dir):
+            dirs[:] = sorted(d for d in dirs if is_plain_entry(os.path.join(root, d)))
+            for name in [*dirs, *sorted(files)]:
+                path = Path(root) / name
+                if not is_plain_entry(str(path)):
+                    continue
+                members += 1
+                if members > MAX_MEMBERS:
+                    raise CheckFailed(f"{trial_dir}: more than {MAX_MEMBERS} entries")
+                arcname = path.relative_to(trial_dir).as_posix()
+                info = tarfile.TarInfo(arcname)
+                info.mtime = 0
+                if path.is_dir():
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+                    continue
+                # O_NOFOLLOW: a file swapped for a link after the listing is skipped, never followed.
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                except OSError:
+                    continue
+                with os.fdopen(fd, "rb") as handle:
+                    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                        continue
+                    info.size, info.mode = os.fstat(handle.fileno()).st_size, 0o644
+                    tar.addfile(info, handle)
+                if buffer.tell() > MAX_TRIAL_EVIDENCE_BYTES:
+                    raise CheckFailed(f"{trial_dir}: packed evidence exceeds {MAX_TRIAL_EVIDENCE_BYTES} bytes")
+    data = buffer.getvalue()
+    if len(data) > MAX_TRIAL_EVIDENCE_BYTES:
+        raise CheckFailed(f"{trial_dir}: packed evidence exceeds {MAX_TRIAL_EVIDENCE_BYTES} bytes")
+    return data
+
+
+def _member_name(name: str) -> str:
+    path = PurePosixPath(name)
+    parts = name.split("/")
+    if (not name or name.startswith("/") or "\\" in name or "\0" in name or path.as_posix() != name
+            or any(part in ("", ".", "..") for part in parts)):
+        raise CheckFailed(f"trial evidence: member {name!r} is not a plain relative name")
+    return name
+
+
+def check_trial_name(trial_name: str) -> str:
+    """A trial name names one directory: no separator, not hidden, not '.' or '..'."""
+    if not trial_name or "/" in trial_name or "\\" in trial_name or "\0" in trial_name or trial_name.startswith("."):
+        raise CheckFailed(f"trial evidence: trial name {trial_name!r} does not name one directory")
+    return trial_name
+
+
+def read_trial_pack(data: bytes) -> Iterator[tuple[str, bytes | None]]:
+    """Each member of a pack as (relative name, content; None for a directory), checked: plain
+    relative names, no duplicates, regular files and directories only, bounded sizes and count."""
+    if len(data) > MAX_TRIAL_EVIDENCE_BYTES:
+        raise CheckFailed(f"trial evidence: {len(data)} bytes, more than {MAX_TRIAL_EVIDENCE_BYTES}")
+    seen: set[str] = set()
+    total = 0
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar:
+                name = _member_name(member.name)
+                if name in seen:
+                    raise CheckFailed(f"trial evidence: member {name!r} appears twice")
+                seen.add(name)
+                if len(seen) > MAX_MEMBERS:
+                    raise CheckFailed(f"trial evidence: more than {MAX_MEMBERS} members")
+                if member.isdir():
+                    yield name, None
+                    continue
+                if not member.isreg():
+                    raise CheckFailed(f"trial evidence: member {name!r} is not a regular file or directory")
+                total += member.size
+                if total > MAX_UNPACKED_BYTES:
+                    raise CheckFailed(f"trial evidence: more than {MAX_UNPACKED_BYTES} bytes unpacked")
+                source = tar.extractfile(member)
+                if source is None:  # pragma: no cover - a regular member always has a file object
+                    raise CheckFailed(f"trial evidence: member {name!r} has no content")
+                content = source.read()
+                if len(content) != member.size:
+                    raise CheckFailed(f"trial evidence: member {name!r} is truncated")
+                yield name, content
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise CheckFailed(f"trial evidence: not a readable pack ({type(exc).__name__}: {exc})") from None
+
+
+def unpack_trial_dir(data: bytes, target: Path) -> None:
+    """Unpack a pack made by ``pack_trial_dir`` into ``target``, which must not exist yet.
+
+    Everything is checked and written into a temporary sibling first, then renamed into place:
+    a refused pack leaves nothing behind."""
+    if target.exists() or target.is_symlink():
+        raise CheckFailed(f"{target}: already exists; trial evidence is never merged into a dir")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        staging.chmod(0o755)
+        for name, content in read_trial_pack(data):
+            destination = staging / name
+            try:
+                if content is None:
+                    destination.mkdir(parents=True, exist_ok=True)
+                    continue
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                # O_EXCL | O_NOFOLLOW: nothing already there (a name a directory member made) is written through.
+                fd = os.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                with os.fdopen(fd, "wb") as out:
+                    out.write(content)
+            except OSError as exc:
+                raise CheckFailed(f"trial evidence: member {name!r} cannot be written ({exc.strerror})") from None
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
