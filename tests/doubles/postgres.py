@@ -28,8 +28,13 @@ class PgCluster:
     Only this cluster is ever stopped (by its data dir, then by its recorded pid).
     """
 
-    def __init__(self, bindir: Path, *, durable: bool = False, parent: Path | None = None) -> None:
+    def __init__(self, bindir: Path, *, durable: bool = False, parent: Path | None = None,
+                 password: str | None = None, tls: tuple[bytes, bytes] | None = None) -> None:
+        """``password``: the ``benchseal`` role needs it (SCRAM) on every connection. ``tls`` (server
+        certificate and key, PEM): the cluster also listens on 127.0.0.1:``self.port``, TLS only
+        (a ``hostssl`` entry and no plain ``host`` one)."""
         import pwd
+        import socket
         import tempfile
 
         self.bindir = bindir
@@ -45,7 +50,28 @@ class PgCluster:
         # Tests trade durability for speed (fsync=off); a benchmark measures the durable default.
         self.durable = durable
         self._count = 0
-        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "benchseal", "-E", "UTF8", "--no-sync")
+        self.password = password
+        self.port: int | None = None
+        if password is None:
+            self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "benchseal", "-E", "UTF8", "--no-sync")
+        else:
+            pwfile = self.root / "pwfile"
+            pwfile.write_text(password + "\n")
+            os.chown(pwfile, pw.pw_uid, pw.pw_gid)
+            pwfile.chmod(0o600)
+            self._run("initdb", "-D", str(self.data), "-A", "scram-sha-256", "--pwfile", str(pwfile), "-U", "benchseal",
+                      "-E", "UTF8", "--no-sync")
+            pwfile.unlink()
+        if tls is not None:
+            for name, data, mode in (("server.crt", tls[0], 0o644), ("server.key", tls[1], 0o600)):
+                (self.data / name).write_bytes(data)
+                os.chown(self.data / name, pw.pw_uid, pw.pw_gid)
+                (self.data / name).chmod(mode)
+            method = "trust" if password is None else "scram-sha-256"
+            (self.data / "pg_hba.conf").write_text(f"local all all {method}\nhostssl all all 127.0.0.1/32 {method}\n")
+            with socket.socket() as probe:  # a free loopback port (the cluster binds it right after)
+                probe.bind(("127.0.0.1", 0))
+                self.port = int(probe.getsockname()[1])
         self.start()
 
     def _run(self, tool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -57,6 +83,9 @@ class PgCluster:
 
     def start(self) -> None:
         options = f"-k {self.sock} -c listen_addresses='' -c max_connections=100"
+        if self.port is not None:
+            options = (f"-k {self.sock} -c listen_addresses=127.0.0.1 -p {self.port} -c max_connections=100"
+                       " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key")
         if not self.durable:
             options += " -c fsync=off"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "-t", "60", "start")
@@ -81,7 +110,8 @@ class PgCluster:
         self.start()
 
     def url(self, database: str) -> str:
-        return f"postgresql://benchseal@/{database}?host={self.sock}"
+        user = "benchseal" if self.password is None else f"benchseal:{self.password}"
+        return f"postgresql://{user}@/{database}?host={self.sock}" + ("" if self.port is None else f"&port={self.port}")
 
     def new_database(self) -> str:
         """A fresh database at the current schema version; returns its URL."""
