@@ -48,6 +48,13 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+def is_plain_relative_name(name: str) -> bool:
+    """A '/'-separated name that stays inside the directory it is resolved in: not empty, not absolute,
+    no empty, '.' or '..' part, no backslash or NUL (what an archive member may be called)."""
+    return (bool(name) and not name.startswith("/") and "\\" not in name and "\0" not in name
+            and not any(part in ("", ".", "..") for part in name.split("/")))
+
+
 def is_plain_entry(path: str | os.PathLike[str]) -> bool:
     """A regular file or a real directory, judged by lstat: a symlink to either is not, nor a FIFO or device."""
     mode = os.lstat(path).st_mode

@@ -28,23 +28,23 @@ import os
 import re
 import tarfile
 from collections.abc import Iterator, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from stat import S_ISREG
 from typing import IO
 
 from pipeline.contracts import Grading, RunStatus, load_model
 from pipeline.errors import CheckFailed, ValidationError
-from pipeline.fsutil import canonical_json
+from pipeline.fsutil import canonical_json, is_plain_relative_name
 from pipeline.infra.queue import Queue, RunRecord
 from pipeline.infra.trial_evidence import check_trial_name, read_trial_pack
 
 MAX_EXPORT_BYTES = 512 * 1024 * 1024
-log = logging.getLogger("benchseal.export")
 MAX_MEMBERS = 100_000
 RUN_ID_RE = re.compile(r"\Arun-[0-9a-f]{20}\Z")
 TOP_FILES = ("run.json", "grading.json")
 EVIDENCE = "artifacts/evidence"
 TERMINAL = ("SUCCEEDED", "FAILED", "INFRA_ERROR")
+log = logging.getLogger("benchseal.export")
 
 
 def validate_run_id(run_id: str, field: str = "RUN_ID") -> str:
@@ -177,9 +177,7 @@ def _json(path: Path) -> object:
 def _allowed(name: str) -> bool:
     if name in TOP_FILES:
         return True
-    parts = name.split("/")
-    return (name.startswith(EVIDENCE + "/") and ".." not in parts and "." not in parts and "" not in parts
-            and "\\" not in name and "\0" not in name and PurePosixPath(name).as_posix() == name)
+    return name.startswith(EVIDENCE + "/") and is_plain_relative_name(name)
 
 
 def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:

@@ -19,10 +19,10 @@ import tarfile
 import tempfile
 import zlib
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from pipeline.errors import CheckFailed
-from pipeline.fsutil import is_plain_entry
+from pipeline.fsutil import is_plain_entry, is_plain_relative_name
 from pipeline.infra.queue import MAX_TRIAL_EVIDENCE_BYTES
 
 # Unpacked size and member bounds (a gzip bomb stays a refused pack, not a full disk).
@@ -60,9 +60,10 @@ def pack_trial_dir(trial_dir: Path) -> bytes:
                 except OSError:
                     continue
                 with os.fdopen(fd, "rb") as handle:
-                    if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                    opened = os.fstat(handle.fileno())
+                    if not stat.S_ISREG(opened.st_mode):
                         continue
-                    info.size, info.mode = os.fstat(handle.fileno()).st_size, 0o644
+                    info.size, info.mode = opened.st_size, 0o644
                     tar.addfile(info, handle)
                 if buffer.tell() > MAX_TRIAL_EVIDENCE_BYTES:
                     raise CheckFailed(f"{trial_dir}: packed evidence exceeds {MAX_TRIAL_EVIDENCE_BYTES} bytes")
@@ -73,10 +74,7 @@ def pack_trial_dir(trial_dir: Path) -> bytes:
 
 
 def _member_name(name: str) -> str:
-    path = PurePosixPath(name)
-    parts = name.split("/")
-    if (not name or name.startswith("/") or "\\" in name or "\0" in name or path.as_posix() != name
-            or any(part in ("", ".", "..") for part in parts)):
+    if not is_plain_relative_name(name):
         raise CheckFailed(f"trial evidence: member {name!r} is not a plain relative name")
     return name
 

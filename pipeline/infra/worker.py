@@ -838,15 +838,15 @@ def _adopt_trial_dir(queue: Queue, run_id: str, run_dir: Path, idx: int, recorde
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.move(str(source), str(target))
         return
-    data = queue.trial_evidence(run_id, idx)
-    if data is None:
-        log.warning("run %s: trial %s ran on %s and its dir is not in the queue: the evidence lacks it",
-                    run_id, trial_name, recorded.host)
-        return
     try:
         check_trial_name(trial_name)
     except CheckFailed as exc:
         log.error("run %s: %s", run_id, exc)
+        return
+    data = queue.trial_evidence(run_id, idx)
+    if data is None:
+        log.warning("run %s: trial %s ran on %s and its dir is not in the queue: the evidence lacks it",
+                    run_id, trial_name, recorded.host)
         return
     digest = hashlib.sha256(data).hexdigest()
     origin = run_dir / "harbor-origin" / f"{trial_name}.json"
