@@ -45,7 +45,7 @@ from pipeline.host.tokenserver import TokenServer
 from pipeline.infra.worker import LABEL_RUN
 from pipeline.paths import REPO_ROOT
 from tests.fixtures.github import tag_release_commit
-from tests.fixtures.infra import wait_terminal
+from tests.fixtures.infra import proc_hits, wait_terminal
 from tests.registry.helpers import basic_entry, free_port, write_docker_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -89,16 +89,7 @@ class SecretScanner:
         return [s.encode() for s in [*self.secrets, *list(self.tokens)]]
 
     def _scan_proc(self, needles: list[bytes]) -> None:
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            for name in ("cmdline", "environ"):
-                try:
-                    data = (entry / name).read_bytes()
-                except OSError:
-                    continue
-                if any(n in data for n in needles):
-                    self.hits.append(f"/proc/{entry.name}/{name}")
+        self.hits.extend(proc_hits(needles))
         self.proc_scans += 1
 
     def _scan_containers(self, client: Any, needles: list[bytes]) -> None:

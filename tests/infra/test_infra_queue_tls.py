@@ -28,6 +28,7 @@ from cryptography.x509.oid import NameOID
 from pipeline.errors import InfrastructureError
 from pipeline.infra.queue_pg import PostgresQueue
 from tests.doubles.postgres import PgCluster, pg_bindir
+from tests.fixtures.infra import proc_hits
 
 PASSWORD = "Queue-pw-7f3c9a1e5b2d"  # the one secret here: checked absent everywhere
 
@@ -91,18 +92,9 @@ class _SecretScanner(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        needle = PASSWORD.encode()
         while not self.stop.is_set():
-            for entry in os.scandir("/proc"):
-                if not entry.name.isdigit() or entry.name == str(os.getpid()):
-                    continue  # this test process holds the password in memory, not in its argv or environ
-                for part in ("cmdline", "environ"):
-                    try:
-                        with open(f"/proc/{entry.name}/{part}", "rb") as handle:
-                            if needle in handle.read():
-                                self.hits.append(f"{entry.name}/{part}")
-                    except OSError:
-                        continue
+            # This test process holds the password in memory, not in its argv or environment.
+            self.hits.extend(proc_hits([PASSWORD.encode()], skip={os.getpid()}))
             self.scans += 1
 
 
@@ -134,7 +126,7 @@ def test_every_process_reaches_the_tls_queue_by_url_file_and_the_password_shows_
         scanner.join()
         if control.poll() is None:
             control.kill()
-    assert scanner.scans > 3 and {hit.split("/")[0] for hit in scanner.hits} == {str(control.pid)}
+    assert scanner.scans > 3 and {hit.split("/")[2] for hit in scanner.hits} == {str(control.pid)}
     assert json.loads(results[0].stdout)["to"] >= 4
     run_id = json.loads(results[1].stdout)["run_id"]
     queue = json.loads(results[2].stdout)["queue"]
