@@ -148,8 +148,8 @@ def main() -> None:
     if bindir is None:
         raise SystemExit("PostgreSQL is not installed: run `make setup`")
     # Stores, run dirs and the cluster live where a worker keeps its state (the state dir), not in
-    # the system temp dir: file creation there can cost far more (a monitored /tmp: see the line
-    # "atomic file write" printed below), and every transition rewrites run.json.
+    # the system temp dir: every transition rewrites run.json, and file creation in /tmp has cost
+    # several times more on this machine at times (the line "atomic file write" below shows both).
     parent = Path(args.dir) if args.dir else home() / "bench"
     parent.mkdir(parents=True, exist_ok=True)
     parent.chmod(0o755)  # the postgres user traverses it to its cluster

@@ -52,22 +52,20 @@ class PgCluster:
         self._count = 0
         self.password = password
         self.port: int | None = None
-        if password is None:
-            self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "benchseal", "-E", "UTF8", "--no-sync")
-        else:
-            pwfile = self.root / "pwfile"
+        method = "trust" if password is None else "scram-sha-256"
+        pwfile = self.root / "pwfile"
+        if password is not None:
             pwfile.write_text(password + "\n")
             os.chown(pwfile, pw.pw_uid, pw.pw_gid)
             pwfile.chmod(0o600)
-            self._run("initdb", "-D", str(self.data), "-A", "scram-sha-256", "--pwfile", str(pwfile), "-U", "benchseal",
-                      "-E", "UTF8", "--no-sync")
-            pwfile.unlink()
+        self._run("initdb", "-D", str(self.data), "-A", method, *(["--pwfile", str(pwfile)] if password else []),
+                  "-U", "benchseal", "-E", "UTF8", "--no-sync")
+        pwfile.unlink(missing_ok=True)
         if tls is not None:
             for name, data, mode in (("server.crt", tls[0], 0o644), ("server.key", tls[1], 0o600)):
                 (self.data / name).write_bytes(data)
                 os.chown(self.data / name, pw.pw_uid, pw.pw_gid)
                 (self.data / name).chmod(mode)
-            method = "trust" if password is None else "scram-sha-256"
             (self.data / "pg_hba.conf").write_text(f"local all all {method}\nhostssl all all 127.0.0.1/32 {method}\n")
             with socket.socket() as probe:  # a free loopback port (the cluster binds it right after)
                 probe.bind(("127.0.0.1", 0))
@@ -82,10 +80,12 @@ class PgCluster:
         return result
 
     def start(self) -> None:
-        options = f"-k {self.sock} -c listen_addresses='' -c max_connections=100"
-        if self.port is not None:
-            options = (f"-k {self.sock} -c listen_addresses=127.0.0.1 -p {self.port} -c max_connections=100"
-                       " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key")
+        options = f"-k {self.sock} -c max_connections=100"
+        if self.port is None:
+            options += " -c listen_addresses=''"
+        else:
+            options += (f" -c listen_addresses=127.0.0.1 -p {self.port}"
+                        " -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key")
         if not self.durable:
             options += " -c fsync=off"
         self._run("pg_ctl", "-D", str(self.data), "-o", options, "-l", str(self.log), "-w", "-t", "60", "start")
