@@ -90,6 +90,14 @@ def _after_the_build(workflow: str, commit: str, tmp_path: Path, artifact_prefix
     return path
 
 
+def _explain(world: World, run: RunResult) -> str:
+    """The jobs' log, then what the emulator answered (status and body size of each request): CI has
+    seen jobs here read GitHub objects with every member missing (PyGithub's reading of a 2xx whose
+    body is empty or not JSON), and this says whether the emulator sent such an answer."""
+    answered = [f"{r.method} {r.path} [{r.operation}] -> {r.status} ({r.size} bytes)" for r in world.emulator.requests]
+    return run.describe() + "\n== GitHub emulator answers\n" + "\n".join(answered[-60:])
+
+
 class World:
     def __init__(self, emulator: GitHubEmulator, source: Path, commit: str) -> None:
         self.emulator = emulator
@@ -145,8 +153,8 @@ def test_each_job_runs_on_its_own_permissions_and_dispatch_needs_only_actions_wr
     emu = world.emulator
     dispatch_token = emu.add_token([INFRA], {"actions": "write"})
     run = world.run(workflow, tmp_path, dispatch_token)
-    assert run.conclusion == "success", run.describe()
-    assert [run.jobs[j].result for j in run.order] == ["success"] * 5, run.describe()
+    assert run.conclusion == "success", _explain(world, run)
+    assert [run.jobs[j].result for j in run.order] == ["success"] * 5, _explain(world, run)
     assert run.unresolved == [] and run.secret_leaks == []
     # one token per job, each exactly the job's permissions (id-token is not a token permission)
     granted = sorted(json.dumps(p, sort_keys=True) for _, p in world.job_tokens)
@@ -179,7 +187,7 @@ def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promot
     run = world.run("tag.yml", tmp_path, reader)
     results: dict[str, Any] = {j: run.jobs[j].result for j in run.order}
     assert results == {"build": "success", "resolve_images": "success", "dispatch_infra": "failure",
-                       "promote_marker": "skipped", "summarize": "success"}, run.describe()
+                       "promote_marker": "skipped", "summarize": "success"}, _explain(world, run)
     assert emu.runs(INFRA) == [] and world.events == []
     assert "Resource not accessible by personal access token" in run.summary
     assert "Not promoted: dispatch_infra ended `failure`." in run.summary
@@ -195,6 +203,6 @@ def test_a_job_without_its_permission_fails(world: World, tmp_path: Path, strip:
                                             message: str) -> None:
     """The job tokens are enforced: the same jobs with their permissions removed fail at GitHub."""
     run = world.run("tag.yml", tmp_path, world.emulator.add_token([INFRA], {"actions": "write"}), strip=strip)
-    assert run.jobs[failed].result == "failure", run.describe()
+    assert run.jobs[failed].result == "failure", _explain(world, run)
     assert message in run.jobs[failed].log, run.jobs[failed].log  # the whole log when it fails
     assert world.emulator.repo(SOURCE).check_runs == {}

@@ -234,6 +234,7 @@ class RequestRecord:
     operation: str
     status: int
     at: datetime
+    size: int = 0  # bytes of the response body the emulator sent
 
 
 class RunHandle:
@@ -732,7 +733,7 @@ class GitHubEmulator:
         with self._lock:
             self.rate_used += 1
             self.requests.append(RequestRecord(request.method, request.path, route.operation, status,
-                                               self.clock.now()))
+                                               self.clock.now(), len(response.get_data())))
         self._validate(route, params, request, response)
         return response
 
