@@ -1,12 +1,17 @@
-"""Atomic file writes: readers see the old file or the new one, never a torn one."""
+"""Atomic file writes (readers see the old file or the new one, never a torn one), staged directories,
+and the one rule for a relative name that travels between hosts (``name_problem``)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import shutil
 import stat
 import tempfile
+import unicodedata
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +53,97 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
+# The one rule for a name that travels (an export member, a trial-pack member, a checksummed file):
+# a name it accepts is the same string on every host, in every SHA256SUMS line, and in every
+# one-line message, so producer and consumer agree on it byte for byte.
+MAX_NAME_PART_BYTES = 255  # NAME_MAX of Linux file systems (ext4, xfs, btrfs, tmpfs, overlayfs)
+# A whole relative name: well under PATH_MAX (4096) with the directory it is resolved in.
+MAX_NAME_BYTES = 1024
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` is not a plain relative name, or None when it is.
+
+    A plain relative name is '/'-separated parts, each 1-255 bytes of UTF-8, the whole at most
+    MAX_NAME_BYTES: not absolute, no empty, '.' or '..' part, no backslash, no part with a leading
+    or trailing space (sha256sum readers and shells trim it), every character printable as
+    ``str.isprintable`` says (the rule of ``errors.escape_text``: no control Cc, incl. NUL, CR, LF;
+    no format Cf, i.e. bidi controls and zero-width characters; no line/paragraph separator Zl/Zp,
+    no surrogate Cs (undecodable bytes), private-use Co or unassigned Cn character (as of the
+    running Python's Unicode version), no space other than U+0020), and in Unicode NFC: two
+    accepted names that differ stay different under any normalisation a file system applies
+    (macOS stores NFD), so no two collide. Upper and lower case are different names (Linux).
+    """
+    if not name:
+        return "is empty"
+    if name.startswith("/"):
+        return "is absolute"
+    for char in name:
+        if not char.isprintable():
+            return f"has the non-printable character U+{ord(char):04X}"
+    if "\\" in name:
+        return "has a backslash"
+    if unicodedata.normalize("NFC", name) != name:
+        return "is not in Unicode NFC form"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
+    for part in name.split("/"):
+        if part in ("", ".", ".."):
+            return "has an empty, '.' or '..' part"
+        if part.strip(" ") != part:
+            return "has a part with a leading or trailing space"
+        if len(part.encode("utf-8")) > MAX_NAME_PART_BYTES:
+            return f"has a part longer than {MAX_NAME_PART_BYTES} bytes"
+    return None
+
+
 def is_plain_relative_name(name: str) -> bool:
-    """A '/'-separated name that stays inside the directory it is resolved in: not empty, not absolute,
-    no empty, '.' or '..' part, no backslash or NUL (what an archive member may be called)."""
-    return (bool(name) and not name.startswith("/") and "\\" not in name and "\0" not in name
-            and not any(part in ("", ".", "..") for part in name.split("/")))
+    """``name`` passes ``name_problem`` (what an archive member or a checksummed file may be called)."""
+    return name_problem(name) is None
+
+
+class NameTree:
+    """The names of one tree as they arrive (an archive's members): each is named once, and no name
+    is both a file and a directory (a file, then a member under it, or the reverse), which a file
+    system cannot hold and an unpack would otherwise meet half-way through writing."""
+
+    def __init__(self) -> None:
+        self._files: set[str] = set()
+        self._dirs: set[str] = set()
+        self._named: set[str] = set()
+
+    def problem(self, name: str, *, is_dir: bool = False) -> str | None:
+        """Why ``name`` cannot join the tree (nothing is added then), or None once it has."""
+        if name in self._named:
+            return "appears twice"
+        parts = name.split("/")
+        parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
+        for parent in parents:
+            if parent in self._files:
+                return f"is under {parent!r}, which is a file"
+        if not is_dir and name in self._dirs:
+            return "is a file and a directory"
+        self._named.add(name)
+        (self._dirs if is_dir else self._files).add(name)
+        self._dirs.update(parents)
+        return None
+
+
+@contextmanager
+def staged_dir(dest: Path) -> Iterator[Path]:
+    """A new directory next to ``dest`` for the block to fill, renamed to ``dest`` when the block ends
+    and removed when it raises: ``dest`` is then whole, or as it was (absent, or the empty directory it
+    was; rename replaces an empty directory). Callers check ``dest`` is new or empty first."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # A short prefix: dest's own name may be up to NAME_MAX already.
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name[:40]}.", suffix=".staging", dir=dest.parent))
+    try:
+        yield staging
+        staging.chmod(0o755)
+        os.rename(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def is_plain_entry(path: str | os.PathLike[str]) -> bool:

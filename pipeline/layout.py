@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 from pipeline.errors import CheckFailed, ValidationError
+from pipeline.fsutil import name_problem
 
 ARTIFACTS_DIR = "artifacts"  # inside a run directory
 SUMMARY = "summary.json"
@@ -41,7 +42,8 @@ PROVENANCE_SUMMARY = "provenance-summary.intoto.json"
 REQUIRED_SIGNED = (SUMMARY, SBOMS["runner"], SBOMS["api"], PROVENANCE_IMAGES, PROVENANCE_SUMMARY, CHECKSUMS)
 
 _LINE_RE = re.compile(r"\A([0-9a-f]{64})  ([A-Za-z0-9._+-]+)\Z")
-_NESTED_LINE_RE = re.compile(r"\A([0-9a-f]{64})  ([^\\\n]+)\Z")
+# A nested name is whatever follows the two spaces; fsutil.name_problem then judges it.
+_NESTED_LINE_RE = re.compile(r"\A([0-9a-f]{64})  (.+)\Z", re.DOTALL)
 NAME_RE = re.compile(r"\A[A-Za-z0-9._+-]+\Z")
 
 
@@ -62,7 +64,9 @@ def is_statement(name: str) -> bool:
 
 
 def nested_files(artifacts: Path) -> list[Path]:
-    """Regular files below the artifacts dir's subdirectories (symlinks are not followed)."""
+    """Regular files below the artifacts dir's subdirectories (symlinks are not followed). Every
+    one's name (relative to ``artifacts``) must be plain (fsutil.name_problem): a name that could not
+    be written into evidence-SHA256SUMS and read back the same is refused, on both sides."""
     found = []
     for directory in sorted(p for p in artifacts.iterdir() if p.is_dir() and not p.is_symlink()):
         for root, dirs, names in os.walk(directory):
@@ -70,6 +74,10 @@ def nested_files(artifacts: Path) -> list[Path]:
             for name in sorted(names):
                 path = Path(root) / name
                 if path.is_file() and not path.is_symlink():
+                    relative = path.relative_to(artifacts).as_posix()
+                    problem = name_problem(relative)
+                    if problem:
+                        raise CheckFailed(f"{relative!r}: {problem}; evidence names must be plain relative names")
                     found.append(path)
     return found
 
@@ -90,19 +98,27 @@ def checksummed_files(artifacts: Path) -> list[Path]:
     return files
 
 
-def parse_checksums(text: str, source: str = CHECKSUMS, *, nested: bool = False) -> dict[str, str]:
-    """Strictly parse a SHA256SUMS file: name -> hex; reject anything sha256sum would not write."""
+def parse_checksums(text: str | bytes, source: str = CHECKSUMS, *, nested: bool = False) -> dict[str, str]:
+    """Strictly parse a SHA256SUMS file (its bytes, or text): name -> hex; reject anything sha256sum
+    would not write and, in a nested listing, any name fsutil.name_problem refuses."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckFailed(f"{source}: not UTF-8 (byte {exc.start})") from None
     entries: dict[str, str] = {}
     if not text.endswith("\n"):
         raise CheckFailed(f"{source}: must end with a newline")
     pattern = _NESTED_LINE_RE if nested else _LINE_RE
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at LF only (str.splitlines would also break at CR, U+2028, U+0085, ...).
+    for number, line in enumerate(text[:-1].split("\n"), start=1):
         match = pattern.match(line)
         if not match:
             raise CheckFailed(f"{source}: line {number} is not '<64 lowercase hex>  <name>'")
         digest, name = match.groups()
-        if nested and (name.startswith("/") or any(part in ("", ".", "..") for part in name.split("/"))):
-            raise CheckFailed(f"{source}: line {number} is not a relative path inside the artifacts dir")
+        problem = name_problem(name) if nested else None
+        if problem:
+            raise CheckFailed(f"{source}: line {number}: the name {problem}")
         if name in entries:
             raise CheckFailed(f"{source}: {name} is listed twice")
         entries[name] = digest
@@ -110,11 +126,12 @@ def parse_checksums(text: str, source: str = CHECKSUMS, *, nested: bool = False)
 
 
 def render_checksums(entries: list[tuple[str, str]]) -> str:
-    """``(hex, name)`` pairs as sha256sum lines (names may be nested relative paths, never with
-    a backslash or newline)."""
+    """``(hex, name)`` pairs as sha256sum lines; every name (nested relative paths too) must pass
+    fsutil.name_problem, the rule parse_checksums reads them back with."""
     lines = []
     for digest, name in entries:
-        if "\\" in name or "\n" in name:
-            raise CheckFailed(f"{name!r}: a checksummed file name must not contain a backslash or newline")
+        problem = name_problem(name)
+        if problem:
+            raise CheckFailed(f"{name!r}: a checksummed file name {problem}")
         lines.append(f"{digest}  {name}\n")
     return "".join(lines)

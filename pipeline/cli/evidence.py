@@ -23,7 +23,6 @@ import typer
 
 from pipeline.cli.attest import sigstore_endpoints
 from pipeline.errors import ValidationError
-from pipeline.infra.export import import_run
 
 _RUN_DIR = typer.Argument(..., help="Run directory holding run.json and grading.json.")
 
@@ -45,7 +44,7 @@ def evidence(
     """Write summary.json, SBOMs, provenance, SHA256SUMS and Sigstore bundles."""
     # lazy: pipeline.evidence (sigstore, cyclonedx) + pipeline.evidence.signing (sigstore) cost 365 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.evidence import reseal as do_reseal
-    from pipeline.evidence.signing import ambient_signer, local_signer, private_trust_config
+    from pipeline.evidence.signing import Signer, ambient_signer, default_signer, local_signer, private_trust_config
 
     if signer_kind not in ("auto", "local", "ambient"):
         raise ValidationError("--signer", "must be auto, local or ambient", signer_kind)
@@ -54,35 +53,39 @@ def evidence(
     if from_export is not None and reseal:
         raise ValidationError("--reseal", "cannot be combined with --from-export")
     endpoints = sigstore_endpoints(sigstore_url, Path(trusted_root) if trusted_root else None)
+
+    def make_signer() -> Signer:
+        if signer_kind == "local":
+            if endpoints.is_private:
+                raise ValidationError("--signer local", "uses the private instance of this state dir; do not name another")
+            return local_signer(rekor_version=rekor)
+        if endpoints.is_private and endpoints.fulcio_url and endpoints.trusted_root:
+            return ambient_signer(trust_config=private_trust_config(endpoints.fulcio_url, endpoints.trusted_root),
+                                  trusted_root=endpoints.trusted_root)
+        # The ambient Actions credential and nothing else (default_signer: no fallback).
+        return default_signer()
+
+    # lazy: pipeline.publish.seal (sigstore, cyclonedx) costs 194 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.publish.seal import seal_export, seal_run
+
     if from_export is not None and run_id is not None:
+        # Staged: RUN_DIR appears with the sealed run, or stays as it was (a refused export leaves nothing).
         if from_export == "-":
-            import_run(sys.stdin.buffer, run_dir, run_id)
+            sealed = seal_export(sys.stdin.buffer, run_dir, run_id, make_signer)
         else:
             try:
-                with Path(from_export).open("rb") as handle:
-                    import_run(handle, run_dir, run_id)
+                handle = Path(from_export).open("rb")
             except FileNotFoundError:
                 raise ValidationError("--from-export", "file does not exist", str(from_export)) from None
-    if signer_kind == "local":
-        if endpoints.is_private:
-            raise ValidationError("--signer local", "uses the private instance of this state dir; do not name another")
-        signer = local_signer(rekor_version=rekor)
-    elif endpoints.is_private and endpoints.fulcio_url and endpoints.trusted_root:
-        signer = ambient_signer(trust_config=private_trust_config(endpoints.fulcio_url, endpoints.trusted_root),
-                                trusted_root=endpoints.trusted_root)
-    else:
-        # The ambient Actions credential and nothing else (default_signer: no fallback).
-        # lazy: pipeline.evidence.signing (sigstore) costs 365 ms at CLI start (bench/cli.py, 2026-12-03)
-        from pipeline.evidence.signing import default_signer
-
-        signer = default_signer()
-    if reseal:
-        typer.echo(f"resealed: {do_reseal(run_dir / 'artifacts', signer=signer)}")
+            except OSError as exc:
+                raise ValidationError("--from-export", f"cannot be read ({exc.strerror})", str(from_export)) from None
+            with handle:
+                sealed = seal_export(handle, run_dir, run_id, make_signer)
+    elif reseal:
+        typer.echo(f"resealed: {do_reseal(run_dir / 'artifacts', signer=make_signer())}")
         return
-    # lazy: pipeline.publish.seal (sigstore, cyclonedx) costs 194 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.publish.seal import seal_run
-
-    sealed = seal_run(run_dir, signer=signer)
+    else:
+        sealed = seal_run(run_dir, signer=make_signer())
     if as_json:
         typer.echo(json.dumps(sealed.to_json_dict(), sort_keys=True))
         return

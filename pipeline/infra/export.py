@@ -13,10 +13,16 @@ What travels is exactly what sealing reads, as an uncompressed tar on stdout:
 
 run.json and grading.json are written from the queue database (the truth), not read from the
 run dir. Both ends fail closed: export refuses a run that is not terminal or has no grading, or
-more than ``MAX_EXPORT_BYTES``;
-import accepts only those names (no absolute paths, no ``..``, no links or devices, no
-duplicates, the same size bound), into an empty directory, and requires ``run.json`` and
-``grading.json`` to name the run the caller expects.
+more than ``MAX_EXPORT_BYTES``, or an evidence file whose name ``fsutil.name_problem`` refuses
+(the worker's evidence copy leaves such names behind, so one here was put there by something
+else), all before the first byte is written; a trial pack from another host that holds such a name
+is left out, and said, as any refused pack is.
+Import accepts only those names (plain relative names: no absolute paths, no ``..``, no control,
+format or separator characters, no undecodable bytes, parts of at most 255 bytes; no links or
+devices, no duplicates, no file with a member under it, the same size bound) and requires
+``run.json`` and ``grading.json`` to name the run the caller expects; it unpacks into a staging
+directory next to the new or empty destination and renames it into place once all of that holds,
+so a refused export leaves the destination as it was.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import logging
 import os
 import re
 import tarfile
+import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from stat import S_ISREG
@@ -34,7 +41,7 @@ from typing import IO
 
 from pipeline.contracts import Grading, RunStatus, load_model
 from pipeline.errors import CheckFailed, ValidationError
-from pipeline.fsutil import canonical_json, is_plain_relative_name
+from pipeline.fsutil import NameTree, canonical_json, name_problem, staged_dir
 from pipeline.infra.queue import Queue, RunRecord
 from pipeline.infra.trial_evidence import check_trial_name, read_trial_pack
 
@@ -65,7 +72,11 @@ def _evidence_files(run_dir: Path) -> Iterator[tuple[str, Path]]:
             continue
         if any(parent.is_symlink() for parent in path.parents if evidence in parent.parents):
             continue
-        yield path.relative_to(run_dir).as_posix(), path
+        name = path.relative_to(run_dir).as_posix()
+        problem = name_problem(name)
+        if problem:
+            raise CheckFailed(f"{name!r}: {problem}; an export holds plain relative names only")
+        yield name, path
 
 
 def run_status(record: RunRecord) -> RunStatus:
@@ -105,7 +116,13 @@ def trial_pack_files(trial_packs: Mapping[str, bytes], present: set[str], budget
             continue
         try:
             check_trial_name(trial_name)
+            if prefix[:-1] in present:
+                raise CheckFailed(f"{prefix[:-1]} is a file here")
             members = [(prefix + name, content) for name, content in read_trial_pack(data) if content is not None]
+            for name, _ in members:
+                problem = name_problem(name)
+                if problem:
+                    raise CheckFailed(f"{name!r} {problem}")
         except CheckFailed as exc:
             log.error("trial %s: its packed dir is left out of the export: %s", trial_name, exc)
             continue
@@ -140,6 +157,11 @@ def export_run(record: RunRecord, run_dir: Path, out: IO[bytes], trial_packs: Ma
     if total > MAX_EXPORT_BYTES or count > MAX_MEMBERS:
         raise CheckFailed(f"run {run_id}: {count} files, {total} bytes: more than the export limit "
                           f"({MAX_MEMBERS} files, {MAX_EXPORT_BYTES} bytes)")
+    tree = NameTree()  # the reader's own check, before the first byte is written
+    for name in [*documents, *(name for name, _ in packed), *(name for name, _ in files)]:
+        problem = tree.problem(name)
+        if problem:
+            raise CheckFailed(f"run {run_id}: export member {name!r} {problem}")
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for name, data in [*documents.items(), *packed]:
             tar.addfile(_info(name, len(data)), io.BytesIO(data))
@@ -174,30 +196,41 @@ def _json(path: Path) -> object:
         raise CheckFailed(f"{path}: not readable JSON ({exc})") from None
 
 
-def _allowed(name: str) -> bool:
-    if name in TOP_FILES:
-        return True
-    return name.startswith(EVIDENCE + "/") and is_plain_relative_name(name)
+def _member_problem(tree: NameTree, member: tarfile.TarInfo) -> str | None:
+    """Why the export may not hold ``member``, or None."""
+    name = member.name
+    if not member.isfile():
+        return f"is not a regular file (type {member.type!r})"
+    problem = name_problem(name)
+    if name not in TOP_FILES and (problem or not name.startswith(EVIDENCE + "/")):
+        return f"is not run.json, grading.json or under {EVIDENCE}/" + (f": the name {problem}" if problem else "")
+    return tree.problem(name)
 
 
 def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:
-    """Unpack an export into the empty (or new) directory ``dest``; check it is ``run_id``'s graded run."""
+    """Unpack an export into the empty (or new) directory ``dest``; check it is ``run_id``'s graded run.
+
+    Everything is unpacked and checked in a staging directory next to ``dest``, renamed to ``dest``
+    at the end: on any refusal ``dest`` is left as it was (absent, or empty)."""
     validate_run_id(run_id, "--run-id")
-    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+    if dest.is_symlink() or (dest.exists() and (not dest.is_dir() or any(dest.iterdir()))):
         raise ValidationError("RUN_DIR", "must be a new or empty directory", str(dest))
-    dest.mkdir(parents=True, exist_ok=True)
+    with staged_dir(dest) as staging:
+        _unpack(source, staging, run_id)
+    return dest
+
+
+def _unpack(source: IO[bytes], dest: Path, run_id: str) -> None:
+    tree = NameTree()
     seen: set[str] = set()
     total = 0
     try:
         with tarfile.open(fileobj=source, mode="r|") as tar:
             for member in tar:
                 name = member.name
-                if not member.isfile():
-                    raise CheckFailed(f"export: {name!r} is not a regular file (type {member.type!r})")
-                if not _allowed(name):
-                    raise CheckFailed(f"export: {name!r} is not run.json, grading.json or under {EVIDENCE}/")
-                if name in seen:
-                    raise CheckFailed(f"export: {name!r} appears twice")
+                problem = _member_problem(tree, member)
+                if problem:
+                    raise CheckFailed(f"export: {name!r} {problem}")
                 seen.add(name)
                 total += member.size
                 if total > MAX_EXPORT_BYTES or len(seen) > MAX_MEMBERS:
@@ -206,8 +239,13 @@ def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:
                 if handle is None:  # pragma: no cover - isfile() members always have data
                     raise CheckFailed(f"export: {name!r} has no data")
                 target = dest / name
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with target.open("xb") as out:
+                try:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    # O_EXCL | O_NOFOLLOW: nothing already there is written through (NameTree rules it out too).
+                    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+                except OSError as exc:
+                    raise CheckFailed(f"export: {name!r} cannot be written ({exc.strerror})") from None
+                with os.fdopen(fd, "wb") as out:
                     remaining = member.size
                     while remaining:
                         chunk = handle.read(min(remaining, 1 << 20))
@@ -217,6 +255,8 @@ def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:
                         remaining -= len(chunk)
     except tarfile.TarError as exc:
         raise CheckFailed(f"export: not a valid tar stream ({exc})") from None
+    except (EOFError, zlib.error, OSError) as exc:
+        raise CheckFailed(f"export: cannot be read ({type(exc).__name__}: {exc})") from None
     for name in TOP_FILES:
         if name not in seen:
             raise CheckFailed(f"export: {name} is missing; the run is not graded")
@@ -228,7 +268,6 @@ def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:
     if status.state not in TERMINAL or grading.status != status.state:
         raise CheckFailed(f"export: run {run_id} is {status.state} with grading {grading.status}: not a graded "
                           f"terminal run")
-    return dest
 
 
 def export_bytes(record: RunRecord, run_dir: Path, trial_packs: Mapping[str, bytes] | None = None) -> bytes:

@@ -62,7 +62,7 @@ from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, Run
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
-from pipeline.fsutil import atomic_write_json, is_plain_entry
+from pipeline.fsutil import atomic_write_json
 from pipeline.imaging.base import ensure_base
 from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent, reap_private_dirs
@@ -78,7 +78,7 @@ from pipeline.infra.grading import (
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.infra.queue import PlannedTrial, Queue, RunRecord, TrialBatch, batch_label, open_queue
 from pipeline.infra.trial import discover_tasks, plan_trials
-from pipeline.infra.trial_evidence import check_trial_name, pack_trial_dir, unpack_trial_dir
+from pipeline.infra.trial_evidence import check_trial_name, evidence_copy_ignore, pack_trial_dir, unpack_trial_dir
 from pipeline.infra.tunings import DISABLE_ENV
 from pipeline.paths import REPO_ROOT
 from pipeline.registry_auth import docker_auth_config
@@ -461,12 +461,6 @@ class _Heartbeat(threading.Thread):
                 log.warning("run %s: %sheartbeat failed: %s", self._run_id, self._what, exc)
 
 
-def _links_and_special_files(directory: str, names: list[str]) -> set[str]:
-    """copytree ``ignore``: evidence holds regular files and directories only. A trial's symlink
-    could name any file of the host (and consumers refuse links), so it stays behind, as do FIFOs."""
-    return {name for name in names if not is_plain_entry(os.path.join(directory, name))}
-
-
 def _copy_evidence(run_dir: Path) -> None:
     """Copy Harbor trial dirs and logs into artifacts/ (every outcome): the trial dirs in ``harbor/`` (those
     that ran on this host, and those the grader unpacked from the queue) and the runner logs of this host's batches."""
@@ -477,14 +471,17 @@ def _copy_evidence(run_dir: Path) -> None:
             target = artifacts / "evidence" / "batches" / batch.name / "logs"
             if target.exists():
                 shutil.rmtree(target)
-            shutil.copytree(source, target, symlinks=True, ignore=_links_and_special_files)
+            shutil.copytree(source, target, symlinks=True,
+                            ignore=evidence_copy_ignore(source, target.relative_to(run_dir).as_posix()))
     for name in ("harbor", "logs"):
         source = run_dir / name
         if source.is_dir():
             target = artifacts / "evidence" / name
             if target.exists():
                 shutil.rmtree(target)
-            shutil.copytree(source, target, symlinks=True, ignore=_links_and_special_files)
+            # Links, special files and names evidence cannot carry stay behind (logged).
+            shutil.copytree(source, target, symlinks=True,
+                            ignore=evidence_copy_ignore(source, target.relative_to(run_dir).as_posix()))
     for name in ("trials.json", "grading.json"):
         if (run_dir / name).is_file():
             (artifacts / "evidence").mkdir(parents=True, exist_ok=True)

@@ -190,7 +190,7 @@ def _refuse_irregular_entries(directory: Path) -> None:
 
 
 def verify_checksums(directory: Path) -> dict[str, str]:
-    entries = parse_checksums((directory / CHECKSUMS).read_text("utf-8"))
+    entries = parse_checksums((directory / CHECKSUMS).read_bytes())  # bytes: undecodable is a CheckFailed
     for name, expected in entries.items():
         path = directory / name
         if "/" in name or not path.is_file():
@@ -208,7 +208,7 @@ def verify_checksums(directory: Path) -> dict[str, str]:
         raise CheckFailed(f"{path.name}: not covered by SHA256SUMS")
     if subdirs and NESTED_SUMS in entries:
         # Nested evidence is present only in a run dir (releases are flat): check it all.
-        nested = parse_checksums((directory / NESTED_SUMS).read_text("utf-8"), NESTED_SUMS, nested=True)
+        nested = parse_checksums((directory / NESTED_SUMS).read_bytes(), NESTED_SUMS, nested=True)
         for name, expected in nested.items():
             path = directory / name
             if not path.is_file() or path.is_symlink() or sha256_file(path) != expected:
