@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import unicodedata
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -32,28 +31,8 @@ import typer
 from typer.core import TyperCommand
 
 from pipeline.contracts import validate_correlation
-from pipeline.errors import Error, InfrastructureError, UsageError
+from pipeline.errors import Error, InfrastructureError, UsageError, escape_text
 from pipeline.fsutil import atomic_write_json
-
-# Characters never echoed raw: C0/C1 controls (newline, ESC ...), DEL, format characters
-# (bidi overrides) and Unicode line/paragraph separators. A hostile value in an error can then
-# neither forge an `::error::` line in an Actions log nor recolour a terminal.
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
-
-
-def escape_text(text: str) -> str:
-    """``text`` with every control/format character replaced by a visible escape (``\\n``, ``\\x1b``, ``\\u202e``)."""
-    out = []
-    for char in text:
-        if unicodedata.category(char) not in _UNSAFE_CATEGORIES:
-            out.append(char)
-        elif char in "\n\r\t":
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[char])
-        elif ord(char) < 0x100:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(f"\\u{ord(char):04x}")
-    return "".join(out)
 
 
 def _secrets() -> list[str]:

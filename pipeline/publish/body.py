@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.documents import ReleaseSummary, parse_document
-from pipeline.errors import ValidationError
+from pipeline.errors import ValidationError, escape_text
 
 START = "<!-- benchseal:start -->"
 END = "<!-- benchseal:end -->"
@@ -92,15 +92,62 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
     )
 
 
-def _cell(value: object) -> str:
-    """A table cell: no line breaks, pipes escaped, no HTML comment that could fake a marker."""
-    text = " ".join(str(value).split())
-    return text.replace("|", "\\|").replace("<!--", "&lt;!--").replace("-->", "--&gt;")
+# GitHub links these after rendering (mentions and emails, issue refs, URL schemes, emoji
+# shortcodes), on the HTML's text, so a backslash escape does not stop it; its filters skip
+# code, so a run of them is written as one code span.
+_LINKED_AFTER_RENDER = frozenset("@#:")
+_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+# A value shown as code as it is: nothing in it is Markdown or ends the span or the cell.
+_PLAIN_CODE_RE = re.compile(r"\A[A-Za-z0-9._:/@+=-]+\Z")
+
+
+def markdown_cell(value: object) -> str:
+    """``value`` as inert Markdown for a table cell or heading: the one escaper of the body.
+
+    Every character shows as itself and nothing becomes markup, a link or a mention: what
+    ``str.isprintable`` rejects (newline, CR, U+2028/U+2029, bidi controls, zero-width
+    characters) is written as a visible ``\\uNNNN`` escape (``pipeline.errors.escape_text``;
+    a backslash of the value shows doubled, so the escapes read back unambiguously); ``<``,
+    ``>``, ``&`` become entities (no HTML, no comment that could fake a marker); ``@``, ``#``
+    and ``:`` become code (no mention, issue reference, autolink or emoji); every other ASCII
+    punctuation character is backslash-escaped (no link, image, emphasis, code span, fence or
+    table pipe). Spaces at either end are entities, so the cell keeps them.
+    """
+    text = escape_text(str(value).replace("\\", "\\\\"))
+    out: list[str] = []
+    linked = ""
+    for char in text:
+        if char in _LINKED_AFTER_RENDER:
+            linked += char
+            continue
+        if linked:
+            out.append(f"`{linked}`")
+            linked = ""
+        if char in _ENTITIES:
+            out.append(_ENTITIES[char])
+        elif char.isascii() and not char.isalnum() and char != " ":
+            out.append("\\" + char)
+        else:
+            out.append(char)
+    if linked:
+        out.append(f"`{linked}`")
+    cell = "".join(out)
+    stripped = cell.strip(" ")
+    if stripped != cell:
+        lead = len(cell) - len(cell.lstrip(" "))
+        trail = len(cell) - len(cell.rstrip(" "))
+        cell = "&#32;" * lead + stripped + "&#32;" * trail if stripped else "&#32;" * len(cell)
+    return cell
 
 
 def _code(value: object) -> str:
-    text = _cell(value)
-    return f"`{text}`" if "`" not in text else text
+    text = str(value)
+    return f"`{text}`" if _PLAIN_CODE_RE.match(text) else markdown_cell(text)
+
+
+def _code_line(command: str) -> str:
+    """One line of the fenced commands block: no line break, no fence, no marker."""
+    return escape_text(command).replace("<!--", "&lt;!--").replace("```", "'''")
 
 
 def render_section(facts: SectionFacts, verify_commands: Sequence[str] = ()) -> str:
@@ -108,31 +155,31 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = ()) -> 
     if facts.status == "SUCCEEDED" and facts.score is not None:
         score = f"**{facts.score:.3f}** ({facts.resolved}/{facts.completed} resolved)"
     else:
-        why = f": {facts.reason}" if facts.reason else ""
-        score = f"not scored ({facts.status}{why})"
+        why = f": {markdown_cell(facts.reason)}" if facts.reason else ""
+        score = f"not scored ({markdown_cell(facts.status)}{why})"
     rows: list[tuple[str, str]] = [
-        ("Status", _cell(facts.status)),
-        ("Score", _cell(score)),
-        ("Suite", _cell(facts.suite)),
-        ("Dataset / revision", _cell(facts.dataset)),
-        ("Evaluation method", _cell(facts.evaluation)),
+        ("Status", markdown_cell(facts.status)),
+        ("Score", score),
+        ("Suite", markdown_cell(facts.suite)),
+        ("Dataset / revision", markdown_cell(facts.dataset)),
+        ("Evaluation method", markdown_cell(facts.evaluation)),
         ("Completed / total", f"{facts.completed} / {facts.total}"),
         ("Resolved", str(facts.resolved)),
         ("Unresolved", str(facts.unresolved)),
         ("Infrastructure errors", str(facts.infra_errors)),
         ("Runner image", _code(facts.runner_ref)),
         ("API image", _code(facts.api_ref)),
-        ("Harbor version", _cell(facts.harbor_version)),
-        ("Agent", _cell(facts.agent)),
-        ("Source", f"{_cell(facts.source_repository)} @ {_code(facts.source_commit)}"),
+        ("Harbor version", markdown_cell(facts.harbor_version)),
+        ("Agent", markdown_cell(facts.agent)),
+        ("Source", f"{markdown_cell(facts.source_repository)} @ {_code(facts.source_commit)}"),
         ("Infra run id", _code(facts.run_id)),
         ("Correlation id", _code(facts.correlation_id)),
     ]
-    lines = [f"### Benchmark ({_cell(facts.tag)})", "", "| | |", "|---|---|"]
+    lines = [f"### Benchmark ({markdown_cell(facts.tag)})", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
     lines += ["", "How to verify (download the release assets into one directory, then):", "", "```sh"]
     commands = [" ".join(c.split("\n")) for c in verify_commands] or ["sha256sum -c SHA256SUMS"]
-    lines += [c.replace("<!--", "&lt;!--").replace("```", "'''") for c in commands]
+    lines += [_code_line(c) for c in commands]
     lines += ["```"]
     return "\n".join(lines)
 

@@ -121,10 +121,10 @@ def test_summary_is_read_through_its_model(change: dict[str, Any], field: str) -
 def test_render_succeeded_table() -> None:
     text = render_section(facts_from_summary(SUMMARY, "v1.2.3"), ["cosign verify-blob --bundle x.sigstore.json x"])
     assert "| Score | **0.667** (2/3 resolved) |" in text
-    assert "| Dataset / revision | benchseal-smoke@abc123 |" in text
+    assert "| Dataset / revision | benchseal\\-smoke`@`abc123 |" in text  # inert: no mention, no link
     assert "| Infrastructure errors | 0 |" in text
     assert "`127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64 + "`" in text
-    assert "| Agent | oracle 1.0 |" in text
+    assert "| Agent | oracle 1\\.0 |" in text
     assert "cosign verify-blob --bundle x.sigstore.json x" in text
     assert START not in text and END not in text
 
@@ -133,7 +133,7 @@ def test_render_failed_run_is_not_scored() -> None:
     failed = dict(SUMMARY, status="INFRA_ERROR", score=None, reason="runner image missing",
                   counts={"total": 3, "completed": 0, "resolved": 0, "unresolved": 0, "infra_errors": 3})
     text = render_section(facts_from_summary(failed, "v1.2.3"))
-    assert "| Score | not scored (INFRA_ERROR: runner image missing) |" in text
+    assert "| Score | not scored (INFRA\\_ERROR: runner image missing) |" in text
     assert "| Infrastructure errors | 3 |" in text
 
 
