@@ -335,8 +335,15 @@ class RunStatus(_Frozen):
     api: PinnedRef
     created_at: str
     updated_at: str
-    score: float | None = None
+    score: float | None = Field(default=None, allow_inf_nan=False)
     counts: GradeCounts | None = None
+
+    @model_validator(mode="after")
+    def _scored(self) -> RunStatus:
+        # The grader's score rule wherever the counts are known (NaN and Infinity are refused above).
+        if self.state == "SUCCEEDED" and self.counts is not None:
+            check_score(self.state, self.counts, self.score)
+        return self
 
 
 # --- worker -> publish (durable outbox) --------------------------------------------
