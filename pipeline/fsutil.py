@@ -84,7 +84,7 @@ def name_problem(name: str) -> str | None:
     if "\\" in name:
         return "has a backslash"
     if unicodedata.normalize("NFC", name) != name:
-        return "is not in Unicode NFC form"
+        return f"is not in Unicode NFC form (it is {name!a})"
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"
     for part in name.split("/"):
