@@ -10,7 +10,7 @@ A body over GitHub's 125,000-character limit is refused before anything is sent.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +27,11 @@ DUPLICATE_REMOVED = "<!-- benchseal:duplicate-section-removed -->"
 # GitHub refuses a release body longer than this (422).
 MAX_BODY_CHARS = 125_000
 _MARKER_RE = re.compile(f"{re.escape(START)}|{re.escape(END)}")
+# The section's last line: the release assets benchseal wrote, by name and sha256. It is what
+# proves an asset is benchseal's to replace or remove (the target checks the asset's bytes still
+# hash to the recorded digest); nothing a cell renders can form it (no "<" survives escaping).
+ASSET_RECORD = "<!-- benchseal:assets"
+_RECORD_RE = re.compile(r"\A<!-- benchseal:assets((?: [A-Za-z0-9._+-]+=[0-9a-f]{64})*) -->\Z")
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,7 @@ class SectionFacts:
     source_commit: str
     run_id: str
     correlation_id: str
+    source_tag: str  # the tag the run benchmarked (summary.json source.tag); a target checks it is ``tag``
 
 
 def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) -> SectionFacts:
@@ -89,6 +95,7 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         source_commit=summary.source.commit,
         run_id=summary.run_id,
         correlation_id=summary.correlation_id,
+        source_tag=summary.source.tag,
     )
 
 
@@ -182,6 +189,33 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = ()) -> 
     lines += [_code_line(c) for c in commands]
     lines += ["```"]
     return "\n".join(lines)
+
+
+def asset_record(assets: Iterable[tuple[str, str]]) -> str:
+    """The record line for ``(name, sha256 hex)`` pairs (sorted; a name may have two digests while
+    one of benchseal's assets is being replaced)."""
+    return ASSET_RECORD + "".join(f" {name}={digest}" for name, digest in sorted(set(assets))) + " -->"
+
+
+def with_asset_record(section: str, assets: Iterable[tuple[str, str]]) -> str:
+    """``section`` with its record line set to ``assets`` (added after a blank line when it has none)."""
+    lines = [line for line in section.split("\n") if not line.startswith(ASSET_RECORD)]
+    while lines and lines[-1] == "":
+        lines.pop()
+    return "\n".join([*lines, "", asset_record(assets)] if lines else [asset_record(assets)])
+
+
+def recorded_assets(body: str) -> frozenset[tuple[str, str]]:
+    """The ``(name, sha256 hex)`` pairs the body's benchseal section records; empty when it has no
+    section, no record, or more than one (then nothing is proven benchseal's)."""
+    section = extract(body)
+    if section is None:
+        return frozenset()
+    found = [match for line in section.split("\n") if (match := _RECORD_RE.match(line))]
+    if len(found) != 1:
+        return frozenset()
+    pairs = (item.split("=") for item in found[0].group(1).split())
+    return frozenset((name, digest) for name, digest in pairs)
 
 
 def _check_section(section: str) -> None:

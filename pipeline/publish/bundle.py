@@ -3,7 +3,8 @@
 Built from a run's ``artifacts/`` directory. Only files the evidence stage vouched
 for are published: the top-level files named in SHA256SUMS (re-hashed here, so a
 file changed after checksumming is never published), SHA256SUMS itself and the
-Sigstore bundles.
+Sigstore bundles. The section ends with the record of those assets (name and sha256), which is
+how a later publication tells benchseal's assets from the maintainers'.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ from pipeline.documents import ReleaseSummary, load_document
 from pipeline.errors import CheckFailed
 from pipeline.fsutil import sha256_file
 from pipeline.layout import CHECKSUMS, SUMMARY, bundle_name, parse_checksums
-from pipeline.publish.body import END, START, SectionFacts, check_body_length, facts_from_summary, render_section
+from pipeline.publish.body import (
+    END,
+    START,
+    SectionFacts,
+    check_body_length,
+    facts_from_summary,
+    render_section,
+    with_asset_record,
+)
 
 __all__ = ["Asset", "ReleaseBundle", "load_bundle", "sha256_file"]
 
@@ -68,7 +77,8 @@ def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = 
         if path.name not in sums:
             assets.append(Asset(path.name, path, sha256_file(path), path.stat().st_size))
     facts = facts_from_summary(load_document(ReleaseSummary, summary_path), tag)
-    section = render_section(facts, verify_commands)
+    # The section records the assets by digest: a target later replaces or removes only those.
+    section = with_asset_record(render_section(facts, verify_commands), ((a.name, a.sha256) for a in assets))
     # The smallest body the section can be in: over GitHub's limit, refuse before any request.
     check_body_length(f"{START}\n{section}\n{END}\n", f"release body for {tag} (the benchmark section alone)")
     return ReleaseBundle(

@@ -101,7 +101,8 @@ def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory
 
     def make(request: PublicationRequest) -> Target:
         if request.target == "local":
-            return LocalTarget(Path(request.options.get("root") or DEFAULT_LOCAL_ROOT))
+            return LocalTarget(Path(request.options.get("root") or DEFAULT_LOCAL_ROOT),
+                               repository=request.options.get("repository") or None)
         repository = request.options.get("repository")
         if not repository:
             raise PublishError("publication options.repository is required for the github target", retryable=False)

@@ -9,13 +9,20 @@ Both write only for a source repository that the infra policy (policies/infra.ya
 repository, which must be listed; the GitHub target also requires the repository the
 API answers for (after any rename redirect) to be that same listed repository, and the
 release's tag, resolved through the API at publish time with annotated tags peeled, to
-point at the run's commit. Anything else is refused before the first write.
+point at the run's commit. The release is the one the evidence names: summary.json's
+``source.tag`` must be the tag published to. Anything else is refused before the first write.
+
+Both touch only what benchseal wrote. The benchmark section of the body ends with a record of
+the assets benchseal put there, by name and sha256 (``body.asset_record``); an asset is
+benchseal's only when its name is recorded and its bytes still hash to the recorded digest. A
+maintainer's asset (not recorded, or changed since) is never replaced or removed: one that has
+the name of an asset benchseal must write is a refusal, before anything is written. The names
+benchseal will upload are recorded before the first upload, so an interrupted publication
+leaves only assets that the next attempt can prove its own.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 import shutil
 import tempfile
@@ -34,8 +41,8 @@ from pipeline.dispatch.resolve import peel_tag
 from pipeline.errors import CheckFailed, Error, ValidationError
 from pipeline.fsutil import atomic_write_text
 from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.layout import BODY, CHECKSUMS, CHECKSUMS_BUNDLE, bundle_name, parse_checksums
-from pipeline.publish.body import START, splice
+from pipeline.layout import BODY, CHECKSUMS
+from pipeline.publish.body import START, extract, recorded_assets, splice, with_asset_record
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
 
 AssetAction = Literal["kept", "uploaded", "replaced", "removed"]
@@ -94,31 +101,54 @@ def allowed_source(bundle: ReleaseBundle, sources: InfraPolicy | None = None) ->
         raise PublishError(f"refusing to publish run {bundle.run_id}: {exc.diagnostics()}", retryable=False) from None
 
 
+def check_evidence_release(bundle: ReleaseBundle, repository: str | None = None) -> None:
+    """The evidence is for this release: summary.json's ``source.tag`` is the tag published to and,
+    when the target names one, its ``source.repository`` is that repository (PublishError, not
+    retryable, before any write)."""
+
+    if bundle.facts.source_tag != bundle.tag:
+        raise PublishError(
+            f"refusing to publish run {bundle.run_id}: summary.json source.tag is {bundle.facts.source_tag!r}, "
+            f"the release is {bundle.tag!r}", retryable=False)
+    if repository is None:
+        return
+    try:
+        same = canonical_repository(repository) == canonical_repository(bundle.facts.source_repository)
+    except ValueError:
+        same = False
+    if not same:
+        raise PublishError(
+            f"refusing to publish run {bundle.run_id}: summary.json source.repository is "
+            f"{bundle.facts.source_repository!r}, the release is in {repository!r}", retryable=False)
+
+
+def recorded_of(bundle: ReleaseBundle) -> set[tuple[str, str]]:
+    return {(a.name, a.sha256) for a in bundle.assets}
+
+
+def foreign_names_refusal(where: str, names: list[str]) -> PublishError:
+    """The one-line refusal for maintainers' assets that have the names of benchseal's."""
+
+    return PublishError(
+        f"{where} already holds {', '.join(names)}, which benchseal did not write (not in its section's asset "
+        "record, or changed since): refusing to replace the maintainers' files; rename or remove them, "
+        "or publish under another tag", retryable=False)
+
+
 # --- local directory -----------------------------------------------------------------
 
-_RENAME_EXCHANGE = 2
-_AT_FDCWD = -100
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Atomically swap two directories (Linux renameat2); False where unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
-    if renameat2 is None:
-        return False
-    rc = renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
-    return bool(rc == 0)
-
-
 class LocalTarget:
-    """``<root>/<tag>/``: body.md plus every asset. Replaced as a whole, atomically."""
+    """``<root>/<tag>/``: body.md plus every asset.
 
-    def __init__(self, root: Path, *, sources: InfraPolicy | None = None) -> None:
+    A new release directory is staged and renamed into place whole. In an existing one only
+    benchseal's own files (recorded in body.md's section, bytes unchanged) are replaced (each
+    staged and renamed) or removed; body.md is written last; anything else there is left alone.
+    """
+
+    def __init__(self, root: Path, *, sources: InfraPolicy | None = None, repository: str | None = None) -> None:
         self.root = root
         self.sources = sources  # None: policies/infra.yaml, read at each publication
+        self.repository = repository  # the repository the release is for, when the publication names one
 
     def release_dir(self, tag: str) -> Path:
         if "/" in tag or tag in {".", ".."} or tag.startswith("."):
@@ -126,44 +156,84 @@ class LocalTarget:
         return self.root / tag
 
     def publish(self, bundle: ReleaseBundle, *, manual: bool = False) -> PublishResult:
-        allowed_source(bundle, self.sources)
         dest = self.release_dir(bundle.tag)
-        old_body = (dest / BODY).read_text("utf-8") if (dest / BODY).is_file() else ""
-        body = splice(old_body, bundle.section)
+        allowed_source(bundle, self.sources)
+        check_evidence_release(bundle, self.repository)
+        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+            raise PublishError(f"{dest} is not a directory: refusing to publish there", retryable=False)
+        if not dest.exists():
+            self._create(dest, splice("", bundle.section), bundle.assets)
+            return PublishResult("local", bundle.tag, str(dest), "local", True,
+                                 dict.fromkeys((a.name for a in bundle.assets), "uploaded"))
+        body_path = dest / BODY
+        if body_path.is_symlink() or (body_path.exists() and not body_path.is_file()):
+            raise PublishError(f"{body_path} is not a regular file: refusing to publish there", retryable=False)
+        old_body = body_path.read_text("utf-8") if body_path.exists() else ""
+        recorded = recorded_assets(old_body)
+        ours: dict[str, str] = {}  # name -> sha256 of benchseal's files in the directory
+        present: set[str] = set()
+        for entry in dest.iterdir():
+            present.add(entry.name)
+            if entry.name in {n for n, _ in recorded} and entry.is_file() and not entry.is_symlink():
+                digest = sha256_file(entry)
+                if (entry.name, digest) in recorded:
+                    ours[entry.name] = digest
+        foreign = sorted(a.name for a in bundle.assets if a.name in present and a.name not in ours)
+        if foreign:
+            raise foreign_names_refusal(str(dest), foreign)
         actions: dict[str, AssetAction] = {}
+        writes = []
         for asset in bundle.assets:
-            existing = dest / asset.name
-            if existing.is_file():
-                actions[asset.name] = "kept" if sha256_file(existing) == asset.sha256 else "replaced"
+            if ours.get(asset.name) == asset.sha256:
+                actions[asset.name] = "kept"
             else:
-                actions[asset.name] = "uploaded"
-        wanted = {a.name for a in bundle.assets} | {BODY}
-        present = {p.name for p in dest.iterdir()} if dest.is_dir() else set()
-        unchanged = body == old_body and all(v == "kept" for v in actions.values()) and present == wanted
-        if not unchanged:
-            self._replace(dest, body, bundle.assets)
+                actions[asset.name] = "replaced" if asset.name in ours else "uploaded"
+                writes.append(asset)
+        if writes:
+            pending = recorded | recorded_of(bundle)
+            if pending != recorded:
+                # Recorded before the first file lands: an interruption leaves only provable files.
+                atomic_write_text(body_path, splice(old_body, with_asset_record(extract(old_body) or "", pending)))
+            self._write_files(dest, writes)
+        wanted = {a.name for a in bundle.assets}
+        for name in sorted(set(ours) - wanted):
+            (dest / name).unlink()  # benchseal's file of an earlier publication
+            actions[name] = "removed"
+        body = splice(old_body, bundle.section)
+        current = body_path.read_text("utf-8") if body_path.exists() else ""
+        if body != current:
+            atomic_write_text(body_path, body)
         return PublishResult("local", bundle.tag, str(dest), "local", body != old_body, actions)
 
-    def _replace(self, dest: Path, body: str, assets: tuple[Asset, ...]) -> None:
+    def _stage(self, dest: Path) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{dest.name}.staging."))
+        return Path(tempfile.mkdtemp(dir=self.root, prefix=f".{dest.name}.staging."))
+
+    @staticmethod
+    def _copy(asset: Asset, path: Path) -> None:
+        shutil.copyfile(asset.path, path)
+        if sha256_file(path) != asset.sha256:
+            raise CheckFailed(f"{asset.path} changed while it was being published")
+        os.chmod(path, 0o644)
+
+    def _create(self, dest: Path, body: str, assets: tuple[Asset, ...]) -> None:
+        stage = self._stage(dest)
         try:
             for asset in assets:
-                shutil.copyfile(asset.path, stage / asset.name)
-                if sha256_file(stage / asset.name) != asset.sha256:
-                    raise CheckFailed(f"{asset.path} changed while it was being published")
+                self._copy(asset, stage / asset.name)
             atomic_write_text(stage / BODY, body)
             os.chmod(stage, 0o755)  # noqa: S103 -- a published release is world-readable
-            if dest.is_dir() and _exchange(stage, dest):
-                return  # stage now holds the old release; removed below
-            if dest.is_dir():
-                # No renameat2: two renames, the old copy kept until the new one is in place.
-                aside = Path(tempfile.mkdtemp(dir=self.root, prefix=f".{dest.name}.old."))
-                os.replace(dest, aside / "release")
-                os.replace(stage, dest)
-                shutil.rmtree(aside, ignore_errors=True)
-                return
-            os.replace(stage, dest)
+            os.rename(stage, dest)  # fails, keeping what is there, if the directory appeared meanwhile
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+
+    def _write_files(self, dest: Path, assets: list[Asset]) -> None:
+        # Staged beside the root (same filesystem), each renamed over benchseal's own old file.
+        stage = self._stage(dest)
+        try:
+            for asset in assets:
+                self._copy(asset, stage / asset.name)
+                os.replace(stage / asset.name, dest / asset.name)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
 
@@ -245,6 +315,7 @@ class GitHubTarget:
     def _check_source(self, bundle: ReleaseBundle) -> str:
         """Repository and tag checks (step 0); returns the commit the tag resolves to."""
         entry = allowed_source(bundle, self.sources)
+        check_evidence_release(bundle)  # the repository: against the API's answer, below
         # The API's own name for the repository: a renamed or transferred repository is
         # redirected by GitHub, so the requested name alone proves nothing.
         answered = self.repo.full_name
@@ -297,11 +368,12 @@ class GitHubTarget:
                 retryable=False,
             )
         strategy: Strategy = "draft" if release.draft else "in-place"
+        original = release.body or ""
         holder = release
         if not release.draft and bool(release.raw_data.get("immutable")):
             strategy, holder = "companion", self._companion(release, bundle, commit)
         try:
-            actions = self._sync_assets(holder, bundle.assets)
+            actions, holder = self._sync_assets(holder, bundle)
         except Exception as exc:
             if not _is_immutable_refusal(exc):
                 raise
@@ -311,15 +383,20 @@ class GitHubTarget:
                     "publish this run under a new tag", retryable=False,
                 ) from exc
             # The release did not say it was immutable, but GitHub refused like one.
+            release = self.repo.get_release(release.id)  # its body may carry the pending record now
             strategy, holder = "companion", self._companion(release, bundle, commit)
-            actions = self._sync_assets(holder, bundle.assets)
+            actions, holder = self._sync_assets(holder, bundle)
+        if strategy != "companion":
+            release = holder
         section = bundle.section
         if strategy == "companion":
-            section += (
+            companion_section = section + (
                 f"\n\nThis release is immutable, so the benchmark assets are on the companion release "
                 f"`{holder.tag_name}`."
             )
-            companion_body = splice(holder.body or "", section)
+            # The release itself holds none of benchseal's assets: its record says so.
+            section = with_asset_record(companion_section, ())
+            companion_body = splice(holder.body or "", with_asset_record(companion_section, recorded_of(bundle)))
             if holder.draft or companion_body != (holder.body or ""):
                 # Publishing the companion only now: its assets are complete, and on an
                 # immutable repository they are locked from here on.
@@ -332,7 +409,7 @@ class GitHubTarget:
             release = release.update_release(name=release.name or release.tag_name, message=new,
                                              draft=release.draft, prerelease=release.prerelease)
         return PublishResult(
-            "github", bundle.tag, release.html_url, strategy, new != old, actions,
+            "github", bundle.tag, release.html_url, strategy, new != original, actions,
             asset_location=holder.html_url,
         )
 
@@ -352,8 +429,9 @@ class GitHubTarget:
         drafts = [r for r in matches if r.draft]
         keep = published[0] if published else drafts[0] if drafts else None
         for extra in drafts:
-            # A create whose response was lost may have made a second draft: keep the oldest.
-            if extra is not keep and START in (extra.body or ""):
+            # A create whose response was lost may have made a second draft: keep the oldest. Only
+            # one that holds nothing but benchseal's own assets is deleted.
+            if extra is not keep and START in (extra.body or "") and self._only_ours(extra):
                 extra.delete_release()
         if keep is not None:
             if not keep.draft and self._resolve_tag(tag) != commit:
@@ -365,54 +443,66 @@ class GitHubTarget:
             prerelease=release.prerelease, target_commitish=commit,
         )
 
-    def _sync_assets(self, release: GitRelease, assets: tuple[Asset, ...]) -> dict[str, AssetAction]:
+    def _only_ours(self, release: GitRelease) -> bool:
+        recorded = recorded_assets(release.body or "")
+        return all(self._owned(remote, recorded) for remote in release.get_assets())
+
+    def _sync_assets(self, release: GitRelease, bundle: ReleaseBundle) -> tuple[dict[str, AssetAction], GitRelease]:
+        """Upload what is missing or changed, remove benchseal's files this bundle no longer has;
+        returns the actions and the release as it is now (its record may have been updated)."""
         existing: dict[str, GitReleaseAsset] = {a.name: a for a in release.get_assets()}
-        wanted = {a.name for a in assets}
-        # What an earlier publication put there (its SHA256SUMS and their bundles): removed when
-        # this bundle no longer has it, so the release never carries a file its SHA256SUMS does not
-        # list. Read before anything changes; assets benchseal never listed (a human's) are kept.
-        new_sums = next((a for a in assets if a.name == CHECKSUMS), None)
-        stale = self._previous_listing(existing, new_sums) - wanted
-        actions: dict[str, AssetAction] = {}
-        for asset in assets:
+        body = release.body or ""
+        recorded = recorded_assets(body)
+        # Read before anything changes: what benchseal wrote, proven by the record and the bytes.
+        ours = {name for name, remote in existing.items() if self._owned(remote, recorded)}
+        foreign = sorted(a.name for a in bundle.assets if a.name in existing and a.name not in ours)
+        if foreign:
+            raise foreign_names_refusal(f"release {release.tag_name}", foreign)
+        writes = [a for a in bundle.assets if a.name not in existing or not self._matches(existing[a.name], a)]
+        if writes:
+            pending = recorded | recorded_of(bundle)
+            if pending != recorded:
+                # Recorded before the first upload: an interrupted publication leaves only provable assets.
+                marked = splice(body, with_asset_record(extract(body) or "", pending))
+                release = release.update_release(name=release.name or release.tag_name, message=marked,
+                                                 draft=release.draft, prerelease=release.prerelease)
+        actions: dict[str, AssetAction] = dict.fromkeys((a.name for a in bundle.assets), "kept")
+        for asset in writes:
             current = existing.get(asset.name)
-            if current is not None and self._matches(current, asset):
-                actions[asset.name] = "kept"
-                continue
             if current is not None:
-                current.delete_asset()
+                current.delete_asset()  # benchseal's own (checked above)
             self._upload(release, asset)
             actions[asset.name] = "replaced" if current is not None else "uploaded"
         # Removed only after the new files are in place: an interruption leaves extra, never missing, files.
-        for name in sorted(stale & set(existing)):
+        for name in sorted(ours - {a.name for a in bundle.assets}):
             existing[name].delete_asset()
             actions[name] = "removed"
-        return actions
+        return actions, release
 
-    def _previous_listing(self, existing: dict[str, GitReleaseAsset], new_sums: Asset | None) -> set[str]:
-        sums = existing.get(CHECKSUMS)
-        if sums is None or sums.state != "uploaded" or (new_sums is not None and self._matches(sums, new_sums)):
-            return set()  # nothing published before, or the same listing: nothing can be stale
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / CHECKSUMS
-            sums.download_asset(str(path))
-            try:
-                names = set(parse_checksums(path.read_text("utf-8"), f"release asset {CHECKSUMS}"))
-            except (CheckFailed, UnicodeDecodeError):
-                return set()  # not ours to interpret: remove nothing
-        return names | {bundle_name(n) for n in names} | {CHECKSUMS_BUNDLE}
+    def _owned(self, remote: GitReleaseAsset, recorded: frozenset[tuple[str, str]]) -> bool:
+        """benchseal wrote ``remote``: its name is recorded and its bytes hash to a recorded digest
+        (a partial upload of a recorded name is benchseal's interrupted one)."""
+        digests = {digest for name, digest in recorded if name == remote.name}
+        if not digests:
+            return False
+        if remote.state != "uploaded":
+            return True
+        return self._sha256(remote) in digests
 
     @staticmethod
-    def _matches(remote: GitReleaseAsset, asset: Asset) -> bool:
-        if remote.state != "uploaded" or remote.size != asset.size:
-            return False
-        if remote.digest:
-            return remote.digest == asset.digest
+    def _sha256(remote: GitReleaseAsset) -> str:
+        if remote.digest and remote.digest.startswith("sha256:"):
+            return str(remote.digest).removeprefix("sha256:")
         # Servers without the digest field: fetch the bytes and hash them.
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "asset"
             remote.download_asset(str(path))
-            return sha256_file(path) == asset.sha256
+            return sha256_file(path)
+
+    def _matches(self, remote: GitReleaseAsset, asset: Asset) -> bool:
+        if remote.state != "uploaded" or remote.size != asset.size:
+            return False
+        return self._sha256(remote) == asset.sha256
 
     def _upload(self, release: GitRelease, asset: Asset) -> None:
         try:

@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.dispatch.client import make_client
 from pipeline.errors import ValidationError
-from pipeline.publish.body import END, START, splice
+from pipeline.publish.body import END, START, asset_record, splice
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.targets import GitHubTarget, PublishError, PublishPolicy
 from tests.fixtures.github import tag_release_commit
@@ -39,6 +39,18 @@ def _assets(emu: Any, tag: str) -> dict[str, bytes]:
 
 def _expected_assets(art: Path) -> dict[str, bytes]:
     return {name: (art / name).read_bytes() for name in ASSETS}
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _left_by_benchseal(release: Any, files: dict[str, Path]) -> None:
+    """What an interrupted publication leaves: the files it uploaded, recorded in the body first."""
+    release.update_release(name=release.name, message=splice(release.body or "", asset_record(
+        (name, _sha(path)) for name, path in files.items())))
+    for name, path in files.items():
+        release.upload_asset(str(path), label=name, name=name)
 
 
 def _writes(emu: Any) -> int:
@@ -92,10 +104,9 @@ def test_existing_assets_same_digest_kept_different_replaced(emulator: Any, make
     release = _setup(emulator)
     art = make_artifacts()
     # What a previous attempt left: one asset complete (its response lost), one with other bytes.
-    release.upload_asset(str(art / "summary.json"), label="summary.json", name="summary.json")
     stale = tmp_path / "stale"
     stale.write_text("old sbom")
-    release.upload_asset(str(stale), label="sbom-runner.cdx.json", name="sbom-runner.cdx.json")
+    _left_by_benchseal(release, {"summary.json": art / "summary.json", "sbom-runner.cdx.json": stale})
     result = GitHubTarget(_repo(emulator)).publish(load_bundle(art, "v1.0.0"))
     assert result.assets["summary.json"] == "kept" and result.assets["sbom-runner.cdx.json"] == "replaced"
     assert _assets(emulator, "v1.0.0") == _expected_assets(art)
@@ -121,7 +132,8 @@ def test_manual_publication_only_to_prereleases(emulator: Any, make_artifacts: A
     assert allowed.strategy == "in-place"
     tag_release_commit(emulator, REPO, "v1.1.0-rc1")
     _repo(emulator).create_git_release(tag="v1.1.0-rc1", name="rc", message="", prerelease=True)
-    rc = GitHubTarget(_repo(emulator)).publish(load_bundle(make_artifacts("rc"), "v1.1.0-rc1"), manual=True)
+    rc_art = make_artifacts("rc", source={"repository": REPO, "commit": "c" * 40, "tag": "v1.1.0-rc1"})
+    rc = GitHubTarget(_repo(emulator)).publish(load_bundle(rc_art, "v1.1.0-rc1"), manual=True)
     assert rc.assets and _assets(emulator, "v1.1.0-rc1")
 
 
@@ -200,7 +212,7 @@ def test_faults_end_in_one_correct_publication(emulator: Any, make_artifacts: An
     release = _setup(emulator)
     stale = tmp_path / "stale"
     stale.write_text("old")
-    release.upload_asset(str(stale), label="summary.json", name="summary.json")  # so a DELETE is needed
+    _left_by_benchseal(release, {"summary.json": stale})  # so a DELETE is needed
     art = make_artifacts()
     bundle = load_bundle(art, "v1.0.0")
     emulator.inject_fault(operation, statuses)
