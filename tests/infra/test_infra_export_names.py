@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 from pipeline.contracts import DispatchPayload
 from pipeline.errors import CheckFailed
+from pipeline.evidence import sigstore_local
 from pipeline.evidence.artifacts import write_checksums
 from pipeline.fsutil import MAX_NAME_BYTES, NameTree, is_plain_relative_name, name_problem
 from pipeline.infra.export import EVIDENCE, export_run, import_run, trial_pack_files
@@ -32,8 +34,9 @@ from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.trial_evidence import evidence_copy_ignore, pack_trial_dir, read_trial_pack
 from pipeline.infra.worker import _copy_evidence
 from pipeline.layout import NESTED_SUMS, nested_files, parse_checksums, render_checksums
-from pipeline.verify import verify_checksums
+from pipeline.verify import verify_checksums, verify_release
 from tests.doubles.queue_load import noop_grading
+from tests.fixtures.sigstore import make_inputs
 from tests.publish.test_seal_export import RUN_ID, _grading, _run_json
 
 REPO = Path(__file__).resolve().parents[2]
@@ -370,3 +373,42 @@ def test_a_nested_listing_with_a_hostile_name_fails_verify_in_one_line(tmp_path:
     with pytest.raises(CheckFailed) as caught:
         verify_checksums(artifacts)
     assert rule in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_an_export_with_unicode_names_seals_in_place_and_its_release_verifies(tmp_path: Path, handmade_image: object,
+                                                                              handmade_api_image: object) -> None:
+    """The accepted side end to end: the seal CLI renames the staged run dir into place, prints its final
+    path, and the release's own evidence-SHA256SUMS verifies with names from several scripts."""
+    grading, payload = make_inputs({"runner": handmade_image.ref, "api": handmade_api_image.ref})  # type: ignore[attr-defined]
+    grading = grading.model_copy(update={"run_id": RUN_ID})
+    status = {
+        "run_id": RUN_ID, "correlation_id": payload.correlation_id, "state": "SUCCEEDED", "attempts": 1,
+        "suite": payload.suite, "agent": payload.agent, "source": payload.source.model_dump(mode="json"),
+        "runner": payload.runner, "api": payload.api, "created_at": grading.started_at,
+        "updated_at": grading.finished_at,
+    }
+    names = ["日本語 ファイル.txt", "café/naïve.log", "Ελληνικά/שלום.txt", "emoji 😀.json", "é" * 127 + "x"]
+    evidence = [_file(f"{EVIDENCE}/harbor/{trial}/result.json", json.dumps(
+        {"verifier_result": {"rewards": {"reward": reward}}, "exception_info": None}).encode())
+        for trial, reward in (("hello__1", 1.0), ("fail__1", 0.0))]
+    evidence += [_file(f"{EVIDENCE}/harbor/hello__1/agent/{name}", name.encode()) for name in names]
+    export = tmp_path / "export.tar"
+    export.write_bytes(_export([_file("run.json", json.dumps(status).encode()),
+                                _file("grading.json", grading.model_dump_json().encode()), *evidence]))
+    home = tmp_path / "home"
+    dest = tmp_path / "sealed" / "run"
+    try:
+        done = subprocess.run([sys.executable, "-m", "pipeline", "evidence", str(dest), "--from-export", str(export),
+                               "--run-id", RUN_ID, "--signer", "local", "--json"], capture_output=True, text=True,
+                              check=False, timeout=300, cwd=REPO, env={**os.environ, "BENCHSEAL_HOME": str(home)})
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["artifacts"] == str(dest / "artifacts")
+        assert os.listdir(dest.parent) == ["run"]  # the staging dir was renamed, nothing else is left
+        nested = parse_checksums((dest / "artifacts" / NESTED_SUMS).read_bytes(), NESTED_SUMS, nested=True)
+        assert {f"evidence/harbor/hello__1/agent/{name}" for name in names} <= set(nested)
+        verify_release(dest / "artifacts", repository=payload.source.repository, tag=payload.source.tag,
+                       trusted_root=home / "sigstore" / "trusted_root.json")
+    finally:
+        sigstore_local.stop(home / "sigstore")
