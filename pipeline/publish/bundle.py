@@ -61,7 +61,7 @@ def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = 
     for required in (sums_path, summary_path):
         if not required.is_file():
             raise CheckFailed(f"cannot publish {artifacts_dir}: {required.name} is missing")
-    sums = parse_checksums(sums_path.read_text("utf-8"), str(sums_path))
+    sums = parse_checksums(sums_path.read_bytes(), str(sums_path))  # bytes: undecodable is a CheckFailed
     if SUMMARY not in sums:
         raise CheckFailed(f"{sums_path}: does not cover {SUMMARY}")
     assets: list[Asset] = []

@@ -34,6 +34,7 @@ from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.trial_evidence import evidence_copy_ignore, pack_trial_dir, read_trial_pack
 from pipeline.infra.worker import _copy_evidence
 from pipeline.layout import NESTED_SUMS, nested_files, parse_checksums, render_checksums
+from pipeline.publish.bundle import load_bundle
 from pipeline.verify import verify_checksums, verify_release
 from tests.doubles.queue_load import noop_grading
 from tests.fixtures.sigstore import make_inputs
@@ -412,3 +413,13 @@ def test_an_export_with_unicode_names_seals_in_place_and_its_release_verifies(tm
                        trusted_root=home / "sigstore" / "trusted_root.json")
     finally:
         sigstore_local.stop(home / "sigstore")
+
+
+def test_publish_refuses_an_undecodable_checksum_file_in_one_line(tmp_path: Path):
+    """`benchseal publish` reads SHA256SUMS with the same parser: bytes that are not UTF-8 are a refusal."""
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir()
+    (artifacts / "summary.json").write_text("{}")
+    (artifacts / "SHA256SUMS").write_bytes(HEX.encode() + b"  summary.json\xff\n")
+    with pytest.raises(CheckFailed, match="not UTF-8"):
+        load_bundle(artifacts, "v1.0.0")
