@@ -126,12 +126,16 @@ def recorded_of(bundle: ReleaseBundle) -> set[tuple[str, str]]:
     return {(a.name, a.sha256) for a in bundle.assets}
 
 
-def foreign_names_refusal(where: str, names: list[str]) -> PublishError:
+def foreign_names_refusal(where: str, names: list[str], body: str) -> PublishError:
     """The one-line refusal for maintainers' assets that have the names of benchseal's."""
 
+    # A section without a record was written before benchseal recorded its assets: what it
+    # published then cannot be told from the maintainers' files.
+    legacy = "; its benchmark section has no asset record (an older benchseal)" if (
+        extract(body) is not None and not recorded_assets(body)) else ""
     return PublishError(
         f"{where} already holds {', '.join(names)}, which benchseal did not write (not in its section's asset "
-        "record, or changed since): refusing to replace the maintainers' files; rename or remove them, "
+        f"record, or changed since){legacy}: refusing to replace the maintainers' files; rename or remove them, "
         "or publish under another tag", retryable=False)
 
 
@@ -180,7 +184,7 @@ class LocalTarget:
                     ours[entry.name] = digest
         foreign = sorted(a.name for a in bundle.assets if a.name in present and a.name not in ours)
         if foreign:
-            raise foreign_names_refusal(str(dest), foreign)
+            raise foreign_names_refusal(str(dest), foreign, old_body)
         actions: dict[str, AssetAction] = {}
         writes = []
         for asset in bundle.assets:
@@ -457,7 +461,7 @@ class GitHubTarget:
         ours = {name for name, remote in existing.items() if self._owned(remote, recorded)}
         foreign = sorted(a.name for a in bundle.assets if a.name in existing and a.name not in ours)
         if foreign:
-            raise foreign_names_refusal(f"release {release.tag_name}", foreign)
+            raise foreign_names_refusal(f"release {release.tag_name}", foreign, body)
         writes = [a for a in bundle.assets if a.name not in existing or not self._matches(existing[a.name], a)]
         if writes:
             pending = recorded | recorded_of(bundle)
