@@ -325,3 +325,33 @@ def test_record_round_trip() -> None:
     assert recorded_assets(body.replace(START, "")) == frozenset()
     two = splice("notes", f"{asset_record(pairs)}\n{asset_record(pairs)}")
     assert recorded_assets(two) == frozenset()  # two records: nothing proven
+
+
+def test_a_section_without_a_record_proves_nothing_and_says_why(tmp_path: Path, make_artifacts: Any) -> None:
+    """A release an older benchseal published (section, no record): its files are not provably benchseal's."""
+    art = make_artifacts()
+    section = "### Benchmark (v1.0.0)\n\nolder section, no asset record"
+    dest = _local_release(tmp_path / "dist", {**_benchseal_files(art), "body.md": splice("", section).encode()})
+    before = {p.name: p.read_bytes() for p in dest.iterdir()}
+    with pytest.raises(PublishError, match=re.escape("no asset record (an older benchseal)")):
+        LocalTarget(tmp_path / "dist").publish(load_bundle(make_artifacts("second", score=None, status="FAILED",
+                                                                          reason="x"), TAG))
+    assert {p.name: p.read_bytes() for p in dest.iterdir()} == before
+
+
+@pytest.mark.parametrize("kind", ["dest", "body"])
+def test_local_target_writes_through_no_link(tmp_path: Path, make_artifacts: Any, kind: str) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "body.md").write_text("not a release\n")
+    root = tmp_path / "dist"
+    root.mkdir()
+    if kind == "dest":
+        (root / TAG).symlink_to(elsewhere, target_is_directory=True)
+    else:
+        (root / TAG).mkdir()
+        (root / TAG / "body.md").symlink_to(elsewhere / "body.md")
+    with pytest.raises(PublishError, match="refusing to publish there"):
+        LocalTarget(root).publish(load_bundle(make_artifacts(), TAG))
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["body.md"]
+    assert (elsewhere / "body.md").read_text() == "not a release\n"
