@@ -193,7 +193,8 @@ def parse_run(data: object) -> RunFacts:
 
 def path_names_workflow(path: str, target: Target) -> bool:
     """GitHub reports a run's ``path`` as ``.github/workflows/F``, optionally ``@ref`` and, for some
-    runs, prefixed by ``OWNER/NAME/`` of the repository; only this repository's file is accepted."""
+    runs, prefixed by ``OWNER/NAME/`` of the repository; only this repository's file is accepted
+    (which ref it was taken from is :func:`path_ref_reason`'s rule)."""
     file_path, at, ref = path.partition("@")
     if at and (not ref or any(c.isspace() for c in ref)):
         return False
@@ -202,6 +203,16 @@ def path_names_workflow(path: str, target: Target) -> bool:
     prefix = target.repo + "/"
     return (file_path.lower().startswith(prefix.lower())
             and file_path[len(prefix):] == target.workflow_path)
+
+
+def path_ref_reason(path: str, target: Target) -> str | None:
+    """A ref in the run's ``path`` must be the branch the dispatch runs on, exactly
+    (``refs/heads/B``, or ``B`` as GitHub also reports it): the workflow file taken from another
+    ref is another workflow, whatever ``head_branch`` says."""
+    _, at, ref = path.partition("@")
+    if at and ref not in (f"refs/heads/{target.branch}", target.branch):
+        return f"ran the workflow file at {ref!r}, not at refs/heads/{target.branch}"
+    return None
 
 
 def foreign_reason(run: RunFacts, target: Target) -> str | None:
@@ -222,7 +233,7 @@ def conflict_reason(run: RunFacts, target: Target) -> str | None:
             return f"has {what} {name!r}, not {target.repo!r}"
     if run.head_branch != target.branch:
         return f"ran on branch {run.head_branch!r}, not {target.branch!r}"
-    return None
+    return path_ref_reason(run.path, target)
 
 
 def check_returned_run(run: RunFacts, target: Target, since: datetime) -> None:

@@ -345,3 +345,42 @@ def test_missing_workflow_or_repository_fails(github_emulator: GitHubEmulator, g
         run(github_client, infra_repo, synced_clock, workflow="nope.yml")
     with pytest.raises(CheckFailed, match="repository acme/missing"):
         run(github_client, "acme/missing", synced_clock)
+
+
+# --- the workflow file's ref in the run's path (issue 22) ----------------------------------------
+
+BENCHMARK_PATH = ".github/workflows/benchmark.yml"
+# Each names benchmark.yml, on a run whose head_branch is main, taken from a ref that is not main.
+OTHER_REFS = ["refs/heads/evil", "refs/heads/main/evil", "refs/heads/mainx", "refs/heads/Main", "refs/tags/main",
+              "refs/pull/1/merge", "refs/heads/main@refs/heads/evil", "refs/remotes/origin/main", "heads/main",
+              "evil", "MAIN", "refs/heads/main/", "refs/heads//main", "main\u200b", "refs/heads/ma%69n"]
+
+
+def _with_path(path: str, conclusion: str = "success") -> Any:
+    def callback(handle: RunHandle, event: DispatchEvent) -> None:
+        handle.set(path=path)
+        handle.complete(conclusion)
+
+    return callback
+
+
+@pytest.mark.parametrize("ref", OTHER_REFS)
+@pytest.mark.parametrize("mode", ["repository_dispatch", "workflow_dispatch"])
+def test_a_run_of_the_workflow_file_at_another_ref_is_refused(
+        github_emulator: GitHubEmulator, github_client: Any, infra_repo: str, synced_clock: SyncedClock,
+        ref: str, mode: str) -> None:
+    """`.../benchmark.yml@refs/heads/evil` with head_branch main was adopted before: the workflow
+    that ran is the evil branch's file, whatever the branch the run is filed under."""
+    github_emulator.on_dispatch(_with_path(f"{BENCHMARK_PATH}@{ref}"))
+    with pytest.raises(CheckFailed, match=r"ran the workflow file at .*not at refs/heads/main"):
+        run(github_client, infra_repo, synced_clock, workflow="benchmark.yml" if mode == "workflow_dispatch" else None)
+    [created] = github_emulator.runs(infra_repo)
+    assert created.head_branch == "main"  # the branch alone would have passed
+
+
+@pytest.mark.parametrize("suffix", ["", "@refs/heads/main", "@main"])
+def test_a_run_of_the_workflow_file_at_the_default_branch_is_adopted(
+        github_emulator: GitHubEmulator, github_client: Any, infra_repo: str, synced_clock: SyncedClock,
+        suffix: str) -> None:
+    github_emulator.on_dispatch(_with_path(BENCHMARK_PATH + suffix))
+    assert run(github_client, infra_repo, synced_clock).conclusion == "success"
