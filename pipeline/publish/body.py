@@ -31,6 +31,7 @@ _MARKER_RE = re.compile(f"{re.escape(START)}|{re.escape(END)}")
 # proves an asset is benchseal's to replace or remove (the target checks the asset's bytes still
 # hash to the recorded digest); nothing a cell renders can form it (no "<" survives escaping).
 ASSET_RECORD = "<!-- benchseal:assets"
+_RECORD_ITEM_RE = re.compile(r"\A[A-Za-z0-9._+-]+=[0-9a-f]{64}\Z")
 _RECORD_RE = re.compile(r"\A<!-- benchseal:assets((?: [A-Za-z0-9._+-]+=[0-9a-f]{64})*) -->\Z")
 
 
@@ -194,7 +195,12 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = ()) -> 
 def asset_record(assets: Iterable[tuple[str, str]]) -> str:
     """The record line for ``(name, sha256 hex)`` pairs (sorted; a name may have two digests while
     one of benchseal's assets is being replaced)."""
-    return ASSET_RECORD + "".join(f" {name}={digest}" for name, digest in sorted(set(assets))) + " -->"
+    pairs = sorted(set(assets))
+    for name, digest in pairs:
+        if not _RECORD_ITEM_RE.match(f"{name}={digest}"):
+            raise ValidationError("release asset name", "must match [A-Za-z0-9._+-]+ (with a sha256 hex digest) to be "
+                                  "recorded", name)
+    return ASSET_RECORD + "".join(f" {name}={digest}" for name, digest in pairs) + " -->"
 
 
 def with_asset_record(section: str, assets: Iterable[tuple[str, str]]) -> str:

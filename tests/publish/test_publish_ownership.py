@@ -18,6 +18,7 @@ import pytest
 
 from pipeline.contracts import PublicationRequest
 from pipeline.dispatch.client import make_client
+from pipeline.errors import ValidationError
 from pipeline.layout import PUBLISHER_ERROR
 from pipeline.publish.body import END, START, asset_record, extract, recorded_assets, splice
 from pipeline.publish.bundle import load_bundle
@@ -355,3 +356,10 @@ def test_local_target_writes_through_no_link(tmp_path: Path, make_artifacts: Any
         LocalTarget(root).publish(load_bundle(make_artifacts(), TAG))
     assert sorted(p.name for p in elsewhere.iterdir()) == ["body.md"]
     assert (elsewhere / "body.md").read_text() == "not a release\n"
+
+
+def test_an_asset_name_the_record_cannot_hold_is_refused_before_any_request(make_artifacts: Any) -> None:
+    art = make_artifacts()
+    (art / "odd name.sigstore.json").write_text("{}")  # a bundle file the glob picks up
+    with pytest.raises(ValidationError, match="release asset name"):
+        load_bundle(art, TAG)
