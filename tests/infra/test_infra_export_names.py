@@ -423,3 +423,37 @@ def test_publish_refuses_an_undecodable_checksum_file_in_one_line(tmp_path: Path
     (artifacts / "SHA256SUMS").write_bytes(HEX.encode() + b"  summary.json\xff\n")
     with pytest.raises(CheckFailed, match="not UTF-8"):
         load_bundle(artifacts, "v1.0.0")
+
+
+_hostile_part = st.lists(st.sampled_from(["a", "b", ".", "..", " ", "\r", "\n", "\u2028", "\u202e", "\u200b", "é",
+                                          "e\u0301", "\\", "\x00", "\udcff", "x" * 200]), min_size=1, max_size=3).map("".join)
+_kinds = st.sampled_from([tarfile.REGTYPE, tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE])
+_members = st.lists(st.tuples(st.lists(_hostile_part, min_size=1, max_size=3).map("/".join), _kinds), max_size=5)
+
+
+@settings(max_examples=120, deadline=None)
+@given(members=_members)
+@example(members=[("a", tarfile.REGTYPE), ("a/b", tarfile.REGTYPE)])
+@example(members=[("a/b", tarfile.REGTYPE), ("a", tarfile.REGTYPE)])
+@example(members=[("é", tarfile.REGTYPE), ("e\u0301", tarfile.REGTYPE)])
+def test_any_export_is_unpacked_exactly_or_refused_leaving_nothing(tmp_path_factory, members):
+    entries = []
+    for name, kind in members:
+        info = tarfile.TarInfo(f"{E}/{name}")
+        info.type = kind
+        if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE):
+            info.linkname = "run.json"
+        info.pax_headers = {"path": info.name}  # the name exactly as generated, NUL included
+        entries.append((info, b"data" if kind == tarfile.REGTYPE else None))
+    data = _export([*(_file(n, d) for n, d in TOP), *entries])
+    parent = tmp_path_factory.mktemp("sealed")
+    try:
+        dest = import_run(io.BytesIO(data), parent / "run", RUN_ID)
+    except CheckFailed as exc:
+        assert "\n" not in str(exc) and str(exc).isprintable()
+        assert os.listdir(parent) == []
+        return
+    files = {f"{E}/{name}" for name, _ in members}
+    assert all(is_plain_relative_name(name) for name in files)
+    assert {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()} == {"run.json", "grading.json",
+                                                                                       *files}
