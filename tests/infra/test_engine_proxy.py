@@ -130,7 +130,7 @@ def test_allowed_create_is_labelled_and_forwarded_alone(proxy: Any) -> None:
     p, engine, run_dir = proxy
     (run_dir / "logs").mkdir()
     status, _ = _send(p, _post("/containers/create", {"Image": "x", "Labels": {"a": "b"}, "HostConfig": {
-        "Binds": [f"{run_dir}/logs:/logs", "named:/data"], "NetworkMode": "none"}}))
+        "Binds": [f"{run_dir}/logs:/logs", "/anonymous"], "NetworkMode": "none"}}))
     assert status == 200
     head, _, body = engine.requests[0].partition(b"\r\n\r\n")
     assert json.loads(body)["Labels"] == {"a": "b", LABEL: p.policy.token}
@@ -167,22 +167,42 @@ def test_malformed_create_bodies_are_refused(proxy: Any, body: bytes) -> None:
 def test_smuggling_and_framing_tricks_are_refused(proxy: Any) -> None:
     p, engine, _ = proxy
     evil = _post("/containers/create", {"Image": "x", "HostConfig": {"Privileged": True}})
-    # A harmless request on a kept-alive connection, then a second one: the engine sees only the first.
-    status, _ = _send(p, b"GET /_ping HTTP/1.1\r\nHost: d\r\nConnection: keep-alive\r\n\r\n" + evil)
-    assert status == 200 and len(engine.requests) == 1
-    assert b"Connection: close" in engine.requests[0] and b"keep-alive" not in engine.requests[0]
-    # Data pipelined after a checked body.
-    status, _ = _send(p, _post("/containers/create", {"Image": "x"}) + evil)
-    assert status == 403
-    # A chunked create body cannot be checked.
-    status, _ = _send(p, b"POST /containers/create HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         b"5\r\n{}   \r\n0\r\n\r\n")
-    assert status == 403
-    status, _ = _send(p, b"GET /_ping HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n")
-    assert status == 403
-    status, _ = _send(p, b"GARBAGE\r\n\r\n")
-    assert status == 403
-    assert len(engine.requests) == 1
+    # A second request pipelined on a kept-alive connection, after a body, or after an Upgrade header on a
+    # call that is no upgrade: refused, the engine sees nothing.
+    for first in (b"GET /_ping HTTP/1.1\r\nHost: d\r\nConnection: keep-alive\r\n\r\n",
+                  _post("/containers/create", {"Image": "x"}),
+                  b"GET /_ping HTTP/1.1\r\nHost: d\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"):
+        status, _ = _send(p, first + evil)
+        assert status == 403, first
+    for raw in (
+        b"GET /_ping HTTP/1.1\r\nHost: d\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n",  # no upgrade route
+        b"POST /containers/create HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n"
+        b"5\r\n{}   \r\n0\r\n\r\n",  # both framings
+        b"POST /containers/create HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+        b"POST /containers/create HTTP/1.1\r\nHost: d\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{} ",
+        b"POST /containers/create HTTP/1.1\r\nHost: d\r\nContent-Length : 2\r\n\r\n{}",
+        b"GET /containers/json HTTP/1.1\r\nHost: d\r\nContent-Length: 2\r\n\r\n{}",  # a body on GET
+        b"POST /build HTTP/1.1\r\nHost: d\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+        b"Content-Length: 17\r\n\r\nnetworkmode=host&",  # the engine reads form bodies as query parameters
+        b"POST /containers/mine/%73tart/../start HTTP/1.1\r\nHost: d\r\n\r\n",
+        b"POST /containers/mine/st%zzart HTTP/1.1\r\nHost: d\r\n\r\n",
+        b"POST /containers/mine/start?a=1;b=2 HTTP/1.1\r\nHost: d\r\n\r\n",
+        b"GET /_ping HTTP/1.1\r\nX: " + b"a" * 70000 + b"\r\n\r\n",
+        b"GARBAGE\r\n\r\n",
+    ):
+        status, _ = _send(p, raw)
+        assert status == 403, raw[:120]
+    assert engine.requests == []
+    # A chunked body is decoded and checked like any other, and re-framed by the proxy.
+    body = json.dumps({"Image": "x", "HostConfig": {"Privileged": True}}).encode()
+    chunked = b"".join(b"%x\r\n%b\r\n" % (len(body[i:i + 7]), body[i:i + 7]) for i in range(0, len(body), 7))
+    head = b"POST /containers/create HTTP/1.1\r\nHost: d\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert _send(p, head + chunked + b"0\r\n\r\n")[0] == 403
+    ok = b'{"Image": "x"}'
+    assert _send(p, head + b"%x\r\n%b\r\n0\r\n\r\n" % (len(ok), ok))[0] == 200
+    forwarded = engine.requests[0]
+    assert b"Transfer-Encoding" not in forwarded and b"Connection: close" in forwarded
+    assert json.loads(forwarded.partition(b"\r\n\r\n")[2])["Image"] == "x"
 
 
 @pytest.mark.parametrize(("request_line", "allowed"), [
