@@ -12,6 +12,9 @@ They live in the registry beside the image, in cosign's tag scheme (``sha256-<he
 ``cosign verify`` / ``cosign verify-attestation`` and the exact identity; the worker does the
 same through :func:`verify_image` before it runs a runner.
 
+Who must have signed an image is ``image_identity`` (pipeline.verify.external, re-exported here):
+the source's workflow at its ref AND the payload's commit, for every signer kind.
+
 The OIDC token is always ambient, as GitHub Actions serves it (``ACTIONS_ID_TOKEN_REQUEST_URL``
 and ``_TOKEN``, read by cosign's ``github-actions`` provider), so no token is ever in argv. A local
 release gets the same from the private instance's Actions token endpoint; only the Sigstore
@@ -20,8 +23,6 @@ endpoints and the trust root differ (:class:`SigstoreEndpoints`).
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import re
 import subprocess
@@ -31,22 +32,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
-
-from pipeline.contracts import GITHUB_ISSUER, REPOSITORY_RE, validate_git_tag
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.evidence.sbom import write_sbom
 from pipeline.fsutil import atomic_write_text, canonical_json
-from pipeline.verify.external import cosign_environment, cosign_path
+from pipeline.verify.external import (
+    ATTESTATION_TYPES,
+    SLSA_PROVENANCE,
+    ImageIdentityPolicy,
+    cosign_environment,
+    cosign_path,
+    cosign_trust_env,
+    image_check_args,
+    image_identity,
+)
 
-SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
+__all__ = ["ATTESTATION_TYPES", "SLSA_PROVENANCE", "BuildInvocation", "ImageIdentityPolicy", "ImageSigner", "SigstoreEndpoints",
+           "attest_images", "image_identity", "provenance_predicate", "verify_image", "verify_images"]
+
 BUILD_TYPE = "https://github.com/benchseal/benchseal/build-types/image/v1"
-# cosign's --type names and the predicate types they stand for.
-ATTESTATION_TYPES = {"slsaprovenance1": SLSA_PROVENANCE, "cyclonedx": "https://cyclonedx.org/bom"}
 _COSIGN_TIMEOUT = 180
-_WORKFLOW_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,100}\.ya?ml\Z")
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,11 @@ class SigstoreEndpoints:
         return cls()
 
     @classmethod
+    def verifying(cls, trusted_root: Path | None) -> SigstoreEndpoints:
+        """Only what a check needs: the private root (then --offline), or public-good for None."""
+        return cls(trusted_root=trusted_root)
+
+    @classmethod
     def private(cls, url: str, trusted_root: Path) -> SigstoreEndpoints:
         if not re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}", url):
             raise ValidationError("sigstore url", "a private instance must be http://127.0.0.1:PORT", url)
@@ -85,47 +95,9 @@ class SigstoreEndpoints:
             flags += ["--rekor-url", self.rekor_url]
         return flags
 
-    def verify_flags(self) -> list[str]:
-        # The private root comes through the environment; --offline keeps cosign off TUF.
-        return ["--offline"] if self.is_private else []
-
     def environ(self, workdir: Path) -> dict[str, str]:
         """Environment for cosign: the private root as PEM files (nothing for public-good)."""
-        if self.trusted_root is None:
-            return {}
-        root = json.loads(self.trusted_root.read_text())
-        fulcio = b"".join(
-            x509.load_der_x509_certificate(base64.b64decode(cert["rawBytes"])).public_bytes(serialization.Encoding.PEM)
-            for ca in _current(root.get("certificateAuthorities", []))
-            for cert in ca["certChain"]["certificates"]
-        )
-        ct_logs = _current(root.get("ctlogs", []))
-        rekor_logs = [t for t in _current(root.get("tlogs", [])) if not t.get("baseUrl", "").endswith("/rekor2")]
-        if not fulcio or not ct_logs or not rekor_logs:
-            raise InfrastructureError(f"{self.trusted_root}: no current Fulcio CA, CT log or Rekor v1 log to trust")
-        files = {
-            "SIGSTORE_ROOT_FILE": ("fulcio.pem", fulcio),
-            "SIGSTORE_CT_LOG_PUBLIC_KEY_FILE": ("ctlog.pem", _pem_key(ct_logs[-1]["publicKey"]["rawBytes"])),
-            "SIGSTORE_REKOR_PUBLIC_KEY": ("rekor.pem", _pem_key(rekor_logs[-1]["publicKey"]["rawBytes"])),
-        }
-        env = {}
-        for variable, (name, data) in files.items():
-            (workdir / name).write_bytes(data)
-            env[variable] = str(workdir / name)
-        return env
-
-
-def _current(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Entries still valid (no end): a private instance keeps retired keys with an end date."""
-    def end(entry: dict[str, Any]) -> object:
-        holder = entry.get("publicKey", entry)
-        return (holder.get("validFor") or {}).get("end")
-    return [e for e in entries if not end(e)]
-
-
-def _pem_key(raw: str) -> bytes:
-    key = serialization.load_der_public_key(base64.b64decode(raw))
-    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        return {} if self.trusted_root is None else cosign_trust_env(self.trusted_root, workdir)
 
 
 @dataclass(frozen=True)
@@ -248,70 +220,24 @@ def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: Bu
     return sboms
 
 
-_REF_RE = re.compile(r"\Arefs/(heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199}\Z")
-_COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
-
-
-@dataclass(frozen=True)
-class ImageIdentityPolicy:
-    """Whose signature an image must carry: one workflow of one repository at one exact ref
-    (and, for a branch ref, one exact commit)."""
-
-    identity: str
-    issuer: str = GITHUB_ISSUER
-    repository: str | None = None  # also checked through the certificate's GitHub extensions
-    ref: str | None = None
-    sha: str | None = None  # the certificate's GitHub workflow SHA (1.3.6.1.4.1.57264.1.3)
-
-    @classmethod
-    def release_workflow(cls, repository: str, tag: str, workflow: str = "tag.yml", *, ref: str | None = None,
-                         commit: str | None = None) -> ImageIdentityPolicy:
-        """``workflow`` of ``repository`` at ``refs/tags/<tag>`` (default), or at the exact ``ref`` given
-        (e.g. ``refs/heads/main``). A branch ref names no release, so it needs ``commit``: the signing
-        run must have run at exactly that commit."""
-        if not REPOSITORY_RE.match(repository):
-            raise ValidationError("repository", "must be 'owner/name'", repository)
-        validate_git_tag(tag, "tag")
-        if not _WORKFLOW_RE.match(workflow):
-            raise ValidationError("workflow", "must be a workflow file name ending in .yml or .yaml", workflow)
-        if ref is None:
-            ref = f"refs/tags/{tag}"
-        elif not _REF_RE.match(ref) or ".." in ref or ref.endswith(("/", ".", ".lock")):
-            raise ValidationError("ref", "must be one exact refs/heads/NAME or refs/tags/NAME (no patterns)", ref)
-        if commit is not None and not _COMMIT_RE.match(commit):
-            raise ValidationError("commit", "must be 40 lowercase hex", commit)
-        if ref.startswith("refs/heads/") and commit is None:
-            raise ValidationError("commit", "is required for a branch ref: a branch names no release, the signing "
-                                            "run's commit must be the release's", ref)
-        return cls(identity=f"https://github.com/{repository}/.github/workflows/{workflow}@{ref}",
-                   repository=repository, ref=ref, sha=commit)
-
-    def flags(self) -> list[str]:
-        flags = ["--certificate-identity", self.identity, "--certificate-oidc-issuer", self.issuer]
-        if self.repository:
-            flags += ["--certificate-github-workflow-repository", self.repository]
-        if self.ref:
-            flags += ["--certificate-github-workflow-ref", self.ref]
-        if self.sha:
-            flags += ["--certificate-github-workflow-sha", self.sha]
-        return flags
-
-
 def verify_image(ref: str, policy: ImageIdentityPolicy, endpoints: SigstoreEndpoints, *,
                  attestations: Sequence[str] = tuple(ATTESTATION_TYPES), allow_http_registry: bool = False) -> None:
-    """Raise CheckFailed unless ``ref`` carries a signature and each attestation by ``policy``'s identity."""
+    """Raise CheckFailed unless ``ref`` carries a signature and each attestation by ``policy``'s
+    identity at its commit: the argv of ``image_check_args``, the same the release body prints."""
     image = parse_ref(ref, "image")
-    unknown = [a for a in attestations if a not in ATTESTATION_TYPES]
-    if unknown:
-        raise ValidationError("attestations", f"must be among {sorted(ATTESTATION_TYPES)}", unknown)
-    registry = ["--allow-http-registry"] if allow_http_registry else []
+    checks = image_check_args(image.ref, policy, offline=endpoints.is_private, attestations=tuple(attestations),
+                              allow_http_registry=allow_http_registry)
     with tempfile.TemporaryDirectory(prefix="benchseal-verify-image-") as tmp:
         env = endpoints.environ(Path(tmp))
-        common = [*policy.flags(), *endpoints.verify_flags(), *registry, "--output", "json"]
-        _check(["verify", *common, image.ref], env, f"{image.ref}: signature by {policy.identity}")
-        for kind in attestations:
-            _check(["verify-attestation", "--type", kind, *common, image.ref], env,
-                   f"{image.ref}: {kind} attestation by {policy.identity}")
+        for args in checks:
+            what = "signature" if args[0] == "verify" else f"{args[2]} attestation"
+            _check(args, env, f"{image.ref}: {what} by {policy.describe()}")
+
+
+def verify_images(images: Mapping[str, str], policy: ImageIdentityPolicy, endpoints: SigstoreEndpoints) -> None:
+    """Each image (role -> ref) carries the signature and both attestations of ``policy``."""
+    for _role, ref in sorted(images.items()):
+        verify_image(ref, policy, endpoints)
 
 
 def _run(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:

@@ -2,8 +2,10 @@
 
 ``attest --digests FILE`` signs each image of a digests file and attests its SLSA provenance
 and CycloneDX SBOM with cosign, as the ambient GitHub Actions identity (the build job needs
-``permissions: id-token: write`` and ``packages: write``). ``verify-image REF --repo --tag``
-checks them with the exact release-workflow identity.
+``permissions: id-token: write`` and ``packages: write``). ``verify-image REF --repo --tag --commit``
+checks them with the exact release-workflow identity, at that ref and that commit
+(``pipeline.verify.external.image_identity``, the same expectation the worker and the release
+body use).
 
 Sigstore: public-good unless ``--sigstore-url`` and ``--trusted-root`` name a private
 instance on 127.0.0.1 (tests and the local release); never chosen implicitly.
@@ -84,20 +86,23 @@ def verify_image(
     ref: Annotated[str, typer.Argument(help="name@sha256:<64 hex>")],
     repo: Annotated[str, typer.Option("--repo", help="OWNER/NAME whose release workflow must have signed it.")],
     tag: Annotated[str, typer.Option("--tag", help="The release tag the workflow ran for.")],
+    commit: Annotated[str, typer.Option("--commit", help="The release's source commit (40 lowercase hex): the "
+                                                         "signing run must have run at exactly this commit.")],
     workflow: Annotated[str, typer.Option("--workflow", help="The release workflow's file name.")] = "tag.yml",
+    signer_ref: Annotated[str, typer.Option("--ref", help="The ref the workflow ran at: 'tag' (refs/tags/TAG) or one "
+                                                          "exact refs/heads/NAME or refs/tags/NAME.")] = "tag",
     sigstore_url: Annotated[str | None, _URL] = None,
     trusted_root: Annotated[Path | None, _ROOT] = None,
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
-    """Check an image's signature and its provenance and SBOM attestations, exact identity."""
+    """Check an image's signature and its provenance and SBOM attestations: exact identity, ref and commit."""
     # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.attest import ImageIdentityPolicy
+    from pipeline.attest import image_identity
     from pipeline.attest import verify_image as check
 
-    policy = ImageIdentityPolicy.release_workflow(repo, tag, workflow)
-    loopback = parse_ref(ref, "REF").registry.split(":", 1)[0] in ("127.0.0.1", "localhost")
-    check(ref, policy, sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry or loopback)
-    typer.echo(f"verified: {ref} signed and attested by {policy.identity}")
+    policy = image_identity(repo, tag, commit, workflow=workflow, ref=signer_ref)
+    check(ref, policy, sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)
+    typer.echo(f"verified: {ref} signed and attested by {policy.describe()}")
 
 
 def register(app: typer.Typer) -> None:

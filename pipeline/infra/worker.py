@@ -57,7 +57,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
+from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, image_identity, verify_image
 from pipeline.contracts import DispatchPayload, Grading, PublicationRequest, RunState, TrialRecord, trial_short_id
 from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.documents import base_lock_path, read_base_lock
@@ -184,26 +184,19 @@ def pull_by_digest(client: Any, ref: ImageRef) -> str:
     return pulled_id
 
 
-def signer_identities(payload: DispatchPayload, source: SourcePolicy) -> list[Any]:
-    """The identities ``source``'s policy admits for ``payload`` (``sources[].signer``), in policy order."""
-    identities = []
-    for signer in source.signer:
-        if signer.ref == "tag":
-            identities.append(ImageIdentityPolicy.release_workflow(source.repository, payload.source.tag,
-                                                                   signer.workflow))
-        else:
-            # An explicit ref does not name the payload's release: the signing run must have run at
-            # the payload's commit (the certificate's GitHub workflow SHA).
-            identities.append(ImageIdentityPolicy.release_workflow(
-                source.repository, payload.source.tag, signer.workflow, ref=signer.ref, commit=payload.source.commit))
-    return identities
+def signer_identities(payload: DispatchPayload, source: SourcePolicy) -> list[ImageIdentityPolicy]:
+    """The identities ``source``'s policy admits for ``payload`` (``sources[].signer``), in policy
+    order, each pinned to the payload's commit (``image_identity``): a tag deleted and pushed again
+    at another commit names no other release."""
+    return [image_identity(source.repository, payload.source.tag, payload.source.commit, workflow=signer.workflow,
+                           ref=signer.ref) for signer in source.signer]
 
 
 def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust: SigstoreEndpoints) -> None:
     """Raise ImageRefused unless the runner and the api each carry a signature and the SLSA
     provenance and CycloneDX attestations of ONE identity ``source``'s policy admits (its release
-    workflow at the payload's tag, or at an exact ref the policy names), checked by cosign for the
-    exact digest, before anything pulled is used."""
+    workflow at the payload's tag, or at an exact ref the policy names, always at the payload's
+    commit), checked by cosign for the exact digest, before anything pulled is used."""
     admitted = signer_identities(payload, source)
     for role in ("runner", "api"):
         ref = parse_ref(getattr(payload, role), f"payload.{role}")
@@ -216,7 +209,7 @@ def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust:
                 text = str(exc).lower()
                 if any(sign in text for sign in _UNREACHABLE):
                     raise InfraFailure(f"could not check the signatures of {role} {ref.ref}: {exc}") from None
-                refusals.append(f"{expected.identity}{f' at commit {expected.sha}' if expected.sha else ''}: {exc}")
+                refusals.append(f"{expected.describe()}: {exc}")
                 continue
             break
         else:

@@ -34,6 +34,7 @@ from pipeline.attest import (
     ImageSigner,
     SigstoreEndpoints,
     attest_images,
+    image_identity,
     verify_image,
 )
 from pipeline.contracts import Grading, PublicationRequest
@@ -57,7 +58,7 @@ from pipeline.publish.seal import seal_run
 from pipeline.publish.targets import LocalTarget, PublishError
 from pipeline.release.stages import StageClock
 from pipeline.verify import verify_release
-from pipeline.verify.external import cosign_commands, local_benchseal
+from pipeline.verify.external import cosign_commands, image_command_lines, local_benchseal
 
 TAG_RE = re.compile(r"\Av\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?\Z")
 
@@ -138,19 +139,25 @@ def _attest_as_release_workflow(images: dict[str, str], repository: str, commit:
     attest_images(unsigned, signer, invocation, sbom_dir)
 
 
-def _verify_images(images: dict[str, str], repository: str, tag: str, endpoints: SigstoreEndpoints) -> list[str]:
-    """A consumer's cosign checks of both images: the exact identity passes, a fork's is refused."""
-    policy = ImageIdentityPolicy.release_workflow(repository, tag)
-    impostor = ImageIdentityPolicy.release_workflow("impostor/" + repository.split("/", 1)[1], tag)
+def _verify_images(images: dict[str, str], repository: str, tag: str, commit: str,
+                   endpoints: SigstoreEndpoints) -> list[str]:
+    """A consumer's cosign checks of both images: the exact identity at the release's commit
+    passes; a fork's identity, and the right one at another commit, are refused."""
+    policy = image_identity(repository, tag, commit)
+    other_commit = format(int(commit, 16) ^ 1, "040x")
+    impostors = (image_identity("impostor/" + repository.split("/", 1)[1], tag, commit),
+                 image_identity(repository, tag, other_commit))
     checked = []
     for role, ref in sorted(images.items()):
         verify_image(ref, policy, endpoints, allow_http_registry=True)
-        try:
-            verify_image(ref, impostor, endpoints, allow_http_registry=True, attestations=())
-        except CheckFailed:
-            checked.append(f"{role}: signature, slsaprovenance1 and cyclonedx by {policy.identity}; {impostor.identity} refused")
-            continue
-        raise CheckFailed(f"{role} image {ref} verified for the wrong identity {impostor.identity}")
+        for impostor in impostors:
+            try:
+                verify_image(ref, impostor, endpoints, allow_http_registry=True, attestations=())
+            except CheckFailed:
+                continue
+            raise CheckFailed(f"{role} image {ref} verified for the wrong identity {impostor.describe()}")
+        checked.append(f"{role}: signature, slsaprovenance1 and cyclonedx by {policy.describe()}; "
+                       + " and ".join(i.describe() for i in impostors) + " refused")
     return checked
 
 
@@ -208,7 +215,7 @@ def _release_local(
         clock.add("push", push_seconds)
         bytes_pushed = sum(r.stats.bytes_uploaded for r in results)
         images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
-        image_policy = ImageIdentityPolicy.release_workflow(digests.source.repository, tag)
+        image_policy = image_identity(digests.source.repository, tag, digests.source.commit)
         endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
         with clock.stage("attest", "Signing and attesting both images as the release workflow (cosign)"):
             _attest_as_release_workflow(images, digests.source.repository, digests.source.commit, tag, instance,
@@ -286,11 +293,13 @@ def _release_local(
                                       trusted_root=instance.trusted_root, offline=True, profile="production",
                                       infra_repository=infra_repository)
             # The body's commands, with this machine's cosign and benchseal binaries.
-            ran = run_commands(cosign_commands(release_dir, repository=payload.source.repository,
-                                               tag=payload.source.tag, trusted_root=instance.trusted_root,
-                                               profile="production", benchseal=local_benchseal(),
-                                               infra_repository=infra_repository), release_dir)
-            image_checks = _verify_images(images, digests.source.repository, tag, endpoints)
+            printed = cosign_commands(release_dir, repository=payload.source.repository, tag=payload.source.tag,
+                                      trusted_root=instance.trusted_root, profile="production",
+                                      benchseal=local_benchseal(), infra_repository=infra_repository)
+            printed += image_command_lines(release_dir, payload.source.repository, payload.source.tag,
+                                           trusted_root=instance.trusted_root, profile="production")
+            ran = run_commands(printed, release_dir)
+            image_checks = _verify_images(images, digests.source.repository, tag, digests.source.commit, endpoints)
 
     stages = dict(clock.seconds)
     return ReleaseReport(

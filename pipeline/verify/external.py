@@ -1,7 +1,10 @@
 """The two independent verifiers beside sigstore-python: cosign and sigstore-js.
 
-Also the consumer's command lines (``sha256sum -c``, ``cosign verify-blob ...``,
-``benchseal verify --repo --tag``) for the release body: ``cosign_commands(dir, repository=, tag=)``.
+Also the consumer's command lines (``sha256sum -c``, ``cosign verify-blob ...``, ``cosign verify``
+and ``verify-attestation`` for the images, ``benchseal verify --repo --tag``) for the release body:
+``cosign_commands(dir, repository=, tag=)``; and the one home of an image's expected signer
+(``image_identity``) and of the cosign argv that checks it (``image_check_args``), used by the
+worker, ``benchseal verify-image``, ``benchseal verify --images`` and the release body alike.
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -17,14 +21,19 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat import asn1
+from cryptography.hazmat.primitives import serialization
 
 from pipeline import paths
-from pipeline.contracts import GITHUB_ISSUER
-from pipeline.errors import InfrastructureError
+from pipeline.contracts import GITHUB_ISSUER, REPOSITORY_RE, validate_git_tag
+from pipeline.digests import parse_ref
+from pipeline.documents import ReleaseSummary, load_document
+from pipeline.errors import InfrastructureError, ValidationError
 from pipeline.evidence import sigstore_local
+from pipeline.fsutil import atomic_write_bytes
 from pipeline.layout import (
     BUNDLE_SUFFIX,
     CHECKSUMS,
@@ -66,6 +75,125 @@ def cosign_environment(endpoint_env: Mapping[str, str], inherited: Mapping[str, 
     """The environment cosign runs with: the inherited one without any trust setting, then the endpoints'."""
     base = os.environ if inherited is None else inherited
     return {**{k: v for k, v in base.items() if k not in _COSIGN_TRUST_VARIABLES}, **endpoint_env}
+
+
+# --- images: who must have signed them, and the cosign argv that checks it -------------------------
+
+# cosign's --type names and the predicate types they stand for.
+ATTESTATION_TYPES = {"slsaprovenance1": SLSA_PROVENANCE, "cyclonedx": "https://cyclonedx.org/bom"}
+_WORKFLOW_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,100}\.ya?ml\Z")
+_REF_RE = re.compile(r"\Arefs/(heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199}\Z")
+_COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+_LOOPBACK = ("127.0.0.1", "localhost")
+
+
+@dataclass(frozen=True)
+class ImageIdentityPolicy:
+    """Whose signature an image must carry: one workflow of one repository at one exact ref and
+    one exact commit. Built only by :func:`image_identity`; every field is always pinned."""
+
+    identity: str  # the certificate SAN: https://github.com/OWNER/REPO/.github/workflows/F@REF
+    issuer: str
+    repository: str  # GitHub workflow repository extension (1.3.6.1.4.1.57264.1.5)
+    ref: str  # GitHub workflow ref extension (1.3.6.1.4.1.57264.1.6)
+    sha: str  # GitHub workflow SHA extension (1.3.6.1.4.1.57264.1.3): the payload's commit
+
+    def flags(self) -> list[str]:
+        # cosign compares each extension with the value given byte for byte: an absent extension,
+        # another case or a prefix of the SHA fails.
+        return ["--certificate-identity", self.identity, "--certificate-oidc-issuer", self.issuer,
+                "--certificate-github-workflow-repository", self.repository,
+                "--certificate-github-workflow-ref", self.ref,
+                "--certificate-github-workflow-sha", self.sha]
+
+    def describe(self) -> str:
+        return f"{self.identity} at commit {self.sha}"
+
+
+def image_identity(repository: str, tag: str, commit: str, *, workflow: str = "tag.yml",
+                   ref: str = "tag") -> ImageIdentityPolicy:
+    """The one expectation every image check uses: ``workflow`` of ``repository`` at ``ref``
+    (``tag``: ``refs/tags/<tag>``, else one exact ``refs/heads/NAME`` / ``refs/tags/NAME``), run at
+    exactly ``commit``, for every signer kind: a tag can be deleted and pushed again at another
+    commit, so the tag alone does not name the release's source.
+
+    Every argument comes from the payload, the infra policy or the consumer's expectation, never
+    from the image or its signatures."""
+    if not isinstance(repository, str) or not REPOSITORY_RE.match(repository):
+        raise ValidationError("repository", "must be 'owner/name'", repository)
+    validate_git_tag(tag, "tag")
+    if not isinstance(workflow, str) or not _WORKFLOW_RE.match(workflow):
+        raise ValidationError("workflow", "must be a workflow file name ending in .yml or .yaml", workflow)
+    if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
+        raise ValidationError("commit", "must be the source commit as 40 lowercase hex", commit)
+    if ref == "tag":
+        ref = f"refs/tags/{tag}"
+    elif (not isinstance(ref, str) or not _REF_RE.match(ref) or ".." in ref or "//" in ref
+          or ref.endswith(("/", ".", ".lock"))):
+        raise ValidationError("ref", "must be 'tag' or one exact refs/heads/NAME or refs/tags/NAME (no patterns)", ref)
+    return ImageIdentityPolicy(identity=f"https://github.com/{repository}/.github/workflows/{workflow}@{ref}",
+                               issuer=GITHUB_ISSUER, repository=repository, ref=ref, sha=commit)
+
+
+def is_loopback_registry(ref: str) -> bool:
+    return parse_ref(ref, "image").registry.split(":", 1)[0] in _LOOPBACK
+
+
+def image_check_args(ref: str, policy: ImageIdentityPolicy, *, offline: bool,
+                     attestations: tuple[str, ...] = tuple(ATTESTATION_TYPES),
+                     allow_http_registry: bool = False) -> list[list[str]]:
+    """cosign's argv (without the binary) for the signature and each attestation of the image
+    ``ref`` by ``policy``: what ``benchseal verify-image`` and the worker run, and what the release
+    body prints. A loopback registry is plain HTTP."""
+    image = parse_ref(ref, "image")
+    unknown = [a for a in attestations if a not in ATTESTATION_TYPES]
+    if unknown:
+        raise ValidationError("attestations", f"must be among {sorted(ATTESTATION_TYPES)}", unknown)
+    common = [*policy.flags(), *(["--offline"] if offline else []),
+              *(["--allow-http-registry"] if allow_http_registry or is_loopback_registry(image.ref) else [])]
+    return [["verify", *common, image.ref],
+            *(["verify-attestation", "--type", kind, *common, image.ref] for kind in attestations)]
+
+
+def cosign_trust_env(trusted_root: Path, workdir: Path) -> dict[str, str]:
+    """A private instance's trusted_root.json as the PEM files cosign reads from
+    ``SIGSTORE_ROOT_FILE`` / ``SIGSTORE_CT_LOG_PUBLIC_KEY_FILE`` / ``SIGSTORE_REKOR_PUBLIC_KEY``
+    (``cosign sign`` has no --trusted-root, and cosign 2.5's ``verify`` of an image still asks TUF
+    for the Rekor and CT keys when given one), written into ``workdir``; returns the variables."""
+    root = json.loads(trusted_root.read_text())
+    fulcio = b"".join(
+        x509.load_der_x509_certificate(base64.b64decode(cert["rawBytes"])).public_bytes(serialization.Encoding.PEM)
+        for ca in _current(root.get("certificateAuthorities", []))
+        for cert in ca["certChain"]["certificates"]
+    )
+    ct_logs = _current(root.get("ctlogs", []))
+    rekor_logs = [t for t in _current(root.get("tlogs", [])) if not t.get("baseUrl", "").endswith("/rekor2")]
+    if not fulcio or not ct_logs or not rekor_logs:
+        raise InfrastructureError(f"{trusted_root}: no current Fulcio CA, CT log or Rekor v1 log to trust")
+    files = {
+        "SIGSTORE_ROOT_FILE": ("fulcio.pem", fulcio),
+        "SIGSTORE_CT_LOG_PUBLIC_KEY_FILE": ("ctlog.pem", _pem_key(ct_logs[-1]["publicKey"]["rawBytes"])),
+        "SIGSTORE_REKOR_PUBLIC_KEY": ("rekor.pem", _pem_key(rekor_logs[-1]["publicKey"]["rawBytes"])),
+    }
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {}
+    for variable, (name, data) in files.items():
+        atomic_write_bytes(workdir / name, data)
+        env[variable] = str(workdir / name)
+    return env
+
+
+def _current(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Entries still valid (no end): a private instance keeps retired keys with an end date."""
+    def end(entry: dict[str, Any]) -> object:
+        holder = entry.get("publicKey", entry)
+        return (holder.get("validFor") or {}).get("end")
+    return [e for e in entries if not end(e)]
+
+
+def _pem_key(raw: str) -> bytes:
+    key = serialization.load_der_public_key(base64.b64decode(raw))
+    return key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
 @dataclass(frozen=True)
@@ -171,12 +299,22 @@ def command_profile(directory: Path, profile: str | None) -> str:
     return "local"
 
 
+def printed_root(directory: Path, trusted_root: Path | None, profile: str | None = None) -> Path | None:
+    """The trusted root the printed commands name: the one given, else for a local-profile release
+    the private instance's own (when there is one), else none (public-good)."""
+    if trusted_root is None and command_profile(directory, profile) == "local":
+        default_root = sigstore_local.default_state() / "trusted_root.json"
+        return default_root if default_root.is_file() else None
+    return trusted_root
+
+
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
                     trusted_root: Path | None = None, profile: str | None = None, cosign: str | None = None,
                     benchseal: str = "benchseal", infra_repository: str | None = None) -> list[str]:
     """Consumer command lines for the release of ``repository`` at ``tag``, to run inside the
     release directory: ``sha256sum -c``, one cosign line per bundle, and ``benchseal verify``
-    with the expectation stated explicitly.
+    with the expectation stated explicitly (the images' own lines, which need their registry, are
+    :func:`image_command_lines`).
 
     The identity and issuer come from the policy profile with ``repository``/``tag`` (and
     ``infra_repository``, the repository whose benchmark.yml sealed it, for the production
@@ -187,10 +325,7 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
     directory = Path(directory)
     chosen = command_profile(directory, profile)
     expect = expectation(policy, chosen, repository=repository, tag=tag, infra_repository=infra_repository)
-    root = trusted_root
-    if chosen == "local" and root is None:
-        default_root = sigstore_local.default_state() / "trusted_root.json"
-        root = default_root if default_root.is_file() else None
+    root = printed_root(directory, trusted_root, profile)
     binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
     lines = [f"sha256sum -c {CHECKSUMS}"]
     for bundle in sorted(directory.glob(bundle_name("*"))):
@@ -220,4 +355,31 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
     if chosen != ("local" if root is not None else "production"):
         verify += ["--profile", chosen]
     lines.append(shlex.join(verify))
+    return lines
+
+
+def image_command_lines(directory: Path, repository: str, tag: str, *, binary: str | None = None,
+                        trusted_root: Path | None = None, profile: str | None = None, workflow: str = "tag.yml",
+                        ref: str = "tag") -> list[str]:
+    """``cosign verify`` and ``verify-attestation`` for the release's runner and api digests, with
+    the identity ``image_identity`` builds for ``repository`` at ``tag`` and the commit the
+    release's summary.json is bound to: exactly the argv ``benchseal verify-image`` runs
+    (``image_check_args``). A private instance's root reaches cosign as PEM files written beside
+    ``trusted_root`` and named through ``env`` (cosign has no --trusted-root for image
+    signatures in the old format); public-good needs none. No summary.json: no image lines."""
+    summary_path = directory / SUMMARY
+    if not summary_path.is_file():
+        return []
+    summary = load_document(ReleaseSummary, summary_path)
+    trusted_root = printed_root(directory, trusted_root, profile)
+    policy = image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
+    binary = binary or ("cosign" if shutil.which("cosign") else str(cosign_path() or "cosign"))
+    prefix: list[str] = []
+    if trusted_root is not None:
+        env = cosign_trust_env(trusted_root, trusted_root.parent / "cosign-trust")
+        prefix = ["env", *(f"{name}={value}" for name, value in sorted(env.items()))]
+    lines = []
+    for image in (summary.images.runner.ref, summary.images.api.ref):
+        for args in image_check_args(image, policy, offline=trusted_root is not None):
+            lines.append(shlex.join([*prefix, binary, *args]))
     return lines

@@ -3,6 +3,7 @@ instance's Actions token endpoint and GitHub-shaped Fulcio), and checked with ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,7 @@ from pipeline.attest import (
     ImageIdentityPolicy,
     ImageSigner,
     SigstoreEndpoints,
+    image_identity,
     provenance_predicate,
     verify_image,
 )
@@ -25,7 +27,8 @@ from pipeline.evidence import sigstore_local
 from pipeline.evidence.sigstore_local import GitHubJob
 from tests.fixtures.sigstore import push_unique_image
 
-JOB = GitHubJob(repository="acme/app", ref="refs/tags/v1.2.3", sha="c" * 40, workflow_file="tag.yml")
+COMMIT = "c" * 40
+JOB = GitHubJob(repository="acme/app", ref="refs/tags/v1.2.3", sha=COMMIT, workflow_file="tag.yml")
 FORK_JOB = GitHubJob(repository="fork/app", ref="refs/tags/v1.2.3", sha="c" * 40, workflow_file="tag.yml")
 INVOCATION = BuildInvocation(repository="acme/app", ref="refs/tags/v1.2.3", commit="c" * 40,
                              workflow_ref="acme/app/.github/workflows/tag.yml@refs/tags/v1.2.3",
@@ -64,19 +67,24 @@ def signed_image(sigstore_instance: object, endpoints: SigstoreEndpoints, tmp_pa
 
 
 def test_exact_identity_verifies_signature_and_both_attestations(signed_image: str, endpoints: SigstoreEndpoints) -> None:
-    verify_image(signed_image, ImageIdentityPolicy.release_workflow("acme/app", "v1.2.3"), endpoints,
+    verify_image(signed_image, image_identity("acme/app", "v1.2.3", COMMIT), endpoints,
                  allow_http_registry=True)
 
 
 @pytest.mark.parametrize("policy", [
-    ImageIdentityPolicy.release_workflow("fork/app", "v1.2.3"),  # another repository
-    ImageIdentityPolicy.release_workflow("acme/app", "v1.2.4"),  # another tag
-    ImageIdentityPolicy.release_workflow("acme/app", "v1.2.3", workflow="other.yml"),  # another workflow
-    ImageIdentityPolicy(identity="https://github.com/acme/app/.github/workflows/tag.yml@refs/tags/v1.2.3",
-                        issuer=sigstore_local.LOCAL_ISSUER),  # another issuer
-    ImageIdentityPolicy(identity="https://github.com/acme/app/.github/workflows/tag.yml@refs/tags/v1.2.3",
-                        repository="acme/app2"),  # the GitHub extension must match too
-])
+    image_identity("fork/app", "v1.2.3", COMMIT),  # another repository
+    image_identity("acme/app", "v1.2.4", COMMIT),  # another tag
+    image_identity("acme/app", "v1.2.3", COMMIT, workflow="other.yml"),  # another workflow
+    image_identity("acme/app", "v1.2.3", "d" * 40),  # another commit (the tag pushed again elsewhere)
+    image_identity("acme/app", "v1.2.3", COMMIT, ref="refs/heads/main"),  # another ref
+    dataclasses.replace(image_identity("acme/app", "v1.2.3", COMMIT), issuer=sigstore_local.LOCAL_ISSUER),
+    # each GitHub extension must match too, whatever the identity says
+    dataclasses.replace(image_identity("acme/app", "v1.2.3", COMMIT), repository="acme/app2"),
+    dataclasses.replace(image_identity("acme/app", "v1.2.3", COMMIT), ref="refs/tags/v1.2.4"),
+    dataclasses.replace(image_identity("acme/app", "v1.2.3", COMMIT), sha=COMMIT.upper()),
+    dataclasses.replace(image_identity("acme/app", "v1.2.3", COMMIT), sha=COMMIT[:7]),
+], ids=["repository", "tag", "workflow", "commit", "ref", "issuer", "repository-extension", "ref-extension",
+        "upper-case-sha", "sha-prefix"])
 def test_any_other_identity_is_refused(signed_image: str, endpoints: SigstoreEndpoints, policy: ImageIdentityPolicy) -> None:
     with pytest.raises(CheckFailed, match="not verified"):
         verify_image(signed_image, policy, endpoints, allow_http_registry=True)
@@ -84,7 +92,7 @@ def test_any_other_identity_is_refused(signed_image: str, endpoints: SigstoreEnd
 
 def test_unsigned_image_is_refused(endpoints: SigstoreEndpoints) -> None:
     with pytest.raises(CheckFailed, match="signature by"):
-        verify_image(_unique_image("unsigned"), ImageIdentityPolicy.release_workflow("acme/app", "v1.2.3"), endpoints,
+        verify_image(_unique_image("unsigned"), image_identity("acme/app", "v1.2.3", COMMIT), endpoints,
                      allow_http_registry=True)
 
 
@@ -93,9 +101,9 @@ def test_image_signed_by_a_forks_workflow_is_refused(sigstore_instance: object, 
     ref = _unique_image("fork")
     _as_job(monkeypatch, sigstore_instance, FORK_JOB)
     _sign(ref, endpoints, tmp_path)
-    verify_image(ref, ImageIdentityPolicy.release_workflow("fork/app", "v1.2.3"), endpoints, allow_http_registry=True)
+    verify_image(ref, image_identity("fork/app", "v1.2.3", COMMIT), endpoints, allow_http_registry=True)
     with pytest.raises(CheckFailed):
-        verify_image(ref, ImageIdentityPolicy.release_workflow("acme/app", "v1.2.3"), endpoints, allow_http_registry=True)
+        verify_image(ref, image_identity("acme/app", "v1.2.3", COMMIT), endpoints, allow_http_registry=True)
 
 
 def test_explicit_actions_environment_and_no_token_in_argv(sigstore_instance: object, endpoints: SigstoreEndpoints,
@@ -133,7 +141,7 @@ def test_explicit_actions_environment_and_no_token_in_argv(sigstore_instance: ob
         scanner.join()
     assert any(b"cosign" in line for line in seen), "the scan never saw cosign run"
     assert not any(session.request_token.encode() in line for line in seen)
-    verify_image(ref, ImageIdentityPolicy.release_workflow("acme/app", "v1.2.3"), endpoints, allow_http_registry=True)
+    verify_image(ref, image_identity("acme/app", "v1.2.3", COMMIT), endpoints, allow_http_registry=True)
 
 
 def test_cosign_cli_as_a_consumer_runs_it(signed_image: str, endpoints: SigstoreEndpoints, cosign_bin: Path,
@@ -177,13 +185,33 @@ def test_invocation_comes_from_the_actions_environment() -> None:
             BuildInvocation.from_actions_env({k: v for k, v in env.items() if k != missing})
 
 
-@pytest.mark.parametrize(("repo", "tag", "workflow"), [
-    ("acme", "v1", "tag.yml"), ("acme/app/x", "v1", "tag.yml"), ("acme/app", "", "tag.yml"),
-    ("acme/app", "v1\n::error::x", "tag.yml"), ("acme/app", "v1", "../tag.yml"), ("acme/app", "v1", "tag.sh"),
+@pytest.mark.parametrize(("repo", "tag", "workflow", "commit", "ref"), [
+    ("acme", "v1", "tag.yml", COMMIT, "tag"), ("acme/app/x", "v1", "tag.yml", COMMIT, "tag"),
+    ("acme/app", "", "tag.yml", COMMIT, "tag"), ("acme/app", "v1\n::error::x", "tag.yml", COMMIT, "tag"),
+    ("acme/app", "v1", "../tag.yml", COMMIT, "tag"), ("acme/app", "v1", "tag.sh", COMMIT, "tag"),
+    # the commit is always required, as the certificate carries it: 40 lowercase hex
+    ("acme/app", "v1", "tag.yml", "", "tag"), ("acme/app", "v1", "tag.yml", COMMIT.upper(), "tag"),
+    ("acme/app", "v1", "tag.yml", COMMIT[:7], "tag"), ("acme/app", "v1", "tag.yml", COMMIT + "0", "tag"),
+    ("acme/app", "v1", "tag.yml", COMMIT + "\n", "tag"), ("acme/app", "v1", "tag.yml", " " + COMMIT[1:], "tag"),
+    # one exact ref, never a pattern
+    ("acme/app", "v1", "tag.yml", COMMIT, "refs/heads/*"), ("acme/app", "v1", "tag.yml", COMMIT, "main"),
+    ("acme/app", "v1", "tag.yml", COMMIT, "refs/heads/../main"), ("acme/app", "v1", "tag.yml", COMMIT, "refs/pull/1/merge"),
 ])
-def test_release_workflow_policy_validates_its_inputs(repo: str, tag: str, workflow: str) -> None:
+def test_image_identity_validates_its_inputs(repo: str, tag: str, workflow: str, commit: str, ref: str) -> None:
     with pytest.raises(ValidationError):
-        ImageIdentityPolicy.release_workflow(repo, tag, workflow)
+        image_identity(repo, tag, commit, workflow=workflow, ref=ref)
+
+
+@pytest.mark.parametrize("ref", ["tag", "refs/heads/main", "refs/tags/v1.0.0"])
+def test_every_signer_kind_pins_repository_ref_and_commit(ref: str) -> None:
+    policy = image_identity("acme/app", "v1.2.3", COMMIT, workflow="runner-release.yml", ref=ref)
+    exact = "refs/tags/v1.2.3" if ref == "tag" else ref
+    assert policy.identity == f"https://github.com/acme/app/.github/workflows/runner-release.yml@{exact}"
+    flags = policy.flags()
+    pins = {flags[i]: flags[i + 1] for i in range(0, len(flags), 2)}
+    assert pins == {"--certificate-identity": policy.identity, "--certificate-oidc-issuer": GITHUB_ISSUER,
+                    "--certificate-github-workflow-repository": "acme/app",
+                    "--certificate-github-workflow-ref": exact, "--certificate-github-workflow-sha": COMMIT}
 
 
 def test_verify_image_cli(signed_image: str, sigstore_instance: object) -> None:
@@ -194,10 +222,17 @@ def test_verify_image_cli(signed_image: str, sigstore_instance: object) -> None:
     root = str(sigstore_instance.trusted_root)  # type: ignore[attr-defined]
     url = sigstore_instance.url  # type: ignore[attr-defined]
     base = ["verify-image", signed_image, "--sigstore-url", url, "--trusted-root", root, "--allow-http-registry"]
-    ok = CliRunner().invoke(app, [*base, "--repo", "acme/app", "--tag", "v1.2.3"])
+    ok = CliRunner().invoke(app, [*base, "--repo", "acme/app", "--tag", "v1.2.3", "--commit", COMMIT])
     assert ok.exit_code == 0, ok.output
-    assert "signed and attested by https://github.com/acme/app/.github/workflows/tag.yml@refs/tags/v1.2.3" in ok.output
-    wrong = CliRunner().invoke(app, [*base, "--repo", "acme/other", "--tag", "v1.2.3"])
-    assert wrong.exit_code == 1 and isinstance(wrong.exception, CheckFailed)
-    half = CliRunner().invoke(app, ["verify-image", signed_image, "--sigstore-url", url, "--repo", "acme/app", "--tag", "v1"])
+    assert ("signed and attested by https://github.com/acme/app/.github/workflows/tag.yml@refs/tags/v1.2.3 at commit "
+            + COMMIT) in ok.output
+    for wrong_args in (["--repo", "acme/other", "--tag", "v1.2.3", "--commit", COMMIT],
+                       ["--repo", "acme/app", "--tag", "v1.2.3", "--commit", "d" * 40]):
+        wrong = CliRunner().invoke(app, [*base, *wrong_args])
+        assert wrong.exit_code == 1 and isinstance(wrong.exception, CheckFailed), wrong_args
+    half = CliRunner().invoke(app, ["verify-image", signed_image, "--sigstore-url", url, "--repo", "acme/app", "--tag", "v1",
+                                    "--commit", COMMIT])
     assert isinstance(half.exception, ValidationError) and half.exception.exit_code == 2
+    # The commit is part of the expectation: without it, nothing is checked (usage error).
+    no_commit = CliRunner().invoke(app, [*base, "--repo", "acme/app", "--tag", "v1.2.3"])
+    assert no_commit.exit_code == 2 and "--commit" in no_commit.output

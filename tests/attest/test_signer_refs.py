@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.attest import BuildInvocation, ImageIdentityPolicy, ImageSigner, SigstoreEndpoints, provenance_predicate
+from pipeline.attest import BuildInvocation, ImageSigner, SigstoreEndpoints, image_identity, provenance_predicate
 from pipeline.contracts import DispatchPayload
 from pipeline.digests import parse_ref
 from pipeline.errors import ValidationError
@@ -58,7 +58,8 @@ def test_signer_defaults_to_the_tag_workflow_at_the_payloads_tag(tmp_path: Path)
     (source,) = _policy(tmp_path, {"workflow": "tag.yml"}).sources
     (identity,) = signer_identities(_dummy_payload(), source)
     assert identity.identity == f"https://github.com/{SOURCE}/.github/workflows/tag.yml@refs/tags/{TAG}"
-    assert identity.sha is None
+    # The tag alone does not name the release (it can be deleted and pushed again): the commit too.
+    assert identity.sha == COMMIT and identity.ref == f"refs/tags/{TAG}" and identity.repository == SOURCE
 
 
 def _dummy_payload() -> DispatchPayload:
@@ -95,11 +96,12 @@ def test_a_fixed_tag_ref_binds_the_commit_too(tmp_path: Path) -> None:
     assert identity.identity.endswith("/tag.yml@refs/tags/v1.0.0") and identity.sha == COMMIT
 
 
-def test_identity_policy_needs_a_commit_for_a_branch_ref() -> None:
-    with pytest.raises(ValidationError, match="commit"):
-        ImageIdentityPolicy.release_workflow(SOURCE, TAG, "runner-release.yml", ref="refs/heads/main")
+def test_identity_needs_a_commit_for_every_ref() -> None:
+    for ref in ("tag", "refs/heads/main", "refs/tags/v1.0.0"):
+        with pytest.raises(ValidationError, match="commit"):
+            image_identity(SOURCE, TAG, "", workflow="runner-release.yml", ref=ref)
     with pytest.raises(ValidationError, match="ref"):
-        ImageIdentityPolicy.release_workflow(SOURCE, TAG, "runner-release.yml", ref="refs/heads/*", commit=COMMIT)
+        image_identity(SOURCE, TAG, COMMIT, workflow="runner-release.yml", ref="refs/heads/*")
 
 
 # --- the worker's check, with real signatures ---------------------------------------------------

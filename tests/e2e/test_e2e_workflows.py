@@ -347,9 +347,9 @@ def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: Worl
                    for leg in run.jobs["build"].legs]
         assert any(built[role].endswith(digest) for digest in digests), role
         # The build leg signed and attested exactly that digest as tag.yml at the tag (cosign).
-        from pipeline.attest import ImageIdentityPolicy, SigstoreEndpoints, verify_image
+        from pipeline.attest import SigstoreEndpoints, image_identity, verify_image
 
-        verify_image(built[role], ImageIdentityPolicy.release_workflow(SOURCE, TAG),
+        verify_image(built[role], image_identity(SOURCE, TAG, world.commit),
                      SigstoreEndpoints.private(world.sigstore.url, world.sigstore.trusted_root),
                      allow_http_registry=True)
         assert queued["payload"][role] == built[role]
