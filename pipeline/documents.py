@@ -4,6 +4,7 @@
 |---|---|---|---|
 | ``summary.json`` (``benchseal.summary/v1``) | evidence (``evidence/artifacts.py``) | publish (release body), verify, the API | ``ReleaseSummary`` |
 | ``trials.json`` (``benchseal.trials/v1``) | the runner (``benchseal trial run``, inside the runner image) | the worker's grader | ``TrialsPlan`` |
+| ``trial-results.json`` (``benchseal.trial-results/v1``) | evidence (``evidence/trials.py``) | verify (re-grades the trials) | ``TrialResults`` |
 | ``images/base.lock.json`` (``benchseal.base-lock/v1``) | ``benchseal base build`` | the image builder, the worker, the SBOM generator | ``BaseLock`` |
 | ``publisher-error.json`` (``benchseal.publisher-error/v1``) | the publisher's outbox | a release's reader (checksummed and signed) | ``PublisherError`` |
 | ``provenance-*.intoto.json`` (in-toto v1, SLSA provenance v1) | evidence (``evidence/provenance.py``) | sigstore (DSSE signing), verify | ``ProvenanceStatement`` |
@@ -47,6 +48,7 @@ SUMMARY_SCHEMA: Literal["benchseal.summary/v1"] = "benchseal.summary/v1"
 TRIALS_SCHEMA: Literal["benchseal.trials/v1"] = "benchseal.trials/v1"
 BASE_LOCK_SCHEMA: Literal["benchseal.base-lock/v1"] = "benchseal.base-lock/v1"
 PUBLISHER_ERROR_SCHEMA: Literal["benchseal.publisher-error/v1"] = "benchseal.publisher-error/v1"
+TRIAL_RESULTS_SCHEMA: Literal["benchseal.trial-results/v1"] = "benchseal.trial-results/v1"
 SCHEMA_DIR = paths.REPO_ROOT / "policies"
 
 
@@ -191,6 +193,26 @@ def upgrade_trials(data: object) -> object:
     if isinstance(data, dict) and "schema" not in data:
         return {"schema": TRIALS_SCHEMA, **data}
     return data
+
+
+# --- trial-results.json (evidence -> verify: the trial evidence a score is recomputed from) ---------
+
+class EmbeddedFile(_Document):
+    """One evidence file byte for byte: its name as evidence-SHA256SUMS lists it, its sha256, its bytes."""
+
+    name: str = Field(min_length=1, max_length=4096)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    content: str = Field(description="base64 (RFC 4648, padded) of the file's exact bytes")
+
+
+class TrialResults(_Document):
+    """``trial-results.json``: the run's plan (``evidence/trials.json``) and every trial's ``result.json``,
+    exactly as evidence-SHA256SUMS lists them. A release is flat (the trial dirs stay in the run dir):
+    this asset ships the files the score is graded from, so ``benchseal verify`` grades them again."""
+
+    schema_: Literal["benchseal.trial-results/v1"] = Field(alias="schema", default=TRIAL_RESULTS_SCHEMA)
+    run_id: str = Field(min_length=1, max_length=128)
+    files: tuple[EmbeddedFile, ...]
 
 
 # --- images/base.lock.json -----------------------------------------------------------------
@@ -389,6 +411,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "publisher-error.schema.json": PublisherError,
     "publication-request.schema.json": PublicationRequest,
     "provenance.schema.json": ProvenanceStatement,
+    "trial-results.schema.json": TrialResults,
 }
 
 

@@ -26,6 +26,8 @@ CHECKSUMS = "SHA256SUMS"
 # published (release assets are flat); its files are listed in this top-level file, which
 # SHA256SUMS covers and so signs transitively.
 NESTED_SUMS = "evidence-SHA256SUMS"
+# The plan and every trial's result.json, byte for byte (a release is flat): verify re-grades them.
+TRIAL_RESULTS = "trial-results.json"
 PUBLISHER_ERROR = "publisher-error.json"
 BODY = "body.md"  # the release notes of a local release: the only file outside SHA256SUMS
 NOT_ASSETS = frozenset({BODY})

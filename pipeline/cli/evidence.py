@@ -7,6 +7,11 @@ writes RUN_DIR/artifacts/. ``--reseal`` only re-checksums and re-signs SHA256SUM
 wrote (benchmark.yml's seal job: the worker grades, the job seals with its ambient identity)
 into the new or empty RUN_DIR, checking it is that run's graded terminal state.
 
+Before anything is signed, the run must pass the infra policy (``--policy``, default
+$BENCHSEAL_INFRA_POLICY or policies/infra.yaml: its source repository, images, suite and agent, as
+``infra accept`` checks them), and grading.json and run.json must be what the trial evidence says
+(every trial graded again with the worker's rule). A refusal is one line naming the field, exit 1.
+
 The signer: ``ambient`` (= ``auto``): the GitHub Actions OIDC credential of the job, public-good
 Sigstore unless ``--sigstore-url``/``--trusted-root`` name a private instance (tests); ``local``:
 the private instance's own identity, only when asked for.
@@ -40,11 +45,16 @@ def evidence(
     trusted_root: str | None = typer.Option(None, "--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT",
                                             help="That instance's trusted_root.json (with --sigstore-url)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was sealed as JSON."),
+    policy_path: str | None = typer.Option(None, "--policy", help="Infra policy the run must pass (default: "
+                                            "$BENCHSEAL_INFRA_POLICY, else policies/infra.yaml)."),
 ) -> None:
     """Write summary.json, SBOMs, provenance, SHA256SUMS and Sigstore bundles."""
     # lazy: pipeline.evidence (sigstore, cyclonedx) + pipeline.evidence.signing (sigstore) cost 365 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.evidence import reseal as do_reseal
     from pipeline.evidence.signing import Signer, ambient_signer, default_signer, local_signer, private_trust_config
+
+    # lazy: pipeline.infra.policy (yaml) costs 20 ms at CLI start (python -X importtime, 2026-12-03)
+    from pipeline.infra.policy import load_policy
 
     if signer_kind not in ("auto", "local", "ambient"):
         raise ValidationError("--signer", "must be auto, local or ambient", signer_kind)
@@ -53,6 +63,7 @@ def evidence(
     if from_export is not None and reseal:
         raise ValidationError("--reseal", "cannot be combined with --from-export")
     endpoints = sigstore_endpoints(sigstore_url, Path(trusted_root) if trusted_root else None)
+    policy = None if reseal else load_policy(Path(policy_path) if policy_path else None)
 
     def make_signer() -> Signer:
         if signer_kind == "local":
@@ -71,7 +82,7 @@ def evidence(
     if from_export is not None and run_id is not None:
         # Staged: RUN_DIR appears with the sealed run, or stays as it was (a refused export leaves nothing).
         if from_export == "-":
-            sealed = seal_export(sys.stdin.buffer, run_dir, run_id, make_signer)
+            sealed = seal_export(sys.stdin.buffer, run_dir, run_id, make_signer, policy)
         else:
             try:
                 handle = Path(from_export).open("rb")
@@ -80,12 +91,12 @@ def evidence(
             except OSError as exc:
                 raise ValidationError("--from-export", f"cannot be read ({exc.strerror})", str(from_export)) from None
             with handle:
-                sealed = seal_export(handle, run_dir, run_id, make_signer)
+                sealed = seal_export(handle, run_dir, run_id, make_signer, policy)
     elif reseal:
         typer.echo(f"resealed: {do_reseal(run_dir / 'artifacts', signer=make_signer())}")
         return
     else:
-        sealed = seal_run(run_dir, signer=make_signer())
+        sealed = seal_run(run_dir, signer=make_signer, policy=policy)
     if as_json:
         typer.echo(json.dumps(sealed.to_json_dict(), sort_keys=True))
         return

@@ -1,8 +1,9 @@
 """Evidence of a run: summary, SBOMs, provenance, checksums, Sigstore bundles.
 
 ``write_evidence`` writes ``<run_dir>/artifacts/`` completely. Order matters:
-content first (summary, SBOMs, statements), then its bundles, then SHA256SUMS over
-every file so far (bundles included), then SHA256SUMS's own bundle.
+the trial evidence first (``evidence.trials``: grading.json must be what the trials say, or nothing
+is written), then content (trial-results.json, summary, SBOMs, statements), then its bundles, then
+SHA256SUMS over every file so far (bundles included), then SHA256SUMS's own bundle.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pipeline.contracts import DispatchPayload, Grading
 from pipeline.evidence import artifacts, provenance, sbom
 from pipeline.evidence.artifacts import recheck_and_resign
 from pipeline.evidence.signing import Signer
+from pipeline.evidence.trials import check_grading, write_trial_results
 from pipeline.layout import ARTIFACTS_DIR, MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SBOMS
 
 __all__ = ["EvidenceResult", "reseal", "write_evidence"]
@@ -39,12 +41,13 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
     """Write and sign every artifact of a terminal run into ``run_dir/artifacts``.
 
     Idempotent: a retry rewrites every file atomically with the same content
-    (bundles differ: each signature gets a new certificate and log entry).
+    (bundles differ: each signature gets a new certificate and log entry). Refused (CheckFailed naming
+    the field) before anything is written when grading.json is not what the trial evidence says.
     """
-
-
     out = run_dir / ARTIFACTS_DIR
+    evidence, _, _ = check_grading(out, grading)
     out.mkdir(parents=True, exist_ok=True)
+    write_trial_results(out, grading.run_id, evidence)
     summary = artifacts.write_summary(out, artifacts.build_summary(grading, payload))
     # The two images are read in parallel: most of the time is network and zlib (no GIL).
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -29,7 +29,8 @@ from pipeline.evidence.signing import Signer
 from pipeline.fsutil import atomic_write_text, sha256_file
 from pipeline.layout import CHECKSUMS, NESTED_SUMS, SUMMARY, checksummed_files, nested_files, render_checksums
 
-EVALUATION_METHOD = "harbor-verifier-reward: a trial is resolved when its verifier reward is >= 1; score = resolved / completed"
+EVALUATION_METHOD = ("harbor-verifier-reward: a trial is resolved when its verifier reward is 1 (a reward that is not "
+                     "a number in [0, 1] is an infrastructure error); score = resolved / completed")
 
 
 def suite_revision(suite: str, suites_root: Path | None = None) -> str | None:

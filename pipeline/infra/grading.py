@@ -1,12 +1,9 @@
 """Grade a run from Harbor's result.json files (never from an exit code).
 
-Per planned trial (``trials.json``, written by ``benchseal trial run``):
-
-* no result.json, or no reward without an agent error -> ``infra_error``;
-* ``exception_info`` from the agent (timeout, non-zero exit) -> the agent's
-  fault: graded by its reward like any completed trial (usually unresolved);
-* any other ``exception_info`` (environment, verifier, Docker) -> ``infra_error``;
-* reward 1 -> ``resolved``; otherwise ``unresolved``.
+Per planned trial (``trials.json``, written by ``benchseal trial run``) the rule is
+``pipeline.scoring.grade_result``, the one the seal job and ``benchseal verify`` recompute the score
+with: no or unreadable result.json, a reward that is not a number in [0, 1], or an exception that
+is not the agent's -> ``infra_error``; reward 1 -> ``resolved``; otherwise ``unresolved``.
 
 A run whose infrastructure errors exceed the policy threshold is FAILED with
 no score; otherwise score = resolved / completed.
@@ -14,7 +11,6 @@ no score; otherwise score = resolved / completed.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -23,27 +19,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from pipeline.contracts import SCORE_DIGITS, GradeCounts, Grading, TrialOutcome, TrialRecord
+from pipeline.contracts import GradeCounts, Grading, TrialRecord
 from pipeline.documents import TrialsPlan, load_document
 from pipeline.errors import ValidationError
 from pipeline.infra.policy import InfraPolicy
 from pipeline.infra.queue import RunRecord
 from pipeline.infra.trial import TRIALS_FILE
+from pipeline.scoring import AGENT_EXCEPTIONS, count, grade_result, score_of
 
-# Exceptions that are the agent's doing, not the infrastructure's.
-AGENT_EXCEPTIONS = frozenset(
-    {
-        "AgentTimeoutError",
-        "AgentSetupTimeoutError",
-        "NonZeroAgentExitCodeError",
-        "AgentAuthenticationError",
-        "ModelNotFoundError",
-        "UnsupportedModelParametersError",
-        "OutputTokenExceededError",
-        "ContextWindowExceededError",
-        "AgentSafetyRefusalError",
-    }
-)
+__all__ = ["AGENT_EXCEPTIONS", "RecordedTrial", "RunnerInfo", "grade_run", "grade_trial", "grade_trials",
+           "infra_error_grading", "read_plan"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +42,16 @@ class RunnerInfo:
 def _seconds(phase: Any) -> float | None:
     if not isinstance(phase, dict) or not phase.get("started_at") or not phase.get("finished_at"):
         return None
-    start = datetime.fromisoformat(str(phase["started_at"]))
-    end = datetime.fromisoformat(str(phase["finished_at"]))
-    return round((end - start).total_seconds(), 3)
+    try:
+        start = datetime.fromisoformat(str(phase["started_at"]))
+        end = datetime.fromisoformat(str(phase["finished_at"]))
+        return round((end - start).total_seconds(), 3)
+    except (ValueError, TypeError, OverflowError):  # not Harbor's timestamps: no timing, never a crash
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _count(value: Any) -> int | None:
@@ -122,35 +114,26 @@ def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runne
     base: dict[str, Any] = {"task": task, "trial_name": trial_name, "agent_name": agent,
                             "runner_digest": runner.digest, "harbor_version": harbor_version}
     try:
-        data = json.loads(result_path.read_text(encoding="utf-8"))
+        raw: bytes | None = result_path.read_bytes()
     except FileNotFoundError:
-        return TrialRecord(**base, outcome="infra_error", reward=None, exception_type="MissingTrialResult")
-    except (OSError, ValueError):
+        raw = None
+    except OSError:
         return TrialRecord(**base, outcome="infra_error", reward=None, exception_type="UnreadableTrialResult")
-    info = data.get("agent_info") or {}
-    verifier = data.get("verifier_result") or {}
-    rewards = verifier.get("rewards") or {}
-    raw_reward = rewards.get("reward")
-    reward = float(raw_reward) if isinstance(raw_reward, int | float) else None
-    exception = data.get("exception_info") or None
-    exception_type = str(exception.get("exception_type")) if isinstance(exception, dict) else None
-    outcome: TrialOutcome
-    if exception_type is not None and exception_type not in AGENT_EXCEPTIONS:
-        outcome = "infra_error"
-    elif reward is None:
-        outcome = "unresolved" if exception_type in AGENT_EXCEPTIONS else "infra_error"
-        exception_type = exception_type or "NoReward"
-    else:
-        outcome = "resolved" if reward >= 1.0 else "unresolved"
+    graded = grade_result(raw)  # the one rule (sealing and verify recompute it from the same bytes)
+    data = graded.data
+    if not data:
+        return TrialRecord(**base, outcome=graded.outcome, reward=graded.reward, exception_type=graded.exception_type)
+    raw_info = data.get("agent_info")
+    info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
     usage = _model_usage(data.get("agent_result"))
     return TrialRecord(
         **{**base, "agent_name": str(info.get("name") or agent), **usage},
-        outcome=outcome,
-        reward=reward,
-        exception_type=exception_type,
+        outcome=graded.outcome,
+        reward=graded.reward,
+        exception_type=graded.exception_type,
         agent_version=None if info.get("version") is None else str(info["version"]),
-        started_at=data.get("started_at"),
-        finished_at=data.get("finished_at"),
+        started_at=_text(data.get("started_at")),
+        finished_at=_text(data.get("finished_at")),
         agent_seconds=_seconds(data.get("agent_execution")),
         verifier_seconds=_seconds(data.get("verifier")),
         total_seconds=_seconds({"started_at": data.get("started_at"), "finished_at": data.get("finished_at")}),
@@ -195,11 +178,8 @@ def grade_trials(
 ) -> Grading:
     """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score."""
     payload = record.payload
-    resolved = sum(t.outcome == "resolved" for t in trials)
-    unresolved = sum(t.outcome == "unresolved" for t in trials)
-    infra = sum(t.outcome == "infra_error" for t in trials)
-    counts = GradeCounts(total=len(trials), completed=resolved + unresolved, resolved=resolved,
-                         unresolved=unresolved, infra_errors=infra)
+    counts = count(t.outcome for t in trials)
+    infra = counts.infra_errors
     reason: str | None = failure
     if reason is None and not trials:
         reason = "no trials were planned (trials.json missing or empty)"
@@ -216,7 +196,7 @@ def grade_trials(
         suite=payload.suite,
         agent=payload.agent,
         counts=counts,
-        score=round(resolved / counts.completed, SCORE_DIGITS) if ok else None,
+        score=score_of(counts) if ok else None,
         trials=trials,
         harbor_version=harbor_version,
         agent_version_pin=agent_version_pin,

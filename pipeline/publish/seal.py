@@ -4,6 +4,13 @@ Used by benchmark.yml's seal job (``benchseal evidence RUN_DIR --from-export ...
 ambient``) and by ``benchseal release --local`` (the local signer, as that job's identity): both
 read the run exactly as ``benchseal infra export`` wrote it (run.json and grading.json from the
 queue, the trial evidence) and write ``RUN_DIR/artifacts/`` with ``write_evidence``.
+
+Before anything is signed (``check_sealable``): the run's source, images, suite and agent must pass
+the infra policy as ``infra accept`` checks them (a run for a repository the policy does not list is
+not sealed); grading.json must be what the trial evidence says (``evidence.trials``: every trial
+graded again with the worker's rule), run.json must say the same counts and score, and a SUCCEEDED
+grading must be one the policy's infrastructure-error threshold allows. Each refusal is one line
+naming the field (exit 1).
 """
 
 from __future__ import annotations
@@ -16,11 +23,16 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline.contracts import DispatchPayload, Grading, RunStatus, load_model
-from pipeline.errors import ValidationError
+from pipeline.errors import CheckFailed, ValidationError
 from pipeline.evidence import EvidenceResult, write_evidence
 from pipeline.evidence.signing import Signer
+from pipeline.evidence.trials import check_grading
 from pipeline.fsutil import staged_dir
+from pipeline.infra.accept import validate_payload
 from pipeline.infra.export import import_run
+from pipeline.infra.policy import InfraPolicy, load_policy
+from pipeline.layout import ARTIFACTS_DIR
+from pipeline.scoring import Claim, check_counts
 
 
 @dataclass(frozen=True)
@@ -45,9 +57,9 @@ def _load(path: Path) -> object:
         raise ValidationError(str(path), f"is not JSON: {exc}") from None
 
 
-def seal_run(run_dir: Path, *, signer: Signer) -> Sealed:
-    """Write and sign the evidence of the graded run in ``run_dir`` (run.json + grading.json)."""
-
+def check_sealable(run_dir: Path, policy: InfraPolicy | None = None) -> tuple[RunStatus, Grading, DispatchPayload]:
+    """The graded run in ``run_dir`` (run.json + grading.json + trial evidence), checked as the module
+    says; CheckFailed (one line, naming the field) before anything is written or signed."""
     status = load_model(RunStatus, _load(run_dir / "run.json"), "run.json")
     grading = load_model(Grading, _load(run_dir / "grading.json"), "grading.json")
     if grading.run_id != status.run_id:
@@ -57,21 +69,48 @@ def seal_run(run_dir: Path, *, signer: Signer) -> Sealed:
         "source": status.source.model_dump(mode="json"), "runner": status.runner, "api": status.api,
         "suite": status.suite, "agent": status.agent,
     }, "run.json")
-    return Sealed(status, grading, write_evidence(run_dir, grading, payload, signer=signer))
+    policy = policy if policy is not None else load_policy()
+    try:
+        # The checks `infra accept` made when the run was admitted, made again by the job that signs.
+        validate_payload(payload.to_json_dict(), policy)
+    except ValidationError as exc:
+        field = exc.field.replace("payload.", "run.", 1)
+        raise CheckFailed(f"{field}: {exc.rule} (got {exc.value!r}); the infra policy does not admit this run, "
+                          "so it is not sealed") from None
+    if status.state != grading.status:
+        raise CheckFailed(f"run.state: {status.state!r} in run.json, but grading.json says {grading.status!r}")
+    _, _, counts = check_grading(run_dir / ARTIFACTS_DIR, grading)
+    check_counts(Claim(document="run.json", label="run", run_id=status.run_id, status=status.state,
+                       counts=status.counts, score=status.score), counts)
+    if grading.status == "SUCCEEDED" and policy.infra_errors_exceed_threshold(counts.infra_errors, counts.total):
+        raise CheckFailed(f"grading.status: 'SUCCEEDED' in grading.json, but {counts.infra_errors} of {counts.total} "
+                          f"trials are infrastructure errors in the trial evidence, more than the policy's "
+                          f"{policy.infra_error_threshold_percent:g}% allows")
+    return status, grading, payload
 
 
-def seal_export(source: IO[bytes], run_dir: Path, run_id: str, signer: Callable[[], Signer]) -> Sealed:
+def seal_run(run_dir: Path, *, signer: Signer | Callable[[], Signer], policy: InfraPolicy | None = None) -> Sealed:
+    """Check (``check_sealable``), then write and sign the evidence of the graded run in ``run_dir``.
+    ``signer`` may be a factory, called only once the run is accepted (no credential is asked for a
+    run that is refused)."""
+    status, grading, payload = check_sealable(run_dir, policy)
+    chosen = signer if isinstance(signer, Signer) else signer()
+    return Sealed(status, grading, write_evidence(run_dir, grading, payload, signer=chosen))
+
+
+def seal_export(source: IO[bytes], run_dir: Path, run_id: str, signer: Callable[[], Signer],
+                policy: InfraPolicy | None = None) -> Sealed:
     """Unpack ``run_id``'s export from ``source`` into the new or empty ``run_dir`` and seal it there.
 
     Staged: both happen in a directory next to ``run_dir``, renamed to it once the evidence is
     signed, so ``run_dir`` holds the whole sealed run or is left as it was (a refused export, a
-    refused name, a failed signature leave nothing half-written). ``signer`` is called only once
-    the export is accepted."""
+    refused name, a failed check or signature leave nothing half-written). ``signer`` is called only
+    once the export and its run are accepted."""
     if run_dir.is_symlink() or (run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir()))):
         raise ValidationError("RUN_DIR", "must be a new or empty directory", str(run_dir))
     with staged_dir(run_dir) as staging:
         import_run(source, staging, run_id)
-        sealed = seal_run(staging, signer=signer())
+        sealed = seal_run(staging, signer=signer, policy=policy)
     return dataclasses.replace(sealed, evidence=_moved(sealed.evidence, staging, run_dir))
 
 

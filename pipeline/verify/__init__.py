@@ -14,13 +14,20 @@ from the policy the signer identity and issuer); nothing of it is read from the 
    (counts, status, score) and its image references are digest-pinned
    (pipeline.digests) and exactly the provenance subjects; both statements name the
    same source repository, tag and commit as summary.json; the summary provenance
-   binds summary.json and those digests, and each SBOM describes the image by that digest.
+   binds summary.json and those digests, and each SBOM describes the image by that digest;
+4. the score is what the trials say: ``trial-results.json`` carries the plan and every trial's
+   result.json byte for byte as ``evidence-SHA256SUMS`` lists them (signed through SHA256SUMS);
+   each trial is graded again with the worker's rule (``pipeline.scoring``) and summary.json's
+   trials, counts and score must be exactly that.
 
 The first failure raises CheckFailed naming it.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -35,7 +42,7 @@ from sigstore.verify import policy as sigstore_policy  # not `policy`: pipeline.
 from sigstore_models.common.v1 import HashAlgorithm
 
 from pipeline.digests import ImageRef, parse_ref
-from pipeline.documents import DigestSet, ProvenanceStatement, ReleaseSummary, parse_document
+from pipeline.documents import DigestSet, ProvenanceStatement, ReleaseSummary, TrialResults, parse_document
 from pipeline.errors import CheckFailed, ValidationError
 from pipeline.fsutil import is_plain_entry, sha256_file
 from pipeline.layout import (
@@ -49,10 +56,20 @@ from pipeline.layout import (
     REQUIRED_SIGNED,
     SBOMS,
     SUMMARY,
+    TRIAL_RESULTS,
     bundle_name,
     is_statement,
     nested_files,
     parse_checksums,
+)
+from pipeline.scoring import (
+    PLAN_NAME,
+    Claim,
+    ClaimedTrial,
+    TrialEvidence,
+    check_claim,
+    evidence_trials,
+    is_result_name,
 )
 from pipeline.verify.policy import Expectation, expectation
 
@@ -317,6 +334,51 @@ def verify_consistency(directory: Path, summary: ReleaseSummary, repository: str
                               f"not {ref.ref}")
 
 
+def _decoded(content: str, name: str) -> bytes:
+    try:
+        return base64.b64decode(content, validate=True)
+    except (ValueError, binascii.Error):
+        raise CheckFailed(f"{TRIAL_RESULTS}: {name}: content is not base64") from None
+
+
+def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
+    """summary.json's trials, counts and score are what the shipped trial evidence says (graded again).
+
+    ``trial-results.json`` must carry exactly the plan and the result.json files evidence-SHA256SUMS
+    lists, with the bytes it lists them with; then every planned trial is graded with the worker's rule."""
+    try:
+        shipped = parse_document(TrialResults, _read_json(directory / TRIAL_RESULTS), TRIAL_RESULTS)
+    except ValidationError as exc:
+        raise CheckFailed(f"{exc.field}: {exc.rule}") from None
+    except CheckFailed as exc:
+        raise CheckFailed(f"{exc}; a release carries the trial evidence its score is graded from") from None
+    if shipped.run_id != summary.run_id:
+        raise CheckFailed(f"{TRIAL_RESULTS}: run_id {shipped.run_id!r} is not summary.json's {summary.run_id!r}")
+    listed = (parse_checksums((directory / NESTED_SUMS).read_bytes(), NESTED_SUMS, nested=True)
+              if (directory / NESTED_SUMS).is_file() else {})
+    carried: dict[str, bytes] = {}
+    for entry in shipped.files:
+        if entry.name in carried:
+            raise CheckFailed(f"{TRIAL_RESULTS}: {entry.name} is carried twice")
+        if entry.name != PLAN_NAME and not is_result_name(entry.name):
+            raise CheckFailed(f"{TRIAL_RESULTS}: {entry.name!r} is neither {PLAN_NAME} nor a trial's result.json")
+        data = _decoded(entry.content, entry.name)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry.sha256 or listed.get(entry.name) != digest:
+            raise CheckFailed(f"{TRIAL_RESULTS}: {entry.name}: its bytes (sha256 {digest}) are not what {NESTED_SUMS} "
+                              f"lists ({listed.get(entry.name, 'nothing')})")
+        carried[entry.name] = data
+    for name in sorted(listed):
+        if (name == PLAN_NAME or is_result_name(name)) and name not in carried:
+            raise CheckFailed(f"{NESTED_SUMS}: lists {name}, but {TRIAL_RESULTS} does not carry it")
+    evidence = TrialEvidence(plan=carried.get(PLAN_NAME), names=frozenset(listed),
+                             results={name.split("/")[2]: data for name, data in carried.items() if name != PLAN_NAME})
+    claim = Claim(document=SUMMARY, label="summary", run_id=summary.run_id, status=summary.status,
+                  counts=summary.counts, score=summary.score,
+                  trials=tuple(ClaimedTrial(t.task, t.trial, t.outcome, t.reward) for t in summary.timings.trials))
+    check_claim(claim, evidence_trials(evidence, claim))
+
+
 def verify_release(directory: Path, *, repository: str | None = None, tag: str | None = None,
                    policy: Path | None = None, trusted_root: Path | None = None, offline: bool = False,
                    profile: str | None = None, infra_repository: str | None = None) -> VerifiedRelease:
@@ -353,6 +415,7 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
     summary = load_summary(directory)
     commit = check_source(summary, expect)
     verify_consistency(directory, summary, expect.repository, expect.tag, commit)
+    verify_trial_results(directory, summary)
     return VerifiedRelease(directory=directory, profile=expect.profile, identity=expect.identity,
                            issuer=expect.issuer, repository=expect.repository, tag=expect.tag, commit=commit,
                            bundles=tuple(bundles))

@@ -94,20 +94,20 @@ def test_nested_evidence_is_listed_and_checked(release_copy: Path, signer_v1: ob
                                                tmp_path: Path) -> None:
     """The worker's trial dirs under artifacts/evidence/ are not release assets but are checksummed."""
     root = sigstore_instance.trusted_root  # type: ignore[attr-defined]
-    trial = release_copy / "evidence" / "harbor" / "task__1"
-    trial.mkdir(parents=True)
-    (trial / "result.json").write_text('{"reward": 1}\n')
+    trial = release_copy / "evidence" / "harbor" / "hello__evidence0001"
     (trial / "trial log.txt").write_text("ok\n")
     reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
     sums = (release_copy / "SHA256SUMS").read_text()
-    assert "evidence-SHA256SUMS" in sums and "/" not in sums
+    assert "evidence-SHA256SUMS" in sums and "trial-results.json" in sums and "/" not in sums
     nested = (release_copy / "evidence-SHA256SUMS").read_text()
-    assert "  evidence/harbor/task__1/result.json\n" in nested
+    assert "  evidence/harbor/hello__evidence0001/result.json\n" in nested
+    assert "  evidence/harbor/hello__evidence0001/trial log.txt\n" in nested
     for listing in ("SHA256SUMS", "evidence-SHA256SUMS"):
         assert subprocess.run(["sha256sum", "-c", "--strict", listing], cwd=release_copy, capture_output=True,
                               check=False).returncode == 0
     verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)
-    # a release is flat: the nested files are not there, and it still verifies
+    # a release is flat: the nested files are not there, and it still verifies (trial-results.json carries
+    # the files the score is graded from)
     flat = tmp_path / "flat"
     flat.mkdir()
     for path in release_copy.iterdir():
@@ -115,10 +115,21 @@ def test_nested_evidence_is_listed_and_checked(release_copy: Path, signer_v1: ob
             shutil.copy2(path, flat / path.name)
     verify_release(flat, repository="acme/widget", tag="v9.9.9", trusted_root=root)
     # in the run dir, tampered or unlisted nested files are caught
+    original = (trial / "result.json").read_bytes()
     (trial / "result.json").write_text('{"reward": 0}\n')
     with pytest.raises(CheckFailed, match=r"result\.json: missing or does not match"):
         verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)
-    (trial / "result.json").write_text('{"reward": 1}\n')
+    (trial / "result.json").write_bytes(original)
     (trial / "extra.txt").write_text("x")
     with pytest.raises(CheckFailed, match=r"extra\.txt: not covered by evidence-SHA256SUMS"):
+        verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)
+    # a trial dir planted and resealed (signed by the right identity): its result is not among the
+    # trial results the score was graded from, and no trial of that name is planned
+    (trial / "extra.txt").unlink()
+    planted = release_copy / "evidence" / "harbor" / "task__evidence0001"
+    planted.mkdir()
+    (planted / "result.json").write_text('{"verifier_result": {"rewards": {"reward": 1}}}\n')
+    reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
+    with pytest.raises(CheckFailed, match=r"^evidence-SHA256SUMS: lists evidence/harbor/task__evidence0001/result\.json, "
+                                          r"but trial-results\.json does not carry it$"):
         verify_release(release_copy, repository="acme/widget", tag="v9.9.9", trusted_root=root)

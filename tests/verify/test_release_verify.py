@@ -90,13 +90,16 @@ def _cli(directory: Path, *args: str, expect: tuple[str, ...] = EXPECT) -> subpr
 
 
 def test_release_verifies_everywhere(signed_release: Path, verifiers, sigstore_instance: object) -> None:  # type: ignore[no-untyped-def]
-    names = sorted(p.name for p in signed_release.iterdir())
+    names = sorted(p.name for p in signed_release.iterdir() if p.is_file())
     assert names == sorted([
         "SHA256SUMS", "SHA256SUMS.sigstore.json", "manifest-api.oci.json", "manifest-runner.oci.json",
         "provenance-images.intoto.json", "provenance-images.intoto.json.sigstore.json",
         "provenance-summary.intoto.json", "provenance-summary.intoto.json.sigstore.json",
         "sbom-api.cdx.json", "sbom-api.cdx.json.sigstore.json", "sbom-runner.cdx.json",
-        "sbom-runner.cdx.json.sigstore.json", "summary.json", "summary.json.sigstore.json"])
+        "sbom-runner.cdx.json.sigstore.json", "summary.json", "summary.json.sigstore.json",
+        # the trial evidence: its listing, and the plan and result.json files the score is graded from
+        "evidence-SHA256SUMS", "trial-results.json"])
+    assert [p.name for p in signed_release.iterdir() if p.is_dir()] == ["evidence"]  # nested: not an asset
     results = verifiers(signed_release)
     assert all(ok for ok, _ in results.values()), results
     done = _cli(signed_release, "--trusted-root", str(sigstore_instance.trusted_root))  # type: ignore[attr-defined]
@@ -132,8 +135,9 @@ def _flip_byte(path: Path) -> None:
 
 
 FILES = ["summary.json", "sbom-runner.cdx.json", "sbom-api.cdx.json", "manifest-runner.oci.json",
-         "manifest-api.oci.json", "provenance-images.intoto.json", "provenance-summary.intoto.json", "SHA256SUMS"]
-BUNDLES = [f + ".sigstore.json" for f in FILES if not f.startswith("manifest-")]
+         "manifest-api.oci.json", "provenance-images.intoto.json", "provenance-summary.intoto.json", "SHA256SUMS",
+         "trial-results.json", "evidence-SHA256SUMS"]
+BUNDLES = [f + ".sigstore.json" for f in FILES if not f.startswith(("manifest-", "trial-", "evidence-"))]
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -235,7 +239,7 @@ def _link_summary_outside(release: Path, outside: Path) -> None:
 def _link_nested_dir_outside(release: Path, outside: Path) -> None:
     outside.mkdir()
     (outside / "x").write_text("x\n")
-    (release / "evidence").mkdir()
+    (release / "evidence").mkdir(exist_ok=True)
     (release / "evidence" / "sneaky").symlink_to(outside, target_is_directory=True)
 
 

@@ -232,22 +232,48 @@ def test_ambiguous_or_unparsable_summary_json_is_refused(name: str, text: str, r
         _verify(release_copy, root)
 
 
-@pytest.mark.parametrize(("counts", "score"), [
-    ({"total": 3, "completed": 3, "resolved": 1, "unresolved": 2, "infra_errors": 0}, 0.333333),
-    ({"total": 5, "completed": 3, "resolved": 2, "unresolved": 1, "infra_errors": 2}, 0.666667),
-    ({"total": 2, "completed": 2, "resolved": 2, "unresolved": 0, "infra_errors": 0}, 1),  # JSON 1 == 1.0
+@pytest.mark.parametrize(("counts", "score", "refusal"), [
+    ({"total": 3, "completed": 3, "resolved": 1, "unresolved": 2, "infra_errors": 0}, 0.333333, "summary.total: 3"),
+    ({"total": 2, "completed": 1, "resolved": 1, "unresolved": 0, "infra_errors": 1}, 1.0, "summary.completed: 1"),
+    ({"total": 2, "completed": 2, "resolved": 2, "unresolved": 0, "infra_errors": 0}, 1, "summary.resolved: 2"),
 ])
-def test_consistent_variants_verify(counts: dict[str, int], score: float, release_copy: Path, signer_v1: object,
-                                    root: Path) -> None:
+def test_consistent_counts_the_trials_do_not_support_are_refused(counts: dict[str, int], score: float, refusal: str,
+                                                                 release_copy: Path, signer_v1: object,
+                                                                 root: Path) -> None:
+    """Before: counts and a score that agree with each other verified, whatever the trials said. Now
+    the release's trial evidence is graded again and the summary, re-signed, must say the same."""
     _resign(release_copy, signer_v1, summary=lambda s: s.update(counts=counts, score=score))
+    with pytest.raises(CheckFailed, match=rf"^{refusal} in summary\.json, \d from the trial evidence$"):
+        _verify(release_copy, root)
+
+
+def test_consistent_score_with_the_trials_verifies_as_1_or_1_0(release_copy: Path, signer_v1: object,
+                                                               root: Path) -> None:
+    _resign(release_copy, signer_v1, summary=lambda s: s.update(score=0.5))
     _verify(release_copy, root)
 
 
 def test_failed_run_without_score_verifies(release_copy: Path, signer_v1: object, root: Path) -> None:
-    _resign(release_copy, signer_v1, summary=lambda s: s.update(
-        status="INFRA_ERROR", score=None, reason="lease expired",
-        counts={"total": 2, "completed": 1, "resolved": 1, "unresolved": 0, "infra_errors": 1}))
+    _resign(release_copy, signer_v1, summary=lambda s: s.update(status="FAILED", score=None, reason="timed out"))
     _verify(release_copy, root)
+
+
+def test_failed_run_may_count_a_trial_as_an_infra_error_but_never_the_reverse(release_copy: Path, signer_v1: object,
+                                                                              root: Path) -> None:
+    """The grader may know of a failure the evidence cannot show (a timeout, attempts used up): a run
+    that did not succeed (no score) may count a trial as an infrastructure error. Not on SUCCEEDED."""
+    def downgrade(status: str) -> Mutate:
+        def change(s: dict[str, Any]) -> None:
+            s["timings"]["trials"][1].update(outcome="infra_error", reward=None)
+            s.update(status=status, score=None if status != "SUCCEEDED" else 1.0, reason="lease expired",
+                     counts={"total": 2, "completed": 1, "resolved": 1, "unresolved": 0, "infra_errors": 1})
+        return change
+    _resign(release_copy, signer_v1, summary=downgrade("INFRA_ERROR"))
+    _verify(release_copy, root)
+    _resign(release_copy, signer_v1, summary=downgrade("SUCCEEDED"))
+    with pytest.raises(CheckFailed, match=r"^summary\.trials\[fail__evidence0001\]\.outcome: 'infra_error' in "
+                                          r"summary\.json, 'unresolved' from the trial evidence$"):
+        _verify(release_copy, root)
 
 
 def _valid_summary() -> dict[str, Any]:

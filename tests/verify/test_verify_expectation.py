@@ -47,13 +47,16 @@ def fork_release(tmp_path_factory: pytest.TempPathFactory, evidence_images: dict
     from pipeline.evidence import write_evidence
     from pipeline.evidence.signing import local_signer
     from tests.fixtures.sigstore import make_inputs
+    from tests.fixtures.trials import evidence_for
 
     grading, payload = make_inputs(evidence_images)
     payload = payload.model_copy(update={"source": PayloadSource(repository=FORK, commit="f" * 40, tag=SOURCE_TAG)})
+    run_dir = tmp_path_factory.mktemp("fork-run")
+    evidence_for(grading, run_dir / "artifacts" / "evidence")
     signer = local_signer(state=sigstore_instance.state,  # type: ignore[attr-defined]
                           subject=PER_REPO_IDENTITY.format(repository=FORK))
     try:
-        result = write_evidence(tmp_path_factory.mktemp("fork-run"), grading, payload, signer=signer)
+        result = write_evidence(run_dir, grading, payload, signer=signer)
     finally:
         signer.close()
     yield result.artifacts
