@@ -1,0 +1,441 @@
+"""The sandbox engine: a rootless Docker Engine the runner and every trial container run on.
+
+The host's root engine is never handed to anything under test. This engine runs as an
+unprivileged service user (``benchseal-sandbox``, with /etc/subuid and /etc/subgid ranges)
+inside rootlesskit's user namespace, so container root is that user on the host and a
+``Privileged`` container holds capabilities over the sandbox's namespaces only. Around it:
+
+* network: rootlesskit ``--net=host`` plus ``unshare --net`` in its child, so the daemon and
+  every container (``NetworkMode: host`` included) live in a network namespace owned by the
+  sandbox's user namespace holding loopback and its own bridges only: no route to the host's
+  network or its 127.0.0.1 services. The model is reached through the worker's Unix-socket
+  relay (a file, not a route).
+* processes: its own PID (``--pidns``), IPC, UTS and cgroup namespaces (``PidMode: host`` is
+  the sandbox's PID namespace).
+* files: the child pivots into a fresh root holding only the system directories, a minimal
+  /dev, the host temp dir and benchseal's state home (where run dirs, secret files and
+  sockets live, each granted to the service user by ``grant``); so a bind of ``/`` sees no
+  other host path, and what it sees is checked against the service user's uid.
+
+Lifecycle as the other local services: started by benchseal with its pid recorded, stopped
+by that pid only when its command line is ours; ``status`` says whether it answers and is
+rootless. Run as root (it creates the service user and bind-mounts in its own namespace).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import docker
+import docker.errors
+import requests
+
+from pipeline import paths
+from pipeline.errors import CheckFailed, InfrastructureError, UsageError
+from pipeline.polling import poll_until
+
+SERVICE_USER = "benchseal-sandbox"
+SANDBOX_DIR_ENV = "BENCHSEAL_SANDBOX_DIR"
+DEFAULT_DIR = Path("/var/lib/benchseal-sandbox")
+SUBID_COUNT = 65536
+PACKAGES = ("rootlesskit", "slirp4netns", "uidmap", "fuse-overlayfs")
+
+# Runs as root in the sandbox's user namespace (rootlesskit's child, after ``unshare --net``).
+_CHILD = """\
+#!/bin/sh
+# benchseal sandbox engine: written by pipeline/host/sandbox.py (do not edit).
+set -eu
+rm -f /run/docker /run/containerd /run/xtables.lock
+ip link set lo up
+# A new root with only the system dirs, a minimal /dev and the shared paths, at their host paths.
+R="$XDG_RUNTIME_DIR/root"
+mkdir -p "$R"
+mount -t tmpfs -o mode=755 benchseal-sandbox-root "$R"
+for d in usr etc run sys proc; do mkdir -p "$R/$d"; mount --rbind "/$d" "$R/$d"; done
+for l in bin sbin lib lib32 lib64 libx32; do
+  if [ -L "/$l" ]; then ln -s "$(readlink "/$l")" "$R/$l"
+  elif [ -d "/$l" ]; then mkdir "$R/$l"; mount --rbind "/$l" "$R/$l"; fi
+done
+mkdir -p "$R/dev"
+mount -t tmpfs -o mode=755,nosuid benchseal-sandbox-dev "$R/dev"
+for n in null zero full random urandom tty fuse; do
+  if [ -e "/dev/$n" ]; then touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"; fi
+done
+mkdir -p "$R/dev/pts" "$R/dev/shm" "$R/dev/mqueue"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
+ln -s pts/ptmx "$R/dev/ptmx"
+mount -t tmpfs -o mode=1777,nosuid,nodev shm "$R/dev/shm"
+mount -t mqueue mqueue "$R/dev/mqueue" 2>/dev/null || true
+ln -s /proc/self/fd "$R/dev/fd"
+mkdir -p "$R/tmp"; chmod 1777 "$R/tmp"
+for p in $BENCHSEAL_SANDBOX_SHARE; do mkdir -p "$R$p"; mount --rbind "$p" "$R$p"; done
+mkdir -p "$R/.old"
+cd "$R"
+pivot_root . .old
+umount -l /.old
+rmdir /.old
+cd /
+exec dockerd --host "unix://$XDG_RUNTIME_DIR/docker.sock" --data-root "$BENCHSEAL_SANDBOX_DATA" \\
+  --exec-root "$XDG_RUNTIME_DIR/exec" --pidfile "$XDG_RUNTIME_DIR/docker.pid" --storage-driver overlay2
+"""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Where one sandbox engine keeps its records (root-owned) and its engine (service-user-owned)."""
+
+    base: Path
+    user: str = SERVICE_USER
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.base / "engine"
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self.engine_dir / "run"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.engine_dir / "data"
+
+    @property
+    def socket(self) -> Path:
+        return self.runtime_dir / "docker.sock"
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def child_path(self) -> Path:
+        return self.base / "child.sh"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.base / "sandbox.pid"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base / "sandbox.log"
+
+    @property
+    def rootlesskit_state(self) -> Path:
+        return self.runtime_dir / "rootlesskit"
+
+
+def default_sandbox() -> Sandbox:
+    configured = os.environ.get(SANDBOX_DIR_ENV)
+    base = Path(configured) if configured else DEFAULT_DIR
+    if not base.is_absolute():
+        raise UsageError(f"${SANDBOX_DIR_ENV} must be an absolute path, not {configured!r}")
+    return Sandbox(base=base)
+
+
+def shared_paths() -> list[Path]:
+    """Host paths the sandbox engine sees (at the same paths): the temp dir and benchseal's state home."""
+    out: list[Path] = []
+    for path in (Path(tempfile.gettempdir()).resolve(), paths.home()):
+        if not any(path == p or p in path.parents for p in out):
+            out = [p for p in out if path not in p.parents] + [path]
+    return out
+
+
+# --- service user ---------------------------------------------------------------
+
+def _subid_start(files: Iterable[Path], user: str) -> int | None:
+    """The first id after every range in ``files`` (at least 100000); None when ``user`` has one."""
+    end = 100000
+    for path in files:
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            parts = line.strip().split(":")
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                continue
+            if parts[0] == user:
+                return None
+            end = max(end, int(parts[1]) + int(parts[2]))
+    return end
+
+
+def _append_line(path: Path, line: str) -> None:
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    text = old + ("" if not old or old.endswith("\n") else "\n") + line + "\n"
+    tmp = path.with_name(f".{path.name}.benchseal-new")
+    tmp.write_text(text, encoding="utf-8")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def ensure_user(user: str = SERVICE_USER) -> pwd.struct_passwd:
+    """The service user (a system account without a login shell) with subordinate uid and gid ranges."""
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        done = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                               "--shell", "/usr/sbin/nologin", user], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise InfrastructureError(f"useradd {user} failed: {done.stderr.strip()}") from None
+        account = pwd.getpwnam(user)
+    subuid, subgid = Path("/etc/subuid"), Path("/etc/subgid")
+    start = _subid_start((subuid, subgid), user)
+    if start is not None:
+        for path in (subuid, subgid):
+            _append_line(path, f"{user}:{start}:{SUBID_COUNT}")
+    for path in (subuid, subgid):
+        if _subid_start((path,), user) is not None:
+            raise CheckFailed(f"{path}: {user} has no subordinate id range")
+    return account
+
+
+def subid_range(user: str = SERVICE_USER) -> tuple[int, int]:
+    """(first, count) of the service user's subordinate uids."""
+    for line in Path("/etc/subuid").read_text(encoding="utf-8").splitlines():
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] == user:
+            return int(parts[1]), int(parts[2])
+    raise CheckFailed(f"/etc/subuid: {user} has no subordinate id range")
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in ("rootlesskit", "newuidmap", "newgidmap", "dockerd", "unshare", "ip", "setpriv")
+            if shutil.which(tool) is None]
+
+
+# --- access for the service user ---------------------------------------------------
+
+_ACL_XATTR = "system.posix_acl_access"
+_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER = 1, 2, 4, 8, 0x10, 0x20
+
+
+def _add_user_acl(path: Path, uid: int, perm: int) -> None:
+    """Add ``uid``'s entry (rwx bits ``perm``) to ``path``'s access ACL, keeping the mode's other bits.
+
+    Written as the kernel's xattr format (version 2, then tag/perm/id entries sorted by tag, id),
+    so no acl tool is needed; the mask widens to let the new entry through."""
+    mode = os.lstat(path).st_mode
+    entries: dict[tuple[int, int], int] = {}
+    try:
+        raw = os.getxattr(path, _ACL_XATTR, follow_symlinks=False)
+        for offset in range(4, len(raw), 8):
+            tag, bits, ident = struct.unpack_from("<HHI", raw, offset)
+            entries[(tag, ident if tag in (_ACL_USER, _ACL_GROUP) else 0xFFFFFFFF)] = bits
+    except OSError:
+        pass
+    undefined = 0xFFFFFFFF
+    entries.setdefault((_ACL_USER_OBJ, undefined), (mode >> 6) & 7)
+    entries.setdefault((_ACL_GROUP_OBJ, undefined), (mode >> 3) & 7)
+    entries.setdefault((_ACL_OTHER, undefined), mode & 7)
+    entries[(_ACL_USER, uid)] = entries.get((_ACL_USER, uid), 0) | perm
+    named = [bits for (tag, _), bits in entries.items() if tag in (_ACL_USER, _ACL_GROUP)]
+    entries[(_ACL_MASK, undefined)] = entries[(_ACL_GROUP_OBJ, undefined)] | (max(named) if named else 0)
+    for bits in named:
+        entries[(_ACL_MASK, undefined)] |= bits
+    blob = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, bits, ident)
+                                           for (tag, ident), bits in sorted(entries.items()))
+    os.setxattr(path, _ACL_XATTR, blob, follow_symlinks=False)
+
+
+def grant(path: Path, sandbox: Sandbox | None = None, *, tree: bool = True) -> None:
+    """Let the sandbox engine (the service user) use ``path``: its directories are traversable by
+    that uid alone (an ACL entry, never world access), and ``path`` itself is chowned to it
+    (``tree``: with everything under it, modes unchanged, so 0700/0400 stay private)."""
+    account = pwd.getpwnam((sandbox or default_sandbox()).user)
+    path = Path(os.path.abspath(path))
+    _traverse(path.parent, account.pw_uid)
+    targets = [path]
+    if tree and path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            targets += [Path(root, name) for name in dirs + files]
+    for target in targets:
+        os.lchown(target, account.pw_uid, account.pw_gid)
+
+
+# --- process ------------------------------------------------------------------------
+
+def _recorded_pid(sandbox: Sandbox) -> int | None:
+    try:
+        pid = int(sandbox.pid_path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return None
+    # Only a process we started: rootlesskit with our state dir and our child script.
+    if any(part.endswith(b"rootlesskit") for part in cmdline[:1]) and str(sandbox.child_path).encode() in cmdline:
+        return pid
+    return None
+
+
+def engine_info(url: str, timeout: float = 5.0) -> dict[str, object] | None:
+    """``GET /info`` of the engine at ``unix://PATH``; None when it does not answer."""
+    if not url.startswith("unix://") or not os.path.exists(url.removeprefix("unix://")):
+        return None
+    try:
+        client = docker.DockerClient(base_url=url, timeout=timeout)
+    except docker.errors.DockerException:
+        return None
+    try:
+        info = client.info()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError):
+        return None
+    finally:
+        client.close()
+    return info if isinstance(info, dict) else None
+
+
+def is_rootless(info: dict[str, object]) -> bool:
+    options = info.get("SecurityOptions") or []
+    return isinstance(options, list) and any(isinstance(o, str) and "name=rootless" in o.split(",") for o in options)
+
+
+def require_sandbox_engine(url: str) -> None:
+    """Fail closed: the engine at ``url`` must answer and say it is rootless."""
+    info = engine_info(url)
+    if info is None:
+        raise InfrastructureError(f"the sandbox engine {url} does not answer (start it: benchseal sandbox start)")
+    if not is_rootless(info):
+        raise CheckFailed(f"the sandbox engine {url} is not rootless (SecurityOptions lacks name=rootless): "
+                          "refusing to run anything under test on it")
+
+
+def answers(sandbox: Sandbox) -> bool:
+    info = engine_info(sandbox.url, timeout=3.0)
+    return info is not None and is_rootless(info)
+
+
+def _prepare_dirs(sandbox: Sandbox, account: pwd.struct_passwd) -> None:
+    sandbox.base.mkdir(parents=True, exist_ok=True)
+    os.chown(sandbox.base, 0, 0)
+    os.chmod(sandbox.base, 0o755)  # noqa: S103 - records only; the engine dirs below are 0700
+    for path in (sandbox.engine_dir, sandbox.runtime_dir, sandbox.data_dir):
+        path.mkdir(exist_ok=True)
+        os.chown(path, account.pw_uid, account.pw_gid)
+        os.chmod(path, 0o700)
+    # Root-owned, so the service user cannot change what runs in its namespace.
+    tmp = sandbox.child_path.with_name(".child.sh.new")
+    tmp.write_text(_CHILD, encoding="utf-8")
+    os.chmod(tmp, 0o755)  # noqa: S103 - a script the service user runs and must not change
+    os.replace(tmp, sandbox.child_path)
+
+
+def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0) -> str:
+    """Start the sandbox engine unless ours already answers; return 'running' or 'started'."""
+    sandbox = sandbox or default_sandbox()
+    if os.geteuid() != 0:
+        raise UsageError("benchseal sandbox start must run as root (it creates the service user and its namespaces)")
+    if _recorded_pid(sandbox) is not None and answers(sandbox):
+        return "running"
+    missing = missing_tools()
+    if missing:
+        raise InfrastructureError(f"the sandbox engine needs {', '.join(missing)} (apt packages: {' '.join(PACKAGES)})")
+    account = ensure_user(sandbox.user)
+    _prepare_dirs(sandbox, account)
+    share = shared_paths()
+    for path in share:
+        _traverse(path, account.pw_uid)
+    # Leftovers of an engine that died: its runtime dir (sockets, pid files, the pivot root).
+    for entry in sandbox.runtime_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(sandbox.engine_dir),
+        "USER": sandbox.user,
+        "XDG_RUNTIME_DIR": str(sandbox.runtime_dir),
+        "BENCHSEAL_SANDBOX_DATA": str(sandbox.data_dir),
+        # The engine's own dir too: its socket must be where the host looks for it.
+        "BENCHSEAL_SANDBOX_SHARE": " ".join(str(p) for p in [sandbox.engine_dir, *share]),
+    }
+    if any(" " in str(p) for p in share):
+        raise UsageError(f"sandbox shared paths must not contain spaces: {share}")
+    argv = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups",
+            "rootlesskit", "--net=host", "--pidns", "--ipcns", "--utsns", "--cgroupns",
+            "--copy-up=/etc", "--copy-up=/run", "--propagation=rslave",
+            f"--state-dir={sandbox.rootlesskit_state}",
+            "unshare", "--net", "--", str(sandbox.child_path)]
+    with sandbox.log_path.open("ab") as log:
+        # The shell records its own pid, then execs setpriv, which execs rootlesskit: one pid throughout.
+        subprocess.Popen(["setsid", "sh", "-c", 'echo $$ > "$1"; shift; exec "$@"', "sh", str(sandbox.pid_path), *argv],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
+                         cwd=str(sandbox.engine_dir))
+    if poll_until(lambda: True if answers(sandbox) else None, timeout=wait_seconds, interval=0.3):
+        return "started"
+    raise InfrastructureError(f"the sandbox engine did not answer within {wait_seconds:.0f}s; see {sandbox.log_path}")
+
+
+def _traverse(path: Path, uid: int) -> None:
+    """Let ``uid`` reach ``path`` (search permission on it and its parents; no listing, no reading)."""
+    for target in [*reversed(path.parents), path]:
+        st = os.lstat(target)
+        if stat.S_ISLNK(st.st_mode):
+            raise CheckFailed(f"{target}: a symlink on the way to a sandbox path")
+        if not st.st_mode & 0o001 and st.st_uid != uid:
+            _add_user_acl(target, uid, 0o1)
+
+
+def stop(sandbox: Sandbox | None = None, wait_seconds: float = 30.0) -> str:
+    """Stop the sandbox engine we started (by recorded pid); never touch another process."""
+    sandbox = sandbox or default_sandbox()
+    pid = _recorded_pid(sandbox)
+    if pid is None:
+        return "not ours" if answers(sandbox) else "stopped"
+    os.kill(pid, signal.SIGTERM)
+    gone = poll_until(lambda: True if not Path(f"/proc/{pid}").exists() else None, timeout=wait_seconds, interval=0.2)
+    if not gone and _recorded_pid(sandbox) == pid:
+        os.kill(pid, signal.SIGKILL)
+    sandbox.pid_path.unlink(missing_ok=True)
+    return "stopped"
+
+
+def status(sandbox: Sandbox | None = None) -> dict[str, object]:
+    sandbox = sandbox or default_sandbox()
+    info = engine_info(sandbox.url, timeout=3.0)
+    return {
+        "socket": str(sandbox.socket),
+        "answers": info is not None,
+        "rootless": info is not None and is_rootless(info),
+        "pid": _recorded_pid(sandbox),
+        "user": sandbox.user,
+    }
+
+
+# --- images -----------------------------------------------------------------------------
+
+def copy_image(source: docker.DockerClient, target: docker.DockerClient, image_id: str) -> str:
+    """Give ``target`` (the sandbox engine) the image ``image_id`` of ``source`` (the host engine, where
+    it was pulled by digest and its signatures checked); return the id, which must come out the same.
+
+    An image id is the sha256 of the image config, which names every layer by its diff id, and the
+    engine checks each loaded layer against it: the sandbox runs exactly the admitted bytes.
+    (``docker load`` leaves RepoDigests empty, so the sandbox refers to images by id.)"""
+    if not image_id.startswith("sha256:") or len(image_id) != 71:
+        raise CheckFailed(f"image id {image_id!r} is not sha256:<64 hex>")
+    try:
+        if target.images.get(image_id).id == image_id:
+            return image_id
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        stream = source.api.get_image(image_id)
+        target.api.load_image(stream)
+        loaded: str = target.images.get(image_id).id
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise InfrastructureError(f"copying image {image_id} into the sandbox engine failed: {exc}") from None
+    if loaded != image_id:
+        raise CheckFailed(f"the sandbox engine loaded {loaded} for image {image_id}")
+    return loaded
