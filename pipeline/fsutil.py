@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pipeline.errors import CheckFailed
+
 
 def atomic_write_bytes(path: Path, data: bytes, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,22 +80,24 @@ def name_problem(name: str) -> str | None:
         return "is empty"
     if name.startswith("/"):
         return "is absolute"
-    for char in name:
-        if not char.isprintable():
-            return f"has the non-printable character U+{ord(char):04X}"
+    if not name.isprintable():
+        char = next(char for char in name if not char.isprintable())
+        return f"has the non-printable character U+{ord(char):04X}"
     if "\\" in name:
         return "has a backslash"
     if unicodedata.normalize("NFC", name) != name:
         return f"is not in Unicode NFC form (it is {name!a})"
-    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+    encoded = name.encode("utf-8")
+    if len(encoded) > MAX_NAME_BYTES:
         return f"is longer than {MAX_NAME_BYTES} bytes"
-    for part in name.split("/"):
-        if part in ("", ".", ".."):
-            return "has an empty, '.' or '..' part"
-        if part.strip(" ") != part:
-            return "has a part with a leading or trailing space"
-        if len(part.encode("utf-8")) > MAX_NAME_PART_BYTES:
-            return f"has a part longer than {MAX_NAME_PART_BYTES} bytes"
+    # Whole-string operations, not a loop over the parts: an export may hold 100,000 deep names.
+    parts = name.split("/")
+    if "" in parts or "." in parts or ".." in parts:
+        return "has an empty, '.' or '..' part"
+    if name[0] == " " or name[-1] == " " or " /" in name or "/ " in name:
+        return "has a part with a leading or trailing space"
+    if max(map(len, encoded.split(b"/"))) > MAX_NAME_PART_BYTES:
+        return f"has a part longer than {MAX_NAME_PART_BYTES} bytes"
     return None
 
 
@@ -107,7 +111,10 @@ class NameTree:
     is both a file and a directory (a file, then a member under it, or the reverse), which a file
     system cannot hold and an unpack would otherwise meet half-way through writing."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_dirs: int = 200_000) -> None:
+        # A bound on what the tree keeps: deep names that share no parent would otherwise cost memory
+        # quadratic in their depth.
+        self._max_dirs = max_dirs
         self._files: set[str] = set()
         self._dirs: set[str] = set()
         self._named: set[str] = set()
@@ -116,16 +123,25 @@ class NameTree:
         """Why ``name`` cannot join the tree (nothing is added then), or None once it has."""
         if name in self._named:
             return "appears twice"
-        parts = name.split("/")
-        parents = ["/".join(parts[:i]) for i in range(1, len(parts))]
-        for parent in parents:
-            if parent in self._files:
-                return f"is under {parent!r}, which is a file"
         if not is_dir and name in self._dirs:
             return "is a file and a directory"
+        # Nearest parent first, up to the first one already known as a directory (its own parents were
+        # checked when it joined): each parent is looked at once over the whole tree, however deep.
+        new_parents = []
+        end = name.rfind("/")
+        while end > 0:
+            parent = name[:end]
+            if parent in self._dirs:
+                break
+            if parent in self._files:
+                return f"is under {parent!r}, which is a file"
+            new_parents.append(parent)
+            if len(self._dirs) + len(new_parents) > self._max_dirs:
+                return f"makes more than {self._max_dirs} directories"
+            end = name.rfind("/", 0, end)
         self._named.add(name)
         (self._dirs if is_dir else self._files).add(name)
-        self._dirs.update(parents)
+        self._dirs.update(new_parents)
         return None
 
 
@@ -134,13 +150,19 @@ def staged_dir(dest: Path) -> Iterator[Path]:
     """A new directory next to ``dest`` for the block to fill, renamed to ``dest`` when the block ends
     and removed when it raises: ``dest`` is then whole, or as it was (absent, or the empty directory it
     was; rename replaces an empty directory). Callers check ``dest`` is new or empty first."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # A short prefix: dest's own name may be up to NAME_MAX already.
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name[:40]}.", suffix=".staging", dir=dest.parent))
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # A short prefix: dest's own name may be up to NAME_MAX already.
+        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name[:40]}.", suffix=".staging", dir=dest.parent))
+    except OSError as exc:
+        raise CheckFailed(f"{dest}: no directory can be staged next to it ({exc.strerror})") from None
     try:
         yield staging
         staging.chmod(0o755)
-        os.rename(staging, dest)
+        try:
+            os.rename(staging, dest)
+        except OSError as exc:  # dest was filled or replaced meanwhile: it is left as it is
+            raise CheckFailed(f"{dest}: cannot be put in place ({exc.strerror})") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
