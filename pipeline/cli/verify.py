@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -27,6 +28,12 @@ _INFRA = typer.Option(None, "--infra-repo", help="The infra repository OWNER/NAM
                                                 "release (required by the production profile unless the policy "
                                                 "pins expect.infra_repository).")
 _ROOT = typer.Option(None, "--trusted-root", help="Sigstore trusted_root.json (selects the local profile).")
+_IMAGES = typer.Option(False, "--images", help="Also check, with cosign in their registry, that the runner and api "
+                                              "images carry the signature and both attestations of the source's "
+                                              "release workflow at --image-ref and at the release's commit.")
+_IMAGE_WORKFLOW = typer.Option("tag.yml", "--image-workflow", help="With --images: the workflow that signed them.")
+_IMAGE_REF = typer.Option("tag", "--image-ref", help="With --images: the ref it ran at, 'tag' (refs/tags/TAG) or one "
+                                                     "exact refs/heads/NAME or refs/tags/NAME.")
 
 
 def verify(
@@ -39,6 +46,9 @@ def verify(
     offline: bool = typer.Option(False, "--offline", help="Use the embedded public-good root; no network."),
     profile: str | None = typer.Option(None, "--profile", help="Policy profile (default: local with --trusted-root, else production)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was verified as a JSON object."),
+    images: bool = _IMAGES,
+    image_workflow: str = _IMAGE_WORKFLOW,
+    image_ref: str = _IMAGE_REF,
 ) -> None:
     """Verify every bundle, every checksum and the bindings of the release of --repo at --tag."""
     # lazy: pipeline.verify (sigstore) costs 224 ms at CLI start (bench/cli.py, 2026-12-03)
@@ -47,6 +57,8 @@ def verify(
     try:
         done = verify_release(directory, repository=repo, tag=tag, policy=policy, trusted_root=trusted_root,
                               offline=offline, profile=profile, infra_repository=infra_repo)
+        if images:
+            _verify_images(done, trusted_root, image_workflow, image_ref)
     except Error as exc:
         if not as_json:
             raise
@@ -64,6 +76,19 @@ def verify(
                f"  tag:        {done.tag}\n"
                f"  commit:     {done.commit}\n"
                f"  bundles:    {len(done.bundles)} ({done.profile} profile)")
+
+
+def _verify_images(done: Any, trusted_root: Path | None, workflow: str, ref: str) -> None:
+    """The release's two images, by the identity ``image_identity`` builds from the consumer's
+    --repo/--tag and the commit the verified, signed summary is bound to (never from the images)."""
+    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.attest import SigstoreEndpoints, image_identity, verify_images
+    from pipeline.verify import load_summary
+
+    identity = image_identity(done.repository, done.tag, done.commit, workflow=workflow, ref=ref)
+    summary = load_summary(done.directory)
+    verify_images({"runner": summary.images.runner.ref, "api": summary.images.api.ref}, identity,
+                  SigstoreEndpoints.verifying(trusted_root))
 
 
 def register(app: typer.Typer) -> None:

@@ -158,7 +158,7 @@ def _code_line(command: str) -> str:
     return escape_text(command).replace("<!--", "&lt;!--").replace("```", "'''")
 
 
-def render_section(facts: SectionFacts, verify_commands: Sequence[str] = ()) -> str:
+def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), image_commands: Sequence[str] = ()) -> str:
     """Markdown for the section (without markers): a facts table and how to verify."""
     if facts.status == "SUCCEEDED" and facts.score is not None:
         score = f"**{facts.score:.3f}** ({facts.resolved}/{facts.completed} resolved)"
@@ -189,6 +189,12 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = ()) -> 
     commands = [" ".join(c.split("\n")) for c in verify_commands] or ["sha256sum -c SHA256SUMS"]
     lines += [_code_line(c) for c in commands]
     lines += ["```"]
+    if image_commands:
+        # Online, against the images' registry: the identity, issuer and the workflow repository, ref
+        # and commit pins benchseal verify-image checks (pipeline.verify.external.image_check_args).
+        lines += ["", "The runner and API images (cosign, from their registry):", "", "```sh"]
+        lines += [_code_line(" ".join(c.split("\n"))) for c in image_commands]
+        lines += ["```"]
     return "\n".join(lines)
 
 

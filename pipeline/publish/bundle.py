@@ -53,7 +53,8 @@ class ReleaseBundle:
     assets: tuple[Asset, ...]
 
 
-def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = ()) -> ReleaseBundle:
+def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = (),
+                image_commands: Sequence[str] = ()) -> ReleaseBundle:
     """Read and check a run's artifacts; raise CheckFailed when they are not publishable."""
     artifacts_dir = artifacts_dir.resolve()
     sums_path = artifacts_dir / CHECKSUMS
@@ -78,7 +79,7 @@ def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = 
             assets.append(Asset(path.name, path, sha256_file(path), path.stat().st_size))
     facts = facts_from_summary(load_document(ReleaseSummary, summary_path), tag)
     # The section records the assets by digest: a target later replaces or removes only those.
-    section = with_asset_record(render_section(facts, verify_commands), ((a.name, a.sha256) for a in assets))
+    section = with_asset_record(render_section(facts, verify_commands, image_commands), ((a.name, a.sha256) for a in assets))
     # The smallest body the section can be in: over GitHub's limit, refuse before any request.
     check_body_length(f"{START}\n{section}\n{END}\n", f"release body for {tag} (the benchmark section alone)")
     return ReleaseBundle(

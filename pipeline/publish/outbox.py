@@ -40,7 +40,7 @@ from pipeline.publish.targets import (
     Target,
     github_repo,
 )
-from pipeline.verify.external import cosign_commands
+from pipeline.verify.external import cosign_commands, image_command_lines
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,13 @@ def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_r
                                 cosign="cosign", benchseal="benchseal", infra_repository=infra_repository))
 
 
+def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None) -> list[str]:
+    """The body's cosign lines for the runner and api images (plain ``cosign``, as the consumer's):
+    the expectation ``benchseal verify-image`` builds, for ``repository`` at ``tag`` and the
+    release's commit."""
+    return image_command_lines(artifacts_dir, repository, tag, binary="cosign", trusted_root=trusted_root)
+
+
 def _body_repository(request: PublicationRequest, artifacts: Path) -> str:
     """The repository the printed commands expect: where a GitHub publication goes; for a local
     directory without ``options.repository``, the source the run's own summary names."""
@@ -159,10 +166,12 @@ def prepare_bundle(request: PublicationRequest) -> ReleaseBundle:
     artifacts = Path(request.artifacts_dir)
     root = request.options.get("trusted_root")
     try:
-        commands = verify_commands(artifacts, repository=_body_repository(request, artifacts), tag=request.tag,
+        repository = _body_repository(request, artifacts)
+        commands = verify_commands(artifacts, repository=repository, tag=request.tag,
                                    trusted_root=Path(root) if root else None,
                                    infra_repository=request.options.get("infra_repository") or None)
-        bundle = load_bundle(artifacts, request.tag, commands)
+        images = image_commands(artifacts, repository=repository, tag=request.tag, trusted_root=Path(root) if root else None)
+        bundle = load_bundle(artifacts, request.tag, commands, images)
     except ValidationError as exc:
         # Bad summary content or an over-long body: waiting cannot heal it.
         raise PublishError(exc.diagnostics(), retryable=False) from exc

@@ -22,6 +22,7 @@ from tests.fixtures.sigstore import push_unique_image
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SOURCE, TAG = "acme/benchseal", "v9.9.9"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OTHER_COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 
 
 def _image(label: str) -> str:
@@ -36,6 +37,10 @@ def trust_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     unsigned = _image("unsigned")
     forked = _image("forked")
     sign_release_images("fork/benchseal", TAG, [forked])
+    # The release tag deleted and pushed again at another commit: tag.yml at the same tag signs it
+    # with the same identity; only the certificate's workflow SHA differs from the payload's commit.
+    recreated = _image("recreated")
+    sign_release_images(SOURCE, TAG, [recreated], commit=OTHER_COMMIT)
     allowed = {
         "runner": [{"registry": runner.name.partition("/")[0], "repository": runner.name.partition("/")[2]},
                    {"registry": "127.0.0.1:5055", "repository": "benchseal-trust-test/runner"}],
@@ -46,7 +51,7 @@ def trust_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     policy_path = root / "infra.yaml"
     policy_path.write_text(yaml.safe_dump(data))
     return {"root": root, "policy": load_policy(policy_path), "trust": trust, "runner": runner.ref, "api": api.ref,
-            "unsigned": unsigned, "forked": forked}
+            "unsigned": unsigned, "forked": forked, "recreated": recreated}
 
 
 def _run(setup: dict[str, Any], name: str, **overrides: Any) -> tuple[Any, list[Grading]]:
@@ -74,6 +79,8 @@ def _run(setup: dict[str, Any], name: str, **overrides: Any) -> tuple[Any, list[
     ("unsigned", {"runner": "unsigned"}, "no signatures"),
     ("fork", {"runner": "forked"}, "signed by another repository's workflow"),
     ("tag", {"source": {"repository": SOURCE, "commit": COMMIT, "tag": "v9.9.8"}}, "signed for another tag"),
+    ("recreated", {"runner": "recreated"}, "signed by the release workflow at the tag, built from another commit"),
+    ("commit", {"source": {"repository": SOURCE, "commit": OTHER_COMMIT, "tag": TAG}}, "dispatched for another commit"),
 ])
 def test_images_not_signed_by_the_release_workflow_are_refused(trust_setup: dict[str, Any], case: str,
                                                                overrides: dict[str, Any], why: str) -> None:
@@ -83,6 +90,7 @@ def test_images_not_signed_by_the_release_workflow_are_refused(trust_setup: dict
     assert outcome.reason and outcome.reason.startswith("refused by policy:"), outcome.reason
     expected_tag = resolved.get("source", {}).get("tag", TAG)
     assert f"https://github.com/{SOURCE}/.github/workflows/tag.yml@refs/tags/{expected_tag}" in outcome.reason
+    assert f"at commit {resolved.get('source', {}).get('commit', COMMIT)}" in outcome.reason
     (grading,) = finalized  # published as failed, with the reason, exactly once
     assert grading.status == "FAILED" and grading.score is None and grading.reason == outcome.reason
 

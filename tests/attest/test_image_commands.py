@@ -1,0 +1,161 @@
+"""The release body prints how to verify the images (issue 22, point 8), and ``benchseal verify
+--images`` checks them: ``cosign verify`` and ``cosign verify-attestation --type slsaprovenance1``
+/ ``--type cyclonedx`` for the runner and the api digest, with the identity, issuer and the
+workflow repository, ref and SHA pins ``benchseal verify-image`` uses (one home:
+``image_identity`` + ``image_check_args``).
+
+The body is a real published one (``publish_request`` to a local target); its image commands are
+run exactly as printed, with the real cosign, against the local registry and the private
+Sigstore instance whose root the body names; an edited identity fails.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.attest import SigstoreEndpoints
+from pipeline.cli.main import app
+from pipeline.contracts import PublicationRequest
+from pipeline.documents import ReleaseSummary, load_document
+from pipeline.errors import CheckFailed
+from pipeline.publish.outbox import publish_request
+from pipeline.publish.targets import LocalTarget
+from pipeline.release.local import run_commands
+from pipeline.verify.external import image_check_args, image_identity
+from tests.attest.test_image_commit_pin import sign_as
+from tests.fixtures.attest import RELEASE_COMMIT
+
+pytestmark = pytest.mark.slow
+
+REPOSITORY, TAG = "acme/widget", "v9.9.9"  # the source tests.fixtures.sigstore.make_inputs seals
+OTHER = "9" * 40
+
+
+@pytest.fixture()
+def consumer_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, sigstore_instance: Any, cosign_bin: Path) -> None:
+    """A consumer's shell: `cosign` and `benchseal` on PATH; the publisher's home holds the local
+    instance's trusted root (where the printed root points)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "sigstore").symlink_to(sigstore_instance.state)
+    monkeypatch.setenv("BENCHSEAL_HOME", str(home))
+    monkeypatch.setenv("PATH", os.pathsep.join([str(cosign_bin.parent), str(Path(sys.executable).parent),
+                                                os.environ.get("PATH", "")]))
+
+
+def _publish(artifacts: Path, dist: Path) -> Path:
+    request = PublicationRequest(run_id="unknown", target="local", tag=TAG, artifacts_dir=str(artifacts),
+                                 options={"root": str(dist), "repository": REPOSITORY})
+    publish_request(request, LocalTarget(dist))
+    return dist / TAG
+
+
+def _image_block(body: str) -> list[str]:
+    """The lines of the body's image block (the second ```sh block, after the evidence's)."""
+    blocks = [part.split("\n```", 1)[0] for part in body.split("```sh\n")[1:]]
+    assert len(blocks) == 2, body
+    return blocks[1].splitlines()
+
+
+def _images(release: Path) -> dict[str, str]:
+    summary = load_document(ReleaseSummary, release / "summary.json")
+    return {"runner": summary.images.runner.ref, "api": summary.images.api.ref}
+
+
+@pytest.fixture()
+def published(release_copy: Path, tmp_path: Path, consumer_env: None, sign_release_images: Any) -> Path:
+    release = _publish(release_copy, tmp_path / "dist")
+    # What tag.yml's build job did for this release: both images signed at its tag and commit.
+    sign_release_images(REPOSITORY, TAG, _images(release).values(), commit=RELEASE_COMMIT)
+    return release
+
+
+def test_body_prints_the_image_commands_verify_image_runs(published: Path) -> None:
+    lines = _image_block((published / "body.md").read_text())
+    policy = image_identity(REPOSITORY, TAG, RELEASE_COMMIT)
+    expected = [args for ref in _images(published).values() for args in image_check_args(ref, policy, offline=True)]
+    assert len(lines) == len(expected) == 6  # 2 images x (signature, slsaprovenance1, cyclonedx)
+    for line, args in zip(lines, expected, strict=True):
+        argv = shlex.split(line)
+        # env SIGSTORE_*=<the private root as PEM> cosign <exactly verify-image's argv>
+        assert argv[0] == "env" and all(a.startswith("SIGSTORE_") for a in argv[1:4]) and argv[4] == "cosign"
+        assert argv[5:] == args
+    text = "\n".join(lines)
+    for pin in (f"--certificate-identity https://github.com/{REPOSITORY}/.github/workflows/tag.yml@refs/tags/{TAG}",
+                "--certificate-oidc-issuer https://token.actions.githubusercontent.com",
+                f"--certificate-github-workflow-repository {REPOSITORY}",
+                f"--certificate-github-workflow-ref refs/tags/{TAG}",
+                f"--certificate-github-workflow-sha {RELEASE_COMMIT}"):
+        assert text.count(pin) == 6, pin
+    assert sum("verify-attestation --type slsaprovenance1" in line for line in lines) == 2
+    assert sum("verify-attestation --type cyclonedx" in line for line in lines) == 2
+
+
+def test_image_commands_run_as_printed(published: Path) -> None:
+    lines = _image_block((published / "body.md").read_text())
+    assert run_commands(lines, published) == lines
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    (f"--certificate-github-workflow-sha {RELEASE_COMMIT}", f"--certificate-github-workflow-sha {OTHER}"),
+    (f"--certificate-github-workflow-sha {RELEASE_COMMIT}", f"--certificate-github-workflow-sha {RELEASE_COMMIT.upper()}"),
+    (f"--certificate-github-workflow-sha {RELEASE_COMMIT}", f"--certificate-github-workflow-sha {RELEASE_COMMIT[:7]}"),
+    (f"tag.yml@refs/tags/{TAG}", "tag.yml@refs/tags/v9.9.8"),
+    (f"tag.yml@refs/tags/{TAG}", f"other.yml@refs/tags/{TAG}"),
+    (f"https://github.com/{REPOSITORY}/", "https://github.com/fork/widget/"),
+    (f"--certificate-github-workflow-repository {REPOSITORY}", "--certificate-github-workflow-repository fork/widget"),
+    (f"--certificate-github-workflow-ref refs/tags/{TAG}", "--certificate-github-workflow-ref refs/heads/main"),
+    ("--certificate-oidc-issuer https://token.actions.githubusercontent.com",
+     "--certificate-oidc-issuer https://accounts.example.com"),
+], ids=["sha", "sha-upper-case", "sha-prefix", "tag", "workflow", "identity-repository", "repository-pin", "ref-pin",
+        "issuer"])
+def test_an_edited_identity_fails(published: Path, old: str, new: str) -> None:
+    lines = _image_block((published / "body.md").read_text())
+    for line in lines:
+        assert old in line, line
+        with pytest.raises(CheckFailed, match="verification command failed"):
+            run_commands([line.replace(old, new)], published)
+
+
+# --- benchseal verify --images ----------------------------------------------------------------------
+
+def _verify(release: Path, sigstore_instance: Any, *extra: str) -> Any:
+    return CliRunner().invoke(app, ["verify", str(release), "--repo", REPOSITORY, "--tag", TAG, "--trusted-root",
+                                    str(sigstore_instance.trusted_root), "--offline", "--images", *extra])
+
+
+def test_verify_images_refuses_the_ref_signed_at_another_commit(published: Path, sigstore_instance: Any,
+                                                                tmp_path: Path) -> None:
+    """`benchseal verify --images` pins the commit the verified summary is bound to: the images
+    signed by the right workflow at the right ref, built from another commit, are refused. (A
+    fixed tag of this test's own, so no other test's signature of these shared images counts.)"""
+    ref = f"refs/tags/pin-{uuid.uuid4().hex[:12]}"
+    endpoints = _endpoints(sigstore_instance)
+    sign_as(sigstore_instance, endpoints, tmp_path, dict(_images(published)), ref=ref, sha=OTHER,
+            repository=REPOSITORY)
+    refused = _verify(published, sigstore_instance, "--image-ref", ref)
+    assert refused.exit_code == 1 and isinstance(refused.exception, CheckFailed), refused.output
+    assert f"at commit {RELEASE_COMMIT}" in str(refused.exception) and "not verified" in str(refused.exception)
+    sign_as(sigstore_instance, endpoints, tmp_path, dict(_images(published)), ref=ref, sha=RELEASE_COMMIT,
+            repository=REPOSITORY)
+    ok = _verify(published, sigstore_instance, "--image-ref", ref)
+    assert ok.exit_code == 0, ok.output
+
+
+def test_verify_images_passes_for_the_release_workflow(published: Path, sigstore_instance: Any) -> None:
+    done = _verify(published, sigstore_instance)
+    assert done.exit_code == 0, done.output
+    wrong = _verify(published, sigstore_instance, "--image-workflow", "other.yml")
+    assert wrong.exit_code == 1 and isinstance(wrong.exception, CheckFailed)
+
+
+def _endpoints(instance: Any) -> SigstoreEndpoints:
+    return SigstoreEndpoints.private(instance.url, instance.trusted_root)
