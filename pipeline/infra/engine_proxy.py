@@ -359,6 +359,7 @@ _EXEC: dict[str, Checker] = {
     "User": _STR, "Privileged": _never("privileged exec is not allowed"), "Tty": _BOOL, "ConsoleSize": _list_of(_NONNEG), "AttachStdin": _BOOL,
     "AttachStderr": _BOOL, "AttachStdout": _BOOL, "Detach": _BOOL, "DetachKeys": _STR, "Env": _STRS,
     "WorkingDir": _STR, "Cmd": _str_slice,
+    "Container": lambda value, where: _DROP,  # the Python SDK sends it; the engine reads the id from the path
 }
 _EXEC_START: dict[str, Checker] = {"Detach": _BOOL, "Tty": _BOOL, "ConsoleSize": _list_of(_NONNEG)}
 _VOLUME: dict[str, Checker] = {"Name": _STR, "Driver": _one_of("", "local"), "DriverOpts": _zero, "Labels": _STRMAP,
@@ -789,6 +790,13 @@ class EngineProxy:
         with contextlib.suppress(OSError):
             client.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nConnection: close\r\n"
                            f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+            # Read (and drop) what the client is still sending, briefly: closing on unread data would reset
+            # the connection and lose the answer. Nothing read here is parsed or forwarded.
+            client.shutdown(socket.SHUT_WR)
+            client.settimeout(0.5)
+            drained = 0
+            while drained < _MAX_BODY and (chunk := client.recv(65536)):
+                drained += len(chunk)
         client.close()
 
     # --- the rules -----------------------------------------------------------------------

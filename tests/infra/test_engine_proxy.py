@@ -1,15 +1,28 @@
-"""The runner's engine proxy against hostile requests (a fake engine on a Unix socket records what passes)."""
+"""The runner's engine proxy against hostile requests: a fake engine on a Unix socket records what passes; the real
+Engine (dockerd on /var/run/docker.sock) shows what a request that passes would do."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import http.server
+import io
 import json
 import socket
+import tarfile
 import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import docker
+import docker.errors
 import pytest
 
+from pipeline.imaging import ensure_local
 from pipeline.infra.engine_proxy import LABEL, EnginePolicy, EngineProxy
 
 
@@ -249,3 +262,415 @@ def test_only_images_built_through_the_proxy_may_be_removed(proxy: Any) -> None:
     assert _send(p, b"DELETE /v1.41/images/task-main HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 200
     assert _send(p, b"DELETE /v1.41/images/task-main:other HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 403
     assert len(engine.requests) == 3
+
+
+# --- against the real Engine: the proxy parses as dockerd does ------------------------
+# Each hostile request below got through the previous proxy and the Engine acted on it (a privileged or
+# host-namespace container, a host bind, a fetch by dockerd); here each is refused and nothing happens.
+
+ENGINE = "/var/run/docker.sock"
+
+
+@dataclass
+class Real:
+    proxy: EngineProxy
+    run_dir: Path
+    image: str
+    client: docker.DockerClient
+    names: list[str]  # names given to containers a request tried to create (removed afterwards)
+
+    def name(self, prefix: str) -> str:
+        self.names.append(f"{prefix}-{uuid.uuid4().hex[:10]}")
+        return self.names[-1]
+
+    def named(self, name: str) -> list[Any]:
+        return [c for c in self.client.containers.list(all=True, filters={"name": name}) if c.name == name]
+
+
+@pytest.fixture
+def real(tmp_path: Path, base_refs: Any) -> Iterator[Real]:
+    base = base_refs["base"]
+    ensure_local(base)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    policy = EnginePolicy(bind_roots=(run_dir,))
+    p = EngineProxy(tmp_path / "real.sock", policy, upstream=ENGINE).start()
+    client = docker.from_env()
+    state = Real(p, run_dir, base.ref, client, [])
+    yield state
+    p.stop()
+    leftovers = client.containers.list(all=True, filters={"label": f"{LABEL}={policy.token}"})
+    for container in leftovers + [c for n in state.names for c in state.named(n)]:
+        with contextlib.suppress(docker.errors.APIError):
+            container.remove(force=True)
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("localhost", timeout=120)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(120)
+        self.sock.connect(str(self._path))
+
+
+def _call(p: EngineProxy, method: str, path: str, body: bytes | dict[str, Any] | None = None,
+          headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """One request through the proxy as the docker CLI sends it (no half-close)."""
+    raw = json.dumps(body).encode() if isinstance(body, dict) else body
+    conn = _UnixConnection(p.socket_path)
+    try:
+        conn.request(method, path, body=raw, headers={"Content-Type": "application/json", **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def _raw(p: EngineProxy, data: bytes, wait: float = 5) -> bytes:
+    """Raw bytes through the proxy; whatever comes back until the connection closes (or ``wait`` passes)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(wait)
+    s.connect(str(p.socket_path))
+    s.sendall(data)
+    out = b""
+    with contextlib.suppress(TimeoutError, OSError):
+        while chunk := s.recv(65536):
+            out += chunk
+    s.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def victim(base_refs: Any) -> Iterator[str]:
+    """A container the runner did not create (another tenant's)."""
+    base = base_refs["base"]
+    ensure_local(base)
+    container = docker.from_env().containers.run(base.ref, ["sleep", "300"], detach=True, network_mode="none",
+                                                 labels={"benchseal.test": "engine-proxy-victim"})
+    yield str(container.id)
+    container.remove(force=True)
+
+
+_HOSTILE_CREATES = [
+    ("lower-case privileged", '{"HostConfig": {"privileged": true}}'),
+    ("lower-case HostConfig (merged with the proxy's own)", '{"hostconfig": {"Privileged": true}}'),
+    ("HostConfig twice in two cases", '{"HostConfig": {}, "hostconfig": {"Privileged": true}}'),
+    ("exact duplicate key", '{"HostConfig": {"Privileged": true, "Privileged": false}}'),
+    ("privileged at the top level (deprecated embedded HostConfig)", '{"Privileged": true}'),
+    ("lower-case binds", '{"HostConfig": {"binds": ["/etc:/x"]}}'),
+    ("Binds twice, the last wins", '{"HostConfig": {"Binds": [], "binds": ["/:/host"]}}'),
+    ("Mounts twice, the last wins",
+     '{"HostConfig": {"Mounts": [], "mounts": [{"Type": "bind", "Source": "/etc", "Target": "/x"}]}}'),
+    ("lower-case mount fields", '{"HostConfig": {"Mounts": [{"type": "bind", "source": "/etc", "target": "/x"}]}}'),
+    ("networkmode after NetworkMode", '{"HostConfig": {"NetworkMode": "none", "networkmode": "host"}}'),
+    ("lower-case pidmode", '{"HostConfig": {"pidmode": "host"}}'),
+    ("lower-case capadd", '{"HostConfig": {"capadd": ["SYS_ADMIN"]}}'),
+    ("lower-case devices", '{"HostConfig": {"devices": [{"PathOnHost": "/dev/zero", "PathInContainer": "/dev/hz",'
+                           ' "CgroupPermissions": "rwm"}]}}'),
+    ("long s folds to S (SecurityOpt)", '{"HostConfig": {"\\u017fecurityOpt": ["seccomp=unconfined"]}}'),
+    ("Kelvin sign folds to K", '{"HostConfig": {"\\u212aernelMemoryTCP": 1}}'),
+    ("MaskedPaths empty", '{"HostConfig": {"MaskedPaths": []}}'),
+    ("ReadonlyPaths empty", '{"HostConfig": {"ReadonlyPaths": []}}'),
+    ("custom seccomp profile", '{"HostConfig": {"SecurityOpt": ["seccomp={\\"defaultAction\\": \\"SCMP_ACT_ALLOW\\"}"]}}'),
+    ("selinux label", '{"HostConfig": {"SecurityOpt": ["label=type:spc_t"]}}'),
+    ("pid of another container", '{"HostConfig": {"PidMode": "container:VICTIM"}}'),
+    ("ipc of another container", '{"HostConfig": {"IpcMode": "container:VICTIM"}}'),
+    ("cgroup of another container", '{"HostConfig": {"Cgroup": "container:VICTIM"}}'),
+    ("named volume bind", '{"HostConfig": {"Binds": ["benchseal-p2-named:/x"]}}'),
+    ("named volume mount", '{"HostConfig": {"Mounts": [{"Type": "volume", "Source": "benchseal-p2-named", '
+                           '"Target": "/x"}]}}'),
+    ("sysctls", '{"HostConfig": {"Sysctls": {"kernel.msgmax": "65536"}}}'),
+    ("cgroup parent", '{"HostConfig": {"CgroupParent": "/benchseal-p2"}}'),
+    ("runtime", '{"HostConfig": {"Runtime": "io.containerd.runc.v2"}}'),
+    ("oom kill disabled", '{"HostConfig": {"OomKillDisable": true}}'),
+    ("tmpfs with dev,suid", '{"HostConfig": {"Tmpfs": {"/x": "dev,suid,exec"}}}'),
+    ("huge shm", '{"HostConfig": {"ShmSize": 1099511627776}}'),
+    ("ulimits", '{"HostConfig": {"Ulimits": [{"Name": "memlock", "Soft": -1, "Hard": -1}]}}'),
+    ("init as a path", '{"HostConfig": {"Init": "/bin/sh"}}'),
+    ("log driver shipping logs over the network",
+     '{"HostConfig": {"LogConfig": {"Type": "syslog", "Config": {"syslog-address": "tcp://127.0.0.1:9"}}}}'),
+    ("restart policy always (restarted without the proxy)", '{"HostConfig": {"RestartPolicy": {"Name": "always"}}}'),
+    ("legacy link", '{"HostConfig": {"Links": ["VICTIM:v"]}}'),
+    ("bind propagation shared", '{"HostConfig": {"Mounts": [{"Type": "bind", "Source": "RUN", "Target": "/x", '
+                                '"BindOptions": {"Propagation": "rshared"}}]}}'),
+    ("unknown field", '{"HostConfig": {"NotAField": "x"}}'),
+    ("NaN", '{"HostConfig": {"Memory": NaN}}'),
+]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(("case", "body"), _HOSTILE_CREATES, ids=[c for c, _ in _HOSTILE_CREATES])
+def test_create_bodies_are_read_as_the_engine_reads_them(real: Real, victim: str, case: str, body: str) -> None:
+    spec = body.replace("VICTIM", victim).replace("RUN", str(real.run_dir))
+    raw = (f'{{"Image": "{real.image}", "Cmd": ["true"], ' + spec[1:]).encode()
+    name = real.name("p2-json")
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/create?name={name}", raw)
+    assert status == 403 and b"benchseal engine proxy" in answer, (case, status, answer[:300])
+    assert real.named(name) == [], case
+
+
+@pytest.mark.docker
+def test_legitimate_create_is_forwarded_canonical(real: Real) -> None:
+    (real.run_dir / "data").mkdir()
+    (real.run_dir / "data" / "f").write_text("from the run dir\n")
+    link = real.run_dir / "via-link"
+    link.symlink_to(real.run_dir / "data")  # a symlink INSIDE the roots: allowed, forwarded resolved
+    name = real.name("p2-ok")
+    body = {"Image": real.image, "Cmd": ["cat", "/data/f", "/link/f"], "Labels": {"a": "b"}, "HostConfig": {
+        "Binds": [f"{real.run_dir}/data:/data:ro", f"{link}:/link"], "NetworkMode": "default",
+        "Tmpfs": {"/scratch": "rw,noexec,size=1m"}, "SecurityOpt": ["no-new-privileges"], "CapDrop": ["ALL"],
+        "MaskedPaths": None, "Privileged": False, "Devices": [], "Memory": 64 << 20}}
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/create?name={name}", body)
+    assert status == 201, answer
+    ident = json.loads(answer)["Id"]
+    assert _call(real.proxy, "POST", f"/v1.41/containers/{ident}/start")[0] == 204
+    container = real.client.containers.get(ident)
+    assert container.wait(timeout=60)["StatusCode"] == 0
+    assert container.logs() == b"from the run dir\nfrom the run dir\n"
+    host = container.attrs["HostConfig"]
+    assert host["Binds"] == [f"{real.run_dir}/data:/data:ro", f"{real.run_dir}/data:/link"]
+    assert host["NetworkMode"] == "none" and not host["Privileged"]
+    assert container.labels[LABEL] == real.proxy.policy.token and container.labels["a"] == "b"
+
+
+@pytest.mark.docker
+def test_exec_and_volume_bodies_are_read_as_the_engine_reads_them(real: Real) -> None:
+    name = real.name("p2-exec")
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/create?name={name}",
+                           {"Image": real.image, "Cmd": ["sleep", "60"]})
+    assert status == 201, answer
+    ident = json.loads(answer)["Id"]
+    assert _call(real.proxy, "POST", f"/v1.41/containers/{ident}/start")[0] == 204
+    for raw in (b'{"Cmd": ["true"], "privileged": true}', b'{"Cmd": ["true"], "PRIVILEGED": true}',
+                b'{"Cmd": ["true"], "Privileged": false, "privileged": true}', b'{"Cmd": ["true"], "Privileged": 1}'):
+        status, answer = _call(real.proxy, "POST", f"/v1.41/containers/{ident}/exec", raw)
+        assert status == 403, (raw, answer)
+    assert real.client.api.inspect_container(ident)["ExecIDs"] is None
+    # A plain exec still works, through the proxy's real upgrade path (hijacked stream after 101).
+    sdk = docker.DockerClient(base_url=f"unix://{real.proxy.socket_path}")
+    result = sdk.containers.get(ident).exec_run(["sh", "-c", "echo exec-ok"])
+    assert result.exit_code == 0 and result.output == b"exec-ok\n"
+    volume = f"benchseal-p2-{uuid.uuid4().hex[:8]}"
+    for opts in ('"driveropts"', '"DRIVEROPTS"', '"DriverOpts": {}, "driverOpts"'):
+        raw = f'{{"Name": "{volume}", {opts}: {{"type": "none", "o": "bind", "device": "/"}}}}'.encode()
+        assert _call(real.proxy, "POST", "/v1.41/volumes/create", raw)[0] == 403, opts
+    assert volume not in [v.name for v in real.client.volumes.list()]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("first", [
+    b"GET /_ping HTTP/1.1\r\nHost: d\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n",
+    b"GET /_ping HTTP/1.1\r\nHost: d\r\nupgrade: h2c\r\nConnection: keep-alive\r\n\r\n",
+    b"GET /version HTTP/1.1\r\nHost: d\r\nUpgrade: tcp\r\n\r\n",
+    b"GET /_ping HTTP/1.1\r\nHost: d\r\nConnection: keep-alive\r\n\r\n",
+    b"GET /_ping HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+    b"POST /v1.41/containers/create HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+], ids=["upgrade", "upgrade-lower-case", "upgrade-no-connection", "keep-alive", "http-1.0", "after-chunked"])
+def test_nothing_after_the_request_reaches_the_engine(real: Real, first: bytes) -> None:
+    name = real.name("p2-smuggled")
+    evil = json.dumps({"Image": real.image, "Cmd": ["true"], "HostConfig": {"Privileged": True}}).encode()
+    second = (f"POST /v1.41/containers/create?name={name} HTTP/1.1\r\nHost: d\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(evil)}\r\n\r\n").encode() + evil
+    answer = _raw(real.proxy, first + second)
+    assert real.named(name) == [], answer[:400]
+    assert answer.startswith(b"HTTP/1.1 403"), answer[:400]
+    # A body on a GET that carries a second request: refused as well.
+    answer = _raw(real.proxy, b"GET /_ping HTTP/1.1\r\nHost: d\r\nContent-Length: %d\r\n\r\n" % len(second) + second)
+    assert answer.startswith(b"HTTP/1.1 403") and real.named(name) == []
+
+
+def _create_bound(real: Real, binds: list[str] | None = None, mounts: list[dict[str, Any]] | None = None,
+                  cmd: tuple[str, ...] = ("cat", "/data/secret")) -> str:
+    host: dict[str, Any] = {"Binds": binds} if binds else {"Mounts": mounts}
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/create?name={real.name('p2-bind')}",
+                           {"Image": real.image, "Cmd": list(cmd), "HostConfig": host})
+    assert status == 201, answer
+    return str(json.loads(answer)["Id"])
+
+
+def _swap_for_symlink(path: Path, target: Path) -> None:
+    path.rename(path.with_name(path.name + ".moved"))  # (a running container keeps the directory it mounted)
+    path.symlink_to(target)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("how", ["binds", "mounts", "parent", "restart", "encoded-start"])
+def test_bind_swapped_for_a_symlink_after_create_is_refused_at_start(real: Real, tmp_path: Path, how: str) -> None:
+    outside = tmp_path / "outside"
+    (outside / "b").mkdir(parents=True)
+    (outside / "secret").write_text("host file\n")
+    (outside / "b" / "secret").write_text("host file\n")
+    data = real.run_dir / "data"
+    (data / "b").mkdir(parents=True)
+    (data / "secret").write_text("run dir\n")
+    (data / "b" / "secret").write_text("run dir\n")
+    if how == "mounts":
+        ident = _create_bound(real, mounts=[{"Type": "bind", "Source": str(data), "Target": "/data"}])
+    elif how == "parent":  # the bound directory stays; a component above it becomes a symlink
+        ident = _create_bound(real, binds=[f"{data}/b:/data:ro"])
+    else:
+        ident = _create_bound(real, binds=[f"{data}:/data:ro"],
+                              cmd=("sleep", "60") if how == "restart" else ("cat", "/data/secret"))
+    if how == "restart":
+        assert _call(real.proxy, "POST", f"/v1.41/containers/{ident}/start")[0] == 204
+    _swap_for_symlink(data, outside)
+    call = {"restart": "restart", "encoded-start": "%73tart"}.get(how, "start")
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/{ident}/{call}")
+    assert status == 403 and b"symlink" in answer, (status, answer)
+    container = real.client.containers.get(ident)
+    if how == "restart":
+        assert container.status == "running"  # not restarted: still the mount it started with
+        assert container.exec_run(["cat", "/data/secret"]).output == b"run dir\n"
+    else:
+        assert container.status == "created" and b"host file" not in container.logs()
+
+
+# --- builds: dockerd fetches nothing -------------------------------------------------
+
+class _Listener(http.server.ThreadingHTTPServer):
+    """A local HTTP server: every request dockerd makes to it is recorded (none may come)."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        listener = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                listener.requests.append(f"{self.command} {self.path}")
+                self.send_response(200)
+                self.send_header("Content-Length", "3")
+                self.end_headers()
+                self.wfile.write(b"hi\n")
+
+            do_HEAD = do_GET
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def listener() -> Iterator[_Listener]:
+    server = _Listener()
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _context(files: dict[str, str | bytes | tuple[str, str]], gzip: bool = False) -> bytes:
+    """A build context tar: name -> content, or name -> ("symlink", target)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz" if gzip else "w") as archive:
+        for name, content in files.items():
+            info = tarfile.TarInfo(name)
+            if isinstance(content, tuple):
+                info.type, info.linkname = tarfile.SYMTYPE, content[1]
+                archive.addfile(info)
+            else:
+                data = content.encode() if isinstance(content, str) else content
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _build(real: Real, context: bytes, query: str = "", content_type: str = "application/x-tar") -> tuple[int, bytes]:
+    tag = f"benchseal-p2-build-{uuid.uuid4().hex[:10]}"
+    status, answer = _call(real.proxy, "POST", f"/v1.41/build?t={tag}{query}", context,
+                           headers={"Content-Type": content_type})
+    with contextlib.suppress(docker.errors.APIError):
+        real.client.images.remove(tag, force=True)
+    return status, answer
+
+
+_HOSTILE_BUILDS: list[tuple[str, dict[str, str | bytes | tuple[str, str]], str]] = [
+    ("ADD of a URL", {"Dockerfile": "FROM BASE\nADD http://SRV/a /a\n"}, ""),
+    ("lower-case add", {"Dockerfile": "FROM BASE\nadd http://SRV/b /b\n"}, ""),
+    ("keyword split by a continuation", {"Dockerfile": "FROM BASE\nAD\\\nD http://SRV/c /c\n"}, ""),
+    ("source after a continuation and a comment", {"Dockerfile": "FROM BASE\nADD \\\n# x\n  http://SRV/d /d\n"}, ""),
+    ("escape directive", {"Dockerfile": "# escape=`\nFROM BASE\nADD `\n  http://SRV/e /e\n"}, ""),
+    ("URL from an ARG", {"Dockerfile": "FROM BASE\nARG U=http://SRV/f\nADD $U /f\n"}, ""),
+    ("URL from a build arg", {"Dockerfile": "FROM BASE\nARG U\nADD ${U} /g\n"},
+     "&buildargs=" + quote(json.dumps({"U": "http://SRV/g"}))),
+    ("URL escaped", {"Dockerfile": "FROM BASE\nADD h\\ttp://SRV/h /h\n"}, ""),
+    ("JSON form", {"Dockerfile": 'FROM BASE\nADD ["http://SRV/i", "/i"]\n'}, ""),
+    ("named Dockerfile", {"sub/Build.df": "FROM BASE\nADD http://SRV/j /j\n"}, "&dockerfile=sub%2FBuild.df"),
+    ("lower-case fallback name", {"dockerfile": "FROM BASE\nADD http://SRV/k /k\n"}, ""),
+    ("symlinked Dockerfile", {"real.txt": "FROM BASE\nADD http://SRV/l /l\n", "Dockerfile": ("symlink", "real.txt")},
+     ""),
+    ("Dockerfile twice in the tar", {"Dockerfile": "FROM BASE\n", "./Dockerfile": "FROM BASE\nADD http://SRV/m /m\n"},
+     ""),
+    ("base image from another registry (a pull)", {"Dockerfile": "FROM SRV/p2/none:latest\n"}, ""),
+    ("COPY --from another registry (a pull)", {"Dockerfile": "FROM BASE\nCOPY --from=SRV/p2/none:1 /x /x\n"}, ""),
+    ("ONBUILD", {"Dockerfile": "FROM BASE\nONBUILD ADD http://SRV/n /n\n"}, ""),
+    ("remote context", {"Dockerfile": "FROM BASE\n"}, "&remote=http%3A%2F%2FSRV%2Fctx.tar"),
+    ("BuildKit", {"Dockerfile": "FROM BASE\n"}, "&version=2"),
+    ("platform flag (a pull)", {"Dockerfile": "FROM --platform=linux/arm64 BASE\n"}, ""),
+]
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(("case", "files", "query"), _HOSTILE_BUILDS, ids=[c for c, _, _ in _HOSTILE_BUILDS])
+def test_builds_make_the_engine_fetch_nothing(real: Real, listener: _Listener, case: str,
+                                              files: dict[str, Any], query: str) -> None:
+    def fill(text: str) -> str:
+        return text.replace("BASE", real.image).replace("SRV", listener.address)
+
+    context = _context({fill(k): (v if isinstance(v, tuple) else fill(v)) for k, v in files.items()})
+    status, answer = _build(real, context, fill(query))
+    assert status == 403 and b"benchseal engine proxy" in answer, (case, status, answer[-400:])
+    assert listener.requests == [], case
+
+
+@pytest.mark.docker
+def test_build_smuggled_parameters_and_pulls_fetch_nothing(real: Real, listener: _Listener) -> None:
+    # Query parameters in a form body (the engine's ParseForm reads them): a remote context.
+    form = f"remote=http%3A%2F%2F{listener.address}%2Fctx.tar".encode()
+    assert _build(real, form, content_type="application/x-www-form-urlencoded")[0] == 403
+    # pull=1 of a base that is local but named after a registry: the engine would contact it.
+    local = f"{listener.address}/p2/base:latest"
+    real.client.images.get(real.image).tag(local)
+    try:
+        context = _context({"Dockerfile": f"FROM {local}\n"})
+        assert _build(real, context, "&pull=1")[0] == 403
+        assert _build(real, context, "&pull=true")[0] == 403
+        gz = _context({"Dockerfile": f"FROM {real.image}\nADD http://{listener.address}/gz /gz\n"}, gzip=True)
+        assert _build(real, gz)[0] == 403  # a compressed context is read too
+    finally:
+        real.client.images.remove(local)
+    assert listener.requests == []
+
+
+@pytest.mark.docker
+def test_a_base_with_onbuild_triggers_is_refused(real: Real, listener: _Listener) -> None:
+    """An image already in the engine (built without the proxy) whose ONBUILD trigger fetches a URL."""
+    parent = f"benchseal-p2-onbuild-{uuid.uuid4().hex[:8]}"
+    context = _context({"Dockerfile": f"FROM {real.image}\nONBUILD ADD http://{listener.address}/trigger /t\n"})
+    real.client.images.build(fileobj=io.BytesIO(context), custom_context=True, tag=parent, network_mode="none")
+    try:
+        status, answer = _build(real, _context({"Dockerfile": f"FROM {parent}\n"}))
+        assert status == 403 and b"ONBUILD" in answer, answer[-400:]
+    finally:
+        real.client.images.remove(parent, force=True)
+    assert listener.requests == []
+
+
+@pytest.mark.docker
+def test_legitimate_build_still_works(real: Real, listener: _Listener) -> None:
+    inner = _context({"payload.txt": "from a local archive\n"})
+    context = _context({"Dockerfile": f"# a comment\nFROM {real.image} AS base\nCOPY hello.txt /hello.txt\n"
+                                      "ADD inner.tar /unpacked/\nRUN cat /hello.txt /unpacked/payload.txt\n"
+                                      "FROM base\nCOPY --from=base /hello.txt /again.txt\n",
+                        "hello.txt": "hello\n", "inner.tar": inner})
+    status, answer = _build(real, context, "&pull=0")
+    assert status == 200 and b"Successfully built" in answer and b"errorDetail" not in answer, answer[-600:]
+    assert listener.requests == []
