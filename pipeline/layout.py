@@ -118,7 +118,8 @@ def parse_checksums(text: str | bytes, source: str = CHECKSUMS, *, nested: bool 
         if not match:
             raise CheckFailed(f"{source}: line {number} is not '<64 lowercase hex>  <name>'")
         digest, name = match.groups()
-        problem = name_problem(name) if nested else None
+        # Top-level names match the regex and still pass the rule ('.' and '..' do not).
+        problem = name_problem(name)
         if problem:
             raise CheckFailed(f"{source}: line {number}: the name {problem}")
         if name in entries:

@@ -478,3 +478,9 @@ def test_any_export_is_unpacked_exactly_or_refused_leaving_nothing(tmp_path_fact
     assert all(is_plain_relative_name(name) for name in files)
     assert {p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file()} == {"run.json", "grading.json",
                                                                                        *files}
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_a_top_level_listing_names_no_dot_or_dot_dot(name: str):
+    with pytest.raises(CheckFailed, match="'..' part"):
+        parse_checksums(f"{HEX}  {name}\n".encode())
