@@ -482,5 +482,5 @@ def test_any_export_is_unpacked_exactly_or_refused_leaving_nothing(tmp_path_fact
 
 @pytest.mark.parametrize("name", [".", ".."])
 def test_a_top_level_listing_names_no_dot_or_dot_dot(name: str):
-    with pytest.raises(CheckFailed, match="'..' part"):
+    with pytest.raises(CheckFailed, match=r"'\.\.' part"):
         parse_checksums(f"{HEX}  {name}\n".encode())
