@@ -28,6 +28,9 @@ declare -A NEEDED=(
   [git]=git            # the Actions harness's checkout (tests/workflows/harness.py)
   [curl]=curl          # tools of the Actions runner image the harness tests use
   [jq]=jq
+  [rootlesskit]=rootlesskit        # the rootless sandbox engine (benchseal sandbox start)
+  [slirp4netns]=slirp4netns
+  [fuse-overlayfs]=fuse-overlayfs
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do
@@ -128,4 +131,6 @@ fi
 
 # --- local registry ------------------------------------------------------------
 "$VENV/bin/benchseal" registry start >/dev/null
-log "ready: venv $VENV, registry $("$VENV/bin/benchseal" registry status --address)"
+# --- sandbox engine (rootless dockerd; everything under test runs there) -----------------
+"$VENV/bin/benchseal" sandbox start >/dev/null
+log "ready: venv $VENV, registry $("$VENV/bin/benchseal" registry status --address), sandbox $("$VENV/bin/benchseal" sandbox status --url)"

@@ -20,6 +20,7 @@ from pipeline.cli import (
     registry,
     release,
     resolve_ref,
+    sandbox,
     sigstore_local,
     trial,
     verify,
@@ -45,6 +46,7 @@ app = new_app(
     publish.register,
     release.register,
     host.register,
+    sandbox.register,
 )
 
 

@@ -24,6 +24,7 @@ import typer
 
 from pipeline.cli.attest import sigstore_endpoints
 from pipeline.errors import UsageError
+from pipeline.host import sandbox
 from pipeline.infra.queue import QUEUE_URL_FILE_ENV, open_queue
 
 PublishTarget = Literal["none", "github", "local"]
@@ -48,6 +49,7 @@ def worker(
     publish_interval: Annotated[float, typer.Option("--publish-interval", min=0.1, help="Seconds between outbox scans.")] = 10.0,
     sigstore_url: Annotated[str | None, typer.Option("--sigstore-url", envvar="BENCHSEAL_SIGSTORE_URL", help="Check image signatures against a private Sigstore instance (http://127.0.0.1:PORT); default public-good.")] = None,
     trusted_root: Annotated[Path | None, typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT", help="The private instance's trusted_root.json (with --sigstore-url).")] = None,
+    sandbox_engine: Annotated[str | None, typer.Option("--sandbox-engine", envvar="BENCHSEAL_SANDBOX_ENGINE", help="The rootless engine everything under test runs on (unix://PATH; default: benchseal sandbox's socket). Refused unless it answers and is rootless.")] = None,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     # lazy: pipeline.infra.worker (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
@@ -69,9 +71,15 @@ def worker(
         os.environ[QUEUE_URL_FILE_ENV] = str(queue_url_file.resolve())
     # Fail before the loop starts: a bad URL, an unreachable database or a schema that is behind.
     open_queue(db).close()
+    # Fail closed: never a silent fallback to the host's root engine.
+    engine = sandbox_engine or sandbox.default_sandbox().url
+    if not engine.startswith("unix:///"):
+        raise UsageError(f"--sandbox-engine must be unix:///PATH, not {engine!r}")
+    sandbox.require_sandbox_engine(engine)
 
     config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,
-                          image_trust=sigstore_endpoints(sigstore_url, trusted_root), trial_batch=trial_batch)
+                          image_trust=sigstore_endpoints(sigstore_url, trusted_root), trial_batch=trial_batch,
+                          sandbox_engine=engine)
     if suites_dir is not None:
         config = dataclasses.replace(config, suites_dir=suites_dir)
     finalize = None

@@ -247,19 +247,21 @@ def _add_user_acl(path: Path, uid: int, perm: int) -> None:
     os.setxattr(path, _ACL_XATTR, blob, follow_symlinks=False)
 
 
-def grant(path: Path, sandbox: Sandbox | None = None, *, tree: bool = True) -> None:
-    """Let the sandbox engine (the service user) use ``path``: its directories are traversable by
-    that uid alone (an ACL entry, never world access), and ``path`` itself is chowned to it
-    (``tree``: with everything under it, modes unchanged, so 0700/0400 stay private)."""
+def grant(path: Path, sandbox: Sandbox | None = None) -> None:
+    """Let the sandbox engine (the service user, container root there) use ``path``: its parents get
+    search permission for that uid alone, ``path`` itself an ACL entry rwx for it (its owner and mode
+    stay: 0700 is still private to everyone else), everything under it is chowned to it (modes kept,
+    so a 0400 secret stays 0400)."""
     account = pwd.getpwnam((sandbox or default_sandbox()).user)
     path = Path(os.path.abspath(path))
     _traverse(path.parent, account.pw_uid)
-    targets = [path]
-    if tree and path.is_dir() and not path.is_symlink():
+    if path.is_symlink():
+        raise CheckFailed(f"{path}: a sandbox path must not be a symlink")
+    _add_user_acl(path, account.pw_uid, 0o7)
+    if path.is_dir():
         for root, dirs, files in os.walk(path):
-            targets += [Path(root, name) for name in dirs + files]
-    for target in targets:
-        os.lchown(target, account.pw_uid, account.pw_gid)
+            for name in dirs + files:
+                os.lchown(Path(root, name), account.pw_uid, account.pw_gid)
 
 
 # --- process ------------------------------------------------------------------------

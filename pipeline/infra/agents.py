@@ -38,6 +38,7 @@ from pathlib import Path
 
 from pipeline.contracts import DispatchPayload
 from pipeline.errors import UsageError
+from pipeline.host import sandbox
 from pipeline.infra.engine_proxy import EnginePolicy, EngineProxy, ModelGateway
 from pipeline.infra.policy import InfraPolicy
 from pipeline.infra.relay import UnixToTcpRelay
@@ -133,11 +134,14 @@ class RunnerAgentSetup:
 def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_dir: Path | None = None,
                          docker_socket: str = "/var/run/docker.sock",
                          pull_repositories: tuple[str, ...] = (), runner_image: str | None = None,
-                         labels: dict[str, str] | None = None) -> RunnerAgentSetup:
+                         labels: dict[str, str] | None = None, sandbox_user: str | None = None) -> RunnerAgentSetup:
     """Secret files, the model relay, the agent arguments and (with ``run_dir``) the filtered engine socket.
 
     With a model and ``runner_image``, the engine proxy starts a model gateway (that image,
     carrying ``labels``) for each trial container; without, trial containers get no network.
+    With ``sandbox_user`` (the rootless sandbox engine's service user, which is container root
+    there), the private dirs' contents are that user's and the dirs get an ACL entry for it alone:
+    still 0700/0400 to everyone else, never world-readable.
     """
     entry, model = policy.agent(payload.agent, payload.suite)
     setup = RunnerAgentSetup()
@@ -179,6 +183,9 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
                 bind_roots=(run_dir,), pull_repositories=pull_repositories, gateway=gateway), upstream=docker_socket)
             setup.engine.start()
             setup.volumes[str(engine / "docker.sock")] = {"bind": "/var/run/docker.sock", "mode": "rw"}
+        if sandbox_user is not None:
+            for path in setup.dirs:
+                sandbox.grant(path, sandbox.Sandbox(base=sandbox.DEFAULT_DIR, user=sandbox_user))
     except BaseException:
         setup.close()
         raise

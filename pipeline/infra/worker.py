@@ -37,6 +37,7 @@ killed and its unrecorded trials released (no attempt counted).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -63,6 +64,7 @@ from pipeline.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.documents import base_lock_path, read_base_lock
 from pipeline.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.fsutil import atomic_write_json
+from pipeline.host import sandbox
 from pipeline.imaging.base import ensure_base
 from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 from pipeline.infra.agents import RunnerAgentSetup, prepare_runner_agent, reap_private_dirs
@@ -88,6 +90,7 @@ log = logging.getLogger("benchseal.worker")
 Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
 BASE_PLACEHOLDER = "benchseal-base"
 CONTAINER_PREFIX = "benchseal-infra-"
+SANDBOX_ENGINE_ENV = "BENCHSEAL_SANDBOX_ENGINE"
 LABEL_RUN = "benchseal.infra.run_id"
 LABEL_TRIALS = "benchseal.infra.trials"  # the trial names a runner container runs (one batch)
 LABEL_BATCH = "benchseal.infra.batch"  # queue.batch_label(lease token) of that batch
@@ -116,7 +119,10 @@ class WorkerConfig:
     suites_dir: Path = REPO_ROOT / "suites"
     # Base image for task environments; default: the base lock, else pipeline.imaging.base.ensure_base (resolve_base_ref).
     base_ref: str | None = None
-    docker_socket: str = "/var/run/docker.sock"
+    docker_socket: str = "/var/run/docker.sock"  # the host engine: pulls by digest, signature checks
+    # The rootless sandbox engine everything under test runs on (runner, trial containers, gateways):
+    # ``unix://PATH``; default $BENCHSEAL_SANDBOX_ENGINE, else the local sandbox service's socket.
+    sandbox_engine: str | None = None
     heartbeat_seconds: float | None = None  # default: lease_seconds / 3
     term_grace_seconds: float = 30.0
     trial_concurrency: int | None = None  # default: the suite's trial_concurrency in the policy
@@ -155,6 +161,30 @@ def _docker() -> Any:
     except Exception as exc:
         raise InfraFailure(f"Docker Engine unavailable: {exc}") from exc
     return client
+
+
+def sandbox_url(config: WorkerConfig | None = None) -> str:
+    configured = (config.sandbox_engine if config is not None else None) or os.environ.get(SANDBOX_ENGINE_ENV)
+    return configured or sandbox.default_sandbox().url
+
+
+def _sandbox(config: WorkerConfig | None = None) -> Any:
+    """A client of the sandbox engine, refused (never replaced by the host engine) unless it answers
+    and is rootless."""
+    url = sandbox_url(config)
+    try:
+        sandbox.require_sandbox_engine(url)
+    except InfrastructureError as exc:
+        raise InfraFailure(str(exc)) from None
+    return docker.DockerClient(base_url=url, timeout=120)
+
+
+def sandbox_image(host: Any, sandboxed: Any, ref: ImageRef) -> str:
+    """The one place an admitted image crosses into the sandbox: ``ref`` was pulled by digest on the
+    host (RepoDigests checked) and its signatures checked there; the sandbox gets the same image by
+    id (the sha256 of its config, which pins every layer) and everything there names it by that id."""
+    image_id = pull_by_digest(host, ref)
+    return sandbox.copy_image(host, sandboxed, image_id)
 
 
 def pull_by_digest(client: Any, ref: ImageRef) -> str:
@@ -241,8 +271,10 @@ def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
     return refs["base"]
 
 
-def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] | None = None) -> None:
-    """Copy a suite (only ``tasks``, when given) and point every task Dockerfile's placeholder FROM at ``base``."""
+def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] | None = None,
+                 from_image: str | None = None) -> None:
+    """Copy a suite (only ``tasks``, when given) and point every task Dockerfile's placeholder FROM at ``base``
+    (by ``from_image``, its id in the sandbox engine, when given)."""
     if target.exists():
         shutil.rmtree(target)
     if tasks is None:
@@ -262,7 +294,7 @@ def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] 
             if match:
                 if match.group(1) != BASE_PLACEHOLDER:
                     raise CheckFailed(f"{dockerfile}: FROM {match.group(1)} is not the {BASE_PLACEHOLDER} placeholder")
-                line = f"FROM {base.ref}{match.group(2)}\n"
+                line = f"FROM {from_image or base.ref}{match.group(2)}\n"
             out.append(line)
         dockerfile.write_text("".join(out), encoding="utf-8")
 
@@ -415,12 +447,23 @@ def kill_trial_leftovers(client: Any, run_id: str, trial_names: Sequence[str], *
     return removed
 
 
-def _inspect_runner(client: Any, container: Any, expected: ImageRef) -> RunnerInfo:
+@dataclass(frozen=True)
+class _Engines:
+    """The host engine (pulls by digest, RepoDigests) and the sandbox engine (runs everything)."""
+
+    host: Any
+    sandbox: Any
+    runner_id: str  # the runner image's id in the sandbox (sandbox_image)
+
+
+def _inspect_runner(engines: _Engines, container: Any, expected: ImageRef) -> RunnerInfo:
+    """What a sandbox container ran: its image id there, and the digest the host engine pulled that
+    same id by (the sandbox has the image by id only; equal ids are equal configs and layers)."""
     container.reload()
     image_id = container.attrs.get("Image")
     digest = None
     try:
-        image = client.images.get(image_id)
+        image = engines.host.images.get(image_id)
         for entry in image.attrs.get("RepoDigests") or []:
             name, _, candidate = entry.partition("@")
             if name == expected.name:
@@ -499,7 +542,7 @@ def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutc
     with open_queue(config.db, url_file=config.queue_url_file) as queue:
         for run_id in queue.requeue_expired():
             log.warning("run %s: leases expired; requeued or ended", run_id)
-        _sweep(queue)
+        _sweep(queue, config)
         if config.stop.is_set():
             return None
         batch = queue.claim_trials(config.worker_id, policy.lease_seconds, _batch_size(config, policy, None))
@@ -528,11 +571,11 @@ def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutc
         return _work_batches(queue, batch, config, policy, finalize)
 
 
-def _sweep(queue: Queue) -> None:
+def _sweep(queue: Queue, config: WorkerConfig | None = None) -> None:
     """Best effort: an engine that cannot be reached now is the next claim's problem, not this one's."""
     try:
-        client = _docker()
-    except InfraFailure:
+        client = _sandbox(config)
+    except (InfraFailure, CheckFailed):
         return
     try:
         for name in sweep_orphan_batches(client, queue):
@@ -568,10 +611,9 @@ def _plan(
         runner_ref = parse_ref(payload.runner, "payload.runner")
         source = policy.check_payload(payload)  # the repository and both images, as accept checked them
         client = _docker()
-        # Nothing of this run runs anywhere yet (it is not planned): anything left on this engine
-        # under its label is an earlier planning attempt's.
-        for name in kill_leftovers(client, run_id):
-            log.warning("run %s: removed leftover container %s", run_id, name)
+        # Nothing of this run runs anywhere yet (it is not planned): anything left on the sandbox
+        # engine under its label is an earlier planning attempt's.
+        _remove_run_leftovers(run_id, config, strict=True)
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         pull_by_digest(client, runner_ref)  # a missing runner stays an infrastructure error (retried)
         require_signed_images(payload, source, config.image_trust)  # before anything pulled is used
@@ -699,26 +741,31 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     beat = _TrialHeartbeat(queue, run_id, token, policy.lease_seconds, config.heartbeat_seconds or policy.lease_seconds / 3)
     beat.start()
     client: Any = None
+    sandboxed: Any = None
     try:
         try:
             runner_ref = parse_ref(payload.runner, "payload.runner")
             source = policy.check_payload(payload)
             client = _docker()
-            for name in kill_trial_leftovers(client, run_id, names):
+            sandboxed = _sandbox(config)
+            for name in kill_trial_leftovers(sandboxed, run_id, names):
                 log.warning("run %s: removed leftover container %s", run_id, name)
             pull_by_digest(client, runner_ref)
             require_signed_images(payload, source, config.image_trust)  # every host checks before it runs anything
+            runner_id = sandbox_image(client, sandboxed, runner_ref)
             base = resolve_base_ref(config, runner_ref)
-            pull_by_digest(client, base)
+            base_id = sandbox_image(client, sandboxed, base)
             suite_src = config.suites_dir / payload.suite
             if not suite_src.is_dir():
                 raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
-            render_suite(suite_src, out / "suite", base, tasks={t.task for t in batch.trials})
+            render_suite(suite_src, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id)
             if config.prebuild_task_images:
-                prebuild_task_images(client, out / "suite")
+                prebuild_task_images(sandboxed, out / "suite")
+            # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's.
+            sandbox.grant(out)
             concurrency = min(len(batch.trials), config.trial_concurrency or policy.trial_concurrency(payload.suite))
             runner, failure, released = _run_container(
-                client, record, runner_ref, run_dir, config, policy,
+                _Engines(client, sandboxed, runner_id), record, runner_ref, run_dir, config, policy,
                 _BatchRun(suite_dir=out / "suite", out_dir=out, name=_batch_container_name(run_id, token),
                           trial_names=names, concurrency=concurrency, label=batch_label(token), on_poll=on_poll))
         except (ValidationError, ImageRefused, InfraFailure, CheckFailed, InfrastructureError) as exc:
@@ -728,8 +775,9 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
             log.exception("run %s: unexpected error in batch %s", run_id, list(names))
             return _fail_rest(queue, run_id, token, f"{type(exc).__name__}: {exc}", policy, recorded, batch, handed)
         finally:
-            if client is not None:
-                client.close()
+            for engine in (client, sandboxed):
+                if engine is not None:
+                    engine.close()
     finally:
         beat.done.set()
         beat.join(timeout=5)
@@ -782,12 +830,15 @@ def _collect_trial_dirs(run_dir: Path, out: Path, names: Sequence[str], token: s
         shutil.move(str(source), str(target))
 
 
-def _remove_run_leftovers(run_id: str) -> None:
-    """Every trial of the run has ended: nothing of it may still run on this engine (a batch whose
-    worker died leaves its runner container running). Best effort: grading goes on without Docker."""
+def _remove_run_leftovers(run_id: str, config: WorkerConfig | None = None, *, strict: bool = False) -> None:
+    """Every trial of the run has ended: nothing of it may still run on the sandbox engine (a batch whose
+    worker died leaves its runner container running). Best effort (unless ``strict``): grading goes on
+    without Docker."""
     try:
-        client = _docker()
-    except InfraFailure as exc:
+        client = _sandbox(config)
+    except (InfraFailure, CheckFailed) as exc:
+        if strict:
+            raise
         log.warning("run %s: cannot look for leftover containers: %s", run_id, exc)
         return
     try:
@@ -991,12 +1042,12 @@ def _finalize(
                       runner_digest=runner.digest if runner else None)
 
 
-def _leftover_runner(client: Any, run_id: str, runner: str) -> RunnerInfo:
+def _leftover_runner(engines: _Engines, run_id: str, runner: str) -> RunnerInfo:
     """What the dead attempt's runner container ran, if it is still there (never guessed)."""
-    containers = client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+    containers = engines.sandbox.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
     if not containers:
         return RunnerInfo(image_id=None, digest=None)
-    return _inspect_runner(client, containers[0], parse_ref(runner, "payload.runner"))
+    return _inspect_runner(engines, containers[0], parse_ref(runner, "payload.runner"))
 
 
 def _finalize_abandoned(
@@ -1010,8 +1061,9 @@ def _finalize_abandoned(
     runner = RunnerInfo(image_id=None, digest=None)
     client: Any = None
     try:
-        client = _docker()
-        runner = _leftover_runner(client, run_id, record.payload.runner)
+        client = _sandbox()
+        with contextlib.closing(_docker()) as host:
+            runner = _leftover_runner(_Engines(host, client, ""), run_id, record.payload.runner)
         # The dead attempt's runner may still be writing trial results: stop it before grading.
         for name in kill_leftovers(client, run_id):
             log.warning("run %s: removed leftover container %s", run_id, name)
@@ -1043,7 +1095,7 @@ class _BatchRun:
 
 
 def _run_container(
-    client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig, policy: InfraPolicy,
+    engines: _Engines, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig, policy: InfraPolicy,
     batch: _BatchRun,
 ) -> tuple[RunnerInfo, str | None, bool]:
     """Run the runner container on one batch; return (what it ran, failure reason or None, released on SIGTERM)."""
@@ -1054,26 +1106,29 @@ def _run_container(
     # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
     # (the worker pulled the base by digest already).
     # A model-backed agent's trial containers each get a model gateway (the runner image) as their only way out.
-    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir, docker_socket=config.docker_socket,
-                                       runner_image=runner_ref.ref, labels={LABEL_RUN: run_id})
+    agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir,
+                                       docker_socket=sandbox_url(config).removeprefix("unix://"),
+                                       runner_image=engines.runner_id, labels={LABEL_RUN: run_id},
+                                       sandbox_user=sandbox.default_sandbox().user)
     try:
-        return _run_started_container(client, record, runner_ref, run_dir, config, command, agent_setup,
+        return _run_started_container(engines, record, runner_ref, run_dir, config, command, agent_setup,
                                       policy.suite_timeout(record.payload.suite), batch)
     finally:
         agent_setup.close()
 
 
 def _run_started_container(
-    client: Any, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig,
+    engines: _Engines, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig,
     command: list[str], agent_setup: RunnerAgentSetup, payload_suite_timeout: float, batch: _BatchRun,
 ) -> tuple[RunnerInfo, str | None, bool]:
 
     run_id = record.run_id
     out = batch.out_dir
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    client = engines.sandbox
     try:
         container = client.containers.run(
-            runner_ref.ref,
+            engines.runner_id,  # the same image as runner_ref, by id (sandbox_image)
             command=command + agent_setup.args,
             entrypoint=["benchseal"],  # the image's launcher: pipeline.cli.runner_main (images/runner/image.toml entry)
             name=batch.name,
@@ -1100,7 +1155,7 @@ def _run_started_container(
     released = False
     exit_code: int | None = None
     try:
-        running = _inspect_runner(client, container, runner_ref) if batch.on_poll is not None else None
+        running = _inspect_runner(engines, container, runner_ref) if batch.on_poll is not None else None
         while True:
             try:
                 exit_code = int(container.wait(timeout=1)["StatusCode"])
@@ -1122,7 +1177,7 @@ def _run_started_container(
                 container.kill()
                 failure = f"timed out after {payload_suite_timeout:g} s; runner container killed"
                 break
-        runner = _inspect_runner(client, container, runner_ref)
+        runner = _inspect_runner(engines, container, runner_ref)
         (out / "logs" / "runner.log").write_bytes(container.logs(stdout=True, stderr=True)[-2_000_000:])
         # When the runner started and ended (engine clock): runner start to first trial, in the benchmark.
         state = container.attrs.get("State") or {}

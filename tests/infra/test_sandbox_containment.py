@@ -112,7 +112,7 @@ def test_root_only_and_outside_files_are_out_of_reach(sandbox_client, image, roo
     script = (f"cat /host{root_only_canary}; ls /host{root_only_canary.parent}; cat /host{outside_canary}; "
               f"ls -d /host{outside_canary.parent}; cat /host/etc/shadow | head -c 20; "
               "ls /host/work /host/root /host/var/lib/docker 2>&1; ls /host/var/run/docker.sock /host/run/docker.sock")
-    code, out = _run(sandbox_client, image, script)
+    _code, out = _run(sandbox_client, image, script)
     assert root_only_canary.read_text() not in out
     assert outside_canary.read_text() not in out
     assert "Permission denied" in out  # the root-only file exists in the shared tree, but not for this uid
@@ -125,14 +125,16 @@ def test_root_only_and_outside_files_are_out_of_reach(sandbox_client, image, roo
 def test_files_written_on_a_bound_host_path_are_not_owned_by_host_root(sandbox_client, image, tmp_path):
     shared = tmp_path / "run"
     shared.mkdir(mode=0o700)
+    (shared / "open").mkdir()
+    (shared / "open").chmod(0o777)
     sbx.grant(shared)
-    first, count = sbx.subid_range()
+    first, _count = sbx.subid_range()
     service = sbx.pwd.getpwnam(sbx.SERVICE_USER)
-    script = (f"echo root > /host{shared}/as-root; chown 0:0 /host{shared}/as-root; mkdir -m 777 /host{shared}/open; "
-              "chmod 711 /shared; setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'echo x > /shared/open/u'; "
+    script = (f"echo root > /host{shared}/as-root; chown 0:0 /host{shared}/as-root; "
+              "setpriv --reuid=1000 --regid=1000 --clear-groups sh -c 'echo x > /open/u'; "
               # Writing where only host root may write: a root 0700 dir, the host's /etc (copied up: not the host's).
               f"echo x > /host{tmp_path}/not-granted 2>&1; echo pwned >> /host/etc/benchseal-sandbox-probe 2>&1; true")
-    code, out = _run(sandbox_client, image, script, Binds=["/:/host:rw", f"{shared}:/shared:rw"])
+    code, out = _run(sandbox_client, image, script, Binds=["/:/host:rw", f"{shared}/open:/open:rw"])
     assert code == 0, out
     as_root = (shared / "as-root").stat()
     assert (as_root.st_uid, as_root.st_gid) == (service.pw_uid, service.pw_gid)
@@ -161,7 +163,7 @@ def test_host_processes_are_invisible_and_unsignalable(sandbox_client, image, ho
     script = ("cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; "
               + "; ".join(f"kill -9 {pid} 2>&1" for pid in host_pids if pid != 1)
               + f"; {_py('import os; print(\"NS\", os.readlink(\"/proc/1/ns/pid\"))')}")
-    code, out = _run(sandbox_client, image, script)
+    _code, out = _run(sandbox_client, image, script)
     assert "benchseal-marker-" not in out
     assert "pytest" not in out and "dockerd --host unix:///var/run/docker.sock" not in out
     assert host_marker_process.poll() is None  # still alive
@@ -208,7 +210,7 @@ def test_host_network_is_unreachable(sandbox_client, image, host_tcp_servers):
              "    except OSError as exc:\n"
              "        print('blocked', host, port, exc.errno)\n"
              "print(open('/proc/net/route').read())\n")
-    code, out = _run(sandbox_client, image, _py(probe))
+    _code, out = _run(sandbox_client, image, _py(probe))
     assert "REACHED" not in out, out
     assert out.count("blocked") == len(host_tcp_servers) + 3
     # The only interfaces are the sandbox's own: no host uplink in its routing table.
@@ -224,7 +226,7 @@ def test_host_devices_and_raw_disk_are_out_of_reach(sandbox_client, image):
               "ls /host/dev; for k in /host/dev/kmsg /dev/kmsg /dev/mem; do head -c 1 $k 2>/dev/null | grep -q . && echo READ-$k; done; "
               "mount -t proc proc /mnt 2>&1 && cat /mnt/1/cmdline; echo; "
               "echo 1 > /host/proc/sys/kernel/sysrq 2>&1 && echo SYSCTL-WRITTEN; true")
-    code, out = _run(sandbox_client, image, script)
+    _code, out = _run(sandbox_client, image, script)
     assert "READ-" not in out and "SYSCTL-WRITTEN" not in out, out
     assert "kvm" not in out and "kmsg" not in out.split("\n")[1:3]
     # A device request for the host's disk or kmsg fails: the sandbox's /dev does not hold them.
