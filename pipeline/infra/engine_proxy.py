@@ -68,10 +68,11 @@ import socket
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import h11
@@ -325,7 +326,8 @@ _RESTART = _struct({"Name": _one_of("", "no"), "MaximumRetryCount": _zero})
 _MOUNT: dict[str, Checker] = {
     "Type": _one_of("bind", "volume", "tmpfs"), "Source": _STR, "Target": _STR, "ReadOnly": _BOOL,
     "Consistency": _one_of("", "default", "consistent", "cached", "delegated"),
-    "BindOptions": _struct({"Propagation": _one_of("", "private", "rprivate"), "NonRecursive": _BOOL}),
+    "BindOptions": _struct({"Propagation": _one_of("", "private", "rprivate"), "NonRecursive": _BOOL,
+                            "CreateMountpoint": _BOOL}),  # (creates a missing source, which is under the roots)
     "VolumeOptions": _struct({"NoCopy": _BOOL, "Labels": _STRMAP, "DriverConfig": _zero}),
     "TmpfsOptions": _struct({"SizeBytes": _NONNEG, "Mode": _int_range(0, 0o7777)}),
 }
@@ -616,13 +618,30 @@ def _require_archive_end(archive: tarfile.TarFile) -> None:
             raise Refused("build context: data after the end of the archive")
 
 
+def _compression(spool: IO[bytes]) -> Literal["r:", "r:gz", "r:bz2", "r:xz"]:
+    """The tarfile mode for the compression the engine detects by magic bytes (never tarfile's own guess:
+    a gzip stream can be made to look like a plain tar too, and the engine would read the gzip)."""
+    spool.seek(0)
+    magic = spool.read(6)
+    spool.seek(0)
+    if magic.startswith(b"BZh"):
+        return "r:bz2"
+    if magic.startswith(b"\x1f\x8b\x08"):
+        return "r:gz"
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return "r:xz"
+    if magic.startswith(b"\x28\xb5\x2f\xfd"):
+        raise Refused("build context: zstd is not read by the proxy")
+    return "r:"
+
+
 def _context_dockerfiles(spool: IO[bytes], name: str) -> list[str]:
     """Every Dockerfile the engine could read from the context; Refused for a link on their path."""
     wanted = _dockerfile_names(name)
     spool.seek(0)
     found: list[str] = []
     try:
-        with tarfile.open(fileobj=spool, mode="r:*") as archive:
+        with tarfile.open(fileobj=spool, mode=_compression(spool)) as archive:
             members = archive.getmembers()
             _require_archive_end(archive)
             for member in members:
@@ -794,8 +813,8 @@ class EngineProxy:
             # the connection and lose the answer. Nothing read here is parsed or forwarded.
             client.shutdown(socket.SHUT_WR)
             client.settimeout(0.5)
-            drained = 0
-            while drained < _MAX_BODY and (chunk := client.recv(65536)):
+            drained, deadline = 0, time.monotonic() + 2
+            while drained < _MAX_BODY and time.monotonic() < deadline and (chunk := client.recv(65536)):
                 drained += len(chunk)
         client.close()
 
