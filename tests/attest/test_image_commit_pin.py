@@ -11,6 +11,7 @@ instance's token endpoint and GitHub-shaped Fulcio; the real cosign checks them.
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pipeline.evidence.sigstore_local import GitHubJob
 from pipeline.infra.policy import SourcePolicy, load_policy
 from pipeline.infra.worker import ImageRefused, require_signed_images
 from pipeline.paths import REPO_ROOT
+from pipeline.verify.external import cosign_environment, image_check_args
 from tests.fixtures.sigstore import push_unique_image
 
 pytestmark = pytest.mark.slow
@@ -55,9 +57,12 @@ def endpoints(sigstore_instance: Any) -> SigstoreEndpoints:
 
 
 def sign_as(instance: Any, endpoints: SigstoreEndpoints, work: Path, refs: dict[str, str], *, ref: str, sha: str,
-            workflow: str = "tag.yml", event: str = "push", repository: str = SOURCE) -> dict[str, str]:
-    """Sign and attest ``refs`` (role -> image) as ``workflow`` of ``repository`` at ``ref``, run at ``sha``."""
-    job = GitHubJob(repository=repository, ref=ref, sha=sha, workflow_file=workflow, event_name=event)
+            workflow: str = "tag.yml", event: str = "push", repository: str = SOURCE,
+            omits: tuple[str, ...] = ()) -> dict[str, str]:
+    """Sign and attest ``refs`` (role -> image) as ``workflow`` of ``repository`` at ``ref``, run at
+    ``sha``; ``omits``: claims whose extensions the certificate lacks."""
+    job = GitHubJob(repository=repository, ref=ref, sha=sha, workflow_file=workflow, event_name=event,
+                    certificate_omits=omits)
     session = sigstore_local.open_actions_session(instance, job)
     invocation = BuildInvocation(repository=repository, ref=ref, commit=sha, workflow_ref=job.job_workflow_ref,
                                  run_url=f"https://github.com/{repository}/actions/runs/3/attempts/1")
@@ -137,6 +142,29 @@ def test_a_certificate_sha_that_is_not_exactly_the_commit_is_refused(
         require_signed_images(_payload(images), _source(tmp_path, KINDS["tag"][0]), endpoints)
     with pytest.raises(CheckFailed, match="not verified"):
         _verify_image_cli(images["runner"], sigstore_instance, "--commit", COMMIT)
+
+
+@pytest.mark.parametrize(("claim", "flag"), [("sha", "--certificate-github-workflow-sha"),
+                                           ("repository", "--certificate-github-workflow-repository"),
+                                           ("ref", "--certificate-github-workflow-ref")])
+def test_a_certificate_without_the_extension_is_refused(claim: str, flag: str, sigstore_instance: Any,
+                                                        endpoints: SigstoreEndpoints, tmp_path: Path,
+                                                        cosign_bin: Path) -> None:
+    """Signed by the right workflow at the right ref and commit, but the certificate lacks the
+    extension (1.3.6.1.4.1.57264.1.3 / .5 / .6 and their v2 forms): nothing pins it, refused."""
+    images = sign_as(sigstore_instance, endpoints, tmp_path, _pair(f"no-{claim}"), ref=f"refs/tags/{TAG}",
+                     sha=COMMIT, omits=(claim,))
+    with pytest.raises(ImageRefused, match="not verified"):
+        require_signed_images(_payload(images), _source(tmp_path, KINDS["tag"][0]), endpoints)
+    with pytest.raises(CheckFailed, match="not verified"):
+        _verify_image_cli(images["runner"], sigstore_instance, "--commit", COMMIT)
+    # Without that one pin the same signature verifies: the missing extension is the refusal.
+    (signature, *_) = image_check_args(images["runner"], image_identity(SOURCE, TAG, COMMIT), offline=True)
+    at = signature.index(flag)
+    unpinned = signature[:at] + signature[at + 2:]
+    done = subprocess.run([str(cosign_bin), *unpinned], env=cosign_environment(endpoints.environ(tmp_path)),
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
 
 
 def test_signed_at_both_commits_the_payloads_is_the_one_that_counts(

@@ -44,6 +44,9 @@ class GitHubJob:
     runner_environment: str = "github-hosted"
     run_id: str = "1"
     run_attempt: str = "1"
+    # Claims whose Fulcio extensions the instance leaves out of the certificate (tests only: a
+    # certificate without, e.g., the workflow SHA, which verifiers must refuse).
+    certificate_omits: tuple[str, ...] = ()
 
     @property
     def job_workflow_ref(self) -> str:
@@ -66,6 +69,7 @@ class GitHubJob:
             "runner_environment": self.runner_environment,
             "run_id": self.run_id,
             "run_attempt": self.run_attempt,
+            **({"benchseal_certificate_omits": ",".join(self.certificate_omits)} if self.certificate_omits else {}),
         }
 
 

@@ -315,14 +315,20 @@ async function signingCert(ctx, headers, text) {
   // The mock CA reads (does not verify) the token it is given: hand it the verified claims
   // plus the certificate SAN, so it writes the Fulcio extensions (OIDs 1.3.6.1.4.1.57264.1.*)
   // that public-good Fulcio derives from the same claims.
+  // A test job may ask for a certificate without some claims' extensions (a certificate a
+  // verifier must refuse): the claims are still required and signed, only not certified.
+  const certified = { ...claims };
+  for (const name of String(claims[OMIT_CLAIM] || '').split(',').filter(Boolean)) delete certified[name];
+  delete certified[OMIT_CLAIM];
   const forwarded = {
-    credentials: { oidcIdentityToken: unsignedJwt({ ...claims, [SAN_CLAIM]: san }) },
+    credentials: { oidcIdentityToken: unsignedJwt({ ...certified, [SAN_CLAIM]: san }) },
     ...(pem ? { certificateSigningRequest: pem } : { publicKeyRequest: json.publicKeyRequest }),
   };
   return ctx.fulcio.fn(JSON.stringify(forwarded));
 }
 
 const SAN_CLAIM = 'benchseal_certificate_san';
+const OMIT_CLAIM = 'benchseal_certificate_omits';
 
 // Fulcio's rule: a GitHub Actions token's certificate identity is the job's workflow ref as a
 // URL; any other issuer's is its subject.
@@ -362,7 +368,7 @@ function githubClaims(job) {
     claims[name] = job[name];
   }
   const optional = ['repository_owner', 'repository_id', 'repository_owner_id', 'workflow', 'workflow_sha',
-    'job_workflow_sha', 'run_id', 'run_attempt', 'actor', 'repository_visibility', 'environment'];
+    'job_workflow_sha', 'run_id', 'run_attempt', 'actor', 'repository_visibility', 'environment', OMIT_CLAIM];
   for (const name of optional) {
     if (job[name] !== undefined) claims[name] = String(job[name]);
   }
