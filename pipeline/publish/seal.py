@@ -29,7 +29,7 @@ from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading
 from pipeline.fsutil import staged_dir
 from pipeline.infra.accept import validate_payload
-from pipeline.infra.export import import_run
+from pipeline.infra.export import import_run, validate_run_id
 from pipeline.infra.policy import InfraPolicy, load_policy
 from pipeline.layout import ARTIFACTS_DIR
 from pipeline.scoring import Claim, check_counts
@@ -108,8 +108,14 @@ def seal_export(source: IO[bytes], run_dir: Path, run_id: str, signer: Callable[
     once the export and its run are accepted."""
     if run_dir.is_symlink() or (run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir()))):
         raise ValidationError("RUN_DIR", "must be a new or empty directory", str(run_dir))
+    validate_run_id(run_id, "--run-id")
     with staged_dir(run_dir) as staging:
-        import_run(source, staging, run_id)
+        try:
+            import_run(source, staging, run_id)
+        except ValidationError as exc:
+            # What the export holds is not the caller's input: a document in it that breaks its model (a
+            # FAILED run with a score, a count that is not an integer) is a refused export, exit 1.
+            raise CheckFailed(f"export: {exc.diagnostics()}") from None
         sealed = seal_run(staging, signer=signer, policy=policy)
     return dataclasses.replace(sealed, evidence=_moved(sealed.evidence, staging, run_dir))
 
