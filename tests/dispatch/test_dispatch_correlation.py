@@ -384,3 +384,13 @@ def test_a_run_of_the_workflow_file_at_the_default_branch_is_adopted(
         suffix: str) -> None:
     github_emulator.on_dispatch(_with_path(BENCHMARK_PATH + suffix))
     assert run(github_client, infra_repo, synced_clock).conclusion == "success"
+
+
+@pytest.mark.parametrize("prefix", ["acme/bench-infra/", "ACME/bench-infra/"])
+def test_a_repository_prefixed_path_at_another_ref_is_refused(
+        github_emulator: GitHubEmulator, github_client: Any, infra_repo: str, synced_clock: SyncedClock,
+        prefix: str) -> None:
+    assert infra_repo == "acme/bench-infra"
+    github_emulator.on_dispatch(_with_path(f"{prefix}{BENCHMARK_PATH}@refs/heads/evil"))
+    with pytest.raises(CheckFailed, match=r"ran the workflow file at 'refs/heads/evil'"):
+        run(github_client, infra_repo, synced_clock)
