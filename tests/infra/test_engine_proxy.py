@@ -156,6 +156,21 @@ def test_allowed_create_is_labelled_and_forwarded_alone(proxy: Any) -> None:
     assert forced["HostConfig"]["NetworkMode"] == "none" and "NetworkingConfig" not in forced
 
 
+def test_forwarded_create_is_the_canonical_body_that_was_checked(proxy: Any) -> None:
+    """Keys as Go maps them, only known fields, zero-valued unknown ones dropped: the engine decodes what passed."""
+    p, engine, run_dir = proxy
+    (run_dir / "logs").mkdir()
+    raw = json.dumps({"image": "x", "cmd": "true", "Annotations": None, "hostconfig": {
+        "binds": [f"{run_dir}/logs/../logs:/logs:ro"], "privileged": False, "networkmode": "default",
+        "NotYetKnown": 0}}).encode()
+    status, _ = _send(p, (f"POST /containers/create HTTP/1.1\r\nHost: d\r\nContent-Length: {len(raw)}\r\n\r\n").encode()
+                      + raw)
+    assert status == 200
+    forwarded = json.loads(engine.requests[0].partition(b"\r\n\r\n")[2])
+    assert forwarded == {"Image": "x", "Cmd": "true", "NetworkDisabled": False, "Labels": {LABEL: p.policy.token},
+                         "HostConfig": {"Binds": [f"{run_dir.resolve()}/logs:/logs:ro"], "NetworkMode": "none"}}
+
+
 def test_build_steps_run_without_network(proxy: Any) -> None:
     p, engine, _ = proxy
     for query in ("t=a", "t=a&networkmode=default", "networkmode=none&t=a"):
