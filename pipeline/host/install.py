@@ -41,6 +41,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 
 from pipeline.errors import CheckFailed, ValidationError
+from pipeline.host import sandbox
 from pipeline.paths import REPO_ROOT
 
 DEPLOY_DIR = REPO_ROOT / "deploy"
@@ -398,6 +399,31 @@ class _Installer:
             self._act(f"user {service}", "exists", f"uid {user.uid}")
         return user
 
+    def ensure_sandbox_account(self) -> None:
+        """The rootless sandbox engine's service user (pipeline/host/sandbox.py) with its subordinate
+        uid and gid ranges, so ``benchseal sandbox start`` finds them; in --prefix roots too."""
+        name = sandbox.SERVICE_USER
+        prefix_args = [] if self.o.prefix == Path("/") else ["--prefix", str(self.o.prefix)]
+        account = self.host.user(name)
+        if account is None:
+            if not self.o.dry_run:
+                _run_tool(["useradd", "--system", *prefix_args, "--user-group", "--home-dir", "/nonexistent",
+                           "--no-create-home", "--shell", NOLOGIN, "--comment", "benchseal sandbox engine", name])
+            self._act(f"user {name}", self._would("created"), "useradd --system, no login (rootless sandbox engine)")
+        else:
+            if account.uid == 0:
+                raise CheckFailed(f"user {name} has uid 0: the sandbox engine's user must not be root")
+            self._act(f"user {name}", "exists", f"uid {account.uid}")
+        files = [self.host.path("/etc/subuid"), self.host.path("/etc/subgid")]
+        start = sandbox.subid_start(files, name)
+        if start is None:
+            self._act("/etc/subuid, /etc/subgid", "unchanged", f"{name} has ranges")
+            return
+        if not self.o.dry_run:
+            for path in files:
+                sandbox.append_line(path, f"{name}:{start}:{sandbox.SUBID_COUNT}")
+        self._act("/etc/subuid, /etc/subgid", self._would("updated"), f"{name}:{start}:{sandbox.SUBID_COUNT}")
+
     def check_runner(self) -> None:
         runner, service = self.o.runner_user, self.o.service_user
         account = self.host.user(runner)
@@ -536,6 +562,10 @@ class _Installer:
             "use (sources), agents and suites; `benchseal infra validate --policy "
             f"{POLICY_FILE} --payload FILE` checks a payload against it. Re-running host install keeps your "
             "edits.",
+            "Start the sandbox engine as root (`benchseal sandbox start`: a rootless dockerd as "
+            f"{sandbox.SERVICE_USER} that the runner and every trial container run on; apt packages "
+            f"{' '.join(sandbox.PACKAGES)}); the worker refuses to run without it. It must see the worker's "
+            "state dir (BENCHSEAL_HOME) and temp dir (TMPDIR) at their host paths.",
             "Start the services: `systemctl daemon-reload && systemctl enable --now benchseal-worker "
             "benchseal-publisher`.",
             f"Check the sudo rule: `sudo -l -U {runner}` lists exactly {LIBEXEC_DIR}/benchseal-accept, "
@@ -587,6 +617,7 @@ def install(options: InstallOptions) -> InstallReport:
 def _install_locked(installer: _Installer, options: InstallOptions) -> InstallReport:
     installer.check_app_dir()
     user = installer.ensure_accounts()
+    installer.ensure_sandbox_account()
     installer.check_runner()
     installer.install_dirs(user)
     gid = user.gid if user else -1

@@ -5,10 +5,12 @@ unprivileged service user (``benchseal-sandbox``, with /etc/subuid and /etc/subg
 inside rootlesskit's user namespace, so container root is that user on the host and a
 ``Privileged`` container holds capabilities over the sandbox's namespaces only. Around it:
 
-* network: rootlesskit ``--net=host`` plus ``unshare --net`` in its child, so the daemon and
-  every container (``NetworkMode: host`` included) live in a network namespace owned by the
-  sandbox's user namespace holding loopback and its own bridges only: no route to the host's
-  network or its 127.0.0.1 services. The model is reached through the worker's Unix-socket
+* network: rootlesskit starts in a network namespace of its own (root's ``unshare --net``,
+  loopback only) with ``--net=host``, and its child runs ``unshare --net`` again, so the daemon
+  and every container (``NetworkMode: host`` included) live in a network namespace owned by the
+  sandbox's user namespace holding loopback and its own bridges only, and rootlesskit's own
+  processes (which a privileged container can see and ptrace) hold no host network either: no
+  route to the host's network or its 127.0.0.1 services, not even its socket tables. The model is reached through the worker's Unix-socket
   relay (a file, not a route).
 * processes: its own PID (``--pidns``), IPC, UTS and cgroup namespaces (``PidMode: host`` is
   the sandbox's PID namespace).
@@ -153,7 +155,7 @@ def shared_paths() -> list[Path]:
 
 # --- service user ---------------------------------------------------------------
 
-def _subid_start(files: Iterable[Path], user: str) -> int | None:
+def subid_start(files: Iterable[Path], user: str) -> int | None:
     """The first id after every range in ``files`` (at least 100000); None when ``user`` has one."""
     end = 100000
     for path in files:
@@ -169,7 +171,7 @@ def _subid_start(files: Iterable[Path], user: str) -> int | None:
     return end
 
 
-def _append_line(path: Path, line: str) -> None:
+def append_line(path: Path, line: str) -> None:
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     text = old + ("" if not old or old.endswith("\n") else "\n") + line + "\n"
     tmp = path.with_name(f".{path.name}.benchseal-new")
@@ -189,12 +191,12 @@ def ensure_user(user: str = SERVICE_USER) -> pwd.struct_passwd:
             raise InfrastructureError(f"useradd {user} failed: {done.stderr.strip()}") from None
         account = pwd.getpwnam(user)
     subuid, subgid = Path("/etc/subuid"), Path("/etc/subgid")
-    start = _subid_start((subuid, subgid), user)
+    start = subid_start((subuid, subgid), user)
     if start is not None:
         for path in (subuid, subgid):
-            _append_line(path, f"{user}:{start}:{SUBID_COUNT}")
+            append_line(path, f"{user}:{start}:{SUBID_COUNT}")
     for path in (subuid, subgid):
-        if _subid_start((path,), user) is not None:
+        if subid_start((path,), user) is not None:
             raise CheckFailed(f"{path}: {user} has no subordinate id range")
     return account
 
@@ -365,7 +367,12 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0) -> str:
     }
     if any(" " in str(p) for p in share):
         raise UsageError(f"sandbox shared paths must not contain spaces: {share}")
-    argv = ["setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups",
+    # Outer network namespace (root's, loopback only): rootlesskit's own processes are in it too, so
+    # a privileged container that can ptrace or read /proc of the sandbox's pid 1 (rootlesskit's
+    # child) finds no host network there either. The daemon's is the inner one (``unshare --net``
+    # in the child), owned by the sandbox's user namespace, where it may create its bridges.
+    argv = ["unshare", "--net", "--",
+            "setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups",
             "rootlesskit", "--net=host", "--pidns", "--ipcns", "--utsns", "--cgroupns",
             "--copy-up=/etc", "--copy-up=/run", "--propagation=rslave",
             f"--state-dir={sandbox.rootlesskit_state}",

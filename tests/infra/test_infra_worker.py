@@ -27,7 +27,7 @@ from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.worker import LABEL_RUN, WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
 from pipeline.verify.external import cosign_path
-from tests.fixtures.infra import built_images_source, wait_for
+from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -179,7 +179,7 @@ def test_oracle_run_succeeds_with_score_one(oracle_probe_run, infra_setup):
     assert oracle_probe_run["finalize_states"] == ["RUNNING"]
     assert (run_dir / "artifacts" / "finalized.txt").read_text() == "SUCCEEDED"
     # No runner container left behind.
-    client = docker.from_env()
+    client = sandbox_engine()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={outcome.run_id}"}) == []
 
 
@@ -246,10 +246,10 @@ def _containers(filters: dict[str, str]) -> list[Any]:
     # The SDK inspects each listed container: one removed in between raises NotFound. List again.
     for _ in range(10):
         try:
-            return docker.from_env().containers.list(all=True, filters=filters)
+            return sandbox_engine().containers.list(all=True, filters=filters)
         except docker.errors.NotFound:
             time.sleep(0.1)
-    return docker.from_env().containers.list(all=True, filters=filters)
+    return sandbox_engine().containers.list(all=True, filters=filters)
 
 
 def _runner_containers(run_id: str) -> list[Any]:
@@ -437,7 +437,7 @@ def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_
     run_id = oracle_probe_run["run_id"]
     with SqliteQueue(oracle_probe_run["db"]) as q:
         run_dir = q.run_dir(run_id)
-    client = docker.from_env()
+    client = sandbox_engine()
     task_tomls = sorted(run_dir.glob("batches/*/suite/*/task.toml"))  # each batch renders its own tasks
     assert len(task_tomls) == 4
     for task_toml in task_tomls:

@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import docker
 import pytest
 import yaml
 
@@ -29,7 +28,7 @@ from pipeline.infra.queue import RunRecord, SqliteQueue
 from pipeline.infra.trial import TRIALS_FILE, plan_trials
 from pipeline.infra.worker import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
 from pipeline.paths import REPO_ROOT
-from tests.fixtures.infra import built_images_source, wait_for
+from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 
@@ -270,7 +269,7 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     assert {t.runner_digest for t in grading.trials} <= {digest, None}
     assert len(finalize.calls) == 1 and finalize.calls[0][0] == "RUNNING"
     # The dead attempt's runner and trial containers are gone.
-    client = docker.from_env()
+    client = sandbox_engine()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}) == []
     short = run_id[-12:]
     assert [c["Id"] for c in client.api.containers(all=True, filters={"label": "com.docker.compose.project"})

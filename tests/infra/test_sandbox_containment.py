@@ -211,10 +211,21 @@ def test_host_network_is_unreachable(sandbox_client, image, host_tcp_servers):
              "        socket.create_connection((host, port), timeout=2).close(); print('REACHED', host, port)\n"
              "    except OSError as exc:\n"
              "        print('blocked', host, port, exc.errno)\n"
-             "print(open('/proc/net/route').read())\n")
+             "print(open('/proc/net/route').read())\n"
+             # Every network namespace it can see (its own, and through /proc/PID/net those of the
+             # sandbox's own processes, rootlesskit's included): no host listener in any socket table.
+             "import glob\n"
+             "for table in glob.glob('/proc/[0-9]*/net/tcp') + glob.glob('/proc/[0-9]*/net/tcp6'):\n"
+             "    try:\n"
+             "        print(table, open(table).read())\n"
+             "    except OSError:\n"
+             "        pass\n")
     _code, out = _run(sandbox_client, image, _py(probe))
     assert "REACHED" not in out, out
     assert out.count("blocked") == len(host_tcp_servers) + 3
+    for _host, port in host_tcp_servers:
+        assert f":{port:04X} 00000000:0000 0A" not in out, f"a host listener on {port} shows in a socket table"
+    assert ":13BF 00000000:0000 0A" not in out  # the host registry's 5055
     # The only interfaces are the sandbox's own: no host uplink in its routing table.
     for link in json.loads(subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout):
         if link["ifname"] not in ("lo", "docker0") and not link["ifname"].startswith("veth"):
