@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -30,6 +29,7 @@ from pipeline.contracts import DispatchPayload, canonical_repository, load_model
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.errors import ValidationError
 from pipeline.paths import REPO_ROOT
+from pipeline.yamlfile import load_yaml
 
 POLICY_PATH = REPO_ROOT / "policies" / "infra.yaml"
 SCHEMA_PATH = REPO_ROOT / "policies" / "payload.schema.json"
@@ -281,16 +281,7 @@ def load_policy(path: Path | None = None) -> InfraPolicy:
         if configured is not None and not os.path.isabs(configured):
             raise ValidationError("BENCHSEAL_INFRA_POLICY", "must be an absolute path", configured)
         path = Path(configured) if configured is not None else POLICY_PATH
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ValidationError("policy", f"cannot read {path}: {exc.strerror}") from None
-    if len(raw) > _MAX_POLICY_BYTES:
-        raise ValidationError("policy", f"must be at most {_MAX_POLICY_BYTES} bytes", str(path))
-    try:
-        data = yaml.load(raw, Loader=_StrictLoader)  # noqa: S506 -- a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise ValidationError("policy", f"not valid YAML: {exc}") from None
+    data = load_yaml(path, what="policy", max_bytes=_MAX_POLICY_BYTES)
     if isinstance(data, dict) and data.get("schema") == "benchseal.infra-policy/v1":
         raise ValidationError(f"policy {path.name}: schema", "benchseal.infra-policy/v1 is no longer accepted: "
                               "v2 lists the allowed images per source repository (sources[].images)")
@@ -301,19 +292,3 @@ def load_policy(path: Path | None = None) -> InfraPolicy:
                 # Reuse the shared validator: an allowed name must itself be a valid name.
                 ImageRef(name=f"{entry.registry}/{entry.repository}", digest="sha256:" + "0" * 64)
     return policy
-
-
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        self.flatten_mapping(node)
-        keys: set[object] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            if not isinstance(key, str | int | float | bool) and key is not None:
-                raise yaml.constructor.ConstructorError(None, None, "mapping keys must be scalars", key_node.start_mark)
-            if key in keys:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-            keys.add(key)
-        return super().construct_mapping(node, deep=deep)

@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pipeline.contracts import REPOSITORY_RE, validate_git_tag
 from pipeline.errors import ValidationError
 from pipeline.paths import REPO_ROOT
+from pipeline.yamlfile import load_yaml
 
 DEFAULT_POLICY = REPO_ROOT / "policies" / "verify.yaml"
 POLICY_SCHEMA = "benchseal.verify-policy/v1"
@@ -90,14 +89,7 @@ def _check_template(value: str, field: str) -> None:
 def load_policy(path: Path | None = None) -> VerifyPolicy:
 
     path = path or DEFAULT_POLICY
-    try:
-        data: Any = yaml.safe_load(path.read_text("utf-8"))
-    except FileNotFoundError:
-        raise ValidationError("--policy", "file does not exist", str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValidationError("--policy", f"cannot be read: {exc}", str(path)) from None
-    except yaml.YAMLError as exc:
-        raise ValidationError(str(path), f"is not valid YAML: {exc}") from None
+    data: Any = load_yaml(path, what="--policy")
     if not isinstance(data, dict) or data.get("schema") != POLICY_SCHEMA:
         raise ValidationError(f"{path}: schema", f"must be {POLICY_SCHEMA!r}", data.get("schema") if isinstance(data, dict) else data)
     unknown = sorted(str(k) for k in data if k not in _POLICY_KEYS)

@@ -7,6 +7,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -390,6 +391,120 @@ def test_policy_duplicate_yaml_keys_refused(tmp_path):
     with pytest.raises(ValidationError) as info:
         load_policy(path)
     assert "duplicate key 'sources'" in info.value.diagnostics()
+
+
+# --- YAML that stands for more than it says: refused while composing, before anything expands -------
+
+def _laughs(levels: int = 9) -> str:
+    """The classic billion-laughs document: 9 levels of 9 aliases, about 10**9 strings once expanded."""
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * 9)}]" for n in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _nested_aliases() -> str:
+    # 20 levels deep, used 20 levels deep: each part is shallow, the expanded document is 40 deep.
+    deep = "&deep " + "[" * 20 + "]" * 20
+    return f"x: {deep}\ny: {'[' * 19}*deep{']' * 19}\n"
+
+
+HOSTILE_YAML: list[tuple[str, str, str]] = [
+    ("billion laughs", _laughs(), "expands to more than"),
+    ("billion laughs as mappings",
+     "a: &a {x: 1, y: 1, z: 1, w: 1, v: 1, u: 1, t: 1, s: 1, r: 1, q: 1}\n"
+     + "".join(f"l{n}: &l{n} {{{', '.join(f'k{i}: *{chr(97) if n == 1 else f"l{n - 1}"}' for i in range(10))}}}\n"
+               for n in range(1, 8)), "expands to more than"),
+    ("wide: one list aliased many times", "l: &l [" + ", ".join(["x"] * 2000) + "]\nm: [" + ", ".join(["*l"] * 60) + "]\n",
+     "expands to more than"),
+    ("merge key of an alias", "base: &b {schema: benchseal.infra-policy/v2}\npolicy:\n  <<: *b\n", "merge keys"),
+    ("merge key of an inline mapping", "policy:\n  <<: {schema: benchseal.infra-policy/v2}\n", "merge keys"),
+    ("merge key with an explicit tag", "policy:\n  ? !!merge x\n  : {a: 1}\n", "merge keys"),
+    ("merge key list", "a: &a {x: 1}\nb: &b {y: 2}\nc:\n  <<: [*a, *b]\n", "merge keys"),
+    ("recursive alias", "a: &a [1, *a]\n", "recursive"),
+    ("recursive mapping", "a: &a {self: *a}\n", "recursive"),
+    ("deep flow nesting", "a: " + "[" * 20000 + "]" * 20000 + "\n", "nested deeper than 32"),
+    ("deep block nesting", "".join(" " * i + f"k{i}:\n" for i in range(40)) + " " * 40 + "v\n", "nested deeper than 32"),
+    ("deep through aliases", _nested_aliases(), "nested deeper than 32"),
+    ("undefined alias", "a: *nowhere\n", "not valid YAML"),
+    ("two documents", "a: 1\n---\nb: 2\n", "not valid YAML"),
+    ("python tag", "a: !!python/object/apply:os.system [true]\n", "not valid YAML"),
+    ("complex key", "? [a, b]\n: 1\n", "mapping keys must be scalars"),
+    ("duplicate key in a nested mapping", "a: {b: 1, b: 2}\n", "duplicate key 'b'"),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "needle"), HOSTILE_YAML, ids=[c for c, _, _ in HOSTILE_YAML])
+def test_hostile_policy_yaml_is_refused_before_expansion(tmp_path, case, text, needle):
+    from pipeline.verify.policy import load_policy as load_verify_policy
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    assert len(text.encode()) <= 65536, case
+    for load in (load_policy, load_verify_policy):  # both policies go through the one loader
+        with pytest.raises(ValidationError) as info:
+            load(path)
+        message = info.value.diagnostics()
+        assert needle in message and str(path) in message and "\n" not in message, (case, message)
+        assert info.value.exit_code == 2
+
+
+def test_billion_laughs_is_refused_quickly_by_the_cli(tmp_path):
+    """628 bytes that took 10.8 s and 386 MB: exit 2, one line naming the file and the rule."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(_laughs())
+    start = time.perf_counter()
+    with pytest.raises(ValidationError) as info:
+        load_policy(bomb)
+    elapsed = time.perf_counter() - start
+    print(f"billion laughs ({bomb.stat().st_size} bytes) refused in {elapsed * 1000:.1f} ms")
+    assert "expands to more than 100000 nodes" in info.value.diagnostics()
+    env = {**os.environ, "BENCHSEAL_INFRA_POLICY": str(bomb)}
+    done = subprocess.run([sys.executable, "-m", "pipeline", "infra", "validate", "--payload", "-"], input="{}",
+                          capture_output=True, text=True, env=env, check=False, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(bomb) in lines[0] and "expands to more than" in lines[0], done.stderr
+    verify = subprocess.run([sys.executable, "-m", "pipeline", "verify", str(tmp_path), "--policy", str(bomb),
+                             "--repo", "acme/widget", "--tag", "v1.0.0"],
+                            capture_output=True, text=True, check=False, timeout=120)
+    assert verify.returncode == 2 and "expands to more than" in verify.stderr and "Traceback" not in verify.stderr, verify.stderr
+
+
+@pytest.mark.parametrize("case", ["too large", "not UTF-8", "a FIFO", "a directory", "missing"])
+def test_policy_file_itself_is_bounded(tmp_path, case):
+    path = tmp_path / "policy.yaml"
+    if case == "too large":
+        path.write_text("a: " + "x" * 70000 + "\n")
+    elif case == "not UTF-8":
+        path.write_bytes(b"a: \xff\xfe\n")
+    elif case == "a FIFO":
+        os.mkfifo(path)
+    elif case == "a directory":
+        path.mkdir()
+    needle = {"too large": "at most 65536 bytes", "not UTF-8": "UTF-8", "a FIFO": "regular file",
+              "a directory": "regular file", "missing": "does not exist"}[case]
+    with pytest.raises(ValidationError) as info:
+        load_policy(path)  # a FIFO must not hang the loader
+    assert needle in info.value.diagnostics() and str(path) in info.value.diagnostics()
+
+
+def test_ordinary_policies_with_anchors_still_load(tmp_path):
+    """The shipped policies (infra.yaml shares its signer and images through anchors) load, and a policy
+    as large as the model allows (1000 sources) stays under the node budget."""
+    from pipeline.verify.policy import load_policy as load_verify_policy
+
+    shipped = load_policy(REPO_ROOT / "policies" / "infra.yaml")
+    assert shipped.sources[0].images == shipped.sources[1].images
+    assert load_verify_policy(REPO_ROOT / "policies" / "verify.yaml").profiles
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    path = tmp_path / "big.yaml"
+    images = "\n".join(f"  - repository: acme/w{n}\n    images: *i\n    signer: *s" for n in range(1, 1000))
+    text = yaml.safe_dump({k: v for k, v in data.items() if k != "sources"})
+    text += ("sources:\n  - repository: acme/w0\n    images: &i " + json.dumps(data["sources"][0]["images"])
+             + "\n    signer: &s " + json.dumps(data["sources"][0].get("signer", {"workflow": "tag.yml"})) + "\n" + images + "\n")
+    assert len(text.encode()) <= 65536
+    path.write_text(text)
+    assert len(load_policy(path).sources) == 1000
 
 
 def test_shipped_policy_lists_the_demo_repositories(infra_policy):
