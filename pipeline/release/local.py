@@ -269,7 +269,7 @@ def _release_local(
             export_run(queue.get_run(run_id), queue.run_dir(run_id), exported)
             exported.seek(0)
             sealed_dir = import_run(exported, work / "sealed" / run_id, run_id)
-            sealed = seal_run(sealed_dir, signer=local_signer(github_job=seal_job))
+            sealed = seal_run(sealed_dir, signer=local_signer(github_job=seal_job), policy=policy)
         clock.add("evidence", -sealed.evidence.signing_seconds)
         clock.add("signing", sealed.evidence.signing_seconds)
 

@@ -411,3 +411,38 @@ def test_an_honest_export_passes_every_check_and_reaches_the_signer(mixed: tuple
     done, dest = _seal(tmp_path, run_id, export)
     assert done.returncode == 1 and "no ambient OIDC credential" in done.stderr, done.stderr
     assert not dest.exists() and os.listdir(dest.parent) == []
+
+
+class _Reached(Exception):
+    pass
+
+
+def _reaches_signer(tmp: Path, run_id: str, export: bytes) -> None:
+    dest = tmp / "sealed" / "run"
+    dest.parent.mkdir(parents=True)
+
+    def signer() -> Signer:
+        raise _Reached
+    with pytest.raises(_Reached):
+        seal_export(io.BytesIO(export), dest, run_id, signer, load_policy())
+    assert not dest.exists() and os.listdir(dest.parent) == []
+
+
+def test_honest_runs_that_did_not_succeed_pass_every_check(tmp_path: Path) -> None:
+    """A FAILED run (2 of 3 infrastructure errors, one of them with no trial dir at all) and the same run
+    with a trial the grader counted as an infrastructure error (a timeout it knew of) are sealed: no
+    score, and the trials say nothing the grading contradicts."""
+    errored = harbor_result("x", None, exception="EnvironmentStartTimeoutError")
+    run_id, export = _graded(tmp_path / "failed", {"alpha": 1.0, "beta": errored, "gamma": ...})
+    assert json.loads(members(export)["grading.json"])["status"] == "FAILED"
+    _reaches_signer(tmp_path / "a", run_id, export)
+
+    def timed_out(files: Files) -> None:
+        grading = _json(files, "grading.json")
+        grading["trials"][0].update(outcome="infra_error", exception_type="TrialAttemptsExhausted")
+        grading["counts"] = {"total": 3, "completed": 0, "resolved": 0, "unresolved": 0, "infra_errors": 3}
+        _put(files, "grading.json", grading)
+        status = _json(files, "run.json")
+        status["counts"] = grading["counts"]
+        _put(files, "run.json", status)
+    _reaches_signer(tmp_path / "b", run_id, tampered(export, timed_out))
