@@ -168,7 +168,7 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
             sockets = _private_dir("benchseal-model-", setup.locks)
             setup.dirs.append(sockets)
             host, port, tls = model.host_port
-            setup.relay = UnixToTcpRelay(sockets / MODEL_SOCKET, host, port, tls=tls)
+            setup.relay = UnixToTcpRelay(sockets / MODEL_SOCKET, host, port, tls=tls, model_path=model.path)
             setup.relay.start()
             setup.volumes[str(sockets)] = {"bind": MODEL_MOUNT, "mode": "rw"}
             setup.args += ["--model-socket", f"{MODEL_MOUNT}/{MODEL_SOCKET}", "--model-path", model.path or "/",

@@ -22,6 +22,7 @@ from pipeline.errors import ValidationError
 from pipeline.infra.accept import accept_payload, validate_payload
 from pipeline.infra.policy import SCHEMA_PATH, load_policy
 from pipeline.paths import REPO_ROOT
+from pipeline.verify.policy import load_policy as load_verify_policy
 
 HEX = "0123456789abcdef" * 4
 RUNNER = "127.0.0.1:5055/benchseal/runner"
@@ -435,8 +436,6 @@ HOSTILE_YAML: list[tuple[str, str, str]] = [
 
 @pytest.mark.parametrize(("case", "text", "needle"), HOSTILE_YAML, ids=[c for c, _, _ in HOSTILE_YAML])
 def test_hostile_policy_yaml_is_refused_before_expansion(tmp_path, case, text, needle):
-    from pipeline.verify.policy import load_policy as load_verify_policy
-
     path = tmp_path / "policy.yaml"
     path.write_text(text)
     assert len(text.encode()) <= 65536, case
@@ -491,8 +490,6 @@ def test_policy_file_itself_is_bounded(tmp_path, case):
 def test_ordinary_policies_with_anchors_still_load(tmp_path):
     """The shipped policies (infra.yaml shares its signer and images through anchors) load, and a policy
     as large as the model allows (1000 sources) stays under the node budget."""
-    from pipeline.verify.policy import load_policy as load_verify_policy
-
     shipped = load_policy(REPO_ROOT / "policies" / "infra.yaml")
     assert shipped.sources[0].images == shipped.sources[1].images
     assert load_verify_policy(REPO_ROOT / "policies" / "verify.yaml").profiles

@@ -441,15 +441,20 @@ key = Path("/run/benchseal/secrets/BENCHSEAL_AGENT_API_KEY").read_text()
 relay = TcpToUnixRelay(Path("/run/benchseal/model/model.sock"))
 relay.start()
 out = {}
-req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v1/models", headers={"Authorization": "Bearer " + key})
-out["model"] = json.loads(urllib.request.urlopen(req, timeout=10).read())["data"][0]["id"]
-# A request naming another host still reaches only the model (a byte relay to one endpoint).
-req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v2/", headers={"Host": "127.0.0.1:5055"})
-try:
-    urllib.request.urlopen(req, timeout=10)
-    out["steer"] = "reached"
-except urllib.error.HTTPError as exc:
-    out["steer"] = exc.code
+chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "probe"}]}).encode()
+req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v1/chat/completions", data=chat,
+                             headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+out["model"] = json.loads(urllib.request.urlopen(req, timeout=10).read())["model"]
+# Anything but the model call (another path or host, another method) is refused by the host's relay.
+for name, url, data, headers in [("steer", "/v2/", None, {"Host": "127.0.0.1:5055"}),
+                                 ("foreign_host", "/v1/chat/completions", chat, {"Host": "127.0.0.1.example:5055"}),
+                                 ("models", "/v1/models", None, {})]:
+    try:
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{relay.port}{url}", data=data,
+                                                      headers=headers), timeout=10)
+        out[name] = "reached"
+    except urllib.error.HTTPError as exc:
+        out[name] = exc.code
 for name, addr in [("registry", ("127.0.0.1", int(sys.argv[1]))), ("model_direct", ("127.0.0.1", int(sys.argv[2]))),
                    ("bridge_gateway", ("172.17.0.1", int(sys.argv[1]))), ("metadata", ("169.254.169.254", 80)),
                    ("internet", ("1.1.1.1", 443))]:
@@ -490,12 +495,12 @@ def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload:
             setup.close()
     result = json.loads(output.decode().strip().splitlines()[-1])
     assert result["model"] == "benchseal-scripted"
-    assert result["steer"] == 404  # the model server answered, not the registry
+    assert (result["steer"], result["foreign_host"], result["models"]) == (405, 400, 405)  # refused by the relay
     for name in ("registry", "model_direct", "bridge_gateway", "metadata", "internet"):
         assert result[name] != "connected", (name, result)
     assert result["dns"] == "failed"
     requests = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [r["path"] for r in requests] == ["/v1/models", "/v2/"]
+    assert [r["path"] for r in requests] == ["/v1/chat/completions"]  # the refused ones never reached it
 
 
 # --- egress from inside a trial container: the model gateway and nothing else ----------
@@ -504,7 +509,8 @@ _TRIAL_PROBE = r"""
 import json, os, socket, sys, urllib.error, urllib.request
 out = {"interfaces": sorted(os.listdir("/sys/class/net"))}
 try:
-    urllib.request.urlopen("http://127.0.0.1:%s/v1/models" % sys.argv[1], timeout=10)
+    urllib.request.urlopen("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], data=b'{"messages": []}',
+                           timeout=10)
     out["model"] = "no auth asked"
 except urllib.error.HTTPError as exc:
     out["model"] = "%d %s" % (exc.code, json.loads(exc.read())["error"]["message"])
@@ -640,7 +646,7 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     # Asking for a network is refused outright.
     assert "bridge_exit=125" in output and "benchseal engine proxy" in output, output
     requests = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [(r["path"], r["status"]) for r in requests] == [("/v1/models", 401)]
+    assert [(r["path"], r["status"]) for r in requests] == [("/v1/chat/completions", 401)]
     # The gateway went with its container (waited for above), and nothing of the run is left.
     assert leftovers == []
     assert not [c for c in client.containers.list(all=True, filters={"label": GATEWAY_LABEL})

@@ -107,7 +107,7 @@ def test_wrong_mode_and_unknown_task(tmp_path: Path) -> None:
 
 def test_relays_give_one_way_to_the_endpoint(tmp_path: Path) -> None:
     with ModelServer(key=KEY) as server:
-        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port)
+        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1")
         host_side.start()
         runner_side = TcpToUnixRelay(tmp_path / "model.sock")
         runner_side.start()
@@ -179,7 +179,7 @@ def test_gateway_entry_point_serves_a_fixed_port_and_checks_its_arguments(tmp_pa
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with ModelServer(key=KEY) as server:
-        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port).start()
+        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1").start()
         gateway = subprocess.Popen([sys.executable, "-m", "pipeline.infra.relay", str(tmp_path / "model.sock"), str(port)])
         try:
             deadline = time.monotonic() + 30

@@ -1,0 +1,282 @@
+"""The host side of the model relay forwards one admitted model call per connection, nothing else.
+
+Real sockets end to end: the runner's side of the relay socket (a plain AF_UNIX client, as anything
+in the runner can be), the relay, and an upstream that counts every connection and keeps every byte
+it receives. Each refused class gets a 4xx JSON answer from the relay and the upstream is never
+connected to; a streamed (SSE, chunked) chat completion passes through byte for byte.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.infra import relay as relay_module
+from pipeline.infra.relay import MAX_BODY_BYTES, TcpToUnixRelay, UnixToTcpRelay
+
+BODY = json.dumps({"model": "openai/benchseal-scripted", "stream": True,
+                   "messages": [{"role": "user", "content": "hello"}]}).encode()
+SSE = b"".join(f"data: {json.dumps({'choices': [{'delta': {'content': w}}]})}\n\n".encode()
+               for w in ("Hel", "lo", " world")) + b"data: [DONE]\n\n"
+# A streamed answer as a provider sends it: chunked, one chunk per event, then the last chunk.
+ANSWER = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+          b"Connection: close\r\n\r\n"
+          + b"".join(b"%x\r\n%s\r\n" % (len(event) + 2, event + b"\n\n") for event in SSE.split(b"\n\n") if event)
+          + b"0\r\n\r\n")
+
+
+class Upstream:
+    """The model endpoint: counts connections, keeps what each one sent, answers ANSWER in pieces."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port: int = self.sock.getsockname()[1]
+        self.connections = 0
+        self.received: list[bytes] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        conn.settimeout(10)
+        data = b""
+        with conn:
+            try:
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                while len(body) < length:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                self.received.append(head + b"\r\n\r\n" + body)
+                for start in range(0, len(ANSWER), 37):  # streamed in small pieces
+                    conn.sendall(ANSWER[start:start + 37])
+                    time.sleep(0.001)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def gate(tmp_path: Path, upstream: Upstream) -> Iterator[UnixToTcpRelay]:
+    relay = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", upstream.port, model_path="/v1/").start()
+    yield relay  # type: ignore[misc]
+    relay.stop()
+
+
+def _exchange(path: Path, data: bytes, *, half_close: bool = True, timeout: float = 20) -> bytes:
+    """Send ``data`` on the relay socket as the runner would, return everything answered until close."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(path))
+        sock.sendall(data)
+        if half_close:
+            sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
+
+
+def _request(method: str = "POST", target: str = "/v1/chat/completions", *, headers: list[str] | None = None,
+             body: bytes = BODY, version: str = "HTTP/1.1") -> bytes:
+    lines = [f"{method} {target} {version}"]
+    lines += headers if headers is not None else [
+        "Host: 127.0.0.1:47813", "Content-Type: application/json", "Authorization: Bearer sk-test",
+        f"Content-Length: {len(body)}"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _with(*extra: str, body: bytes = BODY, drop: tuple[str, ...] = ()) -> bytes:
+    base = ["Host: 127.0.0.1:47813", "Content-Type: application/json", f"Content-Length: {len(body)}"]
+    return _request(headers=[h for h in base if not h.lower().startswith(drop)] + list(extra), body=body)
+
+
+TLS_HELLO = bytes.fromhex("16030100a5010000a10303") + bytes(32) + b"\x00\x00\x02\x13\x01\x01\x00"
+
+# class -> (bytes the runner sends, the status the relay answers, a word of its rule)
+REFUSED: dict[str, tuple[bytes, int, str]] = {
+    "CONNECT tunnel": (b"CONNECT 127.0.0.1:5055 HTTP/1.1\r\nHost: 127.0.0.1:5055\r\n\r\n", 405, "CONNECT"),
+    "CONNECT to the model's own port": (b"CONNECT 127.0.0.1:47813 HTTP/1.1\r\nHost: 127.0.0.1:47813\r\n\r\n", 405,
+                                        "CONNECT"),
+    "absolute-URI target (proxy request)": (_request(target="http://127.0.0.1:5055/v1/chat/completions"), 400,
+                                            "origin-form"),
+    "absolute-URI to the model path": (_request(target="http://127.0.0.1:47813/v1/chat/completions"), 400,
+                                       "origin-form"),
+    "asterisk target": (b"OPTIONS * HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 405, "OPTIONS"),
+    "foreign Host": (_with("Host: registry.example:5055", drop=("host",)), 400, "Host"),
+    "metadata Host": (_with("Host: 169.254.169.254", drop=("host",)), 400, "Host"),
+    "lookalike Host": (_with("Host: 127.0.0.1.nip.io:47813", drop=("host",)), 400, "Host"),
+    "userinfo Host": (_with("Host: 127.0.0.1@evil.example", drop=("host",)), 400, "Host"),
+    "two Hosts": (_with("Host: evil.example"), 400, "twice"),
+    "no Host": (_with(drop=("host",)), 400, "Host header is required"),
+    "HTTP/1.0 without Host": (_request(headers=[f"Content-Length: {len(BODY)}"], version="HTTP/1.0"), 400, "Host"),
+    "websocket Upgrade": (_with("Connection: Upgrade", "Upgrade: websocket", "Sec-WebSocket-Version: 13"), 400,
+                          "Upgrade"),
+    "h2c Upgrade": (_with("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__"),
+                    400, "Upgrade"),
+    "Upgrade without Connection": (_with("Upgrade: websocket"), 400, "Upgrade"),
+    "Connection naming a header to strip": (_with("Connection: close, Authorization"), 400, "Connection"),
+    "HTTP/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "request line"),
+    "TLS ClientHello": (TLS_HELLO, 400, "request line"),
+    "SSH banner": (b"SSH-2.0-OpenSSH_9.2\r\n", 400, "request line"),
+    "raw bytes without a newline": (bytes(range(256)), 400, "request line"),
+    "HTTP/0.9": (b"GET /v1/chat/completions\r\n", 400, "request line"),
+    "lower-case method": (_request(method="post"), 400, "request line"),
+    "two spaces in the request line": (b"POST  /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", 400,
+                                       "request line"),
+    "pipelined second request": (_with() + b"GET /v2/ HTTP/1.1\r\nHost: 127.0.0.1:5055\r\n\r\n", 400,
+                                 "one request per connection"),
+    "smuggled request after a short body (CL)": (
+        _request(headers=["Host: 127.0.0.1", "Content-Length: 2"], body=b"{}GET /v2/ HTTP/1.1\r\nHost: x\r\n\r\n"),
+        400, "one request per connection"),
+    "Transfer-Encoding chunked (TE)": (_with("Transfer-Encoding: chunked", drop=("content-length",),
+                                             body=b"2\r\n{}\r\n0\r\n\r\n"), 411, "Transfer-Encoding"),
+    "Content-Length and Transfer-Encoding (CL.TE)": (_with("Transfer-Encoding: chunked"), 411, "Transfer-Encoding"),
+    "obfuscated Transfer-Encoding": (_with("Transfer-Encoding: xchunked"), 411, "Transfer-Encoding"),
+    "two Content-Lengths": (_with(f"Content-Length: {len(BODY) + 1}"), 400, "twice"),
+    "signed Content-Length": (_with(f"Content-Length: +{len(BODY)}", drop=("content-length",)), 400, "decimal"),
+    "no Content-Length": (_with(drop=("content-length",), body=b""), 411, "Content-Length"),
+    "body over the bound": (_with(f"Content-Length: {MAX_BODY_BYTES + 1}", drop=("content-length",), body=b""),
+                            413, "larger than"),
+    "head over the bound": (_with("X-Pad: " + "a" * 40_000), 431, "larger than"),
+    "many headers": (_with(*[f"X-H{i}: v" for i in range(150)]), 431, ""),
+    "folded header (obs-fold)": (_with("X-Folded: a", " Host: evil.example"), 400, "folded"),
+    "NUL in a header value": (_with("X-Nul: a\x00b"), 400, "control"),
+    "header name with a space": (_with("Bad Name: x"), 400, ""),
+    "Expect other than 100-continue": (_with("Expect: 200-ok"), 417, "Expect"),
+    "GET of the model list": (_request("GET", "/v1/models", headers=["Host: 127.0.0.1"], body=b""), 405, "GET"),
+    "GET of the chat path": (_request("GET", headers=["Host: 127.0.0.1"], body=b""), 405, "GET"),
+    "another path": (_request(target="/v2/"), 404, "only POST /v1/chat/completions"),
+    "another model API": (_request(target="/v1/embeddings"), 404, "only POST"),
+    "query string": (_request(target="/v1/chat/completions?api-version=x"), 404, "only POST"),
+    "dot segments": (_request(target="/v1/chat/completions/../../../v2/"), 404, "only POST"),
+    "percent-encoded path": (_request(target="/v1/chat%2Fcompletions"), 404, "only POST"),
+    "double slash path": (_request(target="//127.0.0.1:5055/v1/chat/completions"), 404, "only POST"),
+    "trailing slash": (_request(target="/v1/chat/completions/"), 404, "only POST"),
+    "HTTP/2 version": (_request(version="HTTP/2.0"), 400, "request line"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_refused_classes_reach_no_upstream(gate: UnixToTcpRelay, upstream: Upstream, case: str) -> None:
+    data, status, rule = REFUSED[case]
+    answer = _exchange(gate.socket_path, data)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), (case, answer[:300])
+    message = json.loads(body)["error"]["message"]
+    assert message.startswith("benchseal model relay: ") and rule in message, (case, message)
+    assert b"Connection: close" in head
+    assert gate.refused and rule in gate.refused[-1]
+    time.sleep(0.05)
+    assert upstream.connections == 0 and upstream.received == [], case
+
+
+def test_a_slow_head_is_refused_and_reaches_no_upstream(gate: UnixToTcpRelay, upstream: Upstream,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(relay_module._Gate, "timeout", 0.5)
+    answer = _exchange(gate.socket_path, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+                       half_close=False)
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert upstream.connections == 0
+
+
+def test_a_streamed_chat_completion_passes_through_intact(gate: UnixToTcpRelay, upstream: Upstream) -> None:
+    answer = _exchange(gate.socket_path, _with("Authorization: Bearer sk-test", "Accept: text/event-stream",
+                                               "Connection: keep-alive", "X-Stainless-Lang: python"),
+                       half_close=False)
+    assert answer == ANSWER  # byte for byte: status, headers, every chunk, the last chunk
+    assert upstream.connections == 1
+    (sent,) = upstream.received
+    head, _, body = sent.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    # Re-serialised for the one upstream: its own Host, one Content-Length, Connection: close.
+    assert lines[0] == "POST /v1/chat/completions HTTP/1.1"
+    assert lines[1] == f"Host: 127.0.0.1:{upstream.port}"
+    assert body == BODY and f"Content-Length: {len(BODY)}" in lines and "Connection: close" in lines
+    assert "Authorization: Bearer sk-test" in lines and "X-Stainless-Lang: python" in lines
+    assert not any(line.lower().startswith(("connection: keep", "host: 127.0.0.1:47813")) for line in lines)
+
+
+def test_expect_100_continue_is_answered_by_the_relay_after_the_head_is_admitted(
+        gate: UnixToTcpRelay, upstream: Upstream) -> None:
+    head = _with("Expect: 100-continue").partition(b"\r\n\r\n")[0] + b"\r\n\r\n"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(gate.socket_path))
+        sock.sendall(head)
+        assert sock.recv(64) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        assert upstream.connections == 0  # nothing goes upstream before the body is complete
+        sock.sendall(BODY)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer == ANSWER and upstream.connections == 1
+    assert b"expect" not in upstream.received[0].lower()
+
+
+def test_a_real_client_through_both_relays_streams_and_is_refused_elsewhere(tmp_path: Path, gate: UnixToTcpRelay,
+                                                                             upstream: Upstream) -> None:
+    """http.client (what LiteLLM's transport speaks) through the runner's loopback relay and the host gate."""
+    runner_side = TcpToUnixRelay(gate.socket_path)
+    runner_side.start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", runner_side.port, timeout=20)
+        conn.request("POST", "/v1/chat/completions", body=BODY,
+                     headers={"Content-Type": "application/json", "Authorization": "Bearer sk-test"})
+        response = conn.getresponse()
+        assert response.status == 200 and response.getheader("Transfer-Encoding") == "chunked"
+        assert response.read() == SSE  # every event, in order, de-chunked by the client
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", runner_side.port, timeout=20)
+        conn.request("GET", "/v1/models", headers={"Host": "127.0.0.1:5055"})
+        refused = conn.getresponse()
+        assert refused.status == 405 and json.loads(refused.read())["error"]["code"] == "relay_refused"
+        conn.close()
+    finally:
+        runner_side.stop()
+    assert upstream.connections == 1
+
+
+def test_the_gate_keeps_serving_after_refusals(gate: UnixToTcpRelay, upstream: Upstream) -> None:
+    for data, _, _ in list(REFUSED.values())[:10]:
+        _exchange(gate.socket_path, data)
+    assert _exchange(gate.socket_path, _with(), half_close=False) == ANSWER
+    assert upstream.connections == 1
