@@ -21,6 +21,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pipeline.attest import BuildInvocation, ImageSigner, SigstoreEndpoints, image_identity, provenance_predicate
+from pipeline.attest import _cosign as run_cosign
 from pipeline.cli.main import app
 from pipeline.contracts import DispatchPayload
 from pipeline.digests import parse_ref
@@ -165,6 +166,23 @@ def test_a_certificate_without_the_extension_is_refused(claim: str, flag: str, s
     done = subprocess.run([str(cosign_bin), *unpinned], env=cosign_environment(endpoints.environ(tmp_path)),
                           capture_output=True, text=True, check=False, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_signature_of_the_commit_with_attestations_of_another_is_refused(
+        sigstore_instance: Any, endpoints: SigstoreEndpoints, tmp_path: Path) -> None:
+    """The signature was made at the payload's commit, but the provenance and SBOM that come with the
+    image were attested by the other build: each of the three checks pins the commit."""
+    images = _pair("mixed")
+    job = GitHubJob(repository=SOURCE, ref=f"refs/tags/{TAG}", sha=COMMIT, workflow_file="tag.yml")
+    signer = ImageSigner(endpoints, allow_http_registry=True,
+                         actions_env=sigstore_local.open_actions_session(sigstore_instance, job).environ())
+    env = {**endpoints.environ(tmp_path), **signer._credential_env()}
+    for image in images.values():
+        run_cosign(["sign", "--yes", "--oidc-provider", "github-actions", *endpoints.sign_flags(), "--allow-http-registry",
+                 image], env, f"signing {image}")
+    sign_as(sigstore_instance, endpoints, tmp_path, images, ref=f"refs/tags/{TAG}", sha=OTHER)
+    with pytest.raises(ImageRefused, match=r"slsaprovenance1 attestation by .* at commit " + COMMIT):
+        require_signed_images(_payload(images), _source(tmp_path, KINDS["tag"][0]), endpoints)
 
 
 def test_signed_at_both_commits_the_payloads_is_the_one_that_counts(
