@@ -43,6 +43,7 @@ from pipeline.errors import CheckFailed, UsageError
 from pipeline.evidence import sigstore_local
 from pipeline.evidence.signing import local_signer
 from pipeline.fsutil import atomic_write_json
+from pipeline.host import sandbox
 from pipeline.imaging import build_images_with_results
 from pipeline.imaging.images import source_info
 from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
@@ -249,6 +250,7 @@ def _release_local(
             # The worker checks the images' signatures against the private instance, as it would
             # against public-good in production.
             config = WorkerConfig(image_trust=endpoints, policy=policy)
+            sandbox.start()  # the rootless engine the runner runs on (no-op when ours answers)
             for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
                 outcome = run_once(config)
                 if outcome is None:

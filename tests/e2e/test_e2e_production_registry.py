@@ -45,7 +45,7 @@ from pipeline.host.tokenserver import TokenServer
 from pipeline.infra.worker import LABEL_RUN
 from pipeline.paths import REPO_ROOT
 from tests.fixtures.github import tag_release_commit
-from tests.fixtures.infra import proc_hits, wait_terminal
+from tests.fixtures.infra import proc_hits, sandbox_engine, wait_terminal
 from tests.registry.helpers import basic_entry, free_port, write_docker_config
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -110,18 +110,21 @@ class SecretScanner:
     def _run(self) -> None:
         import docker
 
-        client = docker.from_env(timeout=30)
+        # Both engines: the host's (pulls) and the sandbox's (where the runner and trials run).
+        clients = [docker.from_env(timeout=30), sandbox_engine()]
         try:
             last = 0.0
             while not self._stop.is_set():
                 needles = self.needles()
                 self._scan_proc(needles)
                 if time.monotonic() - last > 1.0:
-                    self._scan_containers(client, needles)
+                    for client in clients:
+                        self._scan_containers(client, needles)
                     last = time.monotonic()
                 self._stop.wait(0.05)
         finally:
-            client.close()
+            for client in clients:
+                client.close()
 
     def __enter__(self) -> SecretScanner:
         self._thread.start()

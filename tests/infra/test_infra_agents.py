@@ -35,7 +35,7 @@ from pipeline.infra.queue import SqliteQueue
 from pipeline.infra.worker import WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
 from pipeline.publish.body import facts_from_summary, render_section
-from tests.fixtures.infra import built_images_source, wait_for
+from tests.fixtures.infra import built_images_source, host_pid, sandbox_engine, wait_for
 
 CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
 KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
@@ -158,7 +158,7 @@ class Scanner(threading.Thread):
         self.runner_tmp_files: set[str] = set()
         self.runner_tmp_scans = 0
         self.scans = 0
-        self._client = docker.from_env()
+        self._client = sandbox_engine()
         self._events = self._client.events(decode=True, filters={"type": "container", "event": "create"})
         self._watcher = threading.Thread(target=self._watch, daemon=True)
 
@@ -173,7 +173,7 @@ class Scanner(threading.Thread):
             self.inspect_hits.append(info["Name"])
 
     def _watch(self) -> None:
-        client = docker.from_env()
+        client = sandbox_engine()
         try:
             for event in self._events:
                 ident = event.get("id") or event.get("Actor", {}).get("ID")
@@ -223,7 +223,7 @@ class Scanner(threading.Thread):
                     if self.needle in client.api.logs(ident, stdout=True, stderr=True):
                         self.log_hits.add(name)
                     if name.startswith("benchseal-infra-"):
-                        pid = client.api.inspect_container(ident)["State"]["Pid"]
+                        pid = host_pid(client.api.inspect_container(ident)["State"]["Pid"])
                         tmp = Path(f"/proc/{pid}/root/tmp")
                         if pid and tmp.is_dir():
                             self._scan_files(list(tmp.rglob("*")), self.runner_tmp_files)
@@ -827,7 +827,7 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
         assert not secret[0].exists() and list(private.iterdir()) == []
         wait_for(recovered, "the lease to expire and the run to be finalized", limit=60)
     assert outcomes[0].run_id == run_id and outcomes[0].state == "INFRA_ERROR"
-    client = docker.from_env()
+    client = sandbox_engine()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}) == []
     roots = [db.parent]
     files = [p for r in roots for p in r.rglob("*") if p.is_file() and not p.is_symlink()]

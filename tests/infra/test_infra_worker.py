@@ -281,9 +281,10 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
         wait_for(lambda: bool(_runner_containers(run_id)) and any((db.parent / "runs" / run_id).glob("batches/*/trials.json")),
                   "the runner container to start trials")
         wait_for(lambda: bool(_trial_containers(run_id)), "a trial container")
-        # While it runs: the runner was started by digest, and nothing in the run has a network.
+        # While it runs: the runner was started by the id the host engine pulled its digest as (the
+        # sandbox has images by id only), and nothing in the run has a network.
         runner_container = _runner_containers(run_id)[0]
-        assert runner_container.attrs["Config"]["Image"] == infra_setup["runner"]
+        assert runner_container.attrs["Image"] == docker.from_env().images.get(infra_setup["runner"]).id
         assert runner_container.attrs["HostConfig"]["NetworkMode"] == "none"
         for container in _trial_containers(run_id):
             assert container.attrs["HostConfig"]["NetworkMode"] == "none", container.name
