@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pipeline.infra import relay as relay_module
 from pipeline.infra.relay import MAX_BODY_BYTES, TcpToUnixRelay, UnixToTcpRelay
@@ -280,3 +282,23 @@ def test_the_gate_keeps_serving_after_refusals(gate: UnixToTcpRelay, upstream: U
         _exchange(gate.socket_path, data)
     assert _exchange(gate.socket_path, _with(), half_close=False) == ANSWER
     assert upstream.connections == 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.one_of(st.binary(max_size=2048),
+                      st.tuples(st.integers(0, len(_with())), st.binary(min_size=1, max_size=16)).map(
+                          lambda cut: _with()[:cut[0]] + cut[1] + _with()[cut[0]:])))
+def test_random_bytes_are_refused_or_forwarded_as_one_admitted_request(gate: UnixToTcpRelay, upstream: Upstream,
+                                                                      data: bytes) -> None:
+    """Random bytes, and a valid call with random bytes inserted: a 4xx, or the one admitted call upstream."""
+    before = upstream.connections
+    answer = _exchange(gate.socket_path, data)
+    if answer == ANSWER:
+        # Admitted: what reached the upstream is a re-serialised POST of the model path.
+        wait = time.monotonic() + 5
+        while upstream.connections == before and time.monotonic() < wait:
+            time.sleep(0.01)
+        assert upstream.received[-1].startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:")
+    else:
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
+        assert upstream.connections == before
