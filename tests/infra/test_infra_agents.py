@@ -34,7 +34,7 @@ from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import SqliteQueue
 from pipeline.infra.worker import WorkerConfig, run_once
 from pipeline.paths import REPO_ROOT
-from pipeline.publish.body import facts_from_summary, render_section
+from pipeline.publish.body import facts_from_summary, markdown_cell, render_section
 from tests.fixtures.infra import built_images_source, host_pid, sandbox_engine, wait_for
 
 CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
@@ -326,7 +326,9 @@ def test_terminus2_scores_one_with_the_right_script(right_run: dict[str, Any]) -
     assert summary["model_usage"]["model_calls"] == len(requests)
     assert summary["model_usage"]["input_tokens"] == sum(r["prompt_tokens"] for r in requests)
     body = render_section(facts_from_summary(model, "v9.9.9"))
-    assert "terminus-2 2.0.0 (model openai/benchseal-scripted;" in body and "0.26.0" in body
+    # Cells are escaped Markdown (body.markdown_cell): look for the escaped text.
+    assert markdown_cell("terminus-2 2.0.0 (model openai/benchseal-scripted;") in body
+    assert markdown_cell("0.26.0") in body
 
 
 def _payload_model(payload: dict[str, Any]) -> Any:
