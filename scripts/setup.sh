@@ -31,6 +31,7 @@ declare -A NEEDED=(
   [rootlesskit]=rootlesskit        # the rootless sandbox engine (benchseal sandbox start)
   [slirp4netns]=slirp4netns
   [fuse-overlayfs]=fuse-overlayfs
+  [setfacl]=acl                    # the sandbox user's ACL entries on run dirs (pipeline/host/sandbox.py grant)
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

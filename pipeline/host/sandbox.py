@@ -31,26 +31,25 @@ import pwd
 import shutil
 import signal
 import stat
-import struct
 import subprocess
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-
-import docker
-import docker.errors
-import requests
+from typing import TYPE_CHECKING
 
 from pipeline import paths
 from pipeline.errors import CheckFailed, InfrastructureError, UsageError
 from pipeline.polling import poll_until
 
+if TYPE_CHECKING:
+    import docker
+
 SERVICE_USER = "benchseal-sandbox"
 SANDBOX_DIR_ENV = "BENCHSEAL_SANDBOX_DIR"
 DEFAULT_DIR = Path("/var/lib/benchseal-sandbox")
 SUBID_COUNT = 65536
-PACKAGES = ("rootlesskit", "slirp4netns", "uidmap", "fuse-overlayfs")
+PACKAGES = ("rootlesskit", "slirp4netns", "uidmap", "fuse-overlayfs", "acl")
 
 # Runs as root in the sandbox's user namespace (rootlesskit's child, after ``unshare --net``).
 _CHILD = """\
@@ -211,42 +210,37 @@ def subid_range(user: str = SERVICE_USER) -> tuple[int, int]:
 
 
 def missing_tools() -> list[str]:
-    return [tool for tool in ("rootlesskit", "newuidmap", "newgidmap", "dockerd", "unshare", "ip", "setpriv")
+    return [tool for tool in ("rootlesskit", "newuidmap", "newgidmap", "dockerd", "unshare", "ip", "setpriv", "setfacl", "getfacl")
             if shutil.which(tool) is None]
 
 
 # --- access for the service user ---------------------------------------------------
 
-_ACL_XATTR = "system.posix_acl_access"
-_ACL_USER_OBJ, _ACL_USER, _ACL_GROUP_OBJ, _ACL_GROUP, _ACL_MASK, _ACL_OTHER = 1, 2, 4, 8, 0x10, 0x20
+def _user_acl_bits(path: Path, uid: int) -> int:
+    """The rwx bits of ``uid``'s named entry in ``path``'s access ACL (0 when it has none), read
+    with Debian's getfacl in the ACL long text form (acl(5)): ``user:<uid>:rwx``."""
+    done = subprocess.run(["getfacl", "--physical", "--numeric", "--omit-header", "--", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise InfrastructureError(f"getfacl {path}: {done.stderr.strip() or 'failed'}")
+    for line in done.stdout.splitlines():
+        entry = line.split("#", 1)[0].split()  # "user:1001:rwx\t#effective:r-x": the entry itself
+        if entry and entry[0].startswith(f"user:{uid}:"):
+            perms = entry[0].rsplit(":", 1)[1]
+            return sum(bit for char, bit in (("r", 4), ("w", 2), ("x", 1)) if char in perms)
+    return 0
 
 
 def _add_user_acl(path: Path, uid: int, perm: int) -> None:
-    """Add ``uid``'s entry (rwx bits ``perm``) to ``path``'s access ACL, keeping the mode's other bits.
-
-    Written as the kernel's xattr format (version 2, then tag/perm/id entries sorted by tag, id),
-    so no acl tool is needed; the mask widens to let the new entry through."""
-    mode = os.lstat(path).st_mode
-    entries: dict[tuple[int, int], int] = {}
-    try:
-        raw = os.getxattr(path, _ACL_XATTR, follow_symlinks=False)
-        for offset in range(4, len(raw), 8):
-            tag, bits, ident = struct.unpack_from("<HHI", raw, offset)
-            entries[(tag, ident if tag in (_ACL_USER, _ACL_GROUP) else 0xFFFFFFFF)] = bits
-    except OSError:
-        pass
-    undefined = 0xFFFFFFFF
-    entries.setdefault((_ACL_USER_OBJ, undefined), (mode >> 6) & 7)
-    entries.setdefault((_ACL_GROUP_OBJ, undefined), (mode >> 3) & 7)
-    entries.setdefault((_ACL_OTHER, undefined), mode & 7)
-    entries[(_ACL_USER, uid)] = entries.get((_ACL_USER, uid), 0) | perm
-    named = [bits for (tag, _), bits in entries.items() if tag in (_ACL_USER, _ACL_GROUP)]
-    entries[(_ACL_MASK, undefined)] = entries[(_ACL_GROUP_OBJ, undefined)] | (max(named) if named else 0)
-    for bits in named:
-        entries[(_ACL_MASK, undefined)] |= bits
-    blob = struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, bits, ident)
-                                           for (tag, ident), bits in sorted(entries.items()))
-    os.setxattr(path, _ACL_XATTR, blob, follow_symlinks=False)
+    """Add the rwx bits ``perm`` to ``uid``'s entry in ``path``'s access ACL (bits it already has
+    stay), with Debian's setfacl: the owner and mode stay, the mask widens to let the entry
+    through, and ``--physical`` follows no symlink."""
+    bits = _user_acl_bits(path, uid) | perm
+    text = "".join(char if bits & bit else "-" for char, bit in (("r", 4), ("w", 2), ("x", 1)))
+    done = subprocess.run(["setfacl", "--physical", "-m", f"u:{uid}:{text}", "--", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise InfrastructureError(f"setfacl {path}: {done.stderr.strip() or 'failed'}")
 
 
 def grant(path: Path, sandbox: Sandbox | None = None) -> None:
@@ -285,6 +279,12 @@ def _recorded_pid(sandbox: Sandbox) -> int | None:
 
 def engine_info(url: str, timeout: float = 5.0) -> dict[str, object] | None:
     """``GET /info`` of the engine at ``unix://PATH``; None when it does not answer."""
+    # lazy: the Docker SDK (with requests) costs 158 ms to import, and the runner image, whose CLI
+    # registers this module's verbs, ships no Docker SDK (tests/imaging/test_app_entry.py)
+    import docker
+    import docker.errors
+    import requests
+
     if not url.startswith("unix://") or not os.path.exists(url.removeprefix("unix://")):
         return None
     try:
@@ -432,6 +432,12 @@ def copy_image(source: docker.DockerClient, target: docker.DockerClient, image_i
     An image id is the sha256 of the image config, which names every layer by its diff id, and the
     engine checks each loaded layer against it: the sandbox runs exactly the admitted bytes.
     (``docker load`` leaves RepoDigests empty, so the sandbox refers to images by id.)"""
+    # lazy: the Docker SDK (with requests) costs 158 ms to import, and the runner image, whose CLI
+    # registers this module's verbs, ships no Docker SDK (tests/imaging/test_app_entry.py)
+    import docker
+    import docker.errors
+    import requests
+
     if not image_id.startswith("sha256:") or len(image_id) != 71:
         raise CheckFailed(f"image id {image_id!r} is not sha256:<64 hex>")
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.contracts import DigestsFile
+from pipeline.publish.body import markdown_cell
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -71,5 +72,6 @@ def test_release_with_terminus2_and_the_scripted_model(agent_home: Path, tmp_pat
     assert sum(t["model_calls"] for t in per_trial) == usage["model_calls"]
     assert sum(t["input_tokens"] for t in per_trial) == usage["input_tokens"]
     body = (release / "body.md").read_text()
-    assert (f"terminus-2 2.0.0 (model openai/benchseal-scripted; {usage['model_calls']} model calls, "
-            f"{usage['input_tokens']} input / {usage['output_tokens']} output tokens)") in body
+    # Cells are escaped Markdown (body.markdown_cell): look for the escaped text.
+    assert markdown_cell(f"terminus-2 2.0.0 (model openai/benchseal-scripted; {usage['model_calls']} model calls, "
+                         f"{usage['input_tokens']} input / {usage['output_tokens']} output tokens)") in body

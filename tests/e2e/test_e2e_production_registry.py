@@ -228,7 +228,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
             digests = json.loads(digests_path.read_text())
             # tag.yml's attest step, with the same login (cosign reads $DOCKER_CONFIG).
             patch.setenv("DOCKER_CONFIG", str(ci_config))
-            trust = sign_release_images(SOURCE, TAG, [e["ref"] for e in digests["images"].values()])
+            # Signed at the commit the tag resolves to: the worker pins the payload's commit.
+            trust = sign_release_images(SOURCE, TAG, [e["ref"] for e in digests["images"].values()],
+                                        commit=digests["source"]["commit"])
             patch.delenv("DOCKER_CONFIG")
             # The infra host: its own state dir, pull-only login, the policy naming these images.
             patch.setenv("BENCHSEAL_HOME", str(home))

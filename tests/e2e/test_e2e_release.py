@@ -19,6 +19,7 @@ assets.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -33,9 +34,9 @@ import requests
 from pipeline.contracts import DigestsFile
 from pipeline.dispatch.client import make_client
 from pipeline.errors import CheckFailed
-from pipeline.publish.body import START, splice
+from pipeline.publish.body import START, splice, with_asset_record
 from pipeline.publish.bundle import load_bundle
-from pipeline.publish.outbox import OutboxConfig, deliver_pending, verify_commands
+from pipeline.publish.outbox import OutboxConfig, deliver_pending, image_commands, verify_commands
 from pipeline.publish.targets import GitHubTarget, PublishError, Target
 from tests.fixtures.github import tag_release_commit
 from tests.fixtures.infra import wait_terminal
@@ -97,7 +98,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
     env_patch.setenv("BENCHSEAL_HOME", str(home))
     correlation = "e2e-widget-v1.0.0-0001"
     # tag.yml's build job signed and attested both images; the worker checks that with cosign.
-    trust = sign_release_images(SOURCE, TAG, [e.ref for e in built_images.images.values()])
+    # Signed at the commit the tag resolves to (below): the worker pins the payload's commit.
+    trust = sign_release_images(SOURCE, TAG, [e.ref for e in built_images.images.values()],
+                                commit=built_images.source.commit)
     try:
         with GitHubEmulator() as emu:
             emu.add_repo(SOURCE)
@@ -242,9 +245,12 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path)
     downloaded = _download(emu, SOURCE, TAG, tmp_path / "downloaded")
     assert downloaded == expected
     assert sorted(a.name for a in emu.release(SOURCE, TAG).assets) == sorted(expected)
-    bundle = load_bundle(artifacts, TAG, verify_commands(artifacts, repository=SOURCE, tag=TAG))
+    bundle = load_bundle(artifacts, TAG, verify_commands(artifacts, repository=SOURCE, tag=TAG),
+                         image_commands(artifacts, repository=SOURCE, tag=TAG, trusted_root=world.trusted_root))
     body = emu.release(SOURCE, TAG).body
-    assert body == splice(NOTES, bundle.section)
+    # The section ends with the record of the assets benchseal wrote (name and sha256 of each).
+    record = ((name, hashlib.sha256(data).hexdigest()) for name, data in expected.items())
+    assert body == splice(NOTES, with_asset_record(bundle.section, record))
     assert body.count(START) == 1 and "| Score | **1.000** (3/3 resolved) |" in body
     assert not any(r.status == 422 for r in emu.requests)
     _verify_downloaded(tmp_path / "downloaded", world.trusted_root)
@@ -267,7 +273,9 @@ def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Pat
         tag_release_commit(emu, SOURCE, TAG, commit, annotated=True)
         repo = make_client(base_url=emu.base_url, token=emu.token).get_repo(SOURCE)
         repo.create_git_release(tag=TAG, name=TAG, message=NOTES)
-        bundle = load_bundle(world.artifacts, TAG, verify_commands(world.artifacts, repository=SOURCE, tag=TAG))
+        bundle = load_bundle(world.artifacts, TAG, verify_commands(world.artifacts, repository=SOURCE, tag=TAG),
+                             image_commands(world.artifacts, repository=SOURCE, tag=TAG,
+                                            trusted_root=world.trusted_root))
         result = GitHubTarget(repo).publish(bundle)
         assert result.strategy == "companion"
         assert emu.release(SOURCE, TAG).assets == [] and emu.release(SOURCE, TAG).immutable

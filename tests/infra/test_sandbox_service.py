@@ -4,6 +4,8 @@ stops only the process it recorded."""
 from __future__ import annotations
 
 import os
+import pwd
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +68,35 @@ def test_stop_touches_only_the_recorded_process(tmp_path):
         foreign.wait()
     # The real one is untouched by all this.
     assert sbx.status()["answers"]
+
+
+def _as(user: str, *test: str) -> int:
+    return subprocess.run(["runuser", "-u", user, "--", "test", *test], check=False).returncode
+
+
+def test_grant_gives_the_service_user_alone_access_and_keeps_what_it_had(tmp_path):
+    s = sbx.default_sandbox()
+    sbx.start(s)  # creates the service user on a new machine; a no-op when it runs
+    uid = pwd.getpwnam(s.user).pw_uid
+    batch = tmp_path / "run" / "batch"
+    batch.mkdir(parents=True, mode=0o700)
+    (batch / "secret").write_text("canary")
+    (batch / "secret").chmod(0o400)
+    sbx.grant(batch, s)
+    # Still private: root's, nothing for its group or others (the mode's group bits now show the
+    # ACL mask, which only the named entry uses).
+    assert batch.stat().st_uid == 0 and stat.S_IMODE(batch.stat().st_mode) & 0o007 == 0
+    acl = subprocess.run(["getfacl", "--numeric", "--omit-header", str(batch)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert "group::---" in acl and "other::---" in acl and f"user:{uid}:rwx" in acl
+    assert (batch / "secret").stat().st_uid == uid and stat.S_IMODE((batch / "secret").stat().st_mode) == 0o400
+    assert _as(s.user, "-w", str(batch)) == 0 and _as(s.user, "-r", str(batch / "secret")) == 0
+    assert _as("nobody", "-x", str(batch)) != 0 and _as("nobody", "-r", str(batch / "secret")) != 0
+    # A later search-only grant on the way to a deeper path adds --x: it never takes rwx away.
+    (batch / "inner").mkdir()
+    sbx.grant(batch / "inner", s)
+    assert _as(s.user, "-w", str(batch)) == 0
+    # A symlink is never granted (nor followed).
+    (tmp_path / "link").symlink_to(batch)
+    with pytest.raises(CheckFailed, match="symlink"):
+        sbx.grant(tmp_path / "link", s)
