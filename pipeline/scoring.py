@@ -20,12 +20,12 @@ score = round(resolved / completed, SCORE_DIGITS), only on SUCCEEDED (``contract
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline import strictjson
 from pipeline.contracts import SCORE_DIGITS, GradeCounts, TrialOutcome, trial_short_id
 from pipeline.documents import TrialsPlan, parse_document
 from pipeline.errors import CheckFailed, ValidationError
@@ -62,23 +62,10 @@ def is_result_name(name: str) -> bool:
     return len(parts) == 4 and name.startswith(HARBOR_PREFIX) and parts[2] != "" and parts[3] == RESULT_FILE
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")  # readers disagree on which one wins
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def strict_json(raw: bytes) -> Any:
     """JSON as every reader reads it alike: UTF-8, no duplicate keys, no NaN/Infinity. ValueError otherwise."""
     try:
-        return json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return strictjson.loads(raw)
     except RecursionError:
         raise ValueError("nested too deeply") from None
 

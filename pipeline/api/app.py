@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import re
 import stat
@@ -29,7 +28,7 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from pipeline import __version__
+from pipeline import __version__, strictjson
 from pipeline.contracts import Grading, RunStatus, load_model
 from pipeline.documents import ReleaseSummary, parse_document
 from pipeline.errors import ValidationError, escape_text
@@ -52,26 +51,6 @@ def _run_dir(runs: Path, run_id: str) -> Path:
     if not RUN_ID_RE.match(run_id) or ".." in run_id:
         raise HTTPException(status_code=400, detail="run_id: must be 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit")
     return runs / run_id
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e999 parses as inf
-        raise ValueError(f"{text[:20]} is not a finite number")
-    return value
 
 
 def _check_tree(root: object, name: str) -> None:
@@ -139,7 +118,7 @@ def read_strict_json(runs: Path, parts: tuple[str, ...], limit: int) -> Any:
     except UnicodeDecodeError as exc:
         raise BadRun(f"{name}: not valid UTF-8 (byte {exc.start})") from None
     try:
-        parsed = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant, parse_float=_finite)
+        parsed = strictjson.loads(text)
     except json.JSONDecodeError as exc:
         raise BadRun(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
     except RecursionError:

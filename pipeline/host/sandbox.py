@@ -279,8 +279,8 @@ def _recorded_pid(sandbox: Sandbox) -> int | None:
 
 def engine_info(url: str, timeout: float = 5.0) -> dict[str, object] | None:
     """``GET /info`` of the engine at ``unix://PATH``; None when it does not answer."""
-    # lazy: the Docker SDK (with requests) costs 158 ms to import, and the runner image, whose CLI
-    # registers this module's verbs, ships no Docker SDK (tests/imaging/test_app_entry.py)
+    # The runner image's CLI registers this module's verbs and ships no Docker SDK (test_app_entry.py).
+    # lazy: the Docker SDK (with requests) costs 158 ms to import
     import docker
     import docker.errors
     import requests
@@ -432,8 +432,8 @@ def copy_image(source: docker.DockerClient, target: docker.DockerClient, image_i
     An image id is the sha256 of the image config, which names every layer by its diff id, and the
     engine checks each loaded layer against it: the sandbox runs exactly the admitted bytes.
     (``docker load`` leaves RepoDigests empty, so the sandbox refers to images by id.)"""
-    # lazy: the Docker SDK (with requests) costs 158 ms to import, and the runner image, whose CLI
-    # registers this module's verbs, ships no Docker SDK (tests/imaging/test_app_entry.py)
+    # The runner image's CLI registers this module's verbs and ships no Docker SDK (test_app_entry.py).
+    # lazy: the Docker SDK (with requests) costs 158 ms to import
     import docker
     import docker.errors
     import requests

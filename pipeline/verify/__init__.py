@@ -28,7 +28,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +40,7 @@ from sigstore.verify import Verifier
 from sigstore.verify import policy as sigstore_policy  # not `policy`: pipeline.verify.policy is a submodule
 from sigstore_models.common.v1 import HashAlgorithm
 
+from pipeline import strictjson
 from pipeline.digests import ImageRef, parse_ref
 from pipeline.documents import DigestSet, ProvenanceStatement, ReleaseSummary, TrialResults, parse_document
 from pipeline.errors import CheckFailed, ValidationError
@@ -101,24 +101,10 @@ def select_profile(profile: str | None, trusted_root: Path | None) -> str:
     return profile or ("local" if trusted_root is not None else "production")
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            # Readers disagree on which duplicate wins: refuse instead of picking one.
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _read_json(path: Path) -> Any:
     """Strict JSON: no duplicate keys, no NaN/Infinity (Python's json accepts both)."""
     try:
-        return json.loads(path.read_bytes(), object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        return strictjson.loads(path.read_bytes())
     except FileNotFoundError:
         raise CheckFailed(f"{path.name}: missing") from None
     except (ValueError, RecursionError) as exc:
