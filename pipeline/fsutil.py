@@ -13,7 +13,7 @@ import unicodedata
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pipeline.errors import CheckFailed
 
@@ -172,3 +172,25 @@ def is_plain_entry(path: str | os.PathLike[str]) -> bool:
     """A regular file or a real directory, judged by lstat: a symlink to either is not, nor a FIFO or device."""
     mode = os.lstat(path).st_mode
     return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+
+
+class NotRegularFile(OSError):
+    """What ``open_regular`` found is not a regular file (a FIFO, device, directory...)."""
+
+
+def open_regular(path: str | os.PathLike[str]) -> tuple[BinaryIO, os.stat_result]:
+    """``path`` opened for reading as the regular file it is now, with what fstat says of it.
+
+    A link at its last component is never followed (O_NOFOLLOW) and what was opened is checked, so a
+    file swapped for a link or a FIFO after a listing is refused; O_NONBLOCK keeps a FIFO from
+    hanging the open (it changes nothing for a regular file). OSError when it cannot be opened,
+    NotRegularFile when it is no regular file; the caller closes the handle (``with handle:``)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise NotRegularFile(f"{os.fspath(path)}: not a regular file")
+        return os.fdopen(fd, "rb"), info
+    except BaseException:
+        os.close(fd)
+        raise

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 from pathlib import Path
-from stat import S_ISREG
 
 from pipeline.contracts import GradeCounts, Grading
 from pipeline.documents import EmbeddedFile, TrialResults, dump_document
 from pipeline.errors import CheckFailed
+from pipeline.fsutil import NotRegularFile, open_regular
 from pipeline.layout import TRIAL_RESULTS, nested_files
 from pipeline.scoring import (
     PLAN_NAME,
@@ -42,13 +41,12 @@ MAX_RESULT_BYTES = 16 * 1024 * 1024
 def _read(path: Path, name: str) -> bytes:
     """The bytes of a regular file, never through a link (the evidence listing already skipped links)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        handle, info = open_regular(path)
+    except NotRegularFile:
+        raise CheckFailed(f"{name}: not a regular file") from None
     except OSError as exc:
         raise CheckFailed(f"{name}: cannot be read ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as handle:
-        info = os.fstat(handle.fileno())
-        if not S_ISREG(info.st_mode):
-            raise CheckFailed(f"{name}: not a regular file")
+    with handle:
         if info.st_size > MAX_RESULT_BYTES:
             raise CheckFailed(f"{name}: {info.st_size} bytes, more than a trial result may be ({MAX_RESULT_BYTES})")
         return handle.read(MAX_RESULT_BYTES + 1)

@@ -36,12 +36,11 @@ import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from stat import S_ISREG
 from typing import IO
 
 from pipeline.contracts import Grading, RunStatus, load_model
 from pipeline.errors import CheckFailed, ValidationError
-from pipeline.fsutil import NameTree, canonical_json, name_problem, staged_dir
+from pipeline.fsutil import NameTree, NotRegularFile, canonical_json, name_problem, open_regular, staged_dir
 from pipeline.infra.queue import Queue, RunRecord
 from pipeline.infra.trial_evidence import check_trial_name, read_trial_pack
 
@@ -166,16 +165,15 @@ def export_run(record: RunRecord, run_dir: Path, out: IO[bytes], trial_packs: Ma
         for name, data in [*documents.items(), *packed]:
             tar.addfile(_info(name, len(data)), io.BytesIO(data))
         for name, path in files:
-            # O_NOFOLLOW: a file swapped for a symlink after the listing is refused, never followed.
+            # A file swapped for a symlink or FIFO after the listing is refused, never followed.
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                handle, info = open_regular(path)
+            except NotRegularFile:
+                raise CheckFailed(f"{path}: not a regular file") from None
             except OSError as exc:
                 raise CheckFailed(f"{path}: cannot be exported ({exc.strerror})") from None
-            with os.fdopen(fd, "rb") as handle:
-                stat = os.fstat(handle.fileno())
-                if not S_ISREG(stat.st_mode):
-                    raise CheckFailed(f"{path}: not a regular file")
-                tar.addfile(_info(name, stat.st_size), handle)
+            with handle:
+                tar.addfile(_info(name, info.st_size), handle)
     return total
 
 

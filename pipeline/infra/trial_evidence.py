@@ -20,7 +20,6 @@ import io
 import logging
 import os
 import shutil
-import stat
 import tarfile
 import tempfile
 import zlib
@@ -28,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipeline.errors import CheckFailed
-from pipeline.fsutil import NameTree, is_plain_entry, name_problem
+from pipeline.fsutil import NameTree, is_plain_entry, name_problem, open_regular
 from pipeline.infra.queue import MAX_TRIAL_EVIDENCE_BYTES
 
 # Unpacked size and member bounds (a gzip bomb stays a refused pack, not a full disk).
@@ -69,15 +68,12 @@ def pack_trial_dir(trial_dir: Path) -> bytes:
                     info.type, info.mode = tarfile.DIRTYPE, 0o755
                     tar.addfile(info)
                     continue
-                # O_NOFOLLOW: a file swapped for a link after the listing is skipped, never followed.
+                # A file swapped for a link or FIFO after the listing is skipped, never followed.
                 try:
-                    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+                    handle, opened = open_regular(path)
                 except OSError:
                     continue
-                with os.fdopen(fd, "rb") as handle:
-                    opened = os.fstat(handle.fileno())
-                    if not stat.S_ISREG(opened.st_mode):
-                        continue
+                with handle:
                     info.size, info.mode = opened.st_size, 0o644
                     tar.addfile(info, handle)
                 if buffer.tell() > MAX_TRIAL_EVIDENCE_BYTES:

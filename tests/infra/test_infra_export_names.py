@@ -28,7 +28,7 @@ from pipeline.contracts import DispatchPayload, trial_name
 from pipeline.errors import CheckFailed
 from pipeline.evidence import sigstore_local
 from pipeline.evidence.artifacts import write_checksums
-from pipeline.fsutil import MAX_NAME_BYTES, NameTree, is_plain_relative_name, name_problem
+from pipeline.fsutil import MAX_NAME_BYTES, NameTree, NotRegularFile, is_plain_relative_name, name_problem, open_regular
 from pipeline.infra.export import EVIDENCE, export_run, import_run, trial_pack_files
 from pipeline.infra.policy import load_policy
 from pipeline.infra.queue import RunRecord, SqliteQueue
@@ -484,3 +484,24 @@ def test_any_export_is_unpacked_exactly_or_refused_leaving_nothing(tmp_path_fact
 def test_a_top_level_listing_names_no_dot_or_dot_dot(name: str):
     with pytest.raises(CheckFailed, match=r"'\.\.' part"):
         parse_checksums(f"{HEX}  {name}\n".encode())
+
+
+def test_open_regular_opens_only_the_regular_file_that_is_there_now(tmp_path: Path) -> None:
+    # The one open of export, packs and the seal job's result reader: no link followed, and a FIFO
+    # swapped in after a listing is refused at once (O_NONBLOCK), never waited on for a writer.
+    regular = tmp_path / "result.json"
+    regular.write_bytes(b"{}")
+    handle, info = open_regular(regular)
+    with handle:
+        assert handle.read() == b"{}" and info.st_size == 2
+    (tmp_path / "link").symlink_to(regular)
+    with pytest.raises(OSError) as link:
+        open_regular(tmp_path / "link")
+    assert not isinstance(link.value, NotRegularFile)  # ELOOP: the link itself is refused
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(NotRegularFile, match="not a regular file"):
+        open_regular(tmp_path / "fifo")
+    with pytest.raises(NotRegularFile):
+        open_regular(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        open_regular(tmp_path / "missing")
