@@ -120,6 +120,8 @@ fi
 # --- extra tools (cosign) ----------------------------------------------------
 if [ -x scripts/install-tools.sh ]; then
   bash scripts/install-tools.sh
+  # Beside the venv's interpreter too: a service with another BENCHSEAL_HOME (the systemd worker) finds it there.
+  ln -sfn "$STATE/tools/bin/cosign" "$VENV/bin/cosign"
 fi
 
 # --- the local queue's schema ---------------------------------------------------------

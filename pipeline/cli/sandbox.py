@@ -7,6 +7,7 @@ Exit codes: 0 ok; 1 the engine did not start / does not answer / is not rootless
 from __future__ import annotations
 
 import json
+from typing import Annotated
 
 import typer
 
@@ -17,10 +18,14 @@ sandbox_app = typer.Typer(help="Run the rootless sandbox engine everything under
 
 
 @sandbox_app.command()
-def start() -> None:
+def start(
+    controllers: Annotated[list[str] | None, typer.Option(
+        "--controller", metavar="USER", help="An unprivileged user that may use the engine's socket (the worker's "
+                                             "service user under systemd); repeatable.")] = None,
+) -> None:
     """Create the service user and its id ranges if needed, then start the engine unless ours answers."""
     s = sbx.default_sandbox()
-    typer.echo(f"sandbox engine {sbx.start(s)} at {s.url}")
+    typer.echo(f"sandbox engine {sbx.start(s, controllers=controllers or ())} at {s.url}")
 
 
 @sandbox_app.command()

@@ -70,12 +70,15 @@ def worker(
         # Through the environment, so the publisher thread opens the same queue (never SQLite by default).
         os.environ[QUEUE_URL_FILE_ENV] = str(queue_url_file.resolve())
     # Fail before the loop starts: a bad URL, an unreachable database or a schema that is behind.
-    open_queue(db).close()
+    with open_queue(db) as opened:
+        runs_dir = opened.runs_dir
     # Fail closed: never a silent fallback to the host's root engine.
     engine = sandbox_engine or sandbox.default_sandbox().url
     if not engine.startswith("unix:///"):
         raise UsageError(f"--sandbox-engine must be unix:///PATH, not {engine!r}")
     sandbox.require_sandbox_engine(engine)
+    # The runner gets binds of run dirs and of private dirs made in the temp dir: the engine must see both.
+    sandbox.require_sees(engine, [sandbox.temp_dir(), runs_dir])
 
     config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,
                           image_trust=sigstore_endpoints(sigstore_url, trusted_root), trial_batch=trial_batch,

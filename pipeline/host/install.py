@@ -58,7 +58,14 @@ MANIFEST_FILE = "/etc/benchseal/installed.json"
 APP_DIR = "/opt/benchseal"
 APP_ENTRY = "/opt/benchseal/.venv/bin/benchseal"
 WRAPPERS = ("benchseal-accept", "benchseal-status", "benchseal-export")
-UNITS = ("benchseal-worker.service", "benchseal-publisher.service")
+# Each unit with the lines that name the service user (``KEY=benchseal``, rendered with --service-user).
+UNITS = {
+    "benchseal-sandbox.service": ("Environment=BENCHSEAL_SANDBOX_CONTROLLER",),
+    "benchseal-worker.service": ("User", "Group"),
+    "benchseal-publisher.service": ("User", "Group"),
+}
+# The worker's TMPDIR (deploy/benchseal-worker.service): inside the state dir, which the sandbox sees.
+TMP_DIR = "/var/lib/benchseal/tmp"
 NEW_SUFFIX = ".benchseal-new"
 NOLOGIN = "/usr/sbin/nologin"
 
@@ -207,10 +214,11 @@ def render_sudoers(text: str, runner_user: str, service_user: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def render_unit(text: str, service_user: str) -> str:
-    """A deploy/ unit with User=/Group= set to the service user (each must appear exactly once)."""
+def render_unit(text: str, service_user: str, keys: tuple[str, ...] = ("User", "Group")) -> str:
+    """A deploy/ unit with each ``KEY=benchseal`` line of ``keys`` set to the service user (each must
+    appear exactly once)."""
     lines = text.splitlines()
-    for key in ("User", "Group"):
+    for key in keys:
         hits = [i for i, line in enumerate(lines) if line == f"{key}={_SHIPPED_SERVICE}"]
         if len(hits) != 1:
             raise CheckFailed(f"deploy unit: expected exactly one {key}={_SHIPPED_SERVICE} line, found {len(hits)}")
@@ -445,6 +453,7 @@ class _Installer:
     def install_dirs(self, user: _Account | None) -> None:
         uid, gid = (user.uid, user.gid) if user else (-1, -1)
         self._ensure_dir(STATE_DIR, 0o750, uid, gid, enforce=user is not None)
+        self._ensure_dir(TMP_DIR, 0o750, uid, gid, enforce=user is not None)
         self._ensure_dir(CONFIG_DIR, 0o750, 0, gid, enforce=user is not None)
         for parent in (LIBEXEC_DIR, UNIT_DIR):
             self._ensure_dir(parent, 0o755, 0, 0, enforce=False)
@@ -460,9 +469,10 @@ class _Installer:
         files: list[_Managed] = []
         for name in WRAPPERS:
             files.append(_Managed(f"{LIBEXEC_DIR}/{name}", _read_source(DEPLOY_DIR / name), 0o755, 0, 0))
-        for name in UNITS:
+        for name, keys in UNITS.items():
             text = _read_source(DEPLOY_DIR / name).decode("utf-8")
-            files.append(_Managed(f"{UNIT_DIR}/{name}", render_unit(text, self.o.service_user).encode(), 0o644, 0, 0))
+            files.append(_Managed(f"{UNIT_DIR}/{name}", render_unit(text, self.o.service_user, keys).encode(),
+                                  0o644, 0, 0))
         sudoers = render_sudoers(_read_source(DEPLOY_DIR / "benchseal.sudoers").decode("utf-8"),
                                  self.o.runner_user, self.o.service_user).encode()
         check_visudo(sudoers)  # also in --dry-run: a rule that would not pass is reported now
@@ -562,12 +572,12 @@ class _Installer:
             "use (sources), agents and suites; `benchseal infra validate --policy "
             f"{POLICY_FILE} --payload FILE` checks a payload against it. Re-running host install keeps your "
             "edits.",
-            "Start the sandbox engine as root (`benchseal sandbox start`: a rootless dockerd as "
-            f"{sandbox.SERVICE_USER} that the runner and every trial container run on; apt packages "
-            f"{' '.join(sandbox.PACKAGES)}); the worker refuses to run without it. It must see the worker's "
-            "state dir (BENCHSEAL_HOME) and temp dir (TMPDIR) at their host paths.",
-            "Start the services: `systemctl daemon-reload && systemctl enable --now benchseal-worker "
-            "benchseal-publisher`.",
+            f"Install the sandbox engine's apt packages ({' '.join(sandbox.PACKAGES)}): benchseal-sandbox.service "
+            f"runs a rootless dockerd as {sandbox.SERVICE_USER} that the runner and every trial container run on, "
+            f"sharing {STATE_DIR} (the worker's TMPDIR is {TMP_DIR}) and letting {service} use its socket; the "
+            "worker refuses to run without it.",
+            "Start the services: `systemctl daemon-reload && systemctl enable --now benchseal-sandbox "
+            "benchseal-worker benchseal-publisher`.",
             f"Check the sudo rule: `sudo -l -U {runner}` lists exactly {LIBEXEC_DIR}/benchseal-accept, "
             f"{LIBEXEC_DIR}/benchseal-status and {LIBEXEC_DIR}/benchseal-export, run as {service}.",
         ])

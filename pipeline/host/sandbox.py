@@ -26,6 +26,7 @@ rootless. Run as root (it creates the service user and bind-mounts in its own na
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -134,6 +135,20 @@ class Sandbox:
     def rootlesskit_state(self) -> Path:
         return self.runtime_dir / "rootlesskit"
 
+    @property
+    def shared_record(self) -> Path:
+        """The host paths the running engine sees (written by ``start``, root-owned)."""
+        return self.base / "shared.json"
+
+    @classmethod
+    def at(cls, url: str) -> Sandbox:
+        """The sandbox whose engine socket is ``unix://PATH`` (``<base>/engine/run/docker.sock``)."""
+        socket = Path(url.removeprefix("unix://"))
+        found = cls(base=socket.parents[2]) if url.startswith("unix:///") and len(socket.parents) > 3 else None
+        if found is None or found.socket != socket:
+            raise CheckFailed(f"{url} is not the socket of a benchseal sandbox engine (<dir>/engine/run/docker.sock)")
+        return found
+
 
 def default_sandbox() -> Sandbox:
     configured = os.environ.get(SANDBOX_DIR_ENV)
@@ -143,10 +158,20 @@ def default_sandbox() -> Sandbox:
     return Sandbox(base=base)
 
 
+def temp_dir() -> Path:
+    """This process's temp dir: ``$TMPDIR`` exactly when it is set (Python's tempfile would fall back
+    to /tmp in silence when it is missing, and the sandbox would not see what is made there)."""
+    configured = os.environ.get("TMPDIR")
+    chosen = Path(tempfile.gettempdir()).resolve()
+    if configured and chosen != Path(configured).resolve():
+        raise UsageError(f"TMPDIR={configured}: not a writable directory (create it, owned by this user)")
+    return chosen
+
+
 def shared_paths() -> list[Path]:
     """Host paths the sandbox engine sees (at the same paths): the temp dir and benchseal's state home."""
     out: list[Path] = []
-    for path in (Path(tempfile.gettempdir()).resolve(), paths.home()):
+    for path in (temp_dir(), paths.home()):
         if not any(path == p or p in path.parents for p in out):
             out = [p for p in out if path not in p.parents] + [path]
     return out
@@ -217,16 +242,19 @@ def missing_tools() -> list[str]:
 # --- access for the service user ---------------------------------------------------
 
 def _user_acl_bits(path: Path, uid: int) -> int:
-    """The rwx bits of ``uid``'s named entry in ``path``'s access ACL (0 when it has none), read
+    """The effective rwx bits of ``uid``'s named entry in ``path``'s access ACL (0 when it has none), read
     with Debian's getfacl in the ACL long text form (acl(5)): ``user:<uid>:rwx``."""
     done = subprocess.run(["getfacl", "--physical", "--numeric", "--omit-header", "--", str(path)],
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise InfrastructureError(f"getfacl {path}: {done.stderr.strip() or 'failed'}")
     for line in done.stdout.splitlines():
-        entry = line.split("#", 1)[0].split()  # "user:1001:rwx\t#effective:r-x": the entry itself
-        if entry and entry[0].startswith(f"user:{uid}:"):
-            perms = entry[0].rsplit(":", 1)[1]
+        entry, _, comment = line.partition("#")  # "user:1001:rwx\t#effective:r-x": what the mask lets through
+        fields = entry.split()
+        if fields and fields[0].startswith(f"user:{uid}:"):
+            perms = fields[0].rsplit(":", 1)[1]
+            if comment.startswith("effective:"):
+                perms = "".join(char for char in perms if char in comment.removeprefix("effective:"))
             return sum(bit for char, bit in (("r", 4), ("w", 2), ("x", 1)) if char in perms)
     return 0
 
@@ -235,7 +263,10 @@ def _add_user_acl(path: Path, uid: int, perm: int) -> None:
     """Add the rwx bits ``perm`` to ``uid``'s entry in ``path``'s access ACL (bits it already has
     stay), with Debian's setfacl: the owner and mode stay, the mask widens to let the entry
     through, and ``--physical`` follows no symlink."""
-    bits = _user_acl_bits(path, uid) | perm
+    had = _user_acl_bits(path, uid)
+    bits = had | perm
+    if bits == had:
+        return  # nothing to add (and no ownership of ``path`` needed to add nothing)
     text = "".join(char if bits & bit else "-" for char, bit in (("r", 4), ("w", 2), ("x", 1)))
     done = subprocess.run(["setfacl", "--physical", "-m", f"u:{uid}:{text}", "--", str(path)],
                           capture_output=True, text=True, check=False)
@@ -258,6 +289,87 @@ def grant(path: Path, sandbox: Sandbox | None = None) -> None:
         for root, dirs, files in os.walk(path):
             for name in dirs + files:
                 os.lchown(Path(root, name), account.pw_uid, account.pw_gid)
+
+
+def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
+    """Take back a tree the sandbox engine worked in: every entry under ``path`` (``path`` too) that
+    the sandbox's ids own becomes this process's user's again, directories owner-rwx and files
+    owner-rw, setuid/setgid bits gone.
+
+    Container root there is the service user and other container users are its subordinate ids,
+    so what a batch leaves behind (a 0700 directory of uid 100999, a 0000 file) is otherwise
+    neither readable nor removable by an unprivileged worker. Nothing is followed: links are
+    chowned as links, and every other entry is changed through an ``O_PATH | O_NOFOLLOW``
+    descriptor of what was opened. An entry of any other owner (a hard link the sandbox made to
+    someone else's file, where the kernel's protected_hardlinks is off) is never chowned: that is a
+    refusal. A worker that is not root needs CAP_CHOWN for this (deploy/benchseal-worker.service
+    grants it as its one ambient capability)."""
+    uid, gid = os.geteuid(), os.getegid()
+    owner = (sandbox or default_sandbox()).user
+    try:
+        first, count = subid_range(owner)
+        sandbox_ids = {pwd.getpwnam(owner).pw_uid, *range(first, first + count)}
+    except (KeyError, OSError) as exc:
+        raise InfrastructureError(f"the sandbox's user {owner} or its id range is not there ({exc})") from None
+
+    def take(entry: str) -> None:
+        try:
+            fd = os.open(entry, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # gone since the listing
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != uid and info.st_uid not in sandbox_ids:
+                raise CheckFailed(f"{entry}: owned by uid {info.st_uid}, neither the sandbox's nor this worker's: "
+                                  "left as it is")
+            if stat.S_ISLNK(info.st_mode):
+                if (info.st_uid, info.st_gid) != (uid, gid):
+                    os.lchown(entry, uid, gid)
+                return
+            handle = f"/proc/self/fd/{fd}"  # the inode that was opened, whatever the name points at now
+            if (info.st_uid, info.st_gid) != (uid, gid):
+                os.chown(handle, uid, gid)
+            if stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode):
+                wanted = (info.st_mode & 0o777) | (0o700 if stat.S_ISDIR(info.st_mode) else 0o600)
+                if stat.S_IMODE(info.st_mode) != wanted:
+                    os.chmod(handle, wanted)
+        except PermissionError as exc:
+            raise InfrastructureError(
+                f"{entry}: cannot take back what the sandbox engine wrote ({exc.strerror}); a worker that is not "
+                "root needs CAP_CHOWN (deploy/benchseal-worker.service: AmbientCapabilities=CAP_CHOWN)") from None
+        finally:
+            os.close(fd)
+
+    path = Path(os.path.abspath(path))
+    if not os.path.lexists(path):
+        return
+    take(str(path))
+    if not path.is_dir() or path.is_symlink():
+        return
+    for root, dirs, files in os.walk(path):
+        # Top-down: each subdirectory is made ours and listable before the walk descends into it.
+        for name in dirs + files:
+            take(os.path.join(root, name))
+
+
+def controller_uid(sandbox: Sandbox, user: str) -> int:
+    """The uid of a user that may drive the engine: an existing, unprivileged user, not the engine's own."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise UsageError(f"--controller: no user {user!r} on this host") from None
+    if uid == 0 or user == sandbox.user:
+        raise UsageError(f"--controller: {user!r} must be an unprivileged user other than {sandbox.user}")
+    return uid
+
+
+def allow_controller(sandbox: Sandbox, uid: int) -> None:
+    """Let ``uid`` (the worker's service user) use the engine's socket: search permission on the two
+    directories above it and read/write on the socket, each an ACL entry for that uid alone (the
+    engine's data stays 0700 to it)."""
+    for directory in (sandbox.engine_dir, sandbox.runtime_dir):
+        _add_user_acl(directory, uid, 0o1)
+    _add_user_acl(sandbox.socket, uid, 0o6)
 
 
 # --- process ------------------------------------------------------------------------
@@ -315,6 +427,24 @@ def require_sandbox_engine(url: str) -> None:
                           "refusing to run anything under test on it")
 
 
+def require_sees(url: str, needed: Iterable[Path]) -> None:
+    """Fail closed unless the sandbox engine at ``url`` sees every path in ``needed`` at its host path
+    (each under a path its ``start`` shared): a worker's temp dir or state home outside them would
+    hand the runner binds of directories the engine cannot see."""
+    record = Sandbox.at(url).shared_record
+    try:
+        shared = [Path(p) for p in json.loads(record.read_text(encoding="utf-8"))["paths"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckFailed(f"{record}: no record of the paths the sandbox engine sees (restart it: "
+                          "benchseal sandbox stop && benchseal sandbox start)") from None
+    for path in needed:
+        path = path.resolve()
+        if not any(path == p or p in path.parents for p in shared):
+            raise CheckFailed(f"the sandbox engine {url} does not see {path} (it shares "
+                              f"{', '.join(map(str, shared))}): give the worker a TMPDIR and BENCHSEAL_HOME "
+                              "inside them, or start the sandbox with the worker's BENCHSEAL_HOME and TMPDIR")
+
+
 def answers(sandbox: Sandbox) -> bool:
     info = engine_info(sandbox.url, timeout=3.0)
     return info is not None and is_rootless(info)
@@ -335,12 +465,16 @@ def _prepare_dirs(sandbox: Sandbox, account: pwd.struct_passwd) -> None:
     os.replace(tmp, sandbox.child_path)
 
 
-def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0) -> str:
-    """Start the sandbox engine unless ours already answers; return 'running' or 'started'."""
+def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controllers: Iterable[str] = ()) -> str:
+    """Start the sandbox engine unless ours already answers; return 'running' or 'started'. Each of
+    ``controllers`` (an unprivileged worker's user) may then use its socket (``allow_controller``)."""
     sandbox = sandbox or default_sandbox()
     if os.geteuid() != 0:
         raise UsageError("benchseal sandbox start must run as root (it creates the service user and its namespaces)")
+    uids = [controller_uid(sandbox, user) for user in controllers]
     if _recorded_pid(sandbox) is not None and answers(sandbox):
+        for uid in uids:
+            allow_controller(sandbox, uid)
         return "running"
     missing = missing_tools()
     if missing:
@@ -356,6 +490,10 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0) -> str:
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
+    record = sandbox.shared_record.with_name(".shared.json.new")
+    record.write_text(json.dumps({"paths": [str(p) for p in share]}) + "\n", encoding="utf-8")
+    os.chmod(record, 0o644)
+    os.replace(record, sandbox.shared_record)
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(sandbox.engine_dir),
@@ -383,6 +521,8 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0) -> str:
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
                          cwd=str(sandbox.engine_dir))
     if poll_until(lambda: True if answers(sandbox) else None, timeout=wait_seconds, interval=0.3):
+        for uid in uids:
+            allow_controller(sandbox, uid)
         return "started"
     raise InfrastructureError(f"the sandbox engine did not answer within {wait_seconds:.0f}s; see {sandbox.log_path}")
 

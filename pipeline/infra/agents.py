@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.contracts import DispatchPayload
-from pipeline.errors import UsageError
+from pipeline.errors import CheckFailed, InfrastructureError, UsageError
 from pipeline.host import sandbox
 from pipeline.infra.engine_proxy import EnginePolicy, EngineProxy, ModelGateway
 from pipeline.infra.policy import InfraPolicy
@@ -123,6 +123,10 @@ class RunnerAgentSetup:
             self.engine.stop()
             self.engine = None
         for path in self.dirs:
+            try:
+                sandbox.reclaim(path)  # a gateway may have left entries the worker could not otherwise remove
+            except (InfrastructureError, CheckFailed) as exc:
+                log.warning("%s", exc)
             shutil.rmtree(path, ignore_errors=True)
         self.dirs.clear()
         for fd in self.locks:

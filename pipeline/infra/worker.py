@@ -501,6 +501,8 @@ def _copy_evidence(run_dir: Path) -> None:
     """Copy Harbor trial dirs and logs into artifacts/ (every outcome): the trial dirs in ``harbor/`` (those
     that ran on this host, and those the grader unpacked from the queue) and the runner logs of this host's batches."""
     artifacts = run_dir / "artifacts"
+    # Every trial has ended, so no batch is running: one that died with its worker left the sandbox's files.
+    sandbox.reclaim(run_dir / "batches")
     for batch in sorted((run_dir / "batches").glob("*")) if (run_dir / "batches").is_dir() else []:
         source = batch / "logs"
         if source.is_dir():
@@ -1115,6 +1117,8 @@ def _run_container(
                                       policy.suite_timeout(record.payload.suite), batch)
     finally:
         agent_setup.close()
+        # What the sandbox wrote (as its user and sub-uids) is the worker's again before anything reads or moves it.
+        sandbox.reclaim(batch.out_dir)
 
 
 def _run_started_container(

@@ -55,10 +55,12 @@ _ISSUER_OID = "1.3.6.1.4.1.57264.1.8"
 
 
 def cosign_path() -> Path | None:
-    """The cosign that scripts/install-tools.sh installed, else one on PATH."""
-    tools = paths.home() / "tools" / "bin" / "cosign"
-    if tools.exists():
-        return tools
+    """The cosign that scripts/install-tools.sh installed in the state dir, else the one setup links
+    beside this interpreter (a service whose BENCHSEAL_HOME is elsewhere, such as the systemd worker,
+    finds the installation's own), else one on PATH."""
+    for candidate in (paths.home() / "tools" / "bin" / "cosign", Path(sys.executable).parent / "cosign"):
+        if candidate.exists():
+            return candidate
     found = shutil.which("cosign")
     return Path(found) if found else None
 

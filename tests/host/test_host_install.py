@@ -136,11 +136,13 @@ def test_prefix_install_modes_owners_and_idempotence(tmp_path: Path) -> None:
     assert uid < 1000 and passwd["benchseal"][5] == "/var/lib/benchseal" and passwd["benchseal"][6] == "/usr/sbin/nologin"
     expected = {
         "var/lib/benchseal": (0o750, uid, gid),
+        "var/lib/benchseal/tmp": (0o750, uid, gid),
         "etc/benchseal": (0o750, 0, gid),
         "etc/benchseal/infra.yaml": (0o640, 0, gid),
         "etc/benchseal/worker.env": (0o600, 0, 0),
         "etc/benchseal/publisher.env": (0o600, 0, 0),
         "etc/sudoers.d/benchseal": (0o440, 0, 0),
+        "etc/systemd/system/benchseal-sandbox.service": (0o644, 0, 0),
         "etc/systemd/system/benchseal-worker.service": (0o644, 0, 0),
         "etc/systemd/system/benchseal-publisher.service": (0o644, 0, 0),
         "usr/local/libexec/benchseal-accept": (0o755, 0, 0),
@@ -159,6 +161,20 @@ def test_prefix_install_modes_owners_and_idempotence(tmp_path: Path) -> None:
     report = json.loads(again.stdout)
     assert report["changed"] is False, report["actions"]
     assert _snapshot(root) == before, "a second install touched the filesystem"
+
+
+@needs_root
+def test_prefix_install_names_another_service_user_in_every_unit(tmp_path: Path) -> None:
+    root = _root_fs(tmp_path)
+    done = _cli("--runner-user", RUNNER, "--service-user", "benchworker", "--prefix", str(root))
+    assert done.returncode == 0, done.stderr
+    units = root / "etc" / "systemd" / "system"
+    assert "\nEnvironment=BENCHSEAL_SANDBOX_CONTROLLER=benchworker\n" in (units / "benchseal-sandbox.service").read_text()
+    for name in ("benchseal-worker.service", "benchseal-publisher.service"):
+        text = (units / name).read_text()
+        assert "\nUser=benchworker\n" in text and "\nGroup=benchworker\n" in text, name
+    assert "CONTROLLER=benchseal\n" not in (units / "benchseal-sandbox.service").read_text()
+    assert "enable --now benchseal-sandbox benchseal-worker" in done.stdout
 
 
 @needs_root
@@ -359,18 +375,21 @@ def test_container_accounts_modes_and_owners(box: Box, first_install: dict[str, 
     assert int(user[2]) < 1000 and user[5:] == ["/var/lib/benchseal", "/usr/sbin/nologin"]
     assert box.sh("id -gn benchseal").stdout.strip() == "benchseal"
     assert box.sh("id -Gn benchseal").stdout.split() == ["benchseal"], "the service user joins no other group"
-    stat = box.sh("stat -c '%a %U %G %n' /var/lib/benchseal /etc/benchseal /etc/benchseal/infra.yaml "
-                  "/etc/benchseal/worker.env /etc/benchseal/publisher.env /etc/sudoers.d/benchseal "
+    stat = box.sh("stat -c '%a %U %G %n' /var/lib/benchseal /var/lib/benchseal/tmp /etc/benchseal "
+                  "/etc/benchseal/infra.yaml /etc/benchseal/worker.env /etc/benchseal/publisher.env "
+                  "/etc/sudoers.d/benchseal /etc/systemd/system/benchseal-sandbox.service "
                   "/etc/systemd/system/benchseal-worker.service /etc/systemd/system/benchseal-publisher.service "
                   "/usr/local/libexec/benchseal-accept /usr/local/libexec/benchseal-status "
                   "/usr/local/libexec/benchseal-export").stdout.splitlines()
     assert stat == [
         "750 benchseal benchseal /var/lib/benchseal",
+        "750 benchseal benchseal /var/lib/benchseal/tmp",
         "750 root benchseal /etc/benchseal",
         "640 root benchseal /etc/benchseal/infra.yaml",
         "600 root root /etc/benchseal/worker.env",
         "600 root root /etc/benchseal/publisher.env",
         "440 root root /etc/sudoers.d/benchseal",
+        "644 root root /etc/systemd/system/benchseal-sandbox.service",
         "644 root root /etc/systemd/system/benchseal-worker.service",
         "644 root root /etc/systemd/system/benchseal-publisher.service",
         "755 root root /usr/local/libexec/benchseal-accept",
@@ -418,11 +437,14 @@ def test_container_runner_reaches_the_queue_through_sudo_and_nothing_else(box: B
 
 
 def test_container_units_verify(box: Box, first_install: dict[str, Any]) -> None:
-    done = box.sh("systemd-analyze verify /etc/systemd/system/benchseal-worker.service "
-                  "/etc/systemd/system/benchseal-publisher.service")
+    done = box.sh("systemd-analyze verify /etc/systemd/system/benchseal-sandbox.service "
+                  "/etc/systemd/system/benchseal-worker.service /etc/systemd/system/benchseal-publisher.service")
     assert done.returncode == 0 and done.stdout + done.stderr == "", done.stdout + done.stderr
     unit = box.sh("cat /etc/systemd/system/benchseal-worker.service").stdout
     assert "User=benchseal" in unit and "Environment=BENCHSEAL_INFRA_POLICY=/etc/benchseal/infra.yaml" in unit
+    assert "Requires=docker.service benchseal-sandbox.service" in unit
+    sandbox_unit = box.sh("cat /etc/systemd/system/benchseal-sandbox.service").stdout
+    assert "Environment=BENCHSEAL_SANDBOX_CONTROLLER=benchseal" in sandbox_unit and "User=" not in sandbox_unit
 
 
 def test_container_second_install_changes_nothing(box: Box, first_install: dict[str, Any]) -> None:

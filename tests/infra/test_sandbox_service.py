@@ -100,3 +100,73 @@ def test_grant_gives_the_service_user_alone_access_and_keeps_what_it_had(tmp_pat
     (tmp_path / "link").symlink_to(batch)
     with pytest.raises(CheckFailed, match="symlink"):
         sbx.grant(tmp_path / "link", s)
+
+
+def test_reclaim_takes_back_what_the_sandbox_wrote_without_following_anything(tmp_path):
+    first, _ = sbx.subid_range()
+    batch = tmp_path / "batch"
+    (batch / "locked" / "deeper").mkdir(parents=True)
+    (batch / "locked" / "deeper" / "result.json").write_text("{}")
+    outside = tmp_path / "outside"
+    outside.write_text("not the sandbox's")
+    (batch / "link").symlink_to(outside)
+    os.mkfifo(batch / "fifo")
+    (batch / "setuid").write_text("#!/bin/sh\n")
+    (batch / "setuid").chmod(0o4755)
+    for path in [batch / "locked" / "deeper" / "result.json", batch / "locked" / "deeper", batch / "locked",
+                 batch / "fifo", batch / "setuid", batch]:
+        os.chown(path, first + 999, first + 999)
+    os.lchown(batch / "link", first + 999, first + 999)
+    for path, mode in [(batch / "locked" / "deeper" / "result.json", 0), (batch / "locked" / "deeper", 0),
+                       (batch / "locked", 0)]:
+        path.chmod(mode)
+    sbx.reclaim(batch)
+    for path in [batch, *batch.rglob("*")]:
+        st = path.lstat()
+        assert (st.st_uid, st.st_gid) == (os.geteuid(), os.getegid()), path
+    assert (batch / "locked" / "deeper" / "result.json").read_text() == "{}"
+    assert stat.S_IMODE((batch / "locked").stat().st_mode) == 0o700
+    assert stat.S_IMODE((batch / "setuid").stat().st_mode) == 0o755  # no setuid bit survives
+    assert outside.stat().st_uid == 0 and (batch / "link").is_symlink()  # the link itself, never its target
+    assert stat.S_ISFIFO((batch / "fifo").lstat().st_mode)
+    sbx.reclaim(tmp_path / "missing")  # nothing there: nothing to do
+    # Someone else's entry (neither the sandbox's ids nor ours) is refused and left as it is.
+    (batch / "other").write_text("x")
+    os.chown(batch / "other", first - 1, first - 1)
+    with pytest.raises(CheckFailed, match=f"owned by uid {first - 1}, neither the sandbox's"):
+        sbx.reclaim(batch)
+    assert (batch / "other").stat().st_uid == first - 1
+
+
+def test_grant_sees_an_entry_the_mask_disabled_as_missing(tmp_path):
+    s = sbx.default_sandbox()
+    batch = tmp_path / "batch"
+    batch.mkdir(mode=0o700)
+    sbx.grant(batch, s)
+    assert _as(s.user, "-w", str(batch)) == 0
+    batch.chmod(0o700)  # an operator's chmod narrows the ACL mask: the named entry is no longer effective
+    assert _as(s.user, "-w", str(batch)) != 0
+    sbx.grant(batch, s)
+    assert _as(s.user, "-w", str(batch)) == 0
+    assert _as("nobody", "-x", str(batch)) != 0
+
+
+@pytest.mark.parametrize("user", ["root", sbx.SERVICE_USER, "no-such-user-here"])
+def test_a_controller_must_be_an_unprivileged_other_user(user):
+    done = subprocess.run([str(Path(sys.executable).with_name("benchseal")), "sandbox", "start", "--controller", user],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "--controller" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_running_sandbox_records_what_it_shares_and_refuses_other_sockets(tmp_path):
+    s = sbx.default_sandbox()
+    sbx.start(s)
+    shared = [Path(p) for p in __import__("json").loads(s.shared_record.read_text())["paths"]]
+    assert shared and all(p.is_absolute() for p in shared)
+    sbx.require_sees(s.url, shared)
+    with pytest.raises(CheckFailed, match="does not see /root"):
+        sbx.require_sees(s.url, [Path("/root")])
+    for url in (HOST_ENGINE, "unix:///a.sock", f"unix://{tmp_path}/engine/run/docker.sock"):
+        with pytest.raises(CheckFailed):
+            sbx.require_sees(url, shared)

@@ -51,9 +51,42 @@ def test_unit_has_no_systemd_warnings(name: str, tmp_path: Path) -> None:
         "Group=benchseal", "Group=root")
     unit = tmp_path / name
     unit.write_text(text)
+    # The sandbox unit the worker requires is verified beside it.
+    sandbox_unit = tmp_path / "benchseal-sandbox.service"
+    sandbox_unit.write_text(_local((DEPLOY / sandbox_unit.name).read_text()))
+    done = subprocess.run([analyze, "verify", str(unit), str(sandbox_unit)], capture_output=True, text=True,
+                          check=False, timeout=60)
+    warnings = [line for line in (done.stderr + done.stdout).splitlines() if str(tmp_path) in line]
+    assert done.returncode == 0 and warnings == [], done.stderr + done.stdout
+
+
+def test_sandbox_unit_starts_the_sandbox_for_the_worker_user() -> None:
+    from pipeline.host import sandbox
+
+    text = (DEPLOY / "benchseal-sandbox.service").read_text()
+    service = _unit("benchseal-sandbox.service")["Service"]
+    controller = "BENCHSEAL_SANDBOX_CONTROLLER=benchseal"
+    assert f"Environment={controller}" in text and "User=" not in text  # root sets up the namespaces
+    argv = shlex.split(_local(service["ExecStart"]).replace("${BENCHSEAL_SANDBOX_CONTROLLER}", "benchseal"))
+    assert argv[-4:] == ["sandbox", "start", "--controller", "benchseal"]
+    done = subprocess.run([*argv[:-2], "--help"], capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 0 and "--controller" in done.stdout, done.stderr
+    assert service["PIDFile"] == str(sandbox.DEFAULT_DIR / "sandbox.pid") and service["Type"] == "forking"
+    # The sandbox shares the worker's state dir and, with TMPDIR inside it, nothing else.
+    worker = (DEPLOY / "benchseal-worker.service").read_text()
+    for line in ("Environment=BENCHSEAL_HOME=/var/lib/benchseal", "Environment=TMPDIR=/var/lib/benchseal/tmp"):
+        assert line in text and line in worker
+    assert "Requires=docker.service benchseal-sandbox.service" in worker
+    assert "AmbientCapabilities=CAP_CHOWN\n" in worker and "CapabilityBoundingSet=CAP_CHOWN\n" in worker
+
+
+def test_sandbox_unit_has_no_systemd_warnings(tmp_path: Path) -> None:
+    analyze = require("systemd-analyze", "systemd")
+    unit = tmp_path / "benchseal-sandbox.service"
+    unit.write_text(_local((DEPLOY / unit.name).read_text()))
     done = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True, check=False, timeout=60)
     warnings = [line for line in (done.stderr + done.stdout).splitlines() if str(unit) in line]
-    assert done.returncode == 0 and warnings == []
+    assert done.returncode == 0 and warnings == [], done.stderr + done.stdout
 
 
 def test_worker_stop_timeout_covers_the_term_grace() -> None:
