@@ -298,9 +298,9 @@ def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
 
     Container root there is the service user and other container users are its subordinate ids,
     so what a batch leaves behind (a 0700 directory of uid 100999, a 0000 file) is otherwise
-    neither readable nor removable by an unprivileged worker. Nothing is followed: links are
-    chowned as links, and every other entry is changed through an ``O_PATH | O_NOFOLLOW``
-    descriptor of what was opened. An entry of any other owner (a hard link the sandbox made to
+    neither readable nor removable by an unprivileged worker. Nothing is followed: links are left
+    as they are, and every other entry is checked and changed through an ``O_PATH | O_NOFOLLOW``
+    descriptor of what was opened (never by name again, which a racing process could swap). An entry of any other owner (a hard link the sandbox made to
     someone else's file, where the kernel's protected_hardlinks is off) is never chowned: that is a
     refusal. A worker that is not root needs CAP_CHOWN for this (deploy/benchseal-worker.service
     grants it as its one ambient capability)."""
@@ -323,8 +323,8 @@ def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
                 raise CheckFailed(f"{entry}: owned by uid {info.st_uid}, neither the sandbox's nor this worker's: "
                                   "left as it is")
             if stat.S_ISLNK(info.st_mode):
-                if (info.st_uid, info.st_gid) != (uid, gid):
-                    os.lchown(entry, uid, gid)
+                # Never followed, and removable through its (reclaimed) directory: its owner does not
+                # matter, and a chown by name could reach what a racing process put there instead.
                 return
             handle = f"/proc/self/fd/{fd}"  # the inode that was opened, whatever the name points at now
             if (info.st_uid, info.st_gid) != (uid, gid):
