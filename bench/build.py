@@ -35,10 +35,10 @@ def main() -> None:
     scratch = Path(tempfile.mkdtemp(prefix="benchseal-bench-build-"))
     os.environ["BENCHSEAL_HOME"] = str(scratch / "home")
     os.environ["BENCHSEAL_BASE_LOCK"] = str(scratch / "base.lock.json")
-    from pipeline.host import registry as reg
     from pipeline.imaging.base import ensure_base, load_specs, rootfs_tarball
     from pipeline.imaging.images import APP_DIRS, build_image, source_date_epoch, source_info
     from pipeline.imaging.layers import BlobStore, compress_tarball
+    from pipeline.local import registry as reg
 
     registry = reg.Registry(address=f"127.0.0.1:{_free_port()}", state=scratch / "registry")
     registry.state.mkdir(parents=True)

@@ -26,14 +26,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The stages CLI verbs import inside their commands (pipeline/cli/*.py, '# lazy:').
 LAZY_STAGES = (
-    "pipeline.api.app, uvicorn", "pipeline.attest", "pipeline.dispatch", "pipeline.evidence",
-    "pipeline.evidence.signing", "pipeline.imaging", "pipeline.infra.accept", "pipeline.infra.trial",
-    "pipeline.infra.worker", "pipeline.publish.outbox", "pipeline.publish.seal", "pipeline.publish.service",
-    "pipeline.publish.targets", "pipeline.release.local", "pipeline.verify", "pipeline.verify.policy",
+    "pipeline.api.app, uvicorn", "pipeline.attest.images", "pipeline.dispatch", "pipeline.evidence.writer",
+    "pipeline.evidence.signing", "pipeline.imaging.build", "pipeline.infra.intake.accept", "pipeline.runner.trial",
+    "pipeline.infra.worker.loop", "pipeline.publish.outbox", "pipeline.publish.seal", "pipeline.publish.service",
+    "pipeline.publish.targets", "pipeline.local.release", "pipeline.verify.release", "pipeline.verify.policy",
 )
 # What verbs import at module level, measured alone (on top of typer and the document layer).
-EAGER_STAGES = ("pipeline.infra.model_server", "pipeline.infra.queue", "pipeline.infra.export", "pipeline.host.install", "pipeline.host.registry")
-_BASE = "import typer, rich, pipeline.contracts, pipeline.documents, pipeline.errors, pipeline.paths"
+EAGER_STAGES = ("pipeline.local.model_server", "pipeline.infra.queue.sql", "pipeline.infra.worker.export", "pipeline.host.install", "pipeline.local.registry")
+_BASE = "import typer, rich, pipeline.core.contracts, pipeline.core.documents, pipeline.core.errors, pipeline.core.paths"
 _TIMED = "import time; t = time.perf_counter(); {code}; print(time.perf_counter() - t)"
 
 

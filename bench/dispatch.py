@@ -26,7 +26,7 @@ from pathlib import Path
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
-from pipeline.contracts import DigestsFile, load_model
+from pipeline.core.contracts import DigestsFile, load_model
 from pipeline.dispatch import PollConfig, build_payload, dispatch_and_wait, make_client
 from pipeline.dispatch.correlate import created_filter
 from tests.doubles.github import FakeClock, GitHubEmulator

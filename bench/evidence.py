@@ -48,8 +48,8 @@ def bench_checksums(scratch: Path, mib: int) -> None:
 
 
 def bench_signing(scratch: Path, count: int) -> None:
-    from pipeline.evidence import sigstore_local
-    from pipeline.evidence.signing import local_signer
+    from pipeline.local import sigstore as sigstore_local
+    from pipeline.local.signing import local_signer
 
     state = scratch / "sigstore"
     started = time.perf_counter()
@@ -78,8 +78,8 @@ def bench_signing(scratch: Path, count: int) -> None:
 
 
 def _image_refs() -> dict[str, str]:
-    from pipeline.host import registry as reg
-    from pipeline.imaging import build_images
+    from pipeline.imaging.build import build_images
+    from pipeline.local import registry as reg
 
     registry = reg.default_registry()
     reg.start(registry)
@@ -95,7 +95,7 @@ def _baseline_read(ref: str) -> int:
     import posixpath
     import tarfile
 
-    from pipeline.digests import parse_ref
+    from pipeline.core.digests import parse_ref
     from pipeline.evidence.sbom import _Registry
 
     image = parse_ref(ref, "image")
@@ -122,8 +122,8 @@ def _baseline_read(ref: str) -> int:
 def bench_sbom(scratch: Path) -> None:
     """The whole SBOM (read + unpack + licenses, hashes, executables, graph; render; strict validation)
     beside the pre-issue-17 read in the same run; the target is new read+build < 2x the old read."""
-    from pipeline.evidence.ntia import ntia_report
     from pipeline.evidence.sbom import _distro, build_bom, read_image, render_bom, validate_sbom_text
+    from pipeline.local.ntia import ntia_report
 
     for role, ref in _image_refs().items():
         started = time.perf_counter()

@@ -48,7 +48,7 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 from typing import Any  # noqa: E402
 
-from pipeline.paths import home  # noqa: E402
+from pipeline.core.paths import home  # noqa: E402
 from tests.doubles.postgres import PgCluster, pg_bindir  # noqa: E402
 from tests.doubles.queue_load import WorkerGroups, noop_payload, open_store, worker_command  # noqa: E402
 

@@ -107,7 +107,7 @@ def main() -> None:
                         help="Run the working tree itself instead of a clone of HEAD.")
     args = parser.parse_args()
 
-    from pipeline import paths
+    from pipeline.core import paths
 
     scratch = Path(tempfile.mkdtemp(prefix="benchseal-bench-release-"))
     home, dist = scratch / "home", scratch / "dist"

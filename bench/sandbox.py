@@ -36,10 +36,10 @@ sys.path.insert(0, str(_BENCH.parent))
 
 import docker  # noqa: E402 (after the sys.path fix above)
 
-from pipeline.digests import parse_ref  # noqa: E402
-from pipeline.host import sandbox  # noqa: E402
-from pipeline.imaging import build_images, ensure_base, ensure_local  # noqa: E402
-from pipeline.infra.worker import prebuild_task_images, render_suite  # noqa: E402
+from pipeline.core.digests import parse_ref  # noqa: E402
+from pipeline.imaging.build import build_images, ensure_base, ensure_local  # noqa: E402
+from pipeline.infra.sandbox import engine as sandbox  # noqa: E402
+from pipeline.infra.worker.loop import prebuild_task_images, render_suite  # noqa: E402
 
 print = functools.partial(print, flush=True)
 ROOT = _BENCH.parent

@@ -7,7 +7,7 @@
    pull, infra error, terminal transition): worker RSS and open FDs per attempt;
 4. REAL runs (oracle on suites/smoke in the runner image), side by side and interleaved:
    "before" (the runner without bytecode, Harbor's compose build at trial time, none of
-   pipeline.infra.harbor_env's changes) and "now"; with --ablation also "now" minus each
+   pipeline.runner.harbor_env's changes) and "now"; with --ablation also "now" minus each
    single change. Per variant: Harbor overhead per trial (trial wall - agent - verifier),
    its share of the trial wall time, runner start to the first trial (the runner
    container's StartedAt to the earliest trial start), where the time goes (Harbor's
@@ -47,9 +47,9 @@ _BENCH = Path(__file__).resolve().parent
 sys.path[:] = [entry for entry in sys.path if Path(entry or ".").resolve() != _BENCH]
 sys.path.insert(0, str(_BENCH.parent))
 
-from pipeline.contracts import DispatchPayload  # noqa: E402 (after the sys.path fix above)
-from pipeline.infra.policy import load_policy  # noqa: E402
-from pipeline.infra.queue import SqliteQueue  # noqa: E402
+from pipeline.core.contracts import DispatchPayload  # noqa: E402 (after the sys.path fix above)
+from pipeline.infra.intake.policy import load_policy  # noqa: E402
+from pipeline.infra.queue.sql import SqliteQueue  # noqa: E402
 
 
 def rss_kib() -> int:
@@ -109,7 +109,7 @@ def bench_queue(root: Path, n: int) -> None:
 
 
 def bench_cheap_worker(root: Path, n: int) -> None:
-    from pipeline.infra.worker import WorkerConfig, run_once
+    from pipeline.infra.worker.loop import WorkerConfig, run_once
 
     # acme/benchseal with the local runner/api repositories: the payloads pass the policy and the
     # attempt fails at the pull (the digest is absent), before any signature is checked.
@@ -159,9 +159,9 @@ KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
 def signed_policy(root: Path, images: list[str], model_endpoint: str | None) -> tuple[Any, Any, Any]:
     """(policy, worker image trust, sigstore state): ``images`` signed and attested as acme/benchseal's
     tag.yml at the bench payloads' tag by a private Sigstore instance (stop it with sigstore_local.stop)."""
-    from pipeline.attest import BuildInvocation, ImageSigner, SigstoreEndpoints, attest_images
-    from pipeline.digests import parse_ref
-    from pipeline.evidence import sigstore_local
+    from pipeline.attest.images import BuildInvocation, ImageSigner, SigstoreEndpoints, attest_images
+    from pipeline.core.digests import parse_ref
+    from pipeline.local import sigstore as sigstore_local
 
     state = root / "sigstore"
     instance = sigstore_local.ensure_running(state)
@@ -188,7 +188,7 @@ def _policy_file(root: Path, images: dict[str, list[dict[str, str]]], model_endp
     """The shipped infra policy with acme/benchseal (signed by its tag.yml) running ``images``."""
     import yaml
 
-    from pipeline.paths import REPO_ROOT
+    from pipeline.core.paths import REPO_ROOT
 
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     data["sources"] = [{"repository": "acme/benchseal", "signer": {"workflow": "tag.yml"}, "images": images}]
@@ -224,7 +224,7 @@ def _ts(value: str) -> datetime:
 
 def runner_variants(registry: str) -> tuple[str, str, str]:
     """(runner as built now, the same runner without bytecode, api), all pushed by digest."""
-    from pipeline.imaging import as_names, build_images, ensure_base
+    from pipeline.imaging.build import as_names, build_images, ensure_base
     from pipeline.imaging.images import assemble, load_image_spec, push_image, source_info
     from pipeline.imaging.layers import BlobStore, build_lock
     from pipeline.imaging.push import Registry
@@ -280,10 +280,10 @@ def _median(values: list[float]) -> float:
 def bench_real(root: Path, n: int, ablation: bool, version_runs: int, agents: tuple[str, ...] = ("oracle",)) -> None:
     import secrets
 
-    from pipeline.evidence import sigstore_local
-    from pipeline.infra.model_server import ModelServer
-    from pipeline.infra.tunings import TUNINGS
-    from pipeline.infra.worker import WorkerConfig, run_once
+    from pipeline.infra.worker.loop import WorkerConfig, run_once
+    from pipeline.local import sigstore as sigstore_local
+    from pipeline.local.model_server import ModelServer
+    from pipeline.runner.tunings import TUNINGS
 
     now_ref, plain_ref, api = runner_variants("127.0.0.1:5055")
     variants = [Variant("before", plain_ref, prebuild=False, disable=TUNINGS), Variant("now", now_ref)]
@@ -314,8 +314,8 @@ def _run_rounds(root: Path, n: int, variants: list[Variant], policy: Any, trust:
     db = root / "real" / "queue.sqlite3"
     samples = {v.name: Sample() for v in variants}
     counter = 0
-    from pipeline.digests import parse_ref
-    from pipeline.imaging import ensure_local
+    from pipeline.core.digests import parse_ref
+    from pipeline.imaging.build import ensure_local
 
     for ref in {v.runner for v in variants}:
         ensure_local(parse_ref(ref))  # a pull is not per-trial work
@@ -404,8 +404,8 @@ def bench_version(now_ref: str, plain_ref: str, n: int) -> tuple[float, float]:
     """Median wall time of `docker run --entrypoint harbor REF --version` (container start + import), (now, before)."""
     import subprocess
 
-    from pipeline.digests import parse_ref
-    from pipeline.imaging import ensure_local
+    from pipeline.core.digests import parse_ref
+    from pipeline.imaging.build import ensure_local
 
     walls: dict[str, list[float]] = {now_ref: [], plain_ref: []}
     inside: dict[str, list[float]] = {now_ref: [], plain_ref: []}

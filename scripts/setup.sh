@@ -31,7 +31,7 @@ declare -A NEEDED=(
   [rootlesskit]=rootlesskit        # the rootless sandbox engine (benchseal sandbox start)
   [slirp4netns]=slirp4netns
   [fuse-overlayfs]=fuse-overlayfs
-  [setfacl]=acl                    # the sandbox user's ACL entries on run dirs (pipeline/host/sandbox.py grant)
+  [setfacl]=acl                    # the sandbox user's ACL entries on run dirs (pipeline/infra/sandbox/engine.py grant)
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do
@@ -133,7 +133,7 @@ if [ -f "$STATE/infra/queue.sqlite3" ]; then
 fi
 
 # --- local registry ------------------------------------------------------------
-"$VENV/bin/benchseal" registry start >/dev/null
+"$VENV/bin/benchseal" local registry start >/dev/null
 # --- sandbox engine (rootless dockerd; everything under test runs there) -----------------
 "$VENV/bin/benchseal" sandbox start >/dev/null
-log "ready: venv $VENV, registry $("$VENV/bin/benchseal" registry status --address), sandbox $("$VENV/bin/benchseal" sandbox status --url)"
+log "ready: venv $VENV, registry $("$VENV/bin/benchseal" local registry status --address), sandbox $("$VENV/bin/benchseal" sandbox status --url)"

@@ -1,4 +1,4 @@
-"""The cross-stage documents (pipeline.documents): committed schemas, one spelling, upgrades, fail-closed reads."""
+"""The cross-stage documents (pipeline.core.documents): committed schemas, one spelling, upgrades, fail-closed reads."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import Encoding
 from cryptography.x509.oid import NameOID
 
-from pipeline import documents, layout
-from pipeline.contracts import trial_name, trial_short_id
-from pipeline.documents import (
+from pipeline.core import documents, layout
+from pipeline.core.contracts import trial_name, trial_short_id
+from pipeline.core.documents import (
     BaseLock,
     PublisherError,
     ReleaseSummary,
@@ -27,7 +27,7 @@ from pipeline.documents import (
     parse_document,
     read_base_lock,
 )
-from pipeline.errors import ValidationError
+from pipeline.core.errors import ValidationError
 from pipeline.evidence.artifacts import build_summary
 from pipeline.verify.external import bundle_issuer, certificate_issuer
 from tests.fixtures.sigstore import make_inputs
@@ -39,9 +39,9 @@ SCHEMA_DIR = Path(__file__).resolve().parent.parent / "policies"
 
 @pytest.mark.parametrize("name", sorted(documents.SCHEMAS))
 def test_committed_schema_equals_the_model(name: str) -> None:
-    """policies/<name> is exported from the model (python -m pipeline.documents); a model change must re-export."""
+    """policies/<name> is exported from the model (python -m pipeline.core.documents); a model change must re-export."""
     committed = (SCHEMA_DIR / name).read_text(encoding="utf-8")
-    assert committed == documents.json_schema(documents.SCHEMAS[name]), f"re-run python -m pipeline.documents ({name})"
+    assert committed == documents.json_schema(documents.SCHEMAS[name]), f"re-run python -m pipeline.core.documents ({name})"
 
 
 def _summary() -> ReleaseSummary:

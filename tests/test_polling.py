@@ -1,10 +1,10 @@
-"""pipeline.polling: the one bounded wait (tenacity) behind every local service's start and stop."""
+"""pipeline.core.polling: the one bounded wait (tenacity) behind every local service's start and stop."""
 
 from __future__ import annotations
 
 import pytest
 
-from pipeline.polling import poll_until
+from pipeline.core.polling import poll_until
 
 
 def test_returns_the_first_result() -> None:

@@ -1,9 +1,9 @@
 """FastAPI app: health, run list, run status (run.json), grading (grading.json), results (summary.json).
 
-Reads ``<runs>/<run_id>/run.json`` (pipeline.contracts.RunStatus), ``<runs>/<run_id>/grading.json``
-(pipeline.contracts.Grading: what the worker concluded, unsigned; on a production host, where the
+Reads ``<runs>/<run_id>/run.json`` (pipeline.core.contracts.RunStatus), ``<runs>/<run_id>/grading.json``
+(pipeline.core.contracts.Grading: what the worker concluded, unsigned; on a production host, where the
 worker only grades, this is all there is) and ``<runs>/<run_id>/artifacts/summary.json``
-(pipeline.documents.ReleaseSummary: the sealed results, present where the run was sealed on this
+(pipeline.core.documents.ReleaseSummary: the sealed results, present where the run was sealed on this
 host, e.g. ``release --local``); read-only, no state of its own.
 Run ids are validated before they touch the filesystem (no traversal).
 
@@ -28,11 +28,12 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from pipeline import __version__, strictjson
-from pipeline.contracts import Grading, RunStatus, load_model
-from pipeline.documents import ReleaseSummary, parse_document
-from pipeline.errors import ValidationError, escape_text
-from pipeline.layout import ARTIFACTS_DIR, SUMMARY
+from pipeline import __version__
+from pipeline.core import strictjson
+from pipeline.core.contracts import Grading, RunStatus, load_model
+from pipeline.core.documents import ReleaseSummary, parse_document
+from pipeline.core.errors import ValidationError, escape_text
+from pipeline.core.layout import ARTIFACTS_DIR, SUMMARY
 
 RUN_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # run.json is about 1 KB; grading.json and summary.json grow with the trials of a run.

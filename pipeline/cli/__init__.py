@@ -1,7 +1,7 @@
 """CLI verbs, one module per verb; entry points ``main`` (all verbs), ``runner_main``, ``api_main``.
 
 ``benchseal --project-dir DIR VERB ...`` sets BENCHSEAL_PROJECT_DIR here, before any verb module
-(and so ``pipeline.paths``, which resolves its paths at import) is imported: every entry point
+(and so ``pipeline.core.paths``, which resolves its paths at import) is imported: every entry point
 imports this package first.
 """
 

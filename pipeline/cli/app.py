@@ -15,8 +15,9 @@ from pathlib import Path
 
 import typer
 
-from pipeline import __version__, paths
-from pipeline.errors import Error, ValidationError
+from pipeline import __version__
+from pipeline.core import paths
+from pipeline.core.errors import Error, ValidationError
 
 Register = Callable[[typer.Typer], None]
 

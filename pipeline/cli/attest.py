@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipeline.contracts import DigestsFile, load_model
-from pipeline.digests import parse_ref
-from pipeline.errors import ValidationError
+from pipeline.core.contracts import DigestsFile, load_model
+from pipeline.core.digests import parse_ref
+from pipeline.core.errors import ValidationError
 
 if TYPE_CHECKING:
-    from pipeline.attest import SigstoreEndpoints
+    from pipeline.attest.images import SigstoreEndpoints
 
 _URL = typer.Option("--sigstore-url", envvar="BENCHSEAL_SIGSTORE_URL",
                     help="A private Sigstore instance (http://127.0.0.1:PORT); default public-good.")
@@ -39,8 +39,8 @@ _HTTP = typer.Option("--allow-http-registry",
 def sigstore_endpoints(url: str | None, trusted_root: Path | None) -> SigstoreEndpoints:
     """Public-good, or the private instance the caller named with both options (never implicit).
     An empty value (an unset Actions variable) counts as not given."""
-    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.attest import SigstoreEndpoints
+    # lazy: pipeline.attest.images (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.attest.images import SigstoreEndpoints
 
     url = url or None
     trusted_root = trusted_root if trusted_root and str(trusted_root) not in ("", ".") else None
@@ -62,8 +62,8 @@ def attest(
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
     """Sign each image and attest its provenance and SBOM (ambient Actions identity)."""
-    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.attest import BuildInvocation, ImageSigner, attest_images
+    # lazy: pipeline.attest.images (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.attest.images import BuildInvocation, ImageSigner, attest_images
 
     try:
         document = json.loads(digests.read_text())
@@ -96,9 +96,9 @@ def verify_image(
     allow_http_registry: Annotated[bool, _HTTP] = False,
 ) -> None:
     """Check an image's signature and its provenance and SBOM attestations: exact identity, ref and commit."""
-    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.attest import image_identity
-    from pipeline.attest import verify_image as check
+    # lazy: pipeline.attest.images (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.attest.images import image_identity
+    from pipeline.attest.images import verify_image as check
 
     policy = image_identity(repo, tag, commit, workflow=workflow, ref=signer_ref)
     check(ref, policy, sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)

@@ -6,8 +6,8 @@ import json
 
 import typer
 
-from pipeline.documents import base_lock_path, read_base_lock
-from pipeline.fsutil import canonical_json
+from pipeline.core.documents import base_lock_path, read_base_lock
+from pipeline.core.fsutil import canonical_json
 
 base_app = typer.Typer(help="Debian base images (mmdebstrap, fixed SOURCE_DATE_EPOCH) pushed by digest.", no_args_is_help=True)
 
@@ -22,8 +22,8 @@ def build(
     local: bool = typer.Option(False, "--local", help="Also pull each base by digest into the local engine."),
 ) -> None:
     """Build (if needed) and push the base images; write images/base.lock.json. Idempotent."""
-    # lazy: pipeline.imaging (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.imaging import ensure_base, ensure_local, resolve_image_names
+    # lazy: pipeline.imaging.build (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.imaging.build import ensure_base, ensure_local, resolve_image_names
 
     refs = ensure_base(resolve_image_names(image_prefix, registry), rebuild=rebuild)
     if local:

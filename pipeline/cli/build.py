@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.fsutil import canonical_json
+from pipeline.core.fsutil import canonical_json
 
 PREFIX_HELP = ("Registry and repository prefix of every image: PREFIX + runner|api|base|runner-base, e.g. "
                "ghcr.io/OWNER/benchseal- (default $BENCHSEAL_IMAGE_PREFIX, else --registry / $BENCHSEAL_REGISTRY "
@@ -28,8 +28,8 @@ def build(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer (the result must be identical).")] = False,
 ) -> None:
     """Build the images, push them, and print/write the digests file."""
-    # lazy: pipeline.imaging (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.imaging import build_images, resolve_image_names
+    # lazy: pipeline.imaging.build (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.imaging.build import build_images, resolve_image_names
 
     names = resolve_image_names(image_prefix, registry)
     result = build_images(image or [], names, out, tag or [], use_cache=not no_cache)

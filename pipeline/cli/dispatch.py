@@ -30,9 +30,9 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from pipeline.contracts import validate_correlation
-from pipeline.errors import Error, InfrastructureError, UsageError, escape_text
-from pipeline.fsutil import atomic_write_json
+from pipeline.core.contracts import validate_correlation
+from pipeline.core.errors import Error, InfrastructureError, UsageError, escape_text
+from pipeline.core.fsutil import atomic_write_json
 
 
 def _secrets() -> list[str]:

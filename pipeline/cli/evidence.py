@@ -27,7 +27,8 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.attest import sigstore_endpoints
-from pipeline.errors import ValidationError
+from pipeline.cli.signers import signer_factory
+from pipeline.core.errors import ValidationError
 
 _RUN_DIR = typer.Argument(..., help="Run directory holding run.json and grading.json.")
 
@@ -49,32 +50,19 @@ def evidence(
                                             "$BENCHSEAL_INFRA_POLICY, else policies/infra.yaml)."),
 ) -> None:
     """Write summary.json, SBOMs, provenance, SHA256SUMS and Sigstore bundles."""
-    # lazy: pipeline.evidence (sigstore, cyclonedx) + pipeline.evidence.signing (sigstore) cost 365 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.evidence import reseal as do_reseal
-    from pipeline.evidence.signing import Signer, ambient_signer, default_signer, local_signer, private_trust_config
+    # lazy: pipeline.evidence.writer (sigstore, cyclonedx) costs 365 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.evidence.writer import reseal as do_reseal
 
-    # lazy: pipeline.infra.policy (yaml) costs 20 ms at CLI start (python -X importtime, 2026-12-03)
-    from pipeline.infra.policy import load_policy
+    # lazy: pipeline.infra.intake.policy (yaml) costs 20 ms at CLI start (python -X importtime, 2026-12-03)
+    from pipeline.infra.intake.policy import load_policy
 
-    if signer_kind not in ("auto", "local", "ambient"):
-        raise ValidationError("--signer", "must be auto, local or ambient", signer_kind)
     if (from_export is None) != (run_id is None):
         raise ValidationError("--from-export/--run-id", "go together: the export and the run it must be")
     if from_export is not None and reseal:
         raise ValidationError("--reseal", "cannot be combined with --from-export")
     endpoints = sigstore_endpoints(sigstore_url, Path(trusted_root) if trusted_root else None)
+    make_signer = signer_factory(signer_kind, endpoints, rekor_version=rekor)
     policy = None if reseal else load_policy(Path(policy_path) if policy_path else None)
-
-    def make_signer() -> Signer:
-        if signer_kind == "local":
-            if endpoints.is_private:
-                raise ValidationError("--signer local", "uses the private instance of this state dir; do not name another")
-            return local_signer(rekor_version=rekor)
-        if endpoints.is_private and endpoints.fulcio_url and endpoints.trusted_root:
-            return ambient_signer(trust_config=private_trust_config(endpoints.fulcio_url, endpoints.trusted_root),
-                                  trusted_root=endpoints.trusted_root)
-        # The ambient Actions credential and nothing else (default_signer: no fallback).
-        return default_signer()
 
     # lazy: pipeline.publish.seal (sigstore, cyclonedx) costs 194 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.publish.seal import seal_export, seal_run

@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from pipeline.errors import UsageError, ValidationError
-from pipeline.infra.export import export_run, packs_not_here, validate_run_id
-from pipeline.infra.queue import QueueStats, open_queue
+from pipeline.core.errors import UsageError, ValidationError
+from pipeline.infra.queue.sql import QueueStats, open_queue
+from pipeline.infra.worker.export import export_run, packs_not_here, validate_run_id
 
 infra_app = typer.Typer(help="Benchmark infra: accept dispatch payloads, inspect runs.", no_args_is_help=True)
 
@@ -48,9 +48,9 @@ def accept(
 
     if os.environ.get("SUDO_UID") and (db is not None or policy_path is not None):
         raise UsageError("--db and --policy are not accepted under sudo")
-    # lazy: pipeline.infra.accept (jsonschema, yaml) costs 62 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.infra.accept import accept_payload
-    from pipeline.infra.policy import load_policy
+    # lazy: pipeline.infra.intake.accept (jsonschema, yaml) costs 62 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.infra.intake.accept import accept_payload
+    from pipeline.infra.intake.policy import load_policy
 
     policy = load_policy(policy_path)
     result = accept_payload(_read_payload(payload, policy.max_payload_bytes), db=db, policy=policy)
@@ -70,9 +70,9 @@ def validate(
     Prints the correlation id; exit 2 naming the field when the payload is refused.
     """
 
-    # lazy: pipeline.infra.accept (jsonschema, yaml) costs 62 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.infra.accept import validate_payload
-    from pipeline.infra.policy import load_policy
+    # lazy: pipeline.infra.intake.accept (jsonschema, yaml) costs 62 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.infra.intake.accept import validate_payload
+    from pipeline.infra.intake.policy import load_policy
 
     policy = load_policy(policy_path)
     typer.echo(validate_payload(_read_payload(payload, policy.max_payload_bytes), policy).correlation_id)

@@ -15,13 +15,11 @@ from pipeline.cli import (
     evidence,
     host,
     infra,
-    model_server,
+    local,
     publish,
-    registry,
     release,
     resolve_ref,
     sandbox,
-    sigstore_local,
     trial,
     verify,
     worker,
@@ -29,7 +27,6 @@ from pipeline.cli import (
 from pipeline.cli.app import new_app, run
 
 app = new_app(
-    registry.register,
     base.register,
     build.register,
     attest.register,
@@ -38,15 +35,14 @@ app = new_app(
     infra.register,
     worker.register,
     trial.register,
-    model_server.register,
     api.register,
-    sigstore_local.register,
     evidence.register,
     verify.register,
     publish.register,
     release.register,
     host.register,
     sandbox.register,
+    local.register,
 )
 
 

@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 
 import typer
 
-from pipeline.errors import ValidationError
-from pipeline.infra.model_server import serve as _serve
-from pipeline.infra.model_server import start_background, stop_background
-from pipeline.paths import REPO_ROOT
+from pipeline.core.errors import ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.local.model_server import serve as _serve
+from pipeline.local.model_server import start_background, stop_background
 
 model_app = typer.Typer(help="Scripted OpenAI-compatible model server on 127.0.0.1 (tests, demo).", no_args_is_help=True)
 DEFAULT_STATE = REPO_ROOT / ".benchseal" / "model-server"
@@ -54,7 +54,3 @@ def stop(state_dir: StateDir = DEFAULT_STATE) -> None:
 
     pid = stop_background(state_dir)
     typer.echo("no model server recorded" if pid is None else f"stopped model server pid {pid}")
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(model_app, name="model-server")

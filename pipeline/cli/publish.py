@@ -23,9 +23,9 @@ from typing import Annotated
 
 import typer
 
-from pipeline.contracts import PublicationRequest
-from pipeline.errors import CheckFailed, UsageError, ValidationError
-from pipeline.infra.queue import open_queue
+from pipeline.core.contracts import PublicationRequest
+from pipeline.core.errors import CheckFailed, UsageError, ValidationError
+from pipeline.infra.queue.sql import open_queue
 
 
 def publish(

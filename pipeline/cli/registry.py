@@ -9,7 +9,7 @@ import json
 
 import typer
 
-from pipeline.host import registry as reg
+from pipeline.local import registry as reg
 
 registry_app = typer.Typer(help="Run the local OCI registry on 127.0.0.1 (pid-recorded).", no_args_is_help=True)
 
@@ -44,7 +44,3 @@ def status(
         typer.echo(" ".join(f"{k}={v}" for k, v in info.items()))
     if not info["answers"]:
         raise typer.Exit(1)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(registry_app, name="registry")

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipeline.errors import UsageError
+from pipeline.core.errors import UsageError
 
 
 def release(
@@ -39,8 +39,8 @@ def release(
     """Release TAG locally: images, benchmark run, evidence, publication, verification."""
     # lazy: pipeline.release (every stage) costs 875 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.imaging.names import resolve_image_names
-    from pipeline.release.local import release_local
-    from pipeline.release.report import render_report
+    from pipeline.local.release import release_local
+    from pipeline.local.report import render_report
 
     if not local:
         raise UsageError("only --local is available from the command line; GitHub releases run in the workflows")

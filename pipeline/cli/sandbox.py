@@ -1,4 +1,4 @@
-"""``benchseal sandbox start|stop|status``: the rootless sandbox engine (pipeline/host/sandbox.py).
+"""``benchseal sandbox start|stop|status``: the rootless sandbox engine (pipeline/infra/sandbox/engine.py).
 
 Exit codes: 0 ok; 1 the engine did not start / does not answer / is not rootless; 2 bad input
 (not root, a bad ``$BENCHSEAL_SANDBOX_DIR``).
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.host import sandbox as sbx
+from pipeline.infra.sandbox import engine as sbx
 
 sandbox_app = typer.Typer(help="Run the rootless sandbox engine everything under test runs on (pid-recorded).",
                           no_args_is_help=True)

@@ -18,8 +18,8 @@ _STATE = typer.Option(None, "--state", help="State directory (default: .benchsea
 @sigstore_app.command()
 def start(state: Path | None = _STATE, port: int = typer.Option(0, help="Port (0: ephemeral).")) -> None:
     """Start the instance unless one already serves the state directory."""
-    # lazy: pipeline.evidence (sigstore, cyclonedx) costs 174 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.evidence import sigstore_local
+    # lazy: pipeline.evidence.writer (sigstore, cyclonedx) costs 174 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.local import sigstore as sigstore_local
 
     instance = sigstore_local.ensure_running(state, port=port)
     typer.echo(f"sigstore running at {instance.url} (pid {instance.pid}); trusted root {instance.trusted_root}")
@@ -28,8 +28,8 @@ def start(state: Path | None = _STATE, port: int = typer.Option(0, help="Port (0
 @sigstore_app.command()
 def stop(state: Path | None = _STATE) -> None:
     """Stop the instance benchseal started (only that process)."""
-    # lazy: pipeline.evidence (sigstore, cyclonedx) costs 174 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.evidence import sigstore_local
+    # lazy: pipeline.evidence.writer (sigstore, cyclonedx) costs 174 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.local import sigstore as sigstore_local
 
     typer.echo(f"sigstore {sigstore_local.stop(state)}")
 
@@ -37,14 +37,10 @@ def stop(state: Path | None = _STATE) -> None:
 @sigstore_app.command()
 def status(state: Path | None = _STATE, as_json: bool = typer.Option(False, "--json")) -> None:
     """Show whether the instance answers; exit 1 if it does not."""
-    # lazy: pipeline.evidence (sigstore, cyclonedx) costs 174 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.evidence import sigstore_local
+    # lazy: pipeline.evidence.writer (sigstore, cyclonedx) costs 174 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.local import sigstore as sigstore_local
 
     info = sigstore_local.status(state)
     typer.echo(json.dumps(info) if as_json else " ".join(f"{k}={v}" for k, v in info.items()))
     if not info["answers"]:
         raise typer.Exit(1)
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(sigstore_app, name="sigstore")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.errors import UsageError
+from pipeline.core.errors import UsageError
 
 trial_app = typer.Typer(help="Harbor trials (runs inside the runner image).", no_args_is_help=True)
 
@@ -28,8 +28,8 @@ def run(
     model_key_env: Annotated[str | None, typer.Option("--model-key-env", help="--secret-env name holding the model key.")] = None,
 ) -> None:
     """Run every task once; grade later from the trials' result.json files."""
-    # lazy: pipeline.infra.trial (harbor) costs 178 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.infra.trial import ModelAccess, run_suite
+    # lazy: pipeline.runner.trial (harbor) costs 178 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.runner.trial import ModelAccess, run_suite
 
     model = None
     if model_socket is not None or model_name is not None or model_key_env is not None:

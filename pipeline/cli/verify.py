@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from pipeline.errors import Error
+from pipeline.core.errors import Error
 
 _DIR = typer.Argument(..., help="Release or artifacts directory.")
 _REPO = typer.Option(None, "--repo", help="The source repository OWNER/NAME the release must be for "
@@ -51,8 +51,8 @@ def verify(
     image_ref: str = _IMAGE_REF,
 ) -> None:
     """Verify every bundle, every checksum and the bindings of the release of --repo at --tag."""
-    # lazy: pipeline.verify (sigstore) costs 224 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.verify import verify_release
+    # lazy: pipeline.verify.release (sigstore) costs 224 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.verify.release import verify_release
 
     try:
         done = verify_release(directory, repository=repo, tag=tag, policy=policy, trusted_root=trusted_root,
@@ -81,9 +81,9 @@ def verify(
 def _verify_images(done: Any, trusted_root: Path | None, workflow: str, ref: str) -> None:
     """The release's two images, by the identity ``image_identity`` builds from the consumer's
     --repo/--tag and the commit the verified, signed summary is bound to (never from the images)."""
-    # lazy: pipeline.attest (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.attest import SigstoreEndpoints, image_identity, verify_images
-    from pipeline.verify import load_summary
+    # lazy: pipeline.attest.images (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.attest.images import SigstoreEndpoints, image_identity, verify_images
+    from pipeline.verify.release import load_summary
 
     identity = image_identity(done.repository, done.tag, done.commit, workflow=workflow, ref=ref)
     summary = load_summary(done.directory)

@@ -23,12 +23,12 @@ from typing import Annotated, Literal
 import typer
 
 from pipeline.cli.attest import sigstore_endpoints
-from pipeline.errors import UsageError
-from pipeline.host import sandbox
-from pipeline.infra.queue import QUEUE_URL_FILE_ENV, open_queue
+from pipeline.cli.signers import SignerKind, signer_factory
+from pipeline.core.errors import UsageError
+from pipeline.infra.queue.sql import QUEUE_URL_FILE_ENV, open_queue
+from pipeline.infra.sandbox import engine as sandbox
 
 PublishTarget = Literal["none", "github", "local"]
-SignerChoice = Literal["auto", "ambient", "local"]
 
 
 def worker(
@@ -42,7 +42,7 @@ def worker(
     suites_dir: Annotated[Path | None, typer.Option("--suites-dir", help="Where suites live (default: <repo>/suites).")] = None,
     term_grace: Annotated[float, typer.Option("--term-grace", min=0, help="Seconds a run may finish after SIGTERM before its lease is released.")] = 30.0,
     publish: Annotated[PublishTarget, typer.Option("--publish", help="Write signed evidence and queue its publication to this target (none: grade only).")] = "none",
-    signer: Annotated[SignerChoice, typer.Option("--signer", help="ambient (= auto): the environment's GitHub Actions OIDC token, nothing else; local: the private Sigstore instance, only when asked for.")] = "auto",
+    signer: Annotated[SignerKind, typer.Option("--signer", help="ambient (= auto): the environment's GitHub Actions OIDC token, nothing else; local: the private Sigstore instance, only when asked for.")] = "auto",
     local_root: Annotated[Path | None, typer.Option("--local-root", help="Root of the local target (default dist/releases).")] = None,
     api_url: Annotated[str | None, typer.Option("--api-url", help="GitHub API URL stored in publication rows (default $GITHUB_API_URL).")] = None,
     with_publisher: Annotated[bool, typer.Option("--with-publisher", help="Deliver the outbox in a thread beside the worker.")] = False,
@@ -52,9 +52,9 @@ def worker(
     sandbox_engine: Annotated[str | None, typer.Option("--sandbox-engine", envvar="BENCHSEAL_SANDBOX_ENGINE", help="The rootless engine everything under test runs on (unix://PATH; default: benchseal sandbox's socket). Refused unless it answers and is rootless.")] = None,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
-    # lazy: pipeline.infra.worker (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.infra.policy import load_policy
-    from pipeline.infra.worker import WorkerConfig, run_forever, run_once
+    # lazy: pipeline.infra.worker.loop (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.infra.intake.policy import load_policy
+    from pipeline.infra.worker.loop import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if publish != "none" and signer != "local" and not (
@@ -90,7 +90,17 @@ def worker(
         # lazy: pipeline.publish.service (sigstore, PyGithub) costs 475 ms at CLI start (bench/cli.py, 2026-12-03)
         from pipeline.publish.service import worker_finalizer
 
-        finalize = worker_finalizer(publish, signer, local_root=local_root, api_url=api_url)
+        local_instance_root = None
+        if signer == "local":
+            # lazy: the private instance's state, only with --signer local (pipeline.local never loads otherwise)
+            from pipeline.local.sigstore import default_state
+
+            local_instance_root = default_state() / "trusted_root.json"
+        # Inside an Actions job (an ambient signer is refused anywhere else): the job's own repository
+        # is the infra repository whose workflow identity signs, printed in the body.
+        infra_repository = os.environ.get("GITHUB_REPOSITORY") if signer != "local" else None
+        finalize = worker_finalizer(publish, signer_factory(signer), infra_repository=infra_repository,
+                                    local_root=local_root, api_url=api_url, trusted_root=local_instance_root)
 
     def _stop(signum: int, _frame: object) -> None:
         config.stop.set()

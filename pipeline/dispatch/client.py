@@ -17,7 +17,7 @@ import requests
 from github import GithubException, RateLimitExceededException
 from urllib3.util.retry import Retry
 
-from pipeline.errors import UsageError
+from pipeline.core.errors import UsageError
 
 DEFAULT_API_URL = "https://api.github.com"
 TOKEN_VARIABLES = ("GITHUB_TOKEN", "GH_TOKEN")

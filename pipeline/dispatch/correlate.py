@@ -43,8 +43,8 @@ from typing import Any, Protocol
 import github
 from github import GithubException, UnknownObjectException
 
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.dispatch.client import Transient, classify
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 
 DEFAULT_WORKFLOW_FILE = "benchmark.yml"
 WORKFLOWS_DIR = ".github/workflows/"

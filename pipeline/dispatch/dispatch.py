@@ -33,7 +33,8 @@ import requests
 import rfc8785
 from github import BadCredentialsException, GithubException, UnknownObjectException
 
-from pipeline.contracts import DigestsFile, DispatchPayload, PayloadSource, load_model, validate_correlation
+from pipeline.core.contracts import DigestsFile, DispatchPayload, PayloadSource, load_model, validate_correlation
+from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.dispatch.client import classify
 from pipeline.dispatch.correlate import (
     DEFAULT_WORKFLOW_FILE,
@@ -48,7 +49,6 @@ from pipeline.dispatch.correlate import (
     validate_workflow_file,
 )
 from pipeline.dispatch.resolve import tag_of_ref, validate_repo
-from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 
 DEFAULT_EVENT_TYPE = "benchseal-benchmark"
 MAX_CLIENT_PAYLOAD_KEYS = 10

@@ -6,8 +6,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.contracts import IMAGE_ROLES, DigestsFile, SourceInfo, load_model
-from pipeline.errors import CheckFailed, UsageError
+from pipeline.core.contracts import IMAGE_ROLES, DigestsFile, SourceInfo, load_model
+from pipeline.core.errors import CheckFailed, UsageError
 
 
 def merge_digests(paths: Sequence[Path], *, expect_commit: str | None = None) -> DigestsFile:

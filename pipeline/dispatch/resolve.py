@@ -9,8 +9,8 @@ import requests
 from github import GithubException, UnknownObjectException
 from github.Repository import Repository
 
-from pipeline.contracts import COMMIT_RE, REPOSITORY_RE, validate_git_tag
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.contracts import COMMIT_RE, REPOSITORY_RE, validate_git_tag
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 
 MAX_PEEL_DEPTH = 5
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pipeline import paths
-from pipeline.contracts import DispatchPayload, Grading
-from pipeline.digests import ImageRef, parse_ref
-from pipeline.documents import (
+from pipeline.core import paths
+from pipeline.core.contracts import DispatchPayload, Grading
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.documents import (
     AgentInfo,
     Dataset,
     ImageDescriptor,
@@ -24,10 +24,10 @@ from pipeline.documents import (
     TrialTiming,
     dump_document,
 )
-from pipeline.errors import CheckFailed
+from pipeline.core.errors import CheckFailed
+from pipeline.core.fsutil import atomic_write_text, sha256_file
+from pipeline.core.layout import CHECKSUMS, NESTED_SUMS, SUMMARY, checksummed_files, nested_files, render_checksums
 from pipeline.evidence.signing import Signer
-from pipeline.fsutil import atomic_write_text, sha256_file
-from pipeline.layout import CHECKSUMS, NESTED_SUMS, SUMMARY, checksummed_files, nested_files, render_checksums
 
 EVALUATION_METHOD = ("harbor-verifier-reward: a trial is resolved when its verifier reward is 1 (a reward that is not "
                      "a number in [0, 1] is an infrastructure error); score = resolved / completed")

@@ -14,9 +14,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.contracts import DispatchPayload, Grading
-from pipeline.digests import parse_ref
-from pipeline.documents import (
+from pipeline.core.contracts import DispatchPayload, Grading
+from pipeline.core.digests import parse_ref
+from pipeline.core.documents import (
     BuildDefinition,
     Builder,
     DigestSet,
@@ -30,7 +30,7 @@ from pipeline.documents import (
     SourceRef,
     Subject,
 )
-from pipeline.fsutil import atomic_write_text, canonical_json, sha256_file
+from pipeline.core.fsutil import atomic_write_text, canonical_json, sha256_file
 
 BUILD_TYPE = "https://benchseal.invalid/build-types/image-release/v1"
 RUN_TYPE = "https://benchseal.invalid/build-types/benchmark-run/v1"

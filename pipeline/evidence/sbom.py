@@ -39,10 +39,13 @@ from cyclonedx.schema import SchemaVersion
 from cyclonedx.validation.json import JsonStrictValidator
 from packageurl import PackageURL
 
-from pipeline import __version__, paths
-from pipeline.digests import ImageRef, parse_ref
-from pipeline.documents import base_lock_path, read_base_lock
-from pipeline.errors import CheckFailed
+from pipeline import __version__
+from pipeline.core import paths
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.documents import base_lock_path, read_base_lock
+from pipeline.core.errors import CheckFailed
+from pipeline.core.fsutil import atomic_write_bytes, atomic_write_text
+from pipeline.core.registry_auth import AuthSession, registry_url, scope
 from pipeline.evidence import depgraph, goinfo
 from pipeline.evidence.goinfo import GoBuildInfo
 from pipeline.evidence.golicenses import lookup as go_license
@@ -55,8 +58,6 @@ from pipeline.evidence.licenses import (
     unknown,
 )
 from pipeline.evidence.licensetext import identify
-from pipeline.fsutil import atomic_write_bytes, atomic_write_text
-from pipeline.registry_auth import AuthSession, registry_url, scope
 
 DPKG_STATUS = "var/lib/dpkg/status"
 MANIFEST_TYPES = (
@@ -124,7 +125,7 @@ class _Registry:
     def __init__(self, image: ImageRef, timeout: float = 60.0) -> None:
         self.image = image
         self.base = _base_url(image)
-        # Credentials and the Basic/Bearer handshake as for the push (pipeline.registry_auth).
+        # Credentials and the Basic/Bearer handshake as for the push (pipeline.core.registry_auth).
         self.session = AuthSession(image.registry, timeout=timeout)
         self.timeout = timeout
 

@@ -2,8 +2,8 @@
 
 Production: ``ambient_signer()`` takes the ambient GitHub Actions OIDC token
 (``permissions: id-token: write``) and signs against the public-good instance.
-Local and tests: ``local_signer()`` signs against the private instance on
-127.0.0.1 (``pipeline.evidence.sigstore_local``).
+Local and tests: ``pipeline.local.signing.local_signer()`` signs against the private instance on
+127.0.0.1 (``pipeline.local.sigstore``).
 
 Bundles use Rekor v1 unless asked otherwise: cosign 2.5 (the Debian 13 package,
 one of the three verifiers consumers use) cannot verify Rekor v2 entries.
@@ -30,11 +30,9 @@ from sigstore.oidc import IdentityToken, detect_credential
 from sigstore.sign import SigningContext
 from sigstore_models.common.v1 import HashAlgorithm
 
-from pipeline.contracts import GITHUB_ISSUER
-from pipeline.errors import InfrastructureError, ValidationError
-from pipeline.evidence import sigstore_local
-from pipeline.evidence.sigstore_local import GitHubJob
-from pipeline.fsutil import atomic_write_text, sha256_file
+from pipeline.core.contracts import GITHUB_ISSUER
+from pipeline.core.errors import InfrastructureError, ValidationError
+from pipeline.core.fsutil import atomic_write_text, sha256_file
 
 BUNDLE_SUFFIX = ".sigstore.json"
 
@@ -111,41 +109,6 @@ class Signer:
         out = bundle_path(subject)
         atomic_write_text(out, bundle.to_json())
         return out
-
-
-def local_signer(*, rekor_version: int = 1, state: Path | None = None, subject: str | None = None,
-                 github_job: GitHubJob | None = None) -> Signer:
-    """A signer for the private instance on 127.0.0.1 (started if needed). Used only when asked for
-    (``--signer local``, ``release --local``, tests): nothing falls back to it.
-
-    With ``github_job`` it signs as that GitHub Actions job (issuer, certificate identity and
-    Fulcio extensions exactly as public-good Fulcio issues them), under the local trust root.
-    """
-
-
-    instance = sigstore_local.ensure_running(state)
-    config = ClientTrustConfig.from_json(instance.client_trust_config(rekor_version).read_text())
-    if github_job is not None:
-        if subject is not None:
-            raise ValidationError("subject", "cannot be combined with a GitHub job identity", subject)
-        job = github_job
-        return Signer(
-            trust_config=config,
-            token=lambda: sigstore_local.mint_github_token(instance, job),
-            identity=job.identity,
-            issuer=GITHUB_ISSUER,
-            trusted_root=instance.trusted_root,
-            rekor_version=rekor_version,
-        )
-    identity = subject or instance.identity
-    return Signer(
-        trust_config=config,
-        token=lambda: sigstore_local.mint_token(instance, subject=identity),
-        identity=identity,
-        issuer=instance.issuer,
-        trusted_root=instance.trusted_root,
-        rekor_version=rekor_version,
-    )
 
 
 def certificate_identity(token: str) -> tuple[str, str]:

@@ -2,7 +2,7 @@
 
 A run's ``artifacts/evidence/`` holds the plan (``trials.json``) and the Harbor trial dirs the worker
 copied (``harbor/<trial>/result.json``). Before writing or signing anything, sealing grades every
-planned trial again from those bytes with the worker's own rule (``pipeline.scoring``) and refuses a
+planned trial again from those bytes with the worker's own rule (``pipeline.core.scoring``) and refuses a
 grading.json that says anything else, in one line naming the field. What it graded is written to
 ``trial-results.json`` (the plan and each result.json, byte for byte): a release is flat, so this asset
 carries them to ``benchseal verify``, which grades them once more and binds them to
@@ -15,12 +15,12 @@ import base64
 import hashlib
 from pathlib import Path
 
-from pipeline.contracts import GradeCounts, Grading
-from pipeline.documents import EmbeddedFile, TrialResults, dump_document
-from pipeline.errors import CheckFailed
-from pipeline.fsutil import NotRegularFile, open_regular
-from pipeline.layout import TRIAL_RESULTS, nested_files
-from pipeline.scoring import (
+from pipeline.core.contracts import GradeCounts, Grading
+from pipeline.core.documents import EmbeddedFile, TrialResults, dump_document
+from pipeline.core.errors import CheckFailed
+from pipeline.core.fsutil import NotRegularFile, open_regular
+from pipeline.core.layout import TRIAL_RESULTS, nested_files
+from pipeline.core.scoring import (
     PLAN_NAME,
     Claim,
     ClaimedTrial,

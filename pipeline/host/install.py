@@ -23,7 +23,7 @@ a temp file in the target directory, fsync, then ``os.replace``. A second run wi
 inputs changes nothing.
 
 Only the standard library is used, so this runs with a bare ``python3`` inside a chroot.
-Exit codes (through pipeline.errors): 2 bad input, 1 a failed check.
+Exit codes (through pipeline.core.errors): 2 bad input, 1 a failed check.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import subprocess
 import tempfile
 from pathlib import Path, PurePosixPath
 
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.host import sandbox
-from pipeline.paths import REPO_ROOT
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.sandbox import engine as sandbox
 
 DEPLOY_DIR = REPO_ROOT / "deploy"
 SHIPPED_POLICY = REPO_ROOT / "policies" / "infra.yaml"
@@ -408,7 +408,7 @@ class _Installer:
         return user
 
     def ensure_sandbox_account(self) -> None:
-        """The rootless sandbox engine's service user (pipeline/host/sandbox.py) with its subordinate
+        """The rootless sandbox engine's service user (pipeline/infra/sandbox/engine.py) with its subordinate
         uid and gid ranges, so ``benchseal sandbox start`` finds them; in --prefix roots too."""
         name = sandbox.SERVICE_USER
         prefix_args = [] if self.o.prefix == Path("/") else ["--prefix", str(self.o.prefix)]

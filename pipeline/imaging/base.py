@@ -26,16 +26,16 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from pipeline import paths
-from pipeline.digests import ImageRef, require_repo_digest
-from pipeline.documents import BaseImage, BaseLock, base_lock_path, dump_document, read_base_lock
-from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
-from pipeline.fsutil import atomic_write_json, sha256_file
+from pipeline.core import paths
+from pipeline.core.digests import ImageRef, require_repo_digest
+from pipeline.core.documents import BaseImage, BaseLock, base_lock_path, dump_document, read_base_lock
+from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
+from pipeline.core.fsutil import atomic_write_json, sha256_file
+from pipeline.core.registry_auth import docker_auth_config
 from pipeline.imaging import oci
 from pipeline.imaging.layers import BlobStore, Layer, LayerCache, build_lock, compress_tarball
 from pipeline.imaging.names import ImageNames, as_names
 from pipeline.imaging.push import Registry
-from pipeline.registry_auth import docker_auth_config
 
 SPEC_PATH = paths.REPO_ROOT / "images" / "base" / "spec.toml"
 FROZEN_ENV = "BENCHSEAL_BASE_FROZEN"

@@ -27,8 +27,8 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipeline.digests import ImageRef
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.digests import ImageRef
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.imaging.base import ensure_local
 
 STAGE = "/stage"

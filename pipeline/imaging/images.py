@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipeline import __version__, paths
-from pipeline.contracts import DigestsFile, ImageEntry, SourceInfo
-from pipeline.digests import ImageRef
-from pipeline.documents import BASE_LOCK_PATH
-from pipeline.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
+from pipeline import __version__
+from pipeline.core import paths
+from pipeline.core.contracts import DigestsFile, ImageEntry, SourceInfo
+from pipeline.core.digests import ImageRef
+from pipeline.core.documents import BASE_LOCK_PATH
+from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.imaging import bytecode, oci, wheels
 from pipeline.imaging.base import load_specs
 from pipeline.imaging.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
@@ -42,7 +43,7 @@ from pipeline.imaging.push import PushStats, Registry, validate_oci_tag
 IMAGES_DIR = paths.REPO_ROOT / "images"
 BUILDER_VERSION = "benchseal-build/1"
 APP_ROOT = "/opt/benchseal"
-# Copied into the image beside the package, so pipeline.paths.REPO_ROOT/<dir> works there too.
+# Copied into the image beside the package, so pipeline.core.paths.REPO_ROOT/<dir> works there too.
 APP_DIRS = ("pipeline", "suites", "policies")
 _EXCLUDE_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 _EXCLUDE_SUFFIXES = (".pyc", ".pyo", ".tmp", ".swp")

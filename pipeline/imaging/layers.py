@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from pipeline import paths
-from pipeline.digests import validate_digest
-from pipeline.errors import CheckFailed
-from pipeline.fsutil import atomic_write_json, sha256_file
+from pipeline.core import paths
+from pipeline.core.digests import validate_digest
+from pipeline.core.errors import CheckFailed
+from pipeline.core.fsutil import atomic_write_json, sha256_file
 
 GZIP_LEVEL = 6
 _CHUNK = 1 << 20

@@ -17,7 +17,7 @@ Where the prefix comes from, the first that is set:
 
 Nothing falls back past a configured value: a prefix that is set but invalid is a usage
 error (exit 2), never replaced by the default. Every name is checked by the one validator,
-``pipeline.digests.validate_name_prefix`` / ``validate_name``.
+``pipeline.core.digests.validate_name_prefix`` / ``validate_name``.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pipeline.digests import validate_name, validate_name_prefix
-from pipeline.errors import UsageError, ValidationError
+from pipeline.core.digests import validate_name, validate_name_prefix
+from pipeline.core.errors import UsageError, ValidationError
 
 IMAGES = ("runner", "api")
 BASES = ("base", "runner-base")

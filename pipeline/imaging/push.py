@@ -8,7 +8,7 @@ sha256 of those bytes, or the push fails with CheckFailed. Every uploaded
 byte is counted, so "an unchanged push uploads nothing" is checkable.
 
 Credentials (Docker config, credential helpers, REGISTRY_AUTH_FILE) and the
-Basic / Bearer-token handshake come from pipeline.registry_auth; each request
+Basic / Bearer-token handshake come from pipeline.core.registry_auth; each request
 names its scopes (``pull`` or ``pull,push`` per repository, ``pull`` on a
 mount source). Plain HTTP only for loopback registries (127.0.0.0/8, localhost).
 """
@@ -24,10 +24,10 @@ from urllib.parse import urljoin
 
 import requests
 
-from pipeline.digests import ImageRef, validate_digest, validate_name
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.digests import ImageRef, validate_digest, validate_name
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.registry_auth import AuthSession, scope
 from pipeline.imaging.oci import ACCEPT, MANIFEST_TYPE, sha256_digest
-from pipeline.registry_auth import AuthSession, scope
 
 _TIMEOUT = 60.0
 _TAG_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
@@ -53,7 +53,7 @@ class PushStats:
 class Registry:
     """A client for one registry host (``host:port``), authenticated as ``docker login`` left it.
 
-    Credentials and the Basic/Bearer handshake live in pipeline.registry_auth;
+    Credentials and the Basic/Bearer handshake live in pipeline.core.registry_auth;
     every request names the repository scopes it needs.
     """
 

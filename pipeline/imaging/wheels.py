@@ -22,9 +22,9 @@ from installer import install as run_install
 from installer.destinations import SchemeDictionaryDestination
 from installer.sources import WheelFile
 
-from pipeline import paths
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.fsutil import atomic_write_json, atomic_write_text, sha256_file
+from pipeline.core import paths
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.fsutil import atomic_write_json, atomic_write_text, sha256_file
 
 _LINE = re.compile(r"\A(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!-]+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)\s*\Z")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")

@@ -14,8 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.documents import ReleaseSummary, parse_document
-from pipeline.errors import ValidationError, escape_text
+from pipeline.core.documents import ReleaseSummary, parse_document
+from pipeline.core.errors import ValidationError, escape_text
 
 START = "<!-- benchseal:start -->"
 END = "<!-- benchseal:end -->"
@@ -114,7 +114,7 @@ def markdown_cell(value: object) -> str:
 
     Every character shows as itself and nothing becomes markup, a link or a mention: what
     ``str.isprintable`` rejects (newline, CR, U+2028/U+2029, bidi controls, zero-width
-    characters) is written as a visible ``\\uNNNN`` escape (``pipeline.errors.escape_text``;
+    characters) is written as a visible ``\\uNNNN`` escape (``pipeline.core.errors.escape_text``;
     a backslash of the value shows doubled, so the escapes read back unambiguously); ``<``,
     ``>``, ``&`` become entities (no HTML, no comment that could fake a marker); ``@``, ``#``
     and ``:`` become code (no mention, issue reference, autolink or emoji); every other ASCII

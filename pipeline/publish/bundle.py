@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.documents import ReleaseSummary, load_document
-from pipeline.errors import CheckFailed
-from pipeline.fsutil import sha256_file
-from pipeline.layout import CHECKSUMS, SUMMARY, bundle_name, parse_checksums
+from pipeline.core.documents import ReleaseSummary, load_document
+from pipeline.core.errors import CheckFailed
+from pipeline.core.fsutil import sha256_file
+from pipeline.core.layout import CHECKSUMS, SUMMARY, bundle_name, parse_checksums
 from pipeline.publish.body import (
     END,
     START,

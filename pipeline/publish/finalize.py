@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.contracts import Grading, PublicationRequest
-from pipeline.evidence import write_evidence
+from pipeline.core.contracts import Grading, PublicationRequest
 from pipeline.evidence.signing import Signer
-from pipeline.infra.queue import RunRecord
+from pipeline.evidence.writer import write_evidence
+from pipeline.infra.queue.sql import RunRecord
 
 Finalize = Callable[["RunRecord", Grading, Path], Sequence[PublicationRequest]]
 

@@ -23,13 +23,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pipeline.contracts import PublicationRequest
-from pipeline.documents import PublisherError, ReleaseSummary, dump_document, load_document
-from pipeline.errors import Error, ValidationError
-from pipeline.evidence import reseal as evidence_reseal
+from pipeline.core.contracts import PublicationRequest
+from pipeline.core.documents import PublisherError, ReleaseSummary, dump_document, load_document
+from pipeline.core.errors import Error, ValidationError
+from pipeline.core.layout import PUBLISHER_ERROR, SUMMARY
+from pipeline.core.paths import REPO_ROOT
 from pipeline.evidence.signing import default_signer
-from pipeline.layout import PUBLISHER_ERROR, SUMMARY
-from pipeline.paths import REPO_ROOT
+from pipeline.evidence.writer import reseal as evidence_reseal
 from pipeline.publish.bundle import ReleaseBundle, load_bundle
 from pipeline.publish.targets import (
     GitHubTarget,
@@ -57,7 +57,7 @@ class _Publication(Protocol):
 
 
 class OutboxQueue(Protocol):
-    """The part of ``pipeline.infra.queue.Queue`` (SQLite or PostgreSQL) the publisher uses."""
+    """The part of ``pipeline.infra.queue.sql.Queue`` (SQLite or PostgreSQL) the publisher uses."""
 
     def pending_publications(self, limit: int = 10, now: Any = None) -> list[Any]: ...
     def claim_publication(self, pub_id: int, lease_seconds: float) -> bool: ...

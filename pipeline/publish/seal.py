@@ -22,17 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.contracts import DispatchPayload, Grading, RunStatus, load_model
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.evidence import EvidenceResult, write_evidence
+from pipeline.core.contracts import DispatchPayload, Grading, RunStatus, load_model
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.fsutil import staged_dir
+from pipeline.core.layout import ARTIFACTS_DIR
+from pipeline.core.scoring import Claim, check_counts
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading
-from pipeline.fsutil import staged_dir
-from pipeline.infra.accept import validate_payload
-from pipeline.infra.export import import_run, validate_run_id
-from pipeline.infra.policy import InfraPolicy, load_policy
-from pipeline.layout import ARTIFACTS_DIR
-from pipeline.scoring import Claim, check_counts
+from pipeline.evidence.writer import EvidenceResult, write_evidence
+from pipeline.infra.intake.accept import validate_payload
+from pipeline.infra.intake.policy import InfraPolicy, load_policy
+from pipeline.infra.worker.export import import_run, validate_run_id
 
 
 @dataclass(frozen=True)

@@ -12,44 +12,32 @@ once are safe.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pipeline.evidence.signing import ambient_signer, default_signer, local_signer
-from pipeline.infra.queue import open_queue
+from pipeline.infra.queue.sql import open_queue
 from pipeline.publish import outbox
 from pipeline.publish.finalize import evidence_finalizer
 
-SignerKind = Literal["auto", "ambient", "local"]
 
-
-def signer_factory(kind: SignerKind) -> Callable[[], Any]:
-    # Built lazily: an ambient OIDC token is short-lived, so it is fetched per run.
-    def make() -> Any:
-        if kind == "ambient":
-            return ambient_signer()
-        if kind == "local":
-            return local_signer()
-        return default_signer()
-
-    return make
-
-
-def worker_finalizer(target: Literal["github", "local"], signer: SignerKind, *,
-                     local_root: Path | None = None, api_url: str | None = None) -> Any:
+def worker_finalizer(target: Literal["github", "local"], make_signer: Callable[[], Any], *,
+                     infra_repository: str | None = None, local_root: Path | None = None,
+                     api_url: str | None = None, trusted_root: Path | None = None) -> Any:
+    """The finalizer that seals every terminal run with ``make_signer`` and writes its publication
+    row: ``infra_repository`` is the repository whose workflow identity signs (printed in the body),
+    ``trusted_root`` the private instance's root a consumer of a local-instance release needs."""
     options: dict[str, str] = {}
-    if signer != "local" and os.environ.get("GITHUB_REPOSITORY"):
-        # Inside an Actions job (the worker refuses an ambient signer anywhere else): the job's own
-        # repository is the infra repository whose workflow identity signs, printed in the body.
-        options["infra_repository"] = os.environ["GITHUB_REPOSITORY"]
+    if infra_repository:
+        options["infra_repository"] = infra_repository
     if target == "local" and local_root is not None:
         options["root"] = str(local_root.resolve())
     if target == "github" and api_url:
         options["api_url"] = api_url
-    return evidence_finalizer(target=target, signer=signer_factory(signer), options=options)
+    if trusted_root is not None:
+        options["trusted_root"] = str(trusted_root.resolve())
+    return evidence_finalizer(target=target, signer=make_signer, options=options)
 
 
 def start_publisher(db: Path | None, stop: threading.Event, interval: float) -> threading.Thread:

@@ -35,13 +35,13 @@ from github.GitRelease import GitRelease
 from github.GitReleaseAsset import GitReleaseAsset
 from github.Repository import Repository
 
-from pipeline.contracts import canonical_repository
+from pipeline.core.contracts import canonical_repository
+from pipeline.core.errors import CheckFailed, Error, ValidationError
+from pipeline.core.fsutil import atomic_write_text
+from pipeline.core.layout import BODY, CHECKSUMS
 from pipeline.dispatch.client import classify, make_client
 from pipeline.dispatch.resolve import peel_tag
-from pipeline.errors import CheckFailed, Error, ValidationError
-from pipeline.fsutil import atomic_write_text
-from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.layout import BODY, CHECKSUMS
+from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy, load_policy
 from pipeline.publish.body import START, extract, recorded_assets, splice, with_asset_record
 from pipeline.publish.bundle import Asset, ReleaseBundle, sha256_file
 

@@ -27,14 +27,13 @@ from cryptography import x509
 from cryptography.hazmat import asn1
 from cryptography.hazmat.primitives import serialization
 
-from pipeline import paths
-from pipeline.contracts import GITHUB_ISSUER, REPOSITORY_RE, validate_git_tag
-from pipeline.digests import parse_ref
-from pipeline.documents import ReleaseSummary, load_document
-from pipeline.errors import InfrastructureError, ValidationError
-from pipeline.evidence import sigstore_local
-from pipeline.fsutil import atomic_write_bytes
-from pipeline.layout import (
+from pipeline.core import paths
+from pipeline.core.contracts import GITHUB_ISSUER, REPOSITORY_RE, validate_git_tag
+from pipeline.core.digests import parse_ref
+from pipeline.core.documents import ReleaseSummary, load_document
+from pipeline.core.errors import InfrastructureError, ValidationError
+from pipeline.core.fsutil import atomic_write_bytes
+from pipeline.core.layout import (
     BUNDLE_SUFFIX,
     CHECKSUMS,
     CHECKSUMS_BUNDLE,
@@ -44,11 +43,11 @@ from pipeline.layout import (
     SUMMARY,
     bundle_name,
 )
-from pipeline.node import node_binary, node_env
+from pipeline.core.node import node_binary, node_env
 from pipeline.verify.policy import expectation
 
 SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
-# What it requires (found through pipeline.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).
+# What it requires (found through pipeline.core.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).
 SIGSTORE_JS_PACKAGES = ("@sigstore/bundle", "@sigstore/protobuf-specs", "@sigstore/verify")
 SLSA_PROVENANCE = "https://slsa.dev/provenance/v1"
 _ISSUER_OID = "1.3.6.1.4.1.57264.1.8"
@@ -301,15 +300,6 @@ def command_profile(directory: Path, profile: str | None) -> str:
     return "local"
 
 
-def printed_root(directory: Path, trusted_root: Path | None, profile: str | None = None) -> Path | None:
-    """The trusted root the printed commands name: the one given, else for a local-profile release
-    the private instance's own (when there is one), else none (public-good)."""
-    if trusted_root is None and command_profile(directory, profile) == "local":
-        default_root = sigstore_local.default_state() / "trusted_root.json"
-        return default_root if default_root.is_file() else None
-    return trusted_root
-
-
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
                     trusted_root: Path | None = None, profile: str | None = None, cosign: str | None = None,
                     benchseal: str = "benchseal", infra_repository: str | None = None) -> list[str]:
@@ -327,7 +317,7 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
     directory = Path(directory)
     chosen = command_profile(directory, profile)
     expect = expectation(policy, chosen, repository=repository, tag=tag, infra_repository=infra_repository)
-    root = printed_root(directory, trusted_root, profile)
+    root = trusted_root
     binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
     lines = [f"sha256sum -c {CHECKSUMS}"]
     for bundle in sorted(directory.glob(bundle_name("*"))):
@@ -373,7 +363,6 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     if not summary_path.is_file():
         return []
     summary = load_document(ReleaseSummary, summary_path)
-    trusted_root = printed_root(directory, trusted_root, profile)
     policy = image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
     binary = binary or ("cosign" if shutil.which("cosign") else str(cosign_path() or "cosign"))
     prefix: list[str] = []

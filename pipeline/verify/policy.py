@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.contracts import REPOSITORY_RE, validate_git_tag
-from pipeline.errors import ValidationError
-from pipeline.paths import REPO_ROOT
-from pipeline.yamlfile import load_yaml
+from pipeline.core.contracts import REPOSITORY_RE, validate_git_tag
+from pipeline.core.errors import ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.core.yamlfile import load_yaml
 
 DEFAULT_POLICY = REPO_ROOT / "policies" / "verify.yaml"
 POLICY_SCHEMA = "benchseal.verify-policy/v1"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.attest import (
+from pipeline.attest.images import (
     BuildInvocation,
     ImageIdentityPolicy,
     ImageSigner,
@@ -20,11 +20,11 @@ from pipeline.attest import (
     provenance_predicate,
     verify_image,
 )
-from pipeline.contracts import GITHUB_ISSUER
-from pipeline.digests import parse_ref
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.evidence import sigstore_local
-from pipeline.evidence.sigstore_local import GitHubJob
+from pipeline.core.contracts import GITHUB_ISSUER
+from pipeline.core.digests import parse_ref
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.local import sigstore as sigstore_local
+from pipeline.local.sigstore import GitHubJob
 from tests.fixtures.sigstore import push_unique_image
 
 COMMIT = "c" * 40

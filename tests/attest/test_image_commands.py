@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from pipeline.attest import SigstoreEndpoints
+from pipeline.attest.images import SigstoreEndpoints
 from pipeline.cli.main import app
-from pipeline.contracts import PublicationRequest
-from pipeline.documents import ReleaseSummary, load_document
-from pipeline.errors import CheckFailed
+from pipeline.core.contracts import PublicationRequest
+from pipeline.core.documents import ReleaseSummary, load_document
+from pipeline.core.errors import CheckFailed
+from pipeline.local.release import run_commands
 from pipeline.publish.outbox import publish_request
 from pipeline.publish.targets import LocalTarget
-from pipeline.release.local import run_commands
 from pipeline.verify.external import image_check_args, image_identity
 from tests.attest.test_image_commit_pin import sign_as
 from tests.fixtures.attest import RELEASE_COMMIT

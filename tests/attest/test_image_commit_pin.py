@@ -20,17 +20,17 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from pipeline.attest import BuildInvocation, ImageSigner, SigstoreEndpoints, image_identity, provenance_predicate
-from pipeline.attest import _cosign as run_cosign
+from pipeline.attest.images import BuildInvocation, ImageSigner, SigstoreEndpoints, image_identity, provenance_predicate
+from pipeline.attest.images import _cosign as run_cosign
 from pipeline.cli.main import app
-from pipeline.contracts import DispatchPayload
-from pipeline.digests import parse_ref
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.evidence import sigstore_local
-from pipeline.evidence.sigstore_local import GitHubJob
-from pipeline.infra.policy import SourcePolicy, load_policy
-from pipeline.infra.worker import ImageRefused, require_signed_images
-from pipeline.paths import REPO_ROOT
+from pipeline.core.contracts import DispatchPayload
+from pipeline.core.digests import parse_ref
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.policy import SourcePolicy, load_policy
+from pipeline.infra.worker.loop import ImageRefused, require_signed_images
+from pipeline.local import sigstore as sigstore_local
+from pipeline.local.sigstore import GitHubJob
 from pipeline.verify.external import cosign_environment, image_check_args
 from tests.fixtures.sigstore import push_unique_image
 
@@ -242,10 +242,10 @@ def test_one_expectation_for_every_check() -> None:
 
     import pipeline.cli.attest
     import pipeline.cli.verify
-    import pipeline.infra.worker
+    import pipeline.infra.worker.loop
     import pipeline.verify.external
 
-    for module in (pipeline.cli.attest, pipeline.cli.verify, pipeline.infra.worker, pipeline.verify.external):
+    for module in (pipeline.cli.attest, pipeline.cli.verify, pipeline.infra.worker.loop, pipeline.verify.external):
         source = inspect.getsource(module)
         assert "image_identity(" in source, module.__name__
         assert "ImageIdentityPolicy(" not in source.replace("class ImageIdentityPolicy", "").replace(

@@ -16,15 +16,15 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.attest import BuildInvocation, ImageSigner, SigstoreEndpoints, image_identity, provenance_predicate
-from pipeline.contracts import DispatchPayload
-from pipeline.digests import parse_ref
-from pipeline.errors import ValidationError
-from pipeline.evidence import sigstore_local
-from pipeline.evidence.sigstore_local import GitHubJob
-from pipeline.infra.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.infra.worker import ImageRefused, require_signed_images, signer_identities
-from pipeline.paths import REPO_ROOT
+from pipeline.attest.images import BuildInvocation, ImageSigner, SigstoreEndpoints, image_identity, provenance_predicate
+from pipeline.core.contracts import DispatchPayload
+from pipeline.core.digests import parse_ref
+from pipeline.core.errors import ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy, load_policy
+from pipeline.infra.worker.loop import ImageRefused, require_signed_images, signer_identities
+from pipeline.local import sigstore as sigstore_local
+from pipeline.local.sigstore import GitHubJob
 from tests.fixtures.sigstore import push_unique_image
 
 SOURCE, TAG = "acme/app", "v2.0.0"

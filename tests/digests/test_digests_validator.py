@@ -1,4 +1,4 @@
-"""Property tests over hostile references for pipeline.digests (the one validator)."""
+"""Property tests over hostile references for pipeline.core.digests (the one validator)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
-from pipeline.digests import ImageRef, parse_ref, validate_digest, validate_name, validate_ref
-from pipeline.errors import ValidationError
+from pipeline.core.digests import ImageRef, parse_ref, validate_digest, validate_name, validate_ref
+from pipeline.core.errors import ValidationError
 
 HEX = "0123456789abcdef"
 hex64 = st.text(HEX, min_size=64, max_size=64)
@@ -137,7 +137,7 @@ def test_error_names_field_and_rule() -> None:
 def test_the_whitespace_rule_is_exactly_str_isspace() -> None:
     # The validator searches with one regex (the queue's hot path); it must refuse exactly what
     # str.isspace() calls whitespace, over every code point.
-    from pipeline.digests import _WHITESPACE_RE
+    from pipeline.core.digests import _WHITESPACE_RE
 
     differing = [c for c in range(sys.maxunicode + 1) if chr(c).isspace() != bool(_WHITESPACE_RE.search(chr(c)))]
     assert differing == []

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.digests import parse_ref, require_repo_digest
-from pipeline.errors import CheckFailed
+from pipeline.core.digests import parse_ref, require_repo_digest
+from pipeline.core.errors import CheckFailed
 
 OURS = parse_ref("127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64)
 OTHER_DIGEST = "sha256:" + "b" * 64

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.contracts import DigestsFile, load_model
+from pipeline.core.contracts import DigestsFile, load_model
+from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.dispatch import DispatchResult, PollConfig, build_payload, dispatch_and_wait
-from pipeline.errors import CheckFailed, ValidationError
 from tests.doubles.github import DispatchEvent, GitHubEmulator, Run, RunHandle
 from tests.fixtures.github import SyncedClock, digests_data
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.contracts import load_model
+from pipeline.core.contracts import load_model
+from pipeline.core.errors import CheckFailed, InfrastructureError
 from pipeline.dispatch import DispatchResult, PollConfig, build_payload, dispatch_and_wait
-from pipeline.errors import CheckFailed, InfrastructureError
 from tests.doubles.github import DispatchEvent, GitHubEmulator, RunHandle
 from tests.fixtures.github import API_REF, RUNNER_REF, SyncedClock, digests_data
 
@@ -20,7 +20,7 @@ POLL = PollConfig(attempts=30, interval_s=5.0, skew_s=120.0)
 
 
 def payload(correlation: str = CID) -> Any:
-    from pipeline.contracts import DigestsFile
+    from pipeline.core.contracts import DigestsFile
 
     digests = load_model(DigestsFile, digests_data(), "digests")
     return build_payload(digests, correlation_id=correlation)

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.contracts import CORRELATION_RE, DigestsFile, load_model
+from pipeline.core.contracts import CORRELATION_RE, DigestsFile, load_model
+from pipeline.core.errors import UsageError, ValidationError
 from pipeline.dispatch import (
     build_payload,
     load_digests,
@@ -22,7 +23,6 @@ from pipeline.dispatch import (
 )
 from pipeline.dispatch.client import make_retry
 from pipeline.dispatch.dispatch import client_payload, workflow_inputs
-from pipeline.errors import UsageError, ValidationError
 from tests.fixtures.github import API_REF, RUNNER_REF, digests_data
 
 

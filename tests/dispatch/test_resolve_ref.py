@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.dispatch import resolve_tag
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
 from tests.doubles.github import GitHubEmulator
 
 REPO = "acme/widget"

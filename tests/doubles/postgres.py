@@ -117,7 +117,7 @@ class PgCluster:
         """A fresh database at the current schema version; returns its URL."""
         import psycopg
 
-        from pipeline.infra.queue_pg import PostgresQueue
+        from pipeline.infra.queue.postgres import PostgresQueue
 
         self._count += 1
         name = f"q{os.getpid()}_{self._count}"

@@ -30,15 +30,24 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
-from pipeline.errors import Error
-from pipeline.infra.queue import TERMINAL_STATES, Cursor, PlannedTrial, RunRecord, SqliteQueue, SqlQueue, T, TrialBatch
+from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
+from pipeline.core.errors import Error
+from pipeline.infra.queue.sql import (
+    TERMINAL_STATES,
+    Cursor,
+    PlannedTrial,
+    RunRecord,
+    SqliteQueue,
+    SqlQueue,
+    T,
+    TrialBatch,
+)
 
 
 def open_store(backend: str, target: str, runs_dir: Path) -> SqlQueue:
     if backend == "sqlite":
         return SqliteQueue(Path(target), runs_dir=runs_dir)
-    from pipeline.infra.queue_pg import PostgresQueue
+    from pipeline.infra.queue.postgres import PostgresQueue
 
     return PostgresQueue(target, runs_dir=runs_dir)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.contracts import DigestsFile
+from pipeline.core.contracts import DigestsFile
 from pipeline.publish.body import markdown_cell
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -30,8 +30,8 @@ KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
 
 @pytest.fixture(scope="module")
 def agent_home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[Path]:
-    from pipeline import paths
-    from pipeline.evidence import sigstore_local
+    from pipeline.core import paths
+    from pipeline.local import sigstore as sigstore_local
 
     home = tmp_path_factory.mktemp("agent-release-home")
     for shared in ("cache", "tools"):

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.contracts import DigestsFile
-from pipeline.errors import CheckFailed
+from pipeline.core.contracts import DigestsFile
+from pipeline.core.errors import CheckFailed
 from pipeline.publish.body import END, START
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -29,8 +29,8 @@ TAG = "v0.0.1-e2e"
 
 @pytest.fixture(scope="module")
 def local_home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[Path]:
-    from pipeline import paths
-    from pipeline.evidence import sigstore_local
+    from pipeline.core import paths
+    from pipeline.local import sigstore as sigstore_local
 
     home = tmp_path_factory.mktemp("release-home")
     for shared in ("cache", "tools"):
@@ -79,7 +79,7 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     body2 = (release / "body.md").read_text()
     assert body2.count(START) == 1 and report["run_id"] not in body2  # the second run's section replaced it
 
-    from pipeline.verify import verify_release
+    from pipeline.verify.release import verify_release
 
     # The consumer states the release: build's source repository (no GITHUB_REPOSITORY here) and the tag.
     source_repo = os.environ.get("GITHUB_REPOSITORY") or "local/benchseal"

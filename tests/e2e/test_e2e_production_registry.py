@@ -2,7 +2,7 @@
 
 What a team on GitHub with ghcr.io does, on this machine:
 
-* the project's own token server and ``docker-registry`` (pipeline.host.authregistry) are the
+* the project's own token server and ``docker-registry`` (pipeline.local.authregistry) are the
   registry; nothing here names the plain local registry (127.0.0.1:5055);
 * ``benchseal build`` pushes under ``$BENCHSEAL_IMAGE_PREFIX = 127.0.0.1:PORT/acme/benchseal-``
   (runner, api and both bases) with the CI's push credentials from a Docker config
@@ -38,12 +38,12 @@ import pytest
 import requests
 import yaml
 
+from pipeline.core.paths import REPO_ROOT
 from pipeline.dispatch.client import make_client
-from pipeline.host import authregistry
-from pipeline.host import registry as reg
-from pipeline.host.tokenserver import TokenServer
-from pipeline.infra.worker import LABEL_RUN
-from pipeline.paths import REPO_ROOT
+from pipeline.infra.worker.loop import LABEL_RUN
+from pipeline.local import authregistry
+from pipeline.local import registry as reg
+from pipeline.local.tokenserver import TokenServer
 from tests.fixtures.github import tag_release_commit
 from tests.fixtures.infra import proc_hits, sandbox_engine, wait_terminal
 from tests.registry.helpers import basic_entry, free_port, write_docker_config
@@ -180,10 +180,10 @@ def _plain_registry_log() -> Path:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) -> Iterator[World]:
-    from pipeline import paths
+    from pipeline.core import paths
     from pipeline.dispatch.correlate import PollConfig
     from pipeline.dispatch.dispatch import dispatch_and_wait
-    from pipeline.evidence import sigstore_local
+    from pipeline.local import sigstore as sigstore_local
     from tests.doubles.github import GitHubEmulator
 
     root = tmp_path_factory.mktemp("e2e-prod")
@@ -277,7 +277,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
                     handle.complete("success" if state == "SUCCEEDED" and published.returncode == 0 else "failure")
 
                 emu.on_dispatch(benchmark_job)
-                from pipeline.contracts import DigestsFile
+                from pipeline.core.contracts import DigestsFile
                 from pipeline.dispatch.dispatch import build_payload
 
                 payload = build_payload(DigestsFile.model_validate(digests), correlation_id=CORRELATION, tag=TAG,
@@ -294,7 +294,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
                 assert emu.callback_errors == [], (emu.callback_errors, worker_log[-3000:])
                 if error is not None:
                     raise error
-                from pipeline.infra.queue import SqliteQueue, run_id_for
+                from pipeline.infra.queue.sql import SqliteQueue, run_id_for
 
                 with SqliteQueue(db) as queue:
                     record = queue.get_run(run_id_for(CORRELATION))
@@ -318,9 +318,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
 
 
 def test_release_is_produced_and_verifies(world: World) -> None:
-    from pipeline.release.local import run_commands
-    from pipeline.verify import verify_release
+    from pipeline.local.release import run_commands
     from pipeline.verify.external import cosign_commands, local_benchseal
+    from pipeline.verify.release import verify_release
 
     assert world.state == "SUCCEEDED" and world.score == 1.0, world.state
     assert world.dispatch.conclusion == "success"
@@ -335,7 +335,7 @@ def test_release_is_produced_and_verifies(world: World) -> None:
 
 
 def test_every_image_has_the_configured_name_in_the_auth_registry(world: World) -> None:
-    from pipeline.digests import parse_ref
+    from pipeline.core.digests import parse_ref
 
     assert world.prefix == f"{world.address}/acme/benchseal-"
     for role, entry in world.digests["images"].items():

@@ -31,9 +31,9 @@ from typing import Any
 import pytest
 import requests
 
-from pipeline.contracts import DigestsFile
+from pipeline.core.contracts import DigestsFile
+from pipeline.core.errors import CheckFailed
 from pipeline.dispatch.client import make_client
-from pipeline.errors import CheckFailed
 from pipeline.publish.body import START, splice, with_asset_record
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.outbox import OutboxConfig, deliver_pending, image_commands, verify_commands
@@ -81,10 +81,10 @@ def _env(emulator: Any, home: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, sign_release_images: Any) -> Iterator[World]:
-    from pipeline import paths
+    from pipeline.core import paths
     from pipeline.dispatch.correlate import PollConfig
     from pipeline.dispatch.dispatch import build_payload
-    from pipeline.evidence import sigstore_local
+    from pipeline.local import sigstore as sigstore_local
     from tests.doubles.github import GitHubEmulator
 
     home = tmp_path_factory.mktemp("e2e-home")
@@ -151,7 +151,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
             assert emu.callback_errors == [], (emu.callback_errors, (logs / "worker.log").read_text()[-3000:])
             if error is not None:
                 raise error
-            from pipeline.infra.queue import SqliteQueue, run_id_for
+            from pipeline.infra.queue.sql import SqliteQueue, run_id_for
 
             with SqliteQueue(db) as queue:
                 record = queue.get_run(run_id_for(correlation))
@@ -186,9 +186,9 @@ def _download(emulator: Any, repo: str, tag: str, dest: Path) -> dict[str, bytes
 
 def _verify_downloaded(directory: Path, trusted_root: Path) -> None:
     """The consumer's checks, expecting the release of SOURCE at TAG (stated, not read from the files)."""
-    from pipeline.release.local import run_commands
-    from pipeline.verify import verify_release
+    from pipeline.local.release import run_commands
     from pipeline.verify.external import cosign_commands, local_benchseal
+    from pipeline.verify.release import verify_release
 
     done = verify_release(directory, repository=SOURCE, tag=TAG, trusted_root=trusted_root, offline=True)
     assert (done.repository, done.tag) == (SOURCE, TAG) and len(done.commit) == 40
@@ -213,7 +213,7 @@ def test_run_concluded_with_the_worker(world: World) -> None:
 
 def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path) -> None:
     emu = world.emulator
-    from pipeline.infra.queue import SqliteQueue
+    from pipeline.infra.queue.sql import SqliteQueue
 
     fast = OutboxConfig(max_attempts=10, base_delay=0.0, max_delay=0.0, lease_seconds=30)
 
@@ -288,7 +288,7 @@ def test_immutable_release_gets_a_verified_companion(world: World, tmp_path: Pat
     _verify_downloaded(tmp_path / "companion", world.trusted_root)
     # The evidence is SOURCE's: a consumer who expects LOCKED's release is refused, by name,
     # and the publisher refuses to put it into LOCKED's release at all.
-    from pipeline.verify import verify_release
+    from pipeline.verify.release import verify_release
 
     with pytest.raises(CheckFailed, match=r"source\.repository is 'acme/widget', expected 'acme/locked'"):
         verify_release(tmp_path / "companion", repository=LOCKED, tag=TAG, trusted_root=world.trusted_root,

@@ -37,8 +37,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.digests import parse_ref
-from pipeline.documents import BASE_LOCK_SCHEMA, base_lock_path
+from pipeline.core.digests import parse_ref
+from pipeline.core.documents import BASE_LOCK_SCHEMA, base_lock_path
 from pipeline.imaging.names import ImageNames
 from tests.workflows.harness import Runner, RunResult, Trigger, references, run_workflow
 
@@ -131,7 +131,7 @@ class World:
     def release_runner(self, name: str) -> Runner:
         # The release repository's hosted runner; BENCHSEAL_HOME: the shared build caches. Each job's
         # GITHUB_TOKEN has exactly the job's permissions; ghcr.io stands for the test registry.
-        from pipeline import paths
+        from pipeline.core import paths
         from tests.workflows.harness import local_issuer
 
         def job_token(repository: str, permissions: dict[str, str]) -> str:
@@ -195,8 +195,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
     _git(refusing, "commit", "--quiet", "-am", "refuse the oracle agent")
     infra_home = root / "infra-home"
     infra_home.mkdir()
-    from pipeline import paths
-    from pipeline.evidence import sigstore_local
+    from pipeline.core import paths
+    from pipeline.local import sigstore as sigstore_local
 
     if (paths.home() / "tools").is_dir():  # cosign, installed by make setup
         (infra_home / "tools").symlink_to(paths.home() / "tools", target_is_directory=True)
@@ -304,7 +304,7 @@ def _job_of(text: str, index: int) -> str:
 
 
 def _queued_payload(home: Path, run_id: str) -> dict[str, Any]:
-    from pipeline.infra.queue import SqliteQueue
+    from pipeline.infra.queue.sql import SqliteQueue
 
     with SqliteQueue(home / "infra" / "queue.sqlite3") as queue:
         record = queue.get_run(run_id)
@@ -347,7 +347,7 @@ def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: Worl
                    for leg in run.jobs["build"].legs]
         assert any(built[role].endswith(digest) for digest in digests), role
         # The build leg signed and attested exactly that digest as tag.yml at the tag (cosign).
-        from pipeline.attest import SigstoreEndpoints, image_identity, verify_image
+        from pipeline.attest.images import SigstoreEndpoints, image_identity, verify_image
 
         verify_image(built[role], image_identity(SOURCE, TAG, world.commit),
                      SigstoreEndpoints.private(world.sigstore.url, world.sigstore.trusted_root),
@@ -367,7 +367,7 @@ def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: Worl
     assert posted and posted[0] >= completed
 
     # The worker service only graded: no publication row, no signature on the infra host.
-    from pipeline.infra.queue import SqliteQueue
+    from pipeline.infra.queue.sql import SqliteQueue
 
     with SqliteQueue(world.infra_home / "infra" / "queue.sqlite3") as queue:
         assert queue.list_publications(run_id) == []
@@ -410,9 +410,9 @@ def test_consumer_runs_the_body_commands_as_printed(world: World, tmp_path: Path
     """The seal job signed with the ambient identity the emulated Actions token endpoint served;
     a consumer pins the infra repository's benchmark.yml on main and runs the body's commands,
     parsed from the published body and run exactly as printed (real cosign, real benchseal)."""
-    from pipeline.errors import CheckFailed
-    from pipeline.release.local import run_commands
-    from pipeline.verify import verify_release
+    from pipeline.core.errors import CheckFailed
+    from pipeline.local.release import run_commands
+    from pipeline.verify.release import verify_release
 
     if not world.published:
         test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world)

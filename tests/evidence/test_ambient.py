@@ -13,9 +13,9 @@ import pytest
 from sigstore.models import Bundle, ClientTrustConfig, TrustedRoot
 from sigstore.verify import Verifier, policy
 
-from pipeline.errors import InfrastructureError
-from pipeline.evidence import sigstore_local
+from pipeline.core.errors import InfrastructureError
 from pipeline.evidence.signing import ambient_signer
+from pipeline.local import sigstore as sigstore_local
 
 WORKFLOW = "https://github.com/acme/benchseal/.github/workflows/benchmark.yml@refs/heads/main"
 REQUEST_TOKEN = "request-token-for-test"

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import layout
-from pipeline.errors import CheckFailed
-from pipeline.evidence import artifacts, reseal
-from pipeline.verify import verify_release
+from pipeline.core import layout
+from pipeline.core.errors import CheckFailed
+from pipeline.evidence import artifacts
+from pipeline.evidence.writer import reseal
+from pipeline.verify.release import verify_release
 from tests.fixtures.sigstore import make_inputs
 
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.evidence import sigstore_local
-from pipeline.infra.policy import load_policy
-from pipeline.verify import verify_release
+from pipeline.infra.intake.policy import load_policy
+from pipeline.local import sigstore as sigstore_local
+from pipeline.verify.release import verify_release
 from tests.fixtures.sigstore import make_inputs
 from tests.fixtures.trials import evidence_for, graded_export, harbor_result, policy_file
 

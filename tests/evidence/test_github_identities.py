@@ -15,11 +15,12 @@ from cryptography import x509
 from sigstore.models import Bundle, TrustedRoot
 from sigstore.verify import Verifier, policy
 
-from pipeline.contracts import GITHUB_ISSUER
-from pipeline.errors import InfrastructureError
-from pipeline.evidence import sigstore_local
-from pipeline.evidence.signing import default_signer, local_signer
-from pipeline.evidence.sigstore_local import GitHubJob
+from pipeline.core.contracts import GITHUB_ISSUER
+from pipeline.core.errors import InfrastructureError
+from pipeline.evidence.signing import default_signer
+from pipeline.local import sigstore as sigstore_local
+from pipeline.local.signing import local_signer
+from pipeline.local.sigstore import GitHubJob
 
 JOB = GitHubJob(repository="acme/app", ref="refs/tags/v1.2.3", sha="a" * 40, workflow_file="tag.yml")
 OTHER_REPO_JOB = GitHubJob(repository="evil/app", ref="refs/tags/v1.2.3", sha="a" * 40, workflow_file="tag.yml")

@@ -21,8 +21,8 @@ import json, socket, sys
 from pathlib import Path
 from sigstore.models import Bundle, TrustedRoot
 from sigstore.verify import Verifier, policy
-from pipeline.evidence import sigstore_local
-from pipeline.evidence.signing import local_signer
+from pipeline.evidence.writer import sigstore_local
+from pipeline.local.signing import local_signer
 from pipeline.verify.external import sigstore_js_verify
 
 state, work = Path(sys.argv[1]), Path(sys.argv[2])

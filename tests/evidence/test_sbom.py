@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CheckFailed
+from pipeline.core.errors import CheckFailed
 from pipeline.evidence import sbom
 
 pytestmark = pytest.mark.docker
@@ -118,7 +118,7 @@ def test_real_built_images(request: pytest.FixtureRequest, evidence_images: dict
 
 def _check_runner_quality(data: dict[str, object], text: str) -> None:
     """Issue 17 on the real runner: licenses, hashes, the Compose Go binary, a real graph, NTIA shares."""
-    from pipeline.evidence.ntia import ntia_report
+    from pipeline.local.ntia import ntia_report
 
     components: list[dict[str, object]] = data["components"]  # type: ignore[assignment]
     by_type: dict[str, list[dict[str, object]]] = {}

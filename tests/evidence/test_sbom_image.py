@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import CheckFailed
+from pipeline.core.errors import CheckFailed
 from pipeline.evidence import sbom
-from pipeline.evidence.ntia import ntia_report
+from pipeline.local.ntia import ntia_report
 from tests.evidence.test_sbom_parts import DEP5, MODINFO, fake_go_elf
 from tests.fixtures.sigstore import PushedImage, push_image
 
@@ -152,7 +152,7 @@ def _layers() -> list[bytes]:
 
 @pytest.fixture(scope="module")
 def planted() -> PushedImage:
-    from pipeline.host import registry
+    from pipeline.local import registry
 
     registry.start(registry.default_registry())
     return push_image(REPO, _layers())

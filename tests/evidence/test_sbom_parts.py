@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CheckFailed, ValidationError
+from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.evidence import depgraph, goinfo
 from pipeline.evidence.licenses import dep5_licenses, is_unknown, npm_licenses, python_licenses
-from pipeline.evidence.ntia import ntia_report
 from pipeline.imaging import base
+from pipeline.local.ntia import ntia_report
 
 START = b"0w\xaf\x0c\x92t\x08\x02A\xe1\xc1\x07\xe6\xd6\x18\xe6"
 END = b"\xf92C1\x86\x18 r\x00\x82B\x10A\x16\xd8\xf2"

@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from pipeline.contracts import trial_name
-from pipeline.errors import CheckFailed
+from pipeline.core.contracts import trial_name
+from pipeline.core.errors import CheckFailed
+from pipeline.core.scoring import grade_result
 from pipeline.evidence.signing import Signer
-from pipeline.infra.policy import load_policy
+from pipeline.infra.intake.policy import load_policy
 from pipeline.publish.seal import seal_export
-from pipeline.scoring import grade_result
 from tests.fixtures.trials import EVIDENCE, graded_export, harbor_result, members, plan, policy_file, tampered
 
 REPO = Path(__file__).resolve().parents[2]

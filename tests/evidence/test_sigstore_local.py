@@ -14,9 +14,9 @@ from sigstore.errors import VerificationError
 from sigstore.models import Bundle, TrustedRoot
 from sigstore.verify import Verifier, policy
 
-from pipeline.errors import InfrastructureError
-from pipeline.evidence import sigstore_local
-from pipeline.evidence.signing import local_signer
+from pipeline.core.errors import InfrastructureError
+from pipeline.local import sigstore as sigstore_local
+from pipeline.local.signing import local_signer
 from pipeline.verify.external import cosign_verify, sigstore_js_verify
 
 STATEMENT = (b'{"_type":"https://in-toto.io/Statement/v1","subject":[{"name":"x.bin","digest":{"sha256":"'

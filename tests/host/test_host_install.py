@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import CheckFailed, ValidationError
+from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.host import install as hi
 
 REPO = Path(__file__).resolve().parents[2]
@@ -302,7 +302,7 @@ def _docker(*args: str, check: bool = True, timeout: float = 300, **kw: Any) -> 
 @pytest.fixture(scope="module")
 def host_image(base_refs: dict[str, Any]) -> str:
     """The project's Debian base plus sudo and systemd (for visudo, sudo -l, systemd-analyze), cached."""
-    from pipeline.imaging import ensure_local
+    from pipeline.imaging.build import ensure_local
 
     base = base_refs["base"]
     tag = f"benchseal-test/host-install:{base.digest.split(':')[1][:12]}"
@@ -489,7 +489,7 @@ def test_container_operator_policy_is_kept_and_is_what_accept_reads(box: Box, fi
 
 
 def test_policy_from_environment_has_no_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.infra.policy import load_policy
+    from pipeline.infra.intake.policy import load_policy
 
     monkeypatch.setenv("BENCHSEAL_INFRA_POLICY", "etc/benchseal/infra.yaml")
     with pytest.raises(ValidationError, match="BENCHSEAL_INFRA_POLICY: must be an absolute path"):

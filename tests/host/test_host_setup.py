@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.host import registry as reg
+from pipeline.local import registry as reg
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ def test_registry_stop_refuses_foreign_pid(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("address", ["0.0.0.0:5000", "example.com:5000", "127.0.0.1:x"])
 def test_registry_address_must_be_loopback(monkeypatch: pytest.MonkeyPatch, address: str) -> None:
-    from pipeline.errors import ValidationError
+    from pipeline.core.errors import ValidationError
 
     monkeypatch.setenv("BENCHSEAL_REGISTRY", address)
     with pytest.raises(ValidationError, match="BENCHSEAL_REGISTRY"):

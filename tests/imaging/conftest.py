@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import paths
-from pipeline.contracts import SourceInfo
+from pipeline.core import paths
+from pipeline.core.contracts import SourceInfo
 from pipeline.imaging.images import APP_DIRS, source_info
 
 FROZEN_EPOCH = 1767225600

@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from pipeline import __version__
 from pipeline.api.app import create_app
+from pipeline.core.paths import REPO_ROOT
 from pipeline.evidence.artifacts import build_summary
-from pipeline.paths import REPO_ROOT
 from tests.fixtures.sigstore import make_inputs
 
 REF = "127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64

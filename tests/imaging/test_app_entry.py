@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import ValidationError
+from pipeline.core.errors import ValidationError
 from pipeline.imaging.images import app_entry, load_image_spec
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from pipeline import paths
-from pipeline.digests import ImageRef, parse_ref
-from pipeline.documents import BASE_LOCK_PATH, BASE_LOCK_SCHEMA
-from pipeline.errors import CheckFailed, UsageError, ValidationError
+from pipeline.core import paths
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.documents import BASE_LOCK_PATH, BASE_LOCK_SCHEMA
+from pipeline.core.errors import CheckFailed, UsageError, ValidationError
 from pipeline.imaging import base
 from pipeline.imaging.names import ImageNames
 

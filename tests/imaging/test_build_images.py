@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.contracts import DigestsFile, SourceInfo, load_model
-from pipeline.digests import ImageRef, parse_ref
-from pipeline.documents import base_lock_path, read_base_lock
-from pipeline.imaging import ensure_base, ensure_local
+from pipeline.core.contracts import DigestsFile, SourceInfo, load_model
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.documents import base_lock_path, read_base_lock
 from pipeline.imaging.base import assemble, load_specs, rootfs_tarball
+from pipeline.imaging.build import ensure_base, ensure_local
 from pipeline.imaging.images import build_image
 from pipeline.imaging.layers import BlobStore
 from pipeline.imaging.oci import MANIFEST_TYPE
@@ -151,7 +151,7 @@ def test_runner_imports_harbor_and_benchseal_from_bytecode(local_images: dict[st
     ref = local_images["runner"]
     proc = subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", ref.ref, "-v", "-c",
-         "import harbor.trial.trial, harbor.cli.main, pipeline.infra.trial, pipeline.cli.runner_main, pipeline.cli.main"],
+         "import harbor.trial.trial, harbor.cli.main, pipeline.runner.trial, pipeline.cli.runner_main, pipeline.cli.main"],
         capture_output=True, text=True, check=True,
     )
     ours = ("/usr/local/lib/python3.13/dist-packages/", "/opt/benchseal/")
@@ -241,7 +241,7 @@ def test_cli_build_rejects_an_unknown_image(tmp_path: Path) -> None:
 
 
 def test_ensure_local_fails_for_a_digest_the_registry_lacks(image_registry: str) -> None:
-    from pipeline.errors import InfrastructureError
+    from pipeline.core.errors import InfrastructureError
 
     with pytest.raises(InfrastructureError, match="docker pull"):
         ensure_local(ImageRef(f"{image_registry}/{TEST_REPO_PREFIX}/absent", "sha256:" + "0" * 64))

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pipeline.errors import CheckFailed
+from pipeline.core.errors import CheckFailed
 from pipeline.imaging.oci import canonical_bytes, manifest_bytes
 from pipeline.imaging.push import Registry
 
@@ -67,7 +67,7 @@ def test_blob_upload_then_skip_counts_bytes(image_registry: str) -> None:
 
 @pytest.mark.docker
 def test_a_blob_with_the_wrong_content_is_refused_by_the_registry(image_registry: str) -> None:
-    from pipeline.errors import InfrastructureError
+    from pipeline.core.errors import InfrastructureError
 
     with pytest.raises(InfrastructureError):
         Registry(image_registry).push_blob("benchseal-buildtest/blobs", "sha256:" + "1" * 64, 3, lambda: b"abc")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.digests import ImageRef
-from pipeline.errors import CheckFailed, ValidationError
+from pipeline.core.digests import ImageRef
+from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.imaging.bytecode import compile_tree
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.digests import validate_name_prefix
-from pipeline.errors import UsageError, ValidationError
+from pipeline.core.digests import validate_name_prefix
+from pipeline.core.errors import UsageError, ValidationError
+from pipeline.core.paths import REPO_ROOT
 from pipeline.imaging.names import ImageNames, configured_names, resolve_image_names
-from pipeline.infra.accept import accept_payload, validate_payload
-from pipeline.infra.policy import load_policy
-from pipeline.paths import REPO_ROOT
+from pipeline.infra.intake.accept import accept_payload, validate_payload
+from pipeline.infra.intake.policy import load_policy
 
 HEX = "0123456789abcdef" * 4
 GHCR = "ghcr.io/acme/benchseal-"
@@ -173,8 +173,8 @@ def _entry(ref: str) -> dict[str, str]:
 
 
 def test_worker_takes_the_base_from_the_configured_lock(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.digests import parse_ref
-    from pipeline.infra.worker import WorkerConfig, resolve_base_ref
+    from pipeline.core.digests import parse_ref
+    from pipeline.infra.worker.loop import WorkerConfig, resolve_base_ref
 
     ref = f"127.0.0.1:1/acme/benchseal-base@sha256:{HEX}"
     lock = tmp_path / "base.lock.json"
@@ -185,8 +185,8 @@ def test_worker_takes_the_base_from_the_configured_lock(tmp_path: Path, monkeypa
 
 def test_worker_refuses_a_locked_base_outside_the_configured_prefix(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.digests import parse_ref
-    from pipeline.infra.worker import InfraFailure, WorkerConfig, resolve_base_ref
+    from pipeline.core.digests import parse_ref
+    from pipeline.infra.worker.loop import InfraFailure, WorkerConfig, resolve_base_ref
 
     lock = tmp_path / "base.lock.json"
     lock.write_text(json.dumps({"schema": "benchseal.base-lock/v1",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import ValidationError
+from pipeline.core.errors import ValidationError
 from pipeline.imaging import oci
 from pipeline.imaging.layers import BlobStore, Entry, LayerCache, build_layer, entries_key, tree_entries
 from pipeline.imaging.push import validate_oci_tag
@@ -81,7 +81,7 @@ def test_layer_cache_needs_the_blob(tmp_path: Path) -> None:
 
 
 def test_duplicate_file_entries_are_refused(tmp_path: Path) -> None:
-    from pipeline.errors import CheckFailed
+    from pipeline.core.errors import CheckFailed
 
     with pytest.raises(CheckFailed, match="two entries"):
         build_layer([Entry("/a", "file", data=b"x"), Entry("/a", "file", data=b"y")], 1, BlobStore(tmp_path))

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import paths
+from pipeline.core import paths
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = ("pyproject.toml", "setup.py", "README.md", "pipeline", "images", "policies", "suites", "deploy", "package.json",
@@ -87,7 +87,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 def test_installed_package_reads_its_own_data(installed: Installed) -> None:
     probe = subprocess.run(
         [str(installed.venv / "bin" / "python"), "-c",
-         "import pipeline, pipeline.paths as p; print(pipeline.__file__); print(p.REPO_ROOT); print(p.PROJECT_SOURCE); print(p.home())"],
+         "import pipeline, pipeline.core.paths as p; print(pipeline.__file__); print(p.REPO_ROOT); print(p.PROJECT_SOURCE); print(p.home())"],
         cwd=installed.workdir, capture_output=True, text=True, check=True,
         env={k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_") and k != "PYTHONPATH"}
         | {"XDG_STATE_HOME": str(installed.state)},
@@ -114,7 +114,7 @@ def test_a_plain_install_imports_every_module_and_ships_no_test_double(installed
     )
     assert probe.returncode == 0, probe.stderr
     count, *names = probe.stdout.splitlines()
-    assert int(count) > 80 and "pipeline.cli.main" in names and "pipeline.infra.worker" in names
+    assert int(count) > 80 and "pipeline.cli.main" in names and "pipeline.infra.worker.loop" in names
     assert not any(".testing" in n or "emulator" in n or "doubles" in n for n in names), names
 
 

@@ -22,8 +22,8 @@ import docker
 import docker.errors
 import pytest
 
-from pipeline.imaging import ensure_local
-from pipeline.infra.engine_proxy import LABEL, EnginePolicy, EngineProxy
+from pipeline.imaging.build import ensure_local
+from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
 
 
 class FakeEngine(threading.Thread):

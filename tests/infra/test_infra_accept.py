@@ -17,11 +17,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.contracts import DispatchPayload
-from pipeline.errors import ValidationError
-from pipeline.infra.accept import accept_payload, validate_payload
-from pipeline.infra.policy import SCHEMA_PATH, load_policy
-from pipeline.paths import REPO_ROOT
+from pipeline.core.contracts import DispatchPayload
+from pipeline.core.errors import ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.accept import accept_payload, validate_payload
+from pipeline.infra.intake.policy import SCHEMA_PATH, load_policy
 from pipeline.verify.policy import load_policy as load_verify_policy
 
 HEX = "0123456789abcdef" * 4
@@ -624,7 +624,7 @@ def test_cli_escapes_in_infra_status(queue_db):
 
 
 def test_error_hierarchy_escapes_every_message():
-    from pipeline.errors import CheckFailed, Error, UsageError, escape_text
+    from pipeline.core.errors import CheckFailed, Error, UsageError, escape_text
 
     hostile = "a\nb\rc\td\x1be\x7ff\x85g\u200bh\u202ei\u2066j\u2028k\u2029l\ufeffm\ud800n\U000e0001o"
     escaped = escape_text(hostile)

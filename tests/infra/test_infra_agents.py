@@ -24,16 +24,16 @@ import docker
 import pytest
 import yaml
 
-from pipeline.contracts import DigestsFile
-from pipeline.errors import UsageError, ValidationError
+from pipeline.core.contracts import DigestsFile
+from pipeline.core.errors import UsageError, ValidationError
+from pipeline.core.paths import REPO_ROOT
 from pipeline.evidence.artifacts import build_summary
-from pipeline.infra.accept import accept_payload
-from pipeline.infra.agents import SECRETS_MOUNT, prepare_runner_agent
-from pipeline.infra.model_server import ModelServer
-from pipeline.infra.policy import load_policy
-from pipeline.infra.queue import SqliteQueue
-from pipeline.infra.worker import WorkerConfig, run_once
-from pipeline.paths import REPO_ROOT
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.queue.sql import SqliteQueue
+from pipeline.infra.sandbox.agents import SECRETS_MOUNT, prepare_runner_agent
+from pipeline.infra.worker.loop import WorkerConfig, run_once
+from pipeline.local.model_server import ModelServer
 from pipeline.publish.body import facts_from_summary, markdown_cell, render_section
 from tests.fixtures.infra import built_images_source, host_pid, sandbox_engine, wait_for
 
@@ -93,7 +93,7 @@ def test_accept_admits_model_agents_only_for_suites_with_a_model(tmp_path: Path,
 
 def test_runner_gets_secret_files_and_names_never_values(tmp_path: Path, make_payload: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.contracts import DispatchPayload
+    from pipeline.core.contracts import DispatchPayload
 
     policy = load_policy(_write_policy(tmp_path, _policy_data()))
     payload = DispatchPayload.model_validate(make_payload(agent="terminus-2"))
@@ -124,7 +124,7 @@ def test_runner_gets_secret_files_and_names_never_values(tmp_path: Path, make_pa
 
 def test_runner_refuses_an_agent_version_its_harbor_does_not_ship(tmp_path: Path) -> None:
     pytest.importorskip("harbor")
-    from pipeline.infra.trial import run_suite
+    from pipeline.runner.trial import run_suite
 
     with pytest.raises(ValidationError) as info:
         run_suite(REPO_ROOT / "suites" / "smoke", tmp_path, run_id="r", agent="terminus-2", agent_version="0.25.9")
@@ -332,7 +332,7 @@ def test_terminus2_scores_one_with_the_right_script(right_run: dict[str, Any]) -
 
 
 def _payload_model(payload: dict[str, Any]) -> Any:
-    from pipeline.contracts import DispatchPayload
+    from pipeline.core.contracts import DispatchPayload
 
     return DispatchPayload.model_validate(payload)
 
@@ -393,7 +393,7 @@ def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: p
     import socket
     import urllib.request
 
-    from pipeline.infra.model_local import scripted_model_for
+    from pipeline.local.model import scripted_model_for
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -437,7 +437,7 @@ def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: p
 _EGRESS_PROBE = r"""
 import json, socket, sys, urllib.request
 from pathlib import Path
-from pipeline.infra.relay import TcpToUnixRelay
+from pipeline.infra.sandbox.relay import TcpToUnixRelay
 
 key = Path("/run/benchseal/secrets/BENCHSEAL_AGENT_API_KEY").read_text()
 relay = TcpToUnixRelay(Path("/run/benchseal/model/model.sock"))
@@ -479,7 +479,7 @@ print(json.dumps(out))
 def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload: Any, local_images: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The runner container exactly as the worker starts it (network none, secret files, relay socket)."""
-    from pipeline.contracts import DispatchPayload
+    from pipeline.core.contracts import DispatchPayload
 
     registry_port = int(local_images["runner"].registry.rpartition(":")[2])
     with ModelServer(key=CANARY, log_path=tmp_path / "log.jsonl") as server:
@@ -576,11 +576,11 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     proxy forces it into its own model gateway's network namespace; the model answers there, while
     the registry, two other host services (loopback and all-interfaces), the metadata address, the
     internet and DNS are refused."""
-    from pipeline.contracts import DispatchPayload
-    from pipeline.imaging import ensure_local
-    from pipeline.infra.engine_proxy import GATEWAY_LABEL
-    from pipeline.infra.relay import GATEWAY_PORT
-    from pipeline.infra.worker import LABEL_RUN
+    from pipeline.core.contracts import DispatchPayload
+    from pipeline.imaging.build import ensure_local
+    from pipeline.infra.sandbox.engine_proxy import GATEWAY_LABEL
+    from pipeline.infra.sandbox.relay import GATEWAY_PORT
+    from pipeline.infra.worker.loop import LABEL_RUN
 
     base = base_refs["base"]
     ensure_local(base)
@@ -687,8 +687,8 @@ echo "own_out=$(cat "$run/ok/out.txt" 2>/dev/null)"
 def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, local_images: Any,
                                           base_refs: Any) -> None:
     """docker CLI inside the runner, through the worker's engine proxy: only its own, unprivileged containers."""
-    from pipeline.contracts import DispatchPayload
-    from pipeline.imaging import ensure_local
+    from pipeline.core.contracts import DispatchPayload
+    from pipeline.imaging.build import ensure_local
 
     base = base_refs["base"]
     ensure_local(base)
@@ -730,8 +730,8 @@ def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path
     import subprocess
     import sys
 
-    from pipeline.contracts import DispatchPayload
-    from pipeline.infra.agents import reap_private_dirs
+    from pipeline.core.contracts import DispatchPayload
+    from pipeline.infra.sandbox.agents import reap_private_dirs
 
     private = tmp_path / "tmp"
     private.mkdir()
@@ -747,7 +747,7 @@ def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path
     finally:
         setup.close()
     # A process that made its dirs and died with -9 (its locks gone with it): the next reap removes them.
-    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom pipeline.infra.agents import _private_dir\n"
+    code = ("import os, signal, sys\nfrom pathlib import Path\nfrom pipeline.infra.sandbox.agents import _private_dir\n"
             "locks = []\nd = _private_dir('benchseal-secrets-', locks)\n(d / 'K').write_text(sys.argv[1])\n"
             "print(d, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
     done = subprocess.run([sys.executable, "-c", code, CANARY], env={**os.environ, "TMPDIR": str(private)},
@@ -772,7 +772,7 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
     import subprocess
     import sys
 
-    from pipeline.infra.worker import LABEL_RUN
+    from pipeline.infra.worker.loop import LABEL_RUN
 
     root: Path = agent_setup["root"] / "kill9-secrets"
     root.mkdir()

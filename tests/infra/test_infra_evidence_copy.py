@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.infra.worker import _copy_evidence
+from pipeline.infra.worker.loop import _copy_evidence
 
 
 def test_links_and_fifos_stay_behind(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""Hostile names and exports (issue 22, point 6): one name rule (pipeline.fsutil.name_problem) for every
+"""Hostile names and exports (issue 22, point 6): one name rule (pipeline.core.fsutil.name_problem) for every
 producer and consumer of a name that travels: the export writer and reader, trial packs, the worker's
 evidence copy, SHA256SUMS / evidence-SHA256SUMS written and parsed, verify's tree walk.
 
@@ -24,19 +24,26 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from pipeline.contracts import DispatchPayload, trial_name
-from pipeline.errors import CheckFailed
-from pipeline.evidence import sigstore_local
+from pipeline.core.contracts import DispatchPayload, trial_name
+from pipeline.core.errors import CheckFailed
+from pipeline.core.fsutil import (
+    MAX_NAME_BYTES,
+    NameTree,
+    NotRegularFile,
+    is_plain_relative_name,
+    name_problem,
+    open_regular,
+)
+from pipeline.core.layout import NESTED_SUMS, nested_files, parse_checksums, render_checksums
 from pipeline.evidence.artifacts import write_checksums
-from pipeline.fsutil import MAX_NAME_BYTES, NameTree, NotRegularFile, is_plain_relative_name, name_problem, open_regular
-from pipeline.infra.export import EVIDENCE, export_run, import_run, trial_pack_files
-from pipeline.infra.policy import load_policy
-from pipeline.infra.queue import RunRecord, SqliteQueue
-from pipeline.infra.trial_evidence import evidence_copy_ignore, pack_trial_dir, read_trial_pack
-from pipeline.infra.worker import _copy_evidence
-from pipeline.layout import NESTED_SUMS, nested_files, parse_checksums, render_checksums
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.queue.sql import RunRecord, SqliteQueue
+from pipeline.infra.worker.export import EVIDENCE, export_run, import_run, trial_pack_files
+from pipeline.infra.worker.loop import _copy_evidence
+from pipeline.infra.worker.trial_evidence import evidence_copy_ignore, pack_trial_dir, read_trial_pack
+from pipeline.local import sigstore as sigstore_local
 from pipeline.publish.bundle import load_bundle
-from pipeline.verify import verify_checksums, verify_release
+from pipeline.verify.release import verify_checksums, verify_release
 from tests.doubles.queue_load import noop_grading
 from tests.fixtures.trials import graded_export, harbor_result, tampered
 from tests.publish.test_seal_export import RUN_ID, _grading, _run_json

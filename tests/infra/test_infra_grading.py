@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from pipeline.contracts import DispatchPayload
-from pipeline.digests import ImageRef
-from pipeline.errors import CheckFailed
-from pipeline.infra.grading import RunnerInfo, grade_run
-from pipeline.infra.queue import SqliteQueue
-from pipeline.infra.trial import TRIALS_FILE, discover_tasks, plan_trials
-from pipeline.infra.worker import BASE_PLACEHOLDER, render_suite
-from pipeline.paths import REPO_ROOT
+from pipeline.core.contracts import DispatchPayload
+from pipeline.core.digests import ImageRef
+from pipeline.core.errors import CheckFailed
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.queue.sql import SqliteQueue
+from pipeline.infra.worker.grading import RunnerInfo, grade_run
+from pipeline.infra.worker.loop import BASE_PLACEHOLDER, render_suite
+from pipeline.runner.trial import TRIALS_FILE, discover_tasks, plan_trials
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 SMOKE = REPO_ROOT / "suites" / "smoke"
@@ -125,8 +125,8 @@ def test_render_suite_pins_base_by_digest_and_refuses_other_froms(tmp_path):
 
 
 def test_a_recorded_trial_round_trips_and_a_bad_record_fails_closed():
-    from pipeline.contracts import TrialRecord
-    from pipeline.infra.grading import RecordedTrial
+    from pipeline.core.contracts import TrialRecord
+    from pipeline.infra.worker.grading import RecordedTrial
 
     trial = TrialRecord(task="fix-mean", trial_name="fix-mean__abc", agent_name="oracle", outcome="resolved", reward=1.0)
     text = RecordedTrial(trial=trial, host="host-a", batch_dir="/var/lib/benchseal/infra/runs/r/batches/0000-x").to_json()

@@ -1,4 +1,4 @@
-"""Issue 22.5: the one grading rule (pipeline.scoring.grade_result), as the worker's grader applies it.
+"""Issue 22.5: the one grading rule (pipeline.core.scoring.grade_result), as the worker's grader applies it.
 
 Before, the grader read result.json with Python's lenient json (NaN, duplicate keys: the last wins),
 counted ``reward: true`` or ``2`` as resolved, ignored an ``exception_info`` that was not an object,
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.infra.grading import AGENT_EXCEPTIONS, RunnerInfo, grade_trial
-from pipeline.scoring import grade_result
+from pipeline.core.scoring import grade_result
+from pipeline.infra.worker.grading import AGENT_EXCEPTIONS, RunnerInfo, grade_trial
 
 REAL = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 RUNNER = RunnerInfo(image_id=None, digest=None)

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.contracts import DigestsFile, Grading
-from pipeline.infra.accept import accept_payload
-from pipeline.infra.policy import load_policy
-from pipeline.infra.queue import RunRecord, SqliteQueue
-from pipeline.infra.worker import WorkerConfig, run_once
-from pipeline.paths import REPO_ROOT
+from pipeline.core.contracts import DigestsFile, Grading
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.queue.sql import RunRecord, SqliteQueue
+from pipeline.infra.worker.loop import WorkerConfig, run_once
 from tests.fixtures.sigstore import push_unique_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -103,6 +103,6 @@ def test_signed_images_run(trust_setup: dict[str, Any]) -> None:
 
 def test_worker_without_the_private_root_trusts_only_public_good(trust_setup: dict[str, Any]) -> None:
     """Default trust is public-good: locally signed images do not pass it (no silent local root)."""
-    from pipeline.attest import SigstoreEndpoints
+    from pipeline.attest.images import SigstoreEndpoints
 
     assert WorkerConfig().image_trust == SigstoreEndpoints.public_good()

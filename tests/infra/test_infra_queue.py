@@ -12,9 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
-from pipeline.errors import CheckFailed
-from pipeline.infra.queue import SCHEMA_VERSION, SqliteQueue
+from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
+from pipeline.core.errors import CheckFailed
+from pipeline.infra.queue.sql import SCHEMA_VERSION, SqliteQueue
 from tests.fixtures.infra import QueueSpec
 
 
@@ -221,7 +221,7 @@ def test_release_does_not_use_up_an_attempt(make_payload, queue_spec):
 
 
 def test_heartbeat_failures_never_stop_the_heartbeat_thread(make_payload, queue_spec):
-    from pipeline.infra.worker import _Heartbeat
+    from pipeline.infra.worker.loop import _Heartbeat
 
     q = queue_spec.open()
     run_id, _ = q.enqueue(_payload(make_payload, 6), max_attempts=3)
@@ -254,7 +254,7 @@ def test_accept_under_sudo_refuses_db_and_policy_overrides(make_payload, tmp_pat
 
 
 def test_redelivery_is_idempotent_and_a_changed_payload_is_refused_and_recorded_as_refused(make_payload, queue_spec):
-    from pipeline.errors import ValidationError
+    from pipeline.core.errors import ValidationError
 
     with queue_spec.open() as q:
         payload = _payload(make_payload, 8)
@@ -409,7 +409,7 @@ def test_sqlite_database_ahead_is_refused(queue_db):
 def test_postgresql_database_is_never_migrated_implicitly(pg_cluster):
     import psycopg
 
-    from pipeline.infra.queue_pg import PostgresQueue
+    from pipeline.infra.queue.postgres import PostgresQueue
 
     with psycopg.connect(pg_cluster.url("postgres"), autocommit=True) as conn:
         conn.execute('CREATE DATABASE "unmigrated"')
@@ -424,8 +424,8 @@ def test_postgresql_database_is_never_migrated_implicitly(pg_cluster):
 
 
 def test_queue_url_comes_from_env_or_file_never_argv_and_never_with_db(tmp_path, monkeypatch, pg_cluster):
-    from pipeline.errors import UsageError, ValidationError
-    from pipeline.infra.queue import open_queue, redact_url
+    from pipeline.core.errors import UsageError, ValidationError
+    from pipeline.infra.queue.sql import open_queue, redact_url
 
     url = pg_cluster.new_database()
     monkeypatch.delenv("BENCHSEAL_QUEUE_URL", raising=False)
@@ -447,8 +447,8 @@ def test_queue_url_comes_from_env_or_file_never_argv_and_never_with_db(tmp_path,
     assert redact_url("postgresql://u:s3cret@db.example:5432/q?sslmode=require&password=x") == "postgresql://u@db.example:5432/q"
     # An unreachable server: one line naming the (redacted) location, never the password.
     monkeypatch.setenv("BENCHSEAL_QUEUE_URL", f"postgresql://benchseal:s3cret@/nosuchdb?host={pg_cluster.sock}")
-    from pipeline.errors import InfrastructureError
-    from pipeline.infra.queue_pg import PostgresQueue
+    from pipeline.core.errors import InfrastructureError
+    from pipeline.infra.queue.postgres import PostgresQueue
 
     with pytest.raises(InfrastructureError) as down:
         PostgresQueue(os.environ["BENCHSEAL_QUEUE_URL"], reconnect_seconds=0.5)
@@ -459,7 +459,7 @@ def test_cli_accept_and_worker_on_postgresql_by_url_file_and_env(make_payload, t
     import subprocess
     import sys
 
-    from pipeline.infra.queue_pg import PostgresQueue
+    from pipeline.infra.queue.postgres import PostgresQueue
 
     url = pg_cluster.new_database()
     url_file = tmp_path / "queue-url"
@@ -500,8 +500,8 @@ def test_state_dir_queue_url_file_selects_postgresql_for_every_process_sharing_t
     import subprocess
     import sys
 
-    from pipeline.errors import ValidationError
-    from pipeline.infra.queue import open_queue
+    from pipeline.core.errors import ValidationError
+    from pipeline.infra.queue.sql import open_queue
 
     url = pg_cluster.new_database()
     home = tmp_path / "home"

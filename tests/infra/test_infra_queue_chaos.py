@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.infra.queue import TERMINAL_STATES
+from pipeline.infra.queue.sql import TERMINAL_STATES
 from tests.doubles.queue_load import WorkerGroups, noop_payload, open_store, worker_command
 
 N_RUNS = 1000

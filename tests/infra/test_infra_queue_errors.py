@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.contracts import DispatchPayload
-from pipeline.infra.queue import SqliteQueue
+from pipeline.core.contracts import DispatchPayload
+from pipeline.infra.queue.sql import SqliteQueue
 
 
 def _sha(path: Path) -> str:

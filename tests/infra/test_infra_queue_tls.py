@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from pipeline.errors import InfrastructureError
-from pipeline.infra.queue_pg import PostgresQueue
+from pipeline.core.errors import InfrastructureError
+from pipeline.infra.queue.postgres import PostgresQueue
 from tests.doubles.postgres import PgCluster, pg_bindir
 from tests.fixtures.infra import proc_hits
 

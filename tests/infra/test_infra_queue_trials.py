@@ -11,9 +11,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.infra.queue import PlannedTrial
+from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.infra.queue.sql import PlannedTrial
 
 
 def _payload(make_payload, i: int) -> DispatchPayload:

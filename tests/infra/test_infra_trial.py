@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.infra.policy import load_policy
-from pipeline.infra.tunings import DISABLE_ENV, TUNINGS, enabled_tunings
-from pipeline.infra.worker import _pin_docker_image, _task_context_hash
-from pipeline.paths import REPO_ROOT
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.worker.loop import _pin_docker_image, _task_context_hash
+from pipeline.runner.tunings import DISABLE_ENV, TUNINGS, enabled_tunings
 
 IMAGE_ID = "sha256:" + "ab" * 32
 

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.contracts import DispatchPayload, TrialRecord
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.infra import trial_evidence, worker
-from pipeline.infra.export import export_bytes, import_run, packs_not_here
-from pipeline.infra.grading import RecordedTrial
-from pipeline.infra.queue import MAX_TRIAL_EVIDENCE_BYTES, PlannedTrial, SqliteQueue
-from pipeline.infra.trial_evidence import pack_trial_dir, unpack_trial_dir
+from pipeline.core.contracts import DispatchPayload, TrialRecord
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.infra.queue.sql import MAX_TRIAL_EVIDENCE_BYTES, PlannedTrial, SqliteQueue
+from pipeline.infra.worker import loop as worker
+from pipeline.infra.worker import trial_evidence
+from pipeline.infra.worker.export import export_bytes, import_run, packs_not_here
+from pipeline.infra.worker.grading import RecordedTrial
+from pipeline.infra.worker.trial_evidence import pack_trial_dir, unpack_trial_dir
 from tests.doubles.queue_load import noop_grading
 from tests.fixtures.infra import QueueSpec
 

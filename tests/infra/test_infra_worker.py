@@ -20,12 +20,12 @@ import docker.errors
 import pytest
 import yaml
 
-from pipeline.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
-from pipeline.infra.accept import accept_payload
-from pipeline.infra.policy import load_policy
-from pipeline.infra.queue import RunRecord, SqliteQueue
-from pipeline.infra.worker import LABEL_RUN, WorkerConfig, run_once
-from pipeline.paths import REPO_ROOT
+from pipeline.core.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.queue.sql import RunRecord, SqliteQueue
+from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
 from pipeline.verify.external import cosign_path
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 
@@ -368,7 +368,7 @@ def test_sigterm_releases_the_lease(infra_setup, tmp_path):
 def test_suite_timeout_kills_runner_and_trial_containers(infra_setup, tmp_path):
     """A task that blocks until told (never, here): the run can only end by the suite timeout,
     on any machine; the test sees the blocked trial container before the timeout fires."""
-    from pipeline.infra.policy import SuitePolicy
+    from pipeline.infra.intake.policy import SuitePolicy
 
     suites = tmp_path / "suites"
     shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "blocking" / "blocking")
@@ -473,8 +473,8 @@ def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_
 
 
 def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path):
-    from pipeline.digests import parse_ref
-    from pipeline.infra.worker import TASK_IMAGE_LABEL, prebuild_task_images, render_suite, resolve_base_ref
+    from pipeline.core.digests import parse_ref
+    from pipeline.infra.worker.loop import TASK_IMAGE_LABEL, prebuild_task_images, render_suite, resolve_base_ref
 
     client = docker.from_env()
     base = resolve_base_ref(WorkerConfig(), parse_ref(infra_setup["runner"]))
@@ -503,7 +503,7 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
     fourth = tmp_path / "four"
     render_suite(infra_setup["suites"] / "smoke", fourth, base)
     (fourth / "cli-flag" / "environment" / "link").symlink_to("/etc/passwd")
-    from pipeline.errors import CheckFailed
+    from pipeline.core.errors import CheckFailed
 
     with pytest.raises(CheckFailed, match="symlink"):
         prebuild_task_images(client, fourth)
@@ -512,9 +512,9 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
 def test_sweep_removes_the_runner_container_of_a_batch_that_lost_its_lease_only(infra_setup, tmp_path):
     """A worker killed with -9 leaves its batch's runner container running; once the batch holds no
     lease any more, the next worker on that engine removes it, and never a live batch's container."""
-    from pipeline.digests import parse_ref
-    from pipeline.infra.queue import PlannedTrial, batch_label
-    from pipeline.infra.worker import LABEL_BATCH, LABEL_TRIALS, pull_by_digest, sweep_orphan_batches
+    from pipeline.core.digests import parse_ref
+    from pipeline.infra.queue.sql import PlannedTrial, batch_label
+    from pipeline.infra.worker.loop import LABEL_BATCH, LABEL_TRIALS, pull_by_digest, sweep_orphan_batches
 
     client = docker.from_env()
     pull_by_digest(client, parse_ref(infra_setup["runner"]))
@@ -560,7 +560,7 @@ def test_two_hosts_on_one_postgresql_queue_split_a_run_and_its_evidence_holds_ev
     """Two workers with their own state dirs (two hosts' run dirs) share one PostgreSQL queue: the
     run's trials spread over both, and the host that grades it publishes every trial's Harbor dir,
     the other host's unpacked from the queue."""
-    from pipeline.infra.queue_pg import PostgresQueue
+    from pipeline.infra.queue.postgres import PostgresQueue
 
     url = pg_cluster.new_database()
     url_file = tmp_path / "queue-url"

@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
-from pipeline.infra.accept import accept_payload
-from pipeline.infra.policy import load_policy
-from pipeline.infra.queue import RunRecord, SqliteQueue
-from pipeline.infra.trial import TRIALS_FILE, plan_trials
-from pipeline.infra.worker import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
-from pipeline.paths import REPO_ROOT
+from pipeline.core.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.queue.sql import RunRecord, SqliteQueue
+from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
+from pipeline.runner.trial import TRIALS_FILE, plan_trials
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
@@ -59,7 +59,7 @@ class Recorder:
 _DEAD_WORKER = """
 import sys, time
 from pathlib import Path
-from pipeline.infra.queue import SqliteQueue
+from pipeline.infra.queue.sql import SqliteQueue
 with SqliteQueue(Path(sys.argv[1])) as q:
     record = q.claim("doomed-worker", 2)
     q.start(record.run_id, record.lease_token)
@@ -77,7 +77,7 @@ def _policy(tmp_path: Path, **overrides: Any):
 
 
 def _write_plan(run_dir, run_id, specs) -> None:
-    """trials.json as the runner writes it (pipeline.documents.TrialsPlan)."""
+    """trials.json as the runner writes it (pipeline.core.documents.TrialsPlan)."""
     (run_dir / TRIALS_FILE).write_text(json.dumps({
         "schema": "benchseal.trials/v1", "run_id": run_id, "agent": "oracle", "agent_version": None,
         "harbor_version": "0.26.0", "model": None, "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]}))
@@ -87,7 +87,7 @@ def test_exhausted_grading_grades_what_completed_without_a_score(tmp_path, make_
     with SqliteQueue(tmp_path / "q.sqlite3") as q:
         run_id, _ = q.enqueue(DispatchPayload.model_validate(make_payload()), max_attempts=1)
         record, run_dir = q.get_run(run_id), q.run_dir(run_id)
-    from pipeline.infra.grading import RunnerInfo
+    from pipeline.infra.worker.grading import RunnerInfo
 
     nothing = exhausted_grading(run_dir, record, infra_policy, RunnerInfo(None, None), "lost", started_at="2026-01-01T00:00:00Z")
     assert nothing.status == "INFRA_ERROR" and nothing.counts.total == 0 and nothing.score is None

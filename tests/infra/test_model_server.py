@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import ValidationError
-from pipeline.infra.model_server import ModelServer, count_tokens, load_script, read_state
-from pipeline.infra.relay import TcpToUnixRelay, UnixToTcpRelay
-from pipeline.paths import REPO_ROOT
+from pipeline.core.errors import ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.sandbox.relay import TcpToUnixRelay, UnixToTcpRelay
+from pipeline.local.model_server import ModelServer, count_tokens, load_script, read_state
 
 KEY = "sk-test-" + "k" * 24
 
@@ -172,7 +172,7 @@ def test_gateway_entry_point_serves_a_fixed_port_and_checks_its_arguments(tmp_pa
     import socket
     import time
 
-    from pipeline.infra.relay import gateway_main
+    from pipeline.infra.sandbox.relay import gateway_main
 
     assert gateway_main([]) == 2 and gateway_main(["a", "port"]) == 2 and gateway_main(["a", "1", "2"]) == 2
     with socket.socket() as probe:
@@ -180,7 +180,7 @@ def test_gateway_entry_point_serves_a_fixed_port_and_checks_its_arguments(tmp_pa
         port = probe.getsockname()[1]
     with ModelServer(key=KEY) as server:
         host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1").start()
-        gateway = subprocess.Popen([sys.executable, "-m", "pipeline.infra.relay", str(tmp_path / "model.sock"), str(port)])
+        gateway = subprocess.Popen([sys.executable, "-m", "pipeline.infra.sandbox.relay", str(tmp_path / "model.sock"), str(port)])
         try:
             deadline = time.monotonic() + 30
             while True:

@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.infra import relay as relay_module
-from pipeline.infra.relay import MAX_BODY_BYTES, TcpToUnixRelay, UnixToTcpRelay
+from pipeline.infra.sandbox import relay as relay_module
+from pipeline.infra.sandbox.relay import MAX_BODY_BYTES, TcpToUnixRelay, UnixToTcpRelay
 
 BODY = json.dumps({"model": "openai/benchseal-scripted", "stream": True,
                    "messages": [{"role": "user", "content": "hello"}]}).encode()

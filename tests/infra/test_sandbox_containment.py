@@ -24,8 +24,8 @@ from typing import Any
 import docker
 import pytest
 
-from pipeline.host import sandbox as sbx
-from pipeline.imaging import ensure_local
+from pipeline.imaging.build import ensure_local
+from pipeline.infra.sandbox import engine as sbx
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox engine is set up by root")
 

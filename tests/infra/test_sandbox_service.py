@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CheckFailed, InfrastructureError
-from pipeline.host import sandbox as sbx
-from pipeline.infra import worker
+from pipeline.core.errors import CheckFailed, InfrastructureError
+from pipeline.infra.sandbox import engine as sbx
+from pipeline.infra.worker import loop as worker
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox engine is set up by root")
 HOST_ENGINE = "unix:///var/run/docker.sock"

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.contracts import DigestsFile
-from pipeline.host import sandbox as sbx
-from pipeline.infra.accept import accept_payload
-from pipeline.infra.queue import SqliteQueue
-from pipeline.paths import REPO_ROOT
+from pipeline.core.contracts import DigestsFile
+from pipeline.core.paths import REPO_ROOT
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.queue.sql import SqliteQueue
+from pipeline.infra.sandbox import engine as sbx
 from tests.fixtures.infra import built_images_source
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow,
@@ -158,7 +158,7 @@ def unit_worker(built_images: DigestsFile, sign_release_images: Any) -> Iterator
                    "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
                               "tag": "v9.9.9"},
                    "runner": runner.ref, "api": api.ref, "suite": "smoke", "agent": "oracle"}
-        from pipeline.infra.policy import load_policy
+        from pipeline.infra.intake.policy import load_policy
 
         accepted = accept_payload(payload, db=state / "infra" / "queue.sqlite3", policy=load_policy(state / "etc" / "infra.yaml"))
         subprocess.run(["chown", "-R", f"{account.pw_uid}:{account.pw_gid}", str(state)], check=True)

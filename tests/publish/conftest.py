@@ -12,7 +12,7 @@ import pytest
 
 _RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
 _API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
-# A complete benchseal.summary/v1 document (pipeline.documents.ReleaseSummary).
+# A complete benchseal.summary/v1 document (pipeline.core.documents.ReleaseSummary).
 SUMMARY: dict[str, Any] = {
     "schema": "benchseal.summary/v1",
     "status": "SUCCEEDED",

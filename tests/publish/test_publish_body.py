@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import ValidationError
+from pipeline.core.errors import ValidationError
 from pipeline.publish.body import (
     DUPLICATE_REMOVED,
     END,
@@ -254,8 +254,8 @@ def test_oversized_section_is_refused_before_any_request(field: str, emulator: A
                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A summary value that makes the section alone exceed the limit: the publisher refuses it
     while preparing the publication, at once (not retried), and GitHub never sees a request."""
-    from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
-    from pipeline.infra.queue import SqliteQueue
+    from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
+    from pipeline.infra.queue.sql import SqliteQueue
     from pipeline.publish.outbox import OutboxConfig, deliver_pending
 
     emulator.add_repo("acme/widget")

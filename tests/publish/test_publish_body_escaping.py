@@ -19,7 +19,7 @@ from cmarkgfm.cmark import Options
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import escape_text
+from pipeline.core.errors import escape_text
 from pipeline.publish.body import END, START, SectionFacts, extract, markdown_cell, render_section, splice
 from tests.publish.test_publish_body import SUMMARY, facts_from_summary
 

@@ -61,7 +61,7 @@ def test_unit_has_no_systemd_warnings(name: str, tmp_path: Path) -> None:
 
 
 def test_sandbox_unit_starts_the_sandbox_for_the_worker_user() -> None:
-    from pipeline.host import sandbox
+    from pipeline.infra.sandbox import engine as sandbox
 
     text = (DEPLOY / "benchseal-sandbox.service").read_text()
     service = _unit("benchseal-sandbox.service")["Service"]
@@ -175,8 +175,8 @@ def test_worker_refuses_an_ambient_signer_without_an_actions_token(tmp_path: Pat
 
 def _graded(home: Path, run_id: str, status: str = "FAILED") -> None:
     """Make ``run_id`` terminal the way the worker does (claim, complete with its grading)."""
-    from pipeline.contracts import GradeCounts, Grading
-    from pipeline.infra.queue import SqliteQueue
+    from pipeline.core.contracts import GradeCounts, Grading
+    from pipeline.infra.queue.sql import SqliteQueue
 
     with SqliteQueue(home / "infra" / "queue.sqlite3") as queue:
         record = queue.claim("deploy-test-worker", 60)
@@ -199,8 +199,8 @@ def test_export_wrapper_streams_only_a_graded_run(tmp_path: Path, make_payload) 
     import io
     import tarfile
 
-    from pipeline.errors import CheckFailed
-    from pipeline.infra.export import import_run
+    from pipeline.core.errors import CheckFailed
+    from pipeline.infra.worker.export import import_run
 
     home = tmp_path / "home"
     wrappers = {}

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from pipeline.core.errors import ValidationError
 from pipeline.dispatch.client import make_client
-from pipeline.errors import ValidationError
 from pipeline.publish.body import END, START, asset_record, splice
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.targets import GitHubTarget, PublishError, PublishPolicy
@@ -433,7 +433,7 @@ def test_policy_is_read_at_publish_time(emulator: Any, make_artifacts: Any, tmp_
     # A repository removed from the policy after its run was accepted is no longer written to.
     import yaml
 
-    from pipeline.infra.policy import POLICY_PATH, load_policy
+    from pipeline.infra.intake.policy import POLICY_PATH, load_policy
 
     data = yaml.safe_load(POLICY_PATH.read_text())
     data["sources"] = [s for s in data["sources"] if s["repository"] != REPO]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import CheckFailed, ValidationError
+from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.publish.body import END, START, extract
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.targets import LocalTarget

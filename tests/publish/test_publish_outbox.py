@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
+from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading, PublicationRequest
+from pipeline.core.layout import PUBLISHER_ERROR
 from pipeline.dispatch.client import make_client
-from pipeline.infra.queue import SqliteQueue
-from pipeline.layout import PUBLISHER_ERROR
+from pipeline.infra.queue.sql import SqliteQueue
 from pipeline.publish.outbox import OutboxConfig, deliver_pending, publish_request
 from pipeline.publish.targets import GitHubTarget, LocalTarget, Target
 from tests.fixtures.github import tag_release_commit

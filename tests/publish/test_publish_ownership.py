@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from pipeline.contracts import PublicationRequest
+from pipeline.core.contracts import PublicationRequest
+from pipeline.core.errors import ValidationError
+from pipeline.core.layout import PUBLISHER_ERROR
 from pipeline.dispatch.client import make_client
-from pipeline.errors import ValidationError
-from pipeline.layout import PUBLISHER_ERROR
 from pipeline.publish.body import END, START, asset_record, extract, recorded_assets, splice
 from pipeline.publish.bundle import load_bundle
 from pipeline.publish.outbox import default_target_factory

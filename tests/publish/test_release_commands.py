@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import CheckFailed
-from pipeline.release.local import run_commands
+from pipeline.core.errors import CheckFailed
+from pipeline.local.release import run_commands
 
 
 def test_all_commands_pass(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def _printed_commands(body: str) -> list[str]:
 
 
 def _publish_locally(artifacts: Path, dist: Path, tag: str, repository: str) -> Path:
-    from pipeline.contracts import PublicationRequest
+    from pipeline.core.contracts import PublicationRequest
     from pipeline.publish.outbox import publish_request
     from pipeline.publish.targets import LocalTarget
 

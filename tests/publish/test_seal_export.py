@@ -1,5 +1,5 @@
 """What the seal job accepts from the infra host's export: only a graded run's own files, for the
-run it expects (pipeline.infra.export.import_run). Hostile tars fail closed, naming the member."""
+run it expects (pipeline.infra.worker.export.import_run). Hostile tars fail closed, naming the member."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.infra.export import import_run
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.infra.worker.export import import_run
 
 RUN_ID = "run-0123456789abcdef0123"
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64

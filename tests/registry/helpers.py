@@ -1,6 +1,6 @@
 """Real authenticated registries for the registry-auth tests (fixtures re-exported by conftest.py).
 
-Each is the Debian ``docker-registry`` started by pipeline.host.authregistry
+Each is the Debian ``docker-registry`` started by pipeline.local.authregistry
 with its own config, port and storage under the test's temp dir, and stopped
 by its recorded pid. Passwords are random per session so that scanning
 argv/outputs for them means something.
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.host import authregistry
-from pipeline.host import registry as reg
-from pipeline.host.tokenserver import TokenServer
 from pipeline.imaging.oci import LAYER_TYPE, canonical_bytes, descriptor, manifest_bytes, sha256_digest
+from pipeline.local import authregistry
+from pipeline.local import registry as reg
+from pipeline.local.tokenserver import TokenServer
 
 
 def free_port() -> int:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.digests import ImageRef
-from pipeline.errors import CheckFailed
+from pipeline.core.digests import ImageRef
+from pipeline.core.errors import CheckFailed
 from pipeline.evidence.sbom import read_image
 from pipeline.imaging.oci import sha256_digest
 from pipeline.imaging.push import Registry
@@ -184,7 +184,7 @@ def _blob(data: bytes) -> tuple[str, int, object]:
 def test_worker_pull_by_digest_with_auth_config(kind: str, request: pytest.FixtureRequest, docker_login) -> None:  # type: ignore[no-untyped-def]
     import docker
 
-    from pipeline.infra.worker import InfraFailure, pull_by_digest
+    from pipeline.infra.worker.loop import InfraFailure, pull_by_digest
 
     target: AuthRegistry = request.getfixturevalue(f"{kind}_registry")
     docker_login(target.address, "alice", target.users["alice"])
@@ -222,7 +222,7 @@ def test_token_answer_without_a_token_fails_closed(token_registry: AuthRegistry,
 def test_ensure_local_pulls_with_registry_auth_file(htpasswd_registry: AuthRegistry, docker_login, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     import docker
 
-    from pipeline.imaging import ensure_local
+    from pipeline.imaging.build import ensure_local
 
     docker_login(htpasswd_registry.address, "alice", htpasswd_registry.users["alice"])
     image = tiny_image()

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import InfrastructureError, ValidationError
-from pipeline.host import authregistry
-from pipeline.host import registry as reg
+from pipeline.core.errors import InfrastructureError, ValidationError
+from pipeline.local import authregistry
+from pipeline.local import registry as reg
 from tests.registry.helpers import free_port
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import paths
+from pipeline.core import paths
 from pipeline.imaging.push import Registry
 from tests.registry.helpers import AuthRegistry, assert_no_secret, basic_entry, write_docker_config
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.registry_auth import (
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.registry_auth import (
     AuthSession,
     Credentials,
     docker_auth_config,

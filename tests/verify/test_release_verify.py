@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import CheckFailed
-from pipeline.verify import verify_release
+from pipeline.core.errors import CheckFailed
 from pipeline.verify.external import cosign_commands, sigstore_js_verify
+from pipeline.verify.release import verify_release
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -185,7 +185,7 @@ def test_other_identity_in_policy_is_rejected(signed_release: Path, tmp_path: Pa
 def test_correctly_signed_but_unbound_summary_is_rejected(release_copy: Path, signer_v1: object,
                                                           sigstore_instance: object) -> None:
     """Validly signed by the right signer, but summary.json names an image by tag: rejected."""
-    from pipeline.evidence import reseal
+    from pipeline.evidence.writer import reseal
 
     summary = json.loads((release_copy / "summary.json").read_text())
     name = summary["images"]["runner"]["name"]

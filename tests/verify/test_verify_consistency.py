@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.errors import CheckFailed
-from pipeline.verify import check_summary, verify_release
+from pipeline.core.errors import CheckFailed
+from pipeline.verify.release import check_summary, verify_release
 
 pytestmark = pytest.mark.slow
 SOURCE_REPO, SOURCE_TAG = "acme/widget", "v9.9.9"
@@ -28,8 +28,8 @@ Mutate = Callable[[dict[str, Any]], None]
 def _resign(release: Path, signer: Any, *, summary: Mutate | None = None, summary_text: str | None = None,
             images_st: Mutate | None = None, summary_st: Mutate | None = None) -> None:
     """Apply the mutations, then sign every changed file again as the real pipeline would."""
-    from pipeline.evidence import reseal
-    from pipeline.fsutil import canonical_json, sha256_file
+    from pipeline.core.fsutil import canonical_json, sha256_file
+    from pipeline.evidence.writer import reseal
 
     summary_path = release / "summary.json"
     if summary is not None:
@@ -136,7 +136,7 @@ def test_provenance_source_must_equal_summary(case: str, release_copy: Path, sig
 def test_plain_signature_over_a_statement_is_refused(statement: str, release_copy: Path, signer_v1: object,
                                                      root: Path) -> None:
     """A message signature over the statement file is a valid signature, but not an attestation."""
-    from pipeline.evidence import reseal
+    from pipeline.evidence.writer import reseal
 
     signer_v1.sign_file(release_copy / statement)  # type: ignore[attr-defined]
     reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
@@ -146,7 +146,7 @@ def test_plain_signature_over_a_statement_is_refused(statement: str, release_cop
 
 def test_dsse_bundle_for_a_non_statement_is_refused(release_copy: Path, signer_v1: object, root: Path) -> None:
     """The reverse: a file that is not an in-toto statement must not carry a DSSE bundle."""
-    from pipeline.evidence import reseal
+    from pipeline.evidence.writer import reseal
 
     # summary.json replaced by (valid) in-toto statement bytes, signed as DSSE under its own name.
     statement = (release_copy / "provenance-images.intoto.json").read_bytes()
@@ -158,7 +158,7 @@ def test_dsse_bundle_for_a_non_statement_is_refused(release_copy: Path, signer_v
 
 
 def test_bundle_with_both_kinds_is_refused(release_copy: Path, signer_v1: object, root: Path) -> None:
-    from pipeline.evidence import reseal
+    from pipeline.evidence.writer import reseal
 
     plain = json.loads((release_copy / "summary.json.sigstore.json").read_text())
     dsse = json.loads((release_copy / "provenance-summary.intoto.json.sigstore.json").read_text())
@@ -313,8 +313,8 @@ _VALID = _valid_summary()
 def test_hostile_summary_values_fail_closed_by_name(status: Any, counts: Any, score: Any, source: Any) -> None:
     """Whatever the values, the checks raise CheckFailed naming summary.json (never another
     exception), and pass only when every rule holds."""
-    from pipeline.verify import check_source
     from pipeline.verify.policy import Expectation
+    from pipeline.verify.release import check_source
 
     summary = {**_VALID, "status": status, "counts": counts, "score": score, "source": source}
     expect = Expectation("local", "id", "iss", SOURCE_REPO, SOURCE_TAG)
@@ -341,7 +341,7 @@ def test_hostile_summary_values_fail_closed_by_name(status: Any, counts: Any, sc
 def test_malformed_statement_subjects_fail_by_name(subject: Any) -> None:
     """sigstore-python will not sign such statements; another signer might: fail closed, by name."""
     from pipeline.evidence.provenance import images_statement
-    from pipeline.verify import load_statement
+    from pipeline.verify.release import load_statement
     from tests.fixtures.sigstore import make_inputs
 
     _, payload = make_inputs({"runner": "127.0.0.1:5055/x/runner@sha256:" + "1" * 64,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.errors import CheckFailed, ValidationError
-from pipeline.verify import verify_release
+from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.verify.policy import expectation, load_policy
+from pipeline.verify.release import verify_release
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -43,9 +43,9 @@ def _policy(path: Path, identity: str, issuer: str, extra: str = "") -> Path:
 def fork_release(tmp_path_factory: pytest.TempPathFactory, evidence_images: dict[str, str],
                  sigstore_instance: object) -> Iterator[Path]:
     """A valid release of the fork: its summary names evil/fork, signed by the fork's own identity."""
-    from pipeline.contracts import PayloadSource
-    from pipeline.evidence import write_evidence
-    from pipeline.evidence.signing import local_signer
+    from pipeline.core.contracts import PayloadSource
+    from pipeline.evidence.writer import write_evidence
+    from pipeline.local.signing import local_signer
     from tests.fixtures.sigstore import make_inputs
     from tests.fixtures.trials import evidence_for
 

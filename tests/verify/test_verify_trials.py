@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from pipeline.errors import CheckFailed
-from pipeline.evidence import reseal
-from pipeline.verify import verify_release
+from pipeline.core.errors import CheckFailed
+from pipeline.evidence.writer import reseal
+from pipeline.verify.release import verify_release
 from tests.verify.test_verify_consistency import _resign
 
 pytestmark = pytest.mark.slow

@@ -875,9 +875,9 @@ def _oidc_claims(github: Mapping[str, Any]) -> dict[str, str]:
 
 def local_issuer(instance: Any, server_url: str = "https://github.com") -> Callable[[str, Mapping[str, str]], str]:
     """``Runner.oidc`` backed by the private Sigstore instance's GitHub-shaped issuer
-    (pipeline.evidence.sigstore_local): issuer, ``sub`` and claims as GitHub Actions gives a
+    (pipeline.local.sigstore): issuer, ``sub`` and claims as GitHub Actions gives a
     job, so its Fulcio certifies ``https://github.com/<job_workflow_ref>`` as public-good does."""
-    from pipeline.evidence import sigstore_local
+    from pipeline.local import sigstore as sigstore_local
 
     def mint(audience: str, claims: Mapping[str, str]) -> str:
         if audience != "sigstore":

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.contracts import DigestsFile, load_model
+from pipeline.core.contracts import DigestsFile, load_model
 from pipeline.dispatch.dispatch import build_payload, workflow_inputs
 from tests.doubles.github.actions import render_run_name
 from tests.fixtures.github import digests_data

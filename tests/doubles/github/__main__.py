@@ -12,7 +12,7 @@ import signal
 import threading
 from pathlib import Path
 
-from pipeline.fsutil import atomic_write_text, canonical_json
+from pipeline.core.fsutil import atomic_write_text, canonical_json
 from tests.doubles.github.emulator import GitHubEmulator
 
 

@@ -1,0 +1,268 @@
+"""Image signatures and attestations, made in the build job and checked by the worker.
+
+For every image digest the release workflow's keyless identity makes, with the real cosign:
+
+* a Sigstore signature (``cosign sign``);
+* an SLSA v1 build provenance attestation (``cosign attest --type slsaprovenance1``) whose
+  builder and invocation are the workflow run that built the image;
+* the CycloneDX SBOM as an attestation (``cosign attest --type cyclonedx``).
+
+They live in the registry beside the image, in cosign's tag scheme (``sha256-<hex>.sig`` and
+``.att``: the registry has no OCI referrers API). A consumer checks each with
+``cosign verify`` / ``cosign verify-attestation`` and the exact identity; the worker does the
+same through :func:`verify_image` before it runs a runner.
+
+Who must have signed an image is ``image_identity`` (pipeline.verify.external, re-exported here):
+the source's workflow at its ref AND the payload's commit, for every signer kind.
+
+The OIDC token is always ambient, as GitHub Actions serves it (``ACTIONS_ID_TOKEN_REQUEST_URL``
+and ``_TOKEN``, read by cosign's ``github-actions`` provider), so no token is ever in argv. A local
+release gets the same from the private instance's Actions token endpoint; only the Sigstore
+endpoints and the trust root differ (:class:`SigstoreEndpoints`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.fsutil import atomic_write_text, canonical_json
+from pipeline.evidence.sbom import write_sbom
+from pipeline.verify.external import (
+    ATTESTATION_TYPES,
+    SLSA_PROVENANCE,
+    ImageIdentityPolicy,
+    cosign_environment,
+    cosign_path,
+    cosign_trust_env,
+    image_check_args,
+    image_identity,
+)
+
+__all__ = ["ATTESTATION_TYPES", "SLSA_PROVENANCE", "BuildInvocation", "ImageIdentityPolicy", "ImageSigner", "SigstoreEndpoints",
+           "attest_images", "image_identity", "provenance_predicate", "verify_image", "verify_images"]
+
+BUILD_TYPE = "https://github.com/benchseal/benchseal/build-types/image/v1"
+_COSIGN_TIMEOUT = 180
+
+
+@dataclass(frozen=True)
+class SigstoreEndpoints:
+    """Where cosign gets certificates and logs entries, and which root it trusts.
+
+    ``public_good()`` is production (cosign's own defaults, its TUF root). ``private()`` names an
+    instance of our own: its URLs, and its trusted_root.json handed to cosign as the PEM files
+    cosign reads from ``SIGSTORE_ROOT_FILE`` / ``SIGSTORE_CT_LOG_PUBLIC_KEY_FILE`` /
+    ``SIGSTORE_REKOR_PUBLIC_KEY`` (``cosign sign`` has no --trusted-root).
+    """
+
+    fulcio_url: str | None = None
+    rekor_url: str | None = None
+    trusted_root: Path | None = None
+
+    @classmethod
+    def public_good(cls) -> SigstoreEndpoints:
+        return cls()
+
+    @classmethod
+    def verifying(cls, trusted_root: Path | None) -> SigstoreEndpoints:
+        """Only what a check needs: the private root (then --offline), or public-good for None."""
+        return cls(trusted_root=trusted_root)
+
+    @classmethod
+    def private(cls, url: str, trusted_root: Path) -> SigstoreEndpoints:
+        if not re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}", url):
+            raise ValidationError("sigstore url", "a private instance must be http://127.0.0.1:PORT", url)
+        return cls(fulcio_url=url, rekor_url=f"{url}/rekor", trusted_root=trusted_root)
+
+    @property
+    def is_private(self) -> bool:
+        return self.trusted_root is not None
+
+    def sign_flags(self) -> list[str]:
+        flags = []
+        if self.fulcio_url:
+            flags += ["--fulcio-url", self.fulcio_url]
+        if self.rekor_url:
+            flags += ["--rekor-url", self.rekor_url]
+        return flags
+
+    def environ(self, workdir: Path) -> dict[str, str]:
+        """Environment for cosign: the private root as PEM files (nothing for public-good)."""
+        return {} if self.trusted_root is None else cosign_trust_env(self.trusted_root, workdir)
+
+
+@dataclass(frozen=True)
+class BuildInvocation:
+    """The workflow run that built the images: the provenance's builder and invocation."""
+
+    repository: str  # owner/name of the source repository
+    ref: str  # refs/tags/vX.Y.Z
+    commit: str  # 40 hex
+    workflow_ref: str  # owner/name/.github/workflows/tag.yml@refs/tags/vX.Y.Z (job_workflow_ref)
+    run_url: str  # https://github.com/owner/name/actions/runs/N/attempts/M
+    server: str = "https://github.com"
+
+    @classmethod
+    def from_actions_env(cls, env: Mapping[str, str] | None = None) -> BuildInvocation:
+        """The invocation of the Actions job we run in (GITHUB_* variables), checked."""
+        env = os.environ if env is None else env
+        names = ("GITHUB_REPOSITORY", "GITHUB_REF", "GITHUB_SHA", "GITHUB_WORKFLOW_REF", "GITHUB_RUN_ID")
+        missing = [n for n in names if not env.get(n)]
+        if missing:
+            raise ValidationError(missing[0], "must be set (attestations describe the Actions run that built the images)")
+        server = env.get("GITHUB_SERVER_URL", "https://github.com")
+        return cls(
+            repository=env["GITHUB_REPOSITORY"], ref=env["GITHUB_REF"], commit=env["GITHUB_SHA"],
+            workflow_ref=env["GITHUB_WORKFLOW_REF"], server=server,
+            run_url=f"{server}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
+                    f"/attempts/{env.get('GITHUB_RUN_ATTEMPT', '1')}",
+        )
+
+    @property
+    def builder_id(self) -> str:
+        return f"{self.server}/{self.workflow_ref}"
+
+
+def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation, *,
+                         base: str | None = None, reproducible: bool | None = None) -> dict[str, Any]:
+    """An SLSA v1 provenance predicate for one image, from the actual build's invocation.
+
+    ``reproducible`` is recorded only when a rebuild was compared (True/False), never assumed.
+    """
+    dependencies: list[dict[str, Any]] = [{
+        "uri": f"git+{invocation.server}/{invocation.repository}@{invocation.ref}",
+        "digest": {"gitCommit": invocation.commit},
+    }]
+    if base is not None:
+        base_ref = parse_ref(base, "base")
+        dependencies.append({"uri": f"oci://{base_ref.name}", "name": "base",
+                             "digest": {"sha256": base_ref.digest.removeprefix("sha256:")}})
+    internal: dict[str, Any] = {"role": role, "image": image.name}
+    if reproducible is not None:
+        internal["reproducible_rebuild_matched"] = reproducible
+    return {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {
+                "workflow": {"repository": f"{invocation.server}/{invocation.repository}",
+                             "ref": invocation.ref, "path": invocation.workflow_ref.split("@", 1)[0].split("/", 2)[2]},
+                "image": role,
+            },
+            "internalParameters": internal,
+            "resolvedDependencies": dependencies,
+        },
+        "runDetails": {
+            "builder": {"id": invocation.builder_id},
+            "metadata": {"invocationId": invocation.run_url},
+        },
+    }
+
+
+_ACTIONS_TOKEN_ENV = ("ACTIONS_ID_TOKEN_REQUEST_URL", "ACTIONS_ID_TOKEN_REQUEST_TOKEN")
+
+
+@dataclass(frozen=True)
+class ImageSigner:
+    """Signs and attests images with cosign as the ambient Actions identity.
+
+    ``actions_env`` is the job's token-request environment; default: this process's own
+    (what GitHub Actions gives a job). Only cosign's environment receives it, never argv.
+    """
+
+    endpoints: SigstoreEndpoints
+    allow_http_registry: bool = False  # loopback test registries only
+    actions_env: Mapping[str, str] | None = None
+
+    def _credential_env(self) -> dict[str, str]:
+        source = os.environ if self.actions_env is None else self.actions_env
+        if not all(source.get(name) for name in _ACTIONS_TOKEN_ENV):
+            raise InfrastructureError("no ambient OIDC credential: image signing runs in GitHub Actions with "
+                                      "`permissions: id-token: write`")
+        return {"GITHUB_ACTIONS": "true", **{name: source[name] for name in _ACTIONS_TOKEN_ENV}}
+
+    def sign_and_attest(self, ref: str, *, provenance: Mapping[str, Any], sbom: Path) -> None:
+        image = parse_ref(ref, "image")
+        credential = self._credential_env()
+        with tempfile.TemporaryDirectory(prefix="benchseal-attest-") as tmp:
+            work = Path(tmp)
+            predicate = work / "provenance.json"
+            atomic_write_text(predicate, canonical_json(dict(provenance)))
+            common = ["--yes", "--oidc-provider", "github-actions", *self.endpoints.sign_flags(), *self._registry_flags()]
+            env = {**self.endpoints.environ(work), **credential}
+            _cosign(["sign", *common, image.ref], env, f"signing {image.ref}")
+            _cosign(["attest", *common, "--type", "slsaprovenance1", "--predicate", str(predicate), image.ref], env,
+                    f"attesting the provenance of {image.ref}")
+            _cosign(["attest", *common, "--type", "cyclonedx", "--predicate", str(sbom), image.ref], env,
+                    f"attesting the SBOM of {image.ref}")
+
+    def _registry_flags(self) -> list[str]:
+        return ["--allow-http-registry"] if self.allow_http_registry else []
+
+
+def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: BuildInvocation, sbom_dir: Path) -> dict[str, Path]:
+    """Sign every image (role -> ref) and attest its provenance and SBOM; returns role -> SBOM path."""
+
+    sbom_dir.mkdir(parents=True, exist_ok=True)
+    sboms: dict[str, Path] = {}
+    for role, ref in sorted(images.items()):
+        image = parse_ref(ref, f"images.{role}")
+        sboms[role] = write_sbom(image.ref, sbom_dir / f"sbom-{role}.cdx.json")
+        signer.sign_and_attest(image.ref, provenance=provenance_predicate(image, role, invocation), sbom=sboms[role])
+    return sboms
+
+
+def verify_image(ref: str, policy: ImageIdentityPolicy, endpoints: SigstoreEndpoints, *,
+                 attestations: Sequence[str] = tuple(ATTESTATION_TYPES), allow_http_registry: bool = False) -> None:
+    """Raise CheckFailed unless ``ref`` carries a signature and each attestation by ``policy``'s
+    identity at its commit: the argv of ``image_check_args``, the same the release body prints."""
+    image = parse_ref(ref, "image")
+    checks = image_check_args(image.ref, policy, offline=endpoints.is_private, attestations=tuple(attestations),
+                              allow_http_registry=allow_http_registry)
+    with tempfile.TemporaryDirectory(prefix="benchseal-verify-image-") as tmp:
+        env = endpoints.environ(Path(tmp))
+        for args in checks:
+            what = "signature" if args[0] == "verify" else f"{args[2]} attestation"
+            _check(args, env, f"{image.ref}: {what} by {policy.describe()}")
+
+
+def verify_images(images: Mapping[str, str], policy: ImageIdentityPolicy, endpoints: SigstoreEndpoints) -> None:
+    """Each image (role -> ref) carries the signature and both attestations of ``policy``."""
+    for _role, ref in sorted(images.items()):
+        verify_image(ref, policy, endpoints)
+
+
+def _run(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    cosign = cosign_path()
+    if cosign is None:
+        raise InfrastructureError("cosign is not installed (run scripts/install-tools.sh)")
+    return subprocess.run([str(cosign), *args], env=cosign_environment(env), capture_output=True, text=True,
+                          check=False, timeout=_COSIGN_TIMEOUT)
+
+
+def _cosign(args: list[str], env: Mapping[str, str], what: str) -> None:
+    done = _run(args, env)
+    if done.returncode != 0:
+        raise InfrastructureError(f"{what}: cosign exited {done.returncode}: {_last_error(done.stderr)}")
+
+
+def _check(args: list[str], env: Mapping[str, str], what: str) -> None:
+    done = _run(args, env)
+    if done.returncode != 0:
+        raise CheckFailed(f"{what}: not verified: {_last_error(done.stderr)}")
+
+
+def _last_error(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip().lower().startswith("error")]
+    if lines:
+        return lines[-1][:400]
+    text = stderr.strip()
+    return text.splitlines()[-1][:400] if text else "no output"

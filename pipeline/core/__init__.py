@@ -1,0 +1,1 @@
+"""What every stage shares: errors, the cross-stage documents and their one validator per rule, paths."""

@@ -1,0 +1,366 @@
+"""Typed models for everything that crosses a stage or process boundary.
+
+build ──DigestsFile──▶ dispatch ──DispatchPayload──▶ infra accept ──(queue)──▶
+worker ──Grading + RunStatus──▶ evidence ──(artifacts dir)──▶ publish ──▶ verify
+
+Every image reference is re-validated here with ``pipeline.core.digests`` on load,
+so a consumer can never hold an unvalidated reference.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import ValidationError as PydanticValidationError
+
+from pipeline.core.digests import parse_ref, validate_digest, validate_name
+from pipeline.core.errors import ValidationError
+
+COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+CORRELATION_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{7,127}\Z")
+REPOSITORY_RE = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}\Z")
+IMAGE_ROLES = ("runner", "api")
+# The OIDC issuer of GitHub Actions' job tokens: the issuer of every keyless signature benchseal
+# expects (public-good, or GitHub-shaped from the private test instance).
+GITHUB_ISSUER = "https://token.actions.githubusercontent.com"
+
+
+def _commit(value: str) -> str:
+    if not COMMIT_RE.match(value):
+        raise ValueError("must be a full 40-character lowercase hex commit SHA")
+    return value
+
+
+CORRELATION_RULE = "must be 8-128 characters of [A-Za-z0-9._-], starting with a letter or digit (no spaces)"
+
+
+def _correlation(value: str) -> str:
+    if not CORRELATION_RE.match(value):
+        raise ValueError(CORRELATION_RULE)
+    return value
+
+
+def validate_correlation(value: str, field: str = "correlation") -> str:
+    """The correlation-id rule outside a model (CLI options); raises our ValidationError naming ``field``."""
+    if not isinstance(value, str) or not CORRELATION_RE.match(value):
+        raise ValidationError(field, CORRELATION_RULE, value)
+    return value
+
+
+def _repository(value: str) -> str:
+    canonical_repository(value)
+    return value
+
+
+def canonical_repository(value: str) -> str:
+    """The form two GitHub repository names are compared in: ``owner/name`` lowercased.
+
+    GitHub owner and repository names are case-insensitive (``ACME/App`` is ``acme/app``),
+    so every comparison (payload against policy, policy against the API's answer) uses
+    this form. The shape is checked first, on ASCII only: ``str.lower`` maps some
+    non-ASCII characters onto ASCII letters (KELVIN SIGN to ``k``), which would let a
+    lookalike name compare equal. ``.`` and ``..`` are not repository names (GitHub
+    refuses them; in a path they would traverse). Raises ValueError with the rule.
+    """
+    if not isinstance(value, str) or not value.isascii() or not REPOSITORY_RE.match(value):
+        raise ValueError("must be 'owner/name' (ASCII letters, digits, '-' in the owner; '.', '_', '-' also in the name)")
+    if value.partition("/")[2] in {".", ".."}:
+        raise ValueError("must be 'owner/name'; '.' and '..' are not repository names")
+    return value.lower()
+
+
+def _as_value_error(check: Callable[[str], str]) -> Callable[[str], str]:
+    # pydantic reports ValueError with the field's location; keep the validator's rule text.
+    def run(value: str) -> str:
+        try:
+            return check(value)
+        except ValidationError as exc:
+            raise ValueError(exc.rule) from None
+
+    return run
+
+
+_digest = _as_value_error(validate_digest)
+_name = _as_value_error(validate_name)
+_ref = _as_value_error(lambda value: parse_ref(value).ref)
+
+
+CommitSha = Annotated[str, AfterValidator(_commit)]
+CorrelationId = Annotated[str, AfterValidator(_correlation)]
+RepositorySlug = Annotated[str, AfterValidator(_repository)]
+Digest = Annotated[str, AfterValidator(_digest)]
+ImageName = Annotated[str, AfterValidator(_name)]
+PinnedRef = Annotated[str, AfterValidator(_ref)]
+
+
+def load_model[M: BaseModel](model: type[M], data: object, source: str) -> M:
+    """Validate ``data`` as ``model``; raise our ValidationError naming the first bad field."""
+    try:
+        return model.model_validate(data)
+    except PydanticValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(root)"
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValidationError(f"{source}: {field}", message, first.get("input")) from None
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- build -> dispatch ---------------------------------------------------------
+
+class SourceInfo(_Frozen):
+    commit: CommitSha
+    ref: str = Field(max_length=255)
+    repository: str = Field(max_length=255)
+
+
+class ImageEntry(_Frozen):
+    name: ImageName
+    digest: Digest
+    ref: PinnedRef
+    tags: tuple[str, ...] = ()
+
+    def model_post_init(self, __context: object) -> None:
+        if self.ref != f"{self.name}@{self.digest}":
+            raise ValueError("ref must equal '<name>@<digest>' of the same entry")
+
+
+class DigestsFile(_Frozen):
+    """``benchseal.digests/v1``: what ``benchseal build`` emits."""
+
+    schema_: Literal["benchseal.digests/v1"] = Field(alias="schema")
+    source: SourceInfo
+    images: dict[Literal["runner", "api"], ImageEntry]
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --- dispatch -> infra ---------------------------------------------------------
+
+GIT_TAG_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._/-]{0,127}\Z")
+GIT_TAG_RULE = ("must be a git tag name: at most 128 characters of [A-Za-z0-9._/-], starting with a letter or digit; "
+                "no '..', no empty or '.'-led component, no trailing '/' or '.', no '.lock' component")
+
+
+def _git_tag(value: str) -> str:
+    # git check-ref-format's rules that the character class alone does not give: the tag
+    # names a ref path in API URLs and a directory name, so '..', empty or dot-led
+    # components and '.lock' never pass.
+    parts = value.split("/")
+    if not GIT_TAG_RE.match(value) or ".." in value or value.endswith(".") or any(
+        not part or part.startswith(".") or part.endswith(".lock") for part in parts
+    ):
+        raise ValueError(GIT_TAG_RULE)
+    return value
+
+
+def validate_git_tag(value: object, field: str = "tag") -> str:
+    """The git tag rule (the one home: payloads, tag resolution, verify's expectation); ValidationError names ``field``.
+
+    A ref (``refs/tags/v1``) is not a tag name: callers that accept one strip the prefix first.
+    """
+    if not isinstance(value, str):
+        raise ValidationError(field, GIT_TAG_RULE, value)
+    try:
+        return _git_tag(value)
+    except ValueError:
+        raise ValidationError(field, GIT_TAG_RULE, value) from None
+
+
+GitTag = Annotated[str, AfterValidator(_git_tag)]
+
+
+class PayloadSource(_Frozen):
+    repository: RepositorySlug
+    commit: CommitSha
+    tag: GitTag
+
+
+class DispatchPayload(_Frozen):
+    """``benchseal.dispatch/v1``: the ``client_payload`` / workflow inputs sent to infra.
+
+    At most 10 top-level keys (GitHub's repository_dispatch limit).
+    """
+
+    schema_: Literal["benchseal.dispatch/v1"] = Field(alias="schema")
+    correlation_id: CorrelationId
+    source: PayloadSource
+    runner: PinnedRef
+    api: PinnedRef
+    suite: str = Field(default="smoke", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    agent: str = Field(default="oracle", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --- worker -> evidence / api ----------------------------------------------------
+
+RunState = Literal["QUEUED", "CLAIMED", "RUNNING", "SUCCEEDED", "FAILED", "INFRA_ERROR"]
+TrialOutcome = Literal["resolved", "unresolved", "infra_error"]
+
+
+class TrialRecord(_Frozen):
+    task: str
+    trial_name: str
+    outcome: TrialOutcome
+    reward: float | None
+    exception_type: str | None = None
+    runner_digest: Digest | None = None
+    agent_name: str
+    agent_version: str | None = None
+    harbor_version: str | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    agent_seconds: float | None = None
+    verifier_seconds: float | None = None
+    total_seconds: float | None = None
+    # Model-backed agents: what the agent reported (Harbor's agent_result), None for test agents.
+    model_calls: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+
+
+# The grader stores score = round(resolved / completed, SCORE_DIGITS).
+SCORE_DIGITS = 6
+RunOutcome = Literal["SUCCEEDED", "FAILED", "INFRA_ERROR"]
+
+
+def trial_short_id(run_id: str) -> str:
+    """The run's part of every trial (and trial container) name: its last 12 lowercase alphanumerics."""
+    return re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
+
+
+def trial_name(task: str, run_id: str) -> str:
+    """Deterministic trial names let the worker tell a missing trial from a present one."""
+    return f"{task}__{trial_short_id(run_id)}"
+
+
+class GradeCounts(_Frozen):
+    """Trial counts; every trial has exactly one outcome, so the parts never exceed the whole.
+
+    Strict integers: JSON ``true``, ``2.0`` or ``"1"`` is not a count.
+    """
+
+    total: StrictInt = Field(ge=0)
+    completed: StrictInt = Field(ge=0)
+    resolved: StrictInt = Field(ge=0)
+    unresolved: StrictInt = Field(ge=0)
+    infra_errors: StrictInt = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GradeCounts:
+        if self.resolved + self.unresolved > self.completed:
+            raise ValueError(f"counts.resolved + counts.unresolved ({self.resolved} + {self.unresolved}) "
+                             f"must not exceed counts.completed ({self.completed})")
+        if self.completed > self.total:
+            raise ValueError(f"counts.completed ({self.completed}) must not exceed counts.total ({self.total})")
+        if self.completed + self.infra_errors > self.total:
+            raise ValueError(f"counts.completed + counts.infra_errors ({self.completed} + {self.infra_errors}) "
+                             f"must not exceed counts.total ({self.total})")
+        return self
+
+
+def check_score(status: str, counts: GradeCounts, score: float | None) -> None:
+    """The score rule (one home, for the grader and every reader of its result).
+
+    Null unless SUCCEEDED; a SUCCEEDED run has completed > 0 and score equal to
+    round(resolved / completed, SCORE_DIGITS). Raises ValueError naming the rule.
+    """
+    if status != "SUCCEEDED":
+        if score is not None:
+            raise ValueError(f"score must be null for a {status} run (got {score!r})")
+        return
+    if counts.completed == 0:
+        raise ValueError("a SUCCEEDED run must have counts.completed > 0")
+    if score is None:
+        raise ValueError("score of a SUCCEEDED run must be a finite number (got None)")
+    expected = round(counts.resolved / counts.completed, SCORE_DIGITS)
+    if score != expected:
+        raise ValueError(f"score {score!r} is not resolved / completed = {counts.resolved}/{counts.completed} "
+                         f"rounded to {SCORE_DIGITS} decimals ({expected!r})")
+
+
+class Grading(_Frozen):
+    """What the worker concludes from Harbor's result.json files.
+
+    ``score`` is resolved / completed for a SUCCEEDED run and None otherwise:
+    a failed run carries status and counts, never a score.
+    """
+
+    run_id: str
+    status: RunOutcome
+    reason: str | None = None
+    suite: str
+    agent: str
+    counts: GradeCounts
+    score: StrictFloat | None = Field(allow_inf_nan=False)
+    trials: tuple[TrialRecord, ...] = ()
+    harbor_version: str | None = None
+    # The policy's version pin for the agent (None for Harbor's test agents) and the model it called.
+    agent_version_pin: str | None = None
+    model: str | None = None
+    runner_ref: PinnedRef
+    api_ref: PinnedRef
+    started_at: str
+    finished_at: str
+
+    @model_validator(mode="after")
+    def _scored(self) -> Grading:
+        check_score(self.status, self.counts, self.score)
+        return self
+
+
+class RunStatus(_Frozen):
+    """``run.json`` in each run directory: what the API image serves."""
+
+    run_id: str
+    correlation_id: CorrelationId
+    state: RunState
+    attempts: int = Field(ge=0)
+    suite: str
+    agent: str
+    source: PayloadSource
+    runner: PinnedRef
+    api: PinnedRef
+    created_at: str
+    updated_at: str
+    score: float | None = Field(default=None, allow_inf_nan=False)
+    counts: GradeCounts | None = None
+
+    @model_validator(mode="after")
+    def _scored(self) -> RunStatus:
+        # The grader's score rule wherever the counts are known (NaN and Infinity are refused above).
+        if self.state == "SUCCEEDED" and self.counts is not None:
+            check_score(self.state, self.counts, self.score)
+        return self
+
+
+# --- worker -> publish (durable outbox) --------------------------------------------
+
+class PublicationRequest(_Frozen):
+    """One outbox row: deliver the artifacts of a terminal run to a target.
+
+    Written in the same transaction that marks the run terminal. Rows written before the
+    request was versioned carry no ``schema`` and are read as v1 (the field is the only change).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_by_name=True, validate_by_alias=True,
+                              serialize_by_alias=True)
+
+    schema_: Literal["benchseal.publication/v1"] = Field(alias="schema", default="benchseal.publication/v1")
+    run_id: str
+    target: Literal["github", "local"]
+    tag: str = Field(min_length=1, max_length=128)
+    artifacts_dir: str
+    options: dict[str, str] = Field(default_factory=dict)

@@ -1,0 +1,436 @@
+"""The documents that cross a stage or a process, one versioned model each.
+
+| document | written by | read by | model |
+|---|---|---|---|
+| ``summary.json`` (``benchseal.summary/v1``) | evidence (``evidence/artifacts.py``) | publish (release body), verify, the API | ``ReleaseSummary`` |
+| ``trials.json`` (``benchseal.trials/v1``) | the runner (``benchseal trial run``, inside the runner image) | the worker's grader | ``TrialsPlan`` |
+| ``trial-results.json`` (``benchseal.trial-results/v1``) | evidence (``evidence/trials.py``) | verify (re-grades the trials) | ``TrialResults`` |
+| ``images/base.lock.json`` (``benchseal.base-lock/v1``) | ``benchseal base build`` | the image builder, the worker, the SBOM generator | ``BaseLock`` |
+| ``publisher-error.json`` (``benchseal.publisher-error/v1``) | the publisher's outbox | a release's reader (checksummed and signed) | ``PublisherError`` |
+| ``provenance-*.intoto.json`` (in-toto v1, SLSA provenance v1) | evidence (``evidence/provenance.py``) | sigstore (DSSE signing), verify | ``ProvenanceStatement`` |
+
+Each is written with ``dump_document`` and read with ``load_document`` (after ``upgrade_*`` for
+documents older releases or older runner images may still hold). The JSON Schemas in
+``policies/*.schema.json`` are exported from these models (``export_schemas``) and a test checks
+the committed files equal them. Other cross-stage models (digests file, dispatch payload,
+grading, publication request) live in ``pipeline.core.contracts``; the release directory's file
+names in ``pipeline.core.layout``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+
+from pipeline.core import paths
+from pipeline.core.contracts import (
+    CorrelationId,
+    Digest,
+    GradeCounts,
+    ImageName,
+    PayloadSource,
+    PinnedRef,
+    PublicationRequest,
+    RunOutcome,
+    TrialOutcome,
+    check_score,
+    load_model,
+)
+from pipeline.core.errors import ValidationError
+from pipeline.core.fsutil import atomic_write_text, canonical_json
+
+SUMMARY_SCHEMA: Literal["benchseal.summary/v1"] = "benchseal.summary/v1"
+TRIALS_SCHEMA: Literal["benchseal.trials/v1"] = "benchseal.trials/v1"
+BASE_LOCK_SCHEMA: Literal["benchseal.base-lock/v1"] = "benchseal.base-lock/v1"
+PUBLISHER_ERROR_SCHEMA: Literal["benchseal.publisher-error/v1"] = "benchseal.publisher-error/v1"
+TRIAL_RESULTS_SCHEMA: Literal["benchseal.trial-results/v1"] = "benchseal.trial-results/v1"
+SCHEMA_DIR = paths.REPO_ROOT / "policies"
+
+
+class _Document(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --- summary.json -------------------------------------------------------------------------
+
+class Dataset(_Document):
+    name: str
+    # sha256:<hex> over the suite directory's files; None when the suite dir is not at hand.
+    revision: str | None
+
+
+class ImageDescriptor(_Document):
+    """One image pinned by digest: ``ref`` is exactly ``name@digest`` (summary.json images, base lock entries)."""
+
+    name: ImageName
+    digest: Digest
+    ref: PinnedRef
+
+    @model_validator(mode="after")
+    def _same_image(self) -> ImageDescriptor:
+        if self.ref != f"{self.name}@{self.digest}":
+            raise ValueError("ref must equal '<name>@<digest>' of the same entry")
+        return self
+
+
+class SummaryImages(_Document):
+    runner: ImageDescriptor
+    api: ImageDescriptor
+
+
+class AgentInfo(_Document):
+    name: str
+    # One version when every trial reported the same one, the sorted list when they differ, else None.
+    version: str | tuple[str, ...] | None
+    # Model-backed agents: the policy's version pin and the model they called (None for test agents).
+    version_pin: str | None = None
+    model: str | None = None
+
+
+class TrialTiming(_Document):
+    task: str
+    trial: str
+    outcome: TrialOutcome
+    reward: float | None
+    total_seconds: float | None
+    agent_seconds: float | None
+    verifier_seconds: float | None
+    model_calls: int | None = Field(ge=0)
+    input_tokens: int | None = Field(ge=0)
+    output_tokens: int | None = Field(ge=0)
+
+
+class Timings(_Document):
+    started_at: AwareDatetime
+    finished_at: AwareDatetime
+    trials: tuple[TrialTiming, ...]
+
+
+class ModelUsage(_Document):
+    """Totals over the trials that reported model usage."""
+
+    trials: int = Field(ge=1)
+    model_calls: int = Field(ge=0)
+    input_tokens: int = Field(ge=0)
+    output_tokens: int = Field(ge=0)
+
+
+class ReleaseSummary(_Document):
+    """``summary.json``: what a run concluded, bound to the release it scored.
+
+    The score rule (``pipeline.core.contracts.check_score``) and the count rules
+    (``GradeCounts``) hold for every instance: a reader never re-derives them.
+    """
+
+    schema_: Literal["benchseal.summary/v1"] = Field(alias="schema", default=SUMMARY_SCHEMA)
+    suite: str
+    dataset: Dataset
+    evaluation_method: str
+    status: RunOutcome
+    reason: str | None
+    counts: GradeCounts
+    # Strict: JSON true or "0.5" is not a score; NaN/Infinity are not JSON.
+    score: StrictFloat | None = Field(allow_inf_nan=False)
+    source: PayloadSource
+    images: SummaryImages
+    harbor_version: str | None
+    agent: AgentInfo
+    run_id: str = Field(min_length=1, max_length=128)
+    correlation_id: CorrelationId
+    timings: Timings
+    model_usage: ModelUsage | None = None
+
+    @model_validator(mode="after")
+    def _scored(self) -> ReleaseSummary:
+        check_score(self.status, self.counts, self.score)
+        return self
+
+
+def upgrade_summary(data: object) -> object:
+    """The one reader of older summary.json documents: releases before this model wrote the run id
+    twice (``run_id`` and ``infra_run_id``, equal). Returns the v1 shape; anything else is returned
+    as is, for the model to judge."""
+    if not isinstance(data, dict) or "infra_run_id" not in data:
+        return data
+    upgraded = dict(data)
+    legacy = upgraded.pop("infra_run_id")
+    if upgraded.setdefault("run_id", legacy) != legacy:
+        raise ValidationError("summary.json: infra_run_id", "must equal run_id (an older summary names one run twice)",
+                              legacy)
+    return upgraded
+
+
+# --- trials.json (runner -> worker, across the container boundary) -------------------------
+
+class PlannedTrial(_Document):
+    task: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    trial_name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}__[a-z0-9]{0,12}$")
+
+
+class TrialsPlan(_Document):
+    """``trials.json``: which task runs in which Harbor trial dir, written before any trial starts."""
+
+    schema_: Literal["benchseal.trials/v1"] = Field(alias="schema", default=TRIALS_SCHEMA)
+    run_id: str = Field(min_length=1, max_length=128)
+    agent: str
+    # The policy's version pin for the agent, checked against the runner's Harbor (None for test agents).
+    agent_version: str | None
+    harbor_version: str | None
+    model: str | None
+    trials: tuple[PlannedTrial, ...]
+
+
+def upgrade_trials(data: object) -> object:
+    """Runner images built before ``trials.json`` had a schema wrote the same fields without it."""
+    if isinstance(data, dict) and "schema" not in data:
+        return {"schema": TRIALS_SCHEMA, **data}
+    return data
+
+
+# --- trial-results.json (evidence -> verify: the trial evidence a score is recomputed from) ---------
+
+class EmbeddedFile(_Document):
+    """One evidence file byte for byte: its name as evidence-SHA256SUMS lists it, its sha256, its bytes."""
+
+    name: str = Field(min_length=1, max_length=4096)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    content: str = Field(description="base64 (RFC 4648, padded) of the file's exact bytes")
+
+
+class TrialResults(_Document):
+    """``trial-results.json``: the run's plan (``evidence/trials.json``) and every trial's ``result.json``,
+    exactly as evidence-SHA256SUMS lists them. A release is flat (the trial dirs stay in the run dir):
+    this asset ships the files the score is graded from, so ``benchseal verify`` grades them again."""
+
+    schema_: Literal["benchseal.trial-results/v1"] = Field(alias="schema", default=TRIAL_RESULTS_SCHEMA)
+    run_id: str = Field(min_length=1, max_length=128)
+    files: tuple[EmbeddedFile, ...]
+
+
+# --- images/base.lock.json -----------------------------------------------------------------
+
+class LayerDescriptor(_Document):
+    digest: Digest
+    diff_id: Digest
+    size: StrictInt = Field(ge=0)
+
+
+class DebHash(_Document):
+    version: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class BaseImage(ImageDescriptor):
+    """One base image. An entry without ``spec_hash`` names a base the user supplies (used as is)."""
+
+    spec_hash: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    suite: str | None = None
+    variant: str | None = None
+    epoch: StrictInt | None = None
+    include: tuple[str, ...] = ()
+    rootfs_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    layer: LayerDescriptor | None = None
+    packages: dict[str, str] = Field(default_factory=dict)
+    # ``<package>:<arch>`` -> the .deb that mmdebstrap installed into exactly this rootfs.
+    debs: dict[str, DebHash] | None = None
+
+
+class BaseLock(_Document):
+    """``images/base.lock.json``: what this machine built and pushed (generated, gitignored)."""
+
+    schema_: Literal["benchseal.base-lock/v1"] = Field(alias="schema", default=BASE_LOCK_SCHEMA)
+    images: dict[str, BaseImage] = Field(default_factory=dict)
+
+
+BASE_LOCK_PATH = paths.REPO_ROOT / "images" / "base.lock.json"
+
+
+def base_lock_path() -> Path:
+    """The base lock: ``$BENCHSEAL_BASE_LOCK`` or images/base.lock.json (a benchmark's scratch registry uses its own)."""
+    configured = os.environ.get("BENCHSEAL_BASE_LOCK")
+    return Path(configured) if configured else BASE_LOCK_PATH
+
+
+def read_base_lock(path: Path | None = None) -> BaseLock:
+    """The base lock through its model; an empty lock when none was written yet."""
+    path = path or base_lock_path()
+    if not path.is_file():
+        return BaseLock()
+    return load_document(BaseLock, path)
+
+
+# --- publisher-error.json ------------------------------------------------------------------
+
+class PublisherError(_Document):
+    """Why a run's publication has not happened yet (written after the retry budget is spent)."""
+
+    schema_: Literal["benchseal.publisher-error/v1"] = Field(alias="schema", default=PUBLISHER_ERROR_SCHEMA)
+    run_id: str
+    tag: str
+    target: Literal["github", "local"]
+    attempts: int = Field(ge=1)
+    error: str
+    at: AwareDatetime
+    note: str = "publication is retried later; this file records why it has not happened yet"
+
+
+# --- provenance-*.intoto.json (in-toto v1 statements, SLSA provenance v1 predicates) ----------
+
+STATEMENT_TYPE: Literal["https://in-toto.io/Statement/v1"] = "https://in-toto.io/Statement/v1"
+SLSA_PROVENANCE: Literal["https://slsa.dev/provenance/v1"] = "https://slsa.dev/provenance/v1"
+_HEX64 = r"^[0-9a-f]{64}$"
+# Field names are in-toto's and SLSA's own (camelCase), so the models dump the documents as specified.
+
+
+class DigestSet(_Document):
+    sha256: str | None = Field(default=None, pattern=_HEX64)
+    gitCommit: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$")
+
+
+class Subject(_Document):
+    name: str
+    digest: DigestSet
+
+    @model_validator(mode="after")
+    def _sha256(self) -> Subject:
+        if self.digest.sha256 is None:
+            raise ValueError("a subject must have a sha256 digest")
+        return self
+
+
+class ResourceDescriptor(_Document):
+    uri: str
+    name: str | None = None
+    digest: DigestSet
+
+
+class SourceRef(_Document):
+    repository: str
+    ref: str
+
+
+class ExternalParameters(_Document):
+    """Both build types: image release (``workflow``) and benchmark run (``suite``, ``agent``, ``correlation_id``)."""
+
+    source: SourceRef
+    workflow: str | None = None
+    suite: str | None = None
+    agent: str | None = None
+    correlation_id: str | None = None
+
+
+class InternalParameters(_Document):
+    images: tuple[str, ...] | None = None
+    reproducible: bool | None = None
+    run_id: str | None = None
+
+
+class BuildDefinition(_Document):
+    buildType: str
+    externalParameters: ExternalParameters
+    internalParameters: InternalParameters
+    resolvedDependencies: tuple[ResourceDescriptor, ...]
+
+
+class Builder(_Document):
+    id: str
+
+
+class RunMetadata(_Document):
+    invocationId: str
+    startedOn: AwareDatetime | None = None
+    finishedOn: AwareDatetime | None = None
+
+
+class RunDetails(_Document):
+    builder: Builder
+    metadata: RunMetadata
+
+
+class SlsaProvenance(_Document):
+    buildDefinition: BuildDefinition
+    runDetails: RunDetails
+
+
+class ProvenanceStatement(_Document):
+    """``provenance-images.intoto.json`` and ``provenance-summary.intoto.json``: the exact bytes the DSSE
+    bundles sign (sigstore parses them again as in-toto statements before signing)."""
+
+    type_: Literal["https://in-toto.io/Statement/v1"] = Field(alias="_type", default=STATEMENT_TYPE)
+    subject: tuple[Subject, ...] = Field(min_length=1)
+    predicateType: Literal["https://slsa.dev/provenance/v1"] = SLSA_PROVENANCE
+    predicate: SlsaProvenance
+
+
+# --- reading and writing -------------------------------------------------------------------
+
+_UPGRADES: dict[type[BaseModel], Callable[[object], object]] = {ReleaseSummary: upgrade_summary, TrialsPlan: upgrade_trials}
+
+
+def parse_document[D: BaseModel](model: type[D], data: object, source: str) -> D:
+    """Validate parsed JSON as ``model`` (after its upgrade function); ValidationError names the field."""
+    upgrade = _UPGRADES.get(model)
+    if upgrade is not None:
+        data = upgrade(data)
+    # The version is a default only for writers: a document read without one is refused.
+    if "schema_" in model.model_fields and isinstance(data, dict) and "schema" not in data:
+        raise ValidationError(f"{source}: schema", f"is required ({model.model_fields['schema_'].default!r})")
+    return load_model(model, data, source)
+
+
+def load_document[D: BaseModel](model: type[D], path: Path) -> D:
+    """Read ``path`` as ``model``. A missing file raises FileNotFoundError; bad JSON or content ValidationError."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise ValidationError(str(path), f"is not valid JSON ({exc})") from None
+    return parse_document(model, data, str(path))
+
+
+def dump_document(document: _Document, path: Path) -> Path:
+    """Write ``document`` atomically as stable JSON (sorted keys, two-space indent)."""
+    atomic_write_text(path, canonical_json(document.to_json_dict()))
+    return path
+
+
+# --- JSON Schemas --------------------------------------------------------------------------
+
+SCHEMAS: dict[str, type[BaseModel]] = {
+    "summary.schema.json": ReleaseSummary,
+    "trials.schema.json": TrialsPlan,
+    "base-lock.schema.json": BaseLock,
+    "publisher-error.schema.json": PublisherError,
+    "publication-request.schema.json": PublicationRequest,
+    "provenance.schema.json": ProvenanceStatement,
+    "trial-results.schema.json": TrialResults,
+}
+
+
+def json_schema(model: type[BaseModel]) -> str:
+    """The model's JSON Schema (validation mode, by alias) as committed under policies/."""
+    schema = model.model_json_schema(by_alias=True, mode="validation")
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def export_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
+    """Write every document's JSON Schema into ``directory`` (``python -m pipeline.core.documents``)."""
+    written = []
+    for name, model in SCHEMAS.items():
+        path = directory / name
+        atomic_write_text(path, json_schema(model))
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for written_path in export_schemas():
+        print(written_path)

@@ -1,0 +1,295 @@
+"""The grading rule, in one home: a trial's outcome from its Harbor ``result.json``, a run's counts and
+score from its trials, and the check that a document's claim is what the trial evidence says.
+
+The worker's grader (``pipeline.infra.worker.grading``), the seal job (``pipeline.evidence.trials``) and
+``benchseal verify`` all call these functions, so a score is recomputed from the same bytes by the
+same rule wherever it is read. Per trial (its ``result.json``, read as strict JSON):
+
+* no result.json, not strict JSON (duplicate keys, NaN, Infinity), not an object -> ``infra_error``;
+* ``exception_info`` from the agent (``AGENT_EXCEPTIONS``: timeout, non-zero exit) -> the agent's fault:
+  graded by its reward like any completed trial (no reward: ``unresolved``);
+* any other ``exception_info`` (environment, verifier, Docker; one that is not an object naming a
+  type) -> ``infra_error``;
+* a reward that is not a finite JSON number in [0, 1] (a string, a boolean, NaN, 2) -> ``infra_error``
+  (``InvalidReward``): the verifier did not say how the trial went;
+* no reward and no exception -> ``infra_error`` (``NoReward``);
+* reward 1 -> ``resolved``; otherwise ``unresolved``.
+
+score = round(resolved / completed, SCORE_DIGITS), only on SUCCEEDED (``contracts.check_score``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeline.core import strictjson
+from pipeline.core.contracts import SCORE_DIGITS, GradeCounts, TrialOutcome, trial_short_id
+from pipeline.core.documents import TrialsPlan, parse_document
+from pipeline.core.errors import CheckFailed, ValidationError
+
+# Exceptions that are the agent's doing, not the infrastructure's.
+AGENT_EXCEPTIONS = frozenset(
+    {
+        "AgentTimeoutError",
+        "AgentSetupTimeoutError",
+        "NonZeroAgentExitCodeError",
+        "AgentAuthenticationError",
+        "ModelNotFoundError",
+        "UnsupportedModelParametersError",
+        "OutputTokenExceededError",
+        "ContextWindowExceededError",
+        "AgentSafetyRefusalError",
+    }
+)
+# Where a run's trial evidence sits, relative to its artifacts directory (the names in evidence-SHA256SUMS).
+PLAN_NAME = "evidence/trials.json"
+HARBOR_PREFIX = "evidence/harbor/"
+RESULT_FILE = "result.json"
+EVIDENCE = "the trial evidence"
+
+
+def result_name(trial: str) -> str:
+    """The name of a trial's result.json in the evidence (and in evidence-SHA256SUMS)."""
+    return f"{HARBOR_PREFIX}{trial}/{RESULT_FILE}"
+
+
+def is_result_name(name: str) -> bool:
+    """``name`` is a trial's result.json (``evidence/harbor/<trial>/result.json``), not a file deeper down."""
+    parts = name.split("/")
+    return len(parts) == 4 and name.startswith(HARBOR_PREFIX) and parts[2] != "" and parts[3] == RESULT_FILE
+
+
+def strict_json(raw: bytes) -> Any:
+    """JSON as every reader reads it alike: UTF-8, no duplicate keys, no NaN/Infinity. ValueError otherwise."""
+    try:
+        return strictjson.loads(raw)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+@dataclass(frozen=True)
+class ResultGrade:
+    """What one result.json says: the outcome, the reward (a finite number in [0, 1] or None) and the
+    exception type that decided it; ``data`` is the parsed object ({} when there is none)."""
+
+    outcome: TrialOutcome
+    reward: float | None
+    exception_type: str | None
+    data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _reward(value: Any) -> tuple[float | None, bool]:
+    """(reward, valid): None and valid when absent; a bool, a string, NaN or a number outside [0, 1] is invalid."""
+    if value is None:
+        return None, True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, False
+    try:
+        reward = float(value)
+    except OverflowError:  # an integer too large for a float
+        return None, False
+    if not math.isfinite(reward) or not 0.0 <= reward <= 1.0:
+        return None, False
+    return reward, True
+
+
+def grade_result(raw: bytes | None) -> ResultGrade:
+    """Grade one trial from the bytes of its result.json (None: there is none). The one rule."""
+    if raw is None:
+        return ResultGrade("infra_error", None, "MissingTrialResult")
+    try:
+        data = strict_json(raw)
+    except ValueError:
+        return ResultGrade("infra_error", None, "UnreadableTrialResult")
+    if not isinstance(data, dict):
+        return ResultGrade("infra_error", None, "UnreadableTrialResult")
+    rewards = _mapping(_mapping(data.get("verifier_result")).get("rewards"))
+    reward, valid = _reward(rewards.get("reward"))
+    exception = data.get("exception_info")
+    exception_type: str | None = None
+    if exception is not None:
+        named = _mapping(exception).get("exception_type")
+        exception_type = named if isinstance(named, str) and named else "MalformedExceptionInfo"
+    if exception_type is not None and exception_type not in AGENT_EXCEPTIONS:
+        return ResultGrade("infra_error", reward, exception_type, data)
+    if not valid:
+        return ResultGrade("infra_error", None, exception_type or "InvalidReward", data)
+    if reward is None:
+        if exception_type is not None:
+            return ResultGrade("unresolved", None, exception_type, data)
+        return ResultGrade("infra_error", None, "NoReward", data)
+    return ResultGrade("resolved" if reward >= 1.0 else "unresolved", reward, exception_type, data)
+
+
+def count(outcomes: Iterable[TrialOutcome]) -> GradeCounts:
+    """The counts of a run's trials (each exactly once)."""
+    listed = list(outcomes)
+    resolved, unresolved = listed.count("resolved"), listed.count("unresolved")
+    return GradeCounts(total=len(listed), completed=resolved + unresolved, resolved=resolved, unresolved=unresolved,
+                       infra_errors=listed.count("infra_error"))
+
+
+def score_of(counts: GradeCounts) -> float | None:
+    """resolved / completed, rounded as the grader stores it (None when nothing completed)."""
+    return round(counts.resolved / counts.completed, SCORE_DIGITS) if counts.completed else None
+
+
+# --- a claim against the trial evidence --------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClaimedTrial:
+    task: str
+    trial: str
+    outcome: str
+    reward: float | None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a document (grading.json, run.json, summary.json) says about the run's trials."""
+
+    document: str  # the file, e.g. "grading.json"
+    label: str  # the prefix of a field in messages, e.g. "grading"
+    run_id: str
+    status: str
+    counts: GradeCounts | None
+    score: float | None
+    trials: tuple[ClaimedTrial, ...] | None = None  # None: the document lists no trials (run.json)
+
+
+@dataclass(frozen=True)
+class EvidenceTrial:
+    task: str
+    trial: str
+    grade: ResultGrade
+
+
+@dataclass(frozen=True)
+class TrialEvidence:
+    """A run's trial evidence: the plan's bytes (``evidence/trials.json``, None when absent), every
+    evidence file name under ``evidence/`` (as evidence-SHA256SUMS lists them), and the bytes of each
+    trial's result.json present (by trial name)."""
+
+    plan: bytes | None
+    names: frozenset[str]
+    results: Mapping[str, bytes]
+
+
+def _plan(evidence: TrialEvidence, claim: Claim) -> list[tuple[str, str]]:
+    if evidence.plan is None:
+        if claim.status == "SUCCEEDED":
+            raise CheckFailed(f"{PLAN_NAME}: missing from {EVIDENCE}; a score needs the plan of its trials")
+        return [(t.task, t.trial) for t in claim.trials or ()]
+    try:
+        plan = parse_document(TrialsPlan, strict_json(evidence.plan), PLAN_NAME)
+    except (ValueError, ValidationError) as exc:
+        if claim.status != "SUCCEEDED":
+            # The grader could not read it either (read_plan: no trials graded): nothing is scored.
+            return [(t.task, t.trial) for t in claim.trials or ()]
+        if isinstance(exc, ValidationError):
+            raise CheckFailed(f"{exc.field}: {exc.rule}") from None
+        raise CheckFailed(f"{PLAN_NAME}: not valid JSON ({exc})") from None
+    if plan.run_id != claim.run_id:
+        raise CheckFailed(f"{PLAN_NAME}: run_id is {plan.run_id!r}, not {claim.document}'s {claim.run_id!r}")
+    return [(t.task, t.trial_name) for t in plan.trials]
+
+
+def evidence_trials(evidence: TrialEvidence, claim: Claim) -> tuple[EvidenceTrial, ...]:
+    """Each planned trial graded from its result.json, after the plan and the evidence dirs are
+    checked against each other: no trial or task planned twice, each trial named for this run and its
+    task, no evidence dir for a trial that is not planned; a SUCCEEDED run has trials, and each has its
+    result.json (a trial without evidence cannot be checked, and would leave the score unsupported)."""
+    planned = _plan(evidence, claim)
+    short = trial_short_id(claim.run_id)
+    seen_trials: set[str] = set()
+    seen_tasks: set[str] = set()
+    for task, trial in planned:
+        if trial in seen_trials or task in seen_tasks:
+            raise CheckFailed(f"{PLAN_NAME}: {trial if trial in seen_trials else 'task ' + task} is planned twice")
+        if trial != f"{task}__{short}":
+            raise CheckFailed(f"{PLAN_NAME}: trial {trial!r} is not task {task!r} of run {claim.run_id} "
+                              f"({task}__{short})")
+        seen_trials.add(trial)
+        seen_tasks.add(task)
+    dirs = {name[len(HARBOR_PREFIX):].partition("/")[0] for name in evidence.names if name.startswith(HARBOR_PREFIX)}
+    for stray in sorted(dirs - seen_trials):
+        raise CheckFailed(f"{HARBOR_PREFIX}{stray}: trial evidence for no planned trial ({PLAN_NAME} does not "
+                          "list it)")
+    if claim.status == "SUCCEEDED":
+        if not planned:
+            raise CheckFailed(f"{claim.label}.status: SUCCEEDED in {claim.document}, but {PLAN_NAME} plans no trials")
+        for _, trial in planned:
+            if result_name(trial) not in evidence.names or trial not in evidence.results:
+                what = "dir" if trial not in dirs else RESULT_FILE
+                raise CheckFailed(f"{result_name(trial)}: missing ({'no trial ' + what}); every trial of a scored "
+                                  "run needs its result in the trial evidence")
+    return tuple(EvidenceTrial(task, trial, grade_result(evidence.results.get(trial))) for task, trial in planned)
+
+
+def _disagree(claim: Claim, field_name: str, claimed: object, actual: object) -> CheckFailed:
+    return CheckFailed(f"{claim.label}.{field_name}: {claimed!r} in {claim.document}, {actual!r} from {EVIDENCE}")
+
+
+def check_claim(claim: Claim, trials: Sequence[EvidenceTrial]) -> GradeCounts:
+    """Raise CheckFailed naming the first field where ``claim`` is not what the trials say; return the
+    counts the evidence gives.
+
+    A SUCCEEDED claim must agree on every trial, the counts and the score. A run that did not succeed
+    carries no score (``check_score``); a trial of it may be counted as an infrastructure error that the
+    evidence grades otherwise (the grader knew of a failure the evidence cannot show: a timeout, attempts
+    used up), never the other way round."""
+    actual = count(t.grade.outcome for t in trials)
+    if claim.trials is not None:
+        by_name = {t.trial: t for t in trials}
+        claimed_names = [t.trial for t in claim.trials]
+        for name in claimed_names:
+            if claimed_names.count(name) > 1:
+                raise CheckFailed(f"{claim.label}.trials: {name} is listed twice in {claim.document}")
+            if name not in by_name:
+                raise CheckFailed(f"{claim.label}.trials: {name} is in {claim.document}, but no such trial is "
+                                  f"planned in {EVIDENCE}")
+        for trial in trials:
+            if trial.trial not in claimed_names:
+                raise CheckFailed(f"{claim.label}.trials: {trial.trial} is planned in {EVIDENCE}, but "
+                                  f"{claim.document} does not list it")
+        downgraded: list[TrialOutcome] = []
+        for claimed in claim.trials:
+            graded = by_name[claimed.trial]
+            where = f"trials[{claimed.trial}]"
+            if claimed.task != graded.task:
+                raise _disagree(claim, f"{where}.task", claimed.task, graded.task)
+            excused = (claim.status != "SUCCEEDED" and claimed.outcome == "infra_error")
+            if claimed.outcome != graded.grade.outcome and not excused:
+                raise _disagree(claim, f"{where}.outcome", claimed.outcome, graded.grade.outcome)
+            if not excused and not _same_reward(claimed.reward, graded.grade.reward):
+                raise _disagree(claim, f"{where}.reward", claimed.reward, graded.grade.reward)
+            downgraded.append("infra_error" if excused else graded.grade.outcome)
+        actual = count(downgraded)
+    check_counts(claim, actual)
+    return actual
+
+
+def check_counts(claim: Claim, actual: GradeCounts) -> None:
+    """``claim``'s counts (and, on SUCCEEDED, its score) are ``actual``, the counts the evidence gives."""
+    if claim.counts is None:
+        if claim.status == "SUCCEEDED":
+            raise CheckFailed(f"{claim.label}.counts: missing in {claim.document}; a scored run states its counts")
+    else:
+        for name in ("total", "completed", "resolved", "unresolved", "infra_errors"):
+            if getattr(claim.counts, name) != getattr(actual, name):
+                raise _disagree(claim, name, getattr(claim.counts, name), getattr(actual, name))
+    if claim.status == "SUCCEEDED" and claim.score != score_of(actual):
+        raise _disagree(claim, "score", claim.score, score_of(actual))
+
+
+def _same_reward(claimed: float | None, actual: float | None) -> bool:
+    if claimed is None or actual is None:
+        return claimed is None and actual is None
+    return isinstance(claimed, int | float) and not isinstance(claimed, bool) and claimed == actual

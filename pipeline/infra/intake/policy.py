@@ -1,0 +1,294 @@
+"""The infra policy (policies/infra.yaml): what infra accepts and how the worker runs it.
+
+``sources`` is the allowlist of source repositories (GitHub ``owner/name``, compared
+case-insensitively through ``pipeline.core.contracts.canonical_repository``), each with the
+image repositories it may use per role. A payload decides neither the repository
+whose release is written nor, beyond that repository's list, the images that run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StringConstraints,
+    Tag,
+    model_validator,
+)
+
+from pipeline.core.contracts import DispatchPayload, canonical_repository, load_model
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.errors import ValidationError
+from pipeline.core.paths import REPO_ROOT
+from pipeline.core.yamlfile import load_yaml
+
+POLICY_PATH = REPO_ROOT / "policies" / "infra.yaml"
+SCHEMA_PATH = REPO_ROOT / "policies" / "payload.schema.json"
+_MAX_POLICY_BYTES = 65536
+_ENV_NAME = r"^[A-Z_][A-Z0-9_]{0,63}$"
+_SLUG = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+TEST_AGENTS = frozenset({"oracle", "nop"})
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AllowedImage(_Strict):
+    registry: str = Field(min_length=1, max_length=255)
+    repository: str = Field(min_length=1, max_length=255)
+
+
+class ImagePolicy(_Strict):
+    runner: tuple[AllowedImage, ...] = Field(min_length=1, max_length=64)
+    api: tuple[AllowedImage, ...] = Field(min_length=1, max_length=64)
+
+
+def _source_repository(value: str) -> str:
+    canonical_repository(value)  # ValueError names the rule
+    return value
+
+
+# A ref a signer entry may name: "tag" (refs/tags/<the payload's tag>), or one exact branch or tag ref.
+# No patterns: every admitted identity is written out in the policy.
+_SIGNER_REF = r"^(tag|refs/(heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199})$"
+
+
+def _signer_ref(value: str) -> str:
+    name = value.split("/", 2)[-1]
+    if value != "tag" and (".." in name or "//" in name or name.endswith(("/", ".", ".lock"))):
+        raise ValueError("must be 'tag' or one exact refs/heads/NAME or refs/tags/NAME (no '..', '//', and not "
+                         "ending in '/', '.' or '.lock')")
+    return value
+
+
+class SignerPolicy(_Strict):
+    """One workflow identity whose keyless signature an image of a source may carry:
+    ``https://github.com/OWNER/REPO/.github/workflows/<workflow>@<ref>`` with the GitHub Actions issuer.
+
+    ``ref: tag`` (the default) is ``refs/tags/<the payload's tag>``: the release workflow run for
+    exactly that tag (tag.yml on a tag push). An exact ref (``refs/heads/main``, or one fixed
+    ``refs/tags/NAME``) admits a workflow run at that ref, e.g. runner-release.yml dispatched on
+    main; such a ref does not name the payload's release, so the worker additionally requires the
+    certificate's commit (its GitHub workflow SHA) to be the payload's commit. Nothing else is
+    admitted: no patterns, no "any ref".
+    """
+
+    workflow: str = Field(default="tag.yml", pattern=r"^[A-Za-z0-9_.-]{1,100}\.ya?ml$")
+    ref: Annotated[str, StringConstraints(pattern=_SIGNER_REF), AfterValidator(_signer_ref)] = "tag"
+    issuer: Literal["https://token.actions.githubusercontent.com"] = "https://token.actions.githubusercontent.com"
+
+
+def _signer_list(value: Any) -> Any:
+    # One mapping (the common case) or a list of them.
+    return [value] if isinstance(value, dict) else value
+
+
+class SourcePolicy(_Strict):
+    """One allowed source repository, the images its payloads may name, and who must have signed them."""
+
+    repository: Annotated[str, AfterValidator(_source_repository)]
+    images: ImagePolicy
+    # Always checked. One entry or a list: an image must carry the signature and both attestations
+    # of ONE of them (default: tag.yml at the payload's tag).
+    signer: Annotated[tuple[SignerPolicy, ...], BeforeValidator(_signer_list)] = Field(
+        default=(SignerPolicy(),), min_length=1, max_length=8)
+
+    @property
+    def canonical(self) -> str:
+        return canonical_repository(self.repository)
+
+
+class ModelPolicy(_Strict):
+    """The model endpoint a suite's model-backed agents call (the runner's only way out)."""
+
+    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9.\-]+:[0-9]{1,5}(/[A-Za-z0-9._~/\-]*)?$",
+                                               max_length=255)]
+    # LiteLLM model name, e.g. openai/<name> for an OpenAI-compatible endpoint.
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$")]
+    # The worker environment variable holding the key (must be listed in secret_env).
+    key_env: Annotated[str, StringConstraints(pattern=_ENV_NAME)]
+
+    @property
+    def host_port(self) -> tuple[str, int, bool]:
+        parts = urlsplit(self.endpoint)
+        tls = parts.scheme == "https"
+        return str(parts.hostname), int(parts.port or (443 if tls else 80)), tls
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.endpoint).path.rstrip("/")
+
+
+class AgentPolicy(_Strict):
+    """An agent admitted by name AND version; ``model: true`` agents call the suite's model."""
+
+    name: Annotated[str, StringConstraints(pattern=_SLUG)]
+    # For Harbor's built-in agents: the harbor distribution version that ships it.
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+\-]{0,63}$")]
+    model: bool = False
+
+
+def _agent_kind(value: Any) -> str:
+    return "name" if isinstance(value, str) else "entry"
+
+
+# Tagged so that an error names the rule of the form used (a bare name or a mapping).
+AgentEntry = Annotated[
+    Annotated[Annotated[str, StringConstraints(pattern=_SLUG)], Tag("name")] | Annotated[AgentPolicy, Tag("entry")],
+    Discriminator(_agent_kind),
+]
+
+
+class SuitePolicy(_Strict):
+    timeout_seconds: float = Field(gt=0, le=86400)
+    # Trials of one run that run at once inside the run's one runner container.
+    trial_concurrency: int = Field(default=3, ge=1, le=16, strict=True)
+    model: ModelPolicy | None = None
+
+
+class InfraPolicy(_Strict):
+    schema_: Literal["benchseal.infra-policy/v2"] = Field(alias="schema")
+    max_payload_bytes: int = Field(ge=256, le=1_048_576)
+    sources: tuple[SourcePolicy, ...] = Field(min_length=1, max_length=1000)
+    # A bare name: one of Harbor's test agents (oracle, nop), no model, no version pin.
+    agents: tuple[AgentEntry, ...] = Field(min_length=1)
+    suites: dict[Annotated[str, StringConstraints(pattern=_SLUG)], SuitePolicy] = Field(min_length=1)
+    max_attempts: int = Field(ge=1, le=20)
+    lease_seconds: float = Field(gt=0, le=3600)
+    infra_error_threshold_percent: float = Field(ge=0, le=100)
+    secret_env: tuple[Annotated[str, StringConstraints(pattern=_ENV_NAME)], ...] = ()
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _unique_sources(self) -> InfraPolicy:
+        seen: dict[str, str] = {}
+        for entry in self.sources:
+            if entry.canonical in seen:
+                raise ValueError(f"sources: {entry.repository!r} is listed twice (as {seen[entry.canonical]!r}; "
+                                 "repository names are compared case-insensitively)")
+            seen[entry.canonical] = entry.repository
+        return self
+
+    @model_validator(mode="after")
+    def _agents_consistent(self) -> InfraPolicy:
+        names = self.agent_names
+        if len(set(names)) != len(names):
+            raise ValueError("agents: an agent may be listed once")
+        for agent in self.agents:
+            if isinstance(agent, str) and agent not in TEST_AGENTS:
+                raise ValueError(f"agents: {agent!r} must be given as {{name, version, model}} "
+                                 f"(bare names are for Harbor's test agents {sorted(TEST_AGENTS)})")
+        for name, suite in self.suites.items():
+            if suite.model is not None and suite.model.key_env not in self.secret_env:
+                raise ValueError(f"suites.{name}.model.key_env: {suite.model.key_env} must be listed in secret_env")
+        return self
+
+    @property
+    def agent_names(self) -> tuple[str, ...]:
+        return tuple(a if isinstance(a, str) else a.name for a in self.agents)
+
+    def agent(self, name: str, suite: str, field: str = "payload.agent") -> tuple[AgentPolicy | None, ModelPolicy | None]:
+        """The policy entry for ``name`` (None for a test agent) and the suite's model when it needs one."""
+        for entry in self.agents:
+            if isinstance(entry, str) and entry == name:
+                return None, None
+            if isinstance(entry, AgentPolicy) and entry.name == name:
+                if not entry.model:
+                    return entry, None
+                model = self.suites[suite].model if suite in self.suites else None
+                if model is None:
+                    raise ValidationError(field, f"agent {name} needs a model, and suite {suite!r} configures none "
+                                          "(suites.<suite>.model in policies/infra.yaml)", name)
+                return entry, model
+        raise ValidationError(field, f"agent not allowed by policy (allowed: {', '.join(self.agent_names)})", name)
+
+    def source(self, repository: str, field: str = "payload.source.repository") -> SourcePolicy:
+        """The policy's entry for ``repository`` (case-insensitive); ValidationError naming ``field`` otherwise."""
+        try:
+            canonical = canonical_repository(repository)
+        except ValueError as exc:
+            raise ValidationError(field, str(exc), repository) from None
+        for entry in self.sources:
+            if entry.canonical == canonical:
+                return entry
+        raise ValidationError(
+            field, "repository is not allowed by the infra policy (not listed in policies/infra.yaml sources; "
+            "owner/name compared case-insensitively)", repository)
+
+    def check_image(self, role: Literal["runner", "api"], ref: ImageRef, field: str | None = None,
+                    *, repository: str | None = None) -> None:
+        """Raise ValidationError naming the field unless ``ref`` is an allowed ``role`` image.
+
+        With ``repository``: allowed for that source repository (the rule accept applies);
+        without: allowed for some listed source.
+        """
+        self.check_name(role, ref.name, field, repository=repository, shown=ref.ref)
+
+    def check_name(self, role: Literal["runner", "api"], name: str, field: str | None = None,
+                   *, repository: str | None = None, shown: str | None = None) -> None:
+        """``check_image`` for an image name (``<registry>/<repository>``) before it has a digest."""
+        registry, _, path = name.partition("/")
+        entries = (self.source(repository),) if repository is not None else self.sources
+        allowed: list[AllowedImage] = [image for entry in entries for image in getattr(entry.images, role)]
+        for image in allowed:
+            if image.registry == registry and image.repository == path:
+                return
+        names = ", ".join(dict.fromkeys(f"{e.registry}/{e.repository}" for e in allowed))
+        whose = f" for source {entries[0].repository}" if repository is not None else ""
+        raise ValidationError(field or role,
+                              f"image {name!r} is not an allowed {role} image{whose} (allowed: {names})", shown or name)
+
+    def check_payload(self, payload: DispatchPayload) -> SourcePolicy:
+        """The payload's source repository is listed, and its runner and api are allowed for it."""
+        entry = self.source(payload.source.repository, "payload.source.repository")
+        roles: tuple[Literal["runner", "api"], ...] = ("runner", "api")
+        for role in roles:
+            ref = parse_ref(getattr(payload, role), f"payload.{role}")
+            self.check_image(role, ref, field=f"payload.{role}", repository=entry.repository)
+        return entry
+
+    def suite_timeout(self, suite: str) -> float:
+        return self.suites[suite].timeout_seconds
+
+    def trial_concurrency(self, suite: str) -> int:
+        return self.suites[suite].trial_concurrency
+
+    def infra_errors_exceed_threshold(self, infra_errors: int, total: int) -> bool:
+        if total <= 0:
+            return True
+        return infra_errors * 100.0 / total > self.infra_error_threshold_percent
+
+
+def load_policy(path: Path | None = None) -> InfraPolicy:
+    """Load and validate the infra policy (default: $BENCHSEAL_INFRA_POLICY, else policies/infra.yaml).
+
+    The installed host sets BENCHSEAL_INFRA_POLICY=/etc/benchseal/infra.yaml in its units and
+    wrappers, so accept, worker and publisher all read the operator's one policy; a set but
+    unreadable path fails (no fallback to the shipped demo policy)."""
+    if path is None:
+        configured = os.environ.get("BENCHSEAL_INFRA_POLICY")
+        if configured is not None and not os.path.isabs(configured):
+            raise ValidationError("BENCHSEAL_INFRA_POLICY", "must be an absolute path", configured)
+        path = Path(configured) if configured is not None else POLICY_PATH
+    data = load_yaml(path, what="policy", max_bytes=_MAX_POLICY_BYTES)
+    if isinstance(data, dict) and data.get("schema") == "benchseal.infra-policy/v1":
+        raise ValidationError(f"policy {path.name}: schema", "benchseal.infra-policy/v1 is no longer accepted: "
+                              "v2 lists the allowed images per source repository (sources[].images)")
+    policy = load_model(InfraPolicy, data, f"policy {path.name}")
+    for source in policy.sources:
+        for role in ("runner", "api"):
+            for entry in getattr(source.images, role):
+                # Reuse the shared validator: an allowed name must itself be a valid name.
+                ImageRef(name=f"{entry.registry}/{entry.repository}", digest="sha256:" + "0" * 64)
+    return policy

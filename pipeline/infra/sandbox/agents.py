@@ -1,0 +1,196 @@
+"""Worker side of an agent's secrets and model access (what the runner container gets).
+
+* Secrets by reference: each ``secret_env`` value is written to a 0400 file in a
+  private 0700 directory OUTSIDE the run dir, bind-mounted read-only into the
+  runner at ``SECRETS_MOUNT``. The container's Env, Labels and argv carry names
+  and paths only; ``benchseal trial run`` reads the files into its own process.
+* Model access: the runner keeps ``network_mode: none``. For a model-backed
+  agent the worker serves a Unix socket (``relay.UnixToTcpRelay``) that connects
+  to the suite's policy endpoint and nothing else, mounted at ``MODEL_MOUNT``.
+* Version pin: the policy's agent version goes to the runner, which refuses
+  to run (exit 2) when its Harbor does not match.
+* Engine access: the runner's ``/var/run/docker.sock`` is an API-filtering proxy
+  (``engine_proxy.EngineProxy``): its own trial containers only, binds under the
+  run dir only, no privileged or host-namespace containers, pulls of the base only.
+
+* Trial containers: the engine proxy gives each one network ``none``, or, for a
+  model-backed agent, the network namespace of its own model gateway (the same
+  relay socket), so the model is ``127.0.0.1:GATEWAY_PORT`` there and nothing else is.
+
+Private directories (secrets, relay socket, engine socket) are created 0700 in
+the temp dir and held with an exclusive ``flock`` for their lifetime; they are
+removed when the attempt ends. A worker killed with -9 cannot remove them, but
+the kernel drops its lock: ``reap_private_dirs`` (run by every worker before it
+claims) removes every such directory (marked ``LOCK_MARKER``) whose lock nobody holds, so a secret file
+outlives its worker only until the next worker on the host polls the queue.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.core.contracts import DispatchPayload
+from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
+from pipeline.infra.intake.policy import InfraPolicy
+from pipeline.infra.sandbox import engine as sandbox
+from pipeline.infra.sandbox.engine_proxy import EnginePolicy, EngineProxy, ModelGateway
+from pipeline.infra.sandbox.relay import UnixToTcpRelay
+
+SECRETS_MOUNT = "/run/benchseal/secrets"
+MODEL_MOUNT = "/run/benchseal/model"
+MODEL_SOCKET = "model.sock"
+PRIVATE_PREFIXES = ("benchseal-secrets-", "benchseal-model-", "benchseal-engine-")
+LOCK_MARKER = ".benchseal-flock"
+
+log = logging.getLogger("benchseal.agents")
+
+
+def _private_dir(prefix: str, locks: list[int]) -> Path:
+    """A new 0700 directory in the temp dir, locked (flock) by this process until ``close``."""
+    if prefix not in PRIVATE_PREFIXES:
+        raise ValueError(f"unknown private dir prefix {prefix!r}")
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    locks.append(fd)
+    # Marks a directory whose lifetime is its lock (a directory without it is never reaped).
+    (path / LOCK_MARKER).touch(mode=0o400)
+    return path
+
+
+def reap_private_dirs(tmp: Path | None = None) -> list[Path]:
+    """Remove private dirs (secrets, relay, engine sockets) whose creating process is gone (its lock is free)."""
+    root = Path(tmp or tempfile.gettempdir())
+    removed: list[Path] = []
+    for prefix in PRIVATE_PREFIXES:
+        for path in sorted(root.glob(prefix + "*")):
+            try:
+                if path.is_symlink() or not path.is_dir() or path.stat().st_uid != os.getuid() \
+                        or not (path / LOCK_MARKER).is_file():
+                    continue
+                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: a live worker's attempt
+            else:
+                shutil.rmtree(path, ignore_errors=True)
+                if not path.exists():
+                    removed.append(path)
+                    log.warning("removed %s, left behind by a worker that died", path)
+            finally:
+                os.close(fd)
+    return removed
+
+
+@dataclass
+class RunnerAgentSetup:
+    """Extra argv (names and paths only), volumes, and what to tear down afterwards."""
+
+    args: list[str] = field(default_factory=list)
+    volumes: dict[str, dict[str, str]] = field(default_factory=dict)
+    relay: UnixToTcpRelay | None = None
+    engine: EngineProxy | None = None
+    dirs: list[Path] = field(default_factory=list)
+    locks: list[int] = field(default_factory=list)  # flock'd fds of ``dirs`` (released by close or by death)
+
+    secrets_dir: Path | None = None
+
+    def drop_secrets(self) -> None:
+        """Remove the secret files (the runner has read them once it has planned its trials)."""
+        if self.secrets_dir is not None:
+            shutil.rmtree(self.secrets_dir, ignore_errors=True)
+            self.secrets_dir = None
+
+    @property
+    def model_connections(self) -> int:
+        return self.relay.connections if self.relay is not None else 0
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.stop()
+            self.relay = None
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+        for path in self.dirs:
+            try:
+                sandbox.reclaim(path)  # a gateway may have left entries the worker could not otherwise remove
+            except (InfrastructureError, CheckFailed) as exc:
+                log.warning("%s", exc)
+            shutil.rmtree(path, ignore_errors=True)
+        self.dirs.clear()
+        for fd in self.locks:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.locks.clear()
+
+
+def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_dir: Path | None = None,
+                         docker_socket: str = "/var/run/docker.sock",
+                         pull_repositories: tuple[str, ...] = (), runner_image: str | None = None,
+                         labels: dict[str, str] | None = None, sandbox_user: str | None = None) -> RunnerAgentSetup:
+    """Secret files, the model relay, the agent arguments and (with ``run_dir``) the filtered engine socket.
+
+    With a model and ``runner_image``, the engine proxy starts a model gateway (that image,
+    carrying ``labels``) for each trial container; without, trial containers get no network.
+    With ``sandbox_user`` (the rootless sandbox engine's service user, which is container root
+    there), the private dirs' contents are that user's and the dirs get an ACL entry for it alone:
+    still 0700/0400 to everyone else, never world-readable.
+    """
+    entry, model = policy.agent(payload.agent, payload.suite)
+    setup = RunnerAgentSetup()
+    try:
+        if entry is not None:
+            setup.args += ["--agent-version", entry.version]
+        present = [name for name in policy.secret_env if name in os.environ]
+        if model is not None and model.key_env not in present:
+            raise UsageError(f"agent {payload.agent} needs the model key: {model.key_env} is not set in the worker's environment")
+        if present:
+            secrets = _private_dir("benchseal-secrets-", setup.locks)
+            setup.dirs.append(secrets)
+            setup.secrets_dir = secrets
+            for name in present:
+                path = secrets / name
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    handle.write(os.environ[name])
+                setup.args += ["--secret-env", name]
+            setup.args += ["--secret-dir", SECRETS_MOUNT]
+            setup.volumes[str(secrets)] = {"bind": SECRETS_MOUNT, "mode": "ro"}
+        gateway = None
+        if model is not None:
+            sockets = _private_dir("benchseal-model-", setup.locks)
+            setup.dirs.append(sockets)
+            host, port, tls = model.host_port
+            setup.relay = UnixToTcpRelay(sockets / MODEL_SOCKET, host, port, tls=tls, model_path=model.path)
+            setup.relay.start()
+            setup.volumes[str(sockets)] = {"bind": MODEL_MOUNT, "mode": "rw"}
+            setup.args += ["--model-socket", f"{MODEL_MOUNT}/{MODEL_SOCKET}", "--model-path", model.path or "/",
+                           "--model-name", model.name, "--model-key-env", model.key_env]
+            if runner_image is not None:
+                gateway = ModelGateway(image=runner_image, socket_dir=sockets, mount=MODEL_MOUNT,
+                                       socket_name=MODEL_SOCKET, labels=dict(labels or {}))
+        if run_dir is not None:
+            engine = _private_dir("benchseal-engine-", setup.locks)
+            setup.dirs.append(engine)
+            setup.engine = EngineProxy(engine / "docker.sock", EnginePolicy(
+                bind_roots=(run_dir,), pull_repositories=pull_repositories, gateway=gateway), upstream=docker_socket)
+            setup.engine.start()
+            setup.volumes[str(engine / "docker.sock")] = {"bind": "/var/run/docker.sock", "mode": "rw"}
+        if sandbox_user is not None:
+            for path in setup.dirs:
+                sandbox.grant(path, sandbox.Sandbox(base=sandbox.DEFAULT_DIR, user=sandbox_user))
+    except BaseException:
+        setup.close()
+        raise
+    return setup

@@ -1,0 +1,596 @@
+"""The sandbox engine: a rootless Docker Engine the runner and every trial container run on.
+
+The host's root engine is never handed to anything under test. This engine runs as an
+unprivileged service user (``benchseal-sandbox``, with /etc/subuid and /etc/subgid ranges)
+inside rootlesskit's user namespace, so container root is that user on the host and a
+``Privileged`` container holds capabilities over the sandbox's namespaces only. Around it:
+
+* network: rootlesskit starts in a network namespace of its own (root's ``unshare --net``,
+  loopback only) with ``--net=host``, and its child runs ``unshare --net`` again, so the daemon
+  and every container (``NetworkMode: host`` included) live in a network namespace owned by the
+  sandbox's user namespace holding loopback and its own bridges only, and rootlesskit's own
+  processes (which a privileged container can see and ptrace) hold no host network either: no
+  route to the host's network or its 127.0.0.1 services, not even its socket tables. The model is reached through the worker's Unix-socket
+  relay (a file, not a route).
+* processes: its own PID (``--pidns``), IPC, UTS and cgroup namespaces (``PidMode: host`` is
+  the sandbox's PID namespace).
+* files: the child pivots into a fresh root holding only the system directories, a minimal
+  /dev, the host temp dir and benchseal's state home (where run dirs, secret files and
+  sockets live, each granted to the service user by ``grant``); so a bind of ``/`` sees no
+  other host path, and what it sees is checked against the service user's uid.
+
+Lifecycle as the other local services: started by benchseal with its pid recorded, stopped
+by that pid only when its command line is ours; ``status`` says whether it answers and is
+rootless. Run as root (it creates the service user and bind-mounts in its own namespace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pipeline.core import paths
+from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
+from pipeline.core.polling import poll_until
+
+if TYPE_CHECKING:
+    import docker
+
+SERVICE_USER = "benchseal-sandbox"
+SANDBOX_DIR_ENV = "BENCHSEAL_SANDBOX_DIR"
+DEFAULT_DIR = Path("/var/lib/benchseal-sandbox")
+SUBID_COUNT = 65536
+PACKAGES = ("rootlesskit", "slirp4netns", "uidmap", "fuse-overlayfs", "acl")
+
+# Runs as root in the sandbox's user namespace (rootlesskit's child, after ``unshare --net``).
+_CHILD = """\
+#!/bin/sh
+# benchseal sandbox engine: written by pipeline/infra/sandbox/engine.py (do not edit).
+set -eu
+rm -f /run/docker /run/containerd /run/xtables.lock
+ip link set lo up
+# A new root with only the system dirs, a minimal /dev and the shared paths, at their host paths.
+R="$XDG_RUNTIME_DIR/root"
+mkdir -p "$R"
+mount -t tmpfs -o mode=755 benchseal-sandbox-root "$R"
+for d in usr etc run sys proc; do mkdir -p "$R/$d"; mount --rbind "/$d" "$R/$d"; done
+for l in bin sbin lib lib32 lib64 libx32; do
+  if [ -L "/$l" ]; then ln -s "$(readlink "/$l")" "$R/$l"
+  elif [ -d "/$l" ]; then mkdir "$R/$l"; mount --rbind "/$l" "$R/$l"; fi
+done
+mkdir -p "$R/dev"
+mount -t tmpfs -o mode=755,nosuid benchseal-sandbox-dev "$R/dev"
+for n in null zero full random urandom tty fuse; do
+  if [ -e "/dev/$n" ]; then touch "$R/dev/$n"; mount --bind "/dev/$n" "$R/dev/$n"; fi
+done
+mkdir -p "$R/dev/pts" "$R/dev/shm" "$R/dev/mqueue"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$R/dev/pts"
+ln -s pts/ptmx "$R/dev/ptmx"
+mount -t tmpfs -o mode=1777,nosuid,nodev shm "$R/dev/shm"
+mount -t mqueue mqueue "$R/dev/mqueue" 2>/dev/null || true
+ln -s /proc/self/fd "$R/dev/fd"
+mkdir -p "$R/tmp"; chmod 1777 "$R/tmp"
+for p in $BENCHSEAL_SANDBOX_SHARE; do mkdir -p "$R$p"; mount --rbind "$p" "$R$p"; done
+mkdir -p "$R/.old"
+cd "$R"
+pivot_root . .old
+umount -l /.old
+rmdir /.old
+cd /
+exec dockerd --host "unix://$XDG_RUNTIME_DIR/docker.sock" --data-root "$BENCHSEAL_SANDBOX_DATA" \\
+  --exec-root "$XDG_RUNTIME_DIR/exec" --pidfile "$XDG_RUNTIME_DIR/docker.pid" --storage-driver overlay2
+"""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """Where one sandbox engine keeps its records (root-owned) and its engine (service-user-owned)."""
+
+    base: Path
+    user: str = SERVICE_USER
+
+    @property
+    def engine_dir(self) -> Path:
+        return self.base / "engine"
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self.engine_dir / "run"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.engine_dir / "data"
+
+    @property
+    def socket(self) -> Path:
+        return self.runtime_dir / "docker.sock"
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket}"
+
+    @property
+    def child_path(self) -> Path:
+        return self.base / "child.sh"
+
+    @property
+    def pid_path(self) -> Path:
+        return self.base / "sandbox.pid"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base / "sandbox.log"
+
+    @property
+    def rootlesskit_state(self) -> Path:
+        return self.runtime_dir / "rootlesskit"
+
+    @property
+    def shared_record(self) -> Path:
+        """The host paths the running engine sees (written by ``start``, root-owned)."""
+        return self.base / "shared.json"
+
+    @classmethod
+    def at(cls, url: str) -> Sandbox:
+        """The sandbox whose engine socket is ``unix://PATH`` (``<base>/engine/run/docker.sock``)."""
+        socket = Path(url.removeprefix("unix://"))
+        found = cls(base=socket.parents[2]) if url.startswith("unix:///") and len(socket.parents) > 3 else None
+        if found is None or found.socket != socket:
+            raise CheckFailed(f"{url} is not the socket of a benchseal sandbox engine (<dir>/engine/run/docker.sock)")
+        return found
+
+
+def default_sandbox() -> Sandbox:
+    configured = os.environ.get(SANDBOX_DIR_ENV)
+    base = Path(configured) if configured else DEFAULT_DIR
+    if not base.is_absolute():
+        raise UsageError(f"${SANDBOX_DIR_ENV} must be an absolute path, not {configured!r}")
+    return Sandbox(base=base)
+
+
+def temp_dir() -> Path:
+    """This process's temp dir: ``$TMPDIR`` exactly when it is set (Python's tempfile would fall back
+    to /tmp in silence when it is missing, and the sandbox would not see what is made there)."""
+    configured = os.environ.get("TMPDIR")
+    chosen = Path(tempfile.gettempdir()).resolve()
+    if configured and chosen != Path(configured).resolve():
+        raise UsageError(f"TMPDIR={configured}: not a writable directory (create it, owned by this user)")
+    return chosen
+
+
+def shared_paths() -> list[Path]:
+    """Host paths the sandbox engine sees (at the same paths): the temp dir and benchseal's state home."""
+    out: list[Path] = []
+    for path in (temp_dir(), paths.home()):
+        if not any(path == p or p in path.parents for p in out):
+            out = [p for p in out if path not in p.parents] + [path]
+    return out
+
+
+# --- service user ---------------------------------------------------------------
+
+def subid_start(files: Iterable[Path], user: str) -> int | None:
+    """The first id after every range in ``files`` (at least 100000); None when ``user`` has one."""
+    end = 100000
+    for path in files:
+        if not path.exists():
+            continue
+        for line in path.read_text(encoding="utf-8").splitlines():
+            parts = line.strip().split(":")
+            if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+                continue
+            if parts[0] == user:
+                return None
+            end = max(end, int(parts[1]) + int(parts[2]))
+    return end
+
+
+def append_line(path: Path, line: str) -> None:
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    text = old + ("" if not old or old.endswith("\n") else "\n") + line + "\n"
+    tmp = path.with_name(f".{path.name}.benchseal-new")
+    tmp.write_text(text, encoding="utf-8")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def ensure_user(user: str = SERVICE_USER) -> pwd.struct_passwd:
+    """The service user (a system account without a login shell) with subordinate uid and gid ranges."""
+    try:
+        account = pwd.getpwnam(user)
+    except KeyError:
+        done = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent",
+                               "--shell", "/usr/sbin/nologin", user], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise InfrastructureError(f"useradd {user} failed: {done.stderr.strip()}") from None
+        account = pwd.getpwnam(user)
+    subuid, subgid = Path("/etc/subuid"), Path("/etc/subgid")
+    start = subid_start((subuid, subgid), user)
+    if start is not None:
+        for path in (subuid, subgid):
+            append_line(path, f"{user}:{start}:{SUBID_COUNT}")
+    for path in (subuid, subgid):
+        if subid_start((path,), user) is not None:
+            raise CheckFailed(f"{path}: {user} has no subordinate id range")
+    return account
+
+
+def subid_range(user: str = SERVICE_USER) -> tuple[int, int]:
+    """(first, count) of the service user's subordinate uids."""
+    for line in Path("/etc/subuid").read_text(encoding="utf-8").splitlines():
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[0] == user:
+            return int(parts[1]), int(parts[2])
+    raise CheckFailed(f"/etc/subuid: {user} has no subordinate id range")
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in ("rootlesskit", "newuidmap", "newgidmap", "dockerd", "unshare", "ip", "setpriv", "setfacl", "getfacl")
+            if shutil.which(tool) is None]
+
+
+# --- access for the service user ---------------------------------------------------
+
+def _user_acl_bits(path: Path, uid: int) -> int:
+    """The effective rwx bits of ``uid``'s named entry in ``path``'s access ACL (0 when it has none), read
+    with Debian's getfacl in the ACL long text form (acl(5)): ``user:<uid>:rwx``."""
+    done = subprocess.run(["getfacl", "--physical", "--numeric", "--omit-header", "--", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise InfrastructureError(f"getfacl {path}: {done.stderr.strip() or 'failed'}")
+    for line in done.stdout.splitlines():
+        entry, _, comment = line.partition("#")  # "user:1001:rwx\t#effective:r-x": what the mask lets through
+        fields = entry.split()
+        if fields and fields[0].startswith(f"user:{uid}:"):
+            perms = fields[0].rsplit(":", 1)[1]
+            if comment.startswith("effective:"):
+                perms = "".join(char for char in perms if char in comment.removeprefix("effective:"))
+            return sum(bit for char, bit in (("r", 4), ("w", 2), ("x", 1)) if char in perms)
+    return 0
+
+
+def _add_user_acl(path: Path, uid: int, perm: int) -> None:
+    """Add the rwx bits ``perm`` to ``uid``'s entry in ``path``'s access ACL (bits it already has
+    stay), with Debian's setfacl: the owner and mode stay, the mask widens to let the entry
+    through, and ``--physical`` follows no symlink."""
+    had = _user_acl_bits(path, uid)
+    bits = had | perm
+    if bits == had:
+        return  # nothing to add (and no ownership of ``path`` needed to add nothing)
+    text = "".join(char if bits & bit else "-" for char, bit in (("r", 4), ("w", 2), ("x", 1)))
+    done = subprocess.run(["setfacl", "--physical", "-m", f"u:{uid}:{text}", "--", str(path)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise InfrastructureError(f"setfacl {path}: {done.stderr.strip() or 'failed'}")
+
+
+def grant(path: Path, sandbox: Sandbox | None = None) -> None:
+    """Let the sandbox engine (the service user, container root there) use ``path``: its parents get
+    search permission for that uid alone, ``path`` itself an ACL entry rwx for it (its owner and mode
+    stay: 0700 is still private to everyone else), everything under it is chowned to it (modes kept,
+    so a 0400 secret stays 0400)."""
+    account = pwd.getpwnam((sandbox or default_sandbox()).user)
+    path = Path(os.path.abspath(path))
+    _traverse(path.parent, account.pw_uid)
+    if path.is_symlink():
+        raise CheckFailed(f"{path}: a sandbox path must not be a symlink")
+    _add_user_acl(path, account.pw_uid, 0o7)
+    if path.is_dir():
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.lchown(Path(root, name), account.pw_uid, account.pw_gid)
+
+
+def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
+    """Take back a tree the sandbox engine worked in: every entry under ``path`` (``path`` too) that
+    the sandbox's ids own becomes this process's user's again, directories owner-rwx and files
+    owner-rw, setuid/setgid bits gone.
+
+    Container root there is the service user and other container users are its subordinate ids,
+    so what a batch leaves behind (a 0700 directory of uid 100999, a 0000 file) is otherwise
+    neither readable nor removable by an unprivileged worker. Nothing is followed: links are left
+    as they are, and every other entry is checked and changed through an ``O_PATH | O_NOFOLLOW``
+    descriptor of what was opened (never by name again, which a racing process could swap). An entry of any other owner (a hard link the sandbox made to
+    someone else's file, where the kernel's protected_hardlinks is off) is never chowned: that is a
+    refusal. A worker that is not root needs CAP_CHOWN for this (deploy/benchseal-worker.service
+    grants it as its one ambient capability)."""
+    uid, gid = os.geteuid(), os.getegid()
+    owner = (sandbox or default_sandbox()).user
+    try:
+        first, count = subid_range(owner)
+        sandbox_ids = {pwd.getpwnam(owner).pw_uid, *range(first, first + count)}
+    except (KeyError, OSError) as exc:
+        raise InfrastructureError(f"the sandbox's user {owner} or its id range is not there ({exc})") from None
+
+    def take(entry: str) -> None:
+        try:
+            fd = os.open(entry, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return  # gone since the listing
+        try:
+            info = os.fstat(fd)
+            if info.st_uid != uid and info.st_uid not in sandbox_ids:
+                raise CheckFailed(f"{entry}: owned by uid {info.st_uid}, neither the sandbox's nor this worker's: "
+                                  "left as it is")
+            if stat.S_ISLNK(info.st_mode):
+                # Never followed, and removable through its (reclaimed) directory: its owner does not
+                # matter, and a chown by name could reach what a racing process put there instead.
+                return
+            handle = f"/proc/self/fd/{fd}"  # the inode that was opened, whatever the name points at now
+            if (info.st_uid, info.st_gid) != (uid, gid):
+                os.chown(handle, uid, gid)
+            if stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode):
+                wanted = (info.st_mode & 0o777) | (0o700 if stat.S_ISDIR(info.st_mode) else 0o600)
+                if stat.S_IMODE(info.st_mode) != wanted:
+                    os.chmod(handle, wanted)
+        except PermissionError as exc:
+            raise InfrastructureError(
+                f"{entry}: cannot take back what the sandbox engine wrote ({exc.strerror}); a worker that is not "
+                "root needs CAP_CHOWN (deploy/benchseal-worker.service: AmbientCapabilities=CAP_CHOWN)") from None
+        finally:
+            os.close(fd)
+
+    path = Path(os.path.abspath(path))
+    if not os.path.lexists(path):
+        return
+    take(str(path))
+    if not path.is_dir() or path.is_symlink():
+        return
+    for root, dirs, files in os.walk(path):
+        # Top-down: each subdirectory is made ours and listable before the walk descends into it.
+        for name in dirs + files:
+            take(os.path.join(root, name))
+
+
+def controller_uid(sandbox: Sandbox, user: str) -> int:
+    """The uid of a user that may drive the engine: an existing, unprivileged user, not the engine's own."""
+    try:
+        uid = pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise UsageError(f"--controller: no user {user!r} on this host") from None
+    if uid == 0 or user == sandbox.user:
+        raise UsageError(f"--controller: {user!r} must be an unprivileged user other than {sandbox.user}")
+    return uid
+
+
+def allow_controller(sandbox: Sandbox, uid: int) -> None:
+    """Let ``uid`` (the worker's service user) use the engine's socket: search permission on the two
+    directories above it and read/write on the socket, each an ACL entry for that uid alone (the
+    engine's data stays 0700 to it)."""
+    for directory in (sandbox.engine_dir, sandbox.runtime_dir):
+        _add_user_acl(directory, uid, 0o1)
+    _add_user_acl(sandbox.socket, uid, 0o6)
+
+
+# --- process ------------------------------------------------------------------------
+
+def _recorded_pid(sandbox: Sandbox) -> int | None:
+    try:
+        pid = int(sandbox.pid_path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return None
+    # Only a process we started: rootlesskit with our state dir and our child script.
+    if any(part.endswith(b"rootlesskit") for part in cmdline[:1]) and str(sandbox.child_path).encode() in cmdline:
+        return pid
+    return None
+
+
+def engine_info(url: str, timeout: float = 5.0) -> dict[str, object] | None:
+    """``GET /info`` of the engine at ``unix://PATH``; None when it does not answer."""
+    # The runner image's CLI registers this module's verbs and ships no Docker SDK (test_app_entry.py).
+    # lazy: the Docker SDK (with requests) costs 158 ms to import
+    import docker
+    import docker.errors
+    import requests
+
+    if not url.startswith("unix://") or not os.path.exists(url.removeprefix("unix://")):
+        return None
+    try:
+        client = docker.DockerClient(base_url=url, timeout=timeout)
+    except docker.errors.DockerException:
+        return None
+    try:
+        info = client.info()
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError):
+        return None
+    finally:
+        client.close()
+    return info if isinstance(info, dict) else None
+
+
+def is_rootless(info: dict[str, object]) -> bool:
+    options = info.get("SecurityOptions") or []
+    return isinstance(options, list) and any(isinstance(o, str) and "name=rootless" in o.split(",") for o in options)
+
+
+def require_sandbox_engine(url: str) -> None:
+    """Fail closed: the engine at ``url`` must answer and say it is rootless."""
+    info = engine_info(url)
+    if info is None:
+        raise InfrastructureError(f"the sandbox engine {url} does not answer (start it: benchseal sandbox start)")
+    if not is_rootless(info):
+        raise CheckFailed(f"the sandbox engine {url} is not rootless (SecurityOptions lacks name=rootless): "
+                          "refusing to run anything under test on it")
+
+
+def require_sees(url: str, needed: Iterable[Path]) -> None:
+    """Fail closed unless the sandbox engine at ``url`` sees every path in ``needed`` at its host path
+    (each under a path its ``start`` shared): a worker's temp dir or state home outside them would
+    hand the runner binds of directories the engine cannot see."""
+    record = Sandbox.at(url).shared_record
+    try:
+        shared = [Path(p) for p in json.loads(record.read_text(encoding="utf-8"))["paths"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CheckFailed(f"{record}: no record of the paths the sandbox engine sees (restart it: "
+                          "benchseal sandbox stop && benchseal sandbox start)") from None
+    for path in needed:
+        path = path.resolve()
+        if not any(path == p or p in path.parents for p in shared):
+            raise CheckFailed(f"the sandbox engine {url} does not see {path} (it shares "
+                              f"{', '.join(map(str, shared))}): give the worker a TMPDIR and BENCHSEAL_HOME "
+                              "inside them, or start the sandbox with the worker's BENCHSEAL_HOME and TMPDIR")
+
+
+def answers(sandbox: Sandbox) -> bool:
+    info = engine_info(sandbox.url, timeout=3.0)
+    return info is not None and is_rootless(info)
+
+
+def _prepare_dirs(sandbox: Sandbox, account: pwd.struct_passwd) -> None:
+    sandbox.base.mkdir(parents=True, exist_ok=True)
+    os.chown(sandbox.base, 0, 0)
+    os.chmod(sandbox.base, 0o755)  # noqa: S103 - records only; the engine dirs below are 0700
+    for path in (sandbox.engine_dir, sandbox.runtime_dir, sandbox.data_dir):
+        path.mkdir(exist_ok=True)
+        os.chown(path, account.pw_uid, account.pw_gid)
+        os.chmod(path, 0o700)
+    # Root-owned, so the service user cannot change what runs in its namespace.
+    tmp = sandbox.child_path.with_name(".child.sh.new")
+    tmp.write_text(_CHILD, encoding="utf-8")
+    os.chmod(tmp, 0o755)  # noqa: S103 - a script the service user runs and must not change
+    os.replace(tmp, sandbox.child_path)
+
+
+def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controllers: Iterable[str] = ()) -> str:
+    """Start the sandbox engine unless ours already answers; return 'running' or 'started'. Each of
+    ``controllers`` (an unprivileged worker's user) may then use its socket (``allow_controller``)."""
+    sandbox = sandbox or default_sandbox()
+    if os.geteuid() != 0:
+        raise UsageError("benchseal sandbox start must run as root (it creates the service user and its namespaces)")
+    uids = [controller_uid(sandbox, user) for user in controllers]
+    if _recorded_pid(sandbox) is not None and answers(sandbox):
+        for uid in uids:
+            allow_controller(sandbox, uid)
+        return "running"
+    missing = missing_tools()
+    if missing:
+        raise InfrastructureError(f"the sandbox engine needs {', '.join(missing)} (apt packages: {' '.join(PACKAGES)})")
+    account = ensure_user(sandbox.user)
+    _prepare_dirs(sandbox, account)
+    share = shared_paths()
+    for path in share:
+        _traverse(path, account.pw_uid)
+    # Leftovers of an engine that died: its runtime dir (sockets, pid files, the pivot root).
+    for entry in sandbox.runtime_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    record = sandbox.shared_record.with_name(".shared.json.new")
+    record.write_text(json.dumps({"paths": [str(p) for p in share]}) + "\n", encoding="utf-8")
+    os.chmod(record, 0o644)
+    os.replace(record, sandbox.shared_record)
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(sandbox.engine_dir),
+        "USER": sandbox.user,
+        "XDG_RUNTIME_DIR": str(sandbox.runtime_dir),
+        "BENCHSEAL_SANDBOX_DATA": str(sandbox.data_dir),
+        # The engine's own dir too: its socket must be where the host looks for it.
+        "BENCHSEAL_SANDBOX_SHARE": " ".join(str(p) for p in [sandbox.engine_dir, *share]),
+    }
+    if any(" " in str(p) for p in share):
+        raise UsageError(f"sandbox shared paths must not contain spaces: {share}")
+    # Outer network namespace (root's, loopback only): rootlesskit's own processes are in it too, so
+    # a privileged container that can ptrace or read /proc of the sandbox's pid 1 (rootlesskit's
+    # child) finds no host network there either. The daemon's is the inner one (``unshare --net``
+    # in the child), owned by the sandbox's user namespace, where it may create its bridges.
+    argv = ["unshare", "--net", "--",
+            "setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups",
+            "rootlesskit", "--net=host", "--pidns", "--ipcns", "--utsns", "--cgroupns",
+            "--copy-up=/etc", "--copy-up=/run", "--propagation=rslave",
+            f"--state-dir={sandbox.rootlesskit_state}",
+            "unshare", "--net", "--", str(sandbox.child_path)]
+    with sandbox.log_path.open("ab") as log:
+        # The shell records its own pid, then execs setpriv, which execs rootlesskit: one pid throughout.
+        subprocess.Popen(["setsid", "sh", "-c", 'echo $$ > "$1"; shift; exec "$@"', "sh", str(sandbox.pid_path), *argv],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
+                         cwd=str(sandbox.engine_dir))
+    if poll_until(lambda: True if answers(sandbox) else None, timeout=wait_seconds, interval=0.3):
+        for uid in uids:
+            allow_controller(sandbox, uid)
+        return "started"
+    raise InfrastructureError(f"the sandbox engine did not answer within {wait_seconds:.0f}s; see {sandbox.log_path}")
+
+
+def _traverse(path: Path, uid: int) -> None:
+    """Let ``uid`` reach ``path`` (search permission on it and its parents; no listing, no reading)."""
+    for target in [*reversed(path.parents), path]:
+        st = os.lstat(target)
+        if stat.S_ISLNK(st.st_mode):
+            raise CheckFailed(f"{target}: a symlink on the way to a sandbox path")
+        if not st.st_mode & 0o001 and st.st_uid != uid:
+            _add_user_acl(target, uid, 0o1)
+
+
+def stop(sandbox: Sandbox | None = None, wait_seconds: float = 30.0) -> str:
+    """Stop the sandbox engine we started (by recorded pid); never touch another process."""
+    sandbox = sandbox or default_sandbox()
+    pid = _recorded_pid(sandbox)
+    if pid is None:
+        return "not ours" if answers(sandbox) else "stopped"
+    os.kill(pid, signal.SIGTERM)
+    gone = poll_until(lambda: True if not Path(f"/proc/{pid}").exists() else None, timeout=wait_seconds, interval=0.2)
+    if not gone and _recorded_pid(sandbox) == pid:
+        os.kill(pid, signal.SIGKILL)
+    sandbox.pid_path.unlink(missing_ok=True)
+    return "stopped"
+
+
+def status(sandbox: Sandbox | None = None) -> dict[str, object]:
+    sandbox = sandbox or default_sandbox()
+    info = engine_info(sandbox.url, timeout=3.0)
+    return {
+        "socket": str(sandbox.socket),
+        "answers": info is not None,
+        "rootless": info is not None and is_rootless(info),
+        "pid": _recorded_pid(sandbox),
+        "user": sandbox.user,
+    }
+
+
+# --- images -----------------------------------------------------------------------------
+
+def copy_image(source: docker.DockerClient, target: docker.DockerClient, image_id: str) -> str:
+    """Give ``target`` (the sandbox engine) the image ``image_id`` of ``source`` (the host engine, where
+    it was pulled by digest and its signatures checked); return the id, which must come out the same.
+
+    An image id is the sha256 of the image config, which names every layer by its diff id, and the
+    engine checks each loaded layer against it: the sandbox runs exactly the admitted bytes.
+    (``docker load`` leaves RepoDigests empty, so the sandbox refers to images by id.)"""
+    # The runner image's CLI registers this module's verbs and ships no Docker SDK (test_app_entry.py).
+    # lazy: the Docker SDK (with requests) costs 158 ms to import
+    import docker
+    import docker.errors
+    import requests
+
+    if not image_id.startswith("sha256:") or len(image_id) != 71:
+        raise CheckFailed(f"image id {image_id!r} is not sha256:<64 hex>")
+    try:
+        if target.images.get(image_id).id == image_id:
+            return image_id
+    except docker.errors.ImageNotFound:
+        pass
+    try:
+        stream = source.api.get_image(image_id)
+        target.api.load_image(stream)
+        loaded: str = target.images.get(image_id).id
+    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        raise InfrastructureError(f"copying image {image_id} into the sandbox engine failed: {exc}") from None
+    if loaded != image_id:
+        raise CheckFailed(f"the sandbox engine loaded {loaded} for image {image_id}")
+    return loaded

@@ -1,0 +1,1096 @@
+"""An API-filtering Docker Engine socket for the runner container (defence in depth in front of the engine).
+
+The runner (Harbor + compose) gets this proxy's Unix socket as its
+``/var/run/docker.sock`` instead of the engine's (``upstream``: the host's
+engine today, the sandbox's own rootless engine once that is the upstream; the
+proxy stays in front of either). A filter in front of a root engine cannot be
+the containment on its own; it parses each request AS THE ENGINE DOES, checks
+it against a whitelist and forwards exactly what it checked:
+
+* HTTP: one request per client connection, parsed by ``h11`` (no hand-written
+  parser): conflicting ``Content-Length``, unknown ``Transfer-Encoding``,
+  malformed heads are refused; the body is re-framed by the proxy (its own
+  ``Content-Length`` or chunking, ``Connection: close``); a body on GET/HEAD/
+  DELETE, a form ``Content-Type`` (the engine reads query parameters from a form
+  body too), an ``Upgrade`` header on anything but attach / exec start, and
+  bytes pipelined after the request are refused, and nothing the client sends
+  after its request is ever forwarded unless the engine answered an upgrade with
+  101 (then the stream is raw both ways). Paths are percent-decoded and must be
+  normal (the engine routes on the decoded path);
+* JSON bodies (container create/update, exec create/start, volume create) are
+  decoded as Go's ``encoding/json`` would map them to the engine's structs
+  (case-insensitive keys; a duplicate or case-variant key, a non-ASCII key or an
+  unknown non-zero field is refused) and re-serialised canonical. Create is a
+  whitelist: no privileged, capabilities, devices, sysctls, ulimits, cgroup
+  parent, runtimes, host/``container:`` namespaces, custom seccomp/apparmor/label
+  options (only ``no-new-privileges``), ``MaskedPaths``/``ReadonlyPaths`` (any
+  value), ``VolumesFrom``, links, published ports, restart policies, log drivers
+  that ship logs anywhere, named volumes (only binds under the allowed roots,
+  anonymous volumes and tmpfs with plain options); bind sources are resolved
+  (symlinks) on the host and must lie under the roots (the run dir); they are
+  forwarded as the resolved path, and re-checked when the container is started
+  (or restarted) through the proxy, so a component swapped for a symlink in
+  between is refused; the proxy labels what it creates;
+* egress: a container asks for no network (``none``, or the default) or is
+  refused; the proxy forces ``NetworkMode`` itself and drops
+  ``NetworkingConfig``: ``none``, or, when the policy names a model gateway,
+  ``container:<gateway>``, the network namespace of a gateway container it
+  starts for that one container (network ``none``, the worker's model relay
+  socket mounted, ``python3 -m pipeline.infra.sandbox.relay``), so the trial reaches the
+  model on ``127.0.0.1:GATEWAY_PORT`` and nothing else; the gateway is removed
+  with its container and when the proxy stops. Gateways are not addressable;
+* ``/build`` (classic builder) runs its steps with ``networkmode=none`` and may
+  not make the engine fetch anything: no ``remote`` context, no ``pull``, no
+  BuildKit; the context tar is read (every member; nothing may follow the
+  archive) and its Dockerfile (and the lower-case fallback the engine tries)
+  parsed with both escape characters: no ``ADD`` of a URL or git source (nor any
+  ``$``, quote or escape in an ``ADD``), no ``ONBUILD``, and every ``FROM`` /
+  ``COPY --from`` names a build stage or an image already in the engine (no
+  pull) that carries no ONBUILD triggers;
+* everything that addresses a container or an exec (start, stop, kill, exec,
+  attach, archive, logs, inspect, delete...) only for containers this proxy
+  labelled, by a single path segment, with a known sub-resource;
+* image pulls only of the allowlisted repositories; image removal only of what
+  was built through the proxy; read-only listings and ``/_ping``, ``/version``,
+  ``/info``; anything else is refused with 403 and logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import logging
+import os
+import posixpath
+import re
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal
+from urllib.parse import parse_qsl, quote, unquote, urlencode
+
+import h11
+
+from pipeline.infra.sandbox.relay import GATEWAY_PORT, _pump, _splice
+
+log = logging.getLogger("benchseal.engine_proxy")
+
+LABEL = "benchseal.engine-proxy"
+GATEWAY_LABEL = "benchseal.engine-proxy.gateway"  # on a gateway: "1"; on a trial container: its gateway's id
+_MAX_HEAD = 65536
+_MAX_BODY = 4 * 1024 * 1024
+_MAX_CONTEXT = 1 << 30  # a build context is spooled to disk to be read before it is forwarded
+_MAX_DOCKERFILE = 1 << 20
+_VERSION = re.compile(r"^/v[0-9.]+(?=/)")
+_ID = r"([^/]+)"
+
+
+class Refused(Exception):
+    """A request the proxy will not forward (its message goes back to the client)."""
+
+    status = 403
+
+
+class NotFound(Refused):
+    """The addressed container or exec does not exist (the engine's 404, passed on)."""
+
+    status = 404
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=30)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(30)
+        sock.connect(self._path)
+        self.sock = sock
+
+
+@dataclass(frozen=True)
+class ModelGateway:
+    """The one way out a trial container gets: the worker's model relay socket, via a gateway container."""
+
+    image: str  # the runner image (by digest; it has pipeline.infra.sandbox.relay)
+    socket_dir: Path  # host directory of the worker's relay socket
+    mount: str  # where the gateway sees it
+    socket_name: str
+    labels: dict[str, str] = field(default_factory=dict)  # e.g. the worker's run label (leftover cleanup)
+
+
+@dataclass
+class EnginePolicy:
+    """What the runner may do through the proxy."""
+
+    bind_roots: tuple[Path, ...]
+    pull_repositories: tuple[str, ...] = ()  # "registry/repository" names whose images may be pulled
+    token: str = field(default_factory=lambda: os.urandom(12).hex())
+    gateway: ModelGateway | None = None  # None: every container gets network none
+
+
+# --- JSON bodies: decoded as the engine's Go decoder does, forwarded canonical ----------
+#
+# encoding/json matches an object key to a struct field case-insensitively (and, for a
+# non-ASCII key, through Unicode folding: U+212A KELVIN SIGN is "k", U+017F LONG S is "s"),
+# the last of two keys for one field wins (nested objects are merged, maps extended), null
+# into a string/bool/number is a no-op and unknown keys are ignored. The proxy does not
+# re-implement those merges: it refuses a non-ASCII key and any two keys for one field or
+# map entry, maps every key to its field's canonical name, checks each field against a
+# whitelist (a field it does not know is refused unless its value is the zero value, which
+# is then dropped) and forwards the body it re-serialised, so what it checked is what the
+# engine decodes.
+
+Checker = Callable[[Any, str], Any]
+_DROP = object()  # a checker's answer: leave the field out of the canonical body
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise Refused(f"duplicate JSON key {next(k for k in keys if keys.count(k) > 1)!r}")
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> Any:
+    raise Refused(f"JSON constant {name} is not allowed")
+
+
+def _load_json(body: bytes, what: str) -> Any:
+    try:
+        return json.loads(body.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError):
+        raise Refused(f"{what}: body is not JSON") from None
+
+
+def _is_zero(value: Any) -> bool:
+    return value is None or value is False or (value == 0 and not isinstance(value, bool)) or value in ("", [], {})
+
+
+def _canon(obj: Any, schema: dict[str, Checker], where: str) -> dict[str, Any]:
+    """``obj`` with every key renamed to its schema field and every value checked; Refused otherwise."""
+    if not isinstance(obj, dict):
+        raise Refused(f"{where}: expected a JSON object")
+    fields = {name.lower(): name for name in schema}
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if not key.isascii():
+            raise Refused(f"{where}.{key}: a non-ASCII key is not allowed (the engine folds some to ASCII)")
+        name = fields.get(key.lower())
+        if name is None:
+            if value is None or value is False or value == "" or (value == 0 and not isinstance(value, bool)):
+                continue  # the engine's default: leaving it out changes nothing
+            raise Refused(f"{where}.{key} is not allowed (not a field the proxy knows to be safe)")
+        if name in out or f"\0{name}" in out:
+            raise Refused(f"{where}.{key}: two keys for one field (the engine would merge them)")
+        checked = schema[name](value, f"{where}.{name}")
+        out[name if checked is not _DROP else f"\0{name}"] = checked
+    return {name: value for name, value in out.items() if not name.startswith("\0")}
+
+
+def _zero(value: Any, where: str) -> Any:
+    if not _is_zero(value):
+        raise Refused(f"{where} is not allowed (only its zero value)")
+    return _DROP
+
+
+def _never(reason: str) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if not _is_zero(value):
+            raise Refused(f"{where}: {reason}")
+        return _DROP
+    return check
+
+
+def _absent(value: Any, where: str) -> Any:
+    if value is not None:  # MaskedPaths: [] unmasks /proc/kcore and the rest: only absent is safe
+        raise Refused(f"{where} is not allowed (any value, even empty, changes the engine's defaults)")
+    return _DROP
+
+
+def _typed(*types: type, nullable: bool = True) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if value is None and nullable:
+            return _DROP
+        if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
+            raise Refused(f"{where}: expected {'/'.join(t.__name__ for t in types)}")
+        return value
+    return check
+
+
+def _int_range(low: int, high: int) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if value is None:
+            return _DROP
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise Refused(f"{where}: expected an integer in [{low}, {high}]")
+        return value
+    return check
+
+
+def _one_of(*allowed: str) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if value is None:
+            return _DROP
+        if value not in allowed:
+            raise Refused(f"{where}={value!r} is not allowed (allowed: {', '.join(map(repr, allowed))})")
+        return value
+    return check
+
+
+def _list_of(item: Checker) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if value is None:
+            return _DROP
+        if not isinstance(value, list):
+            raise Refused(f"{where}: expected a list")
+        return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
+    return check
+
+
+def _map_of(item: Checker) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        if value is None:
+            return _DROP
+        if not isinstance(value, dict):
+            raise Refused(f"{where}: expected an object")
+        return {str(k): item(v, f"{where}[{k!r}]") for k, v in value.items()}
+    return check
+
+
+def _struct(schema: dict[str, Checker]) -> Checker:
+    def check(value: Any, where: str) -> Any:
+        return _DROP if value is None else _canon(value, schema, where)
+    return check
+
+
+def _empty_object(value: Any, where: str) -> Any:
+    if not isinstance(value, dict):
+        raise Refused(f"{where}: expected an object")
+    return {}  # map[string]struct{}: the engine reads no member of it
+
+
+def _str_slice(value: Any, where: str) -> Any:
+    """strslice.StrSlice: a string or a list of strings."""
+    return value if isinstance(value, str) else _STRS(value, where)
+
+
+_STR = _typed(str)
+_BOOL = _typed(bool)
+_INT = _int_range(-(2**63), 2**63 - 1)
+_NONNEG = _int_range(0, 2**63 - 1)
+_STRS = _list_of(_typed(str, nullable=False))
+_STRMAP = _map_of(_typed(str, nullable=False))
+_LOG_OPTS = frozenset({"max-size", "max-file", "compress", "mode", "max-buffer-size"})
+_NO_NEW_PRIVILEGES = ("no-new-privileges", "no-new-privileges:true", "no-new-privileges=true")
+_TMPFS_OPTION = re.compile(r"(rw|ro|noexec|exec|nosuid|nodev|size=[0-9]+[kmgKMG%]?|mode=[0-7]{3,4}|uid=[0-9]+|"
+                           r"gid=[0-9]+|nr_inodes=[0-9]+[kmgKMG]?)")
+
+
+def _log_config(value: Any, where: str) -> Any:
+    spec = _canon(value, {"Type": _one_of("", "json-file", "local", "none"), "Config": _STRMAP}, where)
+    unknown = sorted(set(spec.get("Config") or {}) - _LOG_OPTS)
+    if unknown:
+        raise Refused(f"{where}.Config {', '.join(unknown)} is not allowed")
+    return spec
+
+
+def _tmpfs(value: Any, where: str) -> Any:
+    spec = _STRMAP(value, where)
+    for target, options in (spec if spec is not _DROP else {}).items():
+        bad = [o for o in options.split(",") if o and not _TMPFS_OPTION.fullmatch(o)]
+        if not target.startswith("/") or bad:
+            raise Refused(f"{where}[{target!r}]: tmpfs option {', '.join(bad) or 'target'} is not allowed")
+    return spec
+
+
+_RESOURCES: dict[str, Checker] = {
+    "CpuShares": _NONNEG, "Memory": _NONNEG, "NanoCpus": _NONNEG, "CgroupParent": _zero,
+    "BlkioWeight": _int_range(0, 1000), "BlkioWeightDevice": _zero, "BlkioDeviceReadBps": _zero,
+    "BlkioDeviceWriteBps": _zero, "BlkioDeviceReadIOps": _zero, "BlkioDeviceWriteIOps": _zero,
+    "CpuPeriod": _NONNEG, "CpuQuota": _INT, "CpuRealtimePeriod": _zero, "CpuRealtimeRuntime": _zero,
+    "CpusetCpus": _STR, "CpusetMems": _STR, "Devices": _zero, "DeviceCgroupRules": _zero,
+    "DeviceRequests": _zero, "KernelMemory": _NONNEG, "KernelMemoryTCP": _zero, "MemoryReservation": _NONNEG,
+    "MemorySwap": _int_range(-1, 2**63 - 1), "MemorySwappiness": _int_range(-1, 100), "OomKillDisable": _zero,
+    "PidsLimit": _INT, "Ulimits": _zero, "CpuCount": _zero, "CpuPercent": _zero, "IOMaximumIOps": _zero,
+    "IOMaximumBandwidth": _zero,
+}
+_RESTART = _struct({"Name": _one_of("", "no"), "MaximumRetryCount": _zero})
+_MOUNT: dict[str, Checker] = {
+    "Type": _one_of("bind", "volume", "tmpfs"), "Source": _STR, "Target": _STR, "ReadOnly": _BOOL,
+    "Consistency": _one_of("", "default", "consistent", "cached", "delegated"),
+    "BindOptions": _struct({"Propagation": _one_of("", "private", "rprivate"), "NonRecursive": _BOOL,
+                            "CreateMountpoint": _BOOL}),  # (creates a missing source, which is under the roots)
+    "VolumeOptions": _struct({"NoCopy": _BOOL, "Labels": _STRMAP, "DriverConfig": _zero}),
+    "TmpfsOptions": _struct({"SizeBytes": _NONNEG, "Mode": _int_range(0, 0o7777)}),
+}
+_HOST_CONFIG: dict[str, Checker] = {
+    "Binds": _STRS, "ContainerIDFile": _zero, "LogConfig": _log_config, "NetworkMode": _one_of("", "default", "none"),
+    "PortBindings": _zero, "RestartPolicy": _RESTART, "AutoRemove": _BOOL, "VolumeDriver": _zero,
+    "VolumesFrom": _zero, "ConsoleSize": _list_of(_NONNEG), "CapAdd": _zero, "CapDrop": _STRS,
+    "CgroupnsMode": _one_of("", "private"), "Dns": _STRS, "DnsOptions": _STRS, "DnsSearch": _STRS,
+    "ExtraHosts": _STRS, "GroupAdd": _STRS, "IpcMode": _one_of("", "private", "none", "shareable"), "Cgroup": _zero,
+    "Links": _zero, "OomScoreAdj": _int_range(0, 1000), "PidMode": _zero, "Privileged": _never("privileged containers are not allowed"),
+    "PublishAllPorts": _zero, "ReadonlyRootfs": _BOOL, "SecurityOpt": _list_of(_one_of(*_NO_NEW_PRIVILEGES)),
+    "StorageOpt": _zero, "Tmpfs": _tmpfs, "UTSMode": _zero, "UsernsMode": _zero,
+    "ShmSize": _int_range(0, 8 << 30), "Sysctls": _zero, "Runtime": _one_of("", "runc"),
+    "Isolation": _one_of("", "default"), "Mounts": _list_of(_struct(_MOUNT)), "MaskedPaths": _absent,
+    "ReadonlyPaths": _absent, "Init": _BOOL, **_RESOURCES,
+}
+_HEALTHCHECK = _struct({"Test": _STRS, "Interval": _NONNEG, "Timeout": _NONNEG, "StartPeriod": _NONNEG,
+                        "StartInterval": _NONNEG, "Retries": _NONNEG})
+# The create body is ContainerConfigWrapper: container.Config's fields, HostConfig, NetworkingConfig; the
+# engine ALSO reads a deprecated embedded HostConfig from the top level, which is not in this list (refused).
+_CREATE: dict[str, Checker] = {
+    "Hostname": _STR, "Domainname": _STR, "User": _STR, "AttachStdin": _BOOL, "AttachStdout": _BOOL,
+    "AttachStderr": _BOOL, "ExposedPorts": _map_of(_empty_object), "Tty": _BOOL, "OpenStdin": _BOOL,
+    "StdinOnce": _BOOL, "Env": _STRS, "Cmd": _str_slice, "Healthcheck": _HEALTHCHECK, "ArgsEscaped": _BOOL,
+    "Image": _STR, "Volumes": _map_of(_empty_object), "WorkingDir": _STR, "Entrypoint": _str_slice,
+    "NetworkDisabled": _BOOL, "MacAddress": _STR, "OnBuild": _zero, "Labels": _STRMAP, "StopSignal": _STR,
+    "StopTimeout": _INT, "Shell": _STRS, "HostConfig": _struct(_HOST_CONFIG),
+    "NetworkingConfig": lambda value, where: _DROP,  # replaced by the proxy's own network
+}
+_EXEC: dict[str, Checker] = {
+    "User": _STR, "Privileged": _never("privileged exec is not allowed"), "Tty": _BOOL, "ConsoleSize": _list_of(_NONNEG), "AttachStdin": _BOOL,
+    "AttachStderr": _BOOL, "AttachStdout": _BOOL, "Detach": _BOOL, "DetachKeys": _STR, "Env": _STRS,
+    "WorkingDir": _STR, "Cmd": _str_slice,
+    "Container": lambda value, where: _DROP,  # the Python SDK sends it; the engine reads the id from the path
+}
+_EXEC_START: dict[str, Checker] = {"Detach": _BOOL, "Tty": _BOOL, "ConsoleSize": _list_of(_NONNEG)}
+_VOLUME: dict[str, Checker] = {"Name": _STR, "Driver": _one_of("", "local"), "DriverOpts": _zero, "Labels": _STRMAP,
+                               "ClusterVolumeSpec": _zero}
+_UPDATE: dict[str, Checker] = {**_RESOURCES, "RestartPolicy": _RESTART}
+
+# --- HTTP: one request per client connection, parsed by h11, re-framed by the proxy ----
+
+_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "content-length", "te",
+                  "trailer", "upgrade", "expect", "http2-settings"})
+# Go's ParseForm reads query parameters from a form body too (networkmode, remote...): no form types.
+_CONTENT_TYPES = frozenset({"", "application/json", "application/x-tar", "application/tar", "text/plain",
+                            "application/octet-stream"})
+_UPGRADES = re.compile(r"/containers/[^/]+/attach|/exec/[^/]+/start")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+@dataclass
+class _Request:
+    method: str
+    target: str  # what is forwarded (the client's, or the proxy's rewrite of it)
+    path: str  # percent-decoded as the engine's router sees it, version prefix removed
+    query: dict[str, list[str]]
+    headers: list[tuple[str, str]]  # end-to-end headers (framing and hop-by-hop ones are the proxy's own)
+    upgrade: bool = False
+
+    def first(self, key: str) -> str:
+        """The engine's ``r.FormValue(key)``: the first value."""
+        return (self.query.get(key) or [""])[0]
+
+    def set_query(self, pairs: list[tuple[str, str]]) -> None:
+        self.target = self.target.partition("?")[0] + ("?" + urlencode(pairs) if pairs else "")
+        self.query = {}
+        for key, value in pairs:
+            self.query.setdefault(key, []).append(value)
+
+    def head(self, *, length: int | None = None, chunked: bool = False) -> bytes:
+        lines = [f"{self.method} {self.target} HTTP/1.1", *(f"{k}: {v}" for k, v in self.headers)]
+        if chunked:
+            lines.append("Transfer-Encoding: chunked")
+        elif length is not None:
+            lines.append(f"Content-Length: {length}")
+        lines += ["Connection: Upgrade", "Upgrade: tcp"] if self.upgrade else ["Connection: close"]
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+def _parse_target(target: str) -> tuple[str, list[tuple[str, str]]]:
+    """(decoded path without the version prefix, query pairs) as the engine reads them; Refused when ambiguous."""
+    raw_path, _, raw_query = target.partition("?")
+    if not raw_path.startswith("/") or "#" in target or _BAD_ESCAPE.search(target) or ";" in raw_query:
+        raise Refused("malformed request target")
+    path = unquote(raw_path, errors="surrogateescape")
+    if "\0" in path or "//" in path or posixpath.normpath(path) != path:
+        raise Refused(f"request path {path!r} is not normal")
+    return _VERSION.sub("", path), parse_qsl(raw_query, keep_blank_values=True)
+
+
+def _request(event: h11.Request) -> _Request:
+    method, target = event.method.decode("latin-1"), event.target.decode("latin-1")
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers.raw_items()]
+    names = [k.lower() for k, _ in headers]
+    if "transfer-encoding" in names and "content-length" in names:
+        raise Refused("both Transfer-Encoding and Content-Length")
+    types = [v.split(";")[0].strip().lower() for k, v in headers if k.lower() == "content-type"]
+    if len(types) > 1 or (types and types[0] not in _CONTENT_TYPES):
+        raise Refused(f"Content-Type {', '.join(types)} is not allowed")
+    path, pairs = _parse_target(target)
+    query: dict[str, list[str]] = {}
+    for key, value in pairs:
+        query.setdefault(key, []).append(value)
+    request = _Request(method, target, path, query, [(k, v) for k, v in headers if k.lower() not in _HOP])
+    if "upgrade" in names:
+        if method != "POST" or not _UPGRADES.fullmatch(path):
+            raise Refused(f"{method} {path}: an Upgrade header is allowed on attach and exec start only")
+        request.upgrade = True
+    return request
+
+
+class _Client:
+    """The client side of one connection: h11 parses its one request; nothing after it is forwarded."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+
+    def _next(self) -> Any:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise Refused(f"malformed request: {exc}") from None
+            if event is not h11.NEED_DATA:
+                return event
+            if self.conn.they_are_waiting_for_100_continue:
+                self.sock.sendall(self.conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
+            self.conn.receive_data(self.sock.recv(65536))
+
+    def request(self) -> _Request | None:
+        event = self._next()
+        if isinstance(event, h11.ConnectionClosed):
+            return None
+        if not isinstance(event, h11.Request):
+            raise Refused("malformed request")
+        return _request(event)
+
+    def chunks(self) -> Iterable[bytes]:
+        while True:
+            event = self._next()
+            if isinstance(event, h11.EndOfMessage):
+                return
+            if not isinstance(event, h11.Data):
+                raise Refused("incomplete body")
+            yield bytes(event.data)
+
+    def read(self, limit: int) -> bytes:
+        body = bytearray()
+        for chunk in self.chunks():
+            body += chunk
+            if len(body) > limit:
+                raise Refused("body too large")
+        return bytes(body)
+
+    def spool(self) -> IO[bytes]:
+        spool = tempfile.TemporaryFile()
+        try:
+            for chunk in self.chunks():
+                spool.write(chunk)
+                if spool.tell() > _MAX_CONTEXT:
+                    raise Refused("build context too large")
+        except BaseException:
+            spool.close()
+            raise
+        return spool
+
+    @property
+    def trailing(self) -> bytes:
+        return bytes(self.conn.trailing_data[0])
+
+
+def _discard(client: socket.socket, upstream: socket.socket) -> None:
+    """Read and drop what the client sends after its request; its EOF becomes the engine's (a client gone)."""
+    with contextlib.suppress(OSError):
+        while client.recv(65536):
+            pass
+        upstream.shutdown(socket.SHUT_WR)
+
+
+def _answer(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> None:
+    """The engine's answer to the client, then both closed."""
+    threading.Thread(target=_discard, args=(client, upstream), daemon=True).start()
+    with contextlib.suppress(OSError):
+        if first:
+            client.sendall(first)
+        _pump(upstream, client)
+    for s in (client, upstream):
+        with contextlib.suppress(OSError):
+            s.close()
+
+
+def _answer_upgrade(peer: _Client, upstream: socket.socket) -> None:
+    """Raw both ways only once the engine answered 101; else an ordinary answer."""
+    head = b""
+    with contextlib.suppress(OSError):
+        while b"\r\n\r\n" not in head and len(head) < _MAX_HEAD:
+            chunk = upstream.recv(65536)
+            if not chunk:
+                break
+            head += chunk
+    if not head.startswith((b"HTTP/1.1 101 ", b"HTTP/1.0 101 ")):
+        _answer(peer.sock, upstream, head)
+        return
+    try:
+        peer.sock.sendall(head)
+        if peer.trailing:
+            upstream.sendall(peer.trailing)
+    except OSError:
+        pass
+    _splice(peer.sock, upstream)
+
+
+# --- /build: the context's Dockerfile may not make the engine fetch anything ----------
+
+_BUILD_QUERY = frozenset({"t", "dockerfile", "q", "nocache", "rm", "forcerm", "memory", "memswap", "cpushares",
+                          "cpusetcpus", "cpuperiod", "cpuquota", "buildargs", "shmsize", "labels", "networkmode",
+                          "target", "cachefrom", "pull", "version", "squash", "extrahosts", "buildid"})
+_FALSE = ("", "0", "no", "false", "none")  # what the engine's BoolValue reads as false
+_ASCII_SPACE = " \t\v\f\r"  # a subset of what Go's parser trims: a comment here is one there too
+_ADD_UNSAFE = re.compile(r"://|[$\\`'\"]|git@|^github\.com/", re.IGNORECASE)
+
+
+def _instructions(text: str, escape: str) -> list[tuple[str, str]]:
+    """(keyword, arguments) of each instruction, joined at ``escape`` line continuations as the engine joins them.
+
+    Lines split at "\\n" only (as Go's scanner); comment and blank lines inside a continuation are skipped,
+    as the engine skips them. Where this parser and the engine could differ it ends an instruction earlier
+    (it sees more instructions, never fewer)."""
+    continuation = re.compile(re.escape(escape) + r"[ \t]*$")
+    found: list[tuple[str, str]] = []
+    current: str | None = None
+    for raw in text.split("\n"):
+        line = raw.removesuffix("\r")
+        stripped = line.lstrip(_ASCII_SPACE)
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = continuation.search(line)
+        current = (current or "") + (line[:match.start()] if match else line)
+        if not match:
+            found.append(_split_instruction(current))
+            current = None
+    if current is not None:
+        found.append(_split_instruction(current))
+    return found
+
+
+def _split_instruction(line: str) -> tuple[str, str]:
+    words = line.strip().split(None, 1)
+    keyword = words[0] if words else ""
+    if not keyword.isascii():  # Go lowercases U+0130 to "i" (ONBUİLD): a non-ASCII keyword is no keyword here
+        raise Refused(f"Dockerfile instruction {keyword!r} is not allowed")
+    return keyword.upper(), words[1] if len(words) > 1 else ""
+
+
+def _check_add(args: str) -> None:
+    words = args.split()
+    while words and words[0].startswith("--"):
+        if _ADD_UNSAFE.search(words.pop(0)):
+            raise Refused(f"Dockerfile ADD {args!r}: a flag with a URL, variable, quote or escape is not allowed")
+    rest = " ".join(words)
+    sources: list[str] = [rest]
+    if rest.startswith("["):
+        with contextlib.suppress(ValueError):
+            parsed = json.loads(rest)
+            if isinstance(parsed, list) and all(isinstance(s, str) for s in parsed):
+                sources = parsed
+    for source in sources:
+        if _ADD_UNSAFE.search(source):
+            raise Refused(f"Dockerfile ADD {args!r}: a URL or git source (the engine would fetch it on the host "
+                          "network), or a variable, quote or escape that could make one, is not allowed")
+
+
+def _dockerfile_names(name: str) -> set[str]:
+    """The context paths the engine reads the Dockerfile from (``Dockerfile`` falls back to ``dockerfile``)."""
+    wanted = posixpath.normpath("/" + (name or "Dockerfile")).lstrip("/")
+    return {wanted, "dockerfile"} if wanted == "Dockerfile" else {wanted}
+
+
+def _require_archive_end(archive: tarfile.TarFile) -> None:
+    """Nothing but the end-of-archive zeros after the last member tarfile read (the engine would read on)."""
+    stream = archive.fileobj
+    assert stream is not None
+    stream.seek(archive.offset)
+    while chunk := stream.read(65536):
+        if chunk.strip(b"\0"):
+            raise Refused("build context: data after the end of the archive")
+
+
+def _compression(spool: IO[bytes]) -> Literal["r:", "r:gz", "r:bz2", "r:xz"]:
+    """The tarfile mode for the compression the engine detects by magic bytes (never tarfile's own guess:
+    a gzip stream can be made to look like a plain tar too, and the engine would read the gzip)."""
+    spool.seek(0)
+    magic = spool.read(6)
+    spool.seek(0)
+    if magic.startswith(b"BZh"):
+        return "r:bz2"
+    if magic.startswith(b"\x1f\x8b\x08"):
+        return "r:gz"
+    if magic.startswith(b"\xfd7zXZ\x00"):
+        return "r:xz"
+    if magic.startswith(b"\x28\xb5\x2f\xfd"):
+        raise Refused("build context: zstd is not read by the proxy")
+    return "r:"
+
+
+def _context_dockerfiles(spool: IO[bytes], name: str) -> list[str]:
+    """Every Dockerfile the engine could read from the context; Refused for a link on their path."""
+    wanted = _dockerfile_names(name)
+    spool.seek(0)
+    found: list[str] = []
+    try:
+        with tarfile.open(fileobj=spool, mode=_compression(spool)) as archive:
+            members = archive.getmembers()
+            _require_archive_end(archive)
+            for member in members:
+                norm = posixpath.normpath("/" + member.name).lstrip("/")
+                for path in wanted:
+                    if norm == path and member.isreg():
+                        data = archive.extractfile(member).read(_MAX_DOCKERFILE + 1)  # type: ignore[union-attr]
+                        if len(data) > _MAX_DOCKERFILE:
+                            raise Refused("build context: Dockerfile too large")
+                        found.append(data.decode("utf-8-sig", errors="surrogateescape"))
+                    elif (norm == path or path.startswith(norm + "/")) and not member.isdir():
+                        raise Refused(f"build context: {member.name!r} (a link or special file) is on the "
+                                      "Dockerfile's path")
+    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
+        raise Refused(f"build context is not a tar archive the proxy can read: {exc}") from None
+    finally:
+        spool.seek(0)
+    if not found:
+        raise Refused(f"build context has no Dockerfile at {sorted(wanted)}")
+    return found
+
+
+def _tagged(name: str) -> str:
+    """``name`` with an explicit tag (``:latest`` when none)."""
+    last = name.rsplit("/", 1)[-1]
+    return name if ":" in last or "@" in last else f"{name}:latest"
+
+
+def _dump(spec: dict[str, Any]) -> bytes:
+    return json.dumps(spec).encode()
+
+
+_READ_ONLY = re.compile(r"/_ping|/version|/info|/events|/(containers|images|networks|volumes|plugins)/json|"
+                        r"/networks|/volumes|/plugins|/(images|networks|volumes|plugins)/.+/json|"
+                        r"/networks/[^/]+|/volumes/[^/]+")
+_JSON_BODIES = re.compile(r"/containers/create|/containers/[^/]+/(exec|update)|/exec/[^/]+/start|/volumes/create")
+_CONTAINER_CALLS: dict[str, tuple[str, ...]] = {
+    "": ("DELETE",), "/json": ("GET", "HEAD"), "/logs": ("GET",), "/top": ("GET",), "/changes": ("GET",),
+    "/stats": ("GET",), "/archive": ("GET", "HEAD", "PUT"), **{f"/{call}": ("POST",) for call in (
+        "wait", "start", "stop", "restart", "kill", "pause", "unpause", "resize", "attach", "exec", "update")},
+}
+_BIND_MODES = frozenset({"", "ro", "rw", "private", "rprivate"})
+
+
+class EngineProxy:
+    """Listen on ``socket_path``; forward checked requests to the engine at ``upstream``."""
+
+    def __init__(self, socket_path: Path, policy: EnginePolicy, upstream: str = "/var/run/docker.sock") -> None:
+        self.socket_path = socket_path
+        self.policy = policy
+        self.upstream = upstream
+        self.refused: list[str] = []
+        self.built: set[str] = set()  # image tags built through this proxy (compose removes them on down)
+        self.gateways: set[str] = set()  # ids of the gateway containers this proxy started and not yet removed
+        self._lock = threading.Lock()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(socket_path))
+        os.chmod(socket_path, 0o600)
+        self._listener.listen(64)
+        self._thread = threading.Thread(target=self._serve, name="engine-proxy", daemon=True)
+
+    def start(self) -> EngineProxy:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._thread.join(timeout=5)
+        for ident in sorted(self.gateways):
+            self._remove_gateway(ident)
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(client,), daemon=True).start()
+
+    # --- one client connection: one checked request, then the upstream's answer ---------
+
+    def _handle(self, client: socket.socket) -> None:
+        peer = _Client(client)
+        spool: IO[bytes] | None = None
+        try:
+            request = peer.request()
+            if request is None:
+                client.close()
+                return
+            body, spool, streamed = self._read_body(peer, request)
+            body, after = self._check(request, body, spool)
+        except Refused as exc:
+            self._refuse(client, str(exc), exc.status)
+            return
+        except (OSError, ValueError, h11.ProtocolError) as exc:
+            log.warning("engine proxy: %s", exc)
+            client.close()
+            return
+        try:
+            self._forward(peer, request, body, spool, streamed)
+        finally:
+            if spool is not None:
+                spool.close()
+        if after is not None:
+            self._remove_gateway(after)
+
+    @staticmethod
+    def _read_body(peer: _Client, request: _Request) -> tuple[bytes | None, IO[bytes] | None, bool]:
+        """(buffered body, spooled build context, streamed): only an archive upload streams past the proxy."""
+        method, path = request.method, request.path
+        if method == "PUT" and re.fullmatch(r"/containers/[^/]+/archive", path):
+            return None, None, True
+        if method == "POST" and path == "/build":
+            spool = peer.spool()
+            body, where = None, "build context"
+        else:
+            body = peer.read(_MAX_BODY)
+            spool, where = None, f"{method} {path}"
+            if body and not (method == "POST" and _JSON_BODIES.fullmatch(path)):
+                raise Refused(f"{where}: a request body is not allowed here")
+        if peer.trailing and not request.upgrade:
+            if spool is not None:
+                spool.close()
+            raise Refused(f"{where}: data pipelined after the request (one request per connection)")
+        return body, spool, False
+
+    def _forward(self, peer: _Client, request: _Request, body: bytes | None, spool: IO[bytes] | None,
+                 streamed: bool) -> None:
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            upstream.connect(self.upstream)
+            if streamed:
+                upstream.sendall(request.head(chunked=True))
+                for chunk in peer.chunks():
+                    if chunk:
+                        upstream.sendall(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+                upstream.sendall(b"0\r\n\r\n")
+            elif spool is not None:
+                size = spool.seek(0, os.SEEK_END)
+                spool.seek(0)
+                upstream.sendall(request.head(length=size))
+                while chunk := spool.read(1 << 20):
+                    upstream.sendall(chunk)
+            else:
+                data = body or b""
+                upstream.sendall(request.head(length=len(data) if data or request.method in ("POST", "PUT") else None)
+                                 + data)
+        except (OSError, Refused):
+            for s in (peer.sock, upstream):
+                s.close()
+            return
+        if request.upgrade:
+            _answer_upgrade(peer, upstream)
+        else:
+            _answer(peer.sock, upstream)
+
+    def _refuse(self, client: socket.socket, message: str, status: int = 403) -> None:
+        if status == 403:
+            self.refused.append(message)
+            log.warning("engine proxy refused: %s", message)
+        raw = json.dumps({"message": f"benchseal engine proxy: {message}"}).encode()
+        reason = "Forbidden" if status == 403 else "Not Found"
+        with contextlib.suppress(OSError):
+            client.sendall(f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                           f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+            # Read (and drop) what the client is still sending, briefly: closing on unread data would reset
+            # the connection and lose the answer. Nothing read here is parsed or forwarded.
+            client.shutdown(socket.SHUT_WR)
+            client.settimeout(0.5)
+            drained, deadline = 0, time.monotonic() + 2
+            while drained < _MAX_BODY and time.monotonic() < deadline and (chunk := client.recv(65536)):
+                drained += len(chunk)
+        client.close()
+
+    # --- the rules -----------------------------------------------------------------------
+
+    def _check(self, request: _Request, body: bytes | None,
+               spool: IO[bytes] | None = None) -> tuple[bytes | None, str | None]:
+        """(body to forward, gateway to remove once the engine answered) or Refused."""
+        method, path = request.method, request.path
+        return self._rule(request, body, spool), self._gateway_after(method, path)
+
+    def _gateway_after(self, method: str, path: str) -> str | None:
+        match = re.fullmatch(r"/containers/" + _ID, path)
+        if method != "DELETE" or not match:
+            return None
+        info = self._inspect(f"/containers/{quote(match.group(1), safe='')}/json")
+        gateway = str(((info.get("Config") or {}).get("Labels") or {}).get(GATEWAY_LABEL) or "")
+        return gateway if gateway in self.gateways else None
+
+    def _rule(self, request: _Request, body: bytes | None, spool: IO[bytes] | None) -> bytes | None:
+        method, path = request.method, request.path
+        what = f"{method} {path}"
+        if method in ("GET", "HEAD") and _READ_ONLY.fullmatch(path):
+            return body
+        if method == "POST" and path == "/containers/create":
+            return self._check_create(body or b"", request.first("name"))
+        if method == "POST" and path == "/build":
+            self._check_build(request, spool)
+            return None
+        if method == "DELETE" and path.startswith("/images/"):
+            name = _tagged(path[len("/images/"):])
+            with self._lock:
+                if name not in self.built:
+                    raise Refused(f"{what}: only images this runner built may be removed")
+            return body
+        if method == "POST" and path == "/images/create":
+            self._check_pull(request)
+            return body
+        if method == "POST" and path == "/volumes/create":
+            return _dump(_canon(_load_json(body or b"{}", what), _VOLUME, "volume"))
+        match = re.fullmatch(r"/containers/" + _ID + r"(/[a-z]+)?", path)
+        if match:
+            return self._container_call(request, body, match.group(1), match.group(2) or "")
+        match = re.fullmatch(r"/exec/" + _ID + r"/(start|resize|json)", path)
+        if match:
+            info = self._inspect(f"/exec/{quote(match.group(1), safe='')}/json")
+            self._require_owned_container(str(info.get("ContainerID", "")), what)
+            if match.group(2) == "start" and body:
+                return _dump(_canon(_load_json(body, what), _EXEC_START, "exec start"))
+            return body
+        raise Refused(f"{what} is not allowed")
+
+    def _container_call(self, request: _Request, body: bytes | None, ident: str, call: str) -> bytes | None:
+        what = f"{request.method} {request.path}"
+        if request.method not in _CONTAINER_CALLS.get(call, ()):
+            raise Refused(f"{what} is not allowed")
+        info = self._require_owned_container(ident, what)
+        if call in ("/start", "/restart"):
+            self._check_started_binds(info, what)
+        if call == "/exec":
+            return _dump(_canon(_load_json(body or b"{}", what), _EXEC, "exec"))
+        if call == "/update":
+            return _dump(_canon(_load_json(body or b"{}", what), _UPDATE, "update"))
+        return body
+
+    def _check_pull(self, request: _Request) -> None:
+        what = "POST /images/create"
+        extra = sorted(set(request.query) - {"fromImage", "tag"})
+        if extra:  # fromSrc makes the engine download a URL; repo/changes/message/platform belong to imports
+            raise Refused(f"{what}: {', '.join(extra)} is not allowed")
+        image = request.first("fromImage")
+        name = re.sub(r"[@:][^/]*$", "", image)
+        if name not in self.policy.pull_repositories:
+            raise Refused(f"{what}: pulling {image!r} is not allowed "
+                          f"(allowed: {', '.join(self.policy.pull_repositories) or 'none'})")
+        request.set_query([("fromImage", image), *(("tag", t) for t in request.query.get("tag", [])[:1])])
+
+
+    def _check_create(self, body: bytes, name: str) -> bytes:
+        spec = _canon(_load_json(body, "POST /containers/create"), _CREATE, "create")
+        host: dict[str, Any] = spec.get("HostConfig") or {}
+        if "Binds" in host:
+            host["Binds"] = [self._check_bind(str(bind)) for bind in host["Binds"]]
+        for mount in host.get("Mounts") or []:
+            kind = mount.get("Type")
+            if kind == "bind":
+                mount["Source"] = self._resolved_source(str(mount.get("Source") or ""))
+            elif mount.get("Source"):
+                raise Refused(f"HostConfig.Mounts: a named {kind} {mount['Source']!r} is not allowed (anonymous only)")
+        labels = dict(spec.get("Labels") or {})
+        labels.pop(GATEWAY_LABEL, None)
+        labels[LABEL] = self.policy.token
+        spec["NetworkDisabled"] = False
+        host["NetworkMode"] = "none"
+        if self.policy.gateway is not None:
+            gateway = self._start_gateway(self.policy.gateway, name)
+            labels[GATEWAY_LABEL] = gateway
+            host["NetworkMode"] = f"container:{gateway}"
+            # What the engine refuses beside a container network mode (the gateway's namespace has them).
+            for key in ("Hostname", "Domainname", "MacAddress", "ExposedPorts"):
+                spec.pop(key, None)
+            for key in ("Dns", "DnsOptions", "DnsSearch", "ExtraHosts"):
+                host.pop(key, None)
+        spec["HostConfig"] = host
+        spec["Labels"] = labels
+        return _dump(spec)
+
+    def _check_bind(self, bind: str) -> str:
+        """A ``Binds`` entry as the engine's Linux parser splits it; forwarded with the source resolved."""
+        parts = bind.split(":")
+        if len(parts) == 1:
+            return bind  # a destination only: an anonymous volume
+        if len(parts) > 3 or not parts[0] or not parts[0].startswith("/"):
+            raise Refused(f"HostConfig.Binds {bind!r}: only a host path under the run dir may be bound "
+                          "(no named volumes)")
+        modes = parts[2].split(",") if len(parts) == 3 else []
+        if not set(modes) <= _BIND_MODES:
+            raise Refused(f"HostConfig.Binds {bind!r}: mode {parts[2]!r} is not allowed")
+        return ":".join([self._resolved_source(parts[0]), *parts[1:]])
+
+    def _resolved_source(self, source: str) -> str:
+        real = os.path.realpath(source)
+        if not source.startswith("/") or not self._under_roots(Path(real)) or ":" in real or "," in real:
+            raise Refused(f"bind mount of {source} is not allowed (only under {', '.join(map(str, self._roots()))})")
+        return real
+
+    def _under_roots(self, real: Path) -> bool:
+        return any(real == root or root in real.parents for root in self._roots())
+
+    def _check_started_binds(self, info: dict[str, Any], what: str) -> None:
+        """Each bind source must still be its own resolved path under the roots when the engine mounts it.
+
+        The engine mounts a bind source by path when the container starts, so a directory under the run
+        dir swapped for a symlink after create would be followed then (create forwarded resolved paths,
+        so any symlink now on the path is a swap). A window is left: between this check and the
+        engine's mount() the runner, which can write in the run dir, can still swap a component. What
+        closes it is the sandbox's rootless engine (its root is not the host's), not this proxy."""
+        host = info.get("HostConfig") or {}
+        sources = [str(m.get("Source") or "") for m in info.get("Mounts") or [] if m.get("Type") == "bind"]
+        sources += [str(b).split(":")[0] for b in host.get("Binds") or [] if str(b).startswith("/")]
+        sources += [str(m.get("Source") or "") for m in host.get("Mounts") or [] if m.get("Type") == "bind"]
+        for source in sources:
+            real = os.path.realpath(source)
+            if real != os.path.normpath(source) or not self._under_roots(Path(real)):
+                raise Refused(f"{what}: bind source {source} is now a symlink or outside the run dir")
+
+    # --- /build --------------------------------------------------------------------------
+
+    def _check_build(self, request: _Request, spool: IO[bytes] | None) -> None:
+        what = "POST /build"
+        if "remote" in request.query:
+            raise Refused(f"{what}: a remote build context (fetched by the engine) is not allowed")
+        unknown = sorted(set(request.query) - _BUILD_QUERY)
+        if unknown:
+            raise Refused(f"{what}: {', '.join(unknown)} is not allowed")
+        mode = request.first("networkmode")
+        if mode not in ("", "default", "none"):
+            raise Refused(f"{what}: networkmode {mode} is not allowed (build steps run with network none)")
+        if request.first("pull").strip().lower() not in _FALSE:
+            raise Refused(f"{what}: pull is not allowed (the engine would fetch the base images)")
+        if request.first("version") not in ("", "1"):
+            raise Refused(f"{what}: only the classic builder (version 1) is allowed")
+        pairs = [(k, v) for k, values in request.query.items() if k != "networkmode" for v in values]
+        request.set_query([*pairs, ("networkmode", "none")])
+        if spool is not None and spool.seek(0, os.SEEK_END):
+            for text in _context_dockerfiles(spool, request.first("dockerfile")):
+                self._check_dockerfile(text)
+        with self._lock:
+            self.built.update(_tagged(t) for t in request.query.get("t", []))
+
+    def _check_dockerfile(self, text: str) -> None:
+        """No instruction that makes the engine fetch: read with either escape character (``# escape=``)."""
+        for escape in ("\\", "`"):
+            stages: list[str] = []
+            for keyword, args in _instructions(text, escape):
+                if keyword == "ONBUILD":
+                    raise Refused("Dockerfile ONBUILD is not allowed (a trigger runs in another build)")
+                if keyword == "ADD":
+                    _check_add(args)
+                if keyword == "FROM":
+                    stages.append(self._check_from(args, stages))
+                if keyword == "COPY":
+                    for word in args.split():
+                        if word.lower().startswith("--from="):
+                            self._check_base(word.split("=", 1)[1], stages)
+
+    def _check_from(self, args: str, stages: list[str]) -> str:
+        words = args.split()
+        if not words or words[0].startswith("--"):
+            raise Refused(f"Dockerfile FROM {args!r}: flags are not allowed (--platform makes the engine pull)")
+        self._check_base(words[0], stages)
+        return words[2].lower() if len(words) == 3 and words[1].lower() == "as" else ""
+
+    def _check_base(self, image: str, stages: list[str]) -> None:
+        """A build stage, or an image already in the engine without ONBUILD triggers (never a pull)."""
+        if image.lower() in stages or image.isdigit() or image == "scratch":
+            return
+        if "$" in image:
+            raise Refused(f"Dockerfile base {image!r}: a variable is not allowed")
+        try:
+            info = self._inspect(f"/images/{quote(image, safe='')}/json")
+        except NotFound:
+            raise Refused(f"Dockerfile base {image!r} is not in the engine (the build would pull it)") from None
+        if (info.get("Config") or {}).get("OnBuild"):
+            raise Refused(f"Dockerfile base {image!r} has ONBUILD triggers")
+
+    # --- model gateways ------------------------------------------------------------------
+
+    def _start_gateway(self, gateway: ModelGateway, name: str) -> str:
+        spec = {
+            "Image": gateway.image,
+            "Entrypoint": ["python3", "-m", "pipeline.infra.sandbox.relay"],
+            "Cmd": [f"{gateway.mount}/{gateway.socket_name}", str(GATEWAY_PORT)],
+            "Env": ["PYTHONDONTWRITEBYTECODE=1"],
+            "Labels": {**gateway.labels, LABEL: self.policy.token, GATEWAY_LABEL: "1"},
+            "HostConfig": {"NetworkMode": "none", "Binds": [f"{gateway.socket_dir}:{gateway.mount}:rw"],
+                           "CapDrop": ["ALL"], "SecurityOpt": ["no-new-privileges"], "ReadonlyRootfs": True},
+        }
+        query = f"?name={quote(name + '-model-gateway', safe='')}" if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,100}", name) else ""
+        status, data = self._call("POST", f"/containers/create{query}", spec)
+        if status != 201:
+            raise Refused(f"could not create the model gateway: the engine answered {status}: {data[:300]!r}")
+        ident = str(json.loads(data)["Id"])
+        with self._lock:
+            self.gateways.add(ident)
+        status, data = self._call("POST", f"/containers/{ident}/start", None)
+        if status not in (204, 304):
+            self._remove_gateway(ident)
+            raise Refused(f"could not start the model gateway: the engine answered {status}: {data[:300]!r}")
+        return ident
+
+    def _remove_gateway(self, ident: str) -> None:
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            status, _ = self._call("DELETE", f"/containers/{ident}?force=1", None)
+            if status in (204, 404):
+                with self._lock:
+                    self.gateways.discard(ident)
+                return
+        log.warning("engine proxy: could not remove model gateway %s", ident)
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, bytes]:
+        conn = _UnixHTTPConnection(self.upstream)
+        try:
+            raw = json.dumps(body).encode() if body is not None else None
+            headers = {"Connection": "close", **({"Content-Type": "application/json"} if raw is not None else {})}
+            conn.request(method, path, body=raw, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def _roots(self) -> Iterable[Path]:
+        return tuple(Path(os.path.realpath(r)) for r in self.policy.bind_roots)
+
+    def _inspect(self, path: str) -> dict[str, Any]:
+        conn = _UnixHTTPConnection(self.upstream)
+        try:
+            conn.request("GET", path, headers={"Connection": "close"})
+            response = conn.getresponse()
+            data = response.read()
+        finally:
+            conn.close()
+        if response.status == 404:
+            raise NotFound(f"{path}: no such object")
+        if response.status != 200:
+            raise Refused(f"{path}: the engine answered {response.status}")
+        result: dict[str, Any] = json.loads(data)
+        return result
+
+    def _require_owned_container(self, ident: str, what: str) -> dict[str, Any]:
+        if not ident:
+            raise Refused(f"{what}: no container")
+        info = self._inspect(f"/containers/{quote(ident, safe='')}/json")
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL) != self.policy.token:
+            raise Refused(f"{what}: container {ident} was not created by this runner")
+        if labels.get(GATEWAY_LABEL) == "1":
+            raise Refused(f"{what}: container {ident} is a model gateway")
+        return info

@@ -1,0 +1,225 @@
+"""Grade a run from Harbor's result.json files (never from an exit code).
+
+Per planned trial (``trials.json``, written by ``benchseal trial run``) the rule is
+``pipeline.core.scoring.grade_result``, the one the seal job and ``benchseal verify`` recompute the score
+with: no or unreadable result.json, a reward that is not a number in [0, 1], or an exception that
+is not the agent's -> ``infra_error``; reward 1 -> ``resolved``; otherwise ``unresolved``.
+
+A run whose infrastructure errors exceed the policy threshold is FAILED with
+no score; otherwise score = resolved / completed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
+
+from pipeline.core.contracts import GradeCounts, Grading, TrialRecord
+from pipeline.core.documents import TrialsPlan, load_document
+from pipeline.core.errors import ValidationError
+from pipeline.core.scoring import AGENT_EXCEPTIONS, count, grade_result, score_of
+from pipeline.infra.intake.policy import InfraPolicy
+from pipeline.infra.queue.sql import RunRecord
+from pipeline.runner.trial import TRIALS_FILE
+
+__all__ = ["AGENT_EXCEPTIONS", "RecordedTrial", "RunnerInfo", "grade_run", "grade_trial", "grade_trials",
+           "infra_error_grading", "read_plan"]
+
+
+@dataclass(frozen=True)
+class RunnerInfo:
+    """What ``docker inspect`` of the runner container said it ran."""
+
+    image_id: str | None
+    digest: str | None  # the RepoDigest of the payload's repository, when present
+
+
+def _seconds(phase: Any) -> float | None:
+    if not isinstance(phase, dict) or not phase.get("started_at") or not phase.get("finished_at"):
+        return None
+    try:
+        start = datetime.fromisoformat(str(phase["started_at"]))
+        end = datetime.fromisoformat(str(phase["finished_at"]))
+        return round((end - start).total_seconds(), 3)
+    except (ValueError, TypeError, OverflowError):  # not Harbor's timestamps: no timing, never a crash
+        return None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _model_usage(agent_result: Any) -> dict[str, Any]:
+    """Model calls and tokens from Harbor's agent_result (terminus-2 fills them; test agents do not)."""
+    if not isinstance(agent_result, dict):
+        return {}
+    raw_metadata = agent_result.get("metadata")
+    metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
+    times = metadata.get("api_request_times_msec")
+    calls = len(times) if isinstance(times, list) else _count(metadata.get("n_episodes"))
+    usage = {"model_calls": calls, "input_tokens": _count(agent_result.get("n_input_tokens")),
+             "output_tokens": _count(agent_result.get("n_output_tokens"))}
+    return {k: v for k, v in usage.items() if v is not None}
+
+
+class RecordedTrial(BaseModel):
+    """One graded trial as the worker that ran it records it in the queue (``trials.result``), for
+    the grader, possibly on another host: ``benchseal.recorded-trial/v1``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    schema_: Literal["benchseal.recorded-trial/v1"] = Field(default="benchseal.recorded-trial/v1", alias="schema")
+    trial: TrialRecord
+    failure: str | None = None  # the batch's failure (timeout, a wrong runner): fails the run
+    agent_version: str | None = None
+    model: str | None = None
+    host: str = Field(min_length=1, max_length=255)
+    batch_dir: str = Field(min_length=1, max_length=4096)
+
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True)
+
+    @classmethod
+    def parse(cls, text: str, task: str, trial_name: str, agent: str) -> RecordedTrial | TrialRecord:
+        """The recorded trial, or (a row that does not validate, or names another trial) an
+        infrastructure-error TrialRecord: fail closed, never a stuck run."""
+        try:
+            recorded = cls.model_validate_json(text)
+        except PydanticValidationError:
+            recorded = None
+        if recorded is None or recorded.trial.task != task or recorded.trial.trial_name != trial_name:
+            return TrialRecord(task=task, trial_name=trial_name, agent_name=agent, outcome="infra_error", reward=None,
+                               exception_type="UnreadableTrialRecord")
+        return recorded
+
+
+def read_plan(run_dir: Path) -> TrialsPlan | None:
+    """The runner's trials.json through its model; None when missing or not a valid plan (no trials graded)."""
+    try:
+        return load_document(TrialsPlan, run_dir / TRIALS_FILE)
+    except (OSError, ValidationError):
+        return None
+
+
+def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runner: RunnerInfo, harbor_version: str | None) -> TrialRecord:
+    base: dict[str, Any] = {"task": task, "trial_name": trial_name, "agent_name": agent,
+                            "runner_digest": runner.digest, "harbor_version": harbor_version}
+    try:
+        raw: bytes | None = result_path.read_bytes()
+    except FileNotFoundError:
+        raw = None
+    except OSError:
+        return TrialRecord(**base, outcome="infra_error", reward=None, exception_type="UnreadableTrialResult")
+    graded = grade_result(raw)  # the one rule (sealing and verify recompute it from the same bytes)
+    data = graded.data
+    if not data:
+        return TrialRecord(**base, outcome=graded.outcome, reward=graded.reward, exception_type=graded.exception_type)
+    raw_info = data.get("agent_info")
+    info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
+    usage = _model_usage(data.get("agent_result"))
+    return TrialRecord(
+        **{**base, "agent_name": str(info.get("name") or agent), **usage},
+        outcome=graded.outcome,
+        reward=graded.reward,
+        exception_type=graded.exception_type,
+        agent_version=None if info.get("version") is None else str(info["version"]),
+        started_at=_text(data.get("started_at")),
+        finished_at=_text(data.get("finished_at")),
+        agent_seconds=_seconds(data.get("agent_execution")),
+        verifier_seconds=_seconds(data.get("verifier")),
+        total_seconds=_seconds({"started_at": data.get("started_at"), "finished_at": data.get("finished_at")}),
+    )
+
+
+def grade_run(
+    run_dir: Path,
+    record: RunRecord,
+    policy: InfraPolicy,
+    runner: RunnerInfo,
+    *,
+    started_at: str,
+    finished_at: str,
+    failure: str | None = None,
+) -> Grading:
+    """Grade ``run_dir``; ``failure`` (timeout, runner usage error) forces FAILED with no score."""
+    payload = record.payload
+    plan = read_plan(run_dir)
+    harbor_version = plan.harbor_version if plan else None
+    planned = [(t.task, t.trial_name) for t in plan.trials] if plan else []
+    trials = tuple(
+        grade_trial(run_dir / "harbor" / name / "result.json", task, name, payload.agent, runner, harbor_version)
+        for task, name in planned
+    )
+    return grade_trials(record, policy, trials, started_at=started_at, finished_at=finished_at, failure=failure,
+                        harbor_version=harbor_version, agent_version_pin=plan.agent_version if plan else None,
+                        model=plan.model if plan else None)
+
+
+def grade_trials(
+    record: RunRecord,
+    policy: InfraPolicy,
+    trials: tuple[TrialRecord, ...],
+    *,
+    started_at: str,
+    finished_at: str,
+    failure: str | None = None,
+    harbor_version: str | None = None,
+    agent_version_pin: str | None = None,
+    model: str | None = None,
+) -> Grading:
+    """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score."""
+    payload = record.payload
+    counts = count(t.outcome for t in trials)
+    infra = counts.infra_errors
+    reason: str | None = failure
+    if reason is None and not trials:
+        reason = "no trials were planned (trials.json missing or empty)"
+    if reason is None and policy.infra_errors_exceed_threshold(infra, len(trials)):
+        reason = (f"{infra} of {len(trials)} trials are infrastructure errors, more than "
+                  f"{policy.infra_error_threshold_percent:g}% allowed")
+    if reason is None and counts.completed == 0:
+        reason = "no trial completed"
+    ok = reason is None
+    return Grading(
+        run_id=record.run_id,
+        status="SUCCEEDED" if ok else "FAILED",
+        reason=reason,
+        suite=payload.suite,
+        agent=payload.agent,
+        counts=counts,
+        score=score_of(counts) if ok else None,
+        trials=trials,
+        harbor_version=harbor_version,
+        agent_version_pin=agent_version_pin,
+        model=model,
+        runner_ref=payload.runner,
+        api_ref=payload.api,
+        started_at=started_at,
+        finished_at=finished_at,
+    )
+
+
+def infra_error_grading(record: RunRecord, reason: str, *, started_at: str, finished_at: str) -> Grading:
+    """The grading of a run that ended in INFRA_ERROR: counts only, no score."""
+    return Grading(
+        run_id=record.run_id,
+        status="INFRA_ERROR",
+        reason=reason,
+        suite=record.payload.suite,
+        agent=record.payload.agent,
+        counts=GradeCounts(total=0, completed=0, resolved=0, unresolved=0, infra_errors=0),
+        score=None,
+        runner_ref=record.payload.runner,
+        api_ref=record.payload.api,
+        started_at=started_at,
+        finished_at=finished_at,
+    )

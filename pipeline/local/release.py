@@ -1,0 +1,325 @@
+"""``benchseal release vX.Y.Z --local``: the whole chain on this machine, verified at the end.
+
+It drives each stage through the same public API the GitHub flow uses, so the demo
+exercises the production code paths:
+
+build_images -> DispatchPayload -> infra accept_payload (what the workflow's
+``benchseal infra accept`` runs) -> worker run_once, grading only (the infra host's
+service) -> what benchmark.yml's seal job does: export_run (the export wrapper's
+``benchseal infra export``), import_run + seal_run (``benchseal evidence --from-export``)
+with the local signer as that job's identity, publish_request (``benchseal publish``) to
+dist/releases/<tag>/ -> verify_release and the body's commands on the published directory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shlex
+import subprocess
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from pipeline.attest.images import (
+    BuildInvocation,
+    ImageIdentityPolicy,
+    ImageSigner,
+    SigstoreEndpoints,
+    attest_images,
+    image_identity,
+    verify_image,
+)
+from pipeline.core.contracts import Grading, PublicationRequest
+from pipeline.core.errors import CheckFailed, UsageError
+from pipeline.core.fsutil import atomic_write_json
+from pipeline.core.paths import REPO_ROOT, state_dir
+from pipeline.dispatch.dispatch import build_payload, new_correlation_id
+from pipeline.imaging.build import build_images_with_results
+from pipeline.imaging.images import source_info
+from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.intake.policy import InfraPolicy, load_policy
+from pipeline.infra.queue.sql import TERMINAL_STATES, SqliteQueue
+from pipeline.infra.sandbox import engine as sandbox
+from pipeline.infra.worker.export import export_run, import_run
+from pipeline.infra.worker.loop import WorkerConfig, run_once
+from pipeline.local import sigstore as sigstore_local
+from pipeline.local.model import scripted_model_for
+from pipeline.local.signing import local_signer
+from pipeline.local.stages import StageClock
+from pipeline.publish.outbox import publish_request
+from pipeline.publish.seal import seal_run
+from pipeline.publish.targets import LocalTarget, PublishError
+from pipeline.verify.external import cosign_commands, image_command_lines, local_benchseal
+from pipeline.verify.release import verify_release
+
+TAG_RE = re.compile(r"\Av\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?\Z")
+
+
+def _queue_wait(events: Sequence[Any]) -> float:
+    """Seconds from accept to the (last) claim, from the queue's audit trail."""
+
+    def parse(text: str) -> datetime:
+        return datetime.fromisoformat(text)  # Python >= 3.11 reads a "Z" offset
+
+    accepted = next((e.at for e in events if e.event == "accepted"), None)
+    claimed = [e.at for e in events if e.event == "claimed"]
+    if accepted is None or not claimed:
+        return 0.0
+    return max(0.0, (parse(claimed[-1]) - parse(accepted)).total_seconds())
+
+
+@dataclass
+class ReleaseReport:
+    tag: str
+    release_dir: str
+    run_id: str
+    status: str
+    score: float | None
+    counts: dict[str, int]
+    images: dict[str, str]
+    images_reused: bool
+    source: dict[str, str]
+    stages: dict[str, float]
+    trials: dict[str, float] = field(default_factory=dict)
+    verified: dict[str, Any] = field(default_factory=dict)
+    publication: dict[str, Any] = field(default_factory=dict)
+    bytes_pushed: int = 0
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
+    """Run the consumer's verification commands exactly as the release body shows them.
+
+    They only read the release directory, so they run side by side; a failure is reported
+    for the first failing command in the body's order.
+    """
+
+    def run(line: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, check=False)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(commands)))) as pool:
+        results = list(pool.map(run, commands))
+    for line, done in zip(commands, results, strict=True):
+        if done.returncode != 0:
+            raise CheckFailed(f"verification command failed in {cwd}: {line}\n{(done.stderr or done.stdout).strip()}")
+    return list(commands)
+
+
+def _attest_as_release_workflow(images: dict[str, str], repository: str, commit: str, tag: str, instance: Any,
+                                endpoints: SigstoreEndpoints, policy: ImageIdentityPolicy, sbom_dir: Path) -> None:
+    """What tag.yml's build job does in Actions: cosign signs and attests as that job's identity.
+
+    The private instance serves the job's OIDC token the way Actions does; images that already
+    carry a verified signature and attestations by this exact identity are not signed again.
+    """
+
+    unsigned = {}
+    for role, ref in images.items():
+        try:
+            verify_image(ref, policy, endpoints, allow_http_registry=True)
+        except CheckFailed:
+            unsigned[role] = ref
+    if not unsigned:
+        return
+    job = sigstore_local.GitHubJob(repository=repository, ref=f"refs/tags/{tag}", sha=commit, workflow_file="tag.yml")
+    session = sigstore_local.open_actions_session(instance, job)
+    invocation = BuildInvocation(repository=repository, ref=job.ref, commit=commit, workflow_ref=job.job_workflow_ref,
+                                 run_url=f"https://github.com/{repository}/actions/runs/{job.run_id}/attempts/{job.run_attempt}")
+    signer = ImageSigner(endpoints, allow_http_registry=True, actions_env=session.environ())
+    attest_images(unsigned, signer, invocation, sbom_dir)
+
+
+def _verify_images(images: dict[str, str], repository: str, tag: str, commit: str,
+                   endpoints: SigstoreEndpoints) -> list[str]:
+    """A consumer's cosign checks of both images: the exact identity at the release's commit
+    passes; a fork's identity, and the right one at another commit, are refused."""
+    policy = image_identity(repository, tag, commit)
+    other_commit = format(int(commit, 16) ^ 1, "040x")
+    impostors = (image_identity("impostor/" + repository.split("/", 1)[1], tag, commit),
+                 image_identity(repository, tag, other_commit))
+    checked = []
+    for role, ref in sorted(images.items()):
+        verify_image(ref, policy, endpoints, allow_http_registry=True)
+        for impostor in impostors:
+            try:
+                verify_image(ref, impostor, endpoints, allow_http_registry=True, attestations=())
+            except CheckFailed:
+                continue
+            raise CheckFailed(f"{role} image {ref} verified for the wrong identity {impostor.describe()}")
+        checked.append(f"{role}: signature, slsaprovenance1 and cyclonedx by {policy.describe()}; "
+                       + " and ".join(i.describe() for i in impostors) + " refused")
+    return checked
+
+
+def release_local(
+    tag: str,
+    *,
+    names: ImageNames | str | None = None,
+    dist: Path | None = None,
+    suite: str = "smoke",
+    agent: str = "oracle",
+    console: Console | None = None,
+    scripted_model: str | None = None,
+    policy: Path | None = None,
+) -> ReleaseReport:
+    """``names``: the image names (default: the configured ones, pipeline.imaging.names, whose
+    local default is 127.0.0.1:5055/benchseal/); ``policy``: the infra policy that must admit
+    them (default policies/infra.yaml)."""
+    if not TAG_RE.match(tag):
+        raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
+
+    resolved = resolve_image_names() if names is None else as_names(names)
+    infra_policy = load_policy(policy)
+    # Before anything is built: the policy must admit these names for this source repository.
+    repository = source_info().repository
+    for role in ("runner", "api"):
+        infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
+    # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
+    with scripted_model_for(agent, suite, scripted_model):
+        return _release_local(tag, names=resolved, dist=dist, suite=suite, agent=agent, console=console,
+                              policy=infra_policy)
+
+
+def _release_local(
+    tag: str,
+    *,
+    names: ImageNames,
+    dist: Path | None,
+    suite: str,
+    agent: str,
+    console: Console | None,
+    policy: InfraPolicy,
+) -> ReleaseReport:
+
+
+    dist = dist or REPO_ROOT / "dist" / "releases"
+    work = state_dir("release", tag)
+    with StageClock(console) as clock, ExitStack() as stack:
+        with clock.stage("setup", "Private Sigstore instance"):
+            instance = sigstore_local.ensure_running()  # starts the instance unless it answers
+
+        with clock.stage("build", f"Building runner and api images as {names.prefix}{{runner,api}}"):
+            digests, results = build_images_with_results(("runner", "api"), names, work / "digests.json", (tag,))
+        push_seconds = sum(r.seconds_push for r in results)
+        clock.add("build", -push_seconds)
+        clock.add("push", push_seconds)
+        bytes_pushed = sum(r.stats.bytes_uploaded for r in results)
+        images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
+        image_policy = image_identity(digests.source.repository, tag, digests.source.commit)
+        endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
+        with clock.stage("attest", "Signing and attesting both images as the release workflow (cosign)"):
+            _attest_as_release_workflow(images, digests.source.repository, digests.source.commit, tag, instance,
+                                        endpoints, image_policy, work / "image-sboms")
+        last_path = state_dir("release") / "last-digests.json"
+        reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
+        atomic_write_json(last_path, images)
+
+        # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.
+        # A new correlation id per invocation: a re-run benchmarks again instead of being
+        # folded into the earlier run by accept's idempotency key.
+        payload = build_payload(digests, correlation_id=new_correlation_id(), tag=tag, suite=suite, agent=agent)
+        source = payload.source.model_dump()
+        with clock.stage("dispatch", "Dispatching to infra accept"):
+            accepted = accept_payload(payload.to_json_dict(), policy=policy)
+        run_id = accepted.run_id
+
+        # The worker grades and signs nothing, as the infra host's service does. Then the run is sealed
+        # the way benchmark.yml's seal job seals it: exported as the export wrapper streams it,
+        # unpacked and checked, signed as that job's identity (benchmark.yml on main: the same issuer,
+        # identity and certificate claims, only under the local root), published. Here one checkout
+        # plays both repositories: the infra repository is the source repository.
+        infra_repository = payload.source.repository
+        seal_job = sigstore_local.GitHubJob(repository=infra_repository, ref="refs/heads/main",
+                                            sha=payload.source.commit, workflow_file="benchmark.yml",
+                                            event_name="workflow_dispatch")
+
+        queue = stack.enter_context(SqliteQueue())
+        grading: Grading | None = None
+        with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
+            # The worker checks the images' signatures against the private instance, as it would
+            # against public-good in production.
+            config = WorkerConfig(image_trust=endpoints, policy=policy)
+            sandbox.start()  # the rootless engine the runner runs on (no-op when ours answers)
+            for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
+                outcome = run_once(config)
+                if outcome is None:
+                    break
+                if outcome.run_id == run_id and outcome.state in TERMINAL_STATES:
+                    grading = outcome.grading
+                    break
+        if grading is None:
+            record = queue.get_run(run_id)
+            raise CheckFailed(f"the worker did not finish run {run_id} (state {record.state}: {record.reason})")
+        clock.add("queue_wait", _queue_wait(queue.events(run_id)))
+        trial_agent = sum(t.agent_seconds or 0.0 for t in grading.trials)
+        trial_verifier = sum(t.verifier_seconds or 0.0 for t in grading.trials)
+        trial_total = sum(t.total_seconds or 0.0 for t in grading.trials)
+
+        with clock.stage("evidence", "Sealing the graded run (export, evidence, signatures)"):
+            exported = io.BytesIO()
+            export_run(queue.get_run(run_id), queue.run_dir(run_id), exported)
+            exported.seek(0)
+            sealed_dir = import_run(exported, work / "sealed" / run_id, run_id)
+            sealed = seal_run(sealed_dir, signer=local_signer(github_job=seal_job), policy=policy)
+        clock.add("evidence", -sealed.evidence.signing_seconds)
+        clock.add("signing", sealed.evidence.signing_seconds)
+
+        with clock.stage("publication", f"Publishing to {dist / tag}"):
+            # What the seal job's `benchseal publish` does, to the local target.
+            request = PublicationRequest(
+                run_id=run_id, target="local", tag=payload.source.tag, artifacts_dir=str(sealed.evidence.artifacts),
+                options={"trigger": "tag", "root": str(dist), "repository": payload.source.repository,
+                         "trusted_root": str(instance.trusted_root), "infra_repository": infra_repository})
+            try:
+                published = publish_request(request, LocalTarget(dist))
+            except PublishError as exc:
+                raise CheckFailed(f"publication of run {run_id} failed: {exc.diagnostics()}") from None
+        mine = [{"run_id": run_id, **published.to_json_dict()}]
+
+        release_dir = dist / tag
+        with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
+            # The expectation is what this release was made for (the dispatched payload), stated
+            # explicitly, never read back from the release being verified.
+            verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
+                                      trusted_root=instance.trusted_root, offline=True, profile="production",
+                                      infra_repository=infra_repository)
+            # The body's commands, with this machine's cosign and benchseal binaries.
+            printed = cosign_commands(release_dir, repository=payload.source.repository, tag=payload.source.tag,
+                                      trusted_root=instance.trusted_root, profile="production",
+                                      benchseal=local_benchseal(), infra_repository=infra_repository)
+            printed += image_command_lines(release_dir, payload.source.repository, payload.source.tag,
+                                           trusted_root=instance.trusted_root, profile="production")
+            ran = run_commands(printed, release_dir)
+            image_checks = _verify_images(images, digests.source.repository, tag, digests.source.commit, endpoints)
+
+    stages = dict(clock.seconds)
+    return ReleaseReport(
+        tag=tag,
+        release_dir=str(release_dir),
+        run_id=run_id,
+        status=grading.status,
+        score=grading.score,
+        counts=grading.counts.model_dump(),
+        images=images,
+        images_reused=reused,
+        source=source,
+        stages=stages,
+        trials={"agent": trial_agent, "verifier": trial_verifier, "total": trial_total,
+                "harbor_overhead": max(0.0, trial_total - trial_agent - trial_verifier)},
+        verified={"benchseal_verify": True, "identity": verified.identity, "issuer": verified.issuer,
+                  "repository": verified.repository, "tag": verified.tag, "commit": verified.commit,
+                  "cosign_commands": ran, "images": image_checks},
+        publication=mine[0],
+        bytes_pushed=bytes_pushed,
+    )

@@ -1,0 +1,36 @@
+"""The short human report printed at the end of ``benchseal release --local``."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.local.release import ReleaseReport
+
+
+def render_report(report: ReleaseReport, console: Console) -> None:
+    score = "not scored" if report.score is None else f"{report.score:.3f}"
+    table = Table(title=f"benchseal {report.tag}: {report.status}", show_header=True)
+    for column in ("score", "completed", "resolved", "unresolved", "infra errors", "total"):
+        table.add_column(column, justify="right")
+    counts = report.counts
+    table.add_row(score, str(counts.get("completed")), str(counts.get("resolved")), str(counts.get("unresolved")),
+                  str(counts.get("infra_errors")), str(counts.get("total")))
+    console.print(table)
+    for role, ref in sorted(report.images.items()):
+        console.print(f"{role:7} {ref}", soft_wrap=True, highlight=False)
+    console.print(f"images  {'reused (same digests as the last release run)' if report.images_reused else 'new digests (changed since the last release run)'}")
+    console.print(f"run     {report.run_id}")
+    console.print(f"release {report.release_dir}  (body.md + {len(report.publication.get('assets', {}))} assets)",
+                  soft_wrap=True, highlight=False)
+    verified = report.verified
+    console.print(f"verified: benchseal verify ok, {len(verified.get('cosign_commands', []))} sha256sum/cosign/"
+                  "benchseal commands ok", soft_wrap=True, highlight=False)
+    console.print(f"  as {verified.get('identity')} (issuer {verified.get('issuer')})", soft_wrap=True, highlight=False)
+    console.print(f"  for {verified.get('repository')} {verified.get('tag')} @ {verified.get('commit')}",
+                  soft_wrap=True, highlight=False)
+    for line in verified.get("images", []):
+        console.print(f"cosign  {line}", soft_wrap=True, highlight=False)
+    total = sum(v for v in report.stages.values() if v > 0)
+    console.print("stages  " + ", ".join(f"{k} {v:.1f}s" for k, v in report.stages.items()) + f"  (total {total:.1f}s)",
+                  soft_wrap=True, highlight=False)

@@ -1,0 +1,182 @@
+"""A Harbor docker environment that keeps secret values out of every argv.
+
+Harbor 0.26's docker backend passes exec environment variables as
+``docker compose exec -e KEY=VALUE`` (visible in ``/proc/*/cmdline``) and writes
+startup env values into a plain compose file. This subclass passes ``-e KEY``
+without a value and puts the values into the compose process's own environment,
+from which compose reads them; the startup compose file lists names only.
+
+It also removes per-trial work the suites do not need (measured in docs/infra.md):
+
+* ``stop_signal: SIGKILL`` on every service: a task's PID 1 (``sleep infinity``)
+  ignores SIGTERM, so ``compose down`` would wait its 10 s grace period;
+* ``pull_policy: never`` for prebuilt task images (the worker loads them by digest);
+* no ``compose down --remove-orphans`` before ``up``: compose projects are named
+  after the run's trials, and the worker removes a failed attempt's containers
+  before the next attempt starts;
+* teardown off the critical path: ``stop()`` hands ``compose down`` to a background
+  task and returns; ``drain_teardowns()`` (awaited by ``run_suite`` before it returns)
+  waits for all of them, so no container outlives the runner.
+
+``BENCHSEAL_HARBOR_DISABLE`` (comma-separated names of ``pipeline.runner.tunings.TUNINGS``)
+turns single changes off; only the benchmark uses it, to measure each one's effect.
+
+Imported only inside the runner image (or a host with harbor installed), via
+``EnvironmentConfig(import_path="pipeline.runner.harbor_env:SecretSafeDockerEnvironment")``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from harbor.constants import MAIN_SERVICE_NAME
+from harbor.environments.base import ExecResult
+from harbor.environments.docker import COMPOSE_NO_NETWORK_PATH, ENV_COMPOSE_NAME
+from harbor.environments.docker.docker import DockerEnvironment
+
+from pipeline.runner.tunings import enabled_tunings
+
+# Values for the compose subprocess currently being started from this asyncio task.
+_exec_values: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("benchseal_exec_values", default=None)
+
+IMPORT_PATH = "pipeline.runner.harbor_env:SecretSafeDockerEnvironment"
+# One JSON object per compose command and per start/stop, in each trial dir: where Harbor's time goes.
+TIMINGS_FILE = "compose-timings.jsonl"
+COMPOSE_DIR = Path(__file__).with_name("compose")
+COMPOSE_FAST_STOP_PATH = COMPOSE_DIR / "fast-stop.yaml"
+COMPOSE_NEVER_PULL_PATH = COMPOSE_DIR / "never-pull.yaml"
+# Teardowns started by stop() and not finished yet (all environments of this process).
+_teardowns: set[asyncio.Task[None]] = set()
+
+
+async def drain_teardowns() -> None:
+    """Wait until every environment stopped by this process is torn down."""
+    while _teardowns:
+        pending = list(_teardowns)
+        for task, result in zip(pending, await asyncio.gather(*pending, return_exceptions=True), strict=True):
+            if isinstance(result, BaseException):
+                # Harbor's stop() already logs compose failures; this is what escaped it (runner.log).
+                print(f"{task.get_name()}: {type(result).__name__}: {result}", flush=True)
+
+
+class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
+    """Docker environment whose compose argv and files carry env names, never values.
+
+    Every service it starts (agent and separate verifier alike: Harbor drops
+    ``extra_docker_compose`` for the verifier) also gets Harbor's no-network
+    overlay, so a trial has no network at all.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tunings = enabled_tunings()
+        self._starting = False
+
+    @property
+    def _docker_compose_paths(self) -> list[Path]:
+        paths: list[Path] = list(super()._docker_compose_paths)
+        if COMPOSE_NO_NETWORK_PATH not in paths:
+            paths.append(COMPOSE_NO_NETWORK_PATH)
+        if "stop-signal" in self._tunings:
+            paths.append(COMPOSE_FAST_STOP_PATH)
+        if "never-pull" in self._tunings and self._use_prebuilt:
+            paths.append(COMPOSE_NEVER_PULL_PATH)
+        return paths
+
+    def _write_env_compose_file(self) -> Path:
+        self._cleanup_env_compose_file()
+        self._env_compose_temp_dir = tempfile.TemporaryDirectory()
+        path = Path(self._env_compose_temp_dir.name) / ENV_COMPOSE_NAME
+        # A list entry "KEY" makes compose take the value from its own environment,
+        # which _compose_env_vars fills in (persistent env is merged there).
+        names = sorted(self._startup_env())
+        path.write_text(json.dumps({"services": {"main": {"environment": names}}}, indent=2))
+        result: Path = path
+        return result
+
+    def _compose_env_vars(self, include_os_env: bool = True) -> dict[str, str]:
+        env: dict[str, str] = super()._compose_env_vars(include_os_env=include_os_env)
+        env.update(self._startup_env())
+        env.update(_exec_values.get() or {})
+        return env
+
+    async def _compose_exec(
+        self,
+        command: str,
+        *,
+        service: str,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout_sec: int | None,
+        user: str | int | None,
+    ) -> Any:
+        exec_command = ["exec"]
+        if cwd:
+            exec_command.extend(["-w", cwd])
+        for key in env or {}:
+            exec_command.extend(["-e", key])
+        if user is not None:
+            exec_command.extend(["-u", str(user)])
+        exec_command.append(service)
+        if service == MAIN_SERVICE_NAME:
+            exec_command.extend(self._platform.exec_shell_args(command))
+        else:
+            exec_command.extend(["sh", "-c", command])
+        token = _exec_values.set(dict(env or {}))
+        try:
+            return await self._run_docker_compose_command(
+                exec_command,
+                check=False,
+                timeout_sec=timeout_sec,
+                on_output=self._output_callback(),
+            )
+        finally:
+            _exec_values.reset(token)
+
+    async def _run_docker_compose_command(self, command: list[str], *args: Any, **kwargs: Any) -> Any:
+        if self._starting and command == ["down", "--remove-orphans"] and "no-predown" in self._tunings:
+            return ExecResult(stdout=None, stderr=None, return_code=0)
+        started = time.monotonic()
+        try:
+            return await super()._run_docker_compose_command(command, *args, **kwargs)
+        finally:
+            self._record_timing(f"compose {command[0]}", started)
+
+    async def start(self, force_build: bool) -> None:
+        started = time.monotonic()
+        self._starting = True
+        try:
+            await super().start(force_build)
+        finally:
+            self._starting = False
+            self._record_timing("start", started)
+
+    async def stop(self, delete: bool) -> None:
+        if "async-stop" not in self._tunings:
+            await self._stop_now(delete)
+            return
+        task = asyncio.get_running_loop().create_task(self._stop_now(delete), name=f"teardown-{self.session_id}")
+        _teardowns.add(task)
+        task.add_done_callback(_teardowns.discard)
+
+    async def _stop_now(self, delete: bool) -> None:
+        started = time.monotonic()
+        try:
+            await super().stop(delete)
+        finally:
+            self._record_timing("stop", started)
+
+    def _record_timing(self, op: str, started: float) -> None:
+        # Measurement only: a failure to record never affects the trial.
+        try:
+            line = json.dumps({"session": self.session_id, "op": op, "seconds": round(time.monotonic() - started, 4)})
+            with (Path(self.trial_paths.trial_dir) / TIMINGS_FILE).open("a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+        except OSError:
+            pass

@@ -1,0 +1,187 @@
+"""Run a suite's Harbor trials (executed inside the runner image by ``benchseal trial run``).
+
+Local task paths only, ``HARBOR_TELEMETRY=0``, the secrets-safe docker
+environment (which also applies Harbor's no-network overlay). Secrets are
+handed over by NAME: the agent env holds ``${NAME}`` templates that Harbor
+resolves from this process's environment, so config.json never holds a value.
+
+The output directory gets ``harbor/<trial>/`` (Harbor's trial dirs) and
+``trials.json`` (which task ran in which trial dir); grading happens on the
+worker side from Harbor's result.json files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.trial.trial import Trial
+
+from pipeline.core.contracts import trial_name
+from pipeline.core.documents import PlannedTrial, TrialsPlan, dump_document
+from pipeline.core.errors import UsageError, ValidationError
+from pipeline.infra.sandbox.relay import TcpToUnixRelay
+from pipeline.runner.harbor_env import IMPORT_PATH, drain_teardowns
+from pipeline.runner.tunings import enabled_tunings
+
+ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
+TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
+TRIALS_FILE = "trials.json"
+@dataclass(frozen=True)
+class ModelAccess:
+    """How a model-backed agent reaches its model from the network-less runner."""
+
+    socket: Path  # the worker's relay socket (mounted)
+    path: str  # the endpoint's path, e.g. /v1
+    name: str  # LiteLLM model name
+    key_env: str  # env var (a secret_env name) holding the key
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    task: str
+    trial_name: str
+
+
+def discover_tasks(suite_dir: Path) -> list[str]:
+    """Task directory names (sorted) of a suite: every subdirectory with a task.toml."""
+    if not suite_dir.is_dir():
+        raise ValidationError("suite_dir", "must be an existing directory", str(suite_dir))
+    tasks = sorted(p.name for p in suite_dir.iterdir() if (p / "task.toml").is_file())
+    for name in tasks:
+        if not TASK_NAME_RE.match(name):
+            raise ValidationError("suite_dir", f"task directory name {name!r} must match {TASK_NAME_RE.pattern}")
+    if not tasks:
+        raise ValidationError("suite_dir", "contains no task (no */task.toml)", str(suite_dir))
+    return tasks
+
+
+def plan_trials(run_id: str, tasks: list[str]) -> list[TrialSpec]:
+    return [TrialSpec(task=t, trial_name=trial_name(t, run_id)) for t in tasks]
+
+
+def run_suite(
+    suite_dir: Path,
+    out_dir: Path,
+    *,
+    run_id: str,
+    agent: str,
+    secret_env: tuple[str, ...] = (),
+    concurrency: int = 3,
+    secret_dir: Path | None = None,
+    agent_version: str | None = None,
+    model: ModelAccess | None = None,
+) -> list[TrialSpec]:
+    """Run every task of ``suite_dir`` once with ``agent``; return the planned trials."""
+    for name in secret_env:
+        if not ENV_NAME_RE.match(name):
+            raise ValidationError("secret_env", f"must match {ENV_NAME_RE.pattern}", name)
+        if name not in os.environ and secret_dir is not None and (secret_dir / name).is_file():
+            # The worker mounts secrets as files: the value enters this process only, never Env or argv.
+            os.environ[name] = (secret_dir / name).read_text(encoding="utf-8")
+        if name not in os.environ:
+            raise UsageError(f"secret_env: {name} is not set in the environment")
+    harbor_version = _harbor_version()
+    if agent_version is not None and agent_version != harbor_version:
+        raise ValidationError("--agent-version", f"the policy pins {agent} to harbor {agent_version}; "
+                              f"this runner has harbor {harbor_version}", agent_version)
+    if model is not None:
+        if model.key_env not in secret_env:
+            raise ValidationError("--model-key-env", "must be one of the --secret-env names", model.key_env)
+        # The OpenAI-compatible client reads its key from here; nothing carries it further.
+        os.environ["OPENAI_API_KEY"] = os.environ[model.key_env]
+    if concurrency < 1:
+        raise ValidationError("concurrency", "must be >= 1", concurrency)
+    enabled_tunings()  # a bad BENCHSEAL_HARBOR_DISABLE is a usage error before any trial starts
+    os.environ["HARBOR_TELEMETRY"] = "0"
+    suite_dir = suite_dir.resolve()
+    out_dir = out_dir.resolve()
+    trials_dir = out_dir / "harbor"
+    trials_dir.mkdir(parents=True, exist_ok=True)
+    specs = plan_trials(run_id, discover_tasks(suite_dir))
+    dump_document(TrialsPlan(run_id=run_id, agent=agent, agent_version=agent_version, harbor_version=harbor_version,
+                             model=model.name if model else None,
+                             trials=tuple(PlannedTrial(task=s.task, trial_name=s.trial_name) for s in specs)),
+                  out_dir / TRIALS_FILE)
+    relay = None
+    api_base = None
+    if model is not None:
+        relay = TcpToUnixRelay(model.socket)
+        relay.start()
+        api_base = f"http://127.0.0.1:{relay.port}{model.path.rstrip('/')}"
+    try:
+        asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency, model, api_base))
+    finally:
+        if relay is not None:
+            relay.stop()
+    return specs
+
+
+def _harbor_version() -> str | None:
+
+    try:
+        return version("harbor")
+    except PackageNotFoundError:
+        return None
+
+
+async def _run_all(
+    suite_dir: Path,
+    trials_dir: Path,
+    specs: list[TrialSpec],
+    agent: str,
+    secret_env: tuple[str, ...],
+    concurrency: int,
+    model: ModelAccess | None = None,
+    api_base: str | None = None,
+) -> None:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(spec: TrialSpec) -> None:
+        async with gate:
+            await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env, model, api_base)
+
+    try:
+        results = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
+    finally:
+        # Environments tear down in the background (off each trial's critical path);
+        # none may outlive this process.
+
+        await drain_teardowns()
+    for spec, result in zip(specs, results, strict=True):
+        if isinstance(result, BaseException):
+            # The trial's own result.json (if any) carries the details; a trial
+            # without one is graded as an infrastructure error.
+            print(f"trial {spec.trial_name}: {type(result).__name__}: {result}", flush=True)
+
+
+async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...],
+                     model: ModelAccess | None = None, api_base: str | None = None) -> None:
+    config = TrialConfig(
+        task=TaskConfig(path=task_dir),
+        trial_name=trial_name,
+        trials_dir=trials_dir,
+        agent=_agent_config(AgentConfig, agent, secret_env, model, api_base),
+        environment=EnvironmentConfig(import_path=IMPORT_PATH, delete=True),
+    )
+    trial = await Trial.create(config)
+    await trial.run()
+
+
+def _agent_config(config_cls: Any, agent: str, secret_env: tuple[str, ...], model: ModelAccess | None,
+                  api_base: str | None) -> Any:
+    # Values stay templates (${NAME}) that Harbor resolves from this process's environment.
+    if model is None:
+        return config_cls(name=agent, env={name: "${" + name + "}" for name in secret_env})
+    # A model-backed agent runs in THIS process; Harbor hands AgentConfig.env to the task
+    # container (terminus-2 starts its tmux session with `-e KEY=VALUE`), so the env stays
+    # empty and LiteLLM reads the key from this process's environment (set in run_suite).
+    # No terminal recording: asciinema is not in the offline task images (and would be fetched).
+    return config_cls(name=agent, model_name=model.name, env={},
+                      kwargs={"api_base": api_base, "record_terminal_session": False})

@@ -1,0 +1,407 @@
+"""``benchseal verify``: check a release directory the way a consumer must.
+
+The consumer states what they expect (``Expectation``: source repository and tag, and
+from the policy the signer identity and issuer); nothing of it is read from the release.
+
+1. SHA256SUMS is signed by the expected identity/issuer, and every file in the
+   directory is listed in it with the right hash (``body.md``, the release notes,
+   is the only file allowed outside it);
+2. every ``<file>.sigstore.json`` bundle verifies for ``<file>`` against the
+   expected identity and issuer: a DSSE envelope for the in-toto statements
+   (``*.intoto.json``; the payload must be the exact bytes of ``<file>``), a message
+   signature for every other file;
+3. summary.json names the expected repository and tag, is internally consistent
+   (counts, status, score) and its image references are digest-pinned
+   (pipeline.core.digests) and exactly the provenance subjects; both statements name the
+   same source repository, tag and commit as summary.json; the summary provenance
+   binds summary.json and those digests, and each SBOM describes the image by that digest;
+4. the score is what the trials say: ``trial-results.json`` carries the plan and every trial's
+   result.json byte for byte as ``evidence-SHA256SUMS`` lists them (signed through SHA256SUMS);
+   each trial is graded again with the worker's rule (``pipeline.core.scoring``) and summary.json's
+   trials, counts and score must be exactly that.
+
+The first failure raises CheckFailed naming it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sigstore.errors import Error as SigstoreError
+from sigstore.hashes import Hashed
+from sigstore.models import Bundle, TrustedRoot
+from sigstore.verify import Verifier
+from sigstore.verify import policy as sigstore_policy  # not `policy`: pipeline.verify.policy is a submodule
+from sigstore_models.common.v1 import HashAlgorithm
+
+from pipeline.core import strictjson
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.documents import DigestSet, ProvenanceStatement, ReleaseSummary, TrialResults, parse_document
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.fsutil import is_plain_entry, sha256_file
+from pipeline.core.layout import (
+    CHECKSUMS,
+    CHECKSUMS_BUNDLE,
+    MANIFESTS,
+    NESTED_SUMS,
+    NOT_ASSETS,
+    PROVENANCE_IMAGES,
+    PROVENANCE_SUMMARY,
+    REQUIRED_SIGNED,
+    SBOMS,
+    SUMMARY,
+    TRIAL_RESULTS,
+    bundle_name,
+    is_statement,
+    nested_files,
+    parse_checksums,
+)
+from pipeline.core.scoring import (
+    PLAN_NAME,
+    Claim,
+    ClaimedTrial,
+    TrialEvidence,
+    check_claim,
+    evidence_trials,
+    is_result_name,
+)
+from pipeline.verify.policy import Expectation, expectation
+
+__all__ = ["VerifiedRelease", "check_summary", "select_profile", "verify_release"]
+
+INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+
+
+@dataclass(frozen=True)
+class VerifiedRelease:
+    """What was verified: the signer and the source the release is bound to."""
+
+    directory: Path
+    profile: str
+    identity: str
+    issuer: str
+    repository: str
+    tag: str
+    commit: str
+    bundles: tuple[str, ...]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {"directory": str(self.directory), "profile": self.profile, "identity": self.identity,
+                "issuer": self.issuer, "repository": self.repository, "tag": self.tag, "commit": self.commit,
+                "bundles": list(self.bundles)}
+
+
+def select_profile(profile: str | None, trusted_root: Path | None) -> str:
+    return profile or ("local" if trusted_root is not None else "production")
+
+
+def _read_json(path: Path) -> Any:
+    """Strict JSON: no duplicate keys, no NaN/Infinity (Python's json accepts both)."""
+    try:
+        return strictjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise CheckFailed(f"{path.name}: missing") from None
+    except (ValueError, RecursionError) as exc:
+        raise CheckFailed(f"{path.name}: not valid JSON ({exc})") from None
+
+
+def load_summary(directory: Path) -> ReleaseSummary:
+    """summary.json through its model (strict JSON first); CheckFailed names the field and rule."""
+    return check_summary(_read_json(directory / SUMMARY))
+
+
+def _verifier(trusted_root: Path | None, offline: bool) -> Any:
+
+    if trusted_root is not None:
+        try:
+            return Verifier(trusted_root=TrustedRoot.from_file(str(trusted_root)))
+        except FileNotFoundError:
+            raise ValidationError("--trusted-root", "file does not exist", str(trusted_root)) from None
+        except Exception as exc:
+            raise ValidationError("--trusted-root", f"is not a Sigstore trusted root: {exc}", str(trusted_root)) from None
+    try:
+        return Verifier.production(offline=offline)
+    except Exception as exc:
+        raise CheckFailed(f"cannot load the public-good trusted root (try --offline or --trusted-root): {exc}") from None
+
+
+def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expectation) -> None:
+    """Verify one bundle for one file; raise CheckFailed naming the bundle.
+
+    The kind of bundle is decided by the file, not by the bundle: an in-toto statement
+    (``*.intoto.json``) must be signed as a DSSE attestation, anything else as a message
+    signature over the file's digest.
+    """
+
+    name = bundle_file.name
+    if not target.is_file():
+        raise CheckFailed(f"{name}: the file it signs ({target.name}) is missing")
+    try:
+        raw = bundle_file.read_bytes()
+        bundle = Bundle.from_json(raw)
+    except FileNotFoundError:
+        raise CheckFailed(f"{name}: missing") from None
+    except Exception as exc:
+        raise CheckFailed(f"{name}: not a valid Sigstore bundle: {exc}") from None
+    is_dsse = bundle._dsse_envelope is not None
+    dsse_expected = is_statement(target.name)
+    if dsse_expected and not is_dsse:
+        raise CheckFailed(f"{name}: must be a DSSE attestation of the in-toto statement {target.name}; "
+                          "a plain message signature over the statement file is refused")
+    if is_dsse and not dsse_expected:
+        raise CheckFailed(f"{name}: is a DSSE envelope, but {target.name} is not an in-toto statement: "
+                          "it must be signed as a message signature over the file")
+    identity = sigstore_policy.Identity(identity=expect.identity, issuer=expect.issuer)
+    try:
+        if is_dsse:
+            payload_type, payload = verifier.verify_dsse(bundle, identity)
+            if payload_type != INTOTO_PAYLOAD_TYPE:
+                raise CheckFailed(f"{name}: DSSE payload type is {payload_type!r}, not {INTOTO_PAYLOAD_TYPE!r}")
+            if payload != target.read_bytes():
+                raise CheckFailed(f"{name}: the signed statement differs from {target.name}")
+        else:
+            digest = Hashed(algorithm=HashAlgorithm.SHA2_256, digest=bytes.fromhex(sha256_file(target)))
+            verifier.verify_artifact(digest, bundle, identity)
+    except CheckFailed:
+        raise
+    except (SigstoreError, ValueError) as exc:
+        raise CheckFailed(f"{name}: signature does not verify for {target.name} as {expect.identity} "
+                          f"(issuer {expect.issuer}): {exc}") from None
+
+
+def _refuse_irregular_entries(directory: Path) -> None:
+    """Every entry below ``directory`` is a regular file or a real directory.
+
+    A symbolic link anywhere on a path can point outside the release (and change between two
+    reads of it); a FIFO or a device is not evidence. Checked on the entries themselves (lstat),
+    before any file is read.
+    """
+    for root, dirs, names in os.walk(directory):  # does not descend into symlinked directories
+        dirs.sort()
+        for name in sorted(dirs + names):
+            path = Path(root) / name
+            if not is_plain_entry(path):
+                what = ("a symbolic link; a release holds only regular files and directories" if path.is_symlink()
+                        else "not a regular file or directory")
+                raise CheckFailed(f"{path.relative_to(directory).as_posix()}: {what}")
+
+
+def verify_checksums(directory: Path) -> dict[str, str]:
+    entries = parse_checksums((directory / CHECKSUMS).read_bytes())  # bytes: undecodable is a CheckFailed
+    for name, expected in entries.items():
+        path = directory / name
+        if "/" in name or not path.is_file():
+            raise CheckFailed(f"{CHECKSUMS}: lists {name}, which is missing")
+        if sha256_file(path) != expected:
+            raise CheckFailed(f"{name}: sha256 does not match SHA256SUMS")
+    subdirs = [p for p in directory.iterdir() if p.is_dir() and not p.is_symlink()]
+    for path in sorted(directory.iterdir()):
+        if path.name in NOT_ASSETS and not path.is_file():
+            raise CheckFailed(f"{path.name}: must be a regular file")
+        if path.name in entries or path.name in (CHECKSUMS, CHECKSUMS_BUNDLE) or path.name in NOT_ASSETS:
+            continue
+        if path in subdirs and NESTED_SUMS in entries:
+            continue  # checked below
+        raise CheckFailed(f"{path.name}: not covered by SHA256SUMS")
+    if subdirs and NESTED_SUMS in entries:
+        # Nested evidence is present only in a run dir (releases are flat): check it all.
+        nested = parse_checksums((directory / NESTED_SUMS).read_bytes(), NESTED_SUMS, nested=True)
+        for name, expected in nested.items():
+            path = directory / name
+            if not path.is_file() or path.is_symlink() or sha256_file(path) != expected:
+                raise CheckFailed(f"{name}: missing or does not match {NESTED_SUMS}")
+        for path in nested_files(directory):
+            if path.relative_to(directory).as_posix() not in nested:
+                raise CheckFailed(f"{path.relative_to(directory).as_posix()}: not covered by {NESTED_SUMS}")
+    return entries
+
+
+def load_statement(data: object, name: str) -> ProvenanceStatement:
+    """A provenance statement through its model (in-toto v1, SLSA provenance v1); CheckFailed names the field."""
+    try:
+        return parse_document(ProvenanceStatement, data, name)
+    except ValidationError as exc:
+        raise CheckFailed(f"{exc.field}: {exc.rule} (got {repr(exc.value)[:200]})") from None
+
+
+def _subjects(statement: ProvenanceStatement) -> set[tuple[str, str]]:
+    return {(s.name, f"sha256:{s.digest.sha256}") for s in statement.subject}
+
+
+def check_summary(data: object) -> ReleaseSummary:
+    """Parsed summary.json as ``ReleaseSummary``; raise CheckFailed naming the field and rule.
+
+    The model holds every rule (``pipeline.core.documents``): counts are non-negative strict integers
+    whose parts never exceed the whole; status is SUCCEEDED, FAILED or INFRA_ERROR; score is
+    present, null unless SUCCEEDED, and on SUCCEEDED equal to round(resolved / completed, 6)
+    with completed > 0; image refs are digest-pinned; source.commit is 40 lowercase hex.
+    """
+    try:
+        return parse_document(ReleaseSummary, data, SUMMARY)
+    except ValidationError as exc:
+        field = exc.field.removeprefix(f"{SUMMARY}: ")
+        if field == "(root)":  # a rule across fields: the message names them
+            raise CheckFailed(f"{SUMMARY}: {exc.rule}") from None
+        raise CheckFailed(f"{SUMMARY}: {field}: {exc.rule} (got {repr(exc.value)[:200]})") from None
+
+
+def check_source(summary: ReleaseSummary, expect: Expectation) -> str:
+    """summary.json's source must be the expected repository and tag; return its commit."""
+    for key, got, want in (("repository", summary.source.repository, expect.repository),
+                           ("tag", summary.source.tag, expect.tag)):
+        if got != want:
+            raise CheckFailed(f"{SUMMARY}: source.{key} is {got!r}, expected {want!r}: this release is not "
+                              f"the one you asked for")
+    return summary.source.commit
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    # The SBOM is CycloneDX (validated where it is made); verify reads one field of it.
+    return value if isinstance(value, dict) else {}
+
+
+def check_statement_source(statement: ProvenanceStatement, name: str, repository: str, tag: str,
+                           commit: str) -> None:
+    """The statement's source repository, tag and commit equal summary.json's (its types: the model)."""
+    definition = statement.predicate.buildDefinition
+    source = definition.externalParameters.source
+    if (source.repository, source.ref) != (repository, f"refs/tags/{tag}"):
+        raise CheckFailed(f"{name}: externalParameters.source is {source.to_json_dict()!r}, but summary.json is for "
+                          f"{repository} refs/tags/{tag}")
+    commits = [d for d in definition.resolvedDependencies if d.digest.gitCommit is not None]
+    uri = f"git+https://github.com/{repository}@refs/tags/{tag}"
+    if len(commits) != 1 or commits[0].uri != uri or commits[0].digest != DigestSet(gitCommit=commit):
+        raise CheckFailed(f"{name}: resolvedDependencies must name exactly one source, {uri} at commit {commit}, "
+                          f"the source of summary.json (got {[c.to_json_dict() for c in commits]!r})")
+
+
+def verify_consistency(directory: Path, summary: ReleaseSummary, repository: str, tag: str, commit: str) -> None:
+    # The model already checked each image entry (digest-pinned, ref = name@digest).
+    refs: dict[str, ImageRef] = {role: parse_ref(image.ref) for role, image in
+                                 (("runner", summary.images.runner), ("api", summary.images.api))}
+    expected = {(r.name, r.digest) for r in refs.values()}
+
+    images_st = load_statement(_read_json(directory / PROVENANCE_IMAGES), PROVENANCE_IMAGES)
+    if _subjects(images_st) != expected:
+        raise CheckFailed(f"{PROVENANCE_IMAGES}: subjects are not the runner and api images of summary.json")
+    check_statement_source(images_st, PROVENANCE_IMAGES, repository, tag, commit)
+
+    summary_st = load_statement(_read_json(directory / PROVENANCE_SUMMARY), PROVENANCE_SUMMARY)
+    if _subjects(summary_st) != {(SUMMARY, "sha256:" + sha256_file(directory / SUMMARY))}:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: subject is not this summary.json")
+    check_statement_source(summary_st, PROVENANCE_SUMMARY, repository, tag, commit)
+    definition = summary_st.predicate.buildDefinition
+    bound = {(d.name, f"sha256:{d.digest.sha256}") for d in definition.resolvedDependencies
+             if d.name in ("runner", "api")}
+    if bound != {(role, ref.digest) for role, ref in refs.items()}:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: does not bind summary.json to the runner and api digests")
+    if definition.internalParameters.run_id != summary.run_id:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: run_id {definition.internalParameters.run_id!r} is not "
+                          "summary.json's run")
+    correlation = definition.externalParameters.correlation_id
+    if correlation != summary.correlation_id:
+        raise CheckFailed(f"{PROVENANCE_SUMMARY}: correlation_id {correlation!r} is not summary.json's")
+
+    for role, ref in refs.items():
+        manifest = directory / MANIFESTS[role]
+        if not manifest.is_file() or "sha256:" + sha256_file(manifest) != ref.digest:
+            raise CheckFailed(f"{manifest.name}: missing or its sha256 is not the {role} digest {ref.digest}")
+        sbom = _read_json(directory / SBOMS[role])
+        component = _mapping(_mapping(sbom if isinstance(sbom, dict) else {}).get("metadata")).get("component")
+        component = _mapping(component)
+        if (component.get("name"), component.get("version")) != (ref.name, ref.digest):
+            raise CheckFailed(f"{SBOMS[role]}: describes {component.get('name')!r}@{component.get('version')!r}, "
+                              f"not {ref.ref}")
+
+
+def _decoded(content: str, name: str) -> bytes:
+    try:
+        return base64.b64decode(content, validate=True)
+    except (ValueError, binascii.Error):
+        raise CheckFailed(f"{TRIAL_RESULTS}: {name}: content is not base64") from None
+
+
+def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
+    """summary.json's trials, counts and score are what the shipped trial evidence says (graded again).
+
+    ``trial-results.json`` must carry exactly the plan and the result.json files evidence-SHA256SUMS
+    lists, with the bytes it lists them with; then every planned trial is graded with the worker's rule."""
+    try:
+        shipped = parse_document(TrialResults, _read_json(directory / TRIAL_RESULTS), TRIAL_RESULTS)
+    except ValidationError as exc:
+        raise CheckFailed(f"{exc.field}: {exc.rule}") from None
+    except CheckFailed as exc:
+        raise CheckFailed(f"{exc}; a release carries the trial evidence its score is graded from") from None
+    if shipped.run_id != summary.run_id:
+        raise CheckFailed(f"{TRIAL_RESULTS}: run_id {shipped.run_id!r} is not summary.json's {summary.run_id!r}")
+    listed = (parse_checksums((directory / NESTED_SUMS).read_bytes(), NESTED_SUMS, nested=True)
+              if (directory / NESTED_SUMS).is_file() else {})
+    carried: dict[str, bytes] = {}
+    for entry in shipped.files:
+        if entry.name in carried:
+            raise CheckFailed(f"{TRIAL_RESULTS}: {entry.name} is carried twice")
+        if entry.name != PLAN_NAME and not is_result_name(entry.name):
+            raise CheckFailed(f"{TRIAL_RESULTS}: {entry.name!r} is neither {PLAN_NAME} nor a trial's result.json")
+        data = _decoded(entry.content, entry.name)
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != entry.sha256 or listed.get(entry.name) != digest:
+            raise CheckFailed(f"{TRIAL_RESULTS}: {entry.name}: its bytes (sha256 {digest}) are not what {NESTED_SUMS} "
+                              f"lists ({listed.get(entry.name, 'nothing')})")
+        carried[entry.name] = data
+    for name in sorted(listed):
+        if (name == PLAN_NAME or is_result_name(name)) and name not in carried:
+            raise CheckFailed(f"{NESTED_SUMS}: lists {name}, but {TRIAL_RESULTS} does not carry it")
+    evidence = TrialEvidence(plan=carried.get(PLAN_NAME), names=frozenset(listed),
+                             results={name.split("/")[2]: data for name, data in carried.items() if name != PLAN_NAME})
+    claim = Claim(document=SUMMARY, label="summary", run_id=summary.run_id, status=summary.status,
+                  counts=summary.counts, score=summary.score,
+                  trials=tuple(ClaimedTrial(t.task, t.trial, t.outcome, t.reward) for t in summary.timings.trials))
+    check_claim(claim, evidence_trials(evidence, claim))
+
+
+def verify_release(directory: Path, *, repository: str | None = None, tag: str | None = None,
+                   policy: Path | None = None, trusted_root: Path | None = None, offline: bool = False,
+                   profile: str | None = None, infra_repository: str | None = None) -> VerifiedRelease:
+    """Verify ``directory`` as the release of ``repository`` at ``tag``, sealed by the benchmark
+    workflow of ``infra_repository`` when the profile's identity names it (production).
+
+    ``repository`` and ``tag`` (or ``expect:`` in ``policy``) are required: without them a
+    ValidationError (usage, exit 2) is raised before anything is read. Raise CheckFailed
+    naming the first failure; return what was verified.
+    """
+    directory = Path(directory)
+    expect = expectation(policy, select_profile(profile, trusted_root), repository=repository, tag=tag,
+                         infra_repository=infra_repository)
+    if not directory.is_dir():
+        raise ValidationError("DIR", "must be a directory", str(directory))
+    _refuse_irregular_entries(directory)
+    for name in (SUMMARY, CHECKSUMS, CHECKSUMS_BUNDLE):
+        if not (directory / name).is_file():
+            raise CheckFailed(f"{name}: missing")
+    verifier = _verifier(trusted_root, offline)
+
+    verify_bundle(verifier, directory / CHECKSUMS, directory / CHECKSUMS_BUNDLE, expect)
+    verify_checksums(directory)
+    for name in REQUIRED_SIGNED:
+        if not (directory / bundle_name(name)).is_file():
+            raise CheckFailed(f"{bundle_name(name)}: missing ({name} must be signed)")
+    bundles = [CHECKSUMS_BUNDLE]
+    for bundle_file in sorted(directory.glob(bundle_name("*"))):
+        if bundle_file.name == CHECKSUMS_BUNDLE:
+            continue
+        verify_bundle(verifier, directory / bundle_file.name.removesuffix(bundle_name("")), bundle_file, expect)
+        bundles.append(bundle_file.name)
+    # Only now, with every signature checked, is summary.json read for its content.
+    summary = load_summary(directory)
+    commit = check_source(summary, expect)
+    verify_consistency(directory, summary, expect.repository, expect.tag, commit)
+    verify_trial_results(directory, summary)
+    return VerifiedRelease(directory=directory, profile=expect.profile, identity=expect.identity,
+                           issuer=expect.issuer, repository=expect.repository, tag=expect.tag, commit=commit,
+                           bundles=tuple(bundles))
