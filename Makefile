@@ -33,5 +33,5 @@ bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean-state:
-	$(BENCHSEAL) registry stop || true
+	$(BENCHSEAL) local registry stop || true
 	rm -rf .benchseal dist
