@@ -27,8 +27,9 @@ from pathlib import Path
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 
 from pipeline.core.contracts import DigestsFile, load_model
-from pipeline.dispatch import PollConfig, build_payload, dispatch_and_wait, make_client
-from pipeline.dispatch.correlate import created_filter
+from pipeline.dispatch.client import make_client
+from pipeline.dispatch.correlate import PollConfig, created_filter
+from pipeline.dispatch.dispatch import build_payload, dispatch_and_wait
 from tests.doubles.github import FakeClock, GitHubEmulator
 
 ROOT = Path(__file__).resolve().parents[1]

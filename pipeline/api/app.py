@@ -20,7 +20,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,11 @@ from fastapi.responses import JSONResponse
 
 from pipeline import __version__
 from pipeline.core import strictjson
-from pipeline.core.contracts import Grading, RunStatus, load_model
+from pipeline.core.contracts import Grading, RunStatus, load_model, run_id_problem
 from pipeline.core.documents import ReleaseSummary, parse_document
 from pipeline.core.errors import ValidationError, escape_text
 from pipeline.core.layout import ARTIFACTS_DIR, SUMMARY
 
-RUN_ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
 # run.json is about 1 KB; grading.json and summary.json grow with the trials of a run.
 MAX_STATUS_BYTES = 1 << 20
 MAX_DOCUMENT_BYTES = 16 << 20
@@ -49,8 +47,9 @@ class BadRun(Exception):
 
 
 def _run_dir(runs: Path, run_id: str) -> Path:
-    if not RUN_ID_RE.match(run_id) or ".." in run_id:
-        raise HTTPException(status_code=400, detail="run_id: must be 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit")
+    problem = run_id_problem(run_id, issued=False)
+    if problem:
+        raise HTTPException(status_code=400, detail=f"run_id: {problem}")
     return runs / run_id
 
 
@@ -170,7 +169,7 @@ def create_app(runs: Path) -> FastAPI:
         except OSError:
             names = []
         for name in names:
-            if not RUN_ID_RE.match(name) or ".." in name:
+            if run_id_problem(name, issued=False):
                 continue  # not a run's name: never echoed
             try:
                 state = read_status(runs, name).state

@@ -33,6 +33,7 @@ from typer.core import TyperCommand
 from pipeline.core.contracts import validate_correlation
 from pipeline.core.errors import Error, InfrastructureError, UsageError, escape_text
 from pipeline.core.fsutil import atomic_write_json
+from pipeline.dispatch.merge import merge_digests as merge
 
 
 def _secrets() -> list[str]:
@@ -101,15 +102,9 @@ def dispatch(
     cid = correlation
     try:
         # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
-        from pipeline.dispatch import (
-            PollConfig,
-            build_payload,
-            dispatch_and_wait,
-            load_digests,
-            make_client,
-            validate_workflow_file,
-        )
-        from pipeline.dispatch.dispatch import new_correlation_id
+        from pipeline.dispatch.client import make_client
+        from pipeline.dispatch.correlate import PollConfig, validate_workflow_file
+        from pipeline.dispatch.dispatch import build_payload, dispatch_and_wait, load_digests, new_correlation_id
 
         if workflow is not None:
             validate_workflow_file(workflow, "--workflow")
@@ -155,9 +150,6 @@ def merge_digests(
     as_json: bool = typer.Option(False, "--json", help="Print the refs as JSON instead of key=value lines."),
 ) -> None:
     """Merge and re-validate per-image digests files; print runner_ref=/api_ref= lines (for $GITHUB_OUTPUT)."""
-    # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.dispatch.merge import merge_digests as merge
-
     merged = merge(files, expect_commit=expect_commit)
     atomic_write_json(out, merged.to_json_dict())
     refs = {f"{role}_ref": entry.ref for role, entry in sorted(merged.images.items())}

@@ -11,9 +11,10 @@ from typing import Annotated
 
 import typer
 
+from pipeline.core.contracts import validate_run_id
 from pipeline.core.errors import UsageError, ValidationError
 from pipeline.infra.queue.sql import QueueStats, open_queue
-from pipeline.infra.worker.export import export_run, packs_not_here, validate_run_id
+from pipeline.infra.worker.export import export_run, packs_not_here
 
 infra_app = typer.Typer(help="Benchmark infra: accept dispatch payloads, inspect runs.", no_args_is_help=True)
 

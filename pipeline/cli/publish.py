@@ -19,13 +19,16 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipeline.core.contracts import PublicationRequest
+from pipeline.core.contracts import PublicationRequest, validate_repository
 from pipeline.core.errors import CheckFailed, UsageError, ValidationError
 from pipeline.infra.queue.sql import open_queue
+
+if TYPE_CHECKING:
+    from pipeline.publish.targets import PublishPolicy, PublishResult
 
 
 def publish(
@@ -54,40 +57,63 @@ def publish(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report."),
 ) -> None:
     """Publish benchmark evidence to a GitHub Release or dist/releases/<tag>/."""
-    # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 471 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.publish import outbox
-    from pipeline.publish.targets import PublishError, PublishPolicy
+    # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 471 ms at CLI start (bench/cli.py, 2026-12-03); the helpers below import the rest
+    from pipeline.publish.targets import PublishPolicy
 
     policy = PublishPolicy(allow_manual_full_release=allow_full_release)
     if pending:
         if artifacts is not None or tag is not None or infra_repo is not None or trigger != "manual" or attempts != 1:
             raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS, --tag, --infra-repo, --attempts "
                              "or --trigger")
-
-        queue = open_queue(db)
-        config = outbox.OutboxConfig(max_attempts=max_attempts)
-        targets = outbox.default_target_factory(policy)
-        if loop:
-            stop = threading.Event()
-            signal.signal(signal.SIGTERM, lambda *_: stop.set())
-            signal.signal(signal.SIGINT, lambda *_: stop.set())
-            outbox.run_forever(queue, interval=interval, stop=stop, targets=targets, config=config)
-            return
-        report = outbox.deliver_pending(queue, targets=targets, config=config)
-        if as_json:
-            typer.echo(json.dumps(report.to_json_dict(), indent=2))
-        else:
-            for item in report.published:
-                typer.echo(f"published run {item['run_id']} -> {item['location']} ({item['strategy']})")
-            for item in report.failed:
-                typer.echo(f"failed run {item['run_id']} (attempt {item['attempts']}, retry at {item['retry_at']}): "
-                           f"{item['error']}", err=True)
-        if report.failed:
-            raise typer.Exit(1)
+        _deliver_pending(policy, db=db, loop=loop, interval=interval, max_attempts=max_attempts, as_json=as_json)
         return
 
     if artifacts is None or tag is None:
         raise UsageError("give --pending, or ARTIFACTS and --tag")
+    options = _manual_options(artifacts, target=target, trigger=trigger, infra_repo=infra_repo,
+                              trusted_root=trusted_root, root=root, repo=repo, api_url=api_url)
+    request = PublicationRequest(run_id="unknown", target=target, tag=tag,  # type: ignore[arg-type]
+                                 artifacts_dir=str(artifacts.resolve()), options=options)
+    result = _publish_with_retries(request, policy, attempts)
+    if as_json:
+        typer.echo(json.dumps(result.to_json_dict(), indent=2))
+    else:
+        changed = sum(1 for action in result.assets.values() if action != "kept")
+        typer.echo(f"published {tag} -> {result.location} ({result.strategy}; {changed} asset(s) changed, "
+                   f"body {'updated' if result.body_changed else 'unchanged'})")
+
+
+def _deliver_pending(policy: PublishPolicy, *, db: Path | None, loop: bool, interval: float, max_attempts: int,
+                     as_json: bool) -> None:
+    """``--pending``: deliver the outbox's due rows (``--loop``: until SIGTERM); Exit(1) if one failed."""
+    # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 471 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.publish import outbox
+
+    queue = open_queue(db)
+    config = outbox.OutboxConfig(max_attempts=max_attempts)
+    targets = outbox.default_target_factory(policy)
+    if loop:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        signal.signal(signal.SIGINT, lambda *_: stop.set())
+        outbox.run_forever(queue, interval=interval, stop=stop, targets=targets, config=config)
+        return
+    report = outbox.deliver_pending(queue, targets=targets, config=config)
+    if as_json:
+        typer.echo(json.dumps(report.to_json_dict(), indent=2))
+    else:
+        for item in report.published:
+            typer.echo(f"published run {item['run_id']} -> {item['location']} ({item['strategy']})")
+        for item in report.failed:
+            typer.echo(f"failed run {item['run_id']} (attempt {item['attempts']}, retry at {item['retry_at']}): "
+                       f"{item['error']}", err=True)
+    if report.failed:
+        raise typer.Exit(1)
+
+
+def _manual_options(artifacts: Path, *, target: str, trigger: str, infra_repo: str | None, trusted_root: str | None,
+                    root: Path | None, repo: str | None, api_url: str | None) -> dict[str, str]:
+    """A hand publication's options, each checked (in this order) before anything is published."""
     if not artifacts.is_dir():
         raise ValidationError("ARTIFACTS", "must be an existing directory of sealed evidence", str(artifacts))
     if target not in ("local", "github"):
@@ -96,8 +122,6 @@ def publish(
         raise UsageError(f"invalid --trigger: must be manual or tag (got {trigger!r})")
     options = {"trigger": trigger}
     if infra_repo is not None:
-        # lazy: pipeline.verify.policy (sigstore) costs 241 ms at CLI start (bench/cli.py, 2026-12-03)
-        from pipeline.verify.policy import validate_repository
 
         options["infra_repository"] = validate_repository(infra_repo, "--infra-repo")
     if trusted_root:
@@ -112,8 +136,15 @@ def publish(
         options["repository"] = repo
         if api_url:
             options["api_url"] = api_url
-    request = PublicationRequest(run_id="unknown", target=target, tag=tag,  # type: ignore[arg-type]
-                                 artifacts_dir=str(artifacts.resolve()), options=options)
+    return options
+
+
+def _publish_with_retries(request: PublicationRequest, policy: PublishPolicy, attempts: int) -> PublishResult:
+    """Publish ``request``, retrying a retryable failure with the outbox's backoff; CheckFailed otherwise."""
+    # lazy: pipeline.publish (sigstore, PyGithub) + pipeline.publish.targets (PyGithub) cost 471 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.publish import outbox
+    from pipeline.publish.targets import PublishError
+
     backoff = outbox.OutboxConfig(max_attempts=attempts)
     for attempt in range(1, attempts + 1):
         try:
@@ -130,12 +161,7 @@ def publish(
             typer.echo(f"publication attempt {attempt} of {attempts} failed, retrying in {wait:.0f} s: "
                        f"{exc.diagnostics()}", err=True)
             time.sleep(wait)
-    if as_json:
-        typer.echo(json.dumps(result.to_json_dict(), indent=2))
-    else:
-        changed = sum(1 for action in result.assets.values() if action != "kept")
-        typer.echo(f"published {tag} -> {result.location} ({result.strategy}; {changed} asset(s) changed, "
-                   f"body {'updated' if result.body_changed else 'unchanged'})")
+    return result
 
 
 def register(app: typer.Typer) -> None:

@@ -1,4 +1,4 @@
-"""``benchseal registry start|stop|status``: the local OCI registry.
+"""``benchseal local registry start|stop|status``: the local OCI registry.
 
 Exit codes: 0 ok; 1 the registry did not start / does not answer.
 """

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from pipeline.core.errors import UsageError
+from pipeline.imaging.names import resolve_image_names
 
 
 def release(
@@ -37,8 +38,7 @@ def release(
                                               "and a fresh key for this release only."),
 ) -> None:
     """Release TAG locally: images, benchmark run, evidence, publication, verification."""
-    # lazy: pipeline.release (every stage) costs 875 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.imaging.names import resolve_image_names
+    # lazy: pipeline.local.release (every stage) costs 875 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.local.release import release_local
     from pipeline.local.report import render_report
 

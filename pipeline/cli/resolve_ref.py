@@ -13,6 +13,8 @@ import json
 
 import typer
 
+from pipeline.core.contracts import validate_repository
+
 
 def register(app: typer.Typer) -> None:
     app.command("resolve-ref")(resolve_ref)
@@ -25,10 +27,10 @@ def resolve_ref(
 ) -> None:
     """Resolve a tag to its commit via the GitHub API."""
     # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.dispatch import make_client, resolve_tag
-    from pipeline.dispatch.resolve import tag_of_ref, validate_repo
+    from pipeline.dispatch.client import make_client
+    from pipeline.dispatch.resolve import resolve_tag, tag_of_ref
 
-    validate_repo(repo)
+    validate_repository(repo)
     tag = tag_of_ref(tag)
     commit = resolve_tag(make_client(), repo, tag)
     if as_json:

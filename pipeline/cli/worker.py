@@ -18,12 +18,13 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import typer
 
 from pipeline.cli.attest import sigstore_endpoints
 from pipeline.cli.signers import SignerKind, signer_factory
+from pipeline.core import paths
 from pipeline.core.errors import UsageError
 from pipeline.infra.queue.sql import QUEUE_URL_FILE_ENV, open_queue
 from pipeline.infra.sandbox import engine as sandbox
@@ -57,50 +58,16 @@ def worker(
     from pipeline.infra.worker.loop import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if publish != "none" and signer != "local" and not (
-            os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL")):
-        # Refused before a run is claimed: an ambient signer without a token would only turn every
-        # run into a retried infrastructure error.
-        raise UsageError(f"--publish {publish} --signer {signer} needs the GitHub Actions OIDC credential, and this "
-                         "process has none: run the worker without --publish (it grades; benchmark.yml's seal job "
-                         "seals and publishes) or with --signer local for the private instance")
-    if queue_url_file is not None:
-        if os.environ.get(QUEUE_URL_FILE_ENV):
-            raise UsageError(f"--queue-url-file and {QUEUE_URL_FILE_ENV} both name a queue URL file: give exactly one")
-        # Through the environment, so the publisher thread opens the same queue (never SQLite by default).
-        os.environ[QUEUE_URL_FILE_ENV] = str(queue_url_file.resolve())
-    # Fail before the loop starts: a bad URL, an unreachable database or a schema that is behind.
-    with open_queue(db) as opened:
-        runs_dir = opened.runs_dir
-    # Fail closed: never a silent fallback to the host's root engine.
-    engine = sandbox_engine or sandbox.default_sandbox().url
-    if not engine.startswith("unix:///"):
-        raise UsageError(f"--sandbox-engine must be unix:///PATH, not {engine!r}")
-    sandbox.require_sandbox_engine(engine)
-    # The runner gets binds of run dirs and of private dirs made in the temp dir: the engine must see both.
-    sandbox.require_sees(engine, [sandbox.temp_dir(), runs_dir])
+    _require_signer_credential(publish, signer)
+    runs_dir = _open_queue_first(db, queue_url_file)
+    engine = _checked_sandbox_engine(sandbox_engine, runs_dir)
 
     config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,
                           image_trust=sigstore_endpoints(sigstore_url, trusted_root), trial_batch=trial_batch,
                           sandbox_engine=engine)
     if suites_dir is not None:
         config = dataclasses.replace(config, suites_dir=suites_dir)
-    finalize = None
-    if publish != "none":
-        # lazy: pipeline.publish.service (sigstore, PyGithub) costs 475 ms at CLI start (bench/cli.py, 2026-12-03)
-        from pipeline.publish.service import worker_finalizer
-
-        local_instance_root = None
-        if signer == "local":
-            # lazy: the private instance's state, only with --signer local (pipeline.local never loads otherwise)
-            from pipeline.local.sigstore import default_state
-
-            local_instance_root = default_state() / "trusted_root.json"
-        # Inside an Actions job (an ambient signer is refused anywhere else): the job's own repository
-        # is the infra repository whose workflow identity signs, printed in the body.
-        infra_repository = os.environ.get("GITHUB_REPOSITORY") if signer != "local" else None
-        finalize = worker_finalizer(publish, signer_factory(signer), infra_repository=infra_repository,
-                                    local_root=local_root, api_url=api_url, trusted_root=local_instance_root)
+    finalize = _finalizer(publish, signer, local_root=local_root, api_url=api_url)
 
     def _stop(signum: int, _frame: object) -> None:
         config.stop.set()
@@ -124,6 +91,58 @@ def worker(
     run_forever(config, concurrency=concurrency, finalize=finalize)
     if publisher is not None:
         publisher.join()
+
+
+def _require_signer_credential(publish: PublishTarget, signer: SignerKind) -> None:
+    """With --publish, an ambient signer needs the Actions OIDC credential: refused before a run is claimed."""
+    if publish != "none" and signer != "local" and not (
+            os.environ.get("GITHUB_ACTIONS") == "true" and os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL")):
+        # Refused before a run is claimed: an ambient signer without a token would only turn every
+        # run into a retried infrastructure error.
+        raise UsageError(f"--publish {publish} --signer {signer} needs the GitHub Actions OIDC credential, and this "
+                         "process has none: run the worker without --publish (it grades; benchmark.yml's seal job "
+                         "seals and publishes) or with --signer local for the private instance")
+
+
+def _open_queue_first(db: Path | None, queue_url_file: Path | None) -> Path:
+    """Open the queue once before the loop starts; returns its runs directory."""
+    if queue_url_file is not None:
+        if os.environ.get(QUEUE_URL_FILE_ENV):
+            raise UsageError(f"--queue-url-file and {QUEUE_URL_FILE_ENV} both name a queue URL file: give exactly one")
+        # Through the environment, so the publisher thread opens the same queue (never SQLite by default).
+        os.environ[QUEUE_URL_FILE_ENV] = str(queue_url_file.resolve())
+    # Fail before the loop starts: a bad URL, an unreachable database or a schema that is behind.
+    with open_queue(db) as opened:
+        return opened.runs_dir
+
+
+def _checked_sandbox_engine(sandbox_engine: str | None, runs_dir: Path) -> str:
+    """The rootless engine the runner runs on, checked to answer, be rootless and see ``runs_dir``."""
+    # Fail closed: never a silent fallback to the host's root engine.
+    engine = sandbox_engine or sandbox.default_sandbox().url
+    if not engine.startswith("unix:///"):
+        raise UsageError(f"--sandbox-engine must be unix:///PATH, not {engine!r}")
+    sandbox.require_sandbox_engine(engine)
+    # The runner gets binds of run dirs and of private dirs made in the temp dir: the engine must see both.
+    sandbox.require_sees(engine, [sandbox.temp_dir(), runs_dir])
+    return engine
+
+
+def _finalizer(publish: PublishTarget, signer: SignerKind, *, local_root: Path | None, api_url: str | None) -> Any:
+    """With --publish github|local: what seals each terminal run and queues its publication (else None)."""
+    if publish == "none":
+        return None
+    # lazy: pipeline.publish.service (sigstore, PyGithub) costs 475 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.publish.service import worker_finalizer
+
+    local_instance_root = None
+    if signer == "local":
+        local_instance_root = paths.local_trusted_root()
+    # Inside an Actions job (an ambient signer is refused anywhere else): the job's own repository
+    # is the infra repository whose workflow identity signs, printed in the body.
+    infra_repository = os.environ.get("GITHUB_REPOSITORY") if signer != "local" else None
+    return worker_finalizer(publish, signer_factory(signer), infra_repository=infra_repository,
+                            local_root=local_root, api_url=api_url, trusted_root=local_instance_root)
 
 
 def register(app: typer.Typer) -> None:

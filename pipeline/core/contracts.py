@@ -9,6 +9,7 @@ so a consumer can never hold an unvalidated reference.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Callable
 from typing import Annotated, Literal
@@ -22,6 +23,9 @@ from pipeline.core.errors import ValidationError
 COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 CORRELATION_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{7,127}\Z")
 REPOSITORY_RE = re.compile(r"\A[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}\Z")
+REPOSITORY_RULE = ("must be OWNER/NAME, a GitHub owner/name in ASCII: letters, digits and '-' in the owner "
+                   "(at most 39); letters, digits, '.', '_' and '-' in the name (at most 100), "
+                   "which is not '.' or '..'")
 IMAGE_ROLES = ("runner", "api")
 # The OIDC issuer of GitHub Actions' job tokens: the issuer of every keyless signature benchseal
 # expects (public-good, or GitHub-shaped from the private test instance).
@@ -55,6 +59,10 @@ def _repository(value: str) -> str:
     return value
 
 
+def _is_repository(value: str) -> bool:
+    return value.isascii() and REPOSITORY_RE.match(value) is not None and value.partition("/")[2] not in {".", ".."}
+
+
 def canonical_repository(value: str) -> str:
     """The form two GitHub repository names are compared in: ``owner/name`` lowercased.
 
@@ -63,13 +71,19 @@ def canonical_repository(value: str) -> str:
     this form. The shape is checked first, on ASCII only: ``str.lower`` maps some
     non-ASCII characters onto ASCII letters (KELVIN SIGN to ``k``), which would let a
     lookalike name compare equal. ``.`` and ``..`` are not repository names (GitHub
-    refuses them; in a path they would traverse). Raises ValueError with the rule.
+    refuses them; in a path they would traverse). Raises ValueError with ``REPOSITORY_RULE``.
     """
-    if not isinstance(value, str) or not value.isascii() or not REPOSITORY_RE.match(value):
-        raise ValueError("must be 'owner/name' (ASCII letters, digits, '-' in the owner; '.', '_', '-' also in the name)")
-    if value.partition("/")[2] in {".", ".."}:
-        raise ValueError("must be 'owner/name'; '.' and '..' are not repository names")
+    if not isinstance(value, str) or not _is_repository(value):
+        raise ValueError(REPOSITORY_RULE)
     return value.lower()
+
+
+def validate_repository(value: object, field: str = "repo") -> str:
+    """The repository-name rule (the one home: options, policies, tag resolution, dispatch) outside a
+    model; ``value`` unchanged, or our ValidationError naming ``field`` and ``REPOSITORY_RULE``."""
+    if not isinstance(value, str) or not _is_repository(value):
+        raise ValidationError(field, REPOSITORY_RULE, value)
+    return value
 
 
 def _as_value_error(check: Callable[[str], str]) -> Callable[[str], str]:
@@ -234,6 +248,55 @@ class TrialRecord(_Frozen):
 # The grader stores score = round(resolved / completed, SCORE_DIGITS).
 SCORE_DIGITS = 6
 RunOutcome = Literal["SUCCEEDED", "FAILED", "INFRA_ERROR"]
+
+
+# Run ids: the queue issues run-<20 lowercase hex> (the first 20 hex of the correlation id's SHA-256).
+RUN_ID_RE = re.compile(r"\Arun-[0-9a-f]{20}\Z")
+RUN_ID_RULE = "must be run-<20 lowercase hex>"
+# The API serves any directory of its runs dir named in this looser form (one plain name, never '..').
+RUN_DIR_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
+RUN_DIR_RULE = "must be 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit, without '..'"
+
+
+def run_id_for(correlation_id: str) -> str:
+    """The run id of a correlation id: stable, so a redelivery names the same run everywhere
+    (the shape ``RUN_ID_RE`` checks)."""
+    return "run-" + hashlib.sha256(correlation_id.encode("ascii")).hexdigest()[:20]
+
+
+def run_id_problem(value: object, *, issued: bool = True) -> str | None:
+    """Why ``value`` is not a run id, or None (the one home of the run id's shape).
+
+    ``issued``: the shape the queue issues, ``RUN_ID_RULE`` (export, import, seal, the infra CLI).
+    Otherwise the looser name the API serves a run directory under, ``RUN_DIR_RULE``: one plain
+    directory name, never ``..``.
+    """
+    if issued:
+        return None if isinstance(value, str) and RUN_ID_RE.match(value) else RUN_ID_RULE
+    if isinstance(value, str) and RUN_DIR_RE.match(value) and ".." not in value:
+        return None
+    return RUN_DIR_RULE
+
+
+def validate_run_id(run_id: str, field: str = "RUN_ID", *, issued: bool = True) -> str:
+    """``run_id`` unchanged, or our ValidationError naming ``field`` and the rule (see ``run_id_problem``)."""
+    problem = run_id_problem(run_id, issued=issued)
+    if problem:
+        raise ValidationError(field, problem, run_id)
+    return run_id
+
+
+# Trial names: <task>__<the run's short id> (``trial_name``); one plain directory name, never hidden.
+# A pattern for pydantic (``Field(pattern=...)``) and, through ``fullmatch``, for ``trial_name_problem``.
+TRIAL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}__[a-z0-9]{0,12}$"
+TRIAL_NAME_RULE = ("must be <task>__<run short id>: a task of 1-64 characters of [a-z0-9_-] starting with a "
+                   "letter or digit, then '__' and at most 12 of [a-z0-9]")
+_TRIAL_NAME_RE = re.compile(TRIAL_NAME_PATTERN)
+
+
+def trial_name_problem(value: object) -> str | None:
+    """Why ``value`` is not a trial name, or None (the one home of the trial-name rule)."""
+    return None if isinstance(value, str) and _TRIAL_NAME_RE.fullmatch(value) else TRIAL_NAME_RULE
 
 
 def trial_short_id(run_id: str) -> str:

@@ -29,6 +29,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, S
 
 from pipeline.core import paths
 from pipeline.core.contracts import (
+    TRIAL_NAME_PATTERN,
     CorrelationId,
     Digest,
     GradeCounts,
@@ -172,7 +173,7 @@ def upgrade_summary(data: object) -> object:
 
 class PlannedTrial(_Document):
     task: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
-    trial_name: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}__[a-z0-9]{0,12}$")
+    trial_name: str = Field(pattern=TRIAL_NAME_PATTERN)
 
 
 class TrialsPlan(_Document):

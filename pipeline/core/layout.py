@@ -35,7 +35,6 @@ BUNDLE_SUFFIX = ".sigstore.json"
 # Files whose bundle must be a DSSE attestation (an in-toto statement); every other file's
 # bundle is a plain message signature.
 STATEMENT_SUFFIX = ".intoto.json"
-IMAGE_ROLES = ("runner", "api")
 SBOMS = {"runner": "sbom-runner.cdx.json", "api": "sbom-api.cdx.json"}
 MANIFESTS = {"runner": "manifest-runner.oci.json", "api": "manifest-api.oci.json"}
 PROVENANCE_IMAGES = "provenance-images.intoto.json"

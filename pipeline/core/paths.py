@@ -65,3 +65,9 @@ def state_dir(*parts: str) -> Path:
     path = home().joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def local_trusted_root() -> Path:
+    """Where the private Sigstore instance of this state dir keeps its trusted root (pipeline/local/sigstore.py
+    writes it there): the root a local-profile release's printed commands name when none was given."""
+    return home() / "sigstore" / "trusted_root.json"

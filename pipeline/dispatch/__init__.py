@@ -8,33 +8,3 @@ Public API for other stages:
   ``workflow_file=FILE, workflow_dispatch=True``)
 * ``make_client(...) -> github.Github`` (token from GITHUB_TOKEN / GH_TOKEN, no POST retries)
 """
-
-from __future__ import annotations
-
-from pipeline.dispatch.client import make_client, token_from_env
-from pipeline.dispatch.correlate import DEFAULT_WORKFLOW_FILE, PollConfig, title_matches, validate_workflow_file
-from pipeline.dispatch.dispatch import (
-    DEFAULT_EVENT_TYPE,
-    DispatchResult,
-    build_payload,
-    dispatch_and_wait,
-    load_digests,
-    new_correlation_id,
-)
-from pipeline.dispatch.resolve import resolve_tag
-
-__all__ = [
-    "DEFAULT_EVENT_TYPE",
-    "DEFAULT_WORKFLOW_FILE",
-    "DispatchResult",
-    "PollConfig",
-    "build_payload",
-    "dispatch_and_wait",
-    "load_digests",
-    "make_client",
-    "new_correlation_id",
-    "resolve_tag",
-    "title_matches",
-    "token_from_env",
-    "validate_workflow_file",
-]

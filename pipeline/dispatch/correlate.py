@@ -37,7 +37,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import github
@@ -458,7 +458,3 @@ def backoff(poll: PollConfig, transient: Transient, streak: int) -> float:
     else:
         delay = poll.interval_s * (2 ** min(streak - 1, 6))
     return min(delay, max(poll.max_backoff_s, poll.interval_s))
-
-
-def deadline_after(clock: Clock, timeout_s: float) -> datetime:
-    return clock.now() + timedelta(seconds=timeout_s)

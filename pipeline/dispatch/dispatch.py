@@ -33,7 +33,14 @@ import requests
 import rfc8785
 from github import BadCredentialsException, GithubException, UnknownObjectException
 
-from pipeline.core.contracts import DigestsFile, DispatchPayload, PayloadSource, load_model, validate_correlation
+from pipeline.core.contracts import (
+    DigestsFile,
+    DispatchPayload,
+    PayloadSource,
+    load_model,
+    validate_correlation,
+    validate_repository,
+)
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.dispatch.client import classify
 from pipeline.dispatch.correlate import (
@@ -48,7 +55,7 @@ from pipeline.dispatch.correlate import (
     describe_failure,
     validate_workflow_file,
 )
-from pipeline.dispatch.resolve import tag_of_ref, validate_repo
+from pipeline.dispatch.resolve import tag_of_ref
 
 DEFAULT_EVENT_TYPE = "benchseal-benchmark"
 MAX_CLIENT_PAYLOAD_KEYS = 10
@@ -112,7 +119,7 @@ def build_payload(
         refs[role] = entry.ref  # the model checked it: digest-pinned, and equal to name@digest
     source_ref = digests.source.ref
     chosen_tag = tag_of_ref(tag or source_ref.removeprefix("refs/tags/"), "tag")
-    slug = validate_repo(repository or digests.source.repository, "source.repository")
+    slug = validate_repository(repository or digests.source.repository, "source.repository")
     data = {
         "schema": "benchseal.dispatch/v1",
         "correlation_id": validate_correlation(correlation_id),
@@ -203,49 +210,37 @@ def _lookup(gh: github.Github, repo: str, workflow_file: str) -> tuple[Any, Any]
     return repository, wf
 
 
-def dispatch_and_wait(
-    gh: github.Github,
-    repo: str,
-    payload: DispatchPayload,
-    *,
-    workflow: str | None = None,
-    workflow_file: str = DEFAULT_WORKFLOW_FILE,
-    workflow_dispatch: bool = False,
-    event_type: str = DEFAULT_EVENT_TYPE,
-    timeout_s: float = 3600.0,
-    poll: PollConfig | None = None,
-    clock: Clock | None = None,
-) -> DispatchResult:
-    """Dispatch once, find exactly one run of ``workflow_file``, wait for it; CheckFailed unless it
-    concludes ``success``.
-
-    ``workflow_dispatch=True`` dispatches the workflow directly; otherwise a repository_dispatch
-    is sent and only ``workflow_file``'s runs count. ``workflow=FILE`` is the older spelling of
-    ``workflow_file=FILE, workflow_dispatch=True``.
-    """
-
-    poll = poll or PollConfig()
-    clock = clock or SystemClock()
+def _check_arguments(repo: str, workflow: str | None, workflow_file: str, workflow_dispatch: bool,
+                     event_type: str, timeout_s: float) -> tuple[str, bool]:
+    """The arguments, checked before GitHub is asked anything: (workflow_file, workflow_dispatch)."""
     if workflow is not None:
         validate_workflow_file(workflow, "workflow")
         if workflow_file not in (DEFAULT_WORKFLOW_FILE, workflow):
             raise ValidationError("workflow", f"names {workflow!r} but workflow_file is {workflow_file!r}", workflow)
         workflow_file, workflow_dispatch = workflow, True
     validate_workflow_file(workflow_file)
-    validate_repo(repo)
-    correlation = payload.correlation_id  # the model checked it
+    validate_repository(repo)
     if not EVENT_TYPE_RE.match(event_type):
         raise ValidationError("event_type", "must be 1-100 characters of [A-Za-z0-9._-]", event_type)
     if timeout_s <= 0:
         raise ValidationError("timeout", "must be positive", timeout_s)
-    deadline = clock.now() + timedelta(seconds=timeout_s)
-    repository, wf = _lookup(gh, repo, workflow_file)
+    return workflow_file, workflow_dispatch
+
+
+def _name_and_branch(repository: Any) -> tuple[str, str]:
+    """The repository's full name and default branch (the ref a workflow_dispatch names), never ``str(None)``."""
     full_name, branch = str(repository.full_name), repository.default_branch
     if not isinstance(branch, str) or not branch:
         # Never str(None): a workflow_dispatch to ref "None" would be refused by GitHub, or worse, name a branch.
         raise CheckFailed(f"GitHub answered repository {full_name} without a default branch ({branch!r}); "
                           "workflow_dispatch needs the ref its workflow runs at")
+    return full_name, branch
 
+
+def _send(gh: github.Github, full_name: str, branch: str, wf: Any, payload: DispatchPayload, *,
+          workflow_dispatch: bool, event_type: str, clock: Clock,
+          poll: PollConfig) -> tuple[str, int | None, datetime, str | None]:
+    """The one dispatch POST: (mode, the run id GitHub returned if any, since, ambiguity)."""
     mode = "workflow_dispatch" if workflow_dispatch else "repository_dispatch"
     run_id: int | None = None
     try:
@@ -272,7 +267,41 @@ def dispatch_and_wait(
                 run_id = returned
     except GithubException as exc:
         raise CheckFailed(f"dispatch to {full_name} rejected: {describe_failure(exc)}") from None
+    return mode, run_id, since, ambiguous
 
+
+def dispatch_and_wait(
+    gh: github.Github,
+    repo: str,
+    payload: DispatchPayload,
+    *,
+    workflow: str | None = None,
+    workflow_file: str = DEFAULT_WORKFLOW_FILE,
+    workflow_dispatch: bool = False,
+    event_type: str = DEFAULT_EVENT_TYPE,
+    timeout_s: float = 3600.0,
+    poll: PollConfig | None = None,
+    clock: Clock | None = None,
+) -> DispatchResult:
+    """Dispatch once, find exactly one run of ``workflow_file``, wait for it; CheckFailed unless it
+    concludes ``success``.
+
+    ``workflow_dispatch=True`` dispatches the workflow directly; otherwise a repository_dispatch
+    is sent and only ``workflow_file``'s runs count. ``workflow=FILE`` is the older spelling of
+    ``workflow_file=FILE, workflow_dispatch=True``.
+    """
+
+    poll = poll or PollConfig()
+    clock = clock or SystemClock()
+    workflow_file, workflow_dispatch = _check_arguments(repo, workflow, workflow_file, workflow_dispatch,
+                                                        event_type, timeout_s)
+    correlation = payload.correlation_id  # the model checked it
+    deadline = clock.now() + timedelta(seconds=timeout_s)
+    repository, wf = _lookup(gh, repo, workflow_file)
+    full_name, branch = _name_and_branch(repository)
+
+    mode, run_id, since, ambiguous = _send(gh, full_name, branch, wf, payload, workflow_dispatch=workflow_dispatch,
+                                           event_type=event_type, clock=clock, poll=poll)
     target = Target(full_name, wf.id, WORKFLOWS_DIR + workflow_file, mode.partition("+")[0], branch, correlation)
     correlator = Correlator(gh, target, since=since, poll=poll, clock=clock)
     if run_id is not None:

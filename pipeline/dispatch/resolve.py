@@ -9,16 +9,13 @@ import requests
 from github import GithubException, UnknownObjectException
 from github.Repository import Repository
 
-from pipeline.core.contracts import COMMIT_RE, REPOSITORY_RE, validate_git_tag
-from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.contracts import COMMIT_RE, validate_git_tag, validate_repository
+from pipeline.core.errors import CheckFailed, InfrastructureError
 
 MAX_PEEL_DEPTH = 5
 
 
-def validate_repo(repo: str, field: str = "repo") -> str:
-    if not REPOSITORY_RE.match(repo):
-        raise ValidationError(field, "must be 'OWNER/NAME'", repo)
-    return repo
+# The name dispatch.dispatch and cli.resolve_ref import: contracts' one repository rule (field "repo" by default).
 
 
 def tag_of_ref(tag: str, field: str = "tag") -> str:
@@ -70,7 +67,7 @@ def peel_tag(repository: Repository, tag: str, *, max_depth: int = MAX_PEEL_DEPT
 def resolve_tag(gh: github.Github, repo: str, tag: str, *, max_depth: int = MAX_PEEL_DEPTH) -> str:
     """The 40-hex commit ``tag`` points at in ``repo``; CheckFailed when it does not exist."""
 
-    validate_repo(repo)
+    validate_repository(repo)
     tag = tag_of_ref(tag)
     try:
         return peel_tag(gh.get_repo(repo), tag, max_depth=max_depth)

@@ -30,7 +30,7 @@ from typing import Any
 
 from pipeline import __version__
 from pipeline.core import paths
-from pipeline.core.contracts import DigestsFile, ImageEntry, SourceInfo
+from pipeline.core.contracts import IMAGE_ROLES, DigestsFile, ImageEntry, SourceInfo
 from pipeline.core.digests import ImageRef
 from pipeline.core.documents import BASE_LOCK_PATH
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
@@ -52,7 +52,6 @@ _EXCLUDE_DIRS_BYTECODE = _EXCLUDE_DIRS - {"__pycache__"}
 _EXCLUDE_SUFFIXES_BYTECODE = tuple(s for s in _EXCLUDE_SUFFIXES if s != ".pyc")
 # What the app layer compiles (suites/ hold task sources that are copied into task images as is).
 APP_BYTECODE_DIRS = (f"{APP_ROOT}/pipeline",)
-ROLES = ("runner", "api")
 
 
 def _git(*args: str) -> str:
@@ -100,8 +99,8 @@ class ImageSpec:
 
 
 def load_image_spec(role: str) -> ImageSpec:
-    if role not in ROLES:
-        raise ValidationError("image", f"must be one of {', '.join(ROLES)}", role)
+    if role not in IMAGE_ROLES:
+        raise ValidationError("image", f"must be one of {', '.join(IMAGE_ROLES)}", role)
     directory = IMAGES_DIR / role
     raw = tomllib.loads((directory / "image.toml").read_text())
     if "repository" in raw:

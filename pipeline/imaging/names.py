@@ -26,12 +26,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from pipeline.core.contracts import IMAGE_ROLES
 from pipeline.core.digests import validate_name, validate_name_prefix
 from pipeline.core.errors import UsageError, ValidationError
 
-IMAGES = ("runner", "api")
 BASES = ("base", "runner-base")
-ALL_NAMES = IMAGES + BASES
+ALL_NAMES = IMAGE_ROLES + BASES
 PREFIX_ENV = "BENCHSEAL_IMAGE_PREFIX"
 REGISTRY_ENV = "BENCHSEAL_REGISTRY"
 LOCAL_REGISTRY = "127.0.0.1:5055"

@@ -1,8 +1,9 @@
 """Registries that demand credentials, as ghcr.io or Docker Hub do, run locally.
 
-The Debian ``docker-registry`` (distribution 2.8) with benchseal's own config,
-port and storage, started with its pid recorded and stopped by that pid only
-(the same rules as pipeline.local.registry, whose stop() it reuses):
+The Debian ``docker-registry`` (distribution 2.8) with the config pipeline.local.registry
+builds (``config_text``, ``write_config``) plus an http secret and an ``auth`` section, its own
+port and storage, started with its pid recorded and stopped by that pid only (the same rules as
+pipeline.local.registry, whose launch() and stop() it reuses):
 
 - ``start_htpasswd``: ``auth.htpasswd`` with bcrypt entries made by
   ``htpasswd -iBn USER`` (apache2-utils), the password on stdin, never in argv;
@@ -16,30 +17,11 @@ import os
 import subprocess
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 from pipeline.core.errors import InfrastructureError, ValidationError
 from pipeline.core.polling import poll_until
 from pipeline.local import registry as reg
 from pipeline.local.tokenserver import TokenServer
-
-_BASE_CONFIG = """\
-version: 0.1
-log:
-  level: info
-  accesslog:
-    disabled: true
-storage:
-  filesystem:
-    rootdirectory: {root}
-  delete:
-    enabled: true
-http:
-  addr: {address}
-  secret: {secret}
-  headers:
-    X-Content-Type-Options: [nosniff]
-"""
 
 
 def _answers(registry: reg.Registry, timeout: float = 0.5) -> bool:
@@ -59,13 +41,9 @@ def _start(registry: reg.Registry, auth_yaml: str, wait_seconds: float) -> None:
         raise ValidationError("address", "must be 127.0.0.1:PORT", registry.address)
     if _answers(registry):
         raise InfrastructureError(f"something already answers on {registry.address}")
-    data = registry.state / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    config = _BASE_CONFIG.format(root=data, address=registry.address, secret=os.urandom(16).hex()) + auth_yaml
-    tmp = registry.config_path.with_suffix(".tmp")
-    tmp.write_text(config)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, registry.config_path)
+    # The settings this registry always ran with (level info, no access log), its secret and auth section.
+    reg.write_config(registry, reg.config_text(registry, log_level="info", access_log=False,
+                                               secret=os.urandom(16).hex(), auth=auth_yaml))
     reg.launch(registry)
     if poll_until(lambda: True if _answers(registry) else None, timeout=wait_seconds, interval=0.2):
         return
@@ -111,8 +89,3 @@ def start_token(registry: reg.Registry, server: TokenServer, wait_seconds: float
 
 def stop(registry: reg.Registry) -> str:
     return reg.stop(registry)
-
-
-def log_text(registry: reg.Registry) -> str:
-    path: Path = registry.log_path
-    return path.read_text(errors="replace") if path.exists() else ""

@@ -24,9 +24,9 @@ DEFAULT_ADDRESS = "127.0.0.1:5055"
 _CONFIG = """\
 version: 0.1
 log:
-  level: warn
+  level: {log_level}
   accesslog:
-    disabled: false
+    disabled: {access_log_disabled}
 storage:
   filesystem:
     rootdirectory: {root}
@@ -34,7 +34,7 @@ storage:
     enabled: true
 http:
   addr: {address}
-  headers:
+{secret}  headers:
     X-Content-Type-Options: [nosniff]
 """
 
@@ -67,6 +67,27 @@ def default_registry() -> Registry:
     if host not in ("127.0.0.1", "localhost") or not port.isdigit():
         raise ValidationError("BENCHSEAL_REGISTRY", "must be 127.0.0.1:PORT (the local registry listens on loopback only)", address)
     return Registry(address=address, state=paths.state_dir("registry"))
+
+
+def config_text(registry: Registry, *, log_level: str = "warn", access_log: bool = True,
+                secret: str | None = None, auth: str = "") -> str:
+    """The one registry config: storage under ``<state>/data``, the registry's address, nosniff.
+
+    A registry that demands credentials (pipeline.local.authregistry) adds its ``http.secret``
+    and its ``auth:`` section (YAML text ending in a newline)."""
+    return _CONFIG.format(log_level=log_level, access_log_disabled="false" if access_log else "true",
+                          root=registry.state / "data", address=registry.address,
+                          secret="" if secret is None else f"  secret: {secret}\n") + auth
+
+
+def write_config(registry: Registry, text: str) -> None:
+    """Create the storage directory and write ``text`` to ``config_path``: owner-only (an auth
+    registry's config holds its secret), replaced atomically."""
+    (registry.state / "data").mkdir(parents=True, exist_ok=True)
+    tmp = registry.config_path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, registry.config_path)
 
 
 def answers(registry: Registry, timeout: float = 2.0) -> bool:
@@ -107,9 +128,7 @@ def start(registry: Registry, wait_seconds: float = 20.0) -> str:
     """Start the registry unless it already answers; return 'running' or 'started'."""
     if answers(registry):
         return "running"
-    data = registry.state / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    registry.config_path.write_text(_CONFIG.format(root=data, address=registry.address))
+    write_config(registry, config_text(registry))
     launch(registry)
     if poll_until(lambda: True if answers(registry, timeout=0.5) else None, timeout=wait_seconds, interval=0.2):
         return "started"

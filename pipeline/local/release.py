@@ -37,7 +37,7 @@ from pipeline.attest.images import (
     image_identity,
     verify_image,
 )
-from pipeline.core.contracts import Grading, PublicationRequest
+from pipeline.core.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
 from pipeline.core.errors import CheckFailed, UsageError
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.core.paths import REPO_ROOT, state_dir
@@ -56,7 +56,7 @@ from pipeline.local.model import scripted_model_for
 from pipeline.local.signing import local_signer
 from pipeline.local.stages import StageClock
 from pipeline.publish.outbox import publish_request
-from pipeline.publish.seal import seal_run
+from pipeline.publish.seal import Sealed, seal_run
 from pipeline.publish.targets import LocalTarget, PublishError
 from pipeline.verify.external import cosign_commands, image_command_lines, local_benchseal
 from pipeline.verify.release import verify_release
@@ -208,27 +208,12 @@ def _release_local(
     with StageClock(console) as clock, ExitStack() as stack:
         with clock.stage("setup", "Private Sigstore instance"):
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
-
-        with clock.stage("build", f"Building runner and api images as {names.prefix}{{runner,api}}"):
-            digests, results = build_images_with_results(("runner", "api"), names, work / "digests.json", (tag,))
-        push_seconds = sum(r.seconds_push for r in results)
-        clock.add("build", -push_seconds)
-        clock.add("push", push_seconds)
-        bytes_pushed = sum(r.stats.bytes_uploaded for r in results)
-        images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
-        image_policy = image_identity(digests.source.repository, tag, digests.source.commit)
-        endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
-        with clock.stage("attest", "Signing and attesting both images as the release workflow (cosign)"):
-            _attest_as_release_workflow(images, digests.source.repository, digests.source.commit, tag, instance,
-                                        endpoints, image_policy, work / "image-sboms")
-        last_path = state_dir("release") / "last-digests.json"
-        reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
-        atomic_write_json(last_path, images)
+        built = _build_and_attest(clock, tag, names, work, instance)
 
         # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.
         # A new correlation id per invocation: a re-run benchmarks again instead of being
         # folded into the earlier run by accept's idempotency key.
-        payload = build_payload(digests, correlation_id=new_correlation_id(), tag=tag, suite=suite, agent=agent)
+        payload = build_payload(built.digests, correlation_id=new_correlation_id(), tag=tag, suite=suite, agent=agent)
         source = payload.source.model_dump()
         with clock.stage("dispatch", "Dispatching to infra accept"):
             accepted = accept_payload(payload.to_json_dict(), policy=policy)
@@ -245,63 +230,12 @@ def _release_local(
                                             event_name="workflow_dispatch")
 
         queue = stack.enter_context(SqliteQueue())
-        grading: Grading | None = None
-        with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
-            # The worker checks the images' signatures against the private instance, as it would
-            # against public-good in production.
-            config = WorkerConfig(image_trust=endpoints, policy=policy)
-            sandbox.start()  # the rootless engine the runner runs on (no-op when ours answers)
-            for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
-                outcome = run_once(config)
-                if outcome is None:
-                    break
-                if outcome.run_id == run_id and outcome.state in TERMINAL_STATES:
-                    grading = outcome.grading
-                    break
-        if grading is None:
-            record = queue.get_run(run_id)
-            raise CheckFailed(f"the worker did not finish run {run_id} (state {record.state}: {record.reason})")
-        clock.add("queue_wait", _queue_wait(queue.events(run_id)))
-        trial_agent = sum(t.agent_seconds or 0.0 for t in grading.trials)
-        trial_verifier = sum(t.verifier_seconds or 0.0 for t in grading.trials)
-        trial_total = sum(t.total_seconds or 0.0 for t in grading.trials)
-
-        with clock.stage("evidence", "Sealing the graded run (export, evidence, signatures)"):
-            exported = io.BytesIO()
-            export_run(queue.get_run(run_id), queue.run_dir(run_id), exported)
-            exported.seek(0)
-            sealed_dir = import_run(exported, work / "sealed" / run_id, run_id)
-            sealed = seal_run(sealed_dir, signer=local_signer(github_job=seal_job), policy=policy)
-        clock.add("evidence", -sealed.evidence.signing_seconds)
-        clock.add("signing", sealed.evidence.signing_seconds)
-
-        with clock.stage("publication", f"Publishing to {dist / tag}"):
-            # What the seal job's `benchseal publish` does, to the local target.
-            request = PublicationRequest(
-                run_id=run_id, target="local", tag=payload.source.tag, artifacts_dir=str(sealed.evidence.artifacts),
-                options={"trigger": "tag", "root": str(dist), "repository": payload.source.repository,
-                         "trusted_root": str(instance.trusted_root), "infra_repository": infra_repository})
-            try:
-                published = publish_request(request, LocalTarget(dist))
-            except PublishError as exc:
-                raise CheckFailed(f"publication of run {run_id} failed: {exc.diagnostics()}") from None
-        mine = [{"run_id": run_id, **published.to_json_dict()}]
-
+        grading = _grade(clock, queue, run_id, suite=suite, agent=agent, endpoints=built.endpoints, policy=policy)
+        sealed = _seal(clock, queue, run_id, work, seal_job, policy)
+        publication = _publish(clock, dist, tag, run_id, payload, sealed.evidence.artifacts, instance,
+                               infra_repository)
         release_dir = dist / tag
-        with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
-            # The expectation is what this release was made for (the dispatched payload), stated
-            # explicitly, never read back from the release being verified.
-            verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
-                                      trusted_root=instance.trusted_root, offline=True, profile="production",
-                                      infra_repository=infra_repository)
-            # The body's commands, with this machine's cosign and benchseal binaries.
-            printed = cosign_commands(release_dir, repository=payload.source.repository, tag=payload.source.tag,
-                                      trusted_root=instance.trusted_root, profile="production",
-                                      benchseal=local_benchseal(), infra_repository=infra_repository)
-            printed += image_command_lines(release_dir, payload.source.repository, payload.source.tag,
-                                           trusted_root=instance.trusted_root, profile="production")
-            ran = run_commands(printed, release_dir)
-            image_checks = _verify_images(images, digests.source.repository, tag, digests.source.commit, endpoints)
+        verified = _verify(clock, release_dir, payload, instance, infra_repository, built, tag)
 
     stages = dict(clock.seconds)
     return ReleaseReport(
@@ -311,15 +245,130 @@ def _release_local(
         status=grading.status,
         score=grading.score,
         counts=grading.counts.model_dump(),
-        images=images,
-        images_reused=reused,
+        images=built.images,
+        images_reused=built.reused,
         source=source,
         stages=stages,
-        trials={"agent": trial_agent, "verifier": trial_verifier, "total": trial_total,
-                "harbor_overhead": max(0.0, trial_total - trial_agent - trial_verifier)},
-        verified={"benchseal_verify": True, "identity": verified.identity, "issuer": verified.issuer,
-                  "repository": verified.repository, "tag": verified.tag, "commit": verified.commit,
-                  "cosign_commands": ran, "images": image_checks},
-        publication=mine[0],
-        bytes_pushed=bytes_pushed,
+        trials=_trial_seconds(grading),
+        verified=verified,
+        publication=publication,
+        bytes_pushed=built.bytes_pushed,
     )
+
+
+@dataclass(frozen=True)
+class _Built:
+    """The images the build stage pushed and the attest stage signed, as the later stages need them."""
+
+    digests: DigestsFile
+    images: dict[str, str]
+    endpoints: SigstoreEndpoints
+    reused: bool
+    bytes_pushed: int
+
+
+def _build_and_attest(clock: StageClock, tag: str, names: ImageNames, work: Path,
+                      instance: sigstore_local.LocalInstance) -> _Built:
+    """Build and push both images (push time counted apart), then sign them as the release workflow."""
+    with clock.stage("build", f"Building runner and api images as {names.prefix}{{runner,api}}"):
+        digests, results = build_images_with_results(("runner", "api"), names, work / "digests.json", (tag,))
+    push_seconds = sum(r.seconds_push for r in results)
+    clock.add("build", -push_seconds)
+    clock.add("push", push_seconds)
+    bytes_pushed = sum(r.stats.bytes_uploaded for r in results)
+    images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
+    image_policy = image_identity(digests.source.repository, tag, digests.source.commit)
+    endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
+    with clock.stage("attest", "Signing and attesting both images as the release workflow (cosign)"):
+        _attest_as_release_workflow(images, digests.source.repository, digests.source.commit, tag, instance,
+                                    endpoints, image_policy, work / "image-sboms")
+    last_path = state_dir("release") / "last-digests.json"
+    reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
+    atomic_write_json(last_path, images)
+    return _Built(digests=digests, images=images, endpoints=endpoints, reused=reused, bytes_pushed=bytes_pushed)
+
+
+def _grade(clock: StageClock, queue: SqliteQueue, run_id: str, *, suite: str, agent: str,
+           endpoints: SigstoreEndpoints, policy: InfraPolicy) -> Grading:
+    """The worker's grading of ``run_id`` (CheckFailed unless it reached a terminal state)."""
+    grading: Grading | None = None
+    with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
+        # The worker checks the images' signatures against the private instance, as it would
+        # against public-good in production.
+        config = WorkerConfig(image_trust=endpoints, policy=policy)
+        sandbox.start()  # the rootless engine the runner runs on (no-op when ours answers)
+        for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
+            outcome = run_once(config)
+            if outcome is None:
+                break
+            if outcome.run_id == run_id and outcome.state in TERMINAL_STATES:
+                grading = outcome.grading
+                break
+    if grading is None:
+        record = queue.get_run(run_id)
+        raise CheckFailed(f"the worker did not finish run {run_id} (state {record.state}: {record.reason})")
+    clock.add("queue_wait", _queue_wait(queue.events(run_id)))
+    return grading
+
+
+def _trial_seconds(grading: Grading) -> dict[str, float]:
+    """The trials' agent, verifier and total seconds, and Harbor's overhead around them."""
+    trial_agent = sum(t.agent_seconds or 0.0 for t in grading.trials)
+    trial_verifier = sum(t.verifier_seconds or 0.0 for t in grading.trials)
+    trial_total = sum(t.total_seconds or 0.0 for t in grading.trials)
+    return {"agent": trial_agent, "verifier": trial_verifier, "total": trial_total,
+            "harbor_overhead": max(0.0, trial_total - trial_agent - trial_verifier)}
+
+
+def _seal(clock: StageClock, queue: SqliteQueue, run_id: str, work: Path, seal_job: sigstore_local.GitHubJob,
+          policy: InfraPolicy) -> Sealed:
+    """Export the graded run, unpack and check it, and seal it as the seal job's identity."""
+    with clock.stage("evidence", "Sealing the graded run (export, evidence, signatures)"):
+        exported = io.BytesIO()
+        export_run(queue.get_run(run_id), queue.run_dir(run_id), exported)
+        exported.seek(0)
+        sealed_dir = import_run(exported, work / "sealed" / run_id, run_id)
+        sealed = seal_run(sealed_dir, signer=local_signer(github_job=seal_job), policy=policy)
+    clock.add("evidence", -sealed.evidence.signing_seconds)
+    clock.add("signing", sealed.evidence.signing_seconds)
+    return sealed
+
+
+def _publish(clock: StageClock, dist: Path, tag: str, run_id: str, payload: DispatchPayload, artifacts: Path,
+             instance: sigstore_local.LocalInstance, infra_repository: str) -> dict[str, Any]:
+    """Publish the sealed run to ``dist/<tag>``; the publication's report."""
+    with clock.stage("publication", f"Publishing to {dist / tag}"):
+        # What the seal job's `benchseal publish` does, to the local target.
+        request = PublicationRequest(
+            run_id=run_id, target="local", tag=payload.source.tag, artifacts_dir=str(artifacts),
+            options={"trigger": "tag", "root": str(dist), "repository": payload.source.repository,
+                     "trusted_root": str(instance.trusted_root), "infra_repository": infra_repository})
+        try:
+            published = publish_request(request, LocalTarget(dist))
+        except PublishError as exc:
+            raise CheckFailed(f"publication of run {run_id} failed: {exc.diagnostics()}") from None
+    return {"run_id": run_id, **published.to_json_dict()}
+
+
+def _verify(clock: StageClock, release_dir: Path, payload: DispatchPayload, instance: sigstore_local.LocalInstance,
+            infra_repository: str, built: _Built, tag: str) -> dict[str, Any]:
+    """Verify the published release as a consumer would; what was verified."""
+    with clock.stage("verification", "Verifying the release (benchseal verify + cosign)"):
+        # The expectation is what this release was made for (the dispatched payload), stated
+        # explicitly, never read back from the release being verified.
+        verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
+                                  trusted_root=instance.trusted_root, offline=True, profile="production",
+                                  infra_repository=infra_repository)
+        # The body's commands, with this machine's cosign and benchseal binaries.
+        printed = cosign_commands(release_dir, repository=payload.source.repository, tag=payload.source.tag,
+                                  trusted_root=instance.trusted_root, profile="production",
+                                  benchseal=local_benchseal(), infra_repository=infra_repository)
+        printed += image_command_lines(release_dir, payload.source.repository, payload.source.tag,
+                                       trusted_root=instance.trusted_root, profile="production")
+        ran = run_commands(printed, release_dir)
+        digests = built.digests
+        image_checks = _verify_images(built.images, digests.source.repository, tag, digests.source.commit,
+                                      built.endpoints)
+    return {"benchseal_verify": True, "identity": verified.identity, "issuer": verified.issuer,
+            "repository": verified.repository, "tag": verified.tag, "commit": verified.commit,
+            "cosign_commands": ran, "images": image_checks}

@@ -107,7 +107,10 @@ class LocalInstance:
 
 
 def default_state() -> Path:
-    return paths.state_dir("sigstore")
+    """This state dir's instance (where ``paths.local_trusted_root`` expects its root)."""
+    state = paths.local_trusted_root().parent
+    state.mkdir(parents=True, exist_ok=True)
+    return state
 
 
 # What server.js requires (found through pipeline.core.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).

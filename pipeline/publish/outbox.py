@@ -47,15 +47,6 @@ log = logging.getLogger(__name__)
 DEFAULT_LOCAL_ROOT = REPO_ROOT / "dist" / "releases"
 
 
-class _Publication(Protocol):
-    @property
-    def id(self) -> int: ...
-    @property
-    def request(self) -> PublicationRequest: ...
-    @property
-    def attempts(self) -> int: ...
-
-
 class OutboxQueue(Protocol):
     """The part of ``pipeline.infra.queue.sql.Queue`` (SQLite or PostgreSQL) the publisher uses."""
 

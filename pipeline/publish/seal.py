@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from pipeline.core.contracts import DispatchPayload, Grading, RunStatus, load_model
+from pipeline.core.contracts import DispatchPayload, Grading, RunStatus, load_model, validate_run_id
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import staged_dir
 from pipeline.core.layout import ARTIFACTS_DIR
@@ -32,7 +32,7 @@ from pipeline.evidence.trials import check_grading
 from pipeline.evidence.writer import EvidenceResult, write_evidence
 from pipeline.infra.intake.accept import validate_payload
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
-from pipeline.infra.worker.export import import_run, validate_run_id
+from pipeline.infra.worker.export import import_run
 
 
 @dataclass(frozen=True)

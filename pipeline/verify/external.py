@@ -28,7 +28,7 @@ from cryptography.hazmat import asn1
 from cryptography.hazmat.primitives import serialization
 
 from pipeline.core import paths
-from pipeline.core.contracts import GITHUB_ISSUER, REPOSITORY_RE, validate_git_tag
+from pipeline.core.contracts import COMMIT_RE, GITHUB_ISSUER, validate_git_tag, validate_repository
 from pipeline.core.digests import parse_ref
 from pipeline.core.documents import ReleaseSummary, load_document
 from pipeline.core.errors import InfrastructureError, ValidationError
@@ -84,7 +84,6 @@ def cosign_environment(endpoint_env: Mapping[str, str], inherited: Mapping[str, 
 ATTESTATION_TYPES = {"slsaprovenance1": SLSA_PROVENANCE, "cyclonedx": "https://cyclonedx.org/bom"}
 _WORKFLOW_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,100}\.ya?ml\Z")
 _REF_RE = re.compile(r"\Arefs/(heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199}\Z")
-_COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 _LOOPBACK = ("127.0.0.1", "localhost")
 
 
@@ -120,12 +119,11 @@ def image_identity(repository: str, tag: str, commit: str, *, workflow: str = "t
 
     Every argument comes from the payload, the infra policy or the consumer's expectation, never
     from the image or its signatures."""
-    if not isinstance(repository, str) or not REPOSITORY_RE.match(repository):
-        raise ValidationError("repository", "must be 'owner/name'", repository)
+    validate_repository(repository, "repository")
     validate_git_tag(tag, "tag")
     if not isinstance(workflow, str) or not _WORKFLOW_RE.match(workflow):
         raise ValidationError("workflow", "must be a workflow file name ending in .yml or .yaml", workflow)
-    if not isinstance(commit, str) or not _COMMIT_RE.match(commit):
+    if not isinstance(commit, str) or not COMMIT_RE.match(commit):
         raise ValidationError("commit", "must be the source commit as 40 lowercase hex", commit)
     if ref == "tag":
         ref = f"refs/tags/{tag}"
@@ -300,6 +298,15 @@ def command_profile(directory: Path, profile: str | None) -> str:
     return "local"
 
 
+def printed_root(directory: Path, trusted_root: Path | None, profile: str | None = None) -> Path | None:
+    """The trusted root the printed commands name: the one given, else for a local-profile release
+    the private instance's own (when there is one), else none (public-good)."""
+    if trusted_root is None and command_profile(directory, profile) == "local":
+        default_root = paths.local_trusted_root()
+        return default_root if default_root.is_file() else None
+    return trusted_root
+
+
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
                     trusted_root: Path | None = None, profile: str | None = None, cosign: str | None = None,
                     benchseal: str = "benchseal", infra_repository: str | None = None) -> list[str]:
@@ -317,7 +324,7 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
     directory = Path(directory)
     chosen = command_profile(directory, profile)
     expect = expectation(policy, chosen, repository=repository, tag=tag, infra_repository=infra_repository)
-    root = trusted_root
+    root = printed_root(directory, trusted_root, profile)
     binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
     lines = [f"sha256sum -c {CHECKSUMS}"]
     for bundle in sorted(directory.glob(bundle_name("*"))):
@@ -363,6 +370,7 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     if not summary_path.is_file():
         return []
     summary = load_document(ReleaseSummary, summary_path)
+    trusted_root = printed_root(directory, trusted_root, profile)
     policy = image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
     binary = binary or ("cosign" if shutil.which("cosign") else str(cosign_path() or "cosign"))
     prefix: list[str] = []

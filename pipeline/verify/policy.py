@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.contracts import REPOSITORY_RE, validate_git_tag
+from pipeline.core.contracts import validate_git_tag, validate_repository
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.yamlfile import load_yaml
@@ -60,13 +60,6 @@ class VerifyPolicy:
     expect_repository: str | None = None
     expect_tag: str | None = None
     expect_infra_repository: str | None = None
-
-
-def validate_repository(value: object, field: str = "--repo") -> str:
-    if not isinstance(value, str) or not REPOSITORY_RE.match(value):
-        raise ValidationError(field, "must be OWNER/NAME (letters, digits, '-' in the owner; "
-                                     "letters, digits, '.', '_', '-' in the name)", value)
-    return value
 
 
 def validate_tag(value: object, field: str = "--tag") -> str:
@@ -152,13 +145,6 @@ def expected(policy: VerifyPolicy, repository: str | None, tag: str | None,
     return Expected(repository=_merge("--repo", "repository", repository, policy.expect_repository, policy.path),
                     tag=_merge("--tag", "tag", tag, policy.expect_tag, policy.path),
                     infra_repository=infra_repository if infra_repository is not None else pinned_infra)
-
-
-def uses_infra_repository(policy: Path | None, profile: str) -> bool:
-    """Whether ``profile``'s identity or issuer names ``{infra_repository}``."""
-    loaded = load_policy(policy)
-    entry = loaded.profiles.get(profile) or {}
-    return any("{infra_repository}" in value for value in entry.values())
 
 
 def expectation(policy: Path | None, profile: str, *, repository: str | None, tag: str | None,

@@ -16,7 +16,8 @@ import pytest
 
 from pipeline.core.contracts import DigestsFile, load_model
 from pipeline.core.errors import CheckFailed, ValidationError
-from pipeline.dispatch import DispatchResult, PollConfig, build_payload, dispatch_and_wait
+from pipeline.dispatch.correlate import PollConfig
+from pipeline.dispatch.dispatch import DispatchResult, build_payload, dispatch_and_wait
 from tests.doubles.github import DispatchEvent, GitHubEmulator, Run, RunHandle
 from tests.fixtures.github import SyncedClock, digests_data
 

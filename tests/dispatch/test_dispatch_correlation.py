@@ -9,7 +9,8 @@ import pytest
 
 from pipeline.core.contracts import load_model
 from pipeline.core.errors import CheckFailed, InfrastructureError
-from pipeline.dispatch import DispatchResult, PollConfig, build_payload, dispatch_and_wait
+from pipeline.dispatch.correlate import PollConfig
+from pipeline.dispatch.dispatch import DispatchResult, build_payload, dispatch_and_wait
 from tests.doubles.github import DispatchEvent, GitHubEmulator, RunHandle
 from tests.fixtures.github import API_REF, RUNNER_REF, SyncedClock, digests_data
 
@@ -168,7 +169,7 @@ def test_old_runs_before_the_skew_window_are_ignored(github_emulator: GitHubEmul
 
 def test_busy_repository_needs_one_list_request_per_poll(github_emulator: GitHubEmulator, infra_repo: str,
                                                          synced_clock: SyncedClock) -> None:
-    from pipeline.dispatch import make_client
+    from pipeline.dispatch.client import make_client
 
     # The client's own page size is small; the listing asks for GitHub's maximum anyway.
     small_pages = make_client(base_url=github_emulator.base_url, token=github_emulator.token, per_page=10,

@@ -13,16 +13,9 @@ from hypothesis import strategies as st
 
 from pipeline.core.contracts import CORRELATION_RE, DigestsFile, load_model
 from pipeline.core.errors import UsageError, ValidationError
-from pipeline.dispatch import (
-    build_payload,
-    load_digests,
-    make_client,
-    new_correlation_id,
-    title_matches,
-    token_from_env,
-)
-from pipeline.dispatch.client import make_retry
-from pipeline.dispatch.dispatch import client_payload, workflow_inputs
+from pipeline.dispatch.client import make_client, make_retry, token_from_env
+from pipeline.dispatch.correlate import title_matches
+from pipeline.dispatch.dispatch import build_payload, client_payload, load_digests, new_correlation_id, workflow_inputs
 from tests.fixtures.github import API_REF, RUNNER_REF, digests_data
 
 

@@ -38,7 +38,7 @@ def test_enterprise_layout_and_pagination_stay_on_one_host(github_emulator: GitH
         parsed = urlparse(link["url"])
         assert (parsed.hostname, parsed.port) == (origin.hostname, origin.port)
     assert [r["display_title"] for r in response.json()["workflow_runs"]] == ["run 3", "run 2", "run 1"]
-    from pipeline.dispatch import make_client
+    from pipeline.dispatch.client import make_client
 
     paged = make_client(base_url=github_emulator.base_url, token=github_emulator.token, per_page=2, backoff_factor=0)
     before = github_emulator.count("actions/list-workflow-runs-for-repo")

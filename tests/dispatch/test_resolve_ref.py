@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.dispatch import resolve_tag
+from pipeline.dispatch.resolve import resolve_tag
 from tests.doubles.github import GitHubEmulator
 
 REPO = "acme/widget"

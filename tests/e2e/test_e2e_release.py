@@ -151,7 +151,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
             assert emu.callback_errors == [], (emu.callback_errors, (logs / "worker.log").read_text()[-3000:])
             if error is not None:
                 raise error
-            from pipeline.infra.queue.sql import SqliteQueue, run_id_for
+            from pipeline.core.contracts import run_id_for
+            from pipeline.infra.queue.sql import SqliteQueue
 
             with SqliteQueue(db) as queue:
                 record = queue.get_run(run_id_for(correlation))

@@ -1,8 +1,9 @@
 """The PostgreSQL backend of the run queue (workers on several hosts, one database).
 
-The rules are ``pipeline.infra.queue.sql.SqlQueue``'s; this module gives them a
-connection, transactions and ``FOR UPDATE SKIP LOCKED`` claims (a claimer skips
-the rows another claimer has locked instead of waiting for them).
+The rules are ``pipeline.infra.queue.rules.SqlQueue``'s and the schema is
+``pipeline.infra.queue.schema``'s; this module gives them a connection,
+transactions and ``FOR UPDATE SKIP LOCKED`` claims (a claimer skips the rows
+another claimer has locked instead of waiting for them).
 
 Connection failures (a restarted database, a dropped network): a transaction
 that failed BEFORE its COMMIT was sent is retried on a new connection (nothing
@@ -27,91 +28,9 @@ import psycopg
 
 from pipeline.core.errors import CheckFailed, InfrastructureError
 from pipeline.core.paths import state_dir
-from pipeline.infra.queue.sql import SCHEMA_VERSION, Cursor, SqlQueue, T, _check_version, _iso, _one_line, redact_url
-
-_PG_MIGRATIONS: tuple[str, ...] = (
-    """
-CREATE TABLE runs (
-    run_id TEXT PRIMARY KEY,
-    correlation_id TEXT NOT NULL UNIQUE,
-    payload TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('QUEUED','CLAIMED','RUNNING','SUCCEEDED','FAILED','INFRA_ERROR')),
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    lease_token TEXT,
-    lease_expires_at DOUBLE PRECISION,
-    worker TEXT,
-    reason TEXT,
-    grading TEXT,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-CREATE INDEX runs_state ON runs (state, created_at);
-CREATE TABLE events (
-    id BIGSERIAL PRIMARY KEY,
-    run_id TEXT NOT NULL,
-    at TEXT NOT NULL,
-    event TEXT NOT NULL,
-    from_state TEXT,
-    to_state TEXT,
-    detail TEXT
-);
-CREATE INDEX events_run ON events (run_id, id);
-CREATE TABLE publications (
-    id BIGSERIAL PRIMARY KEY,
-    run_id TEXT NOT NULL REFERENCES runs (run_id),
-    target TEXT NOT NULL,
-    tag TEXT NOT NULL,
-    request TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('PENDING','DELIVERED')),
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at DOUBLE PRECISION NOT NULL,
-    lease_expires_at DOUBLE PRECISION,
-    last_error TEXT,
-    result TEXT,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    UNIQUE (run_id, target, tag)
-)
-""",
-    """
-ALTER TABLE runs ADD COLUMN phase TEXT NOT NULL DEFAULT 'run' CHECK (phase IN ('run','finalize'));
-ALTER TABLE runs ADD COLUMN finalize_attempts INTEGER NOT NULL DEFAULT 0;
-CREATE TABLE workers (
-    worker TEXT PRIMARY KEY,
-    last_seen DOUBLE PRECISION NOT NULL,
-    run_id TEXT
-);
-CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id)
-""",
-    """
-ALTER TABLE runs ADD COLUMN trials_planned INTEGER NOT NULL DEFAULT 0;
-CREATE TABLE trials (
-    run_id TEXT NOT NULL REFERENCES runs (run_id),
-    idx INTEGER NOT NULL,
-    task TEXT NOT NULL,
-    trial_name TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('QUEUED','RUNNING','DONE')),
-    attempts INTEGER NOT NULL DEFAULT 0,
-    max_attempts INTEGER NOT NULL,
-    lease_token TEXT,
-    lease_expires_at DOUBLE PRECISION,
-    worker TEXT,
-    reason TEXT,
-    result TEXT,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    PRIMARY KEY (run_id, idx)
-);
-CREATE INDEX trials_claim ON trials (state, created_at, run_id, idx);
-CREATE INDEX trials_lease ON trials (run_id, lease_token)
-""",
-    """
-ALTER TABLE trials ADD COLUMN evidence BYTEA
-""",
-)
-if len(_PG_MIGRATIONS) != SCHEMA_VERSION:  # pragma: no cover - a development error
-    raise RuntimeError("the PostgreSQL and SQLite migrations must have the same versions")
+from pipeline.infra.queue.helpers import Cursor, T, iso, one_line, redact_url
+from pipeline.infra.queue.rules import SqlQueue
+from pipeline.infra.queue.schema import POSTGRESQL, SCHEMA_VERSION, VERSIONS_TABLE, check_version, migration
 
 # Serialises concurrent `benchseal infra migrate` runs (an arbitrary, fixed advisory lock key).
 _MIGRATE_LOCK = 0x62656E6368
@@ -165,11 +84,11 @@ class PostgresQueue(SqlQueue):
         self._connected_once = False
         self.reconnects = 0  # connections replaced after a failure (observability, tests)
         if check_schema:
-            _check_version(self.location, self.schema_version())
+            check_version(self.location, self.schema_version())
 
     def _error(self, what: str, exc: BaseException) -> InfrastructureError:
         # psycopg's messages name host and database, never the password.
-        return InfrastructureError(f"queue database {self.location}: {what}: {_one_line(str(exc))}")
+        return InfrastructureError(f"queue database {self.location}: {what}: {one_line(str(exc))}")
 
     def _connect(self) -> psycopg.Connection[Any]:
         if self._closed:
@@ -259,17 +178,16 @@ class PostgresQueue(SqlQueue):
 
         def work(cur: Cursor) -> tuple[int, int]:
             cur.execute(f"SELECT pg_advisory_xact_lock({_MIGRATE_LOCK})")
-            cur.execute("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)")
+            cur.execute(VERSIONS_TABLE)
             cur.execute("SELECT COALESCE(MAX(version), 0) FROM schema_migrations")
             before = int(cur.fetchone()[0])
             if before > SCHEMA_VERSION:
                 raise CheckFailed(f"queue database {self.location} is at schema version {before}, newer than this "
                                   f"benchseal knows ({SCHEMA_VERSION}): upgrade benchseal")
             for version in range(before + 1, SCHEMA_VERSION + 1):
-                for statement in _PG_MIGRATIONS[version - 1].split(";"):
-                    if statement.strip():
-                        cur.execute(statement)
-                cur.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (version, _iso(time.time())))
+                for statement in migration(POSTGRESQL, version):
+                    cur.execute(statement)
+                cur.execute("INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)", (version, iso(time.time())))
             return before, SCHEMA_VERSION
 
         return self._transaction(work)

@@ -53,6 +53,11 @@ it against a whitelist and forwards exactly what it checked:
 * image pulls only of the allowlisted repositories; image removal only of what
   was built through the proxy; read-only listings and ``/_ping``, ``/version``,
   ``/info``; anything else is refused with 403 and logged.
+
+This module is the server (h11 parsing, forwarding, upgrades) and the rules;
+the JSON body whitelists are in ``engine_bodies``, the ``/build`` context and
+Dockerfile checks in ``engine_build``, ``Refused``/``NotFound`` in
+``engine_refusal``.
 """
 
 from __future__ import annotations
@@ -65,18 +70,37 @@ import os
 import posixpath
 import re
 import socket
-import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import h11
 
+from pipeline.infra.sandbox.engine_bodies import (
+    _CREATE,
+    _EXEC,
+    _EXEC_START,
+    _UPDATE,
+    _VOLUME,
+    _canon,
+    _dump,
+    _load_json,
+)
+from pipeline.infra.sandbox.engine_build import (
+    _BUILD_QUERY,
+    _FALSE,
+    _check_add,
+    _context_dockerfiles,
+    _instructions,
+    _tagged,
+)
+from pipeline.infra.sandbox.engine_refusal import NotFound as NotFound
+from pipeline.infra.sandbox.engine_refusal import Refused as Refused
 from pipeline.infra.sandbox.relay import GATEWAY_PORT, _pump, _splice
 
 log = logging.getLogger("benchseal.engine_proxy")
@@ -86,21 +110,8 @@ GATEWAY_LABEL = "benchseal.engine-proxy.gateway"  # on a gateway: "1"; on a tria
 _MAX_HEAD = 65536
 _MAX_BODY = 4 * 1024 * 1024
 _MAX_CONTEXT = 1 << 30  # a build context is spooled to disk to be read before it is forwarded
-_MAX_DOCKERFILE = 1 << 20
 _VERSION = re.compile(r"^/v[0-9.]+(?=/)")
 _ID = r"([^/]+)"
-
-
-class Refused(Exception):
-    """A request the proxy will not forward (its message goes back to the client)."""
-
-    status = 403
-
-
-class NotFound(Refused):
-    """The addressed container or exec does not exist (the engine's 404, passed on)."""
-
-    status = 404
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -135,238 +146,6 @@ class EnginePolicy:
     token: str = field(default_factory=lambda: os.urandom(12).hex())
     gateway: ModelGateway | None = None  # None: every container gets network none
 
-
-# --- JSON bodies: decoded as the engine's Go decoder does, forwarded canonical ----------
-#
-# encoding/json matches an object key to a struct field case-insensitively (and, for a
-# non-ASCII key, through Unicode folding: U+212A KELVIN SIGN is "k", U+017F LONG S is "s"),
-# the last of two keys for one field wins (nested objects are merged, maps extended), null
-# into a string/bool/number is a no-op and unknown keys are ignored. The proxy does not
-# re-implement those merges: it refuses a non-ASCII key and any two keys for one field or
-# map entry, maps every key to its field's canonical name, checks each field against a
-# whitelist (a field it does not know is refused unless its value is the zero value, which
-# is then dropped) and forwards the body it re-serialised, so what it checked is what the
-# engine decodes.
-
-Checker = Callable[[Any, str], Any]
-_DROP = object()  # a checker's answer: leave the field out of the canonical body
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise Refused(f"duplicate JSON key {next(k for k in keys if keys.count(k) > 1)!r}")
-    return dict(pairs)
-
-
-def _no_constant(name: str) -> Any:
-    raise Refused(f"JSON constant {name} is not allowed")
-
-
-def _load_json(body: bytes, what: str) -> Any:
-    try:
-        return json.loads(body.decode("utf-8"), object_pairs_hook=_pairs, parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError):
-        raise Refused(f"{what}: body is not JSON") from None
-
-
-def _is_zero(value: Any) -> bool:
-    return value is None or value is False or (value == 0 and not isinstance(value, bool)) or value in ("", [], {})
-
-
-def _canon(obj: Any, schema: dict[str, Checker], where: str) -> dict[str, Any]:
-    """``obj`` with every key renamed to its schema field and every value checked; Refused otherwise."""
-    if not isinstance(obj, dict):
-        raise Refused(f"{where}: expected a JSON object")
-    fields = {name.lower(): name for name in schema}
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        if not key.isascii():
-            raise Refused(f"{where}.{key}: a non-ASCII key is not allowed (the engine folds some to ASCII)")
-        name = fields.get(key.lower())
-        if name is None:
-            if value is None or value is False or value == "" or (value == 0 and not isinstance(value, bool)):
-                continue  # the engine's default: leaving it out changes nothing
-            raise Refused(f"{where}.{key} is not allowed (not a field the proxy knows to be safe)")
-        if name in out or f"\0{name}" in out:
-            raise Refused(f"{where}.{key}: two keys for one field (the engine would merge them)")
-        checked = schema[name](value, f"{where}.{name}")
-        out[name if checked is not _DROP else f"\0{name}"] = checked
-    return {name: value for name, value in out.items() if not name.startswith("\0")}
-
-
-def _zero(value: Any, where: str) -> Any:
-    if not _is_zero(value):
-        raise Refused(f"{where} is not allowed (only its zero value)")
-    return _DROP
-
-
-def _never(reason: str) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        if not _is_zero(value):
-            raise Refused(f"{where}: {reason}")
-        return _DROP
-    return check
-
-
-def _absent(value: Any, where: str) -> Any:
-    if value is not None:  # MaskedPaths: [] unmasks /proc/kcore and the rest: only absent is safe
-        raise Refused(f"{where} is not allowed (any value, even empty, changes the engine's defaults)")
-    return _DROP
-
-
-def _typed(*types: type, nullable: bool = True) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        if value is None and nullable:
-            return _DROP
-        if isinstance(value, bool) != (bool in types) or not isinstance(value, types):
-            raise Refused(f"{where}: expected {'/'.join(t.__name__ for t in types)}")
-        return value
-    return check
-
-
-def _int_range(low: int, high: int) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        if value is None:
-            return _DROP
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise Refused(f"{where}: expected an integer in [{low}, {high}]")
-        return value
-    return check
-
-
-def _one_of(*allowed: str) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        if value is None:
-            return _DROP
-        if value not in allowed:
-            raise Refused(f"{where}={value!r} is not allowed (allowed: {', '.join(map(repr, allowed))})")
-        return value
-    return check
-
-
-def _list_of(item: Checker) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        if value is None:
-            return _DROP
-        if not isinstance(value, list):
-            raise Refused(f"{where}: expected a list")
-        return [item(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    return check
-
-
-def _map_of(item: Checker) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        if value is None:
-            return _DROP
-        if not isinstance(value, dict):
-            raise Refused(f"{where}: expected an object")
-        return {str(k): item(v, f"{where}[{k!r}]") for k, v in value.items()}
-    return check
-
-
-def _struct(schema: dict[str, Checker]) -> Checker:
-    def check(value: Any, where: str) -> Any:
-        return _DROP if value is None else _canon(value, schema, where)
-    return check
-
-
-def _empty_object(value: Any, where: str) -> Any:
-    if not isinstance(value, dict):
-        raise Refused(f"{where}: expected an object")
-    return {}  # map[string]struct{}: the engine reads no member of it
-
-
-def _str_slice(value: Any, where: str) -> Any:
-    """strslice.StrSlice: a string or a list of strings."""
-    return value if isinstance(value, str) else _STRS(value, where)
-
-
-_STR = _typed(str)
-_BOOL = _typed(bool)
-_INT = _int_range(-(2**63), 2**63 - 1)
-_NONNEG = _int_range(0, 2**63 - 1)
-_STRS = _list_of(_typed(str, nullable=False))
-_STRMAP = _map_of(_typed(str, nullable=False))
-_LOG_OPTS = frozenset({"max-size", "max-file", "compress", "mode", "max-buffer-size"})
-_NO_NEW_PRIVILEGES = ("no-new-privileges", "no-new-privileges:true", "no-new-privileges=true")
-_TMPFS_OPTION = re.compile(r"(rw|ro|noexec|exec|nosuid|nodev|size=[0-9]+[kmgKMG%]?|mode=[0-7]{3,4}|uid=[0-9]+|"
-                           r"gid=[0-9]+|nr_inodes=[0-9]+[kmgKMG]?)")
-
-
-def _log_config(value: Any, where: str) -> Any:
-    spec = _canon(value, {"Type": _one_of("", "json-file", "local", "none"), "Config": _STRMAP}, where)
-    unknown = sorted(set(spec.get("Config") or {}) - _LOG_OPTS)
-    if unknown:
-        raise Refused(f"{where}.Config {', '.join(unknown)} is not allowed")
-    return spec
-
-
-def _tmpfs(value: Any, where: str) -> Any:
-    spec = _STRMAP(value, where)
-    for target, options in (spec if spec is not _DROP else {}).items():
-        bad = [o for o in options.split(",") if o and not _TMPFS_OPTION.fullmatch(o)]
-        if not target.startswith("/") or bad:
-            raise Refused(f"{where}[{target!r}]: tmpfs option {', '.join(bad) or 'target'} is not allowed")
-    return spec
-
-
-_RESOURCES: dict[str, Checker] = {
-    "CpuShares": _NONNEG, "Memory": _NONNEG, "NanoCpus": _NONNEG, "CgroupParent": _zero,
-    "BlkioWeight": _int_range(0, 1000), "BlkioWeightDevice": _zero, "BlkioDeviceReadBps": _zero,
-    "BlkioDeviceWriteBps": _zero, "BlkioDeviceReadIOps": _zero, "BlkioDeviceWriteIOps": _zero,
-    "CpuPeriod": _NONNEG, "CpuQuota": _INT, "CpuRealtimePeriod": _zero, "CpuRealtimeRuntime": _zero,
-    "CpusetCpus": _STR, "CpusetMems": _STR, "Devices": _zero, "DeviceCgroupRules": _zero,
-    "DeviceRequests": _zero, "KernelMemory": _NONNEG, "KernelMemoryTCP": _zero, "MemoryReservation": _NONNEG,
-    "MemorySwap": _int_range(-1, 2**63 - 1), "MemorySwappiness": _int_range(-1, 100), "OomKillDisable": _zero,
-    "PidsLimit": _INT, "Ulimits": _zero, "CpuCount": _zero, "CpuPercent": _zero, "IOMaximumIOps": _zero,
-    "IOMaximumBandwidth": _zero,
-}
-_RESTART = _struct({"Name": _one_of("", "no"), "MaximumRetryCount": _zero})
-_MOUNT: dict[str, Checker] = {
-    "Type": _one_of("bind", "volume", "tmpfs"), "Source": _STR, "Target": _STR, "ReadOnly": _BOOL,
-    "Consistency": _one_of("", "default", "consistent", "cached", "delegated"),
-    "BindOptions": _struct({"Propagation": _one_of("", "private", "rprivate"), "NonRecursive": _BOOL,
-                            "CreateMountpoint": _BOOL}),  # (creates a missing source, which is under the roots)
-    "VolumeOptions": _struct({"NoCopy": _BOOL, "Labels": _STRMAP, "DriverConfig": _zero}),
-    "TmpfsOptions": _struct({"SizeBytes": _NONNEG, "Mode": _int_range(0, 0o7777)}),
-}
-_HOST_CONFIG: dict[str, Checker] = {
-    "Binds": _STRS, "ContainerIDFile": _zero, "LogConfig": _log_config, "NetworkMode": _one_of("", "default", "none"),
-    "PortBindings": _zero, "RestartPolicy": _RESTART, "AutoRemove": _BOOL, "VolumeDriver": _zero,
-    "VolumesFrom": _zero, "ConsoleSize": _list_of(_NONNEG), "CapAdd": _zero, "CapDrop": _STRS,
-    "CgroupnsMode": _one_of("", "private"), "Dns": _STRS, "DnsOptions": _STRS, "DnsSearch": _STRS,
-    "ExtraHosts": _STRS, "GroupAdd": _STRS, "IpcMode": _one_of("", "private", "none", "shareable"), "Cgroup": _zero,
-    "Links": _zero, "OomScoreAdj": _int_range(0, 1000), "PidMode": _zero, "Privileged": _never("privileged containers are not allowed"),
-    "PublishAllPorts": _zero, "ReadonlyRootfs": _BOOL, "SecurityOpt": _list_of(_one_of(*_NO_NEW_PRIVILEGES)),
-    "StorageOpt": _zero, "Tmpfs": _tmpfs, "UTSMode": _zero, "UsernsMode": _zero,
-    "ShmSize": _int_range(0, 8 << 30), "Sysctls": _zero, "Runtime": _one_of("", "runc"),
-    "Isolation": _one_of("", "default"), "Mounts": _list_of(_struct(_MOUNT)), "MaskedPaths": _absent,
-    "ReadonlyPaths": _absent, "Init": _BOOL, **_RESOURCES,
-}
-_HEALTHCHECK = _struct({"Test": _STRS, "Interval": _NONNEG, "Timeout": _NONNEG, "StartPeriod": _NONNEG,
-                        "StartInterval": _NONNEG, "Retries": _NONNEG})
-# The create body is ContainerConfigWrapper: container.Config's fields, HostConfig, NetworkingConfig; the
-# engine ALSO reads a deprecated embedded HostConfig from the top level, which is not in this list (refused).
-_CREATE: dict[str, Checker] = {
-    "Hostname": _STR, "Domainname": _STR, "User": _STR, "AttachStdin": _BOOL, "AttachStdout": _BOOL,
-    "AttachStderr": _BOOL, "ExposedPorts": _map_of(_empty_object), "Tty": _BOOL, "OpenStdin": _BOOL,
-    "StdinOnce": _BOOL, "Env": _STRS, "Cmd": _str_slice, "Healthcheck": _HEALTHCHECK, "ArgsEscaped": _BOOL,
-    "Image": _STR, "Volumes": _map_of(_empty_object), "WorkingDir": _STR, "Entrypoint": _str_slice,
-    "NetworkDisabled": _BOOL, "MacAddress": _STR, "OnBuild": _zero, "Labels": _STRMAP, "StopSignal": _STR,
-    "StopTimeout": _INT, "Shell": _STRS, "HostConfig": _struct(_HOST_CONFIG),
-    "NetworkingConfig": lambda value, where: _DROP,  # replaced by the proxy's own network
-}
-_EXEC: dict[str, Checker] = {
-    "User": _STR, "Privileged": _never("privileged exec is not allowed"), "Tty": _BOOL, "ConsoleSize": _list_of(_NONNEG), "AttachStdin": _BOOL,
-    "AttachStderr": _BOOL, "AttachStdout": _BOOL, "Detach": _BOOL, "DetachKeys": _STR, "Env": _STRS,
-    "WorkingDir": _STR, "Cmd": _str_slice,
-    "Container": lambda value, where: _DROP,  # the Python SDK sends it; the engine reads the id from the path
-}
-_EXEC_START: dict[str, Checker] = {"Detach": _BOOL, "Tty": _BOOL, "ConsoleSize": _list_of(_NONNEG)}
-_VOLUME: dict[str, Checker] = {"Name": _STR, "Driver": _one_of("", "local"), "DriverOpts": _zero, "Labels": _STRMAP,
-                               "ClusterVolumeSpec": _zero}
-_UPDATE: dict[str, Checker] = {**_RESOURCES, "RestartPolicy": _RESTART}
 
 # --- HTTP: one request per client connection, parsed by h11, re-framed by the proxy ----
 
@@ -540,138 +319,6 @@ def _answer_upgrade(peer: _Client, upstream: socket.socket) -> None:
     except OSError:
         pass
     _splice(peer.sock, upstream)
-
-
-# --- /build: the context's Dockerfile may not make the engine fetch anything ----------
-
-_BUILD_QUERY = frozenset({"t", "dockerfile", "q", "nocache", "rm", "forcerm", "memory", "memswap", "cpushares",
-                          "cpusetcpus", "cpuperiod", "cpuquota", "buildargs", "shmsize", "labels", "networkmode",
-                          "target", "cachefrom", "pull", "version", "squash", "extrahosts", "buildid"})
-_FALSE = ("", "0", "no", "false", "none")  # what the engine's BoolValue reads as false
-_ASCII_SPACE = " \t\v\f\r"  # a subset of what Go's parser trims: a comment here is one there too
-_ADD_UNSAFE = re.compile(r"://|[$\\`'\"]|git@|^github\.com/", re.IGNORECASE)
-
-
-def _instructions(text: str, escape: str) -> list[tuple[str, str]]:
-    """(keyword, arguments) of each instruction, joined at ``escape`` line continuations as the engine joins them.
-
-    Lines split at "\\n" only (as Go's scanner); comment and blank lines inside a continuation are skipped,
-    as the engine skips them. Where this parser and the engine could differ it ends an instruction earlier
-    (it sees more instructions, never fewer)."""
-    continuation = re.compile(re.escape(escape) + r"[ \t]*$")
-    found: list[tuple[str, str]] = []
-    current: str | None = None
-    for raw in text.split("\n"):
-        line = raw.removesuffix("\r")
-        stripped = line.lstrip(_ASCII_SPACE)
-        if not stripped or stripped.startswith("#"):
-            continue
-        match = continuation.search(line)
-        current = (current or "") + (line[:match.start()] if match else line)
-        if not match:
-            found.append(_split_instruction(current))
-            current = None
-    if current is not None:
-        found.append(_split_instruction(current))
-    return found
-
-
-def _split_instruction(line: str) -> tuple[str, str]:
-    words = line.strip().split(None, 1)
-    keyword = words[0] if words else ""
-    if not keyword.isascii():  # Go lowercases U+0130 to "i" (ONBUİLD): a non-ASCII keyword is no keyword here
-        raise Refused(f"Dockerfile instruction {keyword!r} is not allowed")
-    return keyword.upper(), words[1] if len(words) > 1 else ""
-
-
-def _check_add(args: str) -> None:
-    words = args.split()
-    while words and words[0].startswith("--"):
-        if _ADD_UNSAFE.search(words.pop(0)):
-            raise Refused(f"Dockerfile ADD {args!r}: a flag with a URL, variable, quote or escape is not allowed")
-    rest = " ".join(words)
-    sources: list[str] = [rest]
-    if rest.startswith("["):
-        with contextlib.suppress(ValueError):
-            parsed = json.loads(rest)
-            if isinstance(parsed, list) and all(isinstance(s, str) for s in parsed):
-                sources = parsed
-    for source in sources:
-        if _ADD_UNSAFE.search(source):
-            raise Refused(f"Dockerfile ADD {args!r}: a URL or git source (the engine would fetch it on the host "
-                          "network), or a variable, quote or escape that could make one, is not allowed")
-
-
-def _dockerfile_names(name: str) -> set[str]:
-    """The context paths the engine reads the Dockerfile from (``Dockerfile`` falls back to ``dockerfile``)."""
-    wanted = posixpath.normpath("/" + (name or "Dockerfile")).lstrip("/")
-    return {wanted, "dockerfile"} if wanted == "Dockerfile" else {wanted}
-
-
-def _require_archive_end(archive: tarfile.TarFile) -> None:
-    """Nothing but the end-of-archive zeros after the last member tarfile read (the engine would read on)."""
-    stream = archive.fileobj
-    assert stream is not None
-    stream.seek(archive.offset)
-    while chunk := stream.read(65536):
-        if chunk.strip(b"\0"):
-            raise Refused("build context: data after the end of the archive")
-
-
-def _compression(spool: IO[bytes]) -> Literal["r:", "r:gz", "r:bz2", "r:xz"]:
-    """The tarfile mode for the compression the engine detects by magic bytes (never tarfile's own guess:
-    a gzip stream can be made to look like a plain tar too, and the engine would read the gzip)."""
-    spool.seek(0)
-    magic = spool.read(6)
-    spool.seek(0)
-    if magic.startswith(b"BZh"):
-        return "r:bz2"
-    if magic.startswith(b"\x1f\x8b\x08"):
-        return "r:gz"
-    if magic.startswith(b"\xfd7zXZ\x00"):
-        return "r:xz"
-    if magic.startswith(b"\x28\xb5\x2f\xfd"):
-        raise Refused("build context: zstd is not read by the proxy")
-    return "r:"
-
-
-def _context_dockerfiles(spool: IO[bytes], name: str) -> list[str]:
-    """Every Dockerfile the engine could read from the context; Refused for a link on their path."""
-    wanted = _dockerfile_names(name)
-    spool.seek(0)
-    found: list[str] = []
-    try:
-        with tarfile.open(fileobj=spool, mode=_compression(spool)) as archive:
-            members = archive.getmembers()
-            _require_archive_end(archive)
-            for member in members:
-                norm = posixpath.normpath("/" + member.name).lstrip("/")
-                for path in wanted:
-                    if norm == path and member.isreg():
-                        data = archive.extractfile(member).read(_MAX_DOCKERFILE + 1)  # type: ignore[union-attr]
-                        if len(data) > _MAX_DOCKERFILE:
-                            raise Refused("build context: Dockerfile too large")
-                        found.append(data.decode("utf-8-sig", errors="surrogateescape"))
-                    elif (norm == path or path.startswith(norm + "/")) and not member.isdir():
-                        raise Refused(f"build context: {member.name!r} (a link or special file) is on the "
-                                      "Dockerfile's path")
-    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
-        raise Refused(f"build context is not a tar archive the proxy can read: {exc}") from None
-    finally:
-        spool.seek(0)
-    if not found:
-        raise Refused(f"build context has no Dockerfile at {sorted(wanted)}")
-    return found
-
-
-def _tagged(name: str) -> str:
-    """``name`` with an explicit tag (``:latest`` when none)."""
-    last = name.rsplit("/", 1)[-1]
-    return name if ":" in last or "@" in last else f"{name}:latest"
-
-
-def _dump(spec: dict[str, Any]) -> bytes:
-    return json.dumps(spec).encode()
 
 
 _READ_ONLY = re.compile(r"/_ping|/version|/info|/events|/(containers|images|networks|volumes|plugins)/json|"

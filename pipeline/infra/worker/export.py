@@ -31,14 +31,13 @@ import io
 import json
 import logging
 import os
-import re
 import tarfile
 import zlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-from pipeline.core.contracts import Grading, RunStatus, load_model
+from pipeline.core.contracts import Grading, RunStatus, load_model, validate_run_id
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import NameTree, NotRegularFile, canonical_json, name_problem, open_regular, staged_dir
 from pipeline.infra.queue.sql import Queue, RunRecord
@@ -46,17 +45,10 @@ from pipeline.infra.worker.trial_evidence import check_trial_name, read_trial_pa
 
 MAX_EXPORT_BYTES = 512 * 1024 * 1024
 MAX_MEMBERS = 100_000
-RUN_ID_RE = re.compile(r"\Arun-[0-9a-f]{20}\Z")
 TOP_FILES = ("run.json", "grading.json")
 EVIDENCE = "artifacts/evidence"
 TERMINAL = ("SUCCEEDED", "FAILED", "INFRA_ERROR")
 log = logging.getLogger("benchseal.export")
-
-
-def validate_run_id(run_id: str, field: str = "RUN_ID") -> str:
-    if not RUN_ID_RE.match(run_id):
-        raise ValidationError(field, "must be run-<20 lowercase hex>", run_id)
-    return run_id
 
 
 def _evidence_files(run_dir: Path) -> Iterator[tuple[str, Path]]:

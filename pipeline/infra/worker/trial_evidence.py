@@ -26,6 +26,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from pipeline.core.contracts import trial_name_problem
 from pipeline.core.errors import CheckFailed
 from pipeline.core.fsutil import NameTree, is_plain_entry, name_problem, open_regular
 from pipeline.infra.queue.sql import MAX_TRIAL_EVIDENCE_BYTES
@@ -115,10 +116,8 @@ def _packable(trial_dir: Path, path: Path) -> bool:
 
 
 def check_trial_name(trial_name: str) -> str:
-    """A trial name names one directory: one plain name part (fsutil.name_problem), not hidden."""
-    problem = name_problem(trial_name)
-    if problem is None and ("/" in trial_name or trial_name.startswith(".")):
-        problem = "is not one directory's name (a '/' or a leading '.')"
+    """A trial name is ``contracts``' one rule (``<task>__<run short id>``): one plain directory name, never hidden."""
+    problem = trial_name_problem(trial_name)
     if problem:
         raise CheckFailed(f"trial evidence: trial name {trial_name!r} {problem}")
     return trial_name

@@ -1,0 +1,149 @@
+"""The queue's SQL schema, written once for both backends.
+
+Each migration below is one version of the schema; ``{real}``, ``{blob}``, ``{serial_key}`` and
+``{if_not_exists}`` are where SQLite and PostgreSQL differ (``Dialect``: the two side by side).
+Both backends apply the statements of a version in one transaction and record it in
+``schema_migrations``; every open checks the version (``check_version``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.core.errors import CheckFailed
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What one backend's SQL spells differently."""
+
+    name: str
+    real: str  # a float column (epoch seconds)
+    blob: str  # a byte-string column
+    serial_key: str  # an auto-numbered integer primary key
+    # Version 1 tables and indexes: SQLite created them at every open before versions were recorded
+    # (an unversioned file with the runs table is at version 1), so its version 1 tolerates them.
+    if_not_exists: str
+
+
+#                               SQLite                                PostgreSQL
+SQLITE = Dialect(name="sqlite", real="REAL", blob="BLOB", serial_key="INTEGER PRIMARY KEY AUTOINCREMENT",
+                 if_not_exists=" IF NOT EXISTS")
+POSTGRESQL = Dialect(name="postgresql", real="DOUBLE PRECISION", blob="BYTEA", serial_key="BIGSERIAL PRIMARY KEY",
+                     if_not_exists="")
+
+# Version 1 is the schema before versions were recorded (an unversioned database
+# that has the runs table is at version 1).
+_MIGRATIONS: tuple[str, ...] = (
+    """
+CREATE TABLE{if_not_exists} runs (
+    run_id TEXT PRIMARY KEY,
+    correlation_id TEXT NOT NULL UNIQUE,
+    payload TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('QUEUED','CLAIMED','RUNNING','SUCCEEDED','FAILED','INFRA_ERROR')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    lease_token TEXT,
+    lease_expires_at {real},
+    worker TEXT,
+    reason TEXT,
+    grading TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL
+);
+CREATE INDEX{if_not_exists} runs_state ON runs (state, created_at);
+CREATE TABLE{if_not_exists} events (
+    id {serial_key},
+    run_id TEXT NOT NULL,
+    at TEXT NOT NULL,
+    event TEXT NOT NULL,
+    from_state TEXT,
+    to_state TEXT,
+    detail TEXT
+);
+CREATE INDEX{if_not_exists} events_run ON events (run_id, id);
+CREATE TABLE{if_not_exists} publications (
+    id {serial_key},
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    target TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    request TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('PENDING','DELIVERED')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at {real} NOT NULL,
+    lease_expires_at {real},
+    last_error TEXT,
+    result TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    UNIQUE (run_id, target, tag)
+);
+""",
+    """
+ALTER TABLE runs ADD COLUMN phase TEXT NOT NULL DEFAULT 'run' CHECK (phase IN ('run','finalize'));
+ALTER TABLE runs ADD COLUMN finalize_attempts INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE workers (
+    worker TEXT PRIMARY KEY,
+    last_seen {real} NOT NULL,
+    run_id TEXT
+);
+-- The claim order (finalize before run, then oldest) read straight from this index.
+CREATE INDEX runs_claim ON runs (state, phase, created_at, run_id);
+""",
+    # Version 3: work split below the run (see "trials" in pipeline.infra.queue.sql's docstring).
+    """
+ALTER TABLE runs ADD COLUMN trials_planned INTEGER NOT NULL DEFAULT 0;
+CREATE TABLE trials (
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    idx INTEGER NOT NULL,
+    task TEXT NOT NULL,
+    trial_name TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('QUEUED','RUNNING','DONE')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    max_attempts INTEGER NOT NULL,
+    lease_token TEXT,
+    lease_expires_at {real},
+    worker TEXT,
+    reason TEXT,
+    result TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE INDEX trials_claim ON trials (state, created_at, run_id, idx);
+CREATE INDEX trials_lease ON trials (run_id, lease_token);
+""",
+    # Version 4: each trial's evidence (its Harbor trial dir, packed by the host that ran it), so the
+    # grading host publishes every trial's dir, wherever it ran.
+    """
+ALTER TABLE trials ADD COLUMN evidence {blob};
+""",
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+
+# Where each backend records the versions it applied (the same in both dialects).
+VERSIONS_TABLE = "CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)"
+
+# The columns the queue reads back from a run row and a publication row, in RunRecord / Publication order.
+RUN_COLUMNS = ("run_id, correlation_id, payload, state, attempts, max_attempts, lease_token, lease_expires_at,"
+               " worker, reason, grading, created_at, updated_at, phase, finalize_attempts, trials_planned")
+PUB_COLUMNS = "id, request, state, attempts, next_attempt_at, last_error, result"
+
+
+def migration(dialect: Dialect, version: int) -> list[str]:
+    """The statements of schema ``version`` (1 .. SCHEMA_VERSION) in ``dialect``, to run one by one in one
+    transaction (SQLite's executescript would COMMIT)."""
+    if not 1 <= version <= SCHEMA_VERSION:
+        raise ValueError(f"no schema version {version} (1 .. {SCHEMA_VERSION})")
+    text = _MIGRATIONS[version - 1].format(real=dialect.real, blob=dialect.blob, serial_key=dialect.serial_key,
+                                           if_not_exists=dialect.if_not_exists)
+    return [statement for statement in text.split(";") if statement.strip()]
+
+
+def check_version(location: str, version: int) -> None:
+    if version < SCHEMA_VERSION:
+        raise CheckFailed(f"queue database {location} is at schema version {version}, this benchseal needs "
+                          f"{SCHEMA_VERSION}: run `benchseal infra migrate`")
+    if version > SCHEMA_VERSION:
+        raise CheckFailed(f"queue database {location} is at schema version {version}, newer than this benchseal "
+                          f"knows ({SCHEMA_VERSION}): upgrade benchseal")

@@ -1,0 +1,189 @@
+"""The images a batch runs on: the runner and the base pulled BY DIGEST on the host engine (local
+RepoDigests must list exactly that reference) and handed to the sandbox engine by id
+(``sandbox_image``), the task environments' base (``resolve_base_ref``), the suite rendered onto that
+base (``render_suite``: ``FROM benchseal-base`` -> the base) and its task images prebuilt once, by
+content (``prebuild_task_images``). The images' signatures are checked by the claim loop
+(``pipeline.infra.worker.loop.require_signed_images``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+
+from pipeline.core.digests import ImageRef, parse_ref, require_repo_digest
+from pipeline.core.documents import base_lock_path, read_base_lock
+from pipeline.core.errors import CheckFailed
+from pipeline.core.registry_auth import docker_auth_config
+from pipeline.imaging.base import ensure_base
+from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
+from pipeline.infra.sandbox import engine as sandbox
+from pipeline.infra.worker.config import InfraFailure, WorkerConfig
+
+BASE_PLACEHOLDER = "benchseal-base"
+_FROM_RE = re.compile(r"^\s*FROM\s+(\S+)(.*)$", re.IGNORECASE)
+
+
+def sandbox_image(host: Any, sandboxed: Any, ref: ImageRef) -> str:
+    """The one place an admitted image crosses into the sandbox: ``ref`` was pulled by digest on the
+    host (RepoDigests checked) and its signatures checked there; the sandbox gets the same image by
+    id (the sha256 of its config, which pins every layer) and everything there names it by that id."""
+    image_id = pull_by_digest(host, ref)
+    return sandbox.copy_image(host, sandboxed, image_id)
+
+
+def pull_by_digest(client: Any, ref: ImageRef) -> str:
+    """Pull ``ref`` by digest; return the local image id once RepoDigests contains exactly ``ref``."""
+
+    # Same credentials as the push, handed to the engine in the X-Registry-Auth header (never argv);
+    # {} rather than None so the SDK does not look credentials up on its own.
+    auth_config = docker_auth_config(ref.registry, ref.repository)
+    try:
+        # Already in the engine under exactly this digest: content-addressed, nothing to fetch
+        # (saves a registry round trip per image on every run).
+        image = client.images.get(ref.ref)
+        if ref.ref in (image.attrs.get("RepoDigests") or []):
+            image_id: str = image.id
+            return image_id
+    except docker.errors.ImageNotFound:
+        pass
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"inspecting {ref.ref} failed: {exc.explanation or exc}") from exc
+    try:
+        client.api.pull(ref.name, tag=ref.digest, auth_config=auth_config)
+        image = client.images.get(ref.ref)
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"pull {ref.ref} failed: {exc.explanation or exc}") from exc
+    require_repo_digest(ref, image.attrs.get("RepoDigests") or [])
+    pulled_id: str = image.id
+    return pulled_id
+
+
+def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
+    """The task environments' base: ``config.base_ref``, else the base lock (``$BENCHSEAL_BASE_LOCK`` or
+    images/base.lock.json), else built now under the configured image names (pipeline.imaging.names), or,
+    when none are configured, beside the runner (``<prefix>runner`` -> ``<prefix>base``)."""
+    if config.base_ref:
+        return parse_ref(config.base_ref, "base_ref")
+    names = configured_names()
+    entry = read_base_lock().images.get("base")
+    if entry is not None:
+        ref = parse_ref(entry.ref, f"{base_lock_path()} images.base.ref")
+        # A configured prefix is the only place images come from: never another registry's base.
+        if os.environ.get(PREFIX_ENV) is not None and names is not None and ref.name != names.name("base"):
+            raise InfraFailure(f"the base lock {base_lock_path()} names {ref.name}, not {names.name('base')} "
+                               f"(${PREFIX_ENV}): refusing a base from elsewhere; rebuild the lock with that prefix")
+        return ref
+    if names is None:
+        if not runner.name.endswith("runner"):
+            raise InfraFailure(f"no base image: {base_lock_path()} has none and no image prefix is configured "
+                               f"($BENCHSEAL_IMAGE_PREFIX), and the runner {runner.name} is not named <prefix>runner")
+        names = ImageNames(runner.name.removesuffix("runner"), "the runner's name")
+    refs: dict[str, ImageRef] = ensure_base(names)
+    return refs["base"]
+
+
+def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] | None = None,
+                 from_image: str | None = None) -> None:
+    """Copy a suite (only ``tasks``, when given) and point every task Dockerfile's placeholder FROM at ``base``
+    (by ``from_image``, its id in the sandbox engine, when given)."""
+    if target.exists():
+        shutil.rmtree(target)
+    if tasks is None:
+        shutil.copytree(source, target, symlinks=False)
+    else:
+        missing = sorted(t for t in tasks if not (source / t / "task.toml").is_file())
+        if missing:
+            raise CheckFailed(f"suite {source.name}: tasks {missing} are planned but not in {source}")
+        target.mkdir(parents=True)
+        for task in sorted(tasks):
+            shutil.copytree(source / task, target / task, symlinks=False)
+    for dockerfile in sorted(target.glob("*/environment/Dockerfile")) + sorted(target.glob("*/tests/Dockerfile")):
+        lines = dockerfile.read_text(encoding="utf-8").splitlines(keepends=True)
+        out = []
+        for line in lines:
+            match = _FROM_RE.match(line)
+            if match:
+                if match.group(1) != BASE_PLACEHOLDER:
+                    raise CheckFailed(f"{dockerfile}: FROM {match.group(1)} is not the {BASE_PLACEHOLDER} placeholder")
+                line = f"FROM {from_image or base.ref}{match.group(2)}\n"
+            out.append(line)
+        dockerfile.write_text("".join(out), encoding="utf-8")
+
+
+TASK_IMAGE_LABEL = "benchseal.task.hash"
+_TASK_IMAGE_VERSION = "benchseal-task-image/1"
+
+
+def _task_context_hash(env_dir: Path) -> str:
+    """sha256 over a task environment dir: relative paths, exec bits, contents (the FROM line pins the base)."""
+    h = hashlib.sha256(_TASK_IMAGE_VERSION.encode() + b"\n")
+    for path in sorted(p for p in env_dir.rglob("*") if p.is_file() or p.is_symlink()):
+        rel = path.relative_to(env_dir).as_posix()
+        if path.is_symlink():
+            raise CheckFailed(f"{path}: task environment files must not be symlinks")
+        h.update(_json_line(rel, bool(path.stat().st_mode & 0o111), hashlib.sha256(path.read_bytes()).hexdigest()))
+    return h.hexdigest()
+
+
+def _json_line(*items: object) -> bytes:
+    return json.dumps(list(items)).encode() + b"\n"
+
+
+def prebuild_task_images(client: Any, suite_dir: Path) -> dict[str, str]:
+    """Build each task's environment image once and pin it in the rendered task.toml by image id.
+
+    The image id is the sha256 of the image config (content-addressed). Images are found
+    again by the label ``benchseal.task.hash`` (a hash of the rendered environment dir,
+    whose FROM names the base by digest), so a warm run builds nothing. Tasks that already
+    name a ``docker_image`` or have no Dockerfile are left to Harbor. Returns {task: image id}.
+    """
+
+
+    pinned: dict[str, str] = {}
+    for task_toml in sorted(suite_dir.glob("*/task.toml")):
+        task_dir = task_toml.parent
+        env_dir = task_dir / "environment"
+        config = tomllib.loads(task_toml.read_text(encoding="utf-8"))
+        if not (env_dir / "Dockerfile").is_file() or (config.get("environment") or {}).get("docker_image"):
+            continue
+        digest = _task_context_hash(env_dir)
+        found = sorted(image.id for image in client.images.list(filters={"label": f"{TASK_IMAGE_LABEL}={digest}"}))
+        if found:
+            image_id = found[0]
+        else:
+            try:
+                image, _ = client.images.build(path=str(env_dir), rm=True, forcerm=True, pull=False,
+                                               labels={TASK_IMAGE_LABEL: digest})
+            except (docker.errors.BuildError, docker.errors.APIError) as exc:
+                raise InfraFailure(f"building the environment image of task {task_dir.name} failed: {exc}") from exc
+            image_id = image.id
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", image_id or ""):
+            raise CheckFailed(f"task {task_dir.name}: the engine returned image id {image_id!r}")
+        _pin_docker_image(task_toml, image_id)
+        pinned[task_dir.name] = image_id
+    return pinned
+
+
+def _pin_docker_image(task_toml: Path, image_id: str) -> None:
+    """Set ``[environment] docker_image`` in a rendered task.toml (the suite's own file is never touched)."""
+    text = task_toml.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    header = next((i for i, line in enumerate(lines) if line.strip() == "[environment]"), None)
+    entry = f'docker_image = "{image_id}"\n'
+    if header is None:
+        text = text + ("" if text.endswith("\n") else "\n") + "\n[environment]\n" + entry
+    else:
+        lines.insert(header + 1, entry)
+        text = "".join(lines)
+    if tomllib.loads(text).get("environment", {}).get("docker_image") != image_id:
+        raise CheckFailed(f"{task_toml}: could not pin docker_image")
+    task_toml.write_text(text, encoding="utf-8")
