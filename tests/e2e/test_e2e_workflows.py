@@ -195,6 +195,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
     _git(refusing, "commit", "--quiet", "-am", "refuse the oracle agent")
     infra_home = root / "infra-home"
     infra_home.mkdir()
+    (infra_home / "tmp").mkdir()  # the worker unit's TMPDIR, which benchseal host install makes
     from pipeline.core import paths
     from pipeline.local import sigstore as sigstore_local
 

@@ -21,7 +21,7 @@ import json, socket, sys
 from pathlib import Path
 from sigstore.models import Bundle, TrustedRoot
 from sigstore.verify import Verifier, policy
-from pipeline.evidence.writer import sigstore_local
+from pipeline.local import sigstore as sigstore_local
 from pipeline.local.signing import local_signer
 from pipeline.verify.external import sigstore_js_verify
 

@@ -160,7 +160,7 @@ def test_runner_imports_harbor_and_benchseal_from_bytecode(local_images: dict[st
     compiled = [line for line in proc.stderr.splitlines() if line.startswith("# code object from /") and line.split()[-1].startswith(ours)]
     assert compiled == []
     assert len(from_pyc) > 500
-    assert any("/opt/benchseal/pipeline/infra/__pycache__/trial.cpython-313.pyc" in line for line in from_pyc)
+    assert any("/opt/benchseal/pipeline/runner/__pycache__/trial.cpython-313.pyc" in line for line in from_pyc)
 
 
 def test_api_pulled_by_digest_answers_healthz(image_registry: str, built_images: DigestsFile) -> None:

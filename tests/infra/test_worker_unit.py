@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pipeline.core import paths
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.accept import accept_payload
@@ -89,8 +90,8 @@ def _search_acl(path: Path, uid: int) -> list[Path]:
 class UnitWorker:
     """benchseal commands under the unit's credentials, production paths mapped to ``state``."""
 
-    def __init__(self, state: Path, account: pwd.struct_passwd) -> None:
-        self.state, self.account = state, account
+    def __init__(self, state: Path, account: pwd.struct_passwd, keep: Path) -> None:
+        self.state, self.account, self.keep = state, account, keep
         self.service = _unit_service(UNIT)
 
     def _map(self, text: str) -> str:
@@ -120,9 +121,13 @@ class UnitWorker:
                    f"--bounding-set={caps(bounding)}", "--no-new-privs", "--"]
         umask = _one(service, "UMask", "0022")
         inner = shlex.join(["env", "-i", *(f"{k}={v}" for k, v in self.environment().items()), *command])
-        # PrivateTmp=yes: a fresh /tmp in a mount namespace of its own, then the unit's user and capabilities.
+        # PrivateTmp=yes: a fresh /tmp in a mount namespace of its own (the state dir stays where it is,
+        # should this checkout live under /tmp), then the unit's user and capabilities.
         assert _one(service, "PrivateTmp") == "yes"
-        script = f"mount -t tmpfs -o mode=1777 benchseal-private-tmp /tmp && umask {umask} && exec {shlex.join(setpriv)} {inner}"
+        state, keep = shlex.quote(str(self.state)), shlex.quote(str(self.keep))
+        script = (f"mount --bind {state} {keep} && mount -t tmpfs -o mode=1777 benchseal-private-tmp /tmp && "
+                  f"mkdir -p {state} && mount --bind {keep} {state} && umask {umask} && "
+                  f"exec {shlex.join(setpriv)} {inner}")
         return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", script]
 
     def run(self, *command: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -133,11 +138,12 @@ class UnitWorker:
 @pytest.fixture(scope="module")
 def unit_worker(built_images: DigestsFile, sign_release_images: Any) -> Iterator[tuple[UnitWorker, dict[str, Any]]]:
     account = _ensure_user(WORKER_USER)
-    shared = json.loads(sbx.default_sandbox().shared_record.read_text())["paths"]
-    # The unit's state dir must be something the sandbox sees that the private /tmp does not hide.
-    home = next(Path(p) for p in shared if not (Path(p) == Path("/tmp") or Path("/tmp") in Path(p).parents))
+    # The unit's state dir: inside what the running sandbox shares (this checkout's state home).
+    home = paths.home()
+    sbx.require_sees(sbx.default_sandbox().url, [home])
     state = home / f"unit-worker-{uuid.uuid4().hex[:8]}"
     state.mkdir(mode=0o750)
+    keep = Path(tempfile.mkdtemp(prefix="benchseal-unit-", dir="/dev/shm"))  # a mount point outside /tmp
     # The checkout, the state dir and the venv's interpreter (pyenv's lives under /root here) for that user.
     opened = [*_search_acl(REPO_ROOT, account.pw_uid), *_search_acl(home, account.pw_uid),
               *_search_acl(Path(sys.base_prefix), account.pw_uid)]
@@ -162,7 +168,7 @@ def unit_worker(built_images: DigestsFile, sign_release_images: Any) -> Iterator
 
         accepted = accept_payload(payload, db=state / "infra" / "queue.sqlite3", policy=load_policy(state / "etc" / "infra.yaml"))
         subprocess.run(["chown", "-R", f"{account.pw_uid}:{account.pw_gid}", str(state)], check=True)
-        yield UnitWorker(state, account), {"run_id": accepted.run_id, "trust": trust}
+        yield UnitWorker(state, account, keep), {"run_id": accepted.run_id, "trust": trust}
     finally:
         for target in opened:
             subprocess.run(["setfacl", "-x", f"u:{account.pw_uid}", str(target)], check=False)
@@ -170,6 +176,7 @@ def unit_worker(built_images: DigestsFile, sign_release_images: Any) -> Iterator
             subprocess.run(["setfacl", "-x", f"u:{account.pw_uid}", str(target)], check=False)
         subprocess.run(["chown", "-R", "0:0", str(state)], check=False)
         shutil.rmtree(state, ignore_errors=True)
+        keep.rmdir()
 
 
 def test_the_emulation_applies_the_units_credentials(unit_worker):
@@ -192,7 +199,7 @@ def test_the_emulation_applies_the_units_credentials(unit_worker):
 
 def test_the_sandbox_socket_is_the_controllers_alone(unit_worker):
     worker, _ = unit_worker
-    probe = [sys.executable, "-c", "import sys; from pipeline.host import sandbox as s; "
+    probe = [sys.executable, "-c", "import sys; from pipeline.infra.sandbox import engine as s; "
              "info = s.engine_info(s.default_sandbox().url); sys.exit(0 if info and s.is_rootless(info) else 3)"]
     assert worker.run(*probe).returncode == 0
     # Another unprivileged user reaches neither the socket nor the engine's data.
@@ -231,7 +238,7 @@ def test_reclaim_needs_cap_chown_and_takes_only_the_sandboxs_files(unit_worker):
     (target / "f").write_text("x")
     os.chown(target / "f", first + 999, first + 999)  # what container uid 1000 writes
     os.chown(target, worker.account.pw_uid, worker.account.pw_gid)
-    reclaim = f"from pipeline.host import sandbox; sandbox.reclaim(__import__('pathlib').Path({str(target)!r}))"
+    reclaim = f"from pipeline.infra.sandbox import engine as sandbox; sandbox.reclaim(__import__('pathlib').Path({str(target)!r}))"
     try:
         done = subprocess.run(worker.argv(sys.executable, "-c", reclaim, capabilities=False), capture_output=True,
                               text=True, check=False, timeout=60, cwd=REPO_ROOT)
