@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The stages CLI verbs import inside their commands (pipeline/cli/*.py, '# lazy:').
 LAZY_STAGES = (
-    "pipeline.api.app, uvicorn", "pipeline.attest.images", "pipeline.dispatch", "pipeline.evidence.writer",
+    "pipeline.api.app, uvicorn", "pipeline.attest.images", "pipeline.dispatch.client", "pipeline.evidence.writer",
     "pipeline.evidence.signing", "pipeline.imaging.build", "pipeline.infra.intake.accept", "pipeline.runner.trial",
     "pipeline.infra.worker.loop", "pipeline.publish.outbox", "pipeline.publish.seal", "pipeline.publish.service",
     "pipeline.publish.targets", "pipeline.local.release", "pipeline.verify.release", "pipeline.verify.policy",
