@@ -139,6 +139,15 @@ def test_reclaim_takes_back_what_the_sandbox_wrote_without_following_anything(tm
     with pytest.raises(CheckFailed, match=f"owned by uid {first - 1}, neither the sandbox's"):
         sbx.reclaim(batch)
     assert (batch / "other").stat().st_uid == first - 1
+    (batch / "other").unlink()
+    # What is already the worker's is never changed, not even a setuid file or a sticky directory.
+    (batch / "ours").write_text("#!/bin/sh\n")
+    (batch / "ours").chmod(0o4750)
+    (batch / "sticky").mkdir(mode=0o1777)
+    (batch / "sticky").chmod(0o1777)
+    sbx.reclaim(batch)
+    assert stat.S_IMODE((batch / "ours").stat().st_mode) == 0o4750
+    assert stat.S_IMODE((batch / "sticky").stat().st_mode) == 0o1777
 
 
 def test_grant_sees_an_entry_the_mask_disabled_as_missing(tmp_path):

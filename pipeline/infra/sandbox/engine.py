@@ -319,7 +319,11 @@ def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
             return  # gone since the listing
         try:
             info = os.fstat(fd)
-            if info.st_uid != uid and info.st_uid not in sandbox_ids:
+            if info.st_uid == uid:
+                # Already the worker's (made by it, or taken back before): never changed, so a name a
+                # racing process swapped for a link to, say, a setuid binary of a root worker is left be.
+                return
+            if info.st_uid not in sandbox_ids:
                 raise CheckFailed(f"{entry}: owned by uid {info.st_uid}, neither the sandbox's nor this worker's: "
                                   "left as it is")
             if stat.S_ISLNK(info.st_mode):
@@ -327,8 +331,7 @@ def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
                 # matter, and a chown by name could reach what a racing process put there instead.
                 return
             handle = f"/proc/self/fd/{fd}"  # the inode that was opened, whatever the name points at now
-            if (info.st_uid, info.st_gid) != (uid, gid):
-                os.chown(handle, uid, gid)
+            os.chown(handle, uid, gid)
             if stat.S_ISDIR(info.st_mode) or stat.S_ISREG(info.st_mode):
                 wanted = (info.st_mode & 0o777) | (0o700 if stat.S_ISDIR(info.st_mode) else 0o600)
                 if stat.S_IMODE(info.st_mode) != wanted:
