@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipeline.core import paths
 from pipeline.core.errors import InfrastructureError, ValidationError
+from pipeline.core.fsutil import atomic_write_text
 from pipeline.core.polling import poll_until
 
 DEFAULT_ADDRESS = "127.0.0.1:5055"
@@ -84,10 +85,7 @@ def write_config(registry: Registry, text: str) -> None:
     """Create the storage directory and write ``text`` to ``config_path``: owner-only (an auth
     registry's config holds its secret), replaced atomically."""
     (registry.state / "data").mkdir(parents=True, exist_ok=True)
-    tmp = registry.config_path.with_suffix(".tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, registry.config_path)
+    atomic_write_text(registry.config_path, text, mode=0o600)
 
 
 def answers(registry: Registry, timeout: float = 2.0) -> bool:

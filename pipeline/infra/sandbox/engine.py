@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.core import paths
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
+from pipeline.core.fsutil import atomic_write_text
 from pipeline.core.polling import poll_until
 
 if TYPE_CHECKING:
@@ -168,11 +169,16 @@ def temp_dir() -> Path:
     return chosen
 
 
+def _inside(path: Path, roots: Iterable[Path]) -> bool:
+    """``path`` is one of ``roots`` or below one of them."""
+    return any(path == root or root in path.parents for root in roots)
+
+
 def shared_paths() -> list[Path]:
     """Host paths the sandbox engine sees (at the same paths): the temp dir and benchseal's state home."""
     out: list[Path] = []
     for path in (temp_dir(), paths.home()):
-        if not any(path == p or p in path.parents for p in out):
+        if not _inside(path, out):
             out = [p for p in out if path not in p.parents] + [path]
     return out
 
@@ -300,9 +306,10 @@ def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
     so what a batch leaves behind (a 0700 directory of uid 100999, a 0000 file) is otherwise
     neither readable nor removable by an unprivileged worker. Nothing is followed: links are left
     as they are, and every other entry is checked and changed through an ``O_PATH | O_NOFOLLOW``
-    descriptor of what was opened (never by name again, which a racing process could swap). An entry of any other owner (a hard link the sandbox made to
-    someone else's file, where the kernel's protected_hardlinks is off) is never chowned: that is a
-    refusal. A worker that is not root needs CAP_CHOWN for this (deploy/benchseal-worker.service
+    descriptor of what was opened (never by name again, which a racing process could swap). What
+    is already the worker's is never changed. An entry of any other owner (a hard link the sandbox
+    made to someone else's file, where the kernel's protected_hardlinks is off) is never chowned:
+    that is a refusal. A worker that is not root needs CAP_CHOWN for this (deploy/benchseal-worker.service
     grants it as its one ambient capability)."""
     uid, gid = os.geteuid(), os.getegid()
     owner = (sandbox or default_sandbox()).user
@@ -442,7 +449,7 @@ def require_sees(url: str, needed: Iterable[Path]) -> None:
                           "benchseal sandbox stop && benchseal sandbox start)") from None
     for path in needed:
         path = path.resolve()
-        if not any(path == p or p in path.parents for p in shared):
+        if not _inside(path, shared):
             raise CheckFailed(f"the sandbox engine {url} does not see {path} (it shares "
                               f"{', '.join(map(str, shared))}): give the worker a TMPDIR and BENCHSEAL_HOME "
                               "inside them, or start the sandbox with the worker's BENCHSEAL_HOME and TMPDIR")
@@ -493,10 +500,7 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controller
             shutil.rmtree(entry, ignore_errors=True)
         else:
             entry.unlink(missing_ok=True)
-    record = sandbox.shared_record.with_name(".shared.json.new")
-    record.write_text(json.dumps({"paths": [str(p) for p in share]}) + "\n", encoding="utf-8")
-    os.chmod(record, 0o644)
-    os.replace(record, sandbox.shared_record)
+    atomic_write_text(sandbox.shared_record, json.dumps({"paths": [str(p) for p in share]}) + "\n")
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": str(sandbox.engine_dir),
