@@ -4,12 +4,21 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 BENCHSEAL := $(VENV)/bin/benchseal
-TAG ?= v0.0.0-demo
-# AGENT=terminus-2 runs Harbor's model-backed agent against the scripted model
+# The agent make demo scores. By default the example adopter's own agent (examples/hello-agent,
+# released as v0.1.0); AGENT=qwen-code scores Qwen Code's npm release v0.24.4 (examples/qwen-code).
+# AGENT=oracle / nop are Harbor's calibration agents (1.0 / 0.0 on a sound suite); AGENT=terminus-2
+# is Harbor's model-backed agent. Model-backed agents run against the scripted model
 # (MODEL_SCRIPT=right scores 1.0, wrong scores 0; MODEL_SCRIPT= uses $$BENCHSEAL_AGENT_API_KEY
 # and the policy's endpoint as they are).
-AGENT ?= oracle
+AGENT ?= hello-agent
 MODEL_SCRIPT ?= right
+MODEL_AGENTS := terminus-2 hello-agent qwen-code
+PROJECT_hello-agent := examples/hello-agent/benchseal.toml
+PROJECT_qwen-code := examples/qwen-code/benchseal.toml
+TAG_hello-agent := v0.1.0
+TAG_qwen-code := v0.24.4
+PROJECT ?= $(PROJECT_$(AGENT))
+TAG ?= $(or $(TAG_$(AGENT)),v0.0.0-demo)
 
 .PHONY: setup demo test lint bench clean-state
 
@@ -17,8 +26,8 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(BENCHSEAL) release $(TAG) --local --agent $(AGENT) \
-	  $(if $(and $(filter terminus-2,$(AGENT)),$(MODEL_SCRIPT)),--scripted-model $(MODEL_SCRIPT))
+	$(BENCHSEAL) release $(TAG) --local --agent $(AGENT) $(if $(PROJECT),--project $(PROJECT)) \
+	  $(if $(and $(filter $(MODEL_AGENTS),$(AGENT)),$(MODEL_SCRIPT)),--scripted-model $(MODEL_SCRIPT))
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 test: setup

@@ -124,6 +124,23 @@ if [ -x scripts/install-tools.sh ]; then
   ln -sfn "$STATE/tools/bin/cosign" "$VENV/bin/cosign"
 fi
 
+# --- the npm release make demo AGENT=qwen-code scores (examples/qwen-code) ------------------
+# Fetched once with the machine's own npm configuration; the local chain publishes it into a local
+# npm registry (verdaccio), where the build resolves and checks it as it would on the public one.
+QWEN_VERSION=0.24.4
+qwen_tgz="$STATE/cache/npm/qwen-code-qwen-code-$QWEN_VERSION.tgz"
+if [ ! -f "$qwen_tgz" ]; then
+  log "fetching @qwen-code/qwen-code@$QWEN_VERSION (npm pack)"
+  mkdir -p "$STATE/cache/npm"
+  packed=$(cd "$STATE/cache/npm" && npm pack --silent --json "@qwen-code/qwen-code@$QWEN_VERSION" | \
+           "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)[0]["integrity"])')
+  published=$(npm view --silent "@qwen-code/qwen-code@$QWEN_VERSION" dist.integrity)
+  if [ "$packed" != "$published" ]; then
+    rm -f "$qwen_tgz"
+    log "error: the packed tarball's integrity $packed is not the published dist.integrity $published"; exit 1
+  fi
+fi
+
 # --- the local queue's schema ---------------------------------------------------------
 # An existing SQLite queue written by an older benchseal is refused until migrated; migrating
 # is explicit (`benchseal infra migrate`), and setup is where this machine's operator asks for it.

@@ -31,7 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from pipeline.core.contracts import AgentArtifact, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.core.fsutil import atomic_write_text, canonical_json
@@ -132,11 +134,25 @@ class BuildInvocation:
         return f"{self.server}/{self.workflow_ref}"
 
 
+def agent_dependency(agent: AgentArtifact) -> dict[str, Any]:
+    """The release's agent as an SLSA resolved dependency: its package URL and the digest the build checked."""
+    algorithm, digest = sri_hex(agent.integrity)
+    if agent.kind == "npm":
+        scope, _, name = agent.package.rpartition("/")
+        purl = f"pkg:npm/{quote(scope, safe='')}/{name}@{agent.version}" if scope else f"pkg:npm/{name}@{agent.version}"
+    else:
+        purl = f"pkg:pypi/{agent.package.lower().replace('_', '-')}@{agent.version}"
+    return {"uri": purl, "name": f"agent:{agent.name}", "digest": {algorithm: digest},
+            "annotations": {"sourceCommit": agent.source_commit, "integrity": agent.integrity}}
+
+
 def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation, *,
-                         base: str | None = None, reproducible: bool | None = None) -> dict[str, Any]:
+                         base: str | None = None, reproducible: bool | None = None,
+                         agent: AgentArtifact | None = None) -> dict[str, Any]:
     """An SLSA v1 provenance predicate for one image, from the actual build's invocation.
 
     ``reproducible`` is recorded only when a rebuild was compared (True/False), never assumed.
+    ``agent``: the release's agent the runner carries, a resolved dependency with its digest.
     """
     dependencies: list[dict[str, Any]] = [{
         "uri": f"git+{invocation.server}/{invocation.repository}@{invocation.ref}",
@@ -146,6 +162,8 @@ def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation
         base_ref = parse_ref(base, "base")
         dependencies.append({"uri": f"oci://{base_ref.name}", "name": "base",
                              "digest": {"sha256": base_ref.digest.removeprefix("sha256:")}})
+    if agent is not None:
+        dependencies.append(agent_dependency(agent))
     internal: dict[str, Any] = {"role": role, "image": image.name}
     if reproducible is not None:
         internal["reproducible_rebuild_matched"] = reproducible
@@ -208,15 +226,19 @@ class ImageSigner:
         return ["--allow-http-registry"] if self.allow_http_registry else []
 
 
-def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: BuildInvocation, sbom_dir: Path) -> dict[str, Path]:
-    """Sign every image (role -> ref) and attest its provenance and SBOM; returns role -> SBOM path."""
+def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: BuildInvocation, sbom_dir: Path,
+                  agent: AgentArtifact | None = None) -> dict[str, Path]:
+    """Sign every image (role -> ref) and attest its provenance and SBOM; returns role -> SBOM path.
+
+    ``agent`` (the digests file's): named in the runner's provenance."""
 
     sbom_dir.mkdir(parents=True, exist_ok=True)
     sboms: dict[str, Path] = {}
     for role, ref in sorted(images.items()):
         image = parse_ref(ref, f"images.{role}")
         sboms[role] = write_sbom(image.ref, sbom_dir / f"sbom-{role}.cdx.json")
-        signer.sign_and_attest(image.ref, provenance=provenance_predicate(image, role, invocation), sbom=sboms[role])
+        predicate = provenance_predicate(image, role, invocation, agent=agent if role == "runner" else None)
+        signer.sign_and_attest(image.ref, provenance=predicate, sbom=sboms[role])
     return sboms
 
 

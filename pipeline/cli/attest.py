@@ -77,7 +77,7 @@ def attest(
     images: dict[str, str] = {str(role): entry.ref for role, entry in parsed.images.items()}
     loopback = all(parse_ref(ref).registry.split(":", 1)[0] in ("127.0.0.1", "localhost") for ref in images.values())
     signer = ImageSigner(sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry or loopback)
-    attest_images(images, signer, invocation, sbom_dir)
+    attest_images(images, signer, invocation, sbom_dir, agent=parsed.agent)
     for role, ref in sorted(images.items()):
         typer.echo(f"signed and attested {role}: {ref}")
 

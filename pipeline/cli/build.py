@@ -26,13 +26,16 @@ def build(
     out: Annotated[Path | None, typer.Option("--out", help="Write the digests file (benchseal.digests/v1) here, atomically.")] = None,
     tag: Annotated[list[str] | None, typer.Option("--tag", help="Extra tag to push (metadata only: the digest is what counts).")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Rebuild every layer (the result must be identical).")] = False,
+    project: Annotated[Path | None, typer.Option("--project", help="The project file (benchseal.toml) whose agent the runner carries, resolved and checked at the release's version.")] = None,
+    release_tag: Annotated[str | None, typer.Option("--release-tag", help="The release tag the agent's version comes from (default: the checkout's tag).")] = None,
 ) -> None:
     """Build the images, push them, and print/write the digests file."""
     # lazy: pipeline.imaging.build (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.imaging.build import build_images, resolve_image_names
 
     names = resolve_image_names(image_prefix, registry)
-    result = build_images(image or [], names, out, tag or [], use_cache=not no_cache)
+    result = build_images(image or [], names, out, tag or [], use_cache=not no_cache, project=project,
+                          release_tag=release_tag)
     typer.echo(canonical_json(result.to_json_dict()), nl=False)
 
 

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from pipeline.core.errors import UsageError
+from pipeline.core.project import load_project
 from pipeline.imaging.names import resolve_image_names
 
 
@@ -30,7 +31,10 @@ def release(
     policy: Annotated[Path | None, typer.Option("--policy", help="Infra policy that admits the images "
                                                 "(default policies/infra.yaml).")] = None,
     suite: str = typer.Option("smoke", "--suite"),
-    agent: str = typer.Option("oracle", "--agent"),
+    agent: str | None = typer.Option(None, "--agent", help="The agent to score (default: the project's agent "
+                                     "with --project, else oracle)."),
+    project: Annotated[Path | None, typer.Option("--project", help="The source project's benchseal.toml: its agent, "
+                                                 "at the tag's version, is baked into the runner.")] = None,
     dist: Annotated[Path | None, typer.Option("--dist", help="Local release root (default dist/releases).")] = None,
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable report only."),
     scripted_model: str | None = typer.Option(None, "--scripted-model", help="right|wrong: serve the suite's "
@@ -45,6 +49,8 @@ def release(
     if not local:
         raise UsageError("only --local is available from the command line; GitHub releases run in the workflows")
     names = resolve_image_names(image_prefix, registry)
+    if agent is None:
+        agent = load_project(project).agent.name if project is not None else "oracle"
     console = Console(stderr=True)
     report = release_local(
         tag,
@@ -55,6 +61,7 @@ def release(
         agent=agent,
         console=None if as_json else console,
         scripted_model=scripted_model,
+        project=project,
     )
     if as_json:
         typer.echo(json.dumps(report.to_json_dict(), indent=2, sort_keys=True))

@@ -7,7 +7,9 @@ from typing import Annotated
 
 import typer
 
-from pipeline.core.errors import UsageError
+from pipeline.core import strictjson
+from pipeline.core.contracts import AgentArtifact, load_model
+from pipeline.core.errors import UsageError, ValidationError
 
 trial_app = typer.Typer(help="Harbor trials (runs inside the runner image).", no_args_is_help=True)
 
@@ -25,19 +27,26 @@ def run(
     model_socket: Annotated[Path | None, typer.Option("--model-socket", help="The worker's model relay socket.")] = None,
     model_path: Annotated[str, typer.Option("--model-path", help="Path of the model endpoint, e.g. /v1.")] = "/v1",
     model_name: Annotated[str | None, typer.Option("--model-name", help="LiteLLM model name.")] = None,
-    model_key_env: Annotated[str | None, typer.Option("--model-key-env", help="--secret-env name holding the model key.")] = None,
+    expect_agent: Annotated[str | None, typer.Option("--expect-agent", help="The payload's agent_artifact (JSON): the release's agent this image must carry.")] = None,
 ) -> None:
     """Run every task once; grade later from the trials' result.json files."""
     # lazy: pipeline.runner.trial (harbor) costs 178 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.runner.trial import ModelAccess, run_suite
 
     model = None
-    if model_socket is not None or model_name is not None or model_key_env is not None:
-        if model_socket is None or model_name is None or model_key_env is None:
-            raise UsageError("--model-socket, --model-name and --model-key-env go together")
-        model = ModelAccess(socket=model_socket, path=model_path, name=model_name, key_env=model_key_env)
+    if model_socket is not None or model_name is not None:
+        if model_socket is None or model_name is None:
+            raise UsageError("--model-socket and --model-name go together")
+        model = ModelAccess(socket=model_socket, path=model_path, name=model_name)
+    expected = None
+    if expect_agent is not None:
+        try:
+            data = strictjson.loads(expect_agent)
+        except ValueError as exc:
+            raise ValidationError("--expect-agent", f"must be a JSON object: {exc}") from None
+        expected = load_model(AgentArtifact, data, "--expect-agent")
     specs = run_suite(suite_dir, out, run_id=run_id, agent=agent, secret_env=tuple(secret_env or ()), concurrency=concurrency,
-                      secret_dir=secret_dir, agent_version=agent_version, model=model)
+                      secret_dir=secret_dir, agent_version=agent_version, model=model, expect_agent=expected)
     typer.echo(f"ran {len(specs)} trials into {out / 'harbor'}")
 
 

@@ -9,6 +9,8 @@ so a consumer can never hold an unvalidated reference.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import re
 from collections.abc import Callable
@@ -125,6 +127,66 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# --- the release's agent (pipeline/core/project.py: the project file that declares it) ---------
+
+AGENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+VERSION_RE = re.compile(r"\A[0-9][A-Za-z0-9.+-]{0,63}\Z")
+VERSION_RULE = "must be the tag without one leading 'v': a digit, then at most 63 of [A-Za-z0-9.+-]"
+# SRI (https://www.w3.org/TR/SRI/): algorithm, '-', the base64 digest of that algorithm's length.
+_SRI_LENGTHS = {"sha256": 32, "sha384": 48, "sha512": 64}
+SRI_RULE = "must be one SRI hash: sha256-, sha384- or sha512- followed by the base64 digest of that length"
+
+
+def sri_problem(value: object) -> str | None:
+    if not isinstance(value, str):
+        return SRI_RULE
+    algorithm, sep, digest = value.partition("-")
+    if not sep or algorithm not in _SRI_LENGTHS or not re.fullmatch(r"[A-Za-z0-9+/]+={0,2}", digest):
+        return SRI_RULE
+    try:
+        raw = base64.b64decode(digest, validate=True)
+    except (binascii.Error, ValueError):
+        return SRI_RULE
+    return None if len(raw) == _SRI_LENGTHS[algorithm] else SRI_RULE
+
+
+def _sri(value: str) -> str:
+    problem = sri_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def sri_of(algorithm: str, digest: bytes) -> str:
+    """The SRI string of a raw digest (``sri_of("sha256", hashlib.sha256(b).digest())``)."""
+    value = f"{algorithm}-{base64.b64encode(digest).decode('ascii')}"
+    _sri(value)
+    return value
+
+
+def sri_hex(value: str) -> tuple[str, str]:
+    """``("sha512", "<hex>")`` of an SRI string (for CycloneDX hashes and in-toto digests)."""
+    _sri(value)
+    algorithm, _, digest = value.partition("-")
+    return algorithm, base64.b64decode(digest).hex()
+
+
+Integrity = Annotated[str, AfterValidator(_sri)]
+AgentName = Annotated[str, Field(pattern=AGENT_NAME_PATTERN)]
+
+
+class AgentArtifact(_Frozen):
+    """The agent a release produced, as the build resolved and checked it."""
+
+    name: AgentName
+    kind: Literal["npm", "python"]
+    package: str = Field(max_length=214, pattern=r"^[@A-Za-z0-9][@A-Za-z0-9._/-]*$")
+    version: str = Field(pattern=VERSION_RE.pattern.replace(r"\A", "^").replace(r"\Z", "$"))
+    integrity: Integrity
+    source_commit: CommitSha
+
+
+
 # --- build -> dispatch ---------------------------------------------------------
 
 class SourceInfo(_Frozen):
@@ -150,6 +212,7 @@ class DigestsFile(_Frozen):
     schema_: Literal["benchseal.digests/v1"] = Field(alias="schema")
     source: SourceInfo
     images: dict[Literal["runner", "api"], ImageEntry]
+    agent: AgentArtifact | None = None  # the release's agent, baked into the runner
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
@@ -211,11 +274,24 @@ class DispatchPayload(_Frozen):
     api: PinnedRef
     suite: str = Field(default="smoke", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     agent: str = Field(default="oracle", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    # The release's agent as the build resolved it (absent for calibration agents such as oracle):
+    # infra admits it by repository, name and kind, and the worker compares it with what the runner carries.
+    agent_artifact: AgentArtifact | None = None
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    @model_validator(mode="after")
+    def _artifact_is_the_agent(self) -> DispatchPayload:
+        artifact = self.agent_artifact
+        if artifact is not None:
+            if artifact.name != self.agent:
+                raise ValueError(f"agent_artifact.name {artifact.name!r} must be the payload's agent {self.agent!r}")
+            if artifact.source_commit != self.source.commit:
+                raise ValueError("agent_artifact.source_commit must be the payload's source.commit")
+        return self
+
     def to_json_dict(self) -> dict[str, object]:
-        return self.model_dump(mode="json", by_alias=True)
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # --- worker -> evidence / api ----------------------------------------------------

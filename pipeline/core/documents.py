@@ -30,6 +30,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, S
 from pipeline.core import paths
 from pipeline.core.contracts import (
     TRIAL_NAME_PATTERN,
+    AgentArtifact,
     CorrelationId,
     Digest,
     GradeCounts,
@@ -44,6 +45,7 @@ from pipeline.core.contracts import (
 )
 from pipeline.core.errors import ValidationError
 from pipeline.core.fsutil import atomic_write_text, canonical_json
+from pipeline.core.project import AgentManifest, ProjectFile
 
 SUMMARY_SCHEMA: Literal["benchseal.summary/v1"] = "benchseal.summary/v1"
 TRIALS_SCHEMA: Literal["benchseal.trials/v1"] = "benchseal.trials/v1"
@@ -94,6 +96,8 @@ class AgentInfo(_Document):
     # Model-backed agents: the policy's version pin and the model they called (None for test agents).
     version_pin: str | None = None
     model: str | None = None
+    # The release's own agent, as built and checked (package, exact version, integrity, source commit).
+    release: AgentArtifact | None = None
 
 
 class TrialTiming(_Document):
@@ -413,6 +417,8 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "publication-request.schema.json": PublicationRequest,
     "provenance.schema.json": ProvenanceStatement,
     "trial-results.schema.json": TrialResults,
+    "project.schema.json": ProjectFile,  # the source repository's benchseal.toml
+    "agent-manifest.schema.json": AgentManifest,  # the runner image's record of the release's agent
 }
 
 

@@ -129,6 +129,9 @@ def build_payload(
         "suite": suite,
         "agent": agent,
     }
+    if digests.agent is not None and digests.agent.name == agent:
+        # The release's own agent: named with what the build checked (calibration agents carry none).
+        data["agent_artifact"] = digests.agent.model_dump(mode="json")
     return load_model(DispatchPayload, data, "payload")
 
 

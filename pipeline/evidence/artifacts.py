@@ -68,7 +68,8 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
         agent=AgentInfo(name=grading.agent,
                         version=agent_versions[0] if len(agent_versions) == 1 else (tuple(agent_versions) or None),
                         # Model-backed agents: the policy's version pin and the model they called.
-                        version_pin=grading.agent_version_pin, model=grading.model),
+                        version_pin=grading.agent_version_pin, model=grading.model,
+                        release=payload.agent_artifact),
         run_id=grading.run_id,
         correlation_id=payload.correlation_id,
         timings=Timings.model_validate({

@@ -20,6 +20,7 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
 from pipeline import __version__
+from pipeline.core.contracts import sri_hex
 from pipeline.core.digests import ImageRef
 from pipeline.evidence import depgraph
 from pipeline.evidence.goinfo import GoBuildInfo
@@ -106,6 +107,17 @@ def _sha(value: str | None) -> list[Any]:
     return [HashType(alg=HashAlgorithm.SHA_256, content=value)] if value else []
 
 
+_SRI_ALGORITHMS = {"sha256": HashAlgorithm.SHA_256, "sha384": HashAlgorithm.SHA_384, "sha512": HashAlgorithm.SHA_512}
+
+
+def _sri(value: str | None) -> list[Any]:
+    """A CycloneDX hash from an SRI string (an npm package's dist.integrity)."""
+    if not value:
+        return []
+    algorithm, digest = sri_hex(value)
+    return [HashType(alg=_SRI_ALGORITHMS[algorithm], content=digest)]
+
+
 def _supplier(name: str | None) -> Any:
     return OrganizationalEntity(name=name) if name else None
 
@@ -186,7 +198,8 @@ def _add_python(graph: _Graph, contents: ImageContents) -> dict[str, str]:
                                    hashes=_sha(pkg.sha256),
                                    properties=_props(("location", pkg.location or ""),
                                                      ("license-source", _license_source(pkg)),
-                                                     ("hash-source", pkg.hash_source)))):
+                                                     ("hash-source", pkg.hash_source),
+                                                     ("integrity", pkg.integrity)))):
             continue
         py_refs[f"pypi:{pkg.location}"] = ref
         short, full = _python_versions(contents, pkg.location or "")
@@ -206,8 +219,11 @@ def _add_npm(graph: _Graph, npm: tuple[Package, ...]) -> None:
         ref = f"{purl}#{pkg.location}"
         if graph.add(Component(type=ComponentType.LIBRARY, name=pkg.name, version=pkg.version, purl=purl, bom_ref=ref,
                                supplier=_supplier(pkg.supplier), licenses=_license_models(pkg.licenses),
+                               hashes=_sri(pkg.integrity),
                                properties=_props(("location", "/" + (pkg.location or "")),
-                                                 ("license-source", _license_source(pkg))))):
+                                                 ("license-source", _license_source(pkg)),
+                                                 ("hash-source", pkg.hash_source),
+                                                 ("integrity", pkg.integrity)))):
             npm_nodes.append(depgraph.NpmNode(ref, pkg.name, pkg.location or "", pkg.requires))
     found, _ = depgraph.npm_edges(npm_nodes)
     graph.edges.update(found)

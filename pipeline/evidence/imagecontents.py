@@ -9,15 +9,18 @@ import hashlib
 import io
 import json
 import posixpath
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.message import Message
 from typing import Any
 
+from pipeline.core.contracts import sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import base_lock_path, read_base_lock
-from pipeline.core.errors import CheckFailed
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.project import AGENT_MANIFEST_PATH, load_manifest
 from pipeline.evidence.goinfo import GoBuildInfo
 from pipeline.evidence.imagelayers import (
     DPKG_STATUS,
@@ -56,6 +59,7 @@ class Package:
     sha256: str | None = None
     hash_source: str | None = None
     top_level: tuple[str, ...] = ()  # pypi: top-level directories its RECORD installs
+    integrity: str | None = None  # SRI of the release agent's package as the build checked it (agent manifest)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ def contents_from_tree(image: ImageRef, config: dict[str, Any], layers: tuple[st
     debian = [_deb_details(tree, pkg, base_debs) for pkg in debian]
     python = sorted(_python_packages(files), key=lambda p: (p.name.lower(), p.version, p.location or ""))
     npm = sorted(_npm_packages(files), key=lambda p: (p.name, p.version, p.location or ""))
+    python, npm = _with_agent_integrity(files, python, npm)
     return ImageContents(
         ref=image,
         config=config,
@@ -250,6 +255,32 @@ def _python_declared(files: dict[str, _Entry], meta: Message, location: str, sou
         for spdx in result.spdx:
             found.setdefault(spdx, DeclaredLicense(spdx, "id", f"/{path} (License-File, full text)"))
     return tuple(found[k] for k in sorted(found)) or declared
+
+
+_AGENT_HASH_SOURCE = f"{AGENT_MANIFEST_PATH} (the release agent's package, checked by the build)"
+
+
+def _with_agent_integrity(files: dict[str, _Entry], python: list[Package],
+                          npm: list[Package]) -> tuple[list[Package], list[Package]]:
+    """The release agent's package gets the integrity its manifest records (npm dist.integrity, wheel sha256)."""
+    entry = files.get(AGENT_MANIFEST_PATH.lstrip("/"))
+    if entry is None or entry.data is None:
+        return python, npm
+    try:
+        manifest = load_manifest(json.loads(entry.data), AGENT_MANIFEST_PATH)
+    except (ValueError, ValidationError) as exc:
+        raise CheckFailed(f"{AGENT_MANIFEST_PATH} in the image is not an agent manifest: {exc}") from None
+    artifact = manifest.artifact
+    algorithm, digest = sri_hex(artifact.integrity)
+    if artifact.kind == "npm":
+        location = (manifest.package_dir or "").lstrip("/")
+        return python, [replace(p, integrity=artifact.integrity, hash_source=_AGENT_HASH_SOURCE)
+                        if p.name == artifact.package and p.version == artifact.version and p.location == location
+                        else p for p in npm]
+    name = re.sub(r"[-_.]+", "-", artifact.package).lower()
+    return [replace(p, integrity=artifact.integrity, hash_source=_AGENT_HASH_SOURCE,
+                    sha256=digest if algorithm == "sha256" else p.sha256)
+            if re.sub(r"[-_.]+", "-", p.name).lower() == name else p for p in python], npm
 
 
 def _npm_packages(files: dict[str, _Entry]) -> Iterator[Package]:

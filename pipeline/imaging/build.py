@@ -13,11 +13,15 @@ Public API (used by the release orchestrator and by test fixtures):
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipeline.agent.resolve import NPM_REGISTRY_ENV, resolve_agent
+from pipeline.core import paths
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.digests import parse_ref
+from pipeline.core.errors import UsageError
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.imaging.base import ensure_base, ensure_local
 from pipeline.imaging.images import BuildResult, build_image, digests_file, load_image_spec, source_info
@@ -34,6 +38,8 @@ def build_images(
     out: Path | None = None,
     tags: Sequence[str] = (),
     use_cache: bool = True,
+    project: Path | None = None,
+    release_tag: str | None = None,
 ) -> DigestsFile:
     """Build and push ``images`` (roles: runner, api) under their configured names; write ``out`` atomically.
 
@@ -41,7 +47,7 @@ def build_images(
     digests recorded are the ones the registry confirmed for the exact
     manifest bytes pushed.
     """
-    return build_images_with_results(images, target, out, tags, use_cache)[0]
+    return build_images_with_results(images, target, out, tags, use_cache, project, release_tag)[0]
 
 
 def build_images_with_results(
@@ -50,18 +56,35 @@ def build_images_with_results(
     out: Path | None = None,
     tags: Sequence[str] = (),
     use_cache: bool = True,
+    project: Path | None = None,
+    release_tag: str | None = None,
+    npm_registry: str | None = None,
 ) -> tuple[DigestsFile, list[BuildResult]]:
-    """``build_images`` plus each image's BuildResult (build/push seconds, bytes uploaded)."""
+    """``build_images`` plus each image's BuildResult (build/push seconds, bytes uploaded).
+
+    ``project``: the source repository's project file (``benchseal.toml``): its agent, at the version
+    ``release_tag`` (default: the checkout's tag) stands for, is resolved and checked first
+    (``pipeline.agent.resolve``), then baked into the runner and named in the digests file.
+    """
 
     roles = list(dict.fromkeys(images)) or ["runner", "api"]
     for role in roles:
         load_image_spec(role)  # validate the role names before any work
     names = as_names(target)
     source = source_info()
+    agent = None
+    if project is not None:
+        tag = release_tag or (source.ref.removeprefix("refs/tags/") if source.ref.startswith("refs/tags/") else None)
+        if tag is None:
+            raise UsageError("--project: the agent's version comes from the release tag: pass --release-tag "
+                             "(the checkout is not at a tag)")
+        agent = resolve_agent(project, tag=tag, commit=source.commit, repo_root=paths.REPO_ROOT,
+                              cache_dir=paths.state_dir("cache", "agents"),
+                              npm_registry=npm_registry or os.environ.get(NPM_REGISTRY_ENV) or None)
     bases = ensure_base(names)
     with build_lock():
-        results = [build_image(role, names, bases, source, tags, use_cache=use_cache) for role in roles]
-    result = digests_file(source, results)
+        results = [build_image(role, names, bases, source, tags, use_cache=use_cache, agent=agent) for role in roles]
+    result = digests_file(source, results, agent if "runner" in roles else None)
     for role, entry in result.images.items():
         parse_ref(entry.ref, f"images.{role}.ref")
     if out is not None:

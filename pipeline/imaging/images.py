@@ -29,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import __version__
+from pipeline.agent.resolve import ResolvedAgent
 from pipeline.core import paths
 from pipeline.core.contracts import IMAGE_ROLES, DigestsFile, ImageEntry, SourceInfo
 from pipeline.core.digests import ImageRef
 from pipeline.core.documents import BASE_LOCK_PATH
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.imaging import bytecode, oci, wheels
+from pipeline.imaging.agentlayers import agent_label, agent_layers
 from pipeline.imaging.base import load_specs
 from pipeline.imaging.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
 from pipeline.imaging.names import ImageNames, as_names
@@ -325,12 +327,16 @@ def assemble(
     use_cache: bool = True,
     app_root: Path | None = None,
     epoch: int | None = None,
+    agent: ResolvedAgent | None = None,
 ) -> tuple[bytes, bytes, list[str]]:
     """(manifest bytes, config bytes, digests of layers built now) for ``spec`` on ``base``.
 
     ``app_root`` (default the checkout) holds the app directories; ``epoch``
     (default SOURCE_DATE_EPOCH / commit time) stamps the app layer and config.
+    ``agent`` (runner only): the release's agent, in its own layers after the app's.
     """
+    if agent is not None and spec.role != "runner":
+        raise UsageError(f"image {spec.role}: only the runner carries the release's agent")
     cache = LayerCache(store, enabled=use_cache)
     built: list[str] = []
     base_specs = load_specs()
@@ -349,6 +355,8 @@ def assemble(
             new_layers.append((_app_layer(root, entry, app_epoch, store, cache, built, compiled_by), f"benchseal: app {__version__}"))
         else:
             raise ValidationError(f"images/{spec.role}/image.toml: layers.kind", "must be 'wheels' or 'app'", kind)
+    if agent is not None:
+        new_layers += agent_layers(agent, deps_epoch=deps_epoch, epoch=app_epoch, store=store, cache=cache, built=built)
 
     created = oci.timestamp(app_epoch)
     inner = dict(base_config.get("config") or {})
@@ -370,6 +378,7 @@ def assemble(
         "org.opencontainers.image.source": source.repository,
         "org.opencontainers.image.title": f"benchseal-{spec.role}",
         "org.opencontainers.image.version": __version__,
+        **(agent_label(agent) if agent is not None else {}),
     }
     config = {
         "architecture": base_config.get("architecture", "amd64"),
@@ -426,6 +435,7 @@ def build_image(
     use_cache: bool = True,
     app_root: Path | None = None,
     epoch: int | None = None,
+    agent: ResolvedAgent | None = None,
 ) -> BuildResult:
     spec = load_image_spec(role)
     if spec.base not in bases:
@@ -433,7 +443,8 @@ def build_image(
     base = bases[spec.base]
     store = BlobStore()
     started = time.monotonic()
-    manifest, _, built = assemble(spec, base, source, store, use_cache=use_cache, app_root=app_root, epoch=epoch)
+    manifest, _, built = assemble(spec, base, source, store, use_cache=use_cache, app_root=app_root, epoch=epoch,
+                                  agent=agent if role == "runner" else None)
     assembled = time.monotonic()
     names = as_names(target)
     client = Registry(names.registry)
@@ -452,9 +463,10 @@ def build_image(
     )
 
 
-def digests_file(source: SourceInfo, results: Sequence[BuildResult]) -> DigestsFile:
+def digests_file(source: SourceInfo, results: Sequence[BuildResult], agent: ResolvedAgent | None = None) -> DigestsFile:
     images = {
         r.role: ImageEntry(name=r.ref.name, digest=r.ref.digest, ref=r.ref.ref, tags=r.tags)
         for r in results
     }
-    return DigestsFile.model_validate({"schema": "benchseal.digests/v1", "source": source, "images": images})
+    return DigestsFile.model_validate({"schema": "benchseal.digests/v1", "source": source, "images": images,
+                                       "agent": agent.artifact if agent is not None else None})

@@ -4,14 +4,28 @@ It answers ``POST /v1/chat/completions`` and ``GET /v1/models`` the way a real
 provider does, so Harbor's ``terminus-2`` agent runs its real loop against it:
 each answer is the next step of a deterministic trajectory (JSON with
 ``commands`` and ``task_complete``) for the task recognised in the first user
-message (``pipeline/infra/scripts/<suite>.json``). The commands really run in
+message (``pipeline/local/scripts/<suite>.json``). The commands really run in
 the task container through the agent's tmux session and the verifier grades
 the result; the ``wrong`` script makes a plausible but incorrect change.
 
+Agents that call tools (Qwen Code, ``examples/hello-agent``) get the same
+trajectories as OpenAI tool calls: a request whose ``tools`` offer
+``run_shell_command`` is answered, for a step with commands, with ONE call of that
+tool whose ``command`` is the step's keystrokes joined into one bash script
+(``finish_reason: "tool_calls"``), and for the ``task_complete`` step with a plain
+message (``finish_reason: "stop"``). A request that offers other tools only and
+requires a call (Qwen Code's JSON side queries, e.g. its ``respond_in_schema``
+next-speaker check) gets a call of that tool with arguments built from its
+schema. ``"stream": true`` is answered with Server-Sent Events
+(``chat.completion.chunk`` objects, ``data: [DONE]`` last) in a body that ends
+when the connection closes (HTTP/1.0, ``Connection: close``), so a byte relay
+passes it unchanged.
+
 Every request must carry ``Authorization: Bearer <key>``; the key is read from a
 file (never argv). Each request is logged as one JSON line (task, step, token
-counts, status) without the key or message bodies. Token counts are a
-deterministic word/punctuation count per message, reported in ``usage``.
+counts, stream, number of tools, status) without the key or message bodies.
+Token counts are a deterministic word/punctuation count per message, reported
+in ``usage``.
 """
 
 from __future__ import annotations
@@ -25,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -38,6 +53,8 @@ DEFAULT_MODEL = "benchseal-scripted"
 Mode = Literal["right", "wrong"]
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _MAX_BODY = 4 * 1024 * 1024
+SHELL_TOOL = "run_shell_command"  # Qwen Code's and hello-agent's shell tool
+_ARGUMENT_PIECE = 256  # a streamed tool call's arguments come in pieces of at most this many characters
 
 
 def count_tokens(text: str) -> int:
@@ -55,7 +72,7 @@ class TaskScript:
 def load_script(suite: str, mode: Mode) -> tuple[TaskScript, ...]:
     path = SCRIPTS_DIR / f"{suite}.json"
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", suite) or not path.is_file():
-        raise ValidationError("suite", "has no model script (pipeline/infra/scripts/<suite>.json)", suite)
+        raise ValidationError("suite", "has no model script (pipeline/local/scripts/<suite>.json)", suite)
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("schema") != "benchseal.model-script/v1":
         raise ValidationError(f"{path.name}: schema", "must be benchseal.model-script/v1", data.get("schema"))
@@ -66,6 +83,11 @@ def load_script(suite: str, mode: Mode) -> tuple[TaskScript, ...]:
             raise ValidationError(f"{path.name}: tasks.{name}.{mode}", "must end with a task_complete step")
         scripts.append(TaskScript(name=name, match=str(entry["match"]), steps=steps))
     return tuple(scripts)
+
+
+def shell_command(step: dict[str, Any]) -> str:
+    """What a tool-calling agent runs for ``step``: its keystrokes (shell lines, heredocs included) as one script."""
+    return "".join(str(command.get("keystrokes", "")) for command in step.get("commands", []))
 
 
 def read_key_file(path: Path) -> str:
@@ -95,6 +117,99 @@ def _message_text(message: Any) -> str:
     if isinstance(content, list):  # content parts
         return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return ""
+
+
+def _find_script(scripts: Sequence[TaskScript], messages: list[Any]) -> TaskScript | None:
+    """The task's script: matched in the first user message (terminus-2), else in any user message's text
+    (an agent may put context before the instruction, or the instruction in a later message)."""
+    texts = [_message_text(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    for text in (texts[0] if texts else "", "\n".join(texts)):
+        script = next((s for s in scripts if s.match in text), None)
+        if script is not None:
+            return script
+    return None
+
+
+def _function_names(tools: list[Any]) -> list[str]:
+    return [str(t["function"].get("name", "")) for t in tools
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+
+
+def _example(schema: Any) -> Any:
+    """A small value that satisfies a JSON schema of the kind side queries use (objects, enums, scalars)."""
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        # "user" ends a next-speaker check: the scripted turn is over.
+        return "user" if "user" in schema["enum"] else schema["enum"][0]
+    kind = schema.get("type")
+    if kind == "object":
+        properties: dict[str, Any] = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
+        required: list[Any] = schema["required"] if isinstance(schema.get("required"), list) else list(properties)
+        return {str(name): _example(properties.get(str(name))) for name in required}
+    return {"string": "The scripted model has nothing to add.", "boolean": False, "integer": 0, "number": 0,
+            "array": []}.get(str(kind))
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One assistant turn: plain ``content`` or one tool call (``tool`` named, ``arguments`` a JSON string)."""
+
+    content: str | None = None
+    tool: str | None = None
+    arguments: str = ""
+    call_id: str = ""
+
+    @property
+    def finish_reason(self) -> str:
+        return "stop" if self.tool is None else "tool_calls"
+
+    @property
+    def completion_tokens(self) -> int:
+        return count_tokens(self.content or "") if self.tool is None else count_tokens(self.tool + " " + self.arguments)
+
+    def message(self) -> dict[str, Any]:
+        if self.tool is None:
+            return {"role": "assistant", "content": self.content}
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": self.call_id, "type": "function", "function": {"name": self.tool, "arguments": self.arguments}}]}
+
+    def deltas(self) -> list[dict[str, Any]]:
+        """The streamed form: the role (and the call's id and name), then the content or the arguments in pieces."""
+        if self.tool is None:
+            return [{"role": "assistant", "content": ""}, {"content": self.content}]
+        pieces = [self.arguments[i:i + _ARGUMENT_PIECE] for i in range(0, len(self.arguments), _ARGUMENT_PIECE)]
+        first = {"role": "assistant", "content": None, "tool_calls": [
+            {"index": 0, "id": self.call_id, "type": "function", "function": {"name": self.tool, "arguments": ""}}]}
+        return [first, *({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces)]
+
+
+def _tool_answer(script: TaskScript | None, step: int) -> _Answer:
+    """The answer to a request that offers ``run_shell_command``."""
+    if script is None:
+        return _Answer(content="No script covers this task.")
+    current = script.steps[min(step, len(script.steps) - 1)]
+    command = shell_command(current)
+    if current.get("task_complete") or not command:
+        return _Answer(content=str(current.get("analysis") or "Done."))
+    arguments = {"command": command, "description": str(current.get("plan") or "Run the next step."),
+                 "is_background": False}
+    return _Answer(tool=SHELL_TOOL, arguments=json.dumps(arguments), call_id=f"call_benchseal_{step}")
+
+
+def _side_answer(tools: list[Any], tool_choice: Any) -> _Answer | None:
+    """A call the request requires of a tool other than the shell (a JSON side query), else None."""
+    functions = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    if isinstance(tool_choice, dict) and isinstance(tool_choice.get("function"), dict):
+        wanted = tool_choice["function"].get("name")
+        functions = [f for f in functions if f.get("name") == wanted]
+    elif tool_choice != "required":
+        return None
+    if not functions:
+        return None
+    function = functions[0]
+    arguments = _example(function.get("parameters") or {"type": "object", "properties": {}})
+    return _Answer(tool=str(function.get("name", "")), arguments=json.dumps(arguments), call_id="call_benchseal_side")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -156,45 +271,87 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             body = json.loads(self.rfile.read(length))
-            messages = list(body["messages"])
+            messages = body["messages"]
+            tools = body.get("tools") or []
+            if not isinstance(messages, list) or not isinstance(tools, list):
+                raise TypeError("not a list")
         except (ValueError, KeyError, TypeError):
             self._log({"status": 400})
-            self._send(400, {"error": {"message": "messages: a JSON list is required", "type": "invalid_request_error"}})
+            self._send(400, {"error": {"message": "messages: a JSON list is required (tools: a list if given)",
+                                       "type": "invalid_request_error"}})
             return
-        first_user = next((_message_text(m) for m in messages if isinstance(m, dict) and m.get("role") == "user"), "")
         step = sum(1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant")
-        script = next((s for s in self.state.scripts if s.match in first_user), None)
-        if script is None:
-            answer: dict[str, Any] = {"analysis": "No script covers this task.", "plan": "Stop.", "commands": [],
-                                      "task_complete": True}
-        else:
-            # Past the end the last (task_complete) step repeats: terminus-2 asks to confirm completion.
-            answer = script.steps[min(step, len(script.steps) - 1)]
-        content = json.dumps(answer, indent=2)
+        script = _find_script(self.state.scripts, messages)
+        names = _function_names(tools)
+        answer: _Answer | None = None
+        if SHELL_TOOL in names:
+            answer = _tool_answer(script, step)
+        elif names:
+            answer = _side_answer(tools, body.get("tool_choice"))
+            script = None if answer is not None else script
+        if answer is None:  # terminus-2: the step's JSON as the message content
+            if script is None:
+                reply: dict[str, Any] = {"analysis": "No script covers this task.", "plan": "Stop.", "commands": [],
+                                         "task_complete": True}
+            else:
+                # Past the end the last (task_complete) step repeats: terminus-2 asks to confirm completion.
+                reply = script.steps[min(step, len(script.steps) - 1)]
+            answer = _Answer(content=json.dumps(reply, indent=2))
+        stream = body.get("stream") is True
+        options = body.get("stream_options")
+        include_usage = stream and isinstance(options, dict) and options.get("include_usage") is True
         prompt_tokens = sum(count_tokens(_message_text(m)) + 4 for m in messages if isinstance(m, dict))
-        completion_tokens = count_tokens(content)
+        completion_tokens = answer.completion_tokens
         self._log({"status": 200, "task": script.name if script else None, "step": step,
                    "model": str(body.get("model", "")), "prompt_tokens": prompt_tokens,
-                   "completion_tokens": completion_tokens})
-        self._send(200, {
-            "id": f"chatcmpl-benchseal-{self.state.requests}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.state.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                      "total_tokens": prompt_tokens + completion_tokens},
-        })
+                   "completion_tokens": completion_tokens, "stream": stream, "tools": len(tools),
+                   "finish_reason": answer.finish_reason})
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens}
+        ident, created = f"chatcmpl-benchseal-{self.state.requests}", int(time.time())
+        if not stream:
+            self._send(200, {
+                "id": ident, "object": "chat.completion", "created": created, "model": self.state.model,
+                "choices": [{"index": 0, "message": answer.message(), "finish_reason": answer.finish_reason}],
+                "usage": usage,
+            })
+            return
+        chunk = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": self.state.model}
+        more = {"usage": None} if include_usage else {}  # as OpenAI: usage null on every chunk but the last
+        events = [{**chunk, "choices": [{"index": 0, "delta": delta, "finish_reason": None}], **more}
+                  for delta in answer.deltas()]
+        events.append({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": answer.finish_reason}], **more})
+        if include_usage:
+            events.append({**chunk, "choices": [], "usage": usage})
+        self._stream(events)
+
+    def _stream(self, events: list[dict[str, Any]]) -> None:
+        """Server-Sent Events in a body that ends when the connection closes (HTTP/1.0: no chunked coding)."""
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        try:
+            for event in events:
+                self.wfile.write(b"data: " + json.dumps(event).encode("utf-8") + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+        except OSError:
+            pass  # the client went away mid-stream
 
 
 class ModelServer:
     """The scripted server in a background thread (tests), or in the foreground (``serve``)."""
 
     def __init__(self, *, key: str, suite: str = "smoke", mode: Mode = "right", model: str = DEFAULT_MODEL,
-                 host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None) -> None:
+                 host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None,
+                 scripts: Sequence[TaskScript] | None = None) -> None:
+        """``scripts`` replaces the suite's script (tests); otherwise ``suite``'s ``mode`` trajectories are served."""
         if host != "127.0.0.1":
             raise ValidationError("host", "the scripted model server binds 127.0.0.1 only", host)
-        state = _State(key=key, scripts=load_script(suite, mode), model=model, log_path=log_path)
+        state = _State(key=key, scripts=tuple(scripts) if scripts is not None else load_script(suite, mode),
+                       model=model, log_path=log_path)
         handler = type("Handler", (_Handler,), {"state": state})
         self.state = state
         self.httpd = ThreadingHTTPServer((host, port), handler)

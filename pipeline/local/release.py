@@ -37,10 +37,11 @@ from pipeline.attest.images import (
     image_identity,
     verify_image,
 )
-from pipeline.core.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
+from pipeline.core.contracts import AgentArtifact, DigestsFile, DispatchPayload, Grading, PublicationRequest
 from pipeline.core.errors import CheckFailed, UsageError
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.core.paths import REPO_ROOT, state_dir
+from pipeline.core.project import version_for_tag
 from pipeline.dispatch.dispatch import build_payload, new_correlation_id
 from pipeline.imaging.build import build_images_with_results
 from pipeline.imaging.images import source_info
@@ -52,6 +53,7 @@ from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.worker.export import export_run, import_run
 from pipeline.infra.worker.loop import WorkerConfig, run_once
 from pipeline.local import sigstore as sigstore_local
+from pipeline.local.agents import local_npm_registry
 from pipeline.local.model import scripted_model_for
 from pipeline.local.signing import local_signer
 from pipeline.local.stages import StageClock
@@ -117,7 +119,8 @@ def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
 
 
 def _attest_as_release_workflow(images: dict[str, str], repository: str, commit: str, tag: str, instance: Any,
-                                endpoints: SigstoreEndpoints, policy: ImageIdentityPolicy, sbom_dir: Path) -> None:
+                                endpoints: SigstoreEndpoints, policy: ImageIdentityPolicy, sbom_dir: Path,
+                                agent: AgentArtifact | None = None) -> None:
     """What tag.yml's build job does in Actions: cosign signs and attests as that job's identity.
 
     The private instance serves the job's OIDC token the way Actions does; images that already
@@ -137,7 +140,7 @@ def _attest_as_release_workflow(images: dict[str, str], repository: str, commit:
     invocation = BuildInvocation(repository=repository, ref=job.ref, commit=commit, workflow_ref=job.job_workflow_ref,
                                  run_url=f"https://github.com/{repository}/actions/runs/{job.run_id}/attempts/{job.run_attempt}")
     signer = ImageSigner(endpoints, allow_http_registry=True, actions_env=session.environ())
-    attest_images(unsigned, signer, invocation, sbom_dir)
+    attest_images(unsigned, signer, invocation, sbom_dir, agent=agent)
 
 
 def _verify_images(images: dict[str, str], repository: str, tag: str, commit: str,
@@ -172,12 +175,16 @@ def release_local(
     console: Console | None = None,
     scripted_model: str | None = None,
     policy: Path | None = None,
+    project: Path | None = None,
 ) -> ReleaseReport:
     """``names``: the image names (default: the configured ones, pipeline.imaging.names, whose
     local default is 127.0.0.1:5055/benchseal/); ``policy``: the infra policy that must admit
-    them (default policies/infra.yaml)."""
+    them (default policies/infra.yaml); ``project``: the source project's benchseal.toml, whose
+    agent (at the tag's version) the runner carries and, by default, the run scores."""
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
+    if project is not None:
+        version_for_tag(tag)  # the agent's version comes from the tag: refused before anything runs
 
     resolved = resolve_image_names() if names is None else as_names(names)
     infra_policy = load_policy(policy)
@@ -188,7 +195,7 @@ def release_local(
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
     with scripted_model_for(agent, suite, scripted_model):
         return _release_local(tag, names=resolved, dist=dist, suite=suite, agent=agent, console=console,
-                              policy=infra_policy)
+                              policy=infra_policy, project=project)
 
 
 def _release_local(
@@ -200,6 +207,7 @@ def _release_local(
     agent: str,
     console: Console | None,
     policy: InfraPolicy,
+    project: Path | None = None,
 ) -> ReleaseReport:
 
 
@@ -208,7 +216,7 @@ def _release_local(
     with StageClock(console) as clock, ExitStack() as stack:
         with clock.stage("setup", "Private Sigstore instance"):
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
-        built = _build_and_attest(clock, tag, names, work, instance)
+        built = _build_and_attest(clock, tag, names, work, instance, project)
 
         # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.
         # A new correlation id per invocation: a re-run benchmarks again instead of being
@@ -268,10 +276,15 @@ class _Built:
 
 
 def _build_and_attest(clock: StageClock, tag: str, names: ImageNames, work: Path,
-                      instance: sigstore_local.LocalInstance) -> _Built:
+                      instance: sigstore_local.LocalInstance, project: Path | None = None) -> _Built:
     """Build and push both images (push time counted apart), then sign them as the release workflow."""
+    registry = None
+    if project is not None:
+        with clock.stage("setup", "Local npm registry (the release's npm agent)"):
+            registry = local_npm_registry(project, tag)
     with clock.stage("build", f"Building runner and api images as {names.prefix}{{runner,api}}"):
-        digests, results = build_images_with_results(("runner", "api"), names, work / "digests.json", (tag,))
+        digests, results = build_images_with_results(("runner", "api"), names, work / "digests.json", (tag,),
+                                                     project=project, release_tag=tag, npm_registry=registry)
     push_seconds = sum(r.seconds_push for r in results)
     clock.add("build", -push_seconds)
     clock.add("push", push_seconds)
@@ -281,7 +294,7 @@ def _build_and_attest(clock: StageClock, tag: str, names: ImageNames, work: Path
     endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
     with clock.stage("attest", "Signing and attesting both images as the release workflow (cosign)"):
         _attest_as_release_workflow(images, digests.source.repository, digests.source.commit, tag, instance,
-                                    endpoints, image_policy, work / "image-sboms")
+                                    endpoints, image_policy, work / "image-sboms", digests.agent)
     last_path = state_dir("release") / "last-digests.json"
     reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
     atomic_write_json(last_path, images)

@@ -55,6 +55,7 @@ class SectionFacts:
     api_ref: str
     harbor_version: str
     agent: str
+    agent_release: str | None  # the release's own agent: package, version, integrity, source commit
     source_repository: str
     source_commit: str
     run_id: str
@@ -74,6 +75,9 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         calls = f"; {usage.model_calls} model calls, {usage.input_tokens} input / {usage.output_tokens} output tokens" \
             if usage is not None else ""
         agent += f" (model {summary.agent.model}{calls})"
+    release = summary.agent.release
+    agent_release = (f"{release.kind} {release.package}@{release.version}, {release.integrity}, "
+                     f"built from {release.source_commit}") if release is not None else None
     revision = summary.dataset.revision
     return SectionFacts(
         tag=tag,
@@ -92,6 +96,7 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         api_ref=summary.images.api.ref,
         harbor_version=summary.harbor_version or "unknown",
         agent=agent,
+        agent_release=agent_release,
         source_repository=summary.source.repository,
         source_commit=summary.source.commit,
         run_id=summary.run_id,
@@ -179,6 +184,7 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
         ("API image", _code(facts.api_ref)),
         ("Harbor version", markdown_cell(facts.harbor_version)),
         ("Agent", markdown_cell(facts.agent)),
+        *([("Agent package", markdown_cell(facts.agent_release))] if facts.agent_release else []),
         ("Source", f"{markdown_cell(facts.source_repository)} @ {_code(facts.source_commit)}"),
         ("Infra run id", _code(facts.run_id)),
         ("Correlation id", _code(facts.correlation_id)),

@@ -6,6 +6,9 @@ startup env values into a plain compose file. This subclass passes ``-e KEY``
 without a value and puts the values into the compose process's own environment,
 from which compose reads them; the startup compose file lists names only.
 
+A release's npm agent (``set_agent_mount``) reaches every task container as a read-only bind of
+its files (Node and the package), so nothing is installed at trial time.
+
 It also removes per-trial work the suites do not need (measured in docs/infra.md):
 
 * ``stop_signal: SIGKILL`` on every service: a task's PID 1 (``sleep infinity``)
@@ -53,6 +56,20 @@ COMPOSE_FAST_STOP_PATH = COMPOSE_DIR / "fast-stop.yaml"
 COMPOSE_NEVER_PULL_PATH = COMPOSE_DIR / "never-pull.yaml"
 # Teardowns started by stop() and not finished yet (all environments of this process).
 _teardowns: set[asyncio.Task[None]] = set()
+# The release agent's files for every task container, read-only (set once per run by set_agent_mount).
+_agent_overlay: Path | None = None
+AGENT_OVERLAY_NAME = "agent-mount.compose.json"
+
+
+def set_agent_mount(source: Path, target: str) -> Path:
+    """Every service this process starts gets ``source`` bound read-only at ``target`` (a compose overlay)."""
+    global _agent_overlay
+    overlay = source.parent / AGENT_OVERLAY_NAME
+    volume = {"type": "bind", "source": str(source), "target": target, "read_only": True}
+    overlay.write_text(json.dumps({"services": {MAIN_SERVICE_NAME: {"volumes": [volume]}}}, indent=2),
+                       encoding="utf-8")
+    _agent_overlay = overlay
+    return overlay
 
 
 async def drain_teardowns() -> None:
@@ -87,6 +104,8 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
             paths.append(COMPOSE_FAST_STOP_PATH)
         if "never-pull" in self._tunings and self._use_prebuilt:
             paths.append(COMPOSE_NEVER_PULL_PATH)
+        if _agent_overlay is not None:
+            paths.append(_agent_overlay)
         return paths
 
     def _write_env_compose_file(self) -> Path:

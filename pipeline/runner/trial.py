@@ -23,10 +23,13 @@ from typing import Any
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
-from pipeline.core.contracts import trial_name
+from pipeline.core.contracts import AgentArtifact, trial_name
 from pipeline.core.documents import PlannedTrial, TrialsPlan, dump_document
 from pipeline.core.errors import UsageError, ValidationError
+from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentManifest, NpmAgent
 from pipeline.infra.sandbox.relay import TcpToUnixRelay
+from pipeline.runner.agent_check import AGENT_COPY, mount_agent_files, release_agent
+from pipeline.runner.cli_agent import IMPORT_PATH as CLI_AGENT_IMPORT_PATH
 from pipeline.runner.harbor_env import IMPORT_PATH, drain_teardowns
 from pipeline.runner.tunings import enabled_tunings
 
@@ -35,12 +38,14 @@ TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 TRIALS_FILE = "trials.json"
 @dataclass(frozen=True)
 class ModelAccess:
-    """How a model-backed agent reaches its model from the network-less runner."""
+    """How a model-backed agent reaches its model from the network-less runner.
+
+    There is no key here: the agent holds ``PLACEHOLDER_KEY`` and the worker's relay adds the real one.
+    """
 
     socket: Path  # the worker's relay socket (mounted)
     path: str  # the endpoint's path, e.g. /v1
     name: str  # LiteLLM model name
-    key_env: str  # env var (a secret_env name) holding the key
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,14 @@ def run_suite(
     secret_dir: Path | None = None,
     agent_version: str | None = None,
     model: ModelAccess | None = None,
+    expect_agent: AgentArtifact | None = None,
+    manifest_path: Path = Path(AGENT_MANIFEST_PATH),
 ) -> list[TrialSpec]:
-    """Run every task of ``suite_dir`` once with ``agent``; return the planned trials."""
+    """Run every task of ``suite_dir`` once with ``agent``; return the planned trials.
+
+    ``expect_agent`` (the payload's artifact): the release's agent this image must carry
+    (``manifest_path``) and that must report exactly its version, checked before any trial.
+    """
     for name in secret_env:
         if not ENV_NAME_RE.match(name):
             raise ValidationError("secret_env", f"must match {ENV_NAME_RE.pattern}", name)
@@ -91,11 +102,10 @@ def run_suite(
     if agent_version is not None and agent_version != harbor_version:
         raise ValidationError("--agent-version", f"the policy pins {agent} to harbor {agent_version}; "
                               f"this runner has harbor {harbor_version}", agent_version)
+    release = release_agent(agent, expect_agent, manifest_path)
     if model is not None:
-        if model.key_env not in secret_env:
-            raise ValidationError("--model-key-env", "must be one of the --secret-env names", model.key_env)
-        # The OpenAI-compatible client reads its key from here; nothing carries it further.
-        os.environ["OPENAI_API_KEY"] = os.environ[model.key_env]
+        # A placeholder: the relay outside the sandbox replaces it with the real key.
+        os.environ["OPENAI_API_KEY"] = PLACEHOLDER_KEY
     if concurrency < 1:
         raise ValidationError("concurrency", "must be >= 1", concurrency)
     enabled_tunings()  # a bad BENCHSEAL_HARBOR_DISABLE is a usage error before any trial starts
@@ -105,7 +115,11 @@ def run_suite(
     trials_dir = out_dir / "harbor"
     trials_dir.mkdir(parents=True, exist_ok=True)
     specs = plan_trials(run_id, discover_tasks(suite_dir))
-    dump_document(TrialsPlan(run_id=run_id, agent=agent, agent_version=agent_version, harbor_version=harbor_version,
+    if release is not None and isinstance(release.spec, NpmAgent):
+        mount_agent_files(manifest_path.parent, out_dir / AGENT_COPY)
+    dump_document(TrialsPlan(run_id=run_id, agent=agent,
+                             agent_version=release.artifact.version if release is not None else agent_version,
+                             harbor_version=harbor_version,
                              model=model.name if model else None,
                              trials=tuple(PlannedTrial(task=s.task, trial_name=s.trial_name) for s in specs)),
                   out_dir / TRIALS_FILE)
@@ -116,7 +130,7 @@ def run_suite(
         relay.start()
         api_base = f"http://127.0.0.1:{relay.port}{model.path.rstrip('/')}"
     try:
-        asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency, model, api_base))
+        asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency, model, api_base, release))
     finally:
         if relay is not None:
             relay.stop()
@@ -140,12 +154,14 @@ async def _run_all(
     concurrency: int,
     model: ModelAccess | None = None,
     api_base: str | None = None,
+    release: AgentManifest | None = None,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(spec: TrialSpec) -> None:
         async with gate:
-            await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env, model, api_base)
+            await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env, model, api_base,
+                             release)
 
     try:
         results = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
@@ -162,12 +178,13 @@ async def _run_all(
 
 
 async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...],
-                     model: ModelAccess | None = None, api_base: str | None = None) -> None:
+                     model: ModelAccess | None = None, api_base: str | None = None,
+                     release: AgentManifest | None = None) -> None:
     config = TrialConfig(
         task=TaskConfig(path=task_dir),
         trial_name=trial_name,
         trials_dir=trials_dir,
-        agent=_agent_config(AgentConfig, agent, secret_env, model, api_base),
+        agent=_agent_config(AgentConfig, agent, secret_env, model, api_base, release),
         environment=EnvironmentConfig(import_path=IMPORT_PATH, delete=True),
     )
     trial = await Trial.create(config)
@@ -175,7 +192,16 @@ async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: s
 
 
 def _agent_config(config_cls: Any, agent: str, secret_env: tuple[str, ...], model: ModelAccess | None,
-                  api_base: str | None) -> Any:
+                  api_base: str | None, release: AgentManifest | None = None) -> Any:
+    if release is not None:
+        # The release's own agent, baked into this image: run by import path, nothing installed.
+        spec = release.spec
+        model_name = model.name if model is not None else None
+        if isinstance(spec, NpmAgent):
+            return config_cls(import_path=CLI_AGENT_IMPORT_PATH, model_name=model_name, env={},
+                              kwargs={"model_path": model.path if model is not None else "/v1"})
+        return config_cls(import_path=spec.import_path, model_name=model_name, env={},
+                          kwargs={"api_base": api_base} if api_base is not None else {})
     # Values stay templates (${NAME}) that Harbor resolves from this process's environment.
     if model is None:
         return config_cls(name=agent, env={name: "${" + name + "}" for name in secret_env})

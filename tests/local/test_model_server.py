@@ -18,14 +18,16 @@ from pipeline.infra.sandbox.relay import TcpToUnixRelay, UnixToTcpRelay
 from pipeline.local.model_server import ModelServer, count_tokens, load_script, read_state
 
 KEY = "sk-test-" + "k" * 24
+PLACEHOLDER = "benchseal-placeholder-key"  # what the agent holds; the host-side relay adds KEY
 
 
-def _chat(base: str, messages: list[dict[str, Any]], key: str | None = KEY) -> tuple[int, dict[str, Any]]:
+def _chat(base: str, messages: list[dict[str, Any]], key: str | None = KEY,
+          **extra: Any) -> tuple[int, dict[str, Any]]:
     headers = {"Content-Type": "application/json"}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     request = urllib.request.Request(f"{base}/chat/completions", data=json.dumps(
-        {"model": "openai/benchseal-scripted", "messages": messages}).encode(), headers=headers)
+        {"model": "openai/benchseal-scripted", "messages": messages, **extra}).encode(), headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -107,13 +109,14 @@ def test_wrong_mode_and_unknown_task(tmp_path: Path) -> None:
 
 def test_relays_give_one_way_to_the_endpoint(tmp_path: Path) -> None:
     with ModelServer(key=KEY) as server:
-        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1")
+        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1", api_key=KEY)
         host_side.start()
         runner_side = TcpToUnixRelay(tmp_path / "model.sock")
         runner_side.start()
         try:
             assert oct((tmp_path / "model.sock").stat().st_mode & 0o777) == "0o600"
-            status, body = _chat(f"http://127.0.0.1:{runner_side.port}/v1", [{"role": "user", "content": _instruction("cli-flag")}])
+            status, body = _chat(f"http://127.0.0.1:{runner_side.port}/v1",
+                                 [{"role": "user", "content": _instruction("cli-flag")}], key=PLACEHOLDER)
             assert status == 200 and "wc.py" in body["choices"][0]["message"]["content"]
             assert host_side.connections >= 1
         finally:
@@ -179,7 +182,8 @@ def test_gateway_entry_point_serves_a_fixed_port_and_checks_its_arguments(tmp_pa
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     with ModelServer(key=KEY) as server:
-        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1").start()
+        host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1",
+                                   api_key=KEY).start()
         gateway = subprocess.Popen([sys.executable, "-m", "pipeline.infra.sandbox.relay", str(tmp_path / "model.sock"), str(port)])
         try:
             deadline = time.monotonic() + 30
@@ -191,9 +195,57 @@ def test_gateway_entry_point_serves_a_fixed_port_and_checks_its_arguments(tmp_pa
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.1)
-            status, body = _chat(f"http://127.0.0.1:{port}/v1", [{"role": "user", "content": _instruction("cli-flag")}])
+            status, body = _chat(f"http://127.0.0.1:{port}/v1", [{"role": "user", "content": _instruction("cli-flag")}],
+                                 key=PLACEHOLDER)
             assert status == 200 and "wc.py" in body["choices"][0]["message"]["content"]
         finally:
             gateway.kill()
             gateway.wait()
             host_side.stop()
+
+
+def test_terminus_answers_keep_their_form_and_the_log_says_stream_and_tools(tmp_path: Path) -> None:
+    """A request without tools (terminus-2) still gets the step's JSON as content, in the same envelope;
+    ``stream: true`` streams that same content."""
+    import http.client
+
+    log = tmp_path / "log.jsonl"
+    step = next(s for s in load_script("smoke", "right") if s.name == "fix-mean").steps[0]
+    with ModelServer(key=KEY, log_path=log) as server:
+        status, body = _chat(server.base_url, [{"role": "user", "content": _instruction("fix-mean")}])
+        assert status == 200 and list(body) == ["id", "object", "created", "model", "choices", "usage"]
+        assert body["object"] == "chat.completion"
+        assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": json.dumps(step, indent=2)},
+                                    "finish_reason": "stop"}]
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "m", "stream": True, "messages": [{"role": "user", "content": _instruction("fix-mean")}]}),
+            {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.getheader("Content-Type") == "text/event-stream"
+        events = [json.loads(line[6:]) for line in response.read().decode().split("\n\n")
+                  if line.startswith("data: {")]
+        conn.close()
+        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == json.dumps(step, indent=2)
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(e["stream"], e["tools"], e["finish_reason"], e["task"]) for e in entries] == [
+        (False, 0, "stop", "fix-mean"), (True, 0, "stop", "fix-mean")]
+    assert "stats.py" not in log.read_text()  # neither the instruction nor the answer
+
+
+def test_task_is_found_behind_context_and_in_later_user_messages() -> None:
+    """Agents put context before the instruction (content parts) or send it in a later user message."""
+    parts = [{"type": "text", "text": "<system-reminder>context</system-reminder>"},
+             {"type": "text", "text": _instruction("cli-flag")}]
+    with ModelServer(key=KEY) as server:
+        _, body = _chat(server.base_url, [{"role": "system", "content": "sys"}, {"role": "user", "content": parts}])
+        assert "wc.py" in json.loads(body["choices"][0]["message"]["content"])["commands"][0]["keystrokes"]
+        _, body = _chat(server.base_url, [{"role": "user", "content": "hello"},
+                                          {"role": "user", "content": _instruction("write-answer")}])
+        assert "answer.txt" in body["choices"][0]["message"]["content"]
+        # The first user message wins (terminus-2 sends terminal output in later ones).
+        _, body = _chat(server.base_url, [{"role": "user", "content": _instruction("fix-mean")},
+                                          {"role": "user", "content": "cat /app/wc.py"}])
+        assert "stats.py" in body["choices"][0]["message"]["content"]
+        status, body = _chat(server.base_url, [{"role": "user", "content": "x"}], tools={"not": "a list"})
+        assert status == 400

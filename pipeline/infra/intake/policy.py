@@ -29,6 +29,7 @@ from pipeline.core.contracts import DispatchPayload, canonical_repository, load_
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
+from pipeline.core.project import version_for_tag
 from pipeline.core.yamlfile import load_yaml
 
 POLICY_PATH = REPO_ROOT / "policies" / "infra.yaml"
@@ -138,13 +139,34 @@ class AgentPolicy(_Strict):
     model: bool = False
 
 
+class ReleaseAgentPolicy(_Strict):
+    """A source repository's own agent, admitted by repository, name and kind (and its package).
+
+    Its version is not listed: it is the release's (``version_for_tag`` of the payload's tag), and
+    the payload's ``agent_artifact`` must say exactly that; the worker then checks that the runner
+    image carries the same artifact before any trial.
+    """
+
+    name: Annotated[str, StringConstraints(pattern=_SLUG)]
+    kind: Literal["npm", "python"]
+    package: Annotated[str, StringConstraints(pattern=r"^[@A-Za-z0-9][@A-Za-z0-9._/-]{0,213}$")]
+    repositories: tuple[Annotated[str, AfterValidator(_source_repository)], ...] = Field(min_length=1, max_length=64)
+    model: bool = False
+
+    def admits(self, repository: str) -> bool:
+        return canonical_repository(repository) in {canonical_repository(r) for r in self.repositories}
+
+
 def _agent_kind(value: Any) -> str:
-    return "name" if isinstance(value, str) else "entry"
+    if isinstance(value, str):
+        return "name"
+    return "release" if isinstance(value, dict) and "kind" in value else "entry"
 
 
-# Tagged so that an error names the rule of the form used (a bare name or a mapping).
+# Tagged so that an error names the rule of the form used (a bare name, a Harbor agent, a release's agent).
 AgentEntry = Annotated[
-    Annotated[Annotated[str, StringConstraints(pattern=_SLUG)], Tag("name")] | Annotated[AgentPolicy, Tag("entry")],
+    Annotated[Annotated[str, StringConstraints(pattern=_SLUG)], Tag("name")] | Annotated[AgentPolicy, Tag("entry")]
+    | Annotated[ReleaseAgentPolicy, Tag("release")],
     Discriminator(_agent_kind),
 ]
 
@@ -198,12 +220,13 @@ class InfraPolicy(_Strict):
     def agent_names(self) -> tuple[str, ...]:
         return tuple(a if isinstance(a, str) else a.name for a in self.agents)
 
-    def agent(self, name: str, suite: str, field: str = "payload.agent") -> tuple[AgentPolicy | None, ModelPolicy | None]:
+    def agent(self, name: str, suite: str,
+              field: str = "payload.agent") -> tuple[AgentPolicy | ReleaseAgentPolicy | None, ModelPolicy | None]:
         """The policy entry for ``name`` (None for a test agent) and the suite's model when it needs one."""
         for entry in self.agents:
             if isinstance(entry, str) and entry == name:
                 return None, None
-            if isinstance(entry, AgentPolicy) and entry.name == name:
+            if isinstance(entry, (AgentPolicy, ReleaseAgentPolicy)) and entry.name == name:
                 if not entry.model:
                     return entry, None
                 model = self.suites[suite].model if suite in self.suites else None
@@ -256,7 +279,34 @@ class InfraPolicy(_Strict):
         for role in roles:
             ref = parse_ref(getattr(payload, role), f"payload.{role}")
             self.check_image(role, ref, field=f"payload.{role}", repository=entry.repository)
+        self.check_agent(payload)
         return entry
+
+    def check_agent(self, payload: DispatchPayload) -> None:
+        """A release's agent: admitted for the payload's repository, of the listed kind and package, at the
+        version the payload's tag stands for; any other agent carries no artifact."""
+        agent, _ = self.agent(payload.agent, payload.suite)
+        artifact = payload.agent_artifact
+        if not isinstance(agent, ReleaseAgentPolicy):
+            if artifact is not None:
+                raise ValidationError("payload.agent_artifact", f"agent {payload.agent} is not a release's agent in "
+                                      "the policy: it carries no artifact")
+            return
+        if artifact is None:
+            raise ValidationError("payload.agent_artifact", f"is required: {agent.name} is a release's agent")
+        if not agent.admits(payload.source.repository):
+            raise ValidationError("payload.agent", f"agent {agent.name} is admitted for {', '.join(agent.repositories)}, "
+                                  f"not {payload.source.repository}", payload.agent)
+        if artifact.kind != agent.kind:
+            raise ValidationError("payload.agent_artifact.kind", f"must be {agent.kind} (the policy's)", artifact.kind)
+        if artifact.package != agent.package:
+            raise ValidationError("payload.agent_artifact.package", f"must be {agent.package} (the policy's)",
+                                  artifact.package)
+        expected = version_for_tag(payload.source.tag)
+        if artifact.version != expected:
+            raise ValidationError("payload.agent_artifact.version",
+                                  f"must be {expected}, the version of the release's tag {payload.source.tag}",
+                                  artifact.version)
 
     def suite_timeout(self, suite: str) -> float:
         return self.suites[suite].timeout_seconds

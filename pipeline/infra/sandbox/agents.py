@@ -7,6 +7,8 @@
 * Model access: the runner keeps ``network_mode: none``. For a model-backed
   agent the worker serves a Unix socket (``relay.UnixToTcpRelay``) that connects
   to the suite's policy endpoint and nothing else, mounted at ``MODEL_MOUNT``.
+  The model key never enters the sandbox: it is not among the secret files, the
+  agent holds a placeholder, and the relay adds the real key on the way out.
 * Version pin: the policy's agent version goes to the runner, which refuses
   to run (exit 2) when its Harbor does not match.
 * Engine access: the runner's ``/var/run/docker.sock`` is an API-filtering proxy
@@ -38,7 +40,7 @@ from pathlib import Path
 
 from pipeline.core.contracts import DispatchPayload
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
-from pipeline.infra.intake.policy import InfraPolicy
+from pipeline.infra.intake.policy import AgentPolicy, InfraPolicy
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.sandbox.engine_proxy import EnginePolicy, EngineProxy, ModelGateway
 from pipeline.infra.sandbox.relay import UnixToTcpRelay
@@ -150,11 +152,16 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
     entry, model = policy.agent(payload.agent, payload.suite)
     setup = RunnerAgentSetup()
     try:
-        if entry is not None:
+        if isinstance(entry, AgentPolicy):  # a Harbor agent: the runner's Harbor must be that version
             setup.args += ["--agent-version", entry.version]
+        if payload.agent_artifact is not None:
+            # The runner compares it with the manifest its image carries before any trial.
+            setup.args += ["--expect-agent", payload.agent_artifact.model_dump_json()]
         present = [name for name in policy.secret_env if name in os.environ]
-        if model is not None and model.key_env not in present:
+        if model is not None and not os.environ.get(model.key_env):
             raise UsageError(f"agent {payload.agent} needs the model key: {model.key_env} is not set in the worker's environment")
+        if model is not None:
+            present = [name for name in present if name != model.key_env]  # the relay's alone
         if present:
             secrets = _private_dir("benchseal-secrets-", setup.locks)
             setup.dirs.append(secrets)
@@ -172,11 +179,12 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
             sockets = _private_dir("benchseal-model-", setup.locks)
             setup.dirs.append(sockets)
             host, port, tls = model.host_port
-            setup.relay = UnixToTcpRelay(sockets / MODEL_SOCKET, host, port, tls=tls, model_path=model.path)
+            setup.relay = UnixToTcpRelay(sockets / MODEL_SOCKET, host, port, tls=tls, model_path=model.path,
+                                         api_key=os.environ[model.key_env])
             setup.relay.start()
             setup.volumes[str(sockets)] = {"bind": MODEL_MOUNT, "mode": "rw"}
             setup.args += ["--model-socket", f"{MODEL_MOUNT}/{MODEL_SOCKET}", "--model-path", model.path or "/",
-                           "--model-name", model.name, "--model-key-env", model.key_env]
+                           "--model-name", model.name]
             if runner_image is not None:
                 gateway = ModelGateway(image=runner_image, socket_dir=sockets, mount=MODEL_MOUNT,
                                        socket_name=MODEL_SOCKET, labels=dict(labels or {}))

@@ -22,6 +22,9 @@ loopback or the upstream's own ``Host``, a ``Content-Length`` body of bounded si
 within a deadline) and re-serialised for the one upstream the policy names. Anything else gets a
 4xx JSON answer from the relay and the upstream sees no connection at all. The answer (e.g. a
 streamed, chunked chat completion) is passed back byte for byte.
+
+The model key lives only here: the sandbox holds a placeholder, the relay drops every credential
+header the request carries and adds the real one (``UnixToTcpRelay(api_key=...)``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ _LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?\Z",
 # Hop-by-hop or re-written by the relay: never forwarded as the client sent them.
 _NOT_FORWARDED = frozenset({"host", "content-length", "connection", "keep-alive", "proxy-connection", "te",
                             "trailer", "expect", "proxy-authorization", "proxy-authenticate"})
+# Credentials are the relay's to add: whatever the sandbox sent (a placeholder) never goes upstream.
+_CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
@@ -217,7 +222,10 @@ class _Gate(BaseHTTPRequestHandler):
         if self._more_bytes():
             raise _Refused(400, "one request per connection: bytes after the request body are not forwarded")
         head = [f"POST {target} HTTP/1.1", f"Host: {self.server.authority}"]
-        head += [f"{name}: {value}" for name, value in self.headers.items() if name.lower() not in _NOT_FORWARDED]
+        head += [f"{name}: {value}" for name, value in self.headers.items()
+                 if name.lower() not in _NOT_FORWARDED and name.lower() not in _CREDENTIAL_HEADERS]
+        if self.server.api_key is not None:
+            head.append(f"Authorization: Bearer {self.server.api_key}")
         head += [f"Content-Length: {size}", "Connection: close"]
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
@@ -275,10 +283,18 @@ class _Gate(BaseHTTPRequestHandler):
 
 class UnixToTcpRelay(_Relay):
     """Host side: ``socket_path`` -> ``host:port`` (TLS to ``host`` when ``tls``), one admitted model call
-    (``POST <model_path>/chat/completions``) per connection."""
+    (``POST <model_path>/chat/completions``) per connection.
+
+    ``api_key``: the model key, held here only. The sandbox sends a placeholder (or nothing); every
+    credential header it sends is dropped and ``Authorization: Bearer <api_key>`` is added on the way
+    out, so the real key is never inside the runner or a task container.
+    """
 
     def __init__(self, socket_path: Path, host: str, port: int, *, model_path: str, tls: bool = False,
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, api_key: str | None = None) -> None:
+        if api_key is not None and (not api_key or any(ord(c) < 0x21 or ord(c) > 0x7E for c in api_key)):
+            raise ValueError("the model key must be printable ASCII without spaces")
+        self.api_key = api_key
         self.model_target = model_path.rstrip("/") + "/chat/completions"
         self.authority = host if port == (443 if tls else 80) else f"{host}:{port}"
         self.refused: list[str] = []  # the rule each refused request broke, in order

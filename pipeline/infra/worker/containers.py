@@ -20,7 +20,7 @@ import requests.exceptions
 
 from pipeline.core.contracts import trial_short_id
 from pipeline.core.digests import ImageRef
-from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError, escape_text
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.queue.sql import Queue, RunRecord
@@ -228,6 +228,16 @@ def _run_container(
         sandbox.reclaim(batch.out_dir)
 
 
+def _runner_error(log_path: Path) -> str:
+    """``: <the runner's one-line error>`` (its CLI prints ``benchseal: error: ...``), or nothing."""
+    try:
+        lines = log_path.read_bytes()[-8192:].decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.removeprefix("benchseal: error: ") for line in lines if line.startswith("benchseal: error: ")]
+    return f": {escape_text(errors[-1][:500])}" if errors else ""
+
+
 def _run_started_container(
     engines: _Engines, record: RunRecord, runner_ref: ImageRef, run_dir: Path, config: WorkerConfig,
     command: list[str], agent_setup: RunnerAgentSetup, payload_suite_timeout: float, batch: _BatchRun,
@@ -303,7 +313,7 @@ def _run_started_container(
             kill_trial_leftovers(client, run_id, batch.trial_names)
     if exit_code is not None and exit_code != 0 and failure is None and not released:
         if exit_code == 2:
-            failure = "trial run rejected its input (exit 2)"
+            failure = "trial run rejected its input (exit 2)" + _runner_error(out / "logs" / "runner.log")
         elif not (out / "trials.json").is_file():
             raise InfraFailure(f"runner container exited {exit_code} before planning trials")
     return runner, failure, released

@@ -3,7 +3,8 @@ RepoDigests must list exactly that reference) and handed to the sandbox engine b
 (``sandbox_image``), the task environments' base (``resolve_base_ref``), the suite rendered onto that
 base (``render_suite``: ``FROM benchseal-base`` -> the base) and its task images prebuilt once, by
 content (``prebuild_task_images``). The images' signatures are checked by the claim loop
-(``pipeline.infra.worker.loop.require_signed_images``)."""
+(``pipeline.infra.worker.loop.require_signed_images``), then the agent the runner carries
+(``check_runner_agent``)."""
 
 from __future__ import annotations
 
@@ -19,14 +20,17 @@ from typing import Any
 import docker
 import docker.errors
 
+from pipeline.core import strictjson
+from pipeline.core.contracts import AgentArtifact, DispatchPayload, load_model
 from pipeline.core.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.core.documents import base_lock_path, read_base_lock
-from pipeline.core.errors import CheckFailed
+from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.registry_auth import docker_auth_config
+from pipeline.imaging.agentlayers import AGENT_LABEL
 from pipeline.imaging.base import ensure_base
 from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 from pipeline.infra.sandbox import engine as sandbox
-from pipeline.infra.worker.config import InfraFailure, WorkerConfig
+from pipeline.infra.worker.config import ImageRefused, InfraFailure, WorkerConfig
 
 BASE_PLACEHOLDER = "benchseal-base"
 _FROM_RE = re.compile(r"^\s*FROM\s+(\S+)(.*)$", re.IGNORECASE)
@@ -187,3 +191,31 @@ def _pin_docker_image(task_toml: Path, image_id: str) -> None:
     if tomllib.loads(text).get("environment", {}).get("docker_image") != image_id:
         raise CheckFailed(f"{task_toml}: could not pin docker_image")
     task_toml.write_text(text, encoding="utf-8")
+
+
+def check_runner_agent(client: Any, ref: ImageRef, payload: DispatchPayload) -> None:
+    """The runner ``ref`` carries exactly the payload's agent artifact (or none when the payload names none).
+
+    Read from the image config's label (bound to the digest the signature covers), before any
+    container of the image runs; the runner compares its baked manifest again and asks the
+    agent for its version.
+    """
+    try:
+        labels = client.images.get(ref.ref).attrs.get("Config", {}).get("Labels") or {}
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"inspecting {ref.ref} failed: {exc.explanation or exc}") from exc
+    raw = labels.get(AGENT_LABEL)
+    expected = payload.agent_artifact
+    if expected is None:
+        return  # a calibration or Harbor agent: whatever release agent the image also carries is not run
+    if raw is None:
+        raise ImageRefused(f"runner {ref.ref} carries no release agent; the payload names "
+                           f"{expected.name} {expected.version}")
+    try:
+        carried = load_model(AgentArtifact, strictjson.loads(raw), f"runner label {AGENT_LABEL}")
+    except (ValueError, ValidationError) as exc:
+        raise ImageRefused(f"runner {ref.ref}: label {AGENT_LABEL} is not an agent artifact: {exc}") from None
+    if carried != expected:
+        differing = [name for name in AgentArtifact.model_fields if getattr(carried, name) != getattr(expected, name)]
+        raise ImageRefused(f"runner {ref.ref} carries agent {carried.name} {carried.package}@{carried.version}, "
+                           f"not the payload's ({', '.join(differing)} differ)")

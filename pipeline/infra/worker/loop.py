@@ -91,6 +91,7 @@ from pipeline.infra.worker.images import (
     TASK_IMAGE_LABEL,
     _pin_docker_image,
     _task_context_hash,
+    check_runner_agent,
     prebuild_task_images,
     pull_by_digest,
     render_suite,
@@ -298,6 +299,7 @@ def _plan(
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         pull_by_digest(client, runner_ref)  # a missing runner stays an infrastructure error (retried)
         require_signed_images(payload, source, config.image_trust)  # before anything pulled is used
+        check_runner_agent(client, runner_ref, payload)  # the release's agent, as the payload and policy name it
         suite_src = config.suites_dir / payload.suite
         if not suite_src.is_dir():
             raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")

@@ -1,0 +1,54 @@
+"""The local world's npm registry for a release's npm agent (``make demo AGENT=qwen-code``).
+
+Production resolves the agent on the registry npm is configured with (or ``$BENCHSEAL_NPM_REGISTRY``).
+Locally the same resolver (``pipeline.agent.npm``) reads a real npm registry server on 127.0.0.1
+(verdaccio, ``pipeline.local.npmregistry``), into which the release's tarball is published from
+the cache ``make setup`` fills (``npm pack`` of the version the demo releases): the registry then
+serves it with its ``dist.integrity``, which the build checks like any other.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from pipeline.agent.npm import tarball_name
+from pipeline.core import strictjson
+from pipeline.core.errors import UsageError
+from pipeline.core.paths import state_dir
+from pipeline.core.project import NpmAgent, load_project, version_for_tag
+from pipeline.local.npmregistry import publish_to, start_background
+
+
+def npm_cache() -> Path:
+    """Where ``make setup`` puts the npm tarballs the demo releases."""
+    return state_dir("cache", "npm")
+
+
+def _published(url: str, package: str, version: str) -> bool:
+    request = urllib.request.Request(url + package.replace("/", "%2f"), headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - our loopback registry
+            versions = strictjson.loads(response.read()).get("versions") or {}
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise
+    return version in versions
+
+
+def local_npm_registry(project_file: Path, tag: str) -> str | None:
+    """The local registry's URL, holding the project's npm agent at the tag's version; None for other kinds."""
+    agent = load_project(project_file).agent
+    if not isinstance(agent, NpmAgent):
+        return None
+    version = version_for_tag(tag)
+    url = str(start_background(state_dir("npm-registry"))["url"])
+    if not _published(url, agent.package, version):
+        tarball = npm_cache() / tarball_name(agent.package, version)
+        if not tarball.is_file():
+            raise UsageError(f"{agent.package}@{version} is not in the local npm registry and {tarball} is missing "
+                             "(make setup fetches the demo's release with npm pack)")
+        publish_to(url, tarball)
+    return url

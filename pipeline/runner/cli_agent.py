@@ -1,0 +1,110 @@
+"""A Harbor agent that runs a release's npm CLI (e.g. Qwen Code) in the task container, installing nothing.
+
+The runner image carries Node and the checked package under ``AGENT_ROOT``; the runner hands that
+directory to every task container read-only at the same path (``harbor_env``), so a task whose
+own image has no Node runs the release's exact bytes. The command line and environment come
+from the project file's ``args`` and ``env`` templates (``pipeline.core.project``):
+
+* ``{instruction}``: the task's instruction (one argv element, shell-quoted);
+* ``{model_base_url}``: the trial's model gateway, ``http://127.0.0.1:GATEWAY_PORT<path>``, the
+  container's only way out;
+* ``{model_name}``: the suite's model name (its provider prefix dropped);
+* ``{model_key}``: a placeholder: the worker's relay replaces it with the real key upstream.
+
+Environment values reach the container through Harbor's exec env, which ``harbor_env`` passes by
+name (never in an argv); none of them is a secret anyway. The CLI's output is kept in the
+trial's agent log dir. Token usage is taken from a JSON result line if the CLI prints one
+(``usage``/``stats`` with input/output tokens), else left unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from harbor.agents.base import BaseAgent
+from harbor.environments.base import BaseEnvironment
+from harbor.models.agent.context import AgentContext
+
+from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentManifest, NpmAgent, load_manifest
+from pipeline.infra.sandbox.relay import GATEWAY_PORT
+
+IMPORT_PATH = "pipeline.runner.cli_agent:ReleasedCliAgent"
+AGENT_TIMEOUT_SECONDS = 900
+OUTPUT_FILE = "cli-output.txt"
+
+
+def read_manifest(path: Path = Path(AGENT_MANIFEST_PATH)) -> AgentManifest:
+    return load_manifest(json.loads(path.read_text(encoding="utf-8")), str(path))
+
+
+def fill(template: str, values: dict[str, str]) -> str:
+    """Replace ``{name}`` placeholders (the project file's model checked the names)."""
+    out = template
+    for name, value in values.items():
+        out = out.replace("{" + name + "}", value)
+    return out
+
+
+def command_line(manifest: AgentManifest, args: tuple[str, ...]) -> list[str]:
+    """``node <package>/<bin> <args>`` with the baked Node."""
+    spec = manifest.spec
+    if not isinstance(spec, NpmAgent) or manifest.node is None or manifest.package_dir is None:
+        raise ValueError("not an npm agent's manifest")
+    return [manifest.node.path, f"{manifest.package_dir}/{spec.bin}", *args]
+
+
+def _tokens(output: str) -> tuple[int | None, int | None]:
+    """(input, output) tokens from the last JSON object line that reports usage, if any."""
+    for line in reversed(output.splitlines()):
+        line = line.strip()
+        if not (line.startswith("{") and line.endswith("}")):
+            continue
+        try:
+            data = json.loads(line)
+        except ValueError:
+            continue
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if isinstance(usage, dict):
+            inp, out = usage.get("input_tokens", usage.get("prompt_tokens")), usage.get(
+                "output_tokens", usage.get("completion_tokens"))
+            if isinstance(inp, int) and isinstance(out, int):
+                return inp, out
+    return None, None
+
+
+class ReleasedCliAgent(BaseAgent):  # type: ignore[misc]
+    """Runs the release's npm CLI with the baked Node; see the module docstring."""
+
+    def __init__(self, logs_dir: Path, model_name: str | None = None, *, model_path: str = "/v1",
+                 manifest_path: str = AGENT_MANIFEST_PATH, **kwargs: Any) -> None:
+        super().__init__(logs_dir, model_name, **kwargs)
+        self._manifest = read_manifest(Path(manifest_path))
+        self._model_path = model_path.rstrip("/")
+
+    @staticmethod
+    def name() -> str:
+        return "released-cli"
+
+    def version(self) -> str:
+        return self._manifest.artifact.version
+
+    async def setup(self, environment: BaseEnvironment) -> None:
+        return None  # nothing is installed at trial time: the files are already mounted
+
+    async def run(self, instruction: str, environment: BaseEnvironment, context: AgentContext) -> None:
+        spec = self._manifest.spec
+        assert isinstance(spec, NpmAgent)
+        model = (self.model_name or "").split("/", 1)[-1]
+        values = {"instruction": instruction, "model_base_url": f"http://127.0.0.1:{GATEWAY_PORT}{self._model_path}",
+                  "model_name": model, "model_key": PLACEHOLDER_KEY}
+        argv = command_line(self._manifest, tuple(fill(a, values) for a in spec.args))
+        env = {name: fill(value, values) for name, value in spec.env.items()}
+        result = await environment.exec(shlex.join(argv), env=env, timeout_sec=AGENT_TIMEOUT_SECONDS)
+        output = (result.stdout or "") + (result.stderr or "")
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        (self.logs_dir / OUTPUT_FILE).write_text(f"exit {result.return_code}\n{output}", encoding="utf-8")
+        context.n_input_tokens, context.n_output_tokens = _tokens(result.stdout or "")
+        # A CLI that exits non-zero has not solved the task; the verifier grades what it left (no infra error).
