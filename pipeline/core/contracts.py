@@ -476,6 +476,7 @@ class RunStatus(_Frozen):
     updated_at: str
     score: float | None = Field(default=None, allow_inf_nan=False)
     counts: GradeCounts | None = None
+    agent_artifact: AgentArtifact | None = None  # the payload's: the release's own agent
 
     @model_validator(mode="after")
     def _scored(self) -> RunStatus:

@@ -318,12 +318,10 @@ def _ours(pid: int, state_dir: Path) -> bool:
     try:
         cwd = os.readlink(f"/proc/{pid}/cwd")
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        status = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
-    except OSError:
+    except OSError:  # gone, or exiting
         return False
-    zombie = status.rpartition(")")[2].split()[:1] == ["Z"]
     # verdaccio renames its process to "verdaccio"; before that its argv names the entry point.
-    return not zombie and cwd == str(state_dir.resolve()) and b"verdaccio" in cmdline
+    return _running(pid) and cwd == str(state_dir.resolve()) and b"verdaccio" in cmdline
 
 
 def running(state_dir: Path) -> dict[str, Any] | None:
@@ -358,14 +356,26 @@ def stop_background(state_dir: Path, timeout: float = STOP_TIMEOUT) -> int | Non
     if _ours(pid, state_dir):
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _ours(pid, state_dir) and time.monotonic() < deadline:
+        while _running(pid) and time.monotonic() < deadline:  # until it has exited, not merely begun to
             _reap(pid)
             time.sleep(0.05)
         if _ours(pid, state_dir):
             os.kill(pid, signal.SIGKILL)
+            while _running(pid) and time.monotonic() < deadline + timeout:
+                _reap(pid)
+                time.sleep(0.05)
         _reap(pid)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     return pid
+
+
+def _running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an exited child not yet collected)."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return False
+    return status.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 def _reap(pid: int) -> None:

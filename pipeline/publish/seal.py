@@ -68,6 +68,7 @@ def check_sealable(run_dir: Path, policy: InfraPolicy | None = None) -> tuple[Ru
         "schema": "benchseal.dispatch/v1", "correlation_id": status.correlation_id,
         "source": status.source.model_dump(mode="json"), "runner": status.runner, "api": status.api,
         "suite": status.suite, "agent": status.agent,
+        **({"agent_artifact": status.agent_artifact.model_dump(mode="json")} if status.agent_artifact else {}),
     }, "run.json")
     policy = policy if policy is not None else load_policy()
     try:

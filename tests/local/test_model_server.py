@@ -42,7 +42,7 @@ def _instruction(task: str) -> str:
 def test_every_smoke_task_has_a_right_and_a_wrong_script() -> None:
     tasks = sorted(p.name for p in (REPO_ROOT / "suites" / "smoke").iterdir() if (p / "task.toml").is_file())
     for mode in ("right", "wrong"):
-        scripts = load_script("smoke", mode)  # type: ignore[arg-type]
+        scripts = load_script("smoke", mode)
         assert sorted(s.name for s in scripts) == tasks
         for script in scripts:
             # Recognised from its own instruction, and by no other task's.

@@ -110,6 +110,7 @@ class SqlBase(Queue):
             updated_at=record.updated_at,
             score=grading.score if grading else None,
             counts=grading.counts if grading else None,
+            agent_artifact=record.payload.agent_artifact,
         )
         # run.json is a view of the database, rewritten after every change: atomic (temp file +
         # os.replace) but not fsync'd, so the queue's own cost per transition stays small.

@@ -77,7 +77,8 @@ def run_status(record: RunRecord) -> RunStatus:
                      attempts=record.attempts, suite=record.payload.suite, agent=record.payload.agent,
                      source=record.payload.source, runner=record.payload.runner, api=record.payload.api,
                      created_at=record.created_at, updated_at=record.updated_at,
-                     score=grading.score if grading else None, counts=grading.counts if grading else None)
+                     score=grading.score if grading else None, counts=grading.counts if grading else None,
+                     agent_artifact=record.payload.agent_artifact)
 
 
 def packs_not_here(queue: Queue, run_id: str, run_dir: Path) -> dict[str, bytes]:
