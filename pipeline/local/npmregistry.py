@@ -164,6 +164,18 @@ def _pings(url: str) -> bool:
         return False
 
 
+def _listens(pid: int, port: int) -> bool:
+    """True when process ``pid`` holds the socket listening on 127.0.0.1:``port`` (Linux /proc)."""
+    local = f"0100007F:{port:04X}"  # /proc/net/tcp writes the IPv4 address little-endian, the port big-endian
+    try:
+        rows = Path("/proc/net/tcp").read_text(encoding="ascii").splitlines()[1:]
+        inodes = {fields[9] for fields in (row.split() for row in rows) if fields[1] == local and fields[3] == "0A"}
+        sockets = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return False
+    return any(f"socket:[{inode}]" in sockets for inode in inodes)
+
+
 class LocalNpmRegistry:
     """verdaccio on 127.0.0.1 with its storage in ``state_dir`` (see the module docstring)."""
 
@@ -222,7 +234,8 @@ class LocalNpmRegistry:
             if process.poll() is not None:
                 return False
             log = (self.state_dir / LOG_FILE).read_text(encoding="utf-8", errors="replace")
-            if f"http address - {address}" in log and _pings(address):
+            # verdaccio logs its address before it binds: the socket must be this process's own.
+            if f"http address - {address}" in log and _listens(process.pid, port) and _pings(address):
                 return True
             time.sleep(0.05)
         return False
@@ -243,10 +256,18 @@ class LocalNpmRegistry:
             _terminate(process)
             if time.monotonic() >= deadline:
                 break
-        output = (self.state_dir / OUTPUT_FILE).read_text(encoding="utf-8", errors="replace").strip().splitlines()
-        last = output[-1][:200] if output else "no output"
-        raise InfrastructureError(f"the local npm registry (verdaccio) did not start: {last}; "
-                                  f"see {self.state_dir / OUTPUT_FILE} and {self.state_dir / LOG_FILE}")
+        raise InfrastructureError(f"the local npm registry (verdaccio) did not start: {self._failure()}; "
+                                  f"see {self.state_dir / LOG_FILE} and {self.state_dir / OUTPUT_FILE}")
+
+    def _failure(self) -> str:
+        """The first fatal line of verdaccio's log, else the last line node printed."""
+        log = (self.state_dir / LOG_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+        fatal = [line.removeprefix("fatal").strip(" -") for line in log if line.startswith("fatal")]
+        if fatal:
+            return fatal[0][:300]
+        output = (self.state_dir / OUTPUT_FILE).read_text(encoding="utf-8", errors="replace").splitlines()
+        printed = [line for line in output if line.strip() and "superuser privileges" not in line]
+        return printed[-1][:300] if printed else f"no answer within {START_TIMEOUT:g} s"
 
     def stop(self) -> None:
         """Stop the verdaccio this object started (only that pid)."""

@@ -56,22 +56,33 @@ def command_line(manifest: AgentManifest, args: tuple[str, ...]) -> list[str]:
     return [manifest.node.path, f"{manifest.package_dir}/{spec.bin}", *args]
 
 
+def _usage_of(item: object) -> tuple[int, int] | None:
+    usage = item.get("usage") if isinstance(item, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    inp = usage.get("input_tokens", usage.get("prompt_tokens"))
+    out = usage.get("output_tokens", usage.get("completion_tokens"))
+    return (inp, out) if isinstance(inp, int) and isinstance(out, int) else None
+
+
 def _tokens(output: str) -> tuple[int | None, int | None]:
-    """(input, output) tokens from the last JSON object line that reports usage, if any."""
+    """(input, output) tokens of the run from the CLI's JSON result, if it printed one.
+
+    Read from the last ``usage`` of a JSON document (an object, or an array of events ending
+    with the result, as ``--output-format json`` prints them) on the last line that parses.
+    """
     for line in reversed(output.splitlines()):
         line = line.strip()
-        if not (line.startswith("{") and line.endswith("}")):
+        if not line.startswith(("{", "[")):
             continue
         try:
             data = json.loads(line)
         except ValueError:
             continue
-        usage = data.get("usage") if isinstance(data, dict) else None
-        if isinstance(usage, dict):
-            inp, out = usage.get("input_tokens", usage.get("prompt_tokens")), usage.get(
-                "output_tokens", usage.get("completion_tokens"))
-            if isinstance(inp, int) and isinstance(out, int):
-                return inp, out
+        for item in reversed(data if isinstance(data, list) else [data]):
+            found = _usage_of(item)
+            if found is not None:
+                return found
     return None, None
 
 

@@ -13,7 +13,10 @@ content parts (context reminders, then the prompt); then one request per tool re
 whole conversation; no ``GET /models``, no other side request by default. ``User-Agent:
 QwenCode/0.24.4 (linux; x64)`` and the OpenAI SDK's ``x-stainless-*`` headers, ``Authorization: Bearer
 $OPENAI_API_KEY``. With ``model.skipNextSpeakerCheck: false`` it adds a non-streamed next-speaker check
-that forces a call of ``respond_in_schema``.
+that forces a call of ``respond_in_schema``. It writes under ``$HOME/.qwen`` (settings, chats, usage),
+re-executes itself (``node --expose-gc cli.js``), runs ``ps`` up its process tree, and, unless
+``QWEN_USAGE_STATISTICS_ENABLED=false`` (or ``privacy.usageStatisticsEnabled: false``), resolves a
+telemetry host; with that off it connects to the endpoint only.
 """
 
 from __future__ import annotations
@@ -68,10 +71,12 @@ def short_dir() -> Iterator[Path]:
 
 
 def _env(home: Path, base_url: str) -> dict[str, str]:
-    """All Qwen Code needs (no TERM, no network beyond the endpoint); python3 is this interpreter's."""
+    """All Qwen Code needs (no TERM); python3 is this interpreter's. Usage statistics off: otherwise it
+    looks up its telemetry host (``*.rum.aliyuncs.com``) on every run."""
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     return {"PATH": f"{NODE.parent}:{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": str(home),
             "TMPDIR": str(home / "tmp"), "NO_PROXY": "127.0.0.1,localhost", "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",
+            "QWEN_USAGE_STATISTICS_ENABLED": "false",
             "OPENAI_API_KEY": PLACEHOLDER, "OPENAI_BASE_URL": base_url, "OPENAI_MODEL": "benchseal-scripted"}
 
 
