@@ -11,11 +11,12 @@ PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 
 # Each folder of pipeline/ is one stage or one concern (docs/architecture.md), with what it may import.
 # The chain runs one way; the local world (pipeline/local/) is imported by nothing but itself and the CLI.
-_PRODUCTION = {"core", "imaging", "attest", "dispatch", "infra.intake", "infra.queue", "infra.sandbox",
+_PRODUCTION = {"core", "agent", "imaging", "attest", "dispatch", "infra.intake", "infra.queue", "infra.sandbox",
                "infra.worker", "runner", "evidence", "publish", "verify", "api", "host"}
 LAYERS: dict[str, set[str]] = {
     "core": set(),
-    "imaging": {"core"},
+    "agent": {"core"},
+    "imaging": {"core", "agent"},
     "dispatch": {"core"},
     "evidence": {"core"},
     "verify": {"core"},

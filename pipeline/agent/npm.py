@@ -106,8 +106,12 @@ def _check_version(version: str) -> None:
 
 
 def _origin(url: str) -> tuple[str, str, int | None]:
-    parts = urllib.parse.urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    """(scheme, host, port) of ``url``, the default port filled in; a URL that does not parse has no origin."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return "", "", None
     return parts.scheme, (parts.hostname or "").lower(), port
 
 
