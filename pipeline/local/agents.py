@@ -9,11 +9,13 @@ serves it with its ``dist.integrity``, which the build checks like any other.
 
 from __future__ import annotations
 
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from pipeline.agent.npm import tarball_name
+from pipeline.agent.resolve import NPM_REGISTRY_ENV
 from pipeline.core import strictjson
 from pipeline.core.errors import UsageError
 from pipeline.core.paths import state_dir
@@ -39,10 +41,14 @@ def _published(url: str, package: str, version: str) -> bool:
 
 
 def local_npm_registry(project_file: Path, tag: str) -> str | None:
-    """The local registry's URL, holding the project's npm agent at the tag's version; None for other kinds."""
+    """The registry the release resolves the project's npm agent on: ``$BENCHSEAL_NPM_REGISTRY`` when set
+    (taken as it is), else the local one, holding the agent at the tag's version. None for other kinds."""
     agent = load_project(project_file).agent
     if not isinstance(agent, NpmAgent):
         return None
+    configured = os.environ.get(NPM_REGISTRY_ENV)
+    if configured:
+        return configured
     version = version_for_tag(tag)
     url = str(start_background(state_dir("npm-registry"))["url"])
     if not _published(url, agent.package, version):

@@ -193,7 +193,7 @@ def release_local(
     for role in ("runner", "api"):
         infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
-    with scripted_model_for(agent, suite, scripted_model):
+    with scripted_model_for(agent, suite, scripted_model, infra_policy):
         return _release_local(tag, names=resolved, dist=dist, suite=suite, agent=agent, console=console,
                               policy=infra_policy, project=project)
 

@@ -20,8 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipeline.core.project import PLACEHOLDER_KEY
 from pipeline.infra.sandbox import relay as relay_module
 from pipeline.infra.sandbox.relay import MAX_BODY_BYTES, TcpToUnixRelay, UnixToTcpRelay
+from pipeline.local.model_server import ModelServer
 
 BODY = json.dumps({"model": "openai/benchseal-scripted", "stream": True,
                    "messages": [{"role": "user", "content": "hello"}]}).encode()
@@ -233,7 +235,9 @@ def test_a_streamed_chat_completion_passes_through_intact(gate: UnixToTcpRelay, 
     assert lines[0] == "POST /v1/chat/completions HTTP/1.1"
     assert lines[1] == f"Host: 127.0.0.1:{upstream.port}"
     assert body == BODY and f"Content-Length: {len(BODY)}" in lines and "Connection: close" in lines
-    assert "Authorization: Bearer sk-test" in lines and "X-Stainless-Lang: python" in lines
+    assert "X-Stainless-Lang: python" in lines
+    # The sandbox's credential is never forwarded (a relay without a key adds none: see below).
+    assert not any(line.lower().startswith("authorization:") for line in lines) and b"sk-test" not in sent
     assert not any(line.lower().startswith(("connection: keep", "host: 127.0.0.1:47813")) for line in lines)
 
 
@@ -302,3 +306,132 @@ def test_random_bytes_are_refused_or_forwarded_as_one_admitted_request(gate: Uni
     else:
         assert answer == b"" or answer.startswith(b"HTTP/1.1 4"), answer[:200]
         assert upstream.connections == before
+
+
+# --- the model key: held by the relay only, added on the way out --------------------------------
+
+RELAY_KEY = "sk-relay-" + "0123456789abcdef" * 2
+CLIENT_SECRET = "sk-sandbox-chose-this-9f8e7d6c"  # what anything inside the sandbox might send
+
+
+@pytest.fixture
+def keyed_gate(tmp_path: Path, upstream: Upstream) -> Iterator[UnixToTcpRelay]:
+    relay = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", upstream.port, model_path="/v1",
+                           api_key=RELAY_KEY).start()
+    yield relay  # type: ignore[misc]
+    relay.stop()
+
+
+def _head_lines(sent: bytes) -> list[str]:
+    return sent.partition(b"\r\n\r\n")[0].decode("latin-1").split("\r\n")[1:]
+
+
+def _credential_lines(sent: bytes) -> list[str]:
+    return [line for line in _head_lines(sent)
+            if line.split(":", 1)[0].strip().lower() in ("authorization", "api-key", "x-api-key",
+                                                         "proxy-authorization")]
+
+
+@pytest.mark.parametrize("credentials", [
+    pytest.param([f"Authorization: Bearer {PLACEHOLDER_KEY}"], id="the placeholder"),
+    pytest.param([f"Authorization: Bearer {CLIENT_SECRET}"], id="a bearer of the sandbox's choosing"),
+    pytest.param([f"authorization: Basic {CLIENT_SECRET}"], id="lower-case name, another scheme"),
+    pytest.param([f"AUTHORIZATION: Bearer {CLIENT_SECRET}"], id="upper-case name"),
+    pytest.param([f"X-Api-Key: {CLIENT_SECRET}"], id="X-Api-Key alone"),
+    pytest.param([f"api-key: {CLIENT_SECRET}"], id="api-key alone (Azure)"),
+    pytest.param([f"Authorization: Bearer {PLACEHOLDER_KEY}", f"X-API-KEY: {CLIENT_SECRET}",
+                  f"Api-Key: {CLIENT_SECRET}", f"Proxy-Authorization: Basic {CLIENT_SECRET}"], id="all of them"),
+    pytest.param([], id="no credential at all"),
+])
+def test_upstream_sees_exactly_the_relays_key_once(keyed_gate: UnixToTcpRelay, upstream: Upstream,
+                                                     credentials: list[str]) -> None:
+    answer = _exchange(keyed_gate.socket_path, _with(*credentials, "X-Stainless-Lang: python"), half_close=False)
+    assert answer == ANSWER
+    (sent,) = upstream.received
+    # Exactly one credential header upstream, the relay's, whatever the sandbox sent (or did not).
+    assert _credential_lines(sent) == [f"Authorization: Bearer {RELAY_KEY}"], _head_lines(sent)
+    assert CLIENT_SECRET.encode() not in sent and PLACEHOLDER_KEY.encode() not in sent
+    assert sent.count(RELAY_KEY.encode()) == 1
+    # The rest of the request is forwarded as before: the body intact, other headers kept.
+    assert sent.partition(b"\r\n\r\n")[2] == BODY
+    assert "X-Stainless-Lang: python" in _head_lines(sent) and "Content-Type: application/json" in _head_lines(sent)
+    # Nothing of the key travels back to the sandbox.
+    assert RELAY_KEY.encode() not in answer
+
+
+def test_two_authorization_headers_are_refused_not_merged(keyed_gate: UnixToTcpRelay, upstream: Upstream) -> None:
+    answer = _exchange(keyed_gate.socket_path, _with(f"Authorization: Bearer {PLACEHOLDER_KEY}",
+                                                     f"Authorization: Bearer {CLIENT_SECRET}"))
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"twice" in answer
+    assert RELAY_KEY.encode() not in answer
+    time.sleep(0.05)
+    assert upstream.connections == 0
+
+
+def test_a_refused_request_never_carries_the_key_anywhere(keyed_gate: UnixToTcpRelay, upstream: Upstream) -> None:
+    for data, _, _ in REFUSED.values():
+        answer = _exchange(keyed_gate.socket_path, data)
+        assert RELAY_KEY.encode() not in answer
+    assert not any(RELAY_KEY in rule for rule in keyed_gate.refused)
+    time.sleep(0.05)
+    assert upstream.connections == 0
+
+
+def test_without_a_relay_key_the_client_credential_is_still_dropped(gate: UnixToTcpRelay, upstream: Upstream) -> None:
+    """A relay built without ``api_key`` forwards no credential at all: the sandbox can never supply one."""
+    assert _exchange(gate.socket_path, _with(f"Authorization: Bearer {CLIENT_SECRET}", f"X-Api-Key: {CLIENT_SECRET}"),
+                     half_close=False) == ANSWER
+    (sent,) = upstream.received
+    assert _credential_lines(sent) == [] and CLIENT_SECRET.encode() not in sent
+
+
+def test_the_scripted_model_accepts_the_placeholder_only_through_the_keyed_relay(tmp_path: Path) -> None:
+    """A real model server that refuses any key but its own: the sandbox's placeholder (the runner's
+    OPENAI_API_KEY) gets 200 through a relay holding the key, and 401 through one that holds none."""
+    log = tmp_path / "model.jsonl"
+    chat = json.dumps({"model": "openai/benchseal-scripted",
+                       "messages": [{"role": "user", "content": "Write the answer"}]}).encode()
+    with ModelServer(key=RELAY_KEY, log_path=log) as server:
+        keyed = UnixToTcpRelay(tmp_path / "keyed.sock", "127.0.0.1", server.port, model_path="/v1",
+                               api_key=RELAY_KEY).start()
+        bare = UnixToTcpRelay(tmp_path / "bare.sock", "127.0.0.1", server.port, model_path="/v1").start()
+        wrong = UnixToTcpRelay(tmp_path / "wrong.sock", "127.0.0.1", server.port, model_path="/v1",
+                               api_key=RELAY_KEY[:-1] + "X").start()
+        try:
+            answers = {name: _exchange(relay.socket_path, _with(f"Authorization: Bearer {PLACEHOLDER_KEY}", body=chat),
+                                       half_close=False)
+                       for name, relay in (("keyed", keyed), ("bare", bare), ("wrong", wrong))}
+            # The sandbox may even send the real key: it is dropped, the relay's own key decides.
+            answers["keyed_with_real"] = _exchange(
+                keyed.socket_path, _with(f"Authorization: Bearer {RELAY_KEY}", body=chat), half_close=False)
+            answers["bare_with_real"] = _exchange(
+                bare.socket_path, _with(f"Authorization: Bearer {RELAY_KEY}", body=chat), half_close=False)
+        finally:
+            for relay in (keyed, bare, wrong):
+                relay.stop()
+    statuses = {name: answer.split(b" ", 2)[1] for name, answer in answers.items()}
+    assert statuses == {"keyed": b"200", "bare": b"401", "wrong": b"401", "keyed_with_real": b"200",
+                        "bare_with_real": b"401"}, statuses
+    assert json.loads(answers["keyed"].partition(b"\r\n\r\n")[2])["model"] == "benchseal-scripted"
+    logged = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [(r["status"], r.get("auth")) for r in logged] == [(200, None), (401, "missing"), (401, "wrong"),
+                                                              (200, None), (401, "missing")]
+    assert RELAY_KEY not in log.read_text()
+
+
+@pytest.mark.parametrize("key", ["", " ", "sk-with space", "sk-tab\tkey", "sk-key\r\nX-Injected: 1", "sk-key\n",
+                                 "sk-nul\0", "sk-del\x7f", "sk-ключ", "sk-\u00a0nbsp", "\u202esk-bidi"])
+def test_a_key_that_could_break_the_header_is_refused_at_construction(tmp_path: Path, key: str) -> None:
+    path = tmp_path / "model.sock"
+    with pytest.raises(ValueError, match="printable ASCII"):
+        UnixToTcpRelay(path, "127.0.0.1", 9, model_path="/v1", api_key=key)
+    assert not path.exists()  # refused before it listened
+
+
+def test_a_printable_key_is_taken_as_is(tmp_path: Path) -> None:
+    key = "".join(chr(c) for c in range(0x21, 0x7F))
+    relay = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", 9, model_path="/v1", api_key=key).start()
+    try:
+        assert relay.api_key == key
+    finally:
+        relay.stop()
