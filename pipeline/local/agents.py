@@ -29,7 +29,7 @@ def npm_cache() -> Path:
 
 
 def _published(url: str, package: str, version: str) -> bool:
-    request = urllib.request.Request(url + package.replace("/", "%2f"), headers={"Accept": "application/json"})
+    request = urllib.request.Request(url + package.replace("/", "%2f"), headers={"Accept": "application/json"})  # noqa: S310
     try:
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - our loopback registry
             versions = strictjson.loads(response.read()).get("versions") or {}

@@ -71,7 +71,7 @@ def test_the_python_kind_refuses_a_path_out_of_the_project(tmp_path: Path) -> No
     path = tmp_path / "benchseal.toml"
     path.write_text('schema = "benchseal.project/v1"\n[agent]\nname = "a"\nkind = "python"\npath = "../other"\n'
                     'import_path = "a.b:C"\n')
-    with pytest.raises(ValidationError, match="agent.python.path"):
+    with pytest.raises(ValidationError, match=r"agent\.python\.path"):
         load_project(path)
 
 
