@@ -217,7 +217,8 @@ class DigestsFile(_Frozen):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
     def to_json_dict(self) -> dict[str, object]:
-        return self.model_dump(mode="json", by_alias=True)
+        # Without an agent the file is what it was before the field existed.
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 # --- dispatch -> infra ---------------------------------------------------------

@@ -15,6 +15,7 @@ def merge_digests(paths: Sequence[Path], *, expect_commit: str | None = None) ->
         raise UsageError("merge-digests needs at least one digests file")
     images: dict[str, object] = {}
     source: SourceInfo | None = None
+    agent: dict[str, object] | None = None  # the runner's file names the release's agent
     for path in paths:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -29,13 +30,17 @@ def merge_digests(paths: Sequence[Path], *, expect_commit: str | None = None) ->
             if role in images:
                 raise CheckFailed(f"{path}: image {role!r} appears in more than one digests file")
             images[role] = entry.model_dump(mode="json")
+        if part.agent is not None:
+            if "runner" not in part.images:
+                raise CheckFailed(f"{path}: names an agent but no runner (the agent is the runner's)")
+            agent = part.agent.model_dump(mode="json")
     missing = [role for role in IMAGE_ROLES if role not in images]
     if missing:
         raise CheckFailed(f"digests files lack image(s) {', '.join(missing)}")
     if source is None:
         raise UsageError("merge-digests needs at least one digests file")
     merged = load_model(DigestsFile, {"schema": "benchseal.digests/v1", "source": source.model_dump(),
-                                      "images": images}, "merged digests")
+                                      "images": images, "agent": agent}, "merged digests")
     if expect_commit is not None and merged.source.commit != expect_commit:
         raise CheckFailed(f"digests were built from {merged.source.commit}, but the tag resolves to {expect_commit}")
     return merged

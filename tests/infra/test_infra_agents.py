@@ -31,7 +31,7 @@ from pipeline.evidence.artifacts import build_summary
 from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import SqliteQueue
-from pipeline.infra.sandbox.agents import SECRETS_MOUNT, prepare_runner_agent
+from pipeline.infra.sandbox.agents import LOCK_MARKER, MODEL_MOUNT, SECRETS_MOUNT, prepare_runner_agent
 from pipeline.infra.worker.loop import WorkerConfig, run_once
 from pipeline.local.model_server import ModelServer
 from pipeline.publish.body import facts_from_summary, markdown_cell, render_section
@@ -39,6 +39,9 @@ from tests.fixtures.infra import built_images_source, host_pid, sandbox_engine, 
 
 CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
 KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
+# A secret that is not the model key: still delivered to the runner as a 0400 file.
+EXTRA_ENV = "BENCHSEAL_EXTRA_SECRET"
+EXTRA_CANARY = "bs-extra-canary-" + hashlib.sha256(f"extra-{os.getpid()}".encode()).hexdigest()[:24]
 
 
 def _policy_data(port: int = 18431) -> dict[str, Any]:
@@ -93,27 +96,56 @@ def test_accept_admits_model_agents_only_for_suites_with_a_model(tmp_path: Path,
 
 def test_runner_gets_secret_files_and_names_never_values(tmp_path: Path, make_payload: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Secrets other than the model key reach the runner as 0400 files; the model key never does: the
+    relay holds it, and the runner's argv names neither the key's variable nor its value."""
     from pipeline.core.contracts import DispatchPayload
 
-    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    data = _policy_data()
+    data["secret_env"] = [KEY_ENV, EXTRA_ENV]
+    policy = load_policy(_write_policy(tmp_path, data))
     payload = DispatchPayload.model_validate(make_payload(agent="terminus-2"))
     monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.setenv(EXTRA_ENV, EXTRA_CANARY)
+    with pytest.raises(UsageError, match=KEY_ENV):
+        prepare_runner_agent(policy, payload)
+    monkeypatch.setenv(KEY_ENV, "")  # set but empty is no key either
     with pytest.raises(UsageError, match=KEY_ENV):
         prepare_runner_agent(policy, payload)
     monkeypatch.setenv(KEY_ENV, CANARY)
     setup = prepare_runner_agent(policy, payload)
     try:
         assert CANARY not in json.dumps(setup.args) and CANARY not in json.dumps(setup.volumes)
+        assert EXTRA_CANARY not in json.dumps(setup.args) and EXTRA_CANARY not in json.dumps(setup.volumes)
+        # Neither the key's value nor its variable's name reaches the runner's argv (no --model-key-env).
+        assert KEY_ENV not in json.dumps(setup.args) and not any("key-env" in a for a in setup.args), setup.args
         assert setup.args[:2] == ["--agent-version", "0.26.0"]
+        assert setup.args[setup.args.index("--secret-env") + 1] == EXTRA_ENV and setup.args.count("--secret-env") == 1
         secrets = next(Path(src) for src, m in setup.volumes.items() if m["bind"] == SECRETS_MOUNT)
         assert setup.volumes[str(secrets)]["mode"] == "ro"
         assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
-        assert stat.S_IMODE((secrets / KEY_ENV).stat().st_mode) == 0o400
-        assert (secrets / KEY_ENV).read_text() == CANARY
+        # The secret dir holds the other secret only: never the model key, under any name.
+        assert sorted(p.name for p in secrets.iterdir() if p.name != LOCK_MARKER) == [EXTRA_ENV]
+        assert stat.S_IMODE((secrets / EXTRA_ENV).stat().st_mode) == 0o400
+        assert (secrets / EXTRA_ENV).read_text() == EXTRA_CANARY
+        # The model key lives in the host-side relay alone.
+        assert setup.relay is not None and setup.relay.api_key == CANARY
+        mounted = [Path(src) for src in setup.volumes]
+        assert not any(CANARY.encode() in p.read_bytes() for d in mounted if d.is_dir()
+                       for p in d.rglob("*") if p.is_file())
         dirs = list(setup.dirs)
     finally:
         setup.close()
     assert not any(d.exists() for d in dirs)
+    # With the model key as the only secret, the runner gets no secret dir at all.
+    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    setup = prepare_runner_agent(policy, payload)
+    try:
+        assert SECRETS_MOUNT not in [m["bind"] for m in setup.volumes.values()]
+        assert "--secret-env" not in setup.args and "--secret-dir" not in setup.args
+        assert KEY_ENV not in json.dumps(setup.args) and CANARY not in json.dumps(setup.args)
+        assert setup.relay is not None and setup.relay.api_key == CANARY
+    finally:
+        setup.close()
     # A test agent gets no model relay and no version pin.
     setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="oracle")))
     try:
@@ -152,6 +184,7 @@ class Scanner(threading.Thread):
         self.file_hits: set[str] = set()
         self.log_hits: set[str] = set()
         self.containers: dict[str, str] = {}  # name -> image, every container seen
+        self.runner_starts: dict[str, dict[str, list[str]]] = {}  # runner name -> argv, env, mount points
         self.created: dict[str, str] = {}  # id -> name, from create events while in flight
         self.inspected: set[str] = set()  # ids inspected at least once
         self.files_seen: set[str] = set()
@@ -169,6 +202,11 @@ class Scanner(threading.Thread):
             return  # removed meanwhile
         self.inspected.add(info["Id"])
         self.containers[info["Name"]] = info["Config"]["Image"]
+        if info["Name"].startswith("/benchseal-infra-"):  # the runner: what it was started with
+            self.runner_starts[info["Name"]] = {
+                "argv": [*(info["Config"].get("Entrypoint") or []), *(info["Config"].get("Cmd") or [])],
+                "env": list(info["Config"].get("Env") or []),
+                "mounts": sorted(m.get("Destination", "") for m in info.get("Mounts") or [])}
         if self.needle in json.dumps(info).encode():
             self.inspect_hits.append(info["Name"])
 
@@ -321,8 +359,9 @@ def test_terminus2_scores_one_with_the_right_script(right_run: dict[str, Any]) -
     assert "1041" in next(pane).read_text()
     model = build_summary(grading, _payload_model(right_run["payload"]))
     summary = model.to_json_dict()
+    # A Harbor built-in agent: no release artifact of the source's own.
     assert summary["agent"] == {"name": "terminus-2", "version": "2.0.0", "version_pin": "0.26.0",
-                                "model": "openai/benchseal-scripted"}
+                                "model": "openai/benchseal-scripted", "release": None}
     assert summary["model_usage"]["model_calls"] == len(requests)
     assert summary["model_usage"]["input_tokens"] == sum(r["prompt_tokens"] for r in requests)
     body = render_section(facts_from_summary(model, "v9.9.9"))
@@ -348,6 +387,15 @@ def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any
     assert sum("__" in n or "main" in n for n in names) >= 1, names
     assert scanner.argv_hits == [], scanner.argv_hits[:3]
     assert scanner.inspect_hits == []
+    # The runner was started without the model key in any form: no secret dir (the key is the policy's
+    # only secret and it stays with the relay), and its argv and Env name neither the key nor its variable.
+    assert scanner.runner_starts, "the runner container was never inspected"
+    for name, start in scanner.runner_starts.items():
+        assert SECRETS_MOUNT not in start["mounts"], (name, start["mounts"])
+        assert MODEL_MOUNT in start["mounts"], (name, start["mounts"])
+        words = json.dumps(start)
+        assert KEY_ENV not in words and CANARY not in words and "--model-key-env" not in words, (name, start)
+        assert "--secret-env" not in start["argv"] and "--model-socket" in start["argv"], (name, start["argv"])
     # EVERY container created while the run was in flight (runner, trial containers, model gateways)
     # was inspected while it existed; none of their logs held the key.
     created = scanner.created
@@ -435,18 +483,21 @@ def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: p
 # --- egress: from inside the runner, the model and nothing else -----------------------
 
 _EGRESS_PROBE = r"""
-import json, socket, sys, urllib.request
+import json, os, socket, sys, urllib.request
 from pathlib import Path
+from pipeline.core.project import PLACEHOLDER_KEY
 from pipeline.infra.sandbox.relay import TcpToUnixRelay
 
-key = Path("/run/benchseal/secrets/BENCHSEAL_AGENT_API_KEY").read_text()
+# What the worker mounts: the model socket, and no secret dir (the model key is the relay's alone).
+out = {"mounted": sorted(os.listdir("/run/benchseal"))}
 relay = TcpToUnixRelay(Path("/run/benchseal/model/model.sock"))
 relay.start()
-out = {}
 chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "probe"}]}).encode()
-req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v1/chat/completions", data=chat,
-                             headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
-out["model"] = json.loads(urllib.request.urlopen(req, timeout=10).read())["model"]
+# The runner's agents hold the placeholder; a sandbox process may also send nothing: the relay adds the key.
+for name, headers in [("model", {"Authorization": "Bearer " + PLACEHOLDER_KEY}), ("model_no_auth", {})]:
+    req = urllib.request.Request(f"http://127.0.0.1:{relay.port}/v1/chat/completions", data=chat,
+                                 headers={**headers, "Content-Type": "application/json"})
+    out[name] = json.loads(urllib.request.urlopen(req, timeout=10).read())["model"]
 # Anything but the model call (another path or host, another method) is refused by the host's relay.
 for name, url, data, headers in [("steer", "/v2/", None, {"Host": "127.0.0.1:5055"}),
                                  ("foreign_host", "/v1/chat/completions", chat, {"Host": "127.0.0.1.example:5055"}),
@@ -478,7 +529,7 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload: Any, local_images: Any,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runner container exactly as the worker starts it (network none, secret files, relay socket)."""
+    """The runner container exactly as the worker starts it (network none, relay socket, no model key)."""
     from pipeline.core.contracts import DispatchPayload
 
     registry_port = int(local_images["runner"].registry.rpartition(":")[2])
@@ -495,14 +546,18 @@ def test_runner_reaches_the_model_and_nothing_else(tmp_path: Path, make_payload:
                 environment={"HARBOR_TELEMETRY": "0"}, remove=True, stdout=True, stderr=True)
         finally:
             setup.close()
+    assert CANARY.encode() not in output
     result = json.loads(output.decode().strip().splitlines()[-1])
-    assert result["model"] == "benchseal-scripted"
+    assert result["mounted"] == ["model"], result  # no secrets dir: the key is the only secret, and the relay's
+    # The model answered both (it refuses any key but its own): the relay added the real key.
+    assert result["model"] == "benchseal-scripted" == result["model_no_auth"]
     assert (result["steer"], result["foreign_host"], result["models"]) == (405, 400, 405)  # refused by the relay
     for name in ("registry", "model_direct", "bridge_gateway", "metadata", "internet"):
         assert result[name] != "connected", (name, result)
     assert result["dns"] == "failed"
     requests = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [r["path"] for r in requests] == ["/v1/chat/completions"]  # the refused ones never reached it
+    # The refused ones never reached it; both admitted calls carried the real key.
+    assert [(r["path"], r["status"]) for r in requests] == [("/v1/chat/completions", 200)] * 2
 
 
 # --- egress from inside a trial container: the model gateway and nothing else ----------
@@ -511,9 +566,10 @@ _TRIAL_PROBE = r"""
 import json, os, socket, sys, urllib.error, urllib.request
 out = {"interfaces": sorted(os.listdir("/sys/class/net"))}
 try:
-    urllib.request.urlopen("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], data=b'{"messages": []}',
-                           timeout=10)
-    out["model"] = "no auth asked"
+    # A key of the trial's own choosing: the relay drops it and adds the real one.
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], data=b'{"messages": []}',
+                                 headers={"Authorization": "Bearer sk-trial-guess", "X-Api-Key": "sk-trial-guess"})
+    out["model"] = "200 " + json.loads(urllib.request.urlopen(req, timeout=10).read())["model"]
 except urllib.error.HTTPError as exc:
     out["model"] = "%d %s" % (exc.code, json.loads(exc.read())["error"]["message"])
 except OSError as exc:
@@ -634,8 +690,10 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     result = json.loads(line[len("PROBE "):])
     # Only a loopback interface: the gateway's namespace, no bridge, no route anywhere.
     assert result["interfaces"] == ["lo"], result
-    # The model server itself answered (its own 401 message: the trial holds no key).
-    assert result["model"] == "401 invalid or missing API key", result
+    # The model server itself answered, through the gateway and the relay, which replaced the trial's
+    # guess with the real key (the server refuses any other); the key itself never entered the trial.
+    assert result["model"] == "200 benchseal-scripted", result
+    assert CANARY not in output
     for name in ("registry", "loopback_service", "model_direct", "host_via_bridge", "registry_via_bridge",
                  "metadata", "internet"):
         assert result[name].startswith("refused"), (name, result)
@@ -648,7 +706,7 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     # Asking for a network is refused outright.
     assert "bridge_exit=125" in output and "benchseal engine proxy" in output, output
     requests = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
-    assert [(r["path"], r["status"]) for r in requests] == [("/v1/chat/completions", 401)]
+    assert [(r["path"], r["status"]) for r in requests] == [("/v1/chat/completions", 200)]
     # The gateway went with its container (waited for above), and nothing of the run is left.
     assert leftovers == []
     assert not [c for c in client.containers.list(all=True, filters={"label": GATEWAY_LABEL})
@@ -737,12 +795,16 @@ def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path
     private.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     monkeypatch.setenv(KEY_ENV, CANARY)
-    policy = load_policy(_write_policy(tmp_path, _policy_data()))
+    monkeypatch.setenv(EXTRA_ENV, EXTRA_CANARY)
+    data = _policy_data()
+    data["secret_env"] = [KEY_ENV, EXTRA_ENV]  # a secret besides the model key: the runner gets a secret dir
+    policy = load_policy(_write_policy(tmp_path, data))
     setup = prepare_runner_agent(policy, DispatchPayload.model_validate(make_payload(agent="terminus-2")),
                                  run_dir=tmp_path)
     try:
         live = sorted(private.iterdir())
         assert [p.name.rsplit("-", 1)[0] for p in live] == ["benchseal-engine", "benchseal-model", "benchseal-secrets"]
+        assert [p for p in private.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()] == []
         assert reap_private_dirs() == [] and all(p.exists() for p in live)  # held by this attempt
     finally:
         setup.close()
@@ -767,7 +829,8 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A real `benchseal worker` is frozen the moment its secret file exists and killed with -9 (so
     it never drops the file); the next worker on the host removes it, and the dead attempt's
-    runner, trial and gateway containers, before anything else."""
+    runner, trial and gateway containers, before anything else. The secret is one besides the
+    model key: the model key itself is never written to a file at all."""
     import signal
     import subprocess
     import sys
@@ -782,6 +845,7 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
         data = json.loads(json.dumps(agent_setup["data"]))
         data["suites"]["smoke"]["model"]["endpoint"] = server.base_url
         data["max_attempts"], data["lease_seconds"] = 1, 4
+        data["secret_env"] = [KEY_ENV, EXTRA_ENV]
         policy_path = _write_policy(root, data)
         policy = load_policy(policy_path)
         db = root / "queue.sqlite3"
@@ -794,12 +858,13 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
         cmd = [sys.executable, "-m", "pipeline", "worker", "--once", "--db", str(db), "--policy", str(policy_path),
                "--suites-dir", str(agent_setup["suites"]), "--sigstore-url", str(trust.fulcio_url),
                "--trusted-root", str(trust.trusted_root)]
-        env = {**os.environ, "TMPDIR": str(private), KEY_ENV: CANARY, "PYTHONPATH": str(REPO_ROOT)}
+        env = {**os.environ, "TMPDIR": str(private), KEY_ENV: CANARY, EXTRA_ENV: EXTRA_CANARY,
+               "PYTHONPATH": str(REPO_ROOT)}
         worker = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         secret: list[Path] = []
         try:
             def secret_written() -> bool:
-                secret[:] = [p for p in private.glob(f"benchseal-secrets-*/{KEY_ENV}")]
+                secret[:] = [p for p in private.glob(f"benchseal-secrets-*/{EXTRA_ENV}")]
                 return bool(secret)
 
             wait_for(secret_written, "the worker's secret file", limit=240)
@@ -811,9 +876,12 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
                 worker.kill()
                 worker.wait()
         assert worker.returncode == -signal.SIGKILL
-        assert secret[0].read_text() == CANARY  # left behind by the dead worker
+        assert secret[0].read_text() == EXTRA_CANARY  # left behind by the dead worker
         left = sorted(p.name.rsplit("-", 1)[0] for p in private.iterdir())
         assert "benchseal-secrets" in left and "benchseal-model" in left
+        # The model key is in none of them: not as a secret file, not under another name.
+        assert not list(private.glob(f"benchseal-secrets-*/{KEY_ENV}"))
+        assert [p for p in private.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()] == []
         # Recovery: the next worker on this host (same temp dir) polls the queue.
         monkeypatch.setattr(tempfile, "tempdir", str(private))
         outcomes: list[Any] = []
@@ -833,4 +901,4 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
     assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}) == []
     roots = [db.parent]
     files = [p for r in roots for p in r.rglob("*") if p.is_file() and not p.is_symlink()]
-    assert [p for p in files if CANARY.encode() in p.read_bytes()] == []
+    assert [p for p in files if CANARY.encode() in p.read_bytes() or EXTRA_CANARY.encode() in p.read_bytes()] == []

@@ -103,13 +103,17 @@ def test_every_field_of_the_section_stays_in_its_cell_and_section(value: str) ->
     assert body.startswith("Maintainer notes.\n\n")
     rendered = _render(section)
     rows = _cells(rendered)
-    assert [len(r) for r in rows] == [2] * 16, rendered
+    # The release's own agent gets its own row ("Agent package") whenever the summary names one.
+    package = ["Agent package"] if value else []
+    assert [len(r) for r in rows] == [2] * (16 + len(package)), rendered
     labels = ["Status", "Score", "Suite", "Dataset / revision", "Evaluation method", "Completed / total", "Resolved",
-              "Unresolved", "Infrastructure errors", "Runner image", "API image", "Harbor version", "Agent", "Source",
-              "Infra run id", "Correlation id"]
+              "Unresolved", "Infrastructure errors", "Runner image", "API image", "Harbor version", "Agent", *package,
+              "Source", "Infra run id", "Correlation id"]
     assert [r[0] for r in rows] == labels
-    for i in (0, 2, 3, 4, 9, 10, 11, 12, 14, 15):
-        _check_inert(rows[i][1], value)
+    # Every cell of a plain value (the Source row joins two with " @ "; the agent package is one value).
+    for label in ("Status", "Suite", "Dataset / revision", "Evaluation method", "Runner image", "API image",
+                  "Harbor version", "Agent", *package, "Infra run id", "Correlation id"):
+        _check_inert(rows[labels.index(label)][1], value)
     # The heading holds the tag and nothing else; the commands stay in their one fenced block.
     heading = re.search(r"<h3>(.*?)</h3>", rendered, re.DOTALL)
     assert heading is not None
