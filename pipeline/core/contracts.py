@@ -297,6 +297,10 @@ class DispatchPayload(_Frozen):
 
 # --- worker -> evidence / api ----------------------------------------------------
 
+# The key a release's CLI agent puts into Harbor's agent metadata for the model calls its CLI reported
+# (pipeline.runner.cli_agent writes it, pipeline.infra.worker.grading reads it).
+MODEL_CALLS_KEY = "model_calls"
+
 RunState = Literal["QUEUED", "CLAIMED", "RUNNING", "SUCCEEDED", "FAILED", "INFRA_ERROR"]
 TrialOutcome = Literal["resolved", "unresolved", "infra_error"]
 

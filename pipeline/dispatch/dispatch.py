@@ -145,7 +145,8 @@ def client_payload(payload: DispatchPayload) -> dict[str, object]:
 
 def workflow_inputs(payload: DispatchPayload) -> dict[str, str]:
     """workflow_dispatch inputs are flat strings: the payload travels as compact sorted JSON."""
-    text = rfc8785.dumps(payload.to_json_dict()).decode("utf-8")  # RFC 8785 canonical JSON
+    # RFC 8785 canonical JSON, of the same dict as client_payload (no null fields).
+    text = rfc8785.dumps(payload.to_json_dict()).decode("utf-8")  # type: ignore[arg-type]
     return {"payload": text, "tag": payload.source.tag, "correlation_id": payload.correlation_id}
 
 

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 from pipeline.core.digests import ImageRef
 from pipeline.core.errors import CheckFailed
+from pipeline.core.project import AGENT_MANIFEST_PATH
 from pipeline.core.registry_auth import AuthSession, registry_url, scope
 from pipeline.evidence import goinfo
 from pipeline.evidence.goinfo import GoBuildInfo
@@ -135,7 +136,7 @@ _LICENSE_FILE = re.compile(r"(?i)\A(?:licen[cs]e|copying)(?:[._-][A-Za-z0-9.+_-]
 
 def _interesting(path: str) -> bool:
     """Files whose content the SBOM reads: package databases, dist-info metadata, copyright files, package.json."""
-    if path == DPKG_STATUS:
+    if path == DPKG_STATUS or path == AGENT_MANIFEST_PATH.lstrip("/"):  # the agent manifest: its package's integrity
         return True
     directory, base = posixpath.split(path)
     if base in ("METADATA", "RECORD"):

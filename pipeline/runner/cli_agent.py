@@ -20,6 +20,7 @@ trial's agent log dir. Token usage is taken from a JSON result line if the CLI p
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -28,12 +29,14 @@ from harbor.agents.base import BaseAgent
 from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
+from pipeline.core.contracts import MODEL_CALLS_KEY
 from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentManifest, NpmAgent, load_manifest
 from pipeline.infra.sandbox.relay import GATEWAY_PORT
 
 IMPORT_PATH = "pipeline.runner.cli_agent:ReleasedCliAgent"
 AGENT_TIMEOUT_SECONDS = 900
 OUTPUT_FILE = "cli-output.txt"
+_PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 
 def read_manifest(path: Path = Path(AGENT_MANIFEST_PATH)) -> AgentManifest:
@@ -41,11 +44,8 @@ def read_manifest(path: Path = Path(AGENT_MANIFEST_PATH)) -> AgentManifest:
 
 
 def fill(template: str, values: dict[str, str]) -> str:
-    """Replace ``{name}`` placeholders (the project file's model checked the names)."""
-    out = template
-    for name, value in values.items():
-        out = out.replace("{" + name + "}", value)
-    return out
+    """Replace ``{name}`` placeholders in one pass (a value's own braces, e.g. in an instruction, stay as they are)."""
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
 
 
 def command_line(manifest: AgentManifest, args: tuple[str, ...]) -> list[str]:
@@ -65,8 +65,18 @@ def _usage_of(item: object) -> tuple[int, int] | None:
     return (inp, out) if isinstance(inp, int) and isinstance(out, int) else None
 
 
-def _tokens(output: str) -> tuple[int | None, int | None]:
-    """(input, output) tokens of the run from the CLI's JSON result, if it printed one.
+def _calls_of(item: object) -> int | None:
+    """Model requests in a result's ``stats.models.*.api.totalRequests`` (Qwen Code, Gemini CLI)."""
+    stats = item.get("stats") if isinstance(item, dict) else None
+    models = stats.get("models") if isinstance(stats, dict) else None
+    if not isinstance(models, dict):
+        return None
+    counts = [m.get("api", {}).get("totalRequests") for m in models.values() if isinstance(m, dict)]
+    return sum(c for c in counts if isinstance(c, int)) if counts else None
+
+
+def usage_of_output(output: str) -> tuple[int | None, int | None, int | None]:
+    """(input tokens, output tokens, model calls) of the run from the CLI's JSON result, if it printed one.
 
     Read from the last ``usage`` of a JSON document (an object, or an array of events ending
     with the result, as ``--output-format json`` prints them) on the last line that parses.
@@ -82,8 +92,8 @@ def _tokens(output: str) -> tuple[int | None, int | None]:
         for item in reversed(data if isinstance(data, list) else [data]):
             found = _usage_of(item)
             if found is not None:
-                return found
-    return None, None
+                return found[0], found[1], _calls_of(item)
+    return None, None, None
 
 
 class ReleasedCliAgent(BaseAgent):  # type: ignore[misc]
@@ -117,5 +127,7 @@ class ReleasedCliAgent(BaseAgent):  # type: ignore[misc]
         output = (result.stdout or "") + (result.stderr or "")
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         (self.logs_dir / OUTPUT_FILE).write_text(f"exit {result.return_code}\n{output}", encoding="utf-8")
-        context.n_input_tokens, context.n_output_tokens = _tokens(result.stdout or "")
+        context.n_input_tokens, context.n_output_tokens, calls = usage_of_output(result.stdout or "")
+        if calls is not None:
+            context.metadata = {**(context.metadata or {}), MODEL_CALLS_KEY: calls}
         # A CLI that exits non-zero has not solved the task; the verifier grades what it left (no infra error).

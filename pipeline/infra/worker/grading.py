@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from pipeline.core.contracts import GradeCounts, Grading, TrialRecord
+from pipeline.core.contracts import MODEL_CALLS_KEY, GradeCounts, Grading, TrialRecord
 from pipeline.core.documents import TrialsPlan, load_document
 from pipeline.core.errors import ValidationError
 from pipeline.core.scoring import AGENT_EXCEPTIONS, count, grade_result, score_of
@@ -65,7 +65,9 @@ def _model_usage(agent_result: Any) -> dict[str, Any]:
     raw_metadata = agent_result.get("metadata")
     metadata: dict[str, Any] = raw_metadata if isinstance(raw_metadata, dict) else {}
     times = metadata.get("api_request_times_msec")
-    calls = len(times) if isinstance(times, list) else _count(metadata.get("n_episodes"))
+    # terminus-2 lists each call's time; a release's CLI agent reports the count its CLI printed (model_calls).
+    calls = len(times) if isinstance(times, list) else _count(metadata.get(MODEL_CALLS_KEY)) \
+        if MODEL_CALLS_KEY in metadata else _count(metadata.get("n_episodes"))
     usage = {"model_calls": calls, "input_tokens": _count(agent_result.get("n_input_tokens")),
              "output_tokens": _count(agent_result.get("n_output_tokens"))}
     return {k: v for k, v in usage.items() if v is not None}
