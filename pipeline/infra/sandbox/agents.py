@@ -1,6 +1,7 @@
 """Worker side of an agent's secrets and model access (what the runner container gets).
 
-* Secrets by reference: each ``secret_env`` value is written to a 0400 file in a
+* Secrets by reference (never to a release's own agent, which is the adopter's code):
+  each ``secret_env`` value is written to a 0400 file in a
   private 0700 directory OUTSIDE the run dir, bind-mounted read-only into the
   runner at ``SECRETS_MOUNT``. The container's Env, Labels and argv carry names
   and paths only; ``benchseal trial run`` reads the files into its own process.
@@ -162,6 +163,10 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
             raise UsageError(f"agent {payload.agent} needs the model key: {model.key_env} is not set in the worker's environment")
         if model is not None:
             present = [name for name in present if name != model.key_env]  # the relay's alone
+        if payload.agent_artifact is not None:
+            # A release's own agent is the adopter's code, and a Python one runs in the runner process:
+            # no secret of the infra host is handed to it (its model key stays with the relay).
+            present = []
         if present:
             secrets = _private_dir("benchseal-secrets-", setup.locks)
             setup.dirs.append(secrets)
