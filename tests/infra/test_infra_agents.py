@@ -5,6 +5,9 @@ The scripted model server replays a trajectory; terminus-2 really runs its loop
 through tmux, the verifier grades). A canary key is planted and searched for in
 every argv, every container the run creates (docker inspect, while in flight),
 every file of the run dir and artifacts, the queue DB and the model server log.
+The key is the worker's relay's alone: the runner gets no secret file of it and no
+argument naming it, its agents hold a placeholder, and the model server (which
+refuses any other key) still answers every call.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import SqliteQueue
 from pipeline.infra.sandbox.agents import LOCK_MARKER, MODEL_MOUNT, SECRETS_MOUNT, prepare_runner_agent
-from pipeline.infra.worker.loop import WorkerConfig, run_once
+from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
 from pipeline.local.model_server import ModelServer
 from pipeline.publish.body import facts_from_summary, markdown_cell, render_section
 from tests.fixtures.infra import built_images_source, host_pid, sandbox_engine, wait_for
@@ -45,7 +48,7 @@ EXTRA_CANARY = "bs-extra-canary-" + hashlib.sha256(f"extra-{os.getpid()}".encode
 
 
 def _policy_data(port: int = 18431) -> dict[str, Any]:
-    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     data["suites"]["smoke"]["model"]["endpoint"] = f"http://127.0.0.1:{port}/v1"
     return data
 
@@ -206,7 +209,9 @@ class Scanner(threading.Thread):
             self.runner_starts[info["Name"]] = {
                 "argv": [*(info["Config"].get("Entrypoint") or []), *(info["Config"].get("Cmd") or [])],
                 "env": list(info["Config"].get("Env") or []),
-                "mounts": sorted(m.get("Destination", "") for m in info.get("Mounts") or [])}
+                "mounts": sorted(m.get("Destination", "") for m in info.get("Mounts") or []),
+                "sources": sorted(m.get("Source", "") for m in info.get("Mounts") or []),
+                "run": [(info["Config"].get("Labels") or {}).get(LABEL_RUN, "")]}
         if self.needle in json.dumps(info).encode():
             self.inspect_hits.append(info["Name"])
 
@@ -324,7 +329,7 @@ def _run(setup: dict[str, Any], mode: str, correlation: str) -> dict[str, Any]:
                 os.environ[KEY_ENV] = old
     with SqliteQueue(db) as q:
         run_dir = q.run_dir(accepted.run_id)
-    return {"outcome": outcome, "scanner": scanner, "private_dirs_before": before, "private_dirs_after": private_dirs(), "log": log, "db": db, "run_dir": run_dir, "policy": policy,
+    return {"outcome": outcome, "run_id": accepted.run_id, "scanner": scanner, "private_dirs_before": before, "private_dirs_after": private_dirs(), "log": log, "db": db, "run_dir": run_dir, "policy": policy,
             "payload": payload, "requests": [json.loads(line) for line in log.read_text().splitlines()]}
 
 
@@ -417,8 +422,16 @@ def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any
     # a model-backed agent's env stays empty; the key lives in the runner process only.
     for config_path in (right_run["run_dir"] / "harbor").glob("*/config.json"):
         assert not json.loads(config_path.read_text())["agent"].get("env"), config_path
-    # The secret and relay directories of this attempt are gone.
-    assert right_run["private_dirs_after"] <= right_run["private_dirs_before"]
+    # The relay and engine directories of this attempt (what its runner had mounted) are gone. Other
+    # workers on this host may hold dirs of their own meanwhile: this attempt's are named by its mounts.
+    tmp = Path(tempfile.gettempdir())
+    ours = [start for start in scanner.runner_starts.values() if start["run"] == [right_run["run_id"]]]
+    assert len(ours) == 1, scanner.runner_starts
+    mine = {tmp / Path(src).relative_to(tmp).parts[0] for src in ours[0]["sources"]
+            if Path(src).is_relative_to(tmp) and Path(src).relative_to(tmp).parts[0].startswith("benchseal-")}
+    assert {p.name.rsplit("-", 1)[0] for p in mine} == {"benchseal-model", "benchseal-engine"}, mine
+    assert not [p for p in mine if p.exists()] and not mine & right_run["private_dirs_after"]
+    assert not mine & right_run["private_dirs_before"]  # made by this attempt
 
 
 @pytest.mark.docker
@@ -636,7 +649,6 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     from pipeline.imaging.build import ensure_local
     from pipeline.infra.sandbox.engine_proxy import GATEWAY_LABEL
     from pipeline.infra.sandbox.relay import GATEWAY_PORT
-    from pipeline.infra.worker.loop import LABEL_RUN
 
     base = base_refs["base"]
     ensure_local(base)
@@ -834,8 +846,6 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
     import signal
     import subprocess
     import sys
-
-    from pipeline.infra.worker.loop import LABEL_RUN
 
     root: Path = agent_setup["root"] / "kill9-secrets"
     root.mkdir()

@@ -393,10 +393,12 @@ def test_the_scripted_model_accepts_the_placeholder_only_through_the_keyed_relay
                        "messages": [{"role": "user", "content": "Write the answer"}]}).encode()
     with ModelServer(key=RELAY_KEY, log_path=log) as server:
         keyed = UnixToTcpRelay(tmp_path / "keyed.sock", "127.0.0.1", server.port, model_path="/v1",
-                               api_key=RELAY_KEY).start()
-        bare = UnixToTcpRelay(tmp_path / "bare.sock", "127.0.0.1", server.port, model_path="/v1").start()
+                               api_key=RELAY_KEY)
+        bare = UnixToTcpRelay(tmp_path / "bare.sock", "127.0.0.1", server.port, model_path="/v1")
         wrong = UnixToTcpRelay(tmp_path / "wrong.sock", "127.0.0.1", server.port, model_path="/v1",
-                               api_key=RELAY_KEY[:-1] + "X").start()
+                               api_key=RELAY_KEY[:-1] + "X")
+        for relay in (keyed, bare, wrong):
+            relay.start()
         try:
             answers = {name: _exchange(relay.socket_path, _with(f"Authorization: Bearer {PLACEHOLDER_KEY}", body=chat),
                                        half_close=False)
@@ -430,7 +432,8 @@ def test_a_key_that_could_break_the_header_is_refused_at_construction(tmp_path: 
 
 def test_a_printable_key_is_taken_as_is(tmp_path: Path) -> None:
     key = "".join(chr(c) for c in range(0x21, 0x7F))
-    relay = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", 9, model_path="/v1", api_key=key).start()
+    relay = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", 9, model_path="/v1", api_key=key)
+    relay.start()
     try:
         assert relay.api_key == key
     finally:
