@@ -173,6 +173,9 @@ class NodeRuntime(_Strict):
 AGENT_MANIFEST_SCHEMA = "benchseal.agent-manifest/v1"
 AGENT_ROOT = "/opt/benchseal/agent"  # in the runner image; read-only into task containers at the same path
 AGENT_MANIFEST_PATH = f"{AGENT_ROOT}/agent.json"
+# A Python agent's wheel, all of it (scripts and data files included), outside the image's
+# site-packages: the runner appends it to sys.path, so it cannot shadow benchseal or Harbor.
+AGENT_PYTHON_DIR = f"{AGENT_ROOT}/python"
 
 
 class AgentManifest(_Strict):

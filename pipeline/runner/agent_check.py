@@ -3,7 +3,8 @@
 The payload's artifact (``--expect-agent``, what the build resolved and infra admitted) must equal
 the manifest baked into this image (``AGENT_MANIFEST_PATH``), field for field. Then the agent is
 asked for its version: an npm CLI runs its ``version_args`` with the baked Node (no network, a
-throwaway HOME); a Python agent's installed distribution is read and its class imported. Any
+throwaway HOME); a Python agent's directory (``AGENT_PYTHON_DIR``) is appended to ``sys.path``, its
+distribution's version read and its class imported. Any
 difference is a ValidationError (``trial run`` exits 2): the run fails, unscored, with this line.
 """
 
@@ -14,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from pipeline.core.contracts import AgentArtifact
 from pipeline.core.errors import ValidationError
-from pipeline.core.project import AGENT_ROOT, AgentManifest, NpmAgent, load_manifest
+from pipeline.core.project import AGENT_PYTHON_DIR, AGENT_ROOT, AgentManifest, NpmAgent, load_manifest
 from pipeline.runner.harbor_env import set_agent_mount
 
 AGENT_COPY = "agent"  # in the batch's out dir: the files task containers get read-only
@@ -87,6 +89,8 @@ def probe_version(manifest: AgentManifest) -> str:
             raise ValidationError("agent version", f"{spec.name} {' '.join(spec.version_args)} exited "
                                   f"{done.returncode} without printing a version")
         return lines[-1].removeprefix("v")
+    if AGENT_PYTHON_DIR not in sys.path:
+        sys.path.append(AGENT_PYTHON_DIR)  # last: the agent's modules never shadow benchseal's or Harbor's
     try:
         installed = version(manifest.artifact.package)
     except PackageNotFoundError:
