@@ -418,8 +418,10 @@ def push_image(client: Registry, repository: str, manifest: bytes, store: BlobSt
     return digest
 
 
-def default_tags(source: SourceInfo, extra: Sequence[str] = ()) -> tuple[str, ...]:
-    tags = [f"git-{source.commit[:12]}"]
+def default_tags(source: SourceInfo, extra: Sequence[str] = (), agent: ResolvedAgent | None = None) -> tuple[str, ...]:
+    # A runner with a release's agent is another image of the same commit: its commit tag names the agent too.
+    suffix = "" if agent is None else re.sub(r"[^A-Za-z0-9_.-]", "_", f"-{agent.artifact.name}-{agent.artifact.version}")
+    tags = [f"git-{source.commit[:12]}{suffix}"]
     if source.ref.startswith("refs/tags/"):
         tags.append(source.ref.removeprefix("refs/tags/"))
     tags += list(extra)
@@ -449,7 +451,7 @@ def build_image(
     names = as_names(target)
     client = Registry(names.registry)
     name = names.name(role)
-    all_tags = default_tags(source, tags)
+    all_tags = default_tags(source, tags, agent if role == "runner" else None)
     digest = push_image(client, names.repository(role), manifest, store, base, all_tags)
     return BuildResult(
         role=role,

@@ -65,7 +65,7 @@ def test_release_with_terminus2_and_the_scripted_model(agent_home: Path, tmp_pat
     release = dist / TAG
     summary = json.loads((release / "summary.json").read_text())
     assert summary["agent"] == {"name": "terminus-2", "version": "2.0.0", "version_pin": "0.26.0",
-                                "model": "openai/benchseal-scripted"}
+                                "model": "openai/benchseal-scripted", "release": None}
     usage = summary["model_usage"]
     assert usage["trials"] == 3 and usage["model_calls"] >= 9 and usage["input_tokens"] > usage["output_tokens"] > 0
     per_trial = summary["timings"]["trials"]

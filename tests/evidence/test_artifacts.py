@@ -34,7 +34,8 @@ def test_summary_fields(tmp_path: Path) -> None:
     assert summary["counts"]["resolved"] == 1
     assert summary["source"]["commit"] == payload.source.commit and summary["source"]["tag"] == "v9.9.9"
     assert summary["harbor_version"] == "0.26.0" and summary["agent"] == {"name": "oracle", "version": "1.0",
-                                                                         "version_pin": None, "model": None}
+                                                                         "version_pin": None, "model": None,
+                                                                         "release": None}
     assert summary["run_id"] == "run-evidence-0001" and "infra_run_id" not in summary and summary["correlation_id"] == "evidence-test-0001"
     assert summary["timings"]["started_at"] == "2026-12-02T10:00:00Z" and len(summary["timings"]["trials"]) == 2
     # the revision changes with the suite's content

@@ -102,3 +102,17 @@ def test_appended_to_sys_path_the_agent_shadows_nothing(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False, timeout=60)
     assert done.returncode == 0, done.stderr
     assert str(agent_dir) not in done.stdout
+
+
+def test_a_runner_with_an_agent_has_its_own_commit_tag(tmp_path: Path) -> None:
+    from pipeline.core.contracts import SourceInfo
+    from pipeline.imaging.images import default_tags
+
+    source = SourceInfo(commit="ab" * 20, ref="refs/heads/main", repository="local/benchseal")
+    agent = _agent(tmp_path)
+    assert default_tags(source) == ("git-abababababab",)
+    # Tags are metadata, but one tag names one manifest: the plain runner's is not re-pointed.
+    assert default_tags(source, (), agent) == ("git-abababababab-hostile-1.0.0",)
+    other = ResolvedAgent(spec=agent.spec, artifact=agent.artifact.model_copy(update={"version": "1.0.0+local.1"}),
+                          file=agent.file)
+    assert default_tags(source, (), other) == ("git-abababababab-hostile-1.0.0_local.1",)
