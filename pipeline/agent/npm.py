@@ -178,12 +178,17 @@ def _packument(registry: str, package: str, token: str | None) -> dict[str, Any]
         raise CheckFailed(f"npm: {registry} refused the packument of {package}: HTTP {exc.code}") from None
     except OSError as exc:  # URLError, refused connections, timeouts
         raise _Transient(f"npm: {registry} does not answer ({_reason(exc)})") from None
+    return _json_object(raw, f"the packument of {package} on {registry}")
+
+
+def _json_object(raw: bytes, what: str) -> dict[str, Any]:
+    """``raw`` as one strict JSON object (no duplicate keys, no NaN), else a one-line CheckFailed naming ``what``."""
     try:
         document = strictjson.loads(raw)
     except (ValueError, RecursionError):
-        raise CheckFailed(f"npm: {registry} answered no JSON packument for {package}") from None
+        raise CheckFailed(f"npm: {what} is not strict JSON") from None
     if not isinstance(document, dict):
-        raise CheckFailed(f"npm: the packument of {package} on {registry} is not a JSON object")
+        raise CheckFailed(f"npm: {what} is not a JSON object")
     return document
 
 
@@ -288,13 +293,7 @@ def read_manifest(tarball: Path) -> dict[str, Any]:
             raw = member.read()
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
         raise CheckFailed(f"npm: {tarball.name} is not a readable gzip tar ({_tar_problem(exc)})") from None
-    try:
-        manifest = strictjson.loads(raw)
-    except (ValueError, RecursionError):
-        raise CheckFailed(f"npm: package/package.json in {tarball.name} is not strict JSON") from None
-    if not isinstance(manifest, dict):
-        raise CheckFailed(f"npm: package/package.json in {tarball.name} is not a JSON object")
-    return manifest
+    return _json_object(raw, f"package/package.json in {tarball.name}")
 
 
 def _check_manifest(path: Path, package: str, version: str) -> None:

@@ -312,9 +312,9 @@ def test_answers_that_are_no_packument(registry: LocalNpmRegistry, tmp_path: Pat
         return 403, {}, b"{}"
 
     with _Mirror(registry.url, garbage) as mirror:
-        _refused(mirror.url, f"{SCOPE}/any", "1.0.0", tmp_path, "answered no JSON packument")
+        _refused(mirror.url, f"{SCOPE}/any", "1.0.0", tmp_path, "is not strict JSON")
     with _Mirror(registry.url, twice) as mirror:
-        _refused(mirror.url, f"{SCOPE}/any", "1.0.0", tmp_path, "answered no JSON packument")
+        _refused(mirror.url, f"{SCOPE}/any", "1.0.0", tmp_path, "is not strict JSON")
     with _Mirror(registry.url, refused) as mirror:
         _refused(mirror.url, f"{SCOPE}/any", "1.0.0", tmp_path, "refused the packument of @bs-test/any: HTTP 403",
                  wait_seconds=5)
