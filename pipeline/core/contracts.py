@@ -127,6 +127,23 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+# A reusable workflow's exact job_workflow_ref: OWNER/REPO/.github/workflows/FILE@REF, REF one exact
+# refs/tags/NAME or refs/heads/NAME, or a 40-hex commit (what a caller's `uses: ...@<sha>` pins).
+BUILDER_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9-]{0,38}/[A-Za-z0-9._-]{1,100}/\.github/workflows/[A-Za-z0-9_.-]{1,100}"
+                        r"\.ya?ml@(?:[0-9a-f]{40}|refs/(?:heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199})\Z")
+BUILDER_RULE = ("must be a reusable workflow's exact job_workflow_ref: OWNER/REPO/.github/workflows/FILE@REF, REF "
+                "a 40-hex commit or one exact refs/tags/NAME or refs/heads/NAME (no patterns)")
+
+
+def builder_problem(value: object) -> str | None:
+    if not isinstance(value, str) or not BUILDER_RE.match(value):
+        return BUILDER_RULE
+    ref = value.rpartition("@")[2]
+    if ".." in ref or "//" in ref or ref.endswith(("/", ".", ".lock")):
+        return BUILDER_RULE
+    return None
+
+
 # --- the release's agent (pipeline/core/project.py: the project file that declares it) ---------
 
 AGENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"

@@ -28,7 +28,7 @@ from cryptography.hazmat import asn1
 from cryptography.hazmat.primitives import serialization
 
 from pipeline.core import paths
-from pipeline.core.contracts import COMMIT_RE, GITHUB_ISSUER, validate_git_tag, validate_repository
+from pipeline.core.contracts import COMMIT_RE, GITHUB_ISSUER, builder_problem, validate_git_tag, validate_repository
 from pipeline.core.digests import parse_ref
 from pipeline.core.documents import ReleaseSummary, load_document
 from pipeline.core.errors import InfrastructureError, ValidationError
@@ -111,11 +111,17 @@ class ImageIdentityPolicy:
 
 
 def image_identity(repository: str, tag: str, commit: str, *, workflow: str = "tag.yml",
-                   ref: str = "tag") -> ImageIdentityPolicy:
+                   ref: str = "tag", builder: str | None = None) -> ImageIdentityPolicy:
     """The one expectation every image check uses: ``workflow`` of ``repository`` at ``ref``
     (``tag``: ``refs/tags/<tag>``, else one exact ``refs/heads/NAME`` / ``refs/tags/NAME``), run at
     exactly ``commit``, for every signer kind: a tag can be deleted and pushed again at another
     commit, so the tag alone does not name the release's source.
+
+    ``builder``: the signature comes from a reusable workflow (benchseal's, pinned by the caller):
+    the certificate identity is the builder's ``job_workflow_ref``, while the workflow repository,
+    ref and SHA extensions still name the source (``repository`` at ``ref`` and ``commit``), as
+    Fulcio certifies them for a reusable workflow: the builder cannot be forged by the caller, and
+    the source cannot be swapped by the builder.
 
     Every argument comes from the payload, the infra policy or the consumer's expectation, never
     from the image or its signatures."""
@@ -130,8 +136,14 @@ def image_identity(repository: str, tag: str, commit: str, *, workflow: str = "t
     elif (not isinstance(ref, str) or not _REF_RE.match(ref) or ".." in ref or "//" in ref
           or ref.endswith(("/", ".", ".lock"))):
         raise ValidationError("ref", "must be 'tag' or one exact refs/heads/NAME or refs/tags/NAME (no patterns)", ref)
-    return ImageIdentityPolicy(identity=f"https://github.com/{repository}/.github/workflows/{workflow}@{ref}",
-                               issuer=GITHUB_ISSUER, repository=repository, ref=ref, sha=commit)
+    if builder is not None:
+        problem = builder_problem(builder)
+        if problem:
+            raise ValidationError("builder", problem, builder)
+        identity = f"https://github.com/{builder}"
+    else:
+        identity = f"https://github.com/{repository}/.github/workflows/{workflow}@{ref}"
+    return ImageIdentityPolicy(identity=identity, issuer=GITHUB_ISSUER, repository=repository, ref=ref, sha=commit)
 
 
 def is_loopback_registry(ref: str) -> bool:

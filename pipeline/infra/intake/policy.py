@@ -25,7 +25,7 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.core.contracts import DispatchPayload, canonical_repository, load_model
+from pipeline.core.contracts import DispatchPayload, builder_problem, canonical_repository, load_model
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
@@ -87,6 +87,23 @@ class SignerPolicy(_Strict):
     workflow: str = Field(default="tag.yml", pattern=r"^[A-Za-z0-9_.-]{1,100}\.ya?ml$")
     ref: Annotated[str, StringConstraints(pattern=_SIGNER_REF), AfterValidator(_signer_ref)] = "tag"
     issuer: Literal["https://token.actions.githubusercontent.com"] = "https://token.actions.githubusercontent.com"
+    # A reusable workflow that signs for the source (benchseal's, pinned by the caller's `uses:`):
+    # its exact job_workflow_ref is the certificate identity; `ref` and the payload's repository and
+    # commit are still required of the certificate's workflow extensions (the caller's).
+    builder: Annotated[str | None, AfterValidator(_builder)] = None
+
+    @model_validator(mode="after")
+    def _one_identity(self) -> SignerPolicy:
+        if self.builder is not None and "workflow" in self.model_fields_set:
+            raise ValueError("workflow and builder exclude each other: a builder's identity is its own workflow")
+        return self
+
+
+def _builder(value: str | None) -> str | None:
+    problem = None if value is None else builder_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def _signer_list(value: Any) -> Any:

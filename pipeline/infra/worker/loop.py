@@ -147,7 +147,7 @@ def signer_identities(payload: DispatchPayload, source: SourcePolicy) -> list[Im
     order, each pinned to the payload's commit (``image_identity``): a tag deleted and pushed again
     at another commit names no other release."""
     return [image_identity(source.repository, payload.source.tag, payload.source.commit, workflow=signer.workflow,
-                           ref=signer.ref) for signer in source.signer]
+                           ref=signer.ref, builder=signer.builder) for signer in source.signer]
 
 
 def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust: SigstoreEndpoints) -> None:
