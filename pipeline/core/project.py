@@ -39,6 +39,7 @@ from __future__ import annotations
 
 __all__ = ["AGENT_NAME_PATTERN", "SRI_RULE", "VERSION_RULE", "AgentArtifact", "sri_hex", "sri_of", "sri_problem"]
 
+import json
 import re
 import tomllib
 from pathlib import Path
@@ -188,6 +189,17 @@ class AgentManifest(_Strict):
     package_dir: str | None = Field(default=None, pattern=r"^/[A-Za-z0-9._/@-]+$")  # npm: the unpacked package
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+def read_manifest_file(path: Path) -> AgentManifest | None:
+    """The agent manifest at ``path`` (None when there is none); a ValidationError when it is not one."""
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ValidationError("agent manifest", f"{path} cannot be read as JSON: {exc}") from None
+    return load_manifest(data, str(path))
 
 
 def load_manifest(data: object, source: str) -> AgentManifest:

@@ -59,10 +59,9 @@ def _node_wheel() -> tuple[Path, NodeRuntime]:
     return path, runtime
 
 
-def manifest_for(agent: ResolvedAgent) -> AgentManifest:
+def manifest_for(agent: ResolvedAgent, runtime: NodeRuntime | None) -> AgentManifest:
     """The manifest the image carries (the Node runtime's pin included for npm agents)."""
     if isinstance(agent.spec, NpmAgent):
-        _, runtime = _node_wheel()
         return AgentManifest.model_validate({
             "schema": "benchseal.agent-manifest/v1", "artifact": agent.artifact, "spec": agent.spec, "node": runtime,
             "package_dir": f"{AGENT_ROOT}/node_modules/{agent.spec.package}"})
@@ -84,13 +83,14 @@ def _cached(cache: LayerCache, key_data: dict[str, object], built: list[str], ma
 def agent_layers(agent: ResolvedAgent, *, deps_epoch: int, epoch: int, store: BlobStore, cache: LayerCache,
                  built: list[str]) -> list[tuple[Layer, str]]:
     """(layer, history comment) for the agent, in image order."""
-    manifest = manifest_for(agent)
+    # The Node wheel is located and hash-checked once per build (it is 50 MB).
+    node_wheel, runtime = _node_wheel() if isinstance(agent.spec, NpmAgent) else (None, None)
+    manifest = manifest_for(agent, runtime)
     manifest_bytes = canonical_json(manifest.model_dump(mode="json", by_alias=True)).encode()
     manifest_entry = Entry(AGENT_MANIFEST_PATH, "file", data=manifest_bytes)
     artifact = agent.artifact
     layers: list[tuple[Layer, str]] = []
-    if isinstance(agent.spec, NpmAgent):
-        node_wheel, runtime = _node_wheel()
+    if isinstance(agent.spec, NpmAgent) and node_wheel is not None and runtime is not None:
 
         def node_layer() -> Layer:
             with tempfile.TemporaryDirectory(prefix="benchseal-node-") as tmp:

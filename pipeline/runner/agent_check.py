@@ -10,7 +10,6 @@ difference is a ValidationError (``trial run`` exits 2): the run fails, unscored
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from pipeline.core.contracts import AgentArtifact
 from pipeline.core.errors import ValidationError
-from pipeline.core.project import AGENT_PYTHON_DIR, AGENT_ROOT, AgentManifest, NpmAgent, load_manifest
+from pipeline.core.project import AGENT_PYTHON_DIR, AGENT_ROOT, AgentManifest, NpmAgent, read_manifest_file
 from pipeline.runner.harbor_env import set_agent_mount
 
 AGENT_COPY = "agent"  # in the batch's out dir: the files task containers get read-only
@@ -36,19 +35,9 @@ def describe(artifact: AgentArtifact) -> str:
             f"commit {artifact.source_commit[:12]})")
 
 
-def read_image_manifest(path: Path) -> AgentManifest | None:
-    if not path.is_file():
-        return None
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ValidationError("agent manifest", f"{path} cannot be read as JSON: {exc}") from None
-    return load_manifest(data, str(path))
-
-
 def release_agent(agent: str, expect: AgentArtifact | None, manifest_path: Path) -> AgentManifest | None:
     """The release's agent to run (checked), or None for another agent (oracle, nop, terminus-2)."""
-    manifest = read_image_manifest(manifest_path)
+    manifest = read_manifest_file(manifest_path)
     if manifest is None or manifest.artifact.name != agent:
         if expect is not None:
             carried = describe(manifest.artifact) if manifest is not None else "no agent"

@@ -30,17 +30,13 @@ from harbor.environments.base import BaseEnvironment
 from harbor.models.agent.context import AgentContext
 
 from pipeline.core.contracts import MODEL_CALLS_KEY
-from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentManifest, NpmAgent, load_manifest
+from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentManifest, NpmAgent, read_manifest_file
 from pipeline.infra.sandbox.relay import GATEWAY_PORT
 
 IMPORT_PATH = "pipeline.runner.cli_agent:ReleasedCliAgent"
 AGENT_TIMEOUT_SECONDS = 900
 OUTPUT_FILE = "cli-output.txt"
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
-
-
-def read_manifest(path: Path = Path(AGENT_MANIFEST_PATH)) -> AgentManifest:
-    return load_manifest(json.loads(path.read_text(encoding="utf-8")), str(path))
 
 
 def fill(template: str, values: dict[str, str]) -> str:
@@ -102,7 +98,10 @@ class ReleasedCliAgent(BaseAgent):  # type: ignore[misc]
     def __init__(self, logs_dir: Path, model_name: str | None = None, *, model_path: str = "/v1",
                  manifest_path: str = AGENT_MANIFEST_PATH, **kwargs: Any) -> None:
         super().__init__(logs_dir, model_name, **kwargs)
-        self._manifest = read_manifest(Path(manifest_path))
+        manifest = read_manifest_file(Path(manifest_path))
+        if manifest is None:  # the runner checked it before any trial: an image without one runs no release agent
+            raise ValueError(f"no agent manifest at {manifest_path}")
+        self._manifest = manifest
         self._model_path = model_path.rstrip("/")
 
     @staticmethod
