@@ -10,34 +10,19 @@ serves it with its ``dist.integrity``, which the build checks like any other.
 from __future__ import annotations
 
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from pipeline.agent.npm import tarball_name
 from pipeline.agent.resolve import NPM_REGISTRY_ENV
-from pipeline.core import strictjson
 from pipeline.core.errors import UsageError
 from pipeline.core.paths import state_dir
 from pipeline.core.project import NpmAgent, load_project, version_for_tag
-from pipeline.local.npmregistry import publish_to, start_background
+from pipeline.local.npmregistry import has_version, publish_to, start_background
 
 
 def npm_cache() -> Path:
     """Where ``make setup`` puts the npm tarballs the demo releases."""
     return state_dir("cache", "npm")
-
-
-def _published(url: str, package: str, version: str) -> bool:
-    request = urllib.request.Request(url + package.replace("/", "%2f"), headers={"Accept": "application/json"})  # noqa: S310
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310 - our loopback registry
-            versions = strictjson.loads(response.read()).get("versions") or {}
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            return False
-        raise
-    return version in versions
 
 
 def local_npm_registry(project_file: Path, tag: str) -> str | None:
@@ -51,7 +36,7 @@ def local_npm_registry(project_file: Path, tag: str) -> str | None:
         return configured
     version = version_for_tag(tag)
     url = str(start_background(state_dir("npm-registry"))["url"])
-    if not _published(url, agent.package, version):
+    if not has_version(url, agent.package, version):
         tarball = npm_cache() / tarball_name(agent.package, version)
         if not tarball.is_file():
             raise UsageError(f"{agent.package}@{version} is not in the local npm registry and {tarball} is missing "

@@ -132,6 +132,17 @@ def _get_json(url: str, timeout: float = 10.0) -> Any:
         return strictjson.loads(response.read())
 
 
+def has_version(url: str, package: str, version: str) -> bool:
+    """Whether the local registry at ``url`` serves ``package@version`` (a 404 packument: no)."""
+    try:
+        versions = _get_json(url + package.replace("/", "%2f")).get("versions") or {}
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return False
+        raise
+    return version in versions
+
+
 def publish_to(url: str, tarball: Path) -> str:
     """Publish ``tarball`` to the local registry at ``url`` (127.0.0.1 only); the integrity it now reports."""
     if not url.startswith("http://127.0.0.1:") or not url.endswith("/"):
