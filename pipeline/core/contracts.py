@@ -144,6 +144,11 @@ def builder_problem(value: object) -> str | None:
     return None
 
 
+def pep503_name(name: str) -> str:
+    """A Python distribution name as PEP 503 compares it: runs of -_. become one '-', lower case."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 # --- the release's agent (pipeline/core/project.py: the project file that declares it) ---------
 
 AGENT_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"

@@ -20,7 +20,7 @@ from cyclonedx.output.json import JsonV1Dot6
 from packageurl import PackageURL
 
 from pipeline import __version__
-from pipeline.core.contracts import sri_hex
+from pipeline.core.contracts import pep503_name, sri_hex
 from pipeline.core.digests import ImageRef
 from pipeline.evidence import depgraph
 from pipeline.evidence.goinfo import GoBuildInfo
@@ -191,7 +191,7 @@ def _add_python(graph: _Graph, contents: ImageContents) -> dict[str, str]:
     py_refs: dict[str, str] = {}
     py_nodes: list[depgraph.PyNode] = []
     for pkg in contents.python:
-        purl = PackageURL(type="pypi", name=_pep503(pkg.name), version=pkg.version)
+        purl = PackageURL(type="pypi", name=pep503_name(pkg.name), version=pkg.version)
         ref = f"{purl}#{pkg.location}"
         if not graph.add(Component(type=ComponentType.LIBRARY, name=pkg.name, version=pkg.version, purl=purl, bom_ref=ref,
                                    supplier=_supplier(pkg.supplier), licenses=_license_models(pkg.licenses),
@@ -203,7 +203,7 @@ def _add_python(graph: _Graph, contents: ImageContents) -> dict[str, str]:
             continue
         py_refs[f"pypi:{pkg.location}"] = ref
         short, full = _python_versions(contents, pkg.location or "")
-        py_nodes.append(depgraph.PyNode(ref, _pep503(pkg.name), pkg.location or "", pkg.requires, short, full))
+        py_nodes.append(depgraph.PyNode(ref, pep503_name(pkg.name), pkg.location or "", pkg.requires, short, full))
     machine = _MACHINES.get(str(contents.config.get("architecture", "amd64")), str(contents.config.get("architecture")))
     found, _ = depgraph.python_edges(py_nodes, machine)
     graph.edges.update(found)
@@ -346,9 +346,6 @@ def _link_unowned_go(contents: ImageContents, components: dict[str, Any], edges:
             directory = posixpath.dirname(directory)
 
 
-def _pep503(name: str) -> str:
-
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def render_bom(bom: Any) -> str:

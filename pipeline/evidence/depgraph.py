@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from pipeline.core.contracts import pep503_name
+
 _DEB_NAME = re.compile(r"\A\s*([a-z0-9][a-z0-9+.-]*)(?::([a-z0-9-]+))?")
 
 
@@ -90,8 +92,6 @@ class PyNode:
     python_full_version: str  # "3.13.5"
 
 
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def marker_environment(python_version: str, python_full_version: str, machine: str) -> dict[str, str]:
@@ -155,13 +155,13 @@ def python_edges(nodes: Iterable[PyNode], machine: str) -> tuple[dict[str, list[
                         applies = False
                     if not applies:
                         continue
-                target = find(_normalize(req.name), node)
+                target = find(pep503_name(req.name), node)
                 if target is None:
                     missing.add(f"{node.key} -> {req}")
                     continue
                 if target.key != node.key:
                     edges[node.key].add(target.key)
-                new = {_normalize(e) for e in req.extras} - extras[target.key]
+                new = {pep503_name(e) for e in req.extras} - extras[target.key]
                 if new:
                     extras[target.key] |= new
                     changed = True

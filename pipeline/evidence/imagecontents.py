@@ -9,14 +9,13 @@ import hashlib
 import io
 import json
 import posixpath
-import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from email.message import Message
 from typing import Any
 
-from pipeline.core.contracts import sri_hex
+from pipeline.core.contracts import pep503_name, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import base_lock_path, read_base_lock
 from pipeline.core.errors import CheckFailed, ValidationError
@@ -277,10 +276,10 @@ def _with_agent_integrity(files: dict[str, _Entry], python: list[Package],
         return python, [replace(p, integrity=artifact.integrity, hash_source=_AGENT_HASH_SOURCE)
                         if p.name == artifact.package and p.version == artifact.version and p.location == location
                         else p for p in npm]
-    name = re.sub(r"[-_.]+", "-", artifact.package).lower()
+    name = pep503_name(artifact.package)
     return [replace(p, integrity=artifact.integrity, hash_source=_AGENT_HASH_SOURCE,
                     sha256=digest if algorithm == "sha256" else p.sha256)
-            if re.sub(r"[-_.]+", "-", p.name).lower() == name else p for p in python], npm
+            if pep503_name(p.name) == name else p for p in python], npm
 
 
 def _npm_packages(files: dict[str, _Entry]) -> Iterator[Package]:
