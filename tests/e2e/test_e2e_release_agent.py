@@ -26,7 +26,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -52,6 +51,7 @@ from pipeline.local.model_server import ModelServer
 from pipeline.local.npmregistry import LocalNpmRegistry, npm_pack
 from pipeline.publish.body import markdown_cell
 from tests.fixtures.infra import sandbox_engine
+from tests.registry.helpers import free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -95,13 +95,6 @@ def home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) ->
     _stop_home(home)
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """policies/infra.yaml with the suite's model endpoint on a free loopback port (a demo on this host may
@@ -109,7 +102,7 @@ def policy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     model = data["suites"]["smoke"]["model"]
     assert model["key_env"] == KEY_ENV and model["endpoint"].startswith("http://127.0.0.1:")
-    model["endpoint"] = f"http://127.0.0.1:{_free_port()}/v1"
+    model["endpoint"] = f"http://127.0.0.1:{free_port()}/v1"
     path = tmp_path_factory.mktemp("policy") / "infra.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

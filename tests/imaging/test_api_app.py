@@ -7,10 +7,8 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from pipeline.api.app import create_app
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evidence.artifacts import build_summary
 from tests.fixtures.sigstore import make_inputs
+from tests.registry.helpers import free_port, wait_listening
 
 REF = "127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "b" * 64
@@ -184,20 +183,11 @@ class _Served:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Served]:
     runs = tmp_path_factory.mktemp("api-runs")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "api", "serve", "--port", str(port), "--runs", str(runs)],
                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "api serve did not start"
-                time.sleep(0.1)
+        wait_listening(port, "api serve", alive=lambda: proc.poll() is None)
         yield _Served(runs, port)
     finally:
         proc.terminate()

@@ -39,6 +39,7 @@ from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
 from pipeline.local.model_server import ModelServer
 from pipeline.publish.body import facts_from_summary, markdown_cell, render_section
 from tests.fixtures.infra import built_images_source, host_pid, sandbox_engine, wait_for
+from tests.registry.helpers import free_port
 
 CANARY = "bs-model-canary-" + hashlib.sha256(f"agents-{os.getpid()}".encode()).hexdigest()[:24]
 KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
@@ -456,9 +457,7 @@ def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: p
 
     from pipeline.local.model import scripted_model_for
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     policy = load_policy(_write_policy(tmp_path, _policy_data(port)))
     monkeypatch.delenv(KEY_ENV, raising=False)
     with pytest.raises(UsageError, match=f"set {KEY_ENV}, or pass --scripted-model"), \

@@ -16,6 +16,7 @@ from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.sandbox.relay import TcpToUnixRelay, UnixToTcpRelay
 from pipeline.local.model_server import ModelServer, count_tokens, load_script, read_state
+from tests.registry.helpers import free_port, wait_listening
 
 KEY = "sk-test-" + "k" * 24
 PLACEHOLDER = "benchseal-placeholder-key"  # what the agent holds; the host-side relay adds KEY
@@ -172,29 +173,17 @@ def test_bad_content_length_is_a_400(length: str) -> None:
 
 
 def test_gateway_entry_point_serves_a_fixed_port_and_checks_its_arguments(tmp_path: Path) -> None:
-    import socket
-    import time
 
     from pipeline.infra.sandbox.relay import gateway_main
 
     assert gateway_main([]) == 2 and gateway_main(["a", "port"]) == 2 and gateway_main(["a", "1", "2"]) == 2
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     with ModelServer(key=KEY) as server:
         host_side = UnixToTcpRelay(tmp_path / "model.sock", "127.0.0.1", server.port, model_path="/v1",
                                    api_key=KEY).start()
         gateway = subprocess.Popen([sys.executable, "-m", "pipeline.infra.sandbox.relay", str(tmp_path / "model.sock"), str(port)])
         try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.1)
+            wait_listening(port, "the model gateway", alive=lambda: gateway.poll() is None)
             status, body = _chat(f"http://127.0.0.1:{port}/v1", [{"role": "user", "content": _instruction("cli-flag")}],
                                  key=PLACEHOLDER)
             assert status == 200 and "wc.py" in body["choices"][0]["message"]["content"]

@@ -17,7 +17,8 @@ import os
 import secrets
 import socket
 import tarfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def wait_listening(port: int, what: str, *, alive: Callable[[], bool] = lambda: True, timeout: float = 30.0) -> None:
+    """Until something accepts on 127.0.0.1:``port``; fails naming ``what`` when ``alive`` says its process
+    died or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert alive() and time.monotonic() < deadline, f"{what} did not start listening on 127.0.0.1:{port}"
+            time.sleep(0.1)
 
 
 @dataclass
