@@ -8,6 +8,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sigstore.errors import VerificationError
@@ -131,18 +132,19 @@ def test_cli_start_status_stop(tmp_path: Path) -> None:
 def test_restart_keeps_earlier_bundles_verifiable(tmp_path: Path, cosign_bin: Path) -> None:
     """A restart makes new keys; the old instance's keys stay in trusted_root.json, retired."""
     state = tmp_path / "rotating"
-    first = local_signer(state=state)
-    old_artifact = tmp_path / "old.txt"
-    old_artifact.write_text("signed before the restart\n")
-    old_bundle = first.sign_file(old_artifact)
-    first.close()
-    sigstore_local.stop(state)
-    second = local_signer(state=state)
-    new_artifact = tmp_path / "new.txt"
-    new_artifact.write_text("signed after the restart\n")
-    new_bundle = second.sign_file(new_artifact)
-    second.close()
-    sigstore_local.stop(state)
+
+    def sign_and_stop(artifact: Path, text: str) -> tuple[Path, Any]:
+        """``artifact`` signed by an instance started for it, which is stopped afterwards; (bundle, signer)."""
+        artifact.write_text(text)
+        signer = local_signer(state=state)
+        bundle: Path = signer.sign_file(artifact)
+        signer.close()
+        sigstore_local.stop(state)
+        return bundle, signer
+
+    old_artifact, new_artifact = tmp_path / "old.txt", tmp_path / "new.txt"
+    old_bundle, _ = sign_and_stop(old_artifact, "signed before the restart\n")
+    new_bundle, second = sign_and_stop(new_artifact, "signed after the restart\n")
 
     root_path = state / "trusted_root.json"
     root = json.loads(root_path.read_text())
