@@ -17,7 +17,7 @@ import typer
 
 from pipeline import __version__
 from pipeline.core import paths
-from pipeline.core.errors import Error, ValidationError
+from pipeline.core.errors import CLI_ERROR_PREFIX, Error, ValidationError
 
 Register = Callable[[typer.Typer], None]
 
@@ -66,5 +66,5 @@ def run(app: typer.Typer) -> None:
     try:
         app()
     except Error as exc:
-        typer.echo(f"benchseal: error: {exc.diagnostics()}", err=True)
+        typer.echo(CLI_ERROR_PREFIX + f"{exc.diagnostics()}", err=True)
         sys.exit(exc.exit_code)

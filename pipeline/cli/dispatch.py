@@ -31,7 +31,7 @@ import typer
 from typer.core import TyperCommand
 
 from pipeline.core.contracts import validate_correlation
-from pipeline.core.errors import Error, InfrastructureError, UsageError, escape_text
+from pipeline.core.errors import CLI_ERROR_PREFIX, Error, InfrastructureError, UsageError, escape_text
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.dispatch.merge import merge_digests as merge
 
@@ -138,7 +138,7 @@ def _fail(exc: Error, correlation: str | None, as_json: bool) -> NoReturn:
     message = exc.diagnostics()
     if as_json:
         typer.echo(_failure_json(message, exc.exit_code, correlation))
-    typer.echo(f"benchseal: error: {safe_message(message)}", err=True)
+    typer.echo(CLI_ERROR_PREFIX + f"{safe_message(message)}", err=True)
     raise typer.Exit(exc.exit_code)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import typer
 
-from pipeline.core.errors import Error
+from pipeline.core.errors import CLI_ERROR_PREFIX, Error
 
 _DIR = typer.Argument(..., help="Release or artifacts directory.")
 _REPO = typer.Option(None, "--repo", help="The source repository OWNER/NAME the release must be for "
@@ -64,7 +64,7 @@ def verify(
             raise
         # One JSON object on every outcome; the message also goes to stderr as usual.
         typer.echo(json.dumps({"ok": False, "error": exc.diagnostics(), "exit_code": exc.exit_code}, sort_keys=True))
-        typer.echo(f"benchseal: error: {exc.diagnostics()}", err=True)
+        typer.echo(CLI_ERROR_PREFIX + f"{exc.diagnostics()}", err=True)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
         typer.echo(json.dumps({"ok": True, **done.to_json_dict()}, sort_keys=True))

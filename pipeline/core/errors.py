@@ -50,6 +50,10 @@ def _escaping(method: Callable[..., str]) -> Callable[..., str]:
     return wrapper
 
 
+# How every verb prints an error on stderr, one line; the worker reads the runner's from its log.
+CLI_ERROR_PREFIX = "benchseal: error: "
+
+
 class Error(Exception):
     """Base of every error benchseal raises on purpose."""
 

@@ -20,7 +20,7 @@ import requests.exceptions
 
 from pipeline.core.contracts import trial_short_id
 from pipeline.core.digests import ImageRef
-from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError, escape_text
+from pipeline.core.errors import CLI_ERROR_PREFIX, CheckFailed, InfrastructureError, ValidationError, escape_text
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.queue.sql import Queue, RunRecord
@@ -229,12 +229,12 @@ def _run_container(
 
 
 def _runner_error(log_path: Path) -> str:
-    """``: <the runner's one-line error>`` (its CLI prints ``benchseal: error: ...``), or nothing."""
+    """``: <the runner's one-line error>`` (its CLI prints ``CLI_ERROR_PREFIX`` + the error), or nothing."""
     try:
         lines = log_path.read_bytes()[-8192:].decode("utf-8", "replace").splitlines()
     except OSError:
         return ""
-    errors = [line.removeprefix("benchseal: error: ") for line in lines if line.startswith("benchseal: error: ")]
+    errors = [line.removeprefix(CLI_ERROR_PREFIX) for line in lines if line.startswith(CLI_ERROR_PREFIX)]
     return f": {escape_text(errors[-1][:500])}" if errors else ""
 
 
