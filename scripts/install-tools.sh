@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Extra tools for the evidence stage: the real `cosign` (Debian 13 package, 2.5.x).
+# Extra tools from Debian 13 packages:
+#   cosign (2.5.x): the evidence stage's independent verifier;
+#   docker-buildx (0.13.x): BuildKit's client, for the adopter's own Dockerfile images
+#                 (pipeline/imaging/buildkit.py; it drives the engine's embedded BuildKit).
 # Run by scripts/setup.sh. Idempotent and fast once done: it returns at once when
-# the tools dir already holds a working cosign.
-#   Debian 13: apt-get install cosign, linked into the tools dir.
-#   Debian 12: apt-get download cosign from a trixie list derived from this machine's
+# the tools dir already holds a working cosign and docker-buildx.
+#   Debian 13: apt-get install the missing ones, linked into the tools dir.
+#   Debian 12: apt-get download them from a trixie list derived from this machine's
 #              own apt sources (private apt state; the system's lists stay untouched),
-#              then dpkg -x into the tools dir. cosign is a static Go binary that
-#              needs only libc6 >= 2.34, which bookworm has.
+#              then dpkg -x into the tools dir. Both are Go binaries that need only
+#              libc6 >= 2.34, which bookworm has.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${BENCHSEAL_HOME:-$PWD/.benchseal}
@@ -20,24 +23,41 @@ APT_ETC=${APT_ETC:-/etc/apt}
 PRINT_ONLY=0
 [ "${1:-}" = "--print-trixie-sources" ] && PRINT_ONLY=1
 
-if [ "$PRINT_ONLY" = 0 ] && [ -x "$BIN/cosign" ] && [ -s "$TOOLS/cosign.version" ] && "$BIN/cosign" version >/dev/null 2>&1; then
+cosign_ready() { [ -x "$BIN/cosign" ] && [ -s "$TOOLS/cosign.version" ] && "$BIN/cosign" version >/dev/null 2>&1; }
+buildx_ready() { [ -x "$BIN/docker-buildx" ] && "$BIN/docker-buildx" version >/dev/null 2>&1; }
+if [ "$PRINT_ONLY" = 0 ] && cosign_ready && buildx_ready; then
   exit 0
 fi
 mkdir -p "$BIN"
 codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
+# Debian package of each tool that is still missing.
+wanted=()
+cosign_ready || wanted+=(cosign)
+buildx_ready || wanted+=(docker-buildx)
+# Where each package puts its binary.
+binary_of() { case "$1" in cosign) echo usr/bin/cosign ;; docker-buildx) echo usr/libexec/docker/cli-plugins/docker-buildx ;; esac; }
+tool_of() { case "$1" in cosign) echo cosign ;; docker-buildx) echo docker-buildx ;; esac; }
 
 if [ "$PRINT_ONLY" = 0 ] && [ "$codename" != "bookworm" ]; then
-  # Debian 13 (or later) carries cosign itself.
-  if ! command -v cosign >/dev/null 2>&1; then
-    log "installing cosign with apt"
+  # Debian 13 (or later) carries both itself.
+  missing=()
+  for pkg in "${wanted[@]}"; do
+    [ -x "/$(binary_of "$pkg")" ] || missing+=("$pkg")
+  done
+  if ((${#missing[@]})); then
+    log "installing with apt: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends cosign >/dev/null 2>&1 || {
-      apt-get update -qq && apt-get install -y -qq --no-install-recommends cosign >/dev/null; }
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
+      apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
   fi
-  ln -sf "$(command -v cosign)" "$BIN/cosign"
-  "$BIN/cosign" version >/dev/null
-  dpkg-query -W -f='${Version}\n' cosign > "$TOOLS/cosign.version"
-  log "cosign ready: $BIN/cosign"
+  for pkg in "${wanted[@]}"; do
+    ln -sf "/$(binary_of "$pkg")" "$BIN/$(tool_of "$pkg")"
+    "$BIN/$(tool_of "$pkg")" version >/dev/null
+    log "$pkg ready: $BIN/$(tool_of "$pkg")"
+  done
+  if [[ " ${wanted[*]} " == *" cosign "* ]]; then
+    dpkg-query -W -f='${Version}\n' cosign > "$TOOLS/cosign.version"
+  fi
   exit 0
 fi
 
@@ -102,15 +122,18 @@ apt_opts=(
 )
 log "fetching the trixie package list (private apt state under $APT)"
 apt-get "${apt_opts[@]}" update -qq >"$APT/update.log" 2>&1 || { cat "$APT/update.log" >&2; exit 1; }
-(cd "$APT/pkg" && apt-get "${apt_opts[@]}" download cosign >"$APT/download.log" 2>&1) ||
+(cd "$APT/pkg" && apt-get "${apt_opts[@]}" download "${wanted[@]}" >"$APT/download.log" 2>&1) ||
   { cat "$APT/download.log" >&2; exit 1; }
-deb=$(ls "$APT"/pkg/cosign_*.deb)
-rm -rf "$TOOLS/cosign-root"
-dpkg -x "$deb" "$TOOLS/cosign-root"
-ln -sf "$TOOLS/cosign-root/usr/bin/cosign" "$BIN/cosign"
-"$BIN/cosign" version >/dev/null
-# cosign built by Debian reports "devel": record the package version beside it.
-dpkg-deb -f "$deb" Version > "$TOOLS/cosign.version"
-# Keep only the unpacked package; the lists are large and not needed again.
+for pkg in "${wanted[@]}"; do
+  deb=$(ls "$APT"/pkg/"${pkg}"_*.deb)
+  tool=$(tool_of "$pkg")
+  rm -rf "$TOOLS/$tool-root"
+  dpkg -x "$deb" "$TOOLS/$tool-root"
+  ln -sf "$TOOLS/$tool-root/$(binary_of "$pkg")" "$BIN/$tool"
+  "$BIN/$tool" version >/dev/null
+  # cosign built by Debian reports "devel": record the package version beside it.
+  if [ "$pkg" = cosign ]; then dpkg-deb -f "$deb" Version > "$TOOLS/cosign.version"; fi
+  log "$pkg ready: $BIN/$tool ($(basename "$deb"))"
+done
+# Keep only the unpacked packages; the lists are large and not needed again.
 rm -rf "$APT/lists" "$APT/cache"
-log "cosign ready: $BIN/cosign ($(basename "$deb"))"

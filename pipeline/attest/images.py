@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from pipeline.core.contracts import AgentArtifact, sri_hex
+from pipeline.core.contracts import AgentArtifact, builder_problem, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.core.fsutil import atomic_write_text, canonical_json
@@ -109,9 +109,12 @@ class BuildInvocation:
     repository: str  # owner/name of the source repository
     ref: str  # refs/tags/vX.Y.Z
     commit: str  # 40 hex
-    workflow_ref: str  # owner/name/.github/workflows/tag.yml@refs/tags/vX.Y.Z (job_workflow_ref)
+    workflow_ref: str  # the run's workflow: owner/name/.github/workflows/release.yml@refs/tags/vX.Y.Z
     run_url: str  # https://github.com/owner/name/actions/runs/N/attempts/M
     server: str = "https://github.com"
+    # The reusable workflow that built (benchseal's, as the caller pinned it: its job_workflow_ref);
+    # None: the run's own workflow built. The provenance's builder is this one.
+    builder_ref: str | None = None
 
     @classmethod
     def from_actions_env(cls, env: Mapping[str, str] | None = None) -> BuildInvocation:
@@ -122,16 +125,22 @@ class BuildInvocation:
         if missing:
             raise ValidationError(missing[0], "must be set (attestations describe the Actions run that built the images)")
         server = env.get("GITHUB_SERVER_URL", "https://github.com")
+        # GITHUB_WORKFLOW_REF is the caller's workflow; a reusable workflow learns its own ref from its
+        # OIDC token (job_workflow_ref) and hands it on as BENCHSEAL_BUILDER_REF.
+        builder_ref = env.get(BUILDER_REF_ENV) or None
+        problem = None if builder_ref is None else builder_problem(builder_ref)
+        if problem is not None:
+            raise ValidationError(BUILDER_REF_ENV, problem, builder_ref)
         return cls(
             repository=env["GITHUB_REPOSITORY"], ref=env["GITHUB_REF"], commit=env["GITHUB_SHA"],
-            workflow_ref=env["GITHUB_WORKFLOW_REF"], server=server,
+            workflow_ref=env["GITHUB_WORKFLOW_REF"], server=server, builder_ref=builder_ref,
             run_url=f"{server}/{env['GITHUB_REPOSITORY']}/actions/runs/{env['GITHUB_RUN_ID']}"
                     f"/attempts/{env.get('GITHUB_RUN_ATTEMPT', '1')}",
         )
 
     @property
     def builder_id(self) -> str:
-        return f"{self.server}/{self.workflow_ref}"
+        return f"{self.server}/{self.builder_ref or self.workflow_ref}"
 
 
 def agent_dependency(agent: AgentArtifact) -> dict[str, Any]:
@@ -186,6 +195,7 @@ def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation
 
 
 _ACTIONS_TOKEN_ENV = ("ACTIONS_ID_TOKEN_REQUEST_URL", "ACTIONS_ID_TOKEN_REQUEST_TOKEN")
+BUILDER_REF_ENV = "BENCHSEAL_BUILDER_REF"
 
 
 @dataclass(frozen=True)

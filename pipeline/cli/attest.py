@@ -75,6 +75,8 @@ def attest(
         raise ValidationError("--digests", "source.commit must be the commit this workflow run built (GITHUB_SHA)",
                               parsed.source.commit)
     images: dict[str, str] = {str(role): entry.ref for role, entry in parsed.images.items()}
+    # The adopter's own images (its project file's [images]) are signed by the same identity.
+    images.update({name: entry.ref for name, entry in parsed.project_images.items()})
     loopback = all(parse_ref(ref).registry.split(":", 1)[0] in ("127.0.0.1", "localhost") for ref in images.values())
     signer = ImageSigner(sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry or loopback)
     attest_images(images, signer, invocation, sbom_dir, agent=parsed.agent)
@@ -88,9 +90,12 @@ def verify_image(
     tag: Annotated[str, typer.Option("--tag", help="The release tag the workflow ran for.")],
     commit: Annotated[str, typer.Option("--commit", help="The release's source commit (40 lowercase hex): the "
                                                          "signing run must have run at exactly this commit.")],
-    workflow: Annotated[str, typer.Option("--workflow", help="The release workflow's file name.")] = "tag.yml",
+    workflow: Annotated[str, typer.Option("--workflow", help="The release workflow's file name (without --builder).")] = "tag.yml",
     signer_ref: Annotated[str, typer.Option("--ref", help="The ref the workflow ran at: 'tag' (refs/tags/TAG) or one "
                                                           "exact refs/heads/NAME or refs/tags/NAME.")] = "tag",
+    builder: Annotated[str | None, typer.Option("--builder", help="OWNER/REPO@REF: the image was signed inside "
+                                                "benchseal's reusable release.yml at exactly that ref (a 40-hex "
+                                                "commit), for --repo at --ref and --commit.")] = None,
     sigstore_url: Annotated[str | None, _URL] = None,
     trusted_root: Annotated[Path | None, _ROOT] = None,
     allow_http_registry: Annotated[bool, _HTTP] = False,
@@ -99,8 +104,13 @@ def verify_image(
     # lazy: pipeline.attest.images (sigstore, docker) costs 423 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.attest.images import image_identity
     from pipeline.attest.images import verify_image as check
+    from pipeline.verify.external import builder_image_identity
+    from pipeline.verify.policy import parse_builder
 
-    policy = image_identity(repo, tag, commit, workflow=workflow, ref=signer_ref)
+    if builder is not None:
+        policy = builder_image_identity(parse_builder(builder), repo, tag, commit, ref=signer_ref)
+    else:
+        policy = image_identity(repo, tag, commit, workflow=workflow, ref=signer_ref)
     check(ref, policy, sigstore_endpoints(sigstore_url, trusted_root), allow_http_registry=allow_http_registry)
     typer.echo(f"verified: {ref} signed and attested by {policy.describe()}")
 

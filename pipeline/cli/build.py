@@ -1,7 +1,12 @@
 """``benchseal build``: build, push and record the runner and api images by digest.
 
-Exit codes: 0 built and confirmed; 1 a check failed (registry digest mismatch,
-infrastructure); 2 bad arguments.
+With ``--project``, the project file's own images (``[images.<name>]``: Dockerfiles) are built
+too, with BuildKit (pipeline.imaging.buildkit), pushed as PREFIX + name and recorded under
+``project_images`` in the digests file; one line per image on stderr says how it was made
+reproducible. The project file's paths are checked before anything is built.
+
+Exit codes: 0 built and confirmed; 1 a check failed (registry digest mismatch, a failing
+Dockerfile build, infrastructure); 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.core.fsutil import canonical_json
+from pipeline.core.fsutil import atomic_write_json, canonical_json
 
 PREFIX_HELP = ("Registry and repository prefix of every image: PREFIX + runner|api|base|runner-base, e.g. "
                "ghcr.io/OWNER/benchseal- (default $BENCHSEAL_IMAGE_PREFIX, else --registry / $BENCHSEAL_REGISTRY "
@@ -34,8 +39,27 @@ def build(
     from pipeline.imaging.build import build_images, resolve_image_names
 
     names = resolve_image_names(image_prefix, registry)
-    result = build_images(image or [], names, out, tag or [], use_cache=not no_cache, project=project,
-                          release_tag=release_tag)
+    plan = builder = None
+    # The project's own images are built once, in the build that makes the api (the matrix's
+    # runner leg, which resolves the agent, does not build them again).
+    if project is not None and (not image or "api" in image):
+        # lazy: pipeline.imaging.buildkit costs 117 ms at CLI start (measured 2026-12-04, after pipeline.cli.main)
+        from pipeline.imaging import buildkit
+
+        plan = buildkit.plan(project)  # the [images] table's paths: exit 2 before anything is built
+        if plan.images:
+            buildkit.validate_names(plan, names)
+            builder = buildkit.probe()  # no BuildKit here: exit 1 before anything is built
+    with_images = plan is not None and bool(plan.images)
+    result = build_images(image or [], names, None if with_images else out, tag or [], use_cache=not no_cache,
+                          project=project, release_tag=release_tag)
+    if plan is not None and with_images:
+        built = buildkit.build_project_images(plan, names, result.source, tag or [], no_cache=no_cache, builder=builder)
+        result = buildkit.with_project_images(result, built)
+        for item in built:
+            typer.echo(f"benchseal: {item.report()}", err=True)
+        if out is not None:
+            atomic_write_json(out, result.to_json_dict())
     typer.echo(canonical_json(result.to_json_dict()), nl=False)
 
 

@@ -93,7 +93,8 @@ def dispatch(
     source_repo: str | None = typer.Option(
         None, "--source-repo", help="OWNER/NAME of the source (default: the digests file's source.repository)."),
     suite: str = typer.Option("smoke", "--suite", help="Benchmark suite name."),
-    agent: str = typer.Option("oracle", "--agent", help="Agent name."),
+    agent: str | None = typer.Option(
+        None, "--agent", help="Agent name (default: the release's own agent the runner carries, else oracle)."),
     poll_attempts: int = typer.Option(30, "--poll-attempts", min=1, help="Polls before giving up finding the run."),
     poll_interval: float = typer.Option(5.0, "--poll-interval", min=0.0, help="Seconds between polls."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable result on stdout (also on failure)."),
@@ -113,8 +114,10 @@ def dispatch(
             workflow_file, workflow_dispatch = workflow, True
         validate_workflow_file(workflow_file, "--workflow-file")
         cid = validate_correlation(correlation) if correlation else new_correlation_id()
-        payload = build_payload(load_digests(digests), correlation_id=cid, tag=tag, repository=source_repo,
-                                suite=suite, agent=agent)
+        loaded = load_digests(digests)
+        if agent is None:
+            agent = loaded.agent.name if loaded.agent is not None else "oracle"
+        payload = build_payload(loaded, correlation_id=cid, tag=tag, repository=source_repo, suite=suite, agent=agent)
         result = dispatch_and_wait(
             make_client(), repo, payload, workflow_file=workflow_file, workflow_dispatch=workflow_dispatch,
             event_type=event_type, timeout_s=timeout, poll=PollConfig(attempts=poll_attempts, interval_s=poll_interval),

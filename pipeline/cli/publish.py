@@ -2,13 +2,16 @@
 
     benchseal publish --pending [--loop] [--json]          # outbox rows written by the worker
     benchseal publish ARTIFACTS --tag vX.Y.Z --target local|github [--repo OWNER/NAME]
-                      [--infra-repo OWNER/INFRA] [--trigger manual|tag] [--json]
+                      [--infra-repo OWNER/INFRA] [--builder OWNER/REPO@REF] [--trigger manual|tag] [--json]
 
 The GitHub token is read from $GITHUB_TOKEN (never from argv). A hand publication is
 "manual": it may touch only prereleases unless --allow-full-release is given; benchmark.yml's
 seal job publishes the evidence of a tag's benchmark with ``--trigger tag``. ``--infra-repo``
-(the repository whose benchmark.yml sealed the evidence) and ``--trusted-root`` (a private
-instance's root, tests and local releases) go into the commands the release body prints.
+(the repository whose benchmark the evidence is of), ``--builder`` (benchseal's repository at the
+exact ref the workflows pin: its benchmark.yml sealed the evidence, its release.yml signed the
+images) and ``--trusted-root`` (a private instance's root, tests and local releases) go into the
+commands the release body prints; evidence signed with a GitHub Actions identity needs both
+``--infra-repo`` and ``--builder`` (exit 2 without them: the body would print a guessed signer).
 Exit codes: 0 published; 1 a publication failed (the outbox row stays for a retry); 2 usage.
 """
 
@@ -45,7 +48,10 @@ def publish(
     allow_full_release: bool = typer.Option(False, "--allow-full-release",
                                             help="Allow a manual publication to a non-prerelease."),
     infra_repo: str | None = typer.Option(None, "--infra-repo", help="The infra repository OWNER/NAME whose "
-                                          "benchmark.yml sealed ARTIFACTS (printed in the body's verify commands)."),
+                                          "benchmark produced ARTIFACTS (printed in the body's verify commands)."),
+    builder: str | None = typer.Option(None, "--builder", help="The builder OWNER/REPO@REF (benchseal's repository "
+                                       "and the exact ref the workflows pin) whose benchmark.yml sealed ARTIFACTS and "
+                                       "whose release.yml signed the images: the body's commands pin it."),
     trusted_root: Annotated[str | None, typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT",
                                                      help="A private instance's trusted_root.json the body's commands "
                                                           "name (never for public-good; empty: unset).")] = None,
@@ -62,15 +68,16 @@ def publish(
 
     policy = PublishPolicy(allow_manual_full_release=allow_full_release)
     if pending:
-        if artifacts is not None or tag is not None or infra_repo is not None or trigger != "manual" or attempts != 1:
-            raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS, --tag, --infra-repo, --attempts "
-                             "or --trigger")
+        if (artifacts is not None or tag is not None or infra_repo is not None or builder is not None
+                or trigger != "manual" or attempts != 1):
+            raise UsageError("--pending delivers the outbox; do not combine it with ARTIFACTS, --tag, --infra-repo, "
+                             "--builder, --attempts or --trigger")
         _deliver_pending(policy, db=db, loop=loop, interval=interval, max_attempts=max_attempts, as_json=as_json)
         return
 
     if artifacts is None or tag is None:
         raise UsageError("give --pending, or ARTIFACTS and --tag")
-    options = _manual_options(artifacts, target=target, trigger=trigger, infra_repo=infra_repo,
+    options = _manual_options(artifacts, target=target, trigger=trigger, infra_repo=infra_repo, builder=builder,
                               trusted_root=trusted_root, root=root, repo=repo, api_url=api_url)
     request = PublicationRequest(run_id="unknown", target=target, tag=tag,  # type: ignore[arg-type]
                                  artifacts_dir=str(artifacts.resolve()), options=options)
@@ -111,9 +118,14 @@ def _deliver_pending(policy: PublishPolicy, *, db: Path | None, loop: bool, inte
         raise typer.Exit(1)
 
 
-def _manual_options(artifacts: Path, *, target: str, trigger: str, infra_repo: str | None, trusted_root: str | None,
-                    root: Path | None, repo: str | None, api_url: str | None) -> dict[str, str]:
+def _manual_options(artifacts: Path, *, target: str, trigger: str, infra_repo: str | None, builder: str | None,
+                    trusted_root: str | None, root: Path | None, repo: str | None,
+                    api_url: str | None) -> dict[str, str]:
     """A hand publication's options, each checked (in this order) before anything is published."""
+    # lazy: pipeline.verify.external (cryptography, the policy loader) costs 50-76 ms at CLI start (measured after pipeline.cli.main, 2026-12-04)
+    from pipeline.verify.external import command_profile
+    from pipeline.verify.policy import parse_builder
+
     if not artifacts.is_dir():
         raise ValidationError("ARTIFACTS", "must be an existing directory of sealed evidence", str(artifacts))
     if target not in ("local", "github"):
@@ -122,8 +134,15 @@ def _manual_options(artifacts: Path, *, target: str, trigger: str, infra_repo: s
         raise UsageError(f"invalid --trigger: must be manual or tag (got {trigger!r})")
     options = {"trigger": trigger}
     if infra_repo is not None:
-
         options["infra_repository"] = validate_repository(infra_repo, "--infra-repo")
+    if builder is not None:
+        options["builder"] = str(parse_builder(builder, "--builder"))
+    if command_profile(artifacts, None) == "production":
+        # GitHub-identity evidence: the body pins who sealed it, as the publisher was told, never guessed.
+        for option, key in (("--infra-repo", "infra_repository"), ("--builder", "builder")):
+            if key not in options:
+                raise UsageError(f"{option} is required: ARTIFACTS are signed with a GitHub Actions identity, and the "
+                                 f"release body's commands pin the infra repository and the builder that sealed them")
     if trusted_root:
         if not Path(trusted_root).is_file():
             raise UsageError(f"invalid --trusted-root: must be an existing trusted_root.json (got {trusted_root!r})")

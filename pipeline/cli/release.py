@@ -1,7 +1,11 @@
 """``benchseal release vX.Y.Z --local``: build, benchmark, sign, publish and verify on this machine.
 
-This is what ``make demo`` runs. In GitHub Actions the same stages run as the tag
-workflow's jobs (see docs/publish.md); there is no remote mode here.
+This is what ``make demo`` runs. In GitHub Actions the same stages run as the jobs of benchseal's
+reusable workflows, called by the source's and the infra's own (see docs/publish.md); there is no
+remote mode here. Locally the adopter path is played out (pipeline/local/sources.py): a
+``--project`` of benchseal's checkout (``examples/hello-agent``) is released as its own repository,
+``benchseal-examples/<directory>``, signed by the local builder ``local/benchseal@refs/heads/main``
+and sealed for the local infra repository ``local/bench-infra``.
 Exit codes: 0 released, verified and the benchmark SUCCEEDED; 1 a stage or a verification
 failed, or the benchmark run did not succeed (it is still published, "not scored"); 2 usage.
 """
@@ -34,7 +38,10 @@ def release(
     agent: str | None = typer.Option(None, "--agent", help="The agent to score (default: the project's agent "
                                      "with --project, else oracle)."),
     project: Annotated[Path | None, typer.Option("--project", help="The source project's benchseal.toml: its agent, "
-                                                 "at the tag's version, is baked into the runner.")] = None,
+                                                 "at the tag's version, is baked into the runner. A project of "
+                                                 "benchseal's checkout (or of no checkout) is released as its own "
+                                                 "repository, benchseal-examples/<directory>, made under the state "
+                                                 "dir from the tree HEAD holds.")] = None,
     dist: Annotated[Path | None, typer.Option("--dist", help="Local release root (default dist/releases).")] = None,
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable report only."),
     scripted_model: str | None = typer.Option(None, "--scripted-model", help="right|wrong: serve the suite's "

@@ -141,8 +141,15 @@ def _finalizer(publish: PublishTarget, signer: SignerKind, *, local_root: Path |
     # Inside an Actions job (an ambient signer is refused anywhere else): the job's own repository
     # is the infra repository whose workflow identity signs, printed in the body.
     infra_repository = os.environ.get("GITHUB_REPOSITORY") if signer != "local" else None
+    # The reusable workflow that signs names itself in $BENCHSEAL_BUILDER_REF (its job_workflow_ref,
+    # OWNER/REPO/.github/workflows/FILE@REF): the body pins OWNER/REPO@REF. Unset: no builder, and a
+    # GitHub-identity publication is refused rather than printed with a pin nobody set.
+    builder_ref = os.environ.get("BENCHSEAL_BUILDER_REF", "") if signer != "local" else ""
+    repository, _, rest = builder_ref.partition("/.github/workflows/")
+    builder = f"{repository}@{rest.partition('@')[2]}" if repository and "@" in rest else None
     return worker_finalizer(publish, signer_factory(signer), infra_repository=infra_repository,
-                            local_root=local_root, api_url=api_url, trusted_root=local_instance_root)
+                            local_root=local_root, api_url=api_url, trusted_root=local_instance_root,
+                            builder=builder)
 
 
 def register(app: typer.Typer) -> None:

@@ -235,12 +235,27 @@ class DigestsFile(_Frozen):
     source: SourceInfo
     images: dict[Literal["runner", "api"], ImageEntry]
     agent: AgentArtifact | None = None  # the release's agent, baked into the runner
+    # The adopter's own images (benchseal.toml [images.<name>], built with BuildKit), by the project
+    # file's name rule (pipeline.core.project.IMAGE_NAME_PATTERN); never one of benchseal's own names.
+    project_images: dict[
+        Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[a-z0-9]+(-[a-z0-9]+)*$")], ImageEntry
+    ] = Field(default_factory=dict, max_length=16)
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
+    @model_validator(mode="after")
+    def _own_names_reserved(self) -> DigestsFile:
+        clash = sorted(set(self.project_images) & {"runner", "api", "base", "runner-base"})
+        if clash:
+            raise ValueError(f"project_images must not use benchseal's own image names: {', '.join(clash)}")
+        return self
+
     def to_json_dict(self) -> dict[str, object]:
-        # Without an agent the file is what it was before the field existed.
-        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        # Without an agent or project images the file is what it was before those fields existed.
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if not self.project_images:
+            data.pop("project_images", None)
+        return data
 
 
 # --- dispatch -> infra ---------------------------------------------------------

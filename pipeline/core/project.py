@@ -19,6 +19,16 @@ A source repository declares its agent under test in ``benchseal.toml``::
     # env = { OPENAI_BASE_URL = "{model_base_url}", OPENAI_API_KEY = "{model_key}" }
     # publish_wait_seconds = 600      # how long the build waits for the version to be published
 
+Images of the adopter's own, built from its Dockerfiles with BuildKit (``pipeline.imaging.buildkit``),
+pushed by digest under the same image prefix as the runner and recorded in the digests file::
+
+    [images.coval-api]                # the image's name: PREFIX + coval-api
+    dockerfile = "docker/api.Dockerfile"   # relative to this file, inside the repository
+    context = "."                     # the build context directory (default ".")
+
+Names are slugs (lowercase letters and digits, single ``-`` between) and never one of benchseal's
+own images (runner, api, base, runner-base), which share the prefix.
+
 The version is the release's, by one rule (``version_for_tag``): the tag with one leading ``v``
 removed (``v0.24.4`` -> ``0.24.4``); the rest must be a version of letters, digits and ``.+-``.
 An npm package must be published at exactly that version; a python package's wheel, built from
@@ -37,7 +47,8 @@ summary and the release body record it.
 
 from __future__ import annotations
 
-__all__ = ["AGENT_NAME_PATTERN", "SRI_RULE", "VERSION_RULE", "AgentArtifact", "sri_hex", "sri_of", "sri_problem"]
+__all__ = ["AGENT_NAME_PATTERN", "IMAGE_NAME_PATTERN", "RESERVED_IMAGE_NAMES", "SRI_RULE", "VERSION_RULE", "AgentArtifact",
+           "ProjectImage", "sri_hex", "sri_of", "sri_problem"]
 
 import json
 import re
@@ -103,6 +114,20 @@ def _relative_path(value: str) -> str:
     return value
 
 
+# An adopter's image name: a slug, the last part of PREFIX + name (pipeline.imaging.names).
+IMAGE_NAME_PATTERN = r"^[a-z0-9]+(-[a-z0-9]+)*$"
+# benchseal's own images share the prefix (pipeline.imaging.names.ALL_NAMES; a test keeps the two equal).
+RESERVED_IMAGE_NAMES = ("runner", "api", "base", "runner-base")
+MAX_PROJECT_IMAGES = 16
+
+
+def _image_name(value: str) -> str:
+    if value in RESERVED_IMAGE_NAMES:
+        raise ValueError(f"must not be one of benchseal's own images ({', '.join(RESERVED_IMAGE_NAMES)}): "
+                         "they share the image prefix")
+    return value
+
+
 Template = Annotated[str, Field(max_length=4096), AfterValidator(_template)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 RelativePath = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_relative_path)]
@@ -136,6 +161,14 @@ class PythonAgent(_Strict):
 
 
 AgentSpec = Annotated[NpmAgent | PythonAgent, Field(discriminator="kind")]
+ImageName = Annotated[str, Field(min_length=1, max_length=64, pattern=IMAGE_NAME_PATTERN), AfterValidator(_image_name)]
+
+
+class ProjectImage(_Strict):
+    """An image of the adopter's own: a Dockerfile built with BuildKit, both paths inside the repository."""
+
+    dockerfile: RelativePath
+    context: RelativePath = "."
 
 
 class ProjectFile(_Strict):
@@ -143,6 +176,11 @@ class ProjectFile(_Strict):
 
     schema_: Literal["benchseal.project/v1"] = Field(alias="schema")
     agent: AgentSpec
+    images: dict[ImageName, ProjectImage] = Field(
+        default_factory=dict, max_length=MAX_PROJECT_IMAGES,
+        json_schema_extra={"additionalProperties": False,
+                           "propertyNames": {"maxLength": 64, "minLength": 1, "pattern": IMAGE_NAME_PATTERN,
+                                             "not": {"enum": list(RESERVED_IMAGE_NAMES)}}})
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 

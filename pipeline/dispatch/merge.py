@@ -16,6 +16,7 @@ def merge_digests(paths: Sequence[Path], *, expect_commit: str | None = None) ->
     images: dict[str, object] = {}
     source: SourceInfo | None = None
     agent: dict[str, object] | None = None  # the runner's file names the release's agent
+    project_images: dict[str, object] = {}  # the adopter's own images (built in the api's leg)
     for path in paths:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -30,6 +31,10 @@ def merge_digests(paths: Sequence[Path], *, expect_commit: str | None = None) ->
             if role in images:
                 raise CheckFailed(f"{path}: image {role!r} appears in more than one digests file")
             images[role] = entry.model_dump(mode="json")
+        for name, entry in part.project_images.items():
+            if name in project_images:
+                raise CheckFailed(f"{path}: project image {name!r} appears in more than one digests file")
+            project_images[name] = entry.model_dump(mode="json")
         if part.agent is not None:
             if "runner" not in part.images:
                 raise CheckFailed(f"{path}: names an agent but no runner (the agent is the runner's)")
@@ -40,7 +45,8 @@ def merge_digests(paths: Sequence[Path], *, expect_commit: str | None = None) ->
     if source is None:
         raise UsageError("merge-digests needs at least one digests file")
     merged = load_model(DigestsFile, {"schema": "benchseal.digests/v1", "source": source.model_dump(),
-                                      "images": images, "agent": agent}, "merged digests")
+                                      "images": images, "agent": agent, "project_images": project_images},
+                        "merged digests")
     if expect_commit is not None and merged.source.commit != expect_commit:
         raise CheckFailed(f"digests were built from {merged.source.commit}, but the tag resolves to {expect_commit}")
     return merged

@@ -38,9 +38,10 @@ LOCAL_BUILDER = "https://benchseal.invalid/builders/local"
 
 
 def builder_id() -> str:
-    """The GitHub workflow that ran the release when in Actions; a local builder id otherwise."""
+    """The GitHub workflow that ran the release when in Actions (benchseal's reusable workflow when it
+    names itself in $BENCHSEAL_BUILDER_REF, else the run's own); a local builder id otherwise."""
     server = os.environ.get("GITHUB_SERVER_URL")
-    workflow_ref = os.environ.get("GITHUB_WORKFLOW_REF")
+    workflow_ref = os.environ.get("BENCHSEAL_BUILDER_REF") or os.environ.get("GITHUB_WORKFLOW_REF")
     if server and workflow_ref:
         return f"{server}/{workflow_ref}"
     return LOCAL_BUILDER

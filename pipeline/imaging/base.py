@@ -8,7 +8,9 @@ GENERATED (gitignored): it records what this machine built and pushed.
 A production build runs FROZEN (``BENCHSEAL_BASE_FROZEN=1`` with ``BENCHSEAL_BASE_LOCK``
 naming a committed lock, ``images/base.production.lock.json``): every base comes from
 that lock, pinned by digest, and is never built; a missing lock, a missing entry, an
-entry for another spec or registry, or a registry that does not serve the digest fails.
+entry for another spec, entries under different prefixes, or a registry that does not serve
+the digest fails. The lock's prefix may differ from the release's (an adopter pushes under
+its own prefix and takes benchseal's published bases by digest).
 """
 
 from __future__ import annotations
@@ -328,6 +330,7 @@ def _frozen_bases(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
     except ValueError as exc:
         raise CheckFailed(f"base lock {path} is not a valid base lock: {exc}") from None
     refs: dict[str, ImageRef] = {}
+    lock_prefix: str | None = None
     for name, spec in load_specs().items():
         entry = lock.images.get(name)
         if entry is None:
@@ -336,10 +339,15 @@ def _frozen_bases(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
         if entry.spec_hash != spec.spec_hash:
             raise CheckFailed(f"base lock {path}: images.{name}.spec_hash {entry.spec_hash!r} does not match "
                               f"images/base/spec.toml ({spec.spec_hash}); refresh the lock (docs/build.md)")
-        expected = names.name(name)
-        if ref.name != expected:
-            raise CheckFailed(f"base lock {path}: images.{name}.name {ref.name!r} is not {expected!r} "
-                              f"(the lock is for another registry than {names.prefix!r}); refresh the lock (docs/build.md)")
+        # The lock is benchseal's (committed beside the reusable workflows), its bases published
+        # under benchseal's own prefix: a release under another prefix takes them by digest from
+        # there (push mounts or copies the blobs), so every base must share ONE prefix and be
+        # named as a base, nothing else.
+        prefix = lock_prefix if lock_prefix is not None else ref.name.removesuffix(name)
+        lock_prefix = prefix
+        if ref.name != prefix + name or ImageNames(prefix, "the base lock").name(name) != ref.name:
+            raise CheckFailed(f"base lock {path}: images.{name}.name {ref.name!r} is not {prefix + name!r} "
+                              f"(the lock's bases must share one prefix); refresh the lock (docs/build.md)")
         client = Registry(ref.registry)
         if not client.has_manifest(ref):
             raise CheckFailed(f"the registry does not serve the locked base {ref.ref}; push it (docs/build.md)")

@@ -23,8 +23,17 @@ from pipeline.core.contracts import DigestsFile
 from pipeline.core.digests import parse_ref
 from pipeline.core.errors import UsageError
 from pipeline.core.fsutil import atomic_write_json
+from pipeline.core.project import load_project
 from pipeline.imaging.base import ensure_base, ensure_local
-from pipeline.imaging.images import BuildResult, build_image, digests_file, load_image_spec, source_info
+from pipeline.imaging.images import (
+    BuildResult,
+    build_image,
+    digests_file,
+    load_image_spec,
+    source_checkout,
+    source_date_epoch,
+    source_info,
+)
 from pipeline.imaging.layers import build_lock
 from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
 
@@ -71,19 +80,26 @@ def build_images_with_results(
     for role in roles:
         load_image_spec(role)  # validate the role names before any work
     names = as_names(target)
-    source = source_info()
-    agent = None
+    # The source repository is the checkout holding the project file (an adopter's own repository,
+    # checked out beside benchseal's); without one, benchseal's own checkout.
     if project is not None:
+        load_project(project)  # a bad project file is the first thing said, before anything else is looked at
+    checkout = None if project is None else source_checkout(project)
+    source = source_info(checkout)
+    epoch = source_date_epoch(source.commit, root=checkout)
+    agent = None
+    if project is not None and "runner" in roles:  # only the runner carries the agent
         tag = release_tag or (source.ref.removeprefix("refs/tags/") if source.ref.startswith("refs/tags/") else None)
         if tag is None:
             raise UsageError("--project: the agent's version comes from the release tag: pass --release-tag "
                              "(the checkout is not at a tag)")
-        agent = resolve_agent(project, tag=tag, commit=source.commit, repo_root=paths.REPO_ROOT,
+        agent = resolve_agent(project, tag=tag, commit=source.commit, repo_root=checkout or paths.REPO_ROOT,
                               cache_dir=paths.state_dir("cache", "agents"),
                               npm_registry=npm_registry or os.environ.get(NPM_REGISTRY_ENV) or None)
     bases = ensure_base(names)
     with build_lock():
-        results = [build_image(role, names, bases, source, tags, use_cache=use_cache, agent=agent) for role in roles]
+        results = [build_image(role, names, bases, source, tags, use_cache=use_cache, epoch=epoch, agent=agent)
+                   for role in roles]
     result = digests_file(source, results, agent if "runner" in roles else None)
     for role, entry in result.images.items():
         parse_ref(entry.ref, f"images.{role}.ref")

@@ -56,36 +56,51 @@ _EXCLUDE_SUFFIXES_BYTECODE = tuple(s for s in _EXCLUDE_SUFFIXES if s != ".pyc")
 APP_BYTECODE_DIRS = (f"{APP_ROOT}/pipeline",)
 
 
-def _git(*args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(paths.REPO_ROOT), *args], capture_output=True, text=True, check=False)
+def _git(*args: str, root: Path | None = None) -> str:
+    proc = subprocess.run(["git", "-C", str(root or paths.REPO_ROOT), *args], capture_output=True, text=True,
+                          check=False)
     return proc.stdout.strip() if proc.returncode == 0 else ""
 
 
-def source_info() -> SourceInfo:
-    """commit = HEAD; ref = $GITHUB_REF or refs/heads/<branch> / refs/tags/<tag>; repository = $GITHUB_REPOSITORY."""
-    if paths.PROJECT_SOURCE == "package data":
+def source_info(checkout: Path | None = None) -> SourceInfo:
+    """What is released: commit = HEAD of ``checkout``; ref = $GITHUB_REF or refs/heads/<branch> /
+    refs/tags/<tag>; repository = $GITHUB_REPOSITORY.
+
+    ``checkout``: the source repository (an adopter's, holding its project file), default the
+    project directory (benchseal's own checkout). Either must be the top of its git checkout:
+    git walks up, and a directory inside another repository must not take that one's commit.
+    """
+    root = paths.REPO_ROOT if checkout is None else checkout
+    if checkout is None and paths.PROJECT_SOURCE == "package data":
         raise UsageError(
             "build needs the project's git checkout (the app layer and source.commit come from it): "
             "run it as benchseal --project-dir CHECKOUT build ..."
         )
-    commit = _git("rev-parse", "HEAD")
+    commit = _git("rev-parse", "HEAD", root=root)
     if not commit:
-        raise InfrastructureError(f"{paths.REPO_ROOT} is not a git checkout with a commit (git rev-parse HEAD failed)")
-    toplevel = _git("rev-parse", "--show-toplevel")
-    if not toplevel or Path(toplevel).resolve() != paths.REPO_ROOT.resolve():
-        # git walks up: a project directory inside another repository must not take that repository's commit.
-        raise UsageError(f"project directory {paths.REPO_ROOT} is not the top of a git checkout (git says {toplevel or 'none'})")
-    ref = os.environ.get("GITHUB_REF") or _git("symbolic-ref", "-q", "HEAD")
+        raise InfrastructureError(f"{root} is not a git checkout with a commit (git rev-parse HEAD failed)")
+    toplevel = _git("rev-parse", "--show-toplevel", root=root)
+    if not toplevel or Path(toplevel).resolve() != root.resolve():
+        raise UsageError(f"source directory {root} is not the top of a git checkout (git says {toplevel or 'none'})")
+    ref = os.environ.get("GITHUB_REF") or _git("symbolic-ref", "-q", "HEAD", root=root)
     if not ref:
-        tag = _git("describe", "--exact-match", "--tags", "HEAD")
+        tag = _git("describe", "--exact-match", "--tags", "HEAD", root=root)
         ref = f"refs/tags/{tag}" if tag else "HEAD"
     return SourceInfo(commit=commit, ref=ref, repository=os.environ.get("GITHUB_REPOSITORY") or "local/benchseal")
 
 
-def source_date_epoch(commit: str = "HEAD") -> int:
-    """$SOURCE_DATE_EPOCH, else the committer time of ``commit``."""
+def source_checkout(project_file: Path) -> Path:
+    """The source repository a project file belongs to: the top of the git checkout holding it."""
+    toplevel = _git("rev-parse", "--show-toplevel", root=project_file.resolve().parent)
+    if not toplevel:
+        raise UsageError(f"--project: {project_file} is not inside a git checkout (the release commit comes from it)")
+    return Path(toplevel)
+
+
+def source_date_epoch(commit: str = "HEAD", root: Path | None = None) -> int:
+    """$SOURCE_DATE_EPOCH, else the committer time of ``commit`` (in the checkout ``root``)."""
     configured = os.environ.get("SOURCE_DATE_EPOCH")
-    value = configured if configured is not None else _git("log", "-1", "--format=%ct", commit)
+    value = configured if configured is not None else _git("log", "-1", "--format=%ct", commit, root=root)
     if not value.isdigit():
         raise ValidationError("SOURCE_DATE_EPOCH", "must be a non-negative integer (seconds since 1970)", value)
     return int(value)

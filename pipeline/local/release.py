@@ -3,12 +3,19 @@
 It drives each stage through the same public API the GitHub flow uses, so the demo
 exercises the production code paths:
 
-build_images -> DispatchPayload -> infra accept_payload (what the workflow's
-``benchseal infra accept`` runs) -> worker run_once, grading only (the infra host's
-service) -> what benchmark.yml's seal job does: export_run (the export wrapper's
-``benchseal infra export``), import_run + seal_run (``benchseal evidence --from-export``)
-with the local signer as that job's identity, publish_request (``benchseal publish``) to
-dist/releases/<tag>/ -> verify_release and the body's commands on the published directory.
+the source repository (an example project as its own repository, pipeline.local.sources) ->
+build_images -> the builder's release.yml signs and attests them -> DispatchPayload -> infra
+accept_payload (what the workflow's ``benchseal infra accept`` runs) -> worker run_once, grading
+only (the infra host's service) -> what the builder's benchmark.yml seal job does for the infra
+repository: export_run (the export wrapper's ``benchseal infra export``), import_run + seal_run
+(``benchseal evidence --from-export``) with the local signer as that job's identity,
+publish_request (``benchseal publish --builder``) to dist/releases/<tag>/ -> verify_release and
+the body's commands on the published directory.
+
+Who plays whom (all GitHub-shaped certificates from the private instance, under its root only):
+the source is ``benchseal-examples/<example>`` (or benchseal's own checkout without
+``--project``), the builder ``local/benchseal@refs/heads/main`` at this checkout's HEAD, the infra
+repository ``local/bench-infra`` on main (pipeline.local.sources).
 """
 
 from __future__ import annotations
@@ -44,7 +51,6 @@ from pipeline.core.paths import REPO_ROOT, state_dir
 from pipeline.core.project import version_for_tag
 from pipeline.dispatch.dispatch import build_payload, new_correlation_id
 from pipeline.imaging.build import build_images_with_results
-from pipeline.imaging.images import source_info
 from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
 from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
@@ -56,11 +62,24 @@ from pipeline.local import sigstore as sigstore_local
 from pipeline.local.agents import local_npm_registry
 from pipeline.local.model import scripted_model_for
 from pipeline.local.signing import local_signer
+from pipeline.local.sources import (
+    BUILDER,
+    INFRA_CALLER_WORKFLOW,
+    INFRA_REF,
+    INFRA_REPOSITORY,
+    SOURCE_CALLER_WORKFLOW,
+    LocalSource,
+    builder_commit,
+    release_repository,
+    release_source,
+    releasing,
+)
 from pipeline.local.stages import StageClock
 from pipeline.publish.outbox import publish_request
 from pipeline.publish.seal import Sealed, seal_run
 from pipeline.publish.targets import LocalTarget, PublishError
-from pipeline.verify.external import cosign_commands, image_command_lines, local_benchseal
+from pipeline.verify.external import builder_image_identity, cosign_commands, image_command_lines, local_benchseal
+from pipeline.verify.policy import BENCHMARK_WORKFLOW, RELEASE_WORKFLOW, Builder
 from pipeline.verify.release import verify_release
 
 TAG_RE = re.compile(r"\Av\d+\.\d+\.\d+(?:[-+][0-9A-Za-z.-]+)?\Z")
@@ -118,10 +137,12 @@ def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
     return list(commands)
 
 
-def _attest_as_release_workflow(images: dict[str, str], repository: str, commit: str, tag: str, instance: Any,
-                                endpoints: SigstoreEndpoints, policy: ImageIdentityPolicy, sbom_dir: Path,
-                                agent: AgentArtifact | None = None) -> None:
-    """What tag.yml's build job does in Actions: cosign signs and attests as that job's identity.
+def _attest_as_builder(images: dict[str, str], repository: str, commit: str, tag: str, instance: Any,
+                       endpoints: SigstoreEndpoints, policy: ImageIdentityPolicy, sbom_dir: Path,
+                       agent: AgentArtifact | None = None) -> None:
+    """What the builder's reusable release.yml does in the source's release run: cosign signs and
+    attests as that job's identity (the SAN the builder's job_workflow_ref, the workflow repository,
+    ref and SHA the source's: ``repository`` at ``refs/tags/<tag>`` and ``commit``).
 
     The private instance serves the job's OIDC token the way Actions does; images that already
     carry a verified signature and attestations by this exact identity are not signed again.
@@ -135,33 +156,47 @@ def _attest_as_release_workflow(images: dict[str, str], repository: str, commit:
             unsigned[role] = ref
     if not unsigned:
         return
-    job = sigstore_local.GitHubJob(repository=repository, ref=f"refs/tags/{tag}", sha=commit, workflow_file="tag.yml")
+    job = sigstore_local.GitHubJob(repository=repository, ref=f"refs/tags/{tag}", sha=commit,
+                                   workflow_file=RELEASE_WORKFLOW, workflow_repository=BUILDER.repository,
+                                   workflow_ref=BUILDER.ref, workflow_sha=builder_commit(),
+                                   caller_workflow_file=SOURCE_CALLER_WORKFLOW)
     session = sigstore_local.open_actions_session(instance, job)
-    invocation = BuildInvocation(repository=repository, ref=job.ref, commit=commit, workflow_ref=job.job_workflow_ref,
-                                 run_url=f"https://github.com/{repository}/actions/runs/{job.run_id}/attempts/{job.run_attempt}")
+    invocation = BuildInvocation(repository=repository, ref=job.ref, commit=commit,
+                                 workflow_ref=f"{repository}/.github/workflows/{SOURCE_CALLER_WORKFLOW}@{job.ref}",
+                                 run_url=f"https://github.com/{repository}/actions/runs/{job.run_id}/attempts/{job.run_attempt}",
+                                 builder_ref=job.job_workflow_ref)
     signer = ImageSigner(endpoints, allow_http_registry=True, actions_env=session.environ())
     attest_images(unsigned, signer, invocation, sbom_dir, agent=agent)
 
 
 def _verify_images(images: dict[str, str], repository: str, tag: str, commit: str,
                    endpoints: SigstoreEndpoints) -> list[str]:
-    """A consumer's cosign checks of both images: the exact identity at the release's commit
-    passes; a fork's identity, and the right one at another commit, are refused."""
-    policy = image_identity(repository, tag, commit)
+    """A consumer's cosign checks of both images: the builder's release.yml for the source at the
+    release's commit passes; the source's own workflow, the builder at another commit of the
+    source, and another version of the builder are refused."""
+    policy = builder_image_identity(BUILDER, repository, tag, commit)
     other_commit = format(int(commit, 16) ^ 1, "040x")
-    impostors = (image_identity("impostor/" + repository.split("/", 1)[1], tag, commit),
-                 image_identity(repository, tag, other_commit))
+    impostors = (image_identity(repository, tag, commit, workflow=SOURCE_CALLER_WORKFLOW),
+                 builder_image_identity(BUILDER, repository, tag, other_commit),
+                 builder_image_identity(Builder(BUILDER.repository, "refs/heads/impostor"), repository, tag, commit))
+
+    def refused(ref: str, impostor: ImageIdentityPolicy) -> bool:
+        try:
+            verify_image(ref, impostor, endpoints, allow_http_registry=True, attestations=())
+        except CheckFailed:
+            return True
+        return False
+
     checked = []
-    for role, ref in sorted(images.items()):
-        verify_image(ref, policy, endpoints, allow_http_registry=True)
-        for impostor in impostors:
-            try:
-                verify_image(ref, impostor, endpoints, allow_http_registry=True, attestations=())
-            except CheckFailed:
-                continue
-            raise CheckFailed(f"{role} image {ref} verified for the wrong identity {impostor.describe()}")
-        checked.append(f"{role}: signature, slsaprovenance1 and cyclonedx by {policy.describe()}; "
-                       + " and ".join(i.describe() for i in impostors) + " refused")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for role, ref in sorted(images.items()):
+            verify_image(ref, policy, endpoints, allow_http_registry=True)
+            for impostor, was_refused in zip(impostors, pool.map(lambda i, r=ref: refused(r, i), impostors),
+                                             strict=True):
+                if not was_refused:
+                    raise CheckFailed(f"{role} image {ref} verified for the wrong identity {impostor.describe()}")
+            checked.append(f"{role}: signature, slsaprovenance1 and cyclonedx by {policy.describe()}; "
+                           + " and ".join(i.describe() for i in impostors) + " refused")
     return checked
 
 
@@ -189,7 +224,7 @@ def release_local(
     resolved = resolve_image_names() if names is None else as_names(names)
     infra_policy = load_policy(policy)
     # Before anything is built: the policy must admit these names for this source repository.
-    repository = source_info().repository
+    repository = release_repository(project)
     for role in ("runner", "api"):
         infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
@@ -216,7 +251,9 @@ def _release_local(
     with StageClock(console) as clock, ExitStack() as stack:
         with clock.stage("setup", "Private Sigstore instance"):
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
-        built = _build_and_attest(clock, tag, names, work, instance, project)
+        with clock.stage("setup", "Source repository"):
+            source_repo = release_source(project, tag)
+        built = _build_and_attest(clock, tag, names, work, instance, source_repo)
 
         # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.
         # A new correlation id per invocation: a re-run benchmarks again instead of being
@@ -228,20 +265,23 @@ def _release_local(
         run_id = accepted.run_id
 
         # The worker grades and signs nothing, as the infra host's service does. Then the run is sealed
-        # the way benchmark.yml's seal job seals it: exported as the export wrapper streams it,
-        # unpacked and checked, signed as that job's identity (benchmark.yml on main: the same issuer,
-        # identity and certificate claims, only under the local root), published. Here one checkout
-        # plays both repositories: the infra repository is the source repository.
-        infra_repository = payload.source.repository
-        seal_job = sigstore_local.GitHubJob(repository=infra_repository, ref="refs/heads/main",
-                                            sha=payload.source.commit, workflow_file="benchmark.yml",
-                                            event_name="workflow_dispatch")
+        # the way the builder's benchmark.yml seal job seals it for the infra repository: exported as
+        # the export wrapper streams it, unpacked and checked, signed as that job's identity (the
+        # builder's job_workflow_ref as the SAN; the infra repository on main as the workflow
+        # repository and ref: the same issuer, identity and certificate claims as production, only
+        # under the local root), published. The infra repository's main is this checkout's HEAD
+        # (its policy is policies/infra.yaml).
+        infra_repository = INFRA_REPOSITORY
+        seal_job = sigstore_local.GitHubJob(repository=infra_repository, ref=INFRA_REF, sha=builder_commit(),
+                                            workflow_file=BENCHMARK_WORKFLOW, event_name="workflow_dispatch",
+                                            workflow_repository=BUILDER.repository, workflow_ref=BUILDER.ref,
+                                            workflow_sha=builder_commit(), caller_workflow_file=INFRA_CALLER_WORKFLOW)
 
         queue = stack.enter_context(SqliteQueue())
         grading = _grade(clock, queue, run_id, suite=suite, agent=agent, endpoints=built.endpoints, policy=policy)
         sealed = _seal(clock, queue, run_id, work, seal_job, policy)
         publication = _publish(clock, dist, tag, run_id, payload, sealed.evidence.artifacts, instance,
-                               infra_repository)
+                               infra_repository, policy)
         release_dir = dist / tag
         verified = _verify(clock, release_dir, payload, instance, infra_repository, built, tag)
 
@@ -276,25 +316,30 @@ class _Built:
 
 
 def _build_and_attest(clock: StageClock, tag: str, names: ImageNames, work: Path,
-                      instance: sigstore_local.LocalInstance, project: Path | None = None) -> _Built:
-    """Build and push both images (push time counted apart), then sign them as the release workflow."""
+                      instance: sigstore_local.LocalInstance, source: LocalSource) -> _Built:
+    """Build and push both images of ``source`` at ``tag`` (push time counted apart), then sign them
+    as the builder's release workflow."""
     registry = None
+    project = source.project
     if project is not None:
         with clock.stage("setup", "Local npm registry (the release's npm agent)"):
             registry = local_npm_registry(project, tag)
-    with clock.stage("build", f"Building runner and api images as {names.prefix}{{runner,api}}"):
+    with clock.stage("build", f"Building runner and api images as {names.prefix}{{runner,api}}"), releasing(source, tag):
         digests, results = build_images_with_results(("runner", "api"), names, work / "digests.json", (tag,),
                                                      project=project, release_tag=tag, npm_registry=registry)
+    if digests.source.repository != source.repository or digests.source.commit != source.commit:
+        raise CheckFailed(f"the build describes {digests.source.repository} at {digests.source.commit}, not the release's "
+                          f"source {source.repository} at {source.commit}")
     push_seconds = sum(r.seconds_push for r in results)
     clock.add("build", -push_seconds)
     clock.add("push", push_seconds)
     bytes_pushed = sum(r.stats.bytes_uploaded for r in results)
     images: dict[str, str] = {role: entry.ref for role, entry in digests.images.items()}
-    image_policy = image_identity(digests.source.repository, tag, digests.source.commit)
+    image_policy = builder_image_identity(BUILDER, digests.source.repository, tag, digests.source.commit)
     endpoints = SigstoreEndpoints.private(instance.url, instance.trusted_root)
-    with clock.stage("attest", "Signing and attesting both images as the release workflow (cosign)"):
-        _attest_as_release_workflow(images, digests.source.repository, digests.source.commit, tag, instance,
-                                    endpoints, image_policy, work / "image-sboms", digests.agent)
+    with clock.stage("attest", f"Signing and attesting both images as {BUILDER}'s release.yml (cosign)"):
+        _attest_as_builder(images, digests.source.repository, digests.source.commit, tag, instance,
+                           endpoints, image_policy, work / "image-sboms", digests.agent)
     last_path = state_dir("release") / "last-digests.json"
     reused = last_path.is_file() and json.loads(last_path.read_text("utf-8")) == images
     atomic_write_json(last_path, images)
@@ -348,16 +393,18 @@ def _seal(clock: StageClock, queue: SqliteQueue, run_id: str, work: Path, seal_j
 
 
 def _publish(clock: StageClock, dist: Path, tag: str, run_id: str, payload: DispatchPayload, artifacts: Path,
-             instance: sigstore_local.LocalInstance, infra_repository: str) -> dict[str, Any]:
-    """Publish the sealed run to ``dist/<tag>``; the publication's report."""
+             instance: sigstore_local.LocalInstance, infra_repository: str, policy: InfraPolicy) -> dict[str, Any]:
+    """Publish the sealed run to ``dist/<tag>``; the publication's report. The publisher re-checks the
+    repository against the same infra policy the run was accepted under (``--policy``)."""
     with clock.stage("publication", f"Publishing to {dist / tag}"):
         # What the seal job's `benchseal publish` does, to the local target.
         request = PublicationRequest(
             run_id=run_id, target="local", tag=payload.source.tag, artifacts_dir=str(artifacts),
             options={"trigger": "tag", "root": str(dist), "repository": payload.source.repository,
-                     "trusted_root": str(instance.trusted_root), "infra_repository": infra_repository})
+                     "trusted_root": str(instance.trusted_root), "infra_repository": infra_repository,
+                     "builder": str(BUILDER)})
         try:
-            published = publish_request(request, LocalTarget(dist))
+            published = publish_request(request, LocalTarget(dist, sources=policy))
         except PublishError as exc:
             raise CheckFailed(f"publication of run {run_id} failed: {exc.diagnostics()}") from None
     return {"run_id": run_id, **published.to_json_dict()}
@@ -371,17 +418,19 @@ def _verify(clock: StageClock, release_dir: Path, payload: DispatchPayload, inst
         # explicitly, never read back from the release being verified.
         verified = verify_release(release_dir, repository=payload.source.repository, tag=payload.source.tag,
                                   trusted_root=instance.trusted_root, offline=True, profile="production",
-                                  infra_repository=infra_repository)
+                                  infra_repository=infra_repository, builder=BUILDER)
         # The body's commands, with this machine's cosign and benchseal binaries.
         printed = cosign_commands(release_dir, repository=payload.source.repository, tag=payload.source.tag,
                                   trusted_root=instance.trusted_root, profile="production",
-                                  benchseal=local_benchseal(), infra_repository=infra_repository)
+                                  benchseal=local_benchseal(), infra_repository=infra_repository, builder=BUILDER)
         printed += image_command_lines(release_dir, payload.source.repository, payload.source.tag,
-                                       trusted_root=instance.trusted_root, profile="production")
+                                       trusted_root=instance.trusted_root, profile="production", builder=BUILDER)
         ran = run_commands(printed, release_dir)
         digests = built.digests
         image_checks = _verify_images(built.images, digests.source.repository, tag, digests.source.commit,
                                       built.endpoints)
     return {"benchseal_verify": True, "identity": verified.identity, "issuer": verified.issuer,
+            "builder": str(BUILDER), "infra_repository": infra_repository,
+            "workflow_repository": verified.workflow_repository, "workflow_ref": verified.workflow_ref,
             "repository": verified.repository, "tag": verified.tag, "commit": verified.commit,
             "cosign_commands": ran, "images": image_checks}

@@ -39,8 +39,15 @@ class GitHubJob:
     sha: str
     workflow_file: str
     event_name: str = "push"
-    workflow_repository: str | None = None  # a reusable workflow's repository; default: repository
-    workflow_ref: str | None = None  # the ref the workflow file was taken from; default: ref
+    # A reusable workflow (benchseal's builder) called by the source repository's workflow:
+    # ``workflow_file`` is then the called file, taken from ``workflow_repository`` at
+    # ``workflow_ref`` (the ref the caller wrote after ``@``) and commit ``workflow_sha``;
+    # ``caller_workflow_file`` is the caller's own file (the ``workflow_ref`` claim, Fulcio's
+    # Build Config URI). Defaults: the job runs a workflow of its own repository.
+    workflow_repository: str | None = None
+    workflow_ref: str | None = None
+    workflow_sha: str | None = None
+    caller_workflow_file: str | None = None
     runner_environment: str = "github-hosted"
     run_id: str = "1"
     run_attempt: str = "1"
@@ -64,7 +71,8 @@ class GitHubJob:
             "sha": self.sha,
             "event_name": self.event_name,
             "job_workflow_ref": self.job_workflow_ref,
-            "workflow_ref": f"{self.repository}/.github/workflows/{self.workflow_file}@{self.ref}",
+            "job_workflow_sha": self.workflow_sha or self.sha,
+            "workflow_ref": f"{self.repository}/.github/workflows/{self.caller_workflow_file or self.workflow_file}@{self.ref}",
             "workflow_sha": self.sha,
             "runner_environment": self.runner_environment,
             "run_id": self.run_id,

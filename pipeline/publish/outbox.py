@@ -41,6 +41,7 @@ from pipeline.publish.targets import (
     github_repo,
 )
 from pipeline.verify.external import cosign_commands, image_command_lines
+from pipeline.verify.policy import Builder, parse_builder
 
 log = logging.getLogger(__name__)
 
@@ -107,25 +108,29 @@ def default_target_factory(policy: PublishPolicy | None = None) -> TargetFactory
 
 
 def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None,
-                    infra_repository: str | None = None) -> list[str]:
+                    infra_repository: str | None = None, builder: Builder | None = None) -> list[str]:
     """The command lines the release body shows (from the evidence stage), stating the release
-    the consumer must expect: ``repository`` at ``tag``, sealed by ``infra_repository``'s
-    benchmark.yml (``options.infra_repository``: the publisher's statement of who sealed it,
-    required for GitHub-identity bundles, never read from them).
+    the consumer must expect: ``repository`` at ``tag``, sealed for ``infra_repository`` by
+    ``builder``'s benchmark.yml (``options.infra_repository`` and ``options.builder``: the
+    publisher's statement of who sealed it, required for GitHub-identity bundles, never read
+    from them).
 
     They name plain ``cosign`` and ``benchseal``: the consumer's own, not this machine's tools path.
     ``trusted_root`` (``options.trusted_root`` of a local publication) is the private instance's
     root a consumer of that release needs; public-good releases need none.
     """
     return list(cosign_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
-                                cosign="cosign", benchseal="benchseal", infra_repository=infra_repository))
+                                cosign="cosign", benchseal="benchseal", infra_repository=infra_repository,
+                                builder=builder))
 
 
-def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None) -> list[str]:
+def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None,
+                   builder: Builder | None = None) -> list[str]:
     """The body's cosign lines for the runner and api images (plain ``cosign``, as the consumer's):
-    the expectation ``benchseal verify-image`` builds, for ``repository`` at ``tag`` and the
-    release's commit."""
-    return image_command_lines(artifacts_dir, repository, tag, binary="cosign", trusted_root=trusted_root)
+    for ``repository`` at ``tag`` and the release's commit, signed by ``builder``'s release.yml
+    (without one: the source's tag.yml, as ``benchseal verify-image`` expects by default)."""
+    return image_command_lines(artifacts_dir, repository, tag, binary="cosign", trusted_root=trusted_root,
+                               builder=builder)
 
 
 def _body_repository(request: PublicationRequest, artifacts: Path) -> str:
@@ -158,10 +163,13 @@ def prepare_bundle(request: PublicationRequest) -> ReleaseBundle:
     root = request.options.get("trusted_root")
     try:
         repository = _body_repository(request, artifacts)
+        stated = request.options.get("builder")
+        builder = parse_builder(stated, "options.builder") if stated else None
         commands = verify_commands(artifacts, repository=repository, tag=request.tag,
                                    trusted_root=Path(root) if root else None,
-                                   infra_repository=request.options.get("infra_repository") or None)
-        images = image_commands(artifacts, repository=repository, tag=request.tag, trusted_root=Path(root) if root else None)
+                                   infra_repository=request.options.get("infra_repository") or None, builder=builder)
+        images = image_commands(artifacts, repository=repository, tag=request.tag,
+                                trusted_root=Path(root) if root else None, builder=builder)
         bundle = load_bundle(artifacts, request.tag, commands, images)
     except ValidationError as exc:
         # Bad summary content or an over-long body: waiting cannot heal it.

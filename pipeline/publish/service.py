@@ -20,17 +20,23 @@ from typing import Any, Literal
 from pipeline.infra.queue.sql import open_queue
 from pipeline.publish import outbox
 from pipeline.publish.finalize import evidence_finalizer
+from pipeline.verify.policy import parse_builder
 
 
 def worker_finalizer(target: Literal["github", "local"], make_signer: Callable[[], Any], *,
                      infra_repository: str | None = None, local_root: Path | None = None,
-                     api_url: str | None = None, trusted_root: Path | None = None) -> Any:
+                     api_url: str | None = None, trusted_root: Path | None = None,
+                     builder: str | None = None) -> Any:
     """The finalizer that seals every terminal run with ``make_signer`` and writes its publication
-    row: ``infra_repository`` is the repository whose workflow identity signs (printed in the body),
-    ``trusted_root`` the private instance's root a consumer of a local-instance release needs."""
+    row: ``infra_repository`` is the repository the signing job ran for and ``builder``
+    (``OWNER/REPO@REF``) the reusable workflow's repository and ref that signs (both printed in the
+    body; a GitHub-identity publication without them is refused), ``trusted_root`` the private
+    instance's root a consumer of a local-instance release needs."""
     options: dict[str, str] = {}
     if infra_repository:
         options["infra_repository"] = infra_repository
+    if builder:
+        options["builder"] = str(parse_builder(builder, "builder"))
     if target == "local" and local_root is not None:
         options["root"] = str(local_root.resolve())
     if target == "github" and api_url:

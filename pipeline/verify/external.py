@@ -1,8 +1,9 @@
 """The two independent verifiers beside sigstore-python: cosign and sigstore-js.
 
 Also the consumer's command lines (``sha256sum -c``, ``cosign verify-blob ...``, ``cosign verify``
-and ``verify-attestation`` for the images, ``benchseal verify --repo --tag``) for the release body:
-``cosign_commands(dir, repository=, tag=)``; and the one home of an image's expected signer
+and ``verify-attestation`` for the images, ``benchseal verify --repo --tag --infra-repo --builder``)
+for the release body: ``cosign_commands(dir, repository=, tag=, infra_repository=, builder=)``; and
+the one home of an image's expected signer
 (``image_identity``) and of the cosign argv that checks it (``image_check_args``), used by the
 worker, ``benchseal verify-image``, ``benchseal verify --images`` and the release body alike.
 """
@@ -44,7 +45,7 @@ from pipeline.core.layout import (
     bundle_name,
 )
 from pipeline.core.node import node_binary, node_env
-from pipeline.verify.policy import expectation
+from pipeline.verify.policy import RELEASE_WORKFLOW, Builder, Expectation, expectation
 
 SIGSTORE_JS = Path(__file__).with_name("sigstore_js_verify.js")
 # What it requires (found through pipeline.core.node: $BENCHSEAL_NODE_MODULES or <project>/node_modules).
@@ -146,6 +147,13 @@ def image_identity(repository: str, tag: str, commit: str, *, workflow: str = "t
     return ImageIdentityPolicy(identity=identity, issuer=GITHUB_ISSUER, repository=repository, ref=ref, sha=commit)
 
 
+def builder_image_identity(builder: Builder, repository: str, tag: str, commit: str, *,
+                           ref: str = "tag") -> ImageIdentityPolicy:
+    """The images of ``repository``'s release at ``tag`` and ``commit``, signed by ``builder``'s
+    reusable release.yml (what ``benchseal verify --images --builder`` and the release body expect)."""
+    return image_identity(repository, tag, commit, ref=ref, builder=builder.workflow(RELEASE_WORKFLOW))
+
+
 def is_loopback_registry(ref: str) -> bool:
     return parse_ref(ref, "image").registry.split(":", 1)[0] in _LOOPBACK
 
@@ -214,27 +222,60 @@ class Outcome:
 
 
 def cosign_verify(target: Path, bundle: Path, identity: str, issuer: str, *, trusted_root: Path | None,
-                  dsse: bool = False, check_claims: bool = True) -> Outcome:
-    """Run the real cosign; ok when it exits 0."""
+                  dsse: bool = False, check_claims: bool = True, workflow_repository: str | None = None,
+                  workflow_ref: str | None = None) -> Outcome:
+    """Run the real cosign; ok when it exits 0. ``workflow_repository`` / ``workflow_ref``: the
+    certificate's GitHub workflow extensions must be exactly these (a reusable workflow's caller)."""
     cosign = cosign_path()
     if cosign is None:
         raise InfrastructureError("cosign is not installed (run scripts/install-tools.sh)")
-    argv = [str(cosign), *_cosign_args(str(target), str(bundle), identity, issuer,
+    flags = signer_flags(identity, issuer, workflow_repository, workflow_ref)
+    argv = [str(cosign), *_cosign_args(str(target), str(bundle), flags,
                                         str(trusted_root) if trusted_root else None, dsse, check_claims)]
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120, env=cosign_environment({}))
     return Outcome(done.returncode == 0, (done.stderr + done.stdout).strip())
 
 
-def _cosign_args(target: str, bundle: str, identity: str, issuer: str, trusted_root: str | None,
+def signer_flags(identity: str, issuer: str, workflow_repository: str | None = None,
+                 workflow_ref: str | None = None) -> list[str]:
+    """cosign's flags for a blob signer: identity and issuer, and the caller of a reusable workflow
+    (cosign compares the GitHub workflow repository / ref extensions byte for byte; an absent
+    extension fails)."""
+    flags = ["--certificate-identity", identity, "--certificate-oidc-issuer", issuer]
+    if workflow_repository is not None:
+        flags += ["--certificate-github-workflow-repository", workflow_repository]
+    if workflow_ref is not None:
+        flags += ["--certificate-github-workflow-ref", workflow_ref]
+    return flags
+
+
+def expectation_flags(expect: Expectation) -> list[str]:
+    return signer_flags(expect.identity, expect.issuer, expect.workflow_repository, expect.workflow_ref)
+
+
+def _cosign_args(target: str, bundle: str, signer: list[str], trusted_root: str | None,
                  dsse: bool, check_claims: bool) -> list[str]:
     verb = ["verify-blob-attestation", "--type", SLSA_PROVENANCE] if dsse else ["verify-blob"]
-    args = [*verb, "--new-bundle-format", "--bundle", bundle,
-            "--certificate-identity", identity, "--certificate-oidc-issuer", issuer]
+    args = [*verb, "--new-bundle-format", "--bundle", bundle, *signer]
     if dsse and not check_claims:
         args.append("--check-claims=false")
     if trusted_root:
         args += ["--trusted-root", trusted_root, "--offline"]
     return [*args, target]
+
+
+def sigstore_js_jobs(directory: Path, expect: Expectation) -> list[dict[str, str | None]]:
+    """The sigstore-js jobs for every bundle of a release directory (and its SHA256SUMS), each held
+    to the same signer as ``benchseal verify`` holds it: identity, issuer and, when the profile pins
+    them, the caller's workflow repository and ref (both Fulcio forms of each)."""
+    jobs: list[dict[str, str | None]] = [{"checksums": str(directory / CHECKSUMS)}]
+    for bundle in sorted(directory.glob(bundle_name("*"))):
+        target = directory / bundle.name.removesuffix(BUNDLE_SUFFIX)
+        dsse = _is_dsse(bundle)
+        jobs.append({"bundle": str(bundle), "identity": expect.identity, "issuer": expect.issuer,
+                     "workflow_repository": expect.workflow_repository, "workflow_ref": expect.workflow_ref,
+                     "artifact": None if dsse else str(target), "payload_file": str(target) if dsse else None})
+    return jobs
 
 
 def sigstore_js_verify(trusted_root: Path, jobs: list[dict[str, str | None]]) -> list[Outcome]:
@@ -321,21 +362,26 @@ def printed_root(directory: Path, trusted_root: Path | None, profile: str | None
 
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
                     trusted_root: Path | None = None, profile: str | None = None, cosign: str | None = None,
-                    benchseal: str = "benchseal", infra_repository: str | None = None) -> list[str]:
+                    benchseal: str = "benchseal", infra_repository: str | None = None,
+                    builder: Builder | None = None) -> list[str]:
     """Consumer command lines for the release of ``repository`` at ``tag``, to run inside the
     release directory: ``sha256sum -c``, one cosign line per bundle, and ``benchseal verify``
     with the expectation stated explicitly (the images' own lines, which need their registry, are
     :func:`image_command_lines`).
 
-    The identity and issuer come from the policy profile with ``repository``/``tag`` (and
-    ``infra_repository``, the repository whose benchmark.yml sealed it, for the production
-    profile) filled in (never from the release). Bundles made by the local instance get ``--trusted-root``
-    (that instance's root) and ``--offline``; public-good bundles need neither.
+    The signer comes from the policy profile with ``repository``/``tag``, ``infra_repository``
+    (whose benchmark the evidence is of) and ``builder`` (whose reusable benchmark.yml sealed it)
+    filled in, never from the release: for the production profile the builder's identity, and
+    ``--certificate-github-workflow-repository``/``-ref`` pinning the infra repository on main.
+    Bundles made by the local instance get ``--trusted-root`` (that instance's root) and
+    ``--offline``; public-good bundles need neither.
     """
 
     directory = Path(directory)
     chosen = command_profile(directory, profile)
-    expect = expectation(policy, chosen, repository=repository, tag=tag, infra_repository=infra_repository)
+    expect = expectation(policy, chosen, repository=repository, tag=tag, infra_repository=infra_repository,
+                         builder=builder)
+    signer = expectation_flags(expect)
     root = printed_root(directory, trusted_root, profile)
     binary = cosign or ("cosign" if shutil.which("cosign") or root is None else str(cosign_path() or "cosign"))
     lines = [f"sha256sum -c {CHECKSUMS}"]
@@ -344,21 +390,21 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
         dsse = _is_dsse(bundle)
         if dsse and target == PROVENANCE_SUMMARY:
             # Check the claim that matters: summary.json is the statement's subject.
-            args = _cosign_args(SUMMARY, bundle.name, expect.identity, expect.issuer,
-                                str(root) if root else None, True, True)
+            args = _cosign_args(SUMMARY, bundle.name, signer, str(root) if root else None, True, True)
         elif dsse and target == PROVENANCE_IMAGES:
             # The subjects are image manifests: check each published manifest is one.
             for manifest in (directory / name for name in sorted(MANIFESTS.values()) if (directory / name).is_file()):
-                lines.append(shlex.join([binary, *_cosign_args(manifest.name, bundle.name, expect.identity,
-                                                               expect.issuer, str(root) if root else None, True, True)]))
+                lines.append(shlex.join([binary, *_cosign_args(manifest.name, bundle.name, signer,
+                                                               str(root) if root else None, True, True)]))
             continue
         else:
-            args = _cosign_args(target, bundle.name, expect.identity, expect.issuer,
-                                str(root) if root else None, dsse, False)
+            args = _cosign_args(target, bundle.name, signer, str(root) if root else None, dsse, False)
         lines.append(shlex.join([binary, *args]))
     verify = [benchseal, "verify", ".", "--repo", expect.repository, "--tag", expect.tag]
     if expect.infra_repository is not None:
         verify += ["--infra-repo", expect.infra_repository]
+    if expect.builder is not None:
+        verify += ["--builder", str(expect.builder)]
     if policy is not None:
         verify += ["--policy", str(policy)]
     if root is not None:
@@ -371,19 +417,22 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
 
 def image_command_lines(directory: Path, repository: str, tag: str, *, binary: str | None = None,
                         trusted_root: Path | None = None, profile: str | None = None, workflow: str = "tag.yml",
-                        ref: str = "tag") -> list[str]:
+                        ref: str = "tag", builder: Builder | None = None) -> list[str]:
     """``cosign verify`` and ``verify-attestation`` for the release's runner and api digests, with
     the identity ``image_identity`` builds for ``repository`` at ``tag`` and the commit the
     release's summary.json is bound to: exactly the argv ``benchseal verify-image`` runs
-    (``image_check_args``). A private instance's root reaches cosign as PEM files written beside
-    ``trusted_root`` and named through ``env`` (cosign has no --trusted-root for image
-    signatures in the old format); public-good needs none. No summary.json: no image lines."""
+    (``image_check_args``). With ``builder``, the images were signed by its reusable release.yml
+    for the source (:func:`builder_image_identity`); else by the source's own ``workflow``. A
+    private instance's root reaches cosign as PEM files written beside ``trusted_root`` and named
+    through ``env`` (cosign has no --trusted-root for image signatures in the old format);
+    public-good needs none. No summary.json: no image lines."""
     summary_path = directory / SUMMARY
     if not summary_path.is_file():
         return []
     summary = load_document(ReleaseSummary, summary_path)
     trusted_root = printed_root(directory, trusted_root, profile)
-    policy = image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
+    policy = (image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
+              if builder is None else builder_image_identity(builder, repository, tag, summary.source.commit, ref=ref))
     binary = binary or ("cosign" if shutil.which("cosign") else str(cosign_path() or "cosign"))
     prefix: list[str] = []
     if trusted_root is not None:

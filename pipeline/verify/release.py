@@ -1,13 +1,15 @@
 """``benchseal verify``: check a release directory the way a consumer must.
 
 The consumer states what they expect (``Expectation``: source repository and tag, and
-from the policy the signer identity and issuer); nothing of it is read from the release.
+from the policy the signer identity and issuer and, for a builder's reusable workflow, the
+caller it signed for: the certificate's workflow repository and ref); nothing of it is read
+from the release.
 
-1. SHA256SUMS is signed by the expected identity/issuer, and every file in the
+1. SHA256SUMS is signed by the expected signer, and every file in the
    directory is listed in it with the right hash (``body.md``, the release notes,
    is the only file allowed outside it);
 2. every ``<file>.sigstore.json`` bundle verifies for ``<file>`` against the
-   expected identity and issuer: a DSSE envelope for the in-toto statements
+   expected signer: a DSSE envelope for the in-toto statements
    (``*.intoto.json``; the payload must be the exact bytes of ``<file>``), a message
    signature for every other file;
 3. summary.json names the expected repository and tag, is internally consistent
@@ -71,11 +73,12 @@ from pipeline.core.scoring import (
     evidence_trials,
     is_result_name,
 )
-from pipeline.verify.policy import Expectation, expectation
+from pipeline.verify.policy import Builder, Expectation, expectation
 
-__all__ = ["VerifiedRelease", "check_summary", "select_profile", "verify_release"]
+__all__ = ["VerifiedRelease", "check_summary", "select_profile", "signer_policy", "verify_release"]
 
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+GITHUB_SERVER = "https://github.com"  # the source repository URI's prefix (the identities' too)
 
 
 @dataclass(frozen=True)
@@ -90,11 +93,17 @@ class VerifiedRelease:
     tag: str
     commit: str
     bundles: tuple[str, ...]
+    builder: Builder | None = None
+    infra_repository: str | None = None
+    workflow_repository: str | None = None  # the caller the signer's certificate names (when pinned)
+    workflow_ref: str | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         return {"directory": str(self.directory), "profile": self.profile, "identity": self.identity,
                 "issuer": self.issuer, "repository": self.repository, "tag": self.tag, "commit": self.commit,
-                "bundles": list(self.bundles)}
+                "bundles": list(self.bundles), "builder": None if self.builder is None else str(self.builder),
+                "infra_repository": self.infra_repository, "workflow_repository": self.workflow_repository,
+                "workflow_ref": self.workflow_ref}
 
 
 def select_profile(profile: str | None, trusted_root: Path | None) -> str:
@@ -131,6 +140,22 @@ def _verifier(trusted_root: Path | None, offline: bool) -> Any:
         raise CheckFailed(f"cannot load the public-good trusted root (try --offline or --trusted-root): {exc}") from None
 
 
+def signer_policy(expect: Expectation) -> Any:
+    """sigstore-python's policy for ``expect``: the identity (SAN) and issuer, and when the profile
+    pins the caller of a reusable workflow, its repository and ref in both of Fulcio's forms (the
+    GitHub workflow repository / ref extensions, 1.5 / 1.6, which cosign's
+    --certificate-github-workflow-* flags read, and the source repository URI / ref, 1.12 / 1.14):
+    a certificate missing either is refused."""
+    checks: list[Any] = [sigstore_policy.Identity(identity=expect.identity, issuer=expect.issuer)]
+    if expect.workflow_repository is not None:
+        checks += [sigstore_policy.GitHubWorkflowRepository(expect.workflow_repository),
+                   sigstore_policy.OIDCSourceRepositoryURI(f"{GITHUB_SERVER}/{expect.workflow_repository}")]
+    if expect.workflow_ref is not None:
+        checks += [sigstore_policy.GitHubWorkflowRef(expect.workflow_ref),
+                   sigstore_policy.OIDCSourceRepositoryRef(expect.workflow_ref)]
+    return checks[0] if len(checks) == 1 else sigstore_policy.AllOf(checks)
+
+
 def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expectation) -> None:
     """Verify one bundle for one file; raise CheckFailed naming the bundle.
 
@@ -157,7 +182,7 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
     if is_dsse and not dsse_expected:
         raise CheckFailed(f"{name}: is a DSSE envelope, but {target.name} is not an in-toto statement: "
                           "it must be signed as a message signature over the file")
-    identity = sigstore_policy.Identity(identity=expect.identity, issuer=expect.issuer)
+    identity = signer_policy(expect)
     try:
         if is_dsse:
             payload_type, payload = verifier.verify_dsse(bundle, identity)
@@ -171,8 +196,8 @@ def verify_bundle(verifier: Any, target: Path, bundle_file: Path, expect: Expect
     except CheckFailed:
         raise
     except (SigstoreError, ValueError) as exc:
-        raise CheckFailed(f"{name}: signature does not verify for {target.name} as {expect.identity} "
-                          f"(issuer {expect.issuer}): {exc}") from None
+        raise CheckFailed(f"{name}: signature does not verify for {target.name} as {expect.describe()}: "
+                          f"{exc}") from None
 
 
 def _refuse_irregular_entries(directory: Path) -> None:
@@ -367,9 +392,11 @@ def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
 
 def verify_release(directory: Path, *, repository: str | None = None, tag: str | None = None,
                    policy: Path | None = None, trusted_root: Path | None = None, offline: bool = False,
-                   profile: str | None = None, infra_repository: str | None = None) -> VerifiedRelease:
-    """Verify ``directory`` as the release of ``repository`` at ``tag``, sealed by the benchmark
-    workflow of ``infra_repository`` when the profile's identity names it (production).
+                   profile: str | None = None, infra_repository: str | None = None,
+                   builder: str | Builder | None = None) -> VerifiedRelease:
+    """Verify ``directory`` as the release of ``repository`` at ``tag``, sealed for
+    ``infra_repository`` by ``builder``'s reusable benchmark.yml when the profile names them
+    (production: both required).
 
     ``repository`` and ``tag`` (or ``expect:`` in ``policy``) are required: without them a
     ValidationError (usage, exit 2) is raised before anything is read. Raise CheckFailed
@@ -377,7 +404,7 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
     """
     directory = Path(directory)
     expect = expectation(policy, select_profile(profile, trusted_root), repository=repository, tag=tag,
-                         infra_repository=infra_repository)
+                         infra_repository=infra_repository, builder=builder)
     if not directory.is_dir():
         raise ValidationError("DIR", "must be a directory", str(directory))
     _refuse_irregular_entries(directory)
@@ -404,4 +431,5 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
     verify_trial_results(directory, summary)
     return VerifiedRelease(directory=directory, profile=expect.profile, identity=expect.identity,
                            issuer=expect.issuer, repository=expect.repository, tag=expect.tag, commit=commit,
-                           bundles=tuple(bundles))
+                           bundles=tuple(bundles), builder=expect.builder, infra_repository=expect.infra_repository,
+                           workflow_repository=expect.workflow_repository, workflow_ref=expect.workflow_ref)

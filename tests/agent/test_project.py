@@ -11,7 +11,15 @@ import pytest
 from pipeline.core.contracts import AgentArtifact, sri_hex, sri_of, sri_problem
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
-from pipeline.core.project import NpmAgent, PythonAgent, load_project, version_for_tag
+from pipeline.core.project import (
+    IMAGE_NAME_PATTERN,
+    RESERVED_IMAGE_NAMES,
+    NpmAgent,
+    ProjectImage,
+    PythonAgent,
+    load_project,
+    version_for_tag,
+)
 
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 QWEN_INTEGRITY = "sha512-pmexy/Nj+BKd3Un1ogqGQE8V4GJn5B6N9PQOrU1GH+lMR29kn6Bgf6YdbZa8hNIoTmAKT1LTPK+P8TibZRPPVg=="
@@ -119,3 +127,66 @@ def test_an_artifact_is_strict() -> None:
                        ("source_commit", "A" * 40), ("name", "Qwen")]:
         with pytest.raises(ValueError):
             AgentArtifact.model_validate({**good, key: value})
+
+
+# --- [images.<name>]: the adopter's own Dockerfile images (pipeline/imaging/buildkit.py builds them) ------
+
+IMAGES = NPM + '''[images.coval-api]
+dockerfile = "docker/api.Dockerfile"
+context = "."
+[images.runner2]
+dockerfile = "Dockerfile"
+'''
+
+
+def test_the_images_table_declares_dockerfiles_with_a_default_context(tmp_path: Path) -> None:
+    path = tmp_path / "benchseal.toml"
+    path.write_text(IMAGES)
+    images = load_project(path).images
+    assert images == {"coval-api": ProjectImage(dockerfile="docker/api.Dockerfile", context="."),
+                      "runner2": ProjectImage(dockerfile="Dockerfile")}
+    assert images["runner2"].context == "."
+    path.write_text(NPM)
+    assert load_project(path).images == {}  # optional: a project file without it is what it was
+
+
+@pytest.mark.parametrize(("edit", "field", "rule"), [
+    (lambda t: t.replace("[images.coval-api]", "[images.Coval_API]"), "images.Coval_API.[key]", "should match pattern"),
+    (lambda t: t.replace("[images.coval-api]", "[images.coval--api]"), "images.coval--api.[key]", "should match pattern"),
+    (lambda t: t.replace("[images.coval-api]", "[images.-api]"), "images.-api.[key]", "should match pattern"),
+    (lambda t: t.replace("[images.coval-api]", "[images.api]"), "images.api.[key]", "benchseal's own images"),
+    (lambda t: t.replace("[images.coval-api]", "[images.runner]"), "images.runner.[key]", "benchseal's own images"),
+    (lambda t: t.replace("[images.coval-api]", "[images.runner-base]"), "images.runner-base.[key]", "benchseal's own"),
+    (lambda t: t.replace("[images.coval-api]", f"[images.{'a' * 65}]"), f"images.{'a' * 65}.[key]", "at most 64"),
+    (lambda t: t.replace('"docker/api.Dockerfile"', '"../other/Dockerfile"'), "images.coval-api.dockerfile", "without '..'"),
+    (lambda t: t.replace('"docker/api.Dockerfile"', '"docker/../../x"'), "images.coval-api.dockerfile", "without '..'"),
+    (lambda t: t.replace('"docker/api.Dockerfile"', '"/etc/passwd"'), "images.coval-api.dockerfile", "relative path"),
+    (lambda t: t.replace('"docker/api.Dockerfile"', '"docker\\\\api"'), "images.coval-api.dockerfile", "relative path"),
+    (lambda t: t.replace('"docker/api.Dockerfile"', '""'), "images.coval-api.dockerfile", "at least 1"),
+    (lambda t: t.replace('context = "."', 'context = ".."'), "images.coval-api.context", "without '..'"),
+    (lambda t: t.replace('context = "."', 'context = "/"'), "images.coval-api.context", "relative path"),
+    (lambda t: t.replace('context = "."', 'context = "."\ntarget = "prod"'), "images.coval-api.target", "Extra inputs"),
+    (lambda t: t.replace('context = "."', ''), "images.coval-api.context", None),  # valid: the default
+    (lambda t: t.replace('dockerfile = "Dockerfile"', ''), "images.runner2.dockerfile", "Field required"),
+    (lambda t: t + "".join(f'[images.i{n}]\ndockerfile = "D"\n' for n in range(15)), "images", "at most 16"),
+])
+def test_a_bad_images_table_names_the_key_and_the_rule(tmp_path: Path, edit: object, field: str, rule: str | None) -> None:
+    path = tmp_path / "benchseal.toml"
+    path.write_text(edit(IMAGES))  # type: ignore[operator]
+    if rule is None:
+        load_project(path)
+        return
+    with pytest.raises(ValidationError) as caught:
+        load_project(path)
+    assert caught.value.field == f"benchseal.toml: {field}", caught.value.diagnostics()
+    assert rule in caught.value.rule and caught.value.exit_code == 2
+    assert "\n" not in caught.value.diagnostics()
+
+
+def test_the_image_name_rules_agree_with_the_image_names_and_the_digests_file() -> None:
+    from pipeline.core.contracts import DigestsFile
+    from pipeline.imaging.names import ALL_NAMES
+
+    assert set(RESERVED_IMAGE_NAMES) == set(ALL_NAMES)  # every name benchseal's own images use under the prefix
+    key_schema = DigestsFile.model_json_schema()["properties"]["project_images"]
+    assert IMAGE_NAME_PATTERN in key_schema["patternProperties"]

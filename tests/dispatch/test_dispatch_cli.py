@@ -202,3 +202,26 @@ def test_merge_digests_cli(tmp_path: Path, github_emulator: GitHubEmulator) -> N
     assert moved.returncode == 1 and "tag resolves to" in moved.stderr
     one = cli(["merge-digests", "--out", str(out), files[0]], github_emulator)
     assert one.returncode == 1 and "lack image(s) api" in one.stderr
+
+
+def test_merge_digests_keeps_the_adopters_own_images_once(tmp_path: Path) -> None:
+    """The runner's build also made the project's own images (project_images): the merged file keeps
+    them, and the same name from two files is refused rather than one silently winning."""
+    from pipeline.core.errors import CheckFailed
+    from pipeline.dispatch.merge import merge_digests
+    from tests.fixtures.github import digests_data
+
+    full = digests_data()
+    own = {"coval-api": {**full["images"]["api"], "name": full["images"]["api"]["name"] + "-coval",
+                         "ref": full["images"]["api"]["name"] + "-coval@" + full["images"]["api"]["digest"]}}
+    runner = {**full, "images": {"runner": full["images"]["runner"]}, "project_images": own}
+    api = {**full, "images": {"api": full["images"]["api"]}}
+    paths = []
+    for name, data in (("runner", runner), ("api", api)):
+        paths.append(tmp_path / f"digests-{name}.json")
+        paths[-1].write_text(json.dumps(data))
+    merged = merge_digests(paths)
+    assert {name: entry.ref for name, entry in merged.project_images.items()} == {"coval-api": own["coval-api"]["ref"]}
+    paths[1].write_text(json.dumps({**api, "project_images": own}))
+    with pytest.raises(CheckFailed, match="project image 'coval-api' appears in more than one"):
+        merge_digests(paths)

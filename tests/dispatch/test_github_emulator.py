@@ -164,7 +164,7 @@ def test_hostile_run_knobs(github_emulator: GitHubEmulator, github_client: Any, 
 
 
 def test_run_name_rendering() -> None:
-    text = (Path(__file__).resolve().parents[2] / ".github/workflows/benchmark.yml").read_text()
+    text = (Path(__file__).resolve().parents[2] / "examples/bench-infra/.github/workflows/benchmark.yml").read_text()
     spec = WorkflowSpec.parse("benchmark.yml", text)
     assert spec.accepts_repository_dispatch("benchseal-benchmark") and not spec.accepts_repository_dispatch("other")
     assert spec.run_name is not None

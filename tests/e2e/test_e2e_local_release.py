@@ -1,4 +1,10 @@
-"""``benchseal release vX.Y.Z --local`` (what ``make demo`` runs), twice: the second run reuses the images.
+"""``benchseal release vX.Y.Z --local`` (what ``make demo`` runs), twice: the second run reuses the images;
+and ``--project examples/hello-agent/benchseal.toml`` (the default ``make demo``): the example released as
+its own repository, ``benchseal-examples/hello-agent``.
+
+Who signs (issue 25, the adopter path): the local builder ``local/benchseal@refs/heads/main``'s release.yml
+the images (for the source at the tag and its commit), its benchmark.yml the evidence (for the local infra
+repository ``local/bench-infra`` on main); the body's commands pin the builder and the source separately.
 
 State is a fresh BENCHSEAL_HOME that shares only the build caches and tools of the
 default one (so the images are warm, as after ``make setup``), never its queue,
@@ -25,6 +31,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 TAG = "v0.0.1-e2e"
+BUILDER, INFRA = "local/benchseal@refs/heads/main", "local/bench-infra"
+SEAL_IDENTITY = "https://github.com/local/benchseal/.github/workflows/benchmark.yml@refs/heads/main"
+IMAGE_IDENTITY = "https://github.com/local/benchseal/.github/workflows/release.yml@refs/heads/main"
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +49,9 @@ def local_home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFi
     sigstore_local.stop(home / "sigstore")  # the instance `release` started there, by its pid
 
 
-def _release(home: Path, dist: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def _release(home: Path, dist: Path, *extra: str, tag: str = TAG) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, BENCHSEAL_HOME=str(home), HARBOR_TELEMETRY="0")
-    return subprocess.run([BENCHSEAL, "release", TAG, "--local", "--dist", str(dist), *extra],
+    return subprocess.run([BENCHSEAL, "release", tag, "--local", "--dist", str(dist), *extra],
                           capture_output=True, text=True, env=env, check=False, timeout=900)
 
 
@@ -81,24 +90,64 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
 
     from pipeline.verify.release import verify_release
 
-    # The consumer states the release: build's source repository (no GITHUB_REPOSITORY here) and the tag.
+    # The consumer states the release: build's source repository (no GITHUB_REPOSITORY here) and the tag,
+    # and who sealed it: the local builder, for the local infra repository.
     source_repo = os.environ.get("GITHUB_REPOSITORY") or "local/benchseal"
+    root = local_home / "sigstore" / "trusted_root.json"
     # Signed exactly as production would be (GitHub Actions identities), under the local root only.
-    # Sealed as the infra repository's benchmark.yml; locally one checkout is both repositories.
-    done = verify_release(release, repository=source_repo, tag=TAG, profile="production", infra_repository=source_repo,
-                          trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
+    done = verify_release(release, repository=source_repo, tag=TAG, profile="production", infra_repository=INFRA,
+                          builder=BUILDER, trusted_root=root, offline=True)
     assert (done.repository, done.tag, done.commit) == (source_repo, TAG, report["source"]["commit"])
-    assert done.identity == f"https://github.com/{source_repo}/.github/workflows/benchmark.yml@refs/heads/main"
+    assert (done.identity, done.workflow_repository, done.workflow_ref) == (SEAL_IDENTITY, INFRA, "refs/heads/main")
     assert done.issuer == "https://token.actions.githubusercontent.com"
     with pytest.raises(CheckFailed):  # the private instance's plain identity is not what signed it
-        verify_release(release, repository=source_repo, tag=TAG, profile="local",
-                       trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
+        verify_release(release, repository=source_repo, tag=TAG, profile="local", trusted_root=root, offline=True)
     image_checks = report["verified"]["images"]
-    assert len(image_checks) == 2 and all("slsaprovenance1 and cyclonedx by https://github.com/" + source_repo +
-                                          "/.github/workflows/tag.yml@refs/tags/" + TAG in c and "refused" in c
+    assert len(image_checks) == 2 and all(f"slsaprovenance1 and cyclonedx by {IMAGE_IDENTITY} at commit "
+                                          f"{report['source']['commit']}" in c and "refused" in c
                                           for c in image_checks)
     assert report["verified"]["repository"] == source_repo and report["verified"]["tag"] == TAG
-    assert f"verify . --repo {source_repo} --tag {TAG} --infra-repo {source_repo}" in body2
-    with pytest.raises(CheckFailed):  # another infra repository's benchmark.yml did not seal it
-        verify_release(release, repository=source_repo, tag=TAG, profile="production", infra_repository="other/infra",
-                       trusted_root=local_home / "sigstore" / "trusted_root.json", offline=True)
+    assert (report["verified"]["builder"], report["verified"]["infra_repository"]) == (BUILDER, INFRA)
+    assert f"verify . --repo {source_repo} --tag {TAG} --infra-repo {INFRA} --builder {BUILDER}" in body2
+    for infra, builder in (("other/infra", BUILDER), (INFRA, "local/benchseal@refs/heads/other"),
+                           (source_repo, BUILDER)):
+        with pytest.raises(CheckFailed):  # sealed for another infra repository, or by another builder: refused
+            verify_release(release, repository=source_repo, tag=TAG, profile="production", infra_repository=infra,
+                           builder=builder, trusted_root=root, offline=True)
+
+
+def test_release_local_of_the_example_as_its_own_repository(local_home: Path, tmp_path: Path) -> None:
+    """``make demo``: the example's directory released as benchseal-examples/hello-agent, its own repository
+    at its own commit, the agent scored against the scripted model; every printed command ran."""
+    from pipeline.core.paths import REPO_ROOT
+    from pipeline.verify.release import verify_release
+
+    dist = tmp_path / "dist"
+    done = _release(local_home, dist, "--project", str(REPO_ROOT / "examples" / "hello-agent" / "benchseal.toml"),
+                    "--scripted-model", "right", "--json", tag="v0.1.0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    assert report["status"] == "SUCCEEDED" and report["score"] == 1.0
+    checkout = local_home / "sources" / "hello-agent"
+    commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "refs/tags/v0.1.0"], capture_output=True,
+                            text=True, check=True).stdout.strip()
+    assert report["source"] == {"repository": "benchseal-examples/hello-agent", "tag": "v0.1.0", "commit": commit}
+    assert commit != subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True,
+                                    text=True, check=True).stdout.strip()
+    release = dist / "v0.1.0"
+    summary = json.loads((release / "summary.json").read_text())
+    assert summary["agent"]["release"]["source_commit"] == commit
+    body = (release / "body.md").read_text()
+    assert (f"benchseal verify . --repo benchseal-examples/hello-agent --tag v0.1.0 --infra-repo {INFRA} "
+            f"--builder {BUILDER} ") in body
+    assert body.count(f"--certificate-identity {SEAL_IDENTITY} ") == 7
+    assert body.count(f"--certificate-github-workflow-repository {INFRA} --certificate-github-workflow-ref "
+                      "refs/heads/main") == 7
+    assert body.count(f"--certificate-identity {IMAGE_IDENTITY} ") == 6
+    assert body.count("--certificate-github-workflow-repository benchseal-examples/hello-agent "
+                      f"--certificate-github-workflow-ref refs/tags/v0.1.0 --certificate-github-workflow-sha {commit}") == 6
+    assert len(report["verified"]["cosign_commands"]) == 15  # sha256sum, 7 blob checks, benchseal verify, 6 image checks
+    verified = verify_release(release, repository="benchseal-examples/hello-agent", tag="v0.1.0", profile="production",
+                              infra_repository=INFRA, builder=BUILDER, offline=True,
+                              trusted_root=local_home / "sigstore" / "trusted_root.json")
+    assert verified.commit == commit

@@ -7,7 +7,7 @@ npm registry (verdaccio) in a temp dir:
   unscored, with the reason on one line (the runner's version probe), and is still published.
 
 State: a fresh BENCHSEAL_HOME sharing only the build caches and tools; a copy of the shipped
-infra policy that admits the two packages for local/benchseal.
+infra policy that admits the two packages, each for its own repository benchseal-examples/<dir>.
 """
 
 from __future__ import annotations
@@ -70,9 +70,16 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -
     for shared in ("cache", "tools"):
         if (paths.home() / shared).is_dir():
             (home / shared).symlink_to(paths.home() / shared, target_is_directory=True)
+    # Each project, in no git checkout, is released as its own repository benchseal-examples/<dir>
+    # (pipeline/local/sources.py), signed by the local builder like the shipped examples.
     policy = (REPO_ROOT / "policies" / "infra.yaml").read_text(encoding="utf-8")
-    extra = "".join(f"  - name: {name}\n    kind: npm\n    package: \"{package}\"\n    repositories: [local/benchseal]\n"
-                    for name, package in (("honest-cli", "@acme/honest-cli"), ("liar-cli", "@acme/liar-cli")))
+    agents = (("honest-cli", "@acme/honest-cli"), ("liar-cli", "@acme/liar-cli"))
+    sources = "".join(f"  - repository: benchseal-examples/{name}\n    signer: *local-builder\n    images: *local-images\n"
+                      for name, _ in agents)
+    extra = "".join(f"  - name: {name}\n    kind: npm\n    package: \"{package}\"\n"
+                    f"    repositories: [benchseal-examples/{name}]\n" for name, package in agents)
+    assert "\n# Agents admitted" in policy and "agents:\n" in policy
+    policy = policy.replace("\n# Agents admitted", sources + "\n# Agents admitted", 1)
     (root / "infra.yaml").write_text(policy.replace("agents:\n", "agents:\n" + extra, 1), encoding="utf-8")
     with LocalNpmRegistry(root / "npm") as registry:
         registry.publish(_package(root / "src", "@acme/honest-cli", "1.0.0", HONEST_CLI))

@@ -240,8 +240,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, sign_release_images: Any) ->
             with GitHubEmulator() as emu:
                 emu.add_repo(SOURCE)
                 emu.add_repo(INFRA)
+                # The infra repository's caller (benchseal's own benchmark.yml is workflow_call only).
                 emu.add_workflow(INFRA, ".github/workflows/benchmark.yml",
-                                 (REPO_ROOT / ".github/workflows/benchmark.yml").read_text("utf-8"))
+                                 (REPO_ROOT / "examples/bench-infra/.github/workflows/benchmark.yml").read_text("utf-8"))
                 gh = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0)
                 tag_release_commit(emu, SOURCE, TAG, digests["source"]["commit"])
                 gh.get_repo(SOURCE).create_git_release(tag=TAG, name=TAG, message="notes\n")

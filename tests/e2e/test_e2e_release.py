@@ -105,8 +105,11 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
         with GitHubEmulator() as emu:
             emu.add_repo(SOURCE)
             emu.add_repo(INFRA)
+            # The infra repository's own workflow: the caller of benchseal's reusable benchmark.yml
+            # (its triggers and run-name are what `benchseal dispatch` finds the run by).
             emu.add_workflow(INFRA, ".github/workflows/benchmark.yml",
-                             (REPO_ROOT / ".github/workflows/benchmark.yml").read_text("utf-8"))
+                             (REPO_ROOT / "examples" / "bench-infra" / ".github" / "workflows" / "benchmark.yml")
+                             .read_text("utf-8"))
             gh = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0)
             # The release's tag points at the commit the images were built from (the publisher
             # resolves it and refuses a release of another commit).

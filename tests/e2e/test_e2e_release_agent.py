@@ -373,7 +373,8 @@ def test_the_model_key_reaches_the_model_and_nothing_else(qwen_right: dict[str, 
 def test_the_runner_sbom_and_provenance_name_the_agent_package(qwen_right: dict[str, Any], home: Path,
                                                                tmp_path: Path) -> None:
     from pipeline.attest.images import SigstoreEndpoints
-    from pipeline.verify.external import cosign_environment, cosign_path, image_check_args, image_identity
+    from pipeline.local.sources import BUILDER as LOCAL_BUILDER
+    from pipeline.verify.external import builder_image_identity, cosign_environment, cosign_path, image_check_args
 
     report, release = qwen_right["report"], qwen_right["release"]
     algorithm, digest = sri_hex(QWEN_INTEGRITY)
@@ -393,7 +394,7 @@ def test_the_runner_sbom_and_provenance_name_the_agent_package(qwen_right: dict[
     # The runner's SLSA provenance, as cosign verifies it (this home's Sigstore root, the release identity).
     runner = report["images"]["runner"]
     source = report["source"]
-    identity = image_identity(source["repository"], QWEN_TAG, source["commit"])
+    identity = builder_image_identity(LOCAL_BUILDER, source["repository"], QWEN_TAG, source["commit"])
     (args,) = [a for a in image_check_args(runner, identity, offline=True, attestations=("slsaprovenance1",),
                                            allow_http_registry=True) if a[0] == "verify-attestation"]
     cosign = cosign_path()
@@ -520,10 +521,15 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
 def test_a_hostile_npm_release_is_refused_before_any_image(hostile: dict[str, Any], tmp_path: Path,
                                                           package: str, tag: str, problem: str) -> None:
     home = _fresh_home(tmp_path / "home")
-    project = tmp_path / "benchseal.toml"
+    # The adopter's repository: the project file in a git checkout (the release commit comes from it).
+    project = tmp_path / "adopter" / "benchseal.toml"
+    project.parent.mkdir()
     project.write_text(f'schema = "benchseal.project/v1"\n\n[agent]\nname = "tiny-agent"\nkind = "npm"\n'
                        f'package = "{SCOPE}/{package}"\nbin = "cli.js"\nargs = ["-p", "{{instruction}}"]\n'
                        f"publish_wait_seconds = 2\n")
+    git = ["git", "-C", str(project.parent), "-c", "user.name=t", "-c", "user.email=t@benchseal.invalid"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "the adopter"]):
+        subprocess.run([*git, *args], check=True, capture_output=True, timeout=60)
     prefix = f"127.0.0.1:5055/bs-e2e-hostile-{SESSION}-{uuid.uuid4().hex[:6]}/"
     out = tmp_path / "digests.json"
     done = subprocess.run([BENCHSEAL, "build", "--project", str(project), "--release-tag", tag,

@@ -1,24 +1,25 @@
-"""The real workflow files, run by the Actions harness (tests/workflows/harness.py), end to end.
+"""The adoption path end to end: two scratch repositories call benchseal's reusable workflows of
+this checkout, run by the Actions harness (tests/workflows/harness.py).
 
-* ``tag.yml`` for a pushed tag: build (matrix, real images into the test registry with the
-  shared caches), resolve_images (resolve-ref against the GitHub emulator, merge-digests),
-  dispatch_infra (``benchseal dispatch`` to the emulated infra repository), promote_marker
-  (the ``gh`` CLI creates the check run), summarize.
-* The emulated GitHub starts ``benchmark.yml`` for that dispatch; its jobs run in the harness
-  on the "infra host": validate, accept through the sudo-admitted deploy/ wrappers, then
-  wait (through the status wrapper) while the worker service (deploy/benchseal-worker.service's
-  command, real Harbor trials in the digest-pinned runner image) grades the benchmark, signing
-  nothing. The ``seal`` job (``id-token: write``) exports the graded run through the export
-  wrapper, signs the evidence with the ambient identity the emulated Actions token endpoint
-  serves (benchmark.yml of the infra repository on main, GitHub-shaped certificates from the
-  private instance) and publishes it to the source release. The consumer then runs the
-  commands the release body prints, exactly as printed, with the real cosign and benchseal,
-  and verifies with the pinned infra identity. The run's conclusion is the harness's.
-* ``runner-release.yml`` dispatched Switchboard-style (workflow_dispatch with deploy_ref and a
-  correlation id, found again by its run-name) to an infra whose policy refuses the release:
-  the infra run fails, promotion is skipped and the summary says why.
-* A copy of runner-release.yml with one output name broken fails the reference check that
-  every other test here passes.
+* **benchseal** ``benchseal/benchseal``: a snapshot of this working tree plus the base lock of the
+  test registry (what benchseal's maintainers commit), at commit ``B``. Nobody forks it: the
+  callers name ``benchseal/benchseal/.github/workflows/<file>@B``, which the harness maps to
+  that snapshot.
+* **The adopter** ``acme/widget``: only examples/hello-agent (its code, its benchseal.toml) and
+  the example caller workflow with ``BENCHSEAL_COMMIT`` replaced by ``B``, tagged v0.1.0.
+* **The infra repository** ``acme/bench-infra``: only examples/bench-infra (its policy, pinning
+  the builder ``release.yml@B`` for acme/widget), a copy of suites/smoke and its caller.
+
+A pushed tag runs the adopter's caller: benchseal's release.yml builds the runner with the
+adopter's own agent (a wheel built from the tag's commit), pushes under the adopter's prefix with
+the bases of benchseal's lock, signs as ``release.yml@B``, dispatches; the emulated GitHub starts
+the infra caller, whose benchseal benchmark.yml accepts through the sudo-admitted wrappers,
+waits while the worker service (the deploy unit's command: real Harbor trials of the adopter's
+agent against the scripted model) grades, and seals as ``benchmark.yml@B`` for the infra
+repository. The consumer runs the body's commands exactly as printed (real cosign and
+benchseal), pinning builder and source separately. A Switchboard-style dispatch of the caller to
+an infra that refuses the agent is not promoted, and a copy of release.yml with one output name
+misspelt fails the reference check the other runs pass.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import re
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -40,20 +43,27 @@ import pytest
 from pipeline.core.digests import parse_ref
 from pipeline.core.documents import BASE_LOCK_SCHEMA, base_lock_path
 from pipeline.imaging.names import ImageNames
+from tests.registry.helpers import free_port
 from tests.workflows.harness import Runner, RunResult, Trigger, references, run_workflow
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO_ROOT / ".github" / "workflows"
+EXAMPLES = REPO_ROOT / "examples"
+BENCHSEAL = "benchseal/benchseal"
 SOURCE = "acme/widget"
 INFRA = "acme/bench-infra"
-TAG = "v1.0.0"
+TAG = "v0.1.0"  # examples/hello-agent's version
+CALLER = ".github/workflows/release.yml"
+INFRA_CALLER = ".github/workflows/benchmark.yml"
+PLACEHOLDER = "BENCHSEAL_COMMIT"
 NOTES = "## What's new\n\n* faster widgets\n"
 VENV_BIN = Path(sys.executable).parent
 GIT_ENV = {"GIT_AUTHOR_NAME": "benchseal tests", "GIT_AUTHOR_EMAIL": "tests@benchseal.invalid",
            "GIT_COMMITTER_NAME": "benchseal tests", "GIT_COMMITTER_EMAIL": "tests@benchseal.invalid",
            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+RELEASE_JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "summarize")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -65,8 +75,7 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _snapshot(dest: Path) -> str:
-    """A repository whose one commit is this working tree (tracked and new files): what the
-    workflows check out is the code under test, committed or not."""
+    """benchseal as a repository whose one commit is this working tree (tracked and new files)."""
     _git(REPO_ROOT.parent, "clone", "--quiet", "--no-hardlinks", str(REPO_ROOT), str(dest))
     listed = _git(REPO_ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
     for name in filter(None, listed):
@@ -83,83 +92,146 @@ def _snapshot(dest: Path) -> str:
     return _git(dest, "rev-parse", "HEAD")
 
 
-def _commit_base_lock(source: Path, registry: str, base_refs: Any) -> str:
-    """What a maintainer does before a release (docs/build.md): the base lock for the registry the
-    release pushes to, committed as images/base.production.lock.json (the build reads it frozen)."""
+def _commit_base_lock(builder: Path, registry: str, base_refs: Any) -> str:
+    """What benchseal's maintainers commit (docs/build.md): the lock of the bases they published,
+    here under the test registry's benchseal/ prefix; adopters release under their own prefix."""
     local = json.loads(base_lock_path().read_text())["images"]
     entries = {name: local[name] for name in base_refs}
     for name, ref in base_refs.items():
         assert entries[name]["ref"] == ref.ref and ref.name == ImageNames.for_registry(registry).name(name)
-    (source / "images" / "base.production.lock.json").write_text(
+    (builder / "images" / "base.production.lock.json").write_text(
         json.dumps({"schema": BASE_LOCK_SCHEMA, "images": entries}, indent=2, sort_keys=True) + "\n")
-    _git(source, "commit", "--quiet", "-am", "the base lock for the test registry")
-    return _git(source, "rev-parse", "HEAD")
+    _git(builder, "commit", "--quiet", "-am", "the base lock of the published bases")
+    return _git(builder, "rev-parse", "HEAD")
+
+
+def _new_repository(path: Path, files: dict[str, Path | str]) -> str:
+    """A repository holding exactly ``files`` (relative path -> source file or text), one commit."""
+    path.mkdir(parents=True)
+    _git(path, "init", "--quiet", "-b", "main")
+    for name, content in files.items():
+        target = path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, Path):
+            shutil.copy2(content, target)
+        else:
+            target.write_text(content)
+    _git(path, "add", "-A")
+    _git(path, "commit", "--quiet", "-m", "initial")
+    return _git(path, "rev-parse", "HEAD")
+
+
+def _tree(root: Path, prefix: str = "") -> dict[str, Path | str]:
+    return {prefix + str(p.relative_to(root)): p for p in sorted(root.rglob("*"))
+            if p.is_file() and "__pycache__" not in p.parts}
+
+
+def _pinned(path: Path, commit: str) -> str:
+    text = path.read_text()
+    assert text.count(PLACEHOLDER) >= 1, path
+    return text.replace(PLACEHOLDER, commit)
+
+
+def _adopter(path: Path, builder_commit: str) -> str:
+    """examples/hello-agent as its own repository: its code, its project file, the caller."""
+    files = _tree(EXAMPLES / "hello-agent")
+    files[CALLER] = _pinned(EXAMPLES / "hello-agent" / CALLER, builder_commit)
+    commit = _new_repository(path, files)
+    _git(path, "tag", TAG)
+    assert sorted({name.split("/")[0] for name in files}) == [".github", "README.md", "benchseal.toml",
+                                                             "hello_agent", "pyproject.toml"]
+    return commit
+
+
+def _infra(path: Path, builder_commit: str, registry: str, model_port: int, *, refusing: bool = False) -> str:
+    """examples/bench-infra as its own repository, its policy naming the test registry and the
+    scripted model's port; ``refusing``: a policy that does not admit the adopter's agent."""
+    policy = _pinned(EXAMPLES / "bench-infra" / "policies" / "infra.yaml", builder_commit)
+    policy = policy.replace("registry: ghcr.io", f"registry: {registry}")
+    policy = policy.replace("http://127.0.0.1:18431/v1", f"http://127.0.0.1:{model_port}/v1")
+    if refusing:
+        admitted = policy
+        policy = re.sub(r"  - name: hello-agent\n(    .*\n)+", "", policy)
+        assert policy != admitted, "examples/bench-infra/policies/infra.yaml no longer lists hello-agent"
+    files: dict[str, Path | str] = {"README.md": EXAMPLES / "bench-infra" / "README.md",
+                                    "policies/infra.yaml": policy,
+                                    INFRA_CALLER: _pinned(EXAMPLES / "bench-infra" / INFRA_CALLER, builder_commit)}
+    files.update(_tree(REPO_ROOT / "suites" / "smoke", "suites/smoke/"))
+    return _new_repository(path, files)
 
 
 @dataclass
 class World:
     emulator: Any
-    source: Path
+    builder: Path
+    builder_commit: str
+    adopter: Path
     commit: str
     registry: str
     infra_home: Path
     root: Path
-    infra_sources: dict[str, Path]
-    sigstore: Any  # the private instance: GitHub-shaped OIDC for the release jobs, the worker's image trust
+    infra_repos: dict[str, Path]
+    sigstore: Any
     infra_mode: str = "accepting"
     published: bool = False
     infra_runs: list[tuple[str, RunResult]] = field(default_factory=list)
     switchboard_runs: list[RunResult] = field(default_factory=list)
     events: list[tuple[str, int]] = field(default_factory=list)  # (what, emulator request count)
+    caller_override: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def prefix(self) -> str:
+        return f"{self.registry}/acme/widget-"
 
     def use_infra(self, mode: str) -> None:
-        """Which infra repository answers the next dispatch; the emulated repository's main
-        branch is its commit (what benchmark.yml's checkout clones)."""
+        """Which infra repository answers the next dispatch (its main is what the caller runs on)."""
         self.infra_mode = mode
-        self.emulator.set_ref(INFRA, "refs/heads/main", _git(self.infra_sources[mode], "rev-parse", "HEAD"))
+        self.emulator.set_ref(INFRA, "refs/heads/main", _git(self.infra_repos[mode], "rev-parse", "HEAD"))
 
     def trigger(self, **fields: Any) -> Trigger:
         # The dispatch token as docs/github.md says: fine-grained, the infra repository, Actions: write.
         dispatch_token = self.emulator.add_token([INFRA], {"actions": "write"})
         return Trigger(token=self.emulator.token, api_url=self.emulator.base_url, server_url=self.emulator.origin,
-                       vars={"BENCHSEAL_INFRA_REPOSITORY": INFRA, "BENCHSEAL_IMAGE_PREFIX": f"{self.registry}/benchseal/",
-                             # the build job signs with cosign against the private instance
+                       vars={"BENCHSEAL_INFRA_REPOSITORY": INFRA, "BENCHSEAL_IMAGE_PREFIX": self.prefix,
                              "BENCHSEAL_SIGSTORE_URL": self.sigstore.url,
                              "BENCHSEAL_TRUSTED_ROOT": str(self.sigstore.trusted_root)},
                        secrets={"BENCHSEAL_INFRA_DISPATCH_TOKEN": dispatch_token}, **fields)
 
     def release_runner(self, name: str) -> Runner:
-        # The release repository's hosted runner; BENCHSEAL_HOME: the shared build caches. Each job's
-        # GITHUB_TOKEN has exactly the job's permissions; ghcr.io stands for the test registry.
+        # A hosted runner of the adopter; BENCHSEAL_HOME: the shared build caches. Each job's
+        # GITHUB_TOKEN has exactly the job's (capped) permissions; ghcr.io stands for the test registry.
         from pipeline.core import paths
         from tests.workflows.harness import local_issuer
 
         def job_token(repository: str, permissions: dict[str, str]) -> str:
             return str(self.emulator.add_token([repository], permissions, kind="github-token"))
 
-        return Runner(root=self.root / name, source=self.source, env={"BENCHSEAL_HOME": str(paths.home())},
-                      oidc=local_issuer(self.sigstore), github_token=job_token,
-                      ghcr=(self.registry, "e2e-ghcr", "e2e-ghcr-password"))
+        return Runner(root=self.root / name, source=self.adopter, repositories={BENCHSEAL: self.builder},
+                      env={"BENCHSEAL_HOME": str(paths.home())}, oidc=local_issuer(self.sigstore),
+                      github_token=job_token, ghcr=(self.registry, "e2e-ghcr", "e2e-ghcr-password"))
+
+    def caller(self) -> Path:
+        return self.caller_override.get("path", self.adopter / CALLER)
 
 
-def _service(unit: str, home: Path, log: Path, env_file: dict[str, str],
-             options: dict[str, str]) -> subprocess.Popen[bytes]:
+def _service(unit: str, home: Path, log: Path, env_file: dict[str, str], policy: Path,
+             extra: tuple[str, ...] = (), options: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A deploy/ unit's ExecStart and Environment= on this machine: /opt/benchseal -> this
-    checkout and venv, /var/lib/benchseal -> ``home``, ``env_file`` the unit's EnvironmentFile,
-    ``options`` replaces option values (the signer: there is no Actions OIDC on this host)."""
+    checkout and venv, /var/lib/benchseal -> ``home``, /etc/benchseal/infra.yaml -> ``policy``,
+    ``env_file`` the unit's EnvironmentFile; ``extra`` arguments appended, ``options`` replaced."""
     parser = configparser.ConfigParser(strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     text = (REPO_ROOT / "deploy" / unit).read_text()
     parser.read_string(text)
     argv = shlex.split(parser["Service"]["ExecStart"].replace("/opt/benchseal/.venv/bin/", f"{VENV_BIN}/"))
-    for option, value in options.items():
+    for option, value in (options or {}).items():
         argv[argv.index(option) + 1] = value
+    argv += list(extra)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "GH_"))}
     for line in text.splitlines():
         if line.startswith("Environment="):
             key, _, value = line.removeprefix("Environment=").partition("=")
-            env[key] = value.replace("/var/lib/benchseal", str(home)).replace(
-                "/etc/benchseal/infra.yaml", str(REPO_ROOT / "policies" / "infra.yaml"))
+            env[key] = value.replace("/var/lib/benchseal", str(home)).replace("/etc/benchseal/infra.yaml", str(policy))
     env.update(env_file)
     with log.open("wb") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
@@ -178,21 +250,19 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_refs: object,
           sigstore_instance: Any) -> Iterator[World]:
     from pipeline.dispatch.client import make_client
+    from pipeline.local.model_server import ModelServer
     from tests.doubles.github import GitHubEmulator
 
     root = tmp_path_factory.mktemp("workflows-e2e")
-    source = root / "source"
-    _snapshot(source)
-    commit = _commit_base_lock(source, image_registry, base_refs)
-    _git(source, "tag", TAG)
-    # The infra repository runs the same project; a second one has a policy that refuses the oracle agent.
-    refusing = root / "infra-refusing"
-    _git(root, "clone", "--quiet", str(source), str(refusing))
-    policy = refusing / "policies" / "infra.yaml"
-    refusing_text = policy.read_text().replace("agents:\n  - oracle\n", "agents:\n")
-    assert refusing_text != policy.read_text(), "policies/infra.yaml no longer lists oracle first under agents"
-    policy.write_text(refusing_text)
-    _git(refusing, "commit", "--quiet", "-am", "refuse the oracle agent")
+    builder = root / "benchseal"
+    _snapshot(builder)
+    builder_commit = _commit_base_lock(builder, image_registry, base_refs)
+    adopter = root / "widget"
+    commit = _adopter(adopter, builder_commit)
+    model_port = free_port()
+    infra_repos = {"accepting": root / "bench-infra", "refusing": root / "bench-infra-refusing"}
+    for mode, path in infra_repos.items():
+        _infra(path, builder_commit, image_registry, model_port, refusing=mode == "refusing")
     infra_home = root / "infra-home"
     infra_home.mkdir()
     (infra_home / "tmp").mkdir()  # the worker unit's TMPDIR, which benchseal host install makes
@@ -201,29 +271,32 @@ def world(tmp_path_factory: pytest.TempPathFactory, image_registry: str, base_re
 
     if (paths.home() / "tools").is_dir():  # cosign, installed by make setup
         (infra_home / "tools").symlink_to(paths.home() / "tools", target_is_directory=True)
+    # The model's real key lives only in the worker's environment (its EnvironmentFile).
+    model_key = "bs-" + secrets.token_urlsafe(32)
     services: list[subprocess.Popen[bytes]] = []
     try:
-        with GitHubEmulator() as emu:
-            # The infra host's services, exactly as their units run them: the worker grades and signs
-            # nothing. It checks the images' signatures against the private instance the release jobs
-            # signed with (its EnvironmentFile names it; production: public-good, nothing set).
+        with GitHubEmulator() as emu, ModelServer(key=model_key, suite="smoke", mode="right", port=model_port):
+            # The infra host's services, as their units run them, with the infra repository's policy
+            # and suites (what the operator installs): the worker grades and signs nothing.
+            policy = infra_repos["accepting"] / "policies" / "infra.yaml"
             services.append(_service("benchseal-worker.service", infra_home, root / "worker.log",
                                      {"GITHUB_API_URL": emu.base_url, "BENCHSEAL_SIGSTORE_URL": sigstore_instance.url,
-                                      "BENCHSEAL_TRUSTED_ROOT": str(sigstore_instance.trusted_root)}, {}))
+                                      "BENCHSEAL_TRUSTED_ROOT": str(sigstore_instance.trusted_root),
+                                      "BENCHSEAL_AGENT_API_KEY": model_key}, policy,
+                                     extra=("--suites-dir", str(infra_repos["accepting"] / "suites"))))
             services.append(_service("benchseal-publisher.service", infra_home, root / "publisher.log",
-                                     {"GITHUB_TOKEN": emu.token, "GITHUB_API_URL": emu.base_url},
-                                     {"--interval": "1"}))
+                                     {"GITHUB_TOKEN": emu.token, "GITHUB_API_URL": emu.base_url}, policy,
+                                     options={"--interval": "1"}))
             emu.add_repo(SOURCE)
             emu.add_repo(INFRA)
             emu.set_ref(SOURCE, f"refs/tags/{TAG}", commit)
             emu.set_ref(SOURCE, "refs/heads/main", commit)
             make_client(base_url=emu.base_url, token=emu.token).get_repo(SOURCE).create_git_release(
                 tag=TAG, name=TAG, message=NOTES)
-            emu.add_workflow(INFRA, ".github/workflows/benchmark.yml", (WORKFLOWS / "benchmark.yml").read_text())
-            emu.add_workflow(SOURCE, ".github/workflows/runner-release.yml",
-                             (WORKFLOWS / "runner-release.yml").read_text())
-            world = World(emu, source, commit, image_registry, infra_home, root,
-                          {"accepting": source, "refusing": refusing}, sigstore_instance)
+            emu.add_workflow(INFRA, INFRA_CALLER, (infra_repos["accepting"] / INFRA_CALLER).read_text())
+            emu.add_workflow(SOURCE, CALLER, (adopter / CALLER).read_text())
+            world = World(emu, builder, builder_commit, adopter, commit, image_registry, infra_home, root,
+                          infra_repos, sigstore_instance)
             emu.on_dispatch(lambda handle, event: _on_dispatch(world, handle, event))
             yield world
             emu.wait_callbacks(timeout=60)
@@ -245,6 +318,7 @@ def _on_dispatch(world: World, handle: Any, event: Any) -> None:
 
         # The infra repository's variables name the private instance (production: none, public-good);
         # its publish token may write the source repository's releases.
+        infra = world.infra_repos[mode]
         trigger = Trigger(event_name=event.kind, repository=INFRA, sha=handle.run.head_sha, ref="refs/heads/main",
                           event={"action": event.event_type, "client_payload": dict(event.client_payload or {})},
                           inputs=dict(event.inputs or {}), token=emu.token, api_url=emu.base_url,
@@ -252,14 +326,15 @@ def _on_dispatch(world: World, handle: Any, event: Any) -> None:
                           vars={"BENCHSEAL_SIGSTORE_URL": world.sigstore.url,
                                 "BENCHSEAL_TRUSTED_ROOT": str(world.sigstore.trusted_root)},
                           secrets={"BENCHSEAL_PUBLISH_TOKEN": emu.token})
-        runner = Runner(root=world.root / f"infra-{handle.run_id}", source=world.infra_sources[mode],
-                        sudo_home=world.infra_home, oidc=local_issuer(world.sigstore))
-        result = run_workflow(WORKFLOWS / "benchmark.yml", trigger, runner)
+        runner = Runner(root=world.root / f"infra-{handle.run_id}", source=infra,
+                        repositories={BENCHSEAL: world.builder}, sudo_home=world.infra_home,
+                        oidc=local_issuer(world.sigstore))
+        result = run_workflow(infra / INFRA_CALLER, trigger, runner)
         world.infra_runs.append((mode, result))
-    elif event.workflow_path.endswith("runner-release.yml"):
+    elif event.repo == SOURCE and event.workflow_path == CALLER:
         trigger = world.trigger(event_name="workflow_dispatch", repository=SOURCE, sha=handle.run.head_sha,
                                 ref="refs/heads/main", inputs=dict(event.inputs or {}))
-        result = run_workflow(_runner_release_path(world), trigger, world.release_runner(f"release-{handle.run_id}"))
+        result = run_workflow(world.caller(), trigger, world.release_runner(f"release-{handle.run_id}"))
         world.switchboard_runs.append(result)
     else:
         raise AssertionError(f"no workflow for {event}")
@@ -267,19 +342,18 @@ def _on_dispatch(world: World, handle: Any, event: Any) -> None:
     world.events.append((f"completed {event.repo} {result.conclusion}", len(emu.requests)))
 
 
-_RUNNER_RELEASE_COPY: dict[str, Path] = {}
+def called(run: RunResult, caller: str = "release") -> dict[str, str]:
+    """The results of the called workflow's jobs, by their own names."""
+    prefix = f"{caller}/"
+    return {job.removeprefix(prefix): r.result for job, r in run.jobs.items() if job.startswith(prefix)}
 
 
-def _runner_release_path(world: World) -> Path:
-    return _RUNNER_RELEASE_COPY.get("path", WORKFLOWS / "runner-release.yml")
-
-
-def assert_every_reference_resolved(run: RunResult, workflow: Path) -> None:
+def assert_every_reference_resolved(run: RunResult, workflow: Path, caller: str = "release") -> None:
     """Every steps.*.outputs.* / needs.*.outputs.* reference that was evaluated got a value its
-    step or job actually wrote, and every one in the file was evaluated at least once."""
+    step or job actually wrote, and every one in the (called) file was evaluated at least once."""
     assert run.unresolved == [], f"references to outputs never written: {run.unresolved}"
     evaluated = {ref.split(": ", 1)[1] for ref, _ in run.references}
-    skipped_jobs = {j for j, r in run.jobs.items() if r.result == "skipped"}
+    skipped_jobs = {j.removeprefix(f"{caller}/") for j, r in run.jobs.items() if r.result == "skipped"}
     expected = set(references(workflow))
     assert expected, workflow
     missing = {ref for ref in expected if ref not in evaluated}
@@ -298,8 +372,6 @@ def _positions(text: str, needle: str) -> list[int]:
 
 
 def _job_of(text: str, index: int) -> str:
-    import re
-
     jobs = [(m.start(), m.group(1)) for m in re.finditer(r"^  ([A-Za-z_][A-Za-z0-9_-]*):\s*$", text, re.M)]
     return next((name for start, name in reversed(jobs) if start < index), "")
 
@@ -312,77 +384,88 @@ def _queued_payload(home: Path, run_id: str) -> dict[str, Any]:
         return {"state": record.state, "payload": record.payload.model_dump(mode="json")}
 
 
-def test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world: World) -> None:
+def _describe(world: World, run: RunResult) -> str:
+    infra = "\n".join(f"### infra run ({mode})\n{r.describe()}" for mode, r in world.infra_runs)
+    logs = "".join(f"\n### {name}\n" + (world.root / name).read_text(errors="replace")[-3000:]
+                   for name in ("worker.log", "publisher.log") if (world.root / name).exists())
+    return f"{run.describe()}\n{infra}{logs}"
+
+
+def _builder(world: World, workflow: str) -> str:
+    return f"{BENCHSEAL}/.github/workflows/{workflow}@{world.builder_commit}"
+
+
+def test_adopter_release_runs_every_job_and_promotes_after_the_benchmark(world: World) -> None:
+    from pipeline.attest.images import SigstoreEndpoints, image_identity, verify_image
+    from pipeline.core.errors import CheckFailed
+
     emu = world.emulator
     world.use_infra("accepting")
     infra_before, checks_before = len(world.infra_runs), set(emu.repo(SOURCE).check_runs)
     trigger = world.trigger(event_name="push", repository=SOURCE, sha=world.commit, ref=f"refs/tags/{TAG}",
                             event={"ref": f"refs/tags/{TAG}", "after": world.commit,
                                    "repository": {"full_name": SOURCE}})
-    run = run_workflow(WORKFLOWS / "tag.yml", trigger, world.release_runner("tag"))
+    run = run_workflow(world.adopter / CALLER, trigger, world.release_runner("tag"))
     emu.wait_callbacks(timeout=60)
-    results = {job: r.result for job, r in run.jobs.items()}
-    assert results == {"build": "success", "resolve_images": "success", "dispatch_infra": "success",
-                       "promote_marker": "success", "summarize": "success"}, _describe(world, run)
-    assert_every_reference_resolved(run, WORKFLOWS / "tag.yml")
+    assert run.jobs["release"].result == "success", _describe(world, run)
+    assert called(run) == dict.fromkeys(RELEASE_JOBS, "success"), _describe(world, run)
+    assert_every_reference_resolved(run, WORKFLOWS / "release.yml")
     assert run.secret_leaks == []
 
-    # The infra side ran benchmark.yml in the harness: validate, accept via the wrapper, wait.
+    # The infra caller ran benchseal's benchmark.yml: validate against its own policy, accept, wait, seal.
     ((mode, infra),) = world.infra_runs[infra_before:]
     assert mode == "accepting" and infra.conclusion == "success", infra.describe()
-    assert {job: r.result for job, r in infra.jobs.items()} == {"accept": "success", "wait": "success",
-                                                                 "seal": "success"}, infra.describe()
-    assert_every_reference_resolved(infra, WORKFLOWS / "benchmark.yml")
+    assert called(infra, "benchmark") == dict.fromkeys(("builder", "accept", "wait", "seal"), "success")
+    assert_every_reference_resolved(infra, WORKFLOWS / "benchmark.yml", "benchmark")
     assert infra.secret_leaks == []
-    run_id = infra.jobs["accept"].outputs["run_id"]
+    run_id = infra.jobs["benchmark"].outputs["run_id"]
     queued = _queued_payload(world.infra_home, run_id)
     assert queued["state"] == "SUCCEEDED"
-    assert "succeeded" in infra.jobs["wait"].log
+    # The adopter's own agent, built from the tag's commit, is what was scored.
+    assert queued["payload"]["agent"] == "hello-agent"
+    assert queued["payload"]["agent_artifact"]["source_commit"] == world.commit
 
-    # What was dispatched is what was built, and the summary names exactly those refs.
-    merged = json.loads((run.run_dir / "artifacts" / "tag-digests-merged" / "digests.json").read_text())  # type: ignore[operator]
-    built = {role: merged["images"][role]["ref"] for role in ("runner", "api")}
+    # What was dispatched is what was built, under the adopter's prefix, signed by the builder
+    # for this repository, tag and commit; the adopter's own workflow identity is refused.
+    merged = json.loads((run.run_dir / "artifacts" / "benchseal-digests-merged" / "digests.json").read_text())  # type: ignore[operator]
+    assert merged["source"]["commit"] == world.commit and merged["source"]["repository"] == SOURCE
+    endpoints = SigstoreEndpoints.private(world.sigstore.url, world.sigstore.trusted_root)
     for role in ("runner", "api"):
-        parse_ref(built[role])  # the one validator
-        digests = [next(step for step in leg if step.id == "digest").outputs.get("digest", "-")
-                   for leg in run.jobs["build"].legs]
-        assert any(built[role].endswith(digest) for digest in digests), role
-        # The build leg signed and attested exactly that digest as tag.yml at the tag (cosign).
-        from pipeline.attest.images import SigstoreEndpoints, image_identity, verify_image
-
-        verify_image(built[role], image_identity(SOURCE, TAG, world.commit),
-                     SigstoreEndpoints.private(world.sigstore.url, world.sigstore.trusted_root),
-                     allow_http_registry=True)
-        assert queued["payload"][role] == built[role]
-        assert f"- {role}: `{built[role]}`" in run.summary
-        assert run.jobs["dispatch_infra"].outputs[f"{role}_ref"] == built[role]
+        ref = merged["images"][role]["ref"]
+        parse_ref(ref)  # the one validator
+        assert ref.startswith(f"{world.prefix}{role}@sha256:")
+        verify_image(ref, image_identity(SOURCE, TAG, world.commit, builder=_builder(world, "release.yml")),
+                     endpoints, allow_http_registry=True)
+        with pytest.raises(CheckFailed):
+            verify_image(ref, image_identity(SOURCE, TAG, world.commit), endpoints, allow_http_registry=True)
+        assert queued["payload"][role] == ref
+        assert f"- {role}: `{ref}`" in run.summary
+        assert run.jobs["release"].outputs[f"{role}_ref"] == ref
+    assert f"Built by `{BENCHSEAL}@{world.builder_commit}`" in run.summary
     assert f"correlation `{queued['payload']['correlation_id']}`" in run.summary
     assert "| promote_marker | success |" in run.summary and "Not promoted" not in run.summary
 
     # Promotion: the check run on the released commit, created after the infra run concluded success.
     (check,) = [c for i, c in emu.repo(SOURCE).check_runs.items() if i not in checks_before]
     assert check.head_sha == world.commit and check.conclusion == "success"
-    assert check.details_url == run.jobs["dispatch_infra"].outputs["run_url"]
+    assert check.details_url == run.jobs["release"].outputs["infra_run_url"]
     completed = next(count for what, count in world.events if what == f"completed {INFRA} success")
     posted = [i for i, r in enumerate(emu.requests) if r.operation == "checks/create" and r.status == 201]
     assert posted and posted[0] >= completed
 
-    # The worker service only graded: no publication row, no signature on the infra host.
+    # The worker service only graded: no signature on the infra host.
     from pipeline.infra.queue.sql import SqliteQueue
 
     with SqliteQueue(world.infra_home / "infra" / "queue.sqlite3") as queue:
-        assert queue.list_publications(run_id) == []
         host_run = queue.run_dir(run_id)
     assert (host_run / "grading.json").is_file()
     assert list(host_run.rglob("*.sigstore.json")) == [], "the worker service signed something"
 
-    # The seal job sealed the evidence with the ambient identity and published it before the
-    # infra run concluded: the refs it names are the dispatched ones.
     release = world.emulator.release(SOURCE, TAG)
     names = {a.name for a in release.assets}
     assert {"summary.json", "SHA256SUMS", "SHA256SUMS.sigstore.json"} <= names, names
     summary_json = json.loads(next(a for a in release.assets if a.name == "summary.json").data)
-    assert json.dumps(summary_json).count(built["runner"]) >= 1 and json.dumps(summary_json).count(built["api"]) >= 1
+    assert summary_json["score"] == 1.0, summary_json
     assert release.body.startswith(NOTES) and "benchseal:start" in release.body
     world.published = True
 
@@ -408,38 +491,42 @@ def _download(world: World, dest: Path) -> Path:
 
 def test_consumer_runs_the_body_commands_as_printed(world: World, tmp_path: Path, cosign_bin: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """The seal job signed with the ambient identity the emulated Actions token endpoint served;
-    a consumer pins the infra repository's benchmark.yml on main and runs the body's commands,
-    parsed from the published body and run exactly as printed (real cosign, real benchseal)."""
+    """The body pins the builder (benchseal at B) and the sources (the infra repository's main for the
+    evidence; the adopter's repository, tag and commit for the images) separately; a consumer runs
+    it exactly as printed with the real cosign and benchseal."""
     from pipeline.core.errors import CheckFailed
     from pipeline.local.release import run_commands
     from pipeline.verify.release import verify_release
 
     if not world.published:
-        test_tag_release_runs_every_job_and_promotes_after_the_benchmark(world)
+        test_adopter_release_runs_every_job_and_promotes_after_the_benchmark(world)
     commands = _printed_commands(world.emulator.release(SOURCE, TAG).body)
-    identity = f"https://github.com/{INFRA}/.github/workflows/benchmark.yml@refs/heads/main"
+    evidence_identity = f"https://github.com/{_builder(world, 'benchmark.yml')}"
     assert commands[0] == "sha256sum -c SHA256SUMS"
-    cosign_lines = [c for c in commands if c.startswith("cosign ")]
-    assert len(cosign_lines) == 7 and len(commands) == 9, commands  # 4 blobs, 3 attestation checks
-    for line in cosign_lines:
-        assert f"--certificate-identity {identity} --certificate-oidc-issuer https://token.actions.githubusercontent.com" \
-            in line, line
-    root = str(world.sigstore.trusted_root)
-    assert commands[-1] == (f"benchseal verify . --repo {SOURCE} --tag {TAG} --infra-repo {INFRA} "
-                            f"--trusted-root {root} --offline --profile production")
+    blob_lines = [c for c in commands if c.startswith("cosign verify-blob ")]
+    assert blob_lines
+    for line in blob_lines:
+        assert f"--certificate-identity {evidence_identity} " in line, line
+        assert f"--certificate-github-workflow-repository {INFRA}" in line, line
+        assert "--certificate-github-workflow-ref refs/heads/main" in line, line
+    pin = f"--builder {BENCHSEAL}@{world.builder_commit}"
+    [verify_line] = [c for c in commands if c.startswith("benchseal verify ")]
+    assert f"--repo {SOURCE} --tag {TAG} --infra-repo {INFRA}" in verify_line and pin in verify_line
     # A consumer's shell: their cosign and benchseal on PATH.
     monkeypatch.setenv("PATH", os.pathsep.join([str(cosign_bin.parent), str(VENV_BIN), os.environ["PATH"]]))
     release = _download(world, tmp_path / "release")
     assert run_commands(commands, release) == commands
 
-    done = verify_release(release, repository=SOURCE, tag=TAG, infra_repository=INFRA,
+    builder = f"{BENCHSEAL}@{world.builder_commit}"
+    done = verify_release(release, repository=SOURCE, tag=TAG, infra_repository=INFRA, builder=builder,
                           trusted_root=world.sigstore.trusted_root, offline=True, profile="production")
-    assert (done.identity, done.repository, done.tag, done.commit) == (identity, SOURCE, TAG, world.commit)
-    # Sealed by the infra repository's workflow, not by the source repository's own benchmark.yml.
-    with pytest.raises(CheckFailed):
-        verify_release(release, repository=SOURCE, tag=TAG, infra_repository=SOURCE,
-                       trusted_root=world.sigstore.trusted_root, offline=True, profile="production")
+    assert (done.identity, done.repository, done.tag, done.commit) == (evidence_identity, SOURCE, TAG, world.commit)
+    # Another builder version, or the builder for another infra repository: refused.
+    for kwargs in ({"builder": f"{BENCHSEAL}@{'0' * 40}", "infra_repository": INFRA},
+                   {"builder": builder, "infra_repository": SOURCE}):
+        with pytest.raises(CheckFailed):
+            verify_release(release, repository=SOURCE, tag=TAG, trusted_root=world.sigstore.trusted_root,
+                           offline=True, profile="production", **kwargs)
 
     # A tampered artifact fails the printed commands: first the checksum line, and with SHA256SUMS
     # rewritten to match, the signature over SHA256SUMS.
@@ -455,15 +542,8 @@ def test_consumer_runs_the_body_commands_as_printed(world: World, tmp_path: Path
     digest = hashlib.sha256((tampered / "summary.json").read_bytes()).hexdigest()
     (tampered / "SHA256SUMS").write_text("".join(
         (f"{digest}  summary.json" if line.endswith("  summary.json") else line) + "\n" for line in sums))
-    with pytest.raises(CheckFailed, match=r"cosign verify-blob .*--bundle SHA256SUMS\.sigstore\.json"):
+    with pytest.raises(CheckFailed, match=r"cosign verify-blob .*SHA256SUMS"):
         run_commands(commands, tampered)
-
-
-def _describe(world: World, run: RunResult) -> str:
-    infra = "\n".join(f"### infra run ({mode})\n{r.describe()}" for mode, r in world.infra_runs)
-    logs = "".join(f"\n### {name}\n" + (world.root / name).read_text(errors="replace")[-3000:]
-                   for name in ("worker.log", "publisher.log") if (world.root / name).exists())
-    return f"{run.describe()}\n{infra}{logs}"
 
 
 def _switchboard_release(world: World, correlation: str) -> tuple[RunResult, Any]:
@@ -471,7 +551,7 @@ def _switchboard_release(world: World, correlation: str) -> tuple[RunResult, Any
 
     emu = world.emulator
     gh = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0)
-    workflow = gh.get_repo(SOURCE).get_workflow("runner-release.yml")
+    workflow = gh.get_repo(SOURCE).get_workflow("release.yml")
     before = len(world.switchboard_runs)
     assert workflow.create_dispatch(ref="main", inputs={"deploy_ref": TAG, "switchboard_correlation_id": correlation})
     emu.wait_callbacks(timeout=900)
@@ -479,7 +559,7 @@ def _switchboard_release(world: World, correlation: str) -> tuple[RunResult, Any
     (run,) = world.switchboard_runs[before:]
     # Switchboard finds its run by the run-name's last token.
     found = [r for r in emu.repo(SOURCE).runs.values() if r.display_title.endswith(" " + correlation)]
-    assert len(found) == 1 and found[0].display_title == f"Runner release {TAG} {correlation}"
+    assert len(found) == 1 and found[0].display_title == f"Release {TAG} {correlation}"
     return run, found[0]
 
 
@@ -487,43 +567,54 @@ def test_switchboard_release_refused_by_infra_is_not_promoted_and_says_why(world
     world.use_infra("refusing")
     checks_before = len(world.emulator.repo(SOURCE).check_runs)
     run, emulated = _switchboard_release(world, "sb-refused-0001")
-    results = {job: r.result for job, r in run.jobs.items()}
-    assert results == {"build": "success", "resolve_images": "success", "dispatch_infra": "failure",
-                       "promote_marker": "skipped", "summarize": "success"}, run.describe()
-    assert emulated.conclusion == "failure"
+    assert called(run) == {"builder": "success", "build": "success", "resolve_images": "success",
+                           "dispatch_infra": "failure", "promote_marker": "skipped", "summarize": "success"}, \
+        run.describe()
+    assert run.jobs["release"].result == "failure" and emulated.conclusion == "failure"
     assert len(world.emulator.repo(SOURCE).check_runs) == checks_before  # nothing promoted
-    assert_every_reference_resolved(run, WORKFLOWS / "runner-release.yml")
+    assert_every_reference_resolved(run, WORKFLOWS / "release.yml")
     mode, infra = world.infra_runs[-1]
-    assert mode == "refusing" and infra.jobs["accept"].result == "failure" and infra.jobs["wait"].result == "skipped"
-    assert infra.jobs["seal"].result == "skipped"  # nothing accepted, nothing graded, nothing signed
-    assert "invalid" in infra.jobs["accept"].log and "agent" in infra.jobs["accept"].log
-    # The summary says what happened and why, and names the refs that were dispatched.
+    assert mode == "refusing"
+    assert called(infra, "benchmark") == {"builder": "success", "accept": "failure", "wait": "skipped",
+                                          "seal": "skipped"}, infra.describe()  # nothing accepted, nothing signed
+    accept_log = infra.jobs["benchmark/accept"].log
+    assert "agent" in accept_log and "hello-agent" in accept_log
+    # The summary says what happened and why, and names the refs that were resolved.
     summary = run.summary
     assert "| dispatch_infra | failure |" in summary and "| promote_marker | skipped |" in summary
     assert "Not promoted: dispatch_infra ended `failure`." in summary
-    assert run.jobs["dispatch_infra"].outputs["error"] and run.jobs["dispatch_infra"].outputs["error"] in summary
-    assert "failure" in run.jobs["dispatch_infra"].outputs["error"]
-    merged = json.loads((run.run_dir / "artifacts" / "runner-release-digests-merged" / "digests.json").read_text())  # type: ignore[operator]
+    error = run.jobs["release/dispatch_infra"].outputs["error"]
+    assert error and error in summary and "failure" in error
+    merged = json.loads((run.run_dir / "artifacts" / "benchseal-digests-merged" / "digests.json").read_text())  # type: ignore[operator]
     for role in ("runner", "api"):
         assert f"- {role}: `{merged['images'][role]['ref']}`" in summary
 
 
 def test_a_broken_output_name_fails_the_reference_check(world: World, tmp_path: Path) -> None:
-    """The check the tests above pass, on a copy of runner-release.yml with one output name
-    misspelt where the summary reads it: the run itself goes green, the check does not."""
-    original = (WORKFLOWS / "runner-release.yml").read_text()
+    """The check the tests above pass, on benchseal's release.yml with one output name misspelt where
+    the summary reads it (committed to the builder repository, the caller pinned to that commit):
+    the run itself goes green, the check does not."""
+    original = (WORKFLOWS / "release.yml").read_text()
     broken = original.replace("RESOLVED_RUNNER: ${{ needs.resolve_images.outputs.runner_ref }}",
                               "RESOLVED_RUNNER: ${{ needs.resolve_images.outputs.runner_reff }}")
     assert broken != original
-    copy = tmp_path / "runner-release.yml"
-    copy.write_text(broken)
+    branch = world.root / "benchseal-broken"
+    _git(world.root, "clone", "--quiet", str(world.builder), str(branch))
+    (branch / ".github" / "workflows" / "release.yml").write_text(broken)
+    _git(branch, "commit", "--quiet", "-am", "a misspelt output")
+    broken_commit = _git(branch, "rev-parse", "HEAD")
+    _git(world.builder, "fetch", "--quiet", str(branch), f"{broken_commit}:refs/heads/broken")
+    caller = tmp_path / "release.yml"
+    caller.write_text((world.adopter / CALLER).read_text().replace(world.builder_commit, broken_commit))
     world.use_infra("refusing")
-    _RUNNER_RELEASE_COPY["path"] = copy
+    world.caller_override["path"] = caller
     try:
         run, _ = _switchboard_release(world, "sb-broken-0001")
     finally:
-        _RUNNER_RELEASE_COPY.clear()
-    assert run.jobs["summarize"].result == "success"
-    assert run.unresolved == ["summarize: needs.resolve_images.outputs.runner_reff (never written)"]
+        world.caller_override.clear()
+    assert run.jobs["release/summarize"].result == "success"
+    assert run.unresolved == ["release/summarize: needs.resolve_images.outputs.runner_reff (never written)"]
+    copy = tmp_path / "broken-release.yml"
+    copy.write_text(broken)
     with pytest.raises(AssertionError, match="runner_reff"):
         assert_every_reference_resolved(run, copy)

@@ -87,7 +87,7 @@ def test_a_frozen_build_uses_the_lock_and_writes_nothing(frozen_lock: tuple[Path
     ("missing-file", "is missing: a frozen build never builds a base"),
     ("missing-entry", "images.runner-base is missing"),
     ("spec-hash", "does not match images/base/spec.toml"),
-    ("other-registry", "the lock is for another registry"),
+    ("mixed-prefixes", "the lock's bases must share one prefix"),
     ("not-served", "the registry does not serve the locked base"),
 ])
 def test_a_wrong_lock_fails_closed(frozen_lock: tuple[Path, dict[str, Any]], image_registry: str,
@@ -99,12 +99,10 @@ def test_a_wrong_lock_fails_closed(frozen_lock: tuple[Path, dict[str, Any]], ima
         _lock(path, {k: v for k, v in entries.items() if k != "runner-base"})
     elif breakage == "spec-hash":
         _lock(path, {**entries, "base": {**entries["base"], "spec_hash": "0" * 64}})
-    elif breakage == "other-registry":
-        renamed = {}
-        for name, entry in entries.items():
-            other = entry["name"].replace(image_registry, "ghcr.io/someone-else", 1)
-            renamed[name] = {**entry, "name": other, "ref": f"{other}@{entry['digest']}"}
-        _lock(path, renamed)
+    elif breakage == "mixed-prefixes":
+        entry = entries["runner-base"]
+        other = entry["name"].replace(image_registry, "ghcr.io/someone-else", 1)
+        _lock(path, {**entries, "runner-base": {**entry, "name": other, "ref": f"{other}@{entry['digest']}"}})
     else:
         digest = "sha256:" + "ab" * 32
         entry = entries["base"]
@@ -148,3 +146,13 @@ def test_a_malformed_lock_is_refused_naming_it(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("BENCHSEAL_BASE_FROZEN", "1")
     with pytest.raises(ValidationError, match=str(path)):
         base.ensure_base("127.0.0.1:1")
+
+
+@pytest.mark.docker
+def test_a_release_under_another_prefix_takes_the_locks_bases_by_digest(
+        frozen_lock: tuple[Path, dict[str, Any]], image_registry: str, base_refs: dict[str, ImageRef]) -> None:
+    """benchseal's committed lock names its own published bases; an adopter releasing under its
+    own prefix uses exactly those, by digest (the push mounts or copies their blobs)."""
+    from pipeline.imaging.names import ImageNames
+
+    assert base.ensure_base(ImageNames(f"{image_registry}/acme/widget-")) == base_refs

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from pipeline.core.errors import CheckFailed
 from pipeline.imaging.oci import canonical_bytes, manifest_bytes
 from pipeline.imaging.push import Registry
+from tests.registry.helpers import serve_http
 
 
 class _LyingRegistry(BaseHTTPRequestHandler):
@@ -31,14 +31,8 @@ class _LyingRegistry(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def lying_registry() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _LyingRegistry)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serve_http(_LyingRegistry) as address:
+        yield address
 
 
 def test_a_digest_the_registry_does_not_confirm_fails_the_push(lying_registry: str) -> None:

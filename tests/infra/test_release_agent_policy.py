@@ -66,13 +66,13 @@ def test_a_release_agent_is_admitted_only_for_its_repositories(tmp_path: Path,
                                                               make_payload: Callable[..., dict[str, Any]]) -> None:
     policy_text = Path(load_policy.__globals__["POLICY_PATH"]).read_text(encoding="utf-8")
     narrowed = policy_text.replace("  - name: qwen-code\n    kind: npm\n    package: \"@qwen-code/qwen-code\"\n"
-                                   "    repositories: [local/benchseal, acme/widget]",
+                                   "    repositories: [benchseal-examples/qwen-code, acme/widget]",
                                    "  - name: qwen-code\n    kind: npm\n    package: \"@qwen-code/qwen-code\"\n"
-                                   "    repositories: [local/benchseal]")
+                                   "    repositories: [benchseal-examples/qwen-code]")
     assert narrowed != policy_text
     path = tmp_path / "infra.yaml"
     path.write_text(narrowed, encoding="utf-8")
-    with pytest.raises(ValidationError, match="admitted for local/benchseal, not acme/widget"):
+    with pytest.raises(ValidationError, match="admitted for benchseal-examples/qwen-code, not acme/widget"):
         validate_payload(_qwen(make_payload), load_policy(path))
 
 

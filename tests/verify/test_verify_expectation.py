@@ -192,20 +192,29 @@ def test_templates_are_filled_only_from_the_expectation() -> None:
     policy = load_policy()
     assert set(policy.profiles) == {"production", "local"}
     assert policy.expect_repository is None and policy.expect_tag is None  # the project pins nothing
-    want = expectation(None, "production", repository="acme/widget", tag="v1.2.3", infra_repository="acme/bench")
-    # The infra repository's benchmark.yml on main sealed it, whatever the source repository is.
-    assert want.identity == "https://github.com/acme/bench/.github/workflows/benchmark.yml@refs/heads/main"
+    builder = "benchseal/benchseal@" + "ab" * 20
+    want = expectation(None, "production", repository="acme/widget", tag="v1.2.3", infra_repository="acme/bench",
+                       builder=builder)
+    # The builder's reusable benchmark.yml sealed it, for the infra repository on main, whatever the
+    # source repository is.
+    assert want.identity == f"https://github.com/benchseal/benchseal/.github/workflows/benchmark.yml@{'ab' * 20}"
+    assert (want.workflow_repository, want.workflow_ref) == ("acme/bench", "refs/heads/main")
     assert want.issuer == "https://token.actions.githubusercontent.com"
     assert (want.repository, want.tag, want.infra_repository) == ("acme/widget", "v1.2.3", "acme/bench")
+    assert str(want.builder) == builder
     with pytest.raises(ValidationError, match="--repo"):
-        expectation(None, "production", repository=None, tag="v1.2.3", infra_repository="acme/bench")
-    # The production profile names the infra repository: the consumer must state it.
+        expectation(None, "production", repository=None, tag="v1.2.3", infra_repository="acme/bench", builder=builder)
+    # The production profile names the infra repository and the builder: the consumer must state both.
     with pytest.raises(ValidationError, match=r"--infra-repo.*is required by the production profile"):
-        expectation(None, "production", repository="acme/widget", tag="v1.2.3")
+        expectation(None, "production", repository="acme/widget", tag="v1.2.3", builder=builder)
+    with pytest.raises(ValidationError, match=r"--builder.*is required by the production profile"):
+        expectation(None, "production", repository="acme/widget", tag="v1.2.3", infra_repository="acme/bench")
     with pytest.raises(ValidationError, match="--infra-repo"):
-        expectation(None, "production", repository="acme/widget", tag="v1.2.3", infra_repository="not a repo")
-    # The local profile does not use it.
-    assert expectation(None, "local", repository="acme/widget", tag="v1.2.3").infra_repository is None
+        expectation(None, "production", repository="acme/widget", tag="v1.2.3", infra_repository="not a repo",
+                    builder=builder)
+    # The local profile uses neither.
+    local = expectation(None, "local", repository="acme/widget", tag="v1.2.3")
+    assert local.infra_repository is None and local.workflow_repository is None and local.workflow_ref is None
 
 
 def test_infra_repository_pinned_in_a_policy_file(tmp_path: Path) -> None:

@@ -11,6 +11,15 @@ by the GitHub emulator's evaluator (tests/doubles/github/actions.py) with the
 ``github``, ``inputs``, ``vars``, ``secrets``, ``env``, ``matrix``, ``needs``, ``steps``,
 ``job``, ``runner`` and ``strategy`` contexts; what it cannot evaluate raises.
 
+A job's ``uses: ./.github/workflows/FILE`` (the caller's repository at the triggering commit)
+or ``uses: OWNER/REPO/.github/workflows/FILE@REF`` (``Runner.repositories``) runs a reusable
+workflow (``on: workflow_call``) as GitHub does: its typed ``inputs`` (defaults applied), only
+the ``secrets`` the caller passes (or ``inherit``), the caller's ``github`` and ``vars`` but not
+its ``env``, each called job's GITHUB_TOKEN capped by the caller's permissions, its OIDC
+``job_workflow_ref``/``job_workflow_sha`` naming the called file. Its jobs are reported as
+``RunResult.jobs["<caller>/<job>"]``; the caller's own entry holds the aggregate result (failure
+when a called job failed) and ``on.workflow_call.outputs`` (``needs.<caller>.outputs.*``).
+
 Checks that fail the run (``HarnessError``) rather than pass silently:
 
 * a ``uses:`` not in ``ACTIONS`` below, a key of a job or step the harness does not
@@ -21,7 +30,17 @@ Checks that fail the run (``HarnessError``) rather than pass silently:
   job that succeeded but never wrote that output (``RunResult.unresolved``; after a
   failed step or job such references are recorded in ``unresolved_after_failure``);
 * a malformed ``GITHUB_OUTPUT`` / ``GITHUB_ENV`` file (no ``=``, unterminated heredoc);
-* a secret value in a step's log.
+* a secret value in a step's log (the caller's secrets and those it passed to a called workflow);
+* a reusable workflow that calls another, a caller job key beside those GitHub allows that the
+  harness does not implement (``strategy``, ``concurrency``), an unknown ``Runner.repositories``
+  name or a called file that is missing or has no ``on: workflow_call``.
+
+What GitHub refuses when a run starts is reported as it is: a caller passing an input or secret
+the called workflow does not declare, missing a required one, giving an input a value of another
+type, or a called job asking for more permissions than its caller grants fails that caller job
+(the reason in its ``notes``) and no job of the run runs (an input built from ``needs``
+outputs is only known, and checked, when the caller job starts: then only that caller fails).
+A job without a ``permissions`` key gets its workflow's top-level ``permissions``.
 
 ``ACTIONS`` is the one table of local equivalents. ``HOST`` lists what the runner
 image provides beside the ``uses:`` steps (sudo, the GitHub CLI).
@@ -46,7 +65,7 @@ from typing import Any
 
 import yaml
 
-from tests.doubles.github.actions import ExpressionError, evaluate_condition, interpolate, to_str
+from tests.doubles.github.actions import ExpressionError, evaluate, evaluate_condition, interpolate, to_str
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy"
@@ -66,7 +85,10 @@ class HarnessError(AssertionError):
 class Runner:
     """What the jobs run on. One per test; ``root`` holds every job's directories.
 
-    ``source``: a git repository holding the workflow's commit (``actions/checkout`` clones it).
+    ``source``: a git repository holding the workflow's commit (``actions/checkout`` clones it;
+    ``uses: ./.github/workflows/FILE`` reads FILE from it at the triggering commit).
+    ``repositories``: other repositories by ``owner/name`` -> a local git repository, for
+    ``uses: OWNER/REPO/.github/workflows/FILE@REF`` and ``actions/checkout`` with ``repository:``.
     ``venv``: the project venv (``actions/setup-python``).
     ``env``: variables of the runner machine itself (e.g. ``BENCHSEAL_HOME``: the
     persistent build caches a self-hosted runner keeps between jobs).
@@ -91,6 +113,7 @@ class Runner:
     oidc: Callable[[str, Mapping[str, str]], str] | None = None
     github_token: Callable[[str, Mapping[str, str]], str] | None = None
     ghcr: tuple[str, str, str] | None = None
+    repositories: dict[str, Path] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -168,11 +191,36 @@ class Action:
 
 
 def _checkout(job: JobRun, inputs: Mapping[str, str]) -> None:
-    ref = inputs.get("ref") or str(job.ctx["github"]["sha"])
-    workspace = job.workspace
-    _git(["clone", "--quiet", "--no-hardlinks", str(job.runner.source), str(workspace)], cwd=job.dir)
-    _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", ref], cwd=workspace)
-    job.log(f"checkout: {job.runner.source} at {ref} -> {_git(['rev-parse', 'HEAD'], cwd=workspace).strip()}")
+    github = job.ctx["github"]
+    # Without `repository`, the workflow run's repository: in a called workflow that is the caller's.
+    repository = inputs.get("repository") or str(github["repository"])
+    if repository == github["repository"]:
+        origin, ref = job.runner.source, inputs.get("ref") or str(github["sha"])
+    elif repository in job.runner.repositories:
+        # Another repository: its default branch (what a clone checks out) unless `ref` says otherwise.
+        origin, ref = job.runner.repositories[repository], inputs.get("ref", "")
+    else:
+        raise StepFailed(f"checkout: repository {repository!r} not found (not github.repository, "
+                         "not in Runner.repositories)")
+    workspace = job.workspace.resolve()
+    target = (workspace / inputs.get("path", ".")).resolve()
+    if target != workspace and workspace not in target.parents:
+        raise StepFailed(f"checkout: Repository path '{target}' is not under '{workspace}'")
+    if target.is_dir() and any(target.iterdir()):
+        # As the action does with a directory that is not already this repository's clone.
+        for entry in target.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    target.mkdir(parents=True, exist_ok=True)
+    _git(["clone", "--quiet", "--no-hardlinks", str(origin), str(target)], cwd=job.dir)
+    if ref:
+        # A branch as refs/heads/X exists in the clone as its remote-tracking branch.
+        local = f"refs/remotes/origin/{ref.removeprefix('refs/heads/')}" if ref.startswith("refs/heads/") else ref
+        _git(["-c", "advice.detachedHead=false", "checkout", "--quiet", local], cwd=target)
+    job.log(f"checkout: {repository} ({origin}) at {ref or 'its default branch'} -> "
+            f"{_git(['rev-parse', 'HEAD'], cwd=target).strip()} in {target}")
 
 
 def _setup_python(job: JobRun, inputs: Mapping[str, str]) -> None:
@@ -268,8 +316,10 @@ def _docker_login(job: JobRun, inputs: Mapping[str, str]) -> None:
 
 ACTIONS: dict[str, Action] = {
     "actions/checkout": Action(
-        "`git clone` of Runner.source into the job's workspace, then `git checkout` of `ref` (default github.sha)",
-        _checkout, frozenset({"ref", "persist-credentials"})),
+        "`git clone` of `repository` (default github.repository: Runner.source; another one: "
+        "Runner.repositories, else 'not found') into `path` under the workspace, then `git checkout` of `ref` "
+        "(default github.sha for github.repository, the default branch for another one)",
+        _checkout, frozenset({"repository", "ref", "path", "persist-credentials"})),
     "actions/setup-python": Action(
         "the project venv, through a per-job venv that reads its site-packages (pip installs go to the job, offline)",
         _setup_python, frozenset({"python-version"})),
@@ -292,7 +342,8 @@ HOST: dict[str, str] = {
     "gh": "the GitHub CLI (Debian package gh, installed by scripts/setup.sh), against GITHUB_API_URL",
     "id-token": "`permissions: id-token: write` -> ACTIONS_ID_TOKEN_REQUEST_URL/_TOKEN served on loopback, "
                 "tokens minted by Runner.oidc; local_issuer(instance): the private Sigstore instance's issuer, "
-                "subject https://github.com/<job_workflow_ref>",
+                "subject https://github.com/<job_workflow_ref> (a called workflow's job: the called file at its "
+                "ref, job_workflow_sha its commit; workflow_ref the caller's)",
 }
 
 
@@ -346,6 +397,8 @@ class JobResult:
 @dataclass
 class RunResult:
     workflow: str
+    # By job id; a called workflow's jobs as "<caller>/<job>" (GitHub shows "caller / job") beside
+    # the caller's own entry (their aggregate result and the workflow_call outputs).
     jobs: dict[str, JobResult] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     unresolved: list[str] = field(default_factory=list)
@@ -363,13 +416,17 @@ class RunResult:
         return "".join(self.jobs[j].summary for j in self.order if j in self.jobs)
 
     def describe(self) -> str:
-        return "\n".join(f"== {j} [{self.jobs[j].result}]\n{self.jobs[j].log[-4000:]}" for j in self.order)
+        return "\n".join(f"== {j} [{self.jobs[j].result}]\n" + "".join(f"note: {n}\n" for n in self.jobs[j].notes)
+                         + self.jobs[j].log[-4000:] for j in self.order)
 
 
 # --- execution ---------------------------------------------------------------------------
 
 _JOB_KEYS = {"name", "runs-on", "needs", "if", "permissions", "timeout-minutes", "strategy", "outputs", "steps",
              "env"}
+# A job that calls a reusable workflow takes only these (GitHub allows `strategy` and `concurrency` too;
+# the harness does not implement them).
+_CALLER_KEYS = {"name", "uses", "with", "secrets", "needs", "if", "permissions"}
 _STEP_KEYS = {"id", "name", "uses", "with", "run", "shell", "env", "if", "working-directory", "timeout-minutes"}
 _STEP_ID_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 _run_ids = itertools.count(1000)
@@ -393,6 +450,28 @@ class Trigger:
     actor: str = "release-bot"
 
 
+@dataclass(frozen=True)
+class _Workflow:
+    """The file a job's steps come from, as its OIDC token names it: ``job_workflow_ref``
+    (OWNER/REPO/.github/workflows/FILE@REF) and ``job_workflow_sha``."""
+
+    ref: str
+    sha: str
+
+
+@dataclass
+class _Run:
+    """What every job of one run shares."""
+
+    runner: Runner
+    trigger: Trigger
+    result: RunResult
+    dir: Path
+    event_path: Path
+    # Every value a log must not show: the caller's secrets and whatever it passed to a called workflow.
+    secret_values: set[str] = field(default_factory=set)
+
+
 def run_workflow(path: Path, trigger: Trigger, runner: Runner, *, name: str | None = None) -> RunResult:
     """Run every job of the workflow at ``path`` for ``trigger`` on ``runner``."""
     doc = yaml.safe_load(path.read_text("utf-8"))
@@ -405,38 +484,311 @@ def run_workflow(path: Path, trigger: Trigger, runner: Runner, *, name: str | No
     github = _github_context(doc, path, trigger, run_id)
     event_path = run_dir / "event.json"
     event_path.write_text(json.dumps(trigger.event), "utf-8")
+    state = _Run(runner, trigger, result, run_dir, event_path, {v for v in trigger.secrets.values() if v})
     base = _Evaluator(result, {
         "github": github, "inputs": trigger.inputs, "vars": trigger.vars, "secrets": trigger.secrets,
         "env": {}, "runner": {"os": "Linux", "arch": "X64", "temp": "", "name": "benchseal-harness"},
     })
     workflow_env = {k: base.text(v, f"env.{k}") for k, v in (doc.get("env") or {}).items()}
     jobs: dict[str, dict[str, Any]] = doc["jobs"]
+    calls: dict[str, _Call] = {}
     for job_id, job in jobs.items():
-        unknown = set(job) - _JOB_KEYS
+        unknown = set(job) - (_CALLER_KEYS if "uses" in job else _JOB_KEYS)
         if unknown:
             raise HarnessError(f"job {job_id}: keys the harness does not implement: {sorted(unknown)}")
+        if "uses" in job:
+            calls[job_id] = _load_call(job_id, str(job["uses"]), runner, github)
+    order = _needs_order(jobs)
+    workflow_permissions = _stated_permissions("workflow", doc)
+    # A job without a permissions key gets the workflow's (None: neither states any).
+    permissions = {job_id: _or(_stated_permissions(f"job {job_id}", job), workflow_permissions)
+                   for job_id, job in jobs.items()}
+    # GitHub validates every call (inputs, secrets, permissions) before the run starts: a bad one
+    # fails the whole run and no job runs.
+    refused: dict[str, str] = {}
+    for job_id, call in calls.items():
+        try:
+            _bind_call(job_id, jobs[job_id], call, base.ctx, {}, result, setup=True)
+            _called_permissions(job_id, call, permissions[job_id])
+        except _Refused as exc:
+            refused[job_id] = str(exc)
+    if refused:
+        for job_id in order:
+            result.order.append(job_id)
+            if job_id in refused:
+                result.jobs[job_id] = JobResult(job_id, "failure", notes=[
+                    f"GitHub refused the run before it started: job {job_id} (uses: {calls[job_id].uses}): "
+                    f"{refused[job_id]}"])
+            else:
+                result.jobs[job_id] = JobResult(job_id, "skipped", notes=[
+                    f"not run: GitHub refused the run before it started ({', '.join(sorted(refused))})"])
+        return result
+    _run_jobs(state, jobs, dict(base.ctx), workflow_env, prefix="", permissions=permissions,
+              workflow=_Workflow(str(github["workflow_ref"]), trigger.sha), calls=calls)
+    for job_result in result.jobs.values():
+        if any(s in job_result.log or s in job_result.summary for s in state.secret_values):
+            result.secret_leaks.append(job_result.id)
+    return result
+
+
+def _run_jobs(state: _Run, jobs: Mapping[str, Mapping[str, Any]], ctx: dict[str, Any], workflow_env: dict[str, str],
+              *, prefix: str, permissions: Mapping[str, dict[str, str] | None], workflow: _Workflow,
+              calls: Mapping[str, _Call]) -> dict[str, JobResult]:
+    """The jobs of one workflow file in ``needs`` order; ``needs.X`` names a job of that file.
+    Results go into the run's result as ``prefix + job id``; returned by job id."""
+    done: dict[str, JobResult] = {}
     for job_id in _needs_order(jobs):
-        result.order.append(job_id)
+        full = prefix + job_id
+        state.result.order.append(full)
         job = jobs[job_id]
         needs = _as_list(job.get("needs"))
-        need_results = {n: result.jobs[n].result for n in needs}
-        ctx = dict(base.ctx, env=dict(workflow_env), needs={
-            n: {"result": result.jobs[n].result, "outputs": result.jobs[n].outputs} for n in needs})
-        evaluator = _Evaluator(result, ctx, needs=result.jobs, where=job_id)
+        need_results = {n: done[n].result for n in needs}
+        job_ctx = dict(ctx, env=dict(workflow_env), needs={
+            n: {"result": done[n].result, "outputs": done[n].outputs} for n in needs})
+        evaluator = _Evaluator(state.result, job_ctx, needs=done, where=full)
         all_ok = all(r == "success" for r in need_results.values())
         any_failed = any(r == "failure" for r in need_results.values())
         functions = _status_functions(all_ok, any_failed)
         condition = job.get("if", "success()")
         if not evaluator.condition(condition, functions):
-            result.jobs[job_id] = JobResult(job_id, "skipped")
-            continue
-        result.jobs[job_id] = _run_job(job_id, job, ctx, evaluator, runner, trigger, run_dir, event_path,
-                                       dict(workflow_env))
-    for secret in (v for v in trigger.secrets.values() if v):
-        for job_result in result.jobs.values():
-            if secret in job_result.log or secret in job_result.summary:
-                result.secret_leaks.append(job_result.id)
-    return result
+            done[job_id] = JobResult(full, "skipped")
+        elif job_id in calls:
+            done[job_id] = _run_call(full, job, calls[job_id], job_ctx, done, state, permissions[job_id])
+        else:
+            done[job_id] = _run_job(full, job, job_ctx, evaluator, state, dict(workflow_env),
+                                    permissions=permissions[job_id], workflow=workflow)
+        state.result.jobs[full] = done[job_id]
+    return done
+
+
+def _or(stated: dict[str, str] | None, fallback: dict[str, str] | None) -> dict[str, str] | None:
+    return fallback if stated is None else stated
+
+
+# --- reusable workflows (a job's `uses: .../.github/workflows/FILE`) ----------------------------
+
+
+class _Refused(Exception):
+    """GitHub refuses this call of a reusable workflow (the caller job fails, no called job runs)."""
+
+
+_INPUT_TYPES = ("string", "boolean", "number")
+# Unset, not required, no default: Actions gives the type's empty value.
+_INPUT_EMPTY: dict[str, object] = {"string": "", "boolean": False, "number": 0}
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A reusable workflow as one caller job names it."""
+
+    uses: str
+    file: str
+    doc: dict[str, Any]
+    workflow: _Workflow
+    inputs: dict[str, dict[str, Any]]
+    secrets: dict[str, dict[str, Any]]
+    outputs: dict[str, dict[str, Any]]
+
+
+def _load_call(job_id: str, uses: str, runner: Runner, github: Mapping[str, Any]) -> _Call:
+    """The called file as GitHub reads it: ``./.github/workflows/FILE`` from the caller's
+    repository at the triggering commit, ``OWNER/REPO/.github/workflows/FILE@REF`` from that
+    repository (Runner.repositories) at REF (a commit, tag or branch)."""
+    local = re.fullmatch(r"\./\.github/workflows/([^/@]+\.ya?ml)", uses)
+    remote = re.fullmatch(r"([A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+)/\.github/workflows/([^/@]+\.ya?ml)@([^@\s]+)", uses)
+    if local:
+        repository, file, origin, commit = str(github["repository"]), local.group(1), runner.source, str(github["sha"])
+        ref = f"{repository}/.github/workflows/{file}@{github['ref']}"
+    elif remote:
+        repository, file, at = remote.groups()
+        if repository not in runner.repositories:
+            raise HarnessError(f"job {job_id}: uses: {uses}: repository {repository} is not in Runner.repositories")
+        origin, ref = runner.repositories[repository], uses
+        commit = _git_or_raise(["rev-parse", "--verify", "--quiet", f"{at}^{{commit}}"], origin,
+                               f"job {job_id}: uses: {uses}: {at!r} is no commit, tag or branch of {repository}")
+    else:
+        raise HarnessError(f"job {job_id}: uses: {uses!r} is neither ./.github/workflows/FILE nor "
+                           "OWNER/REPO/.github/workflows/FILE@REF")
+    text = _git_or_raise(["show", f"{commit}:.github/workflows/{file}"], origin,
+                         f"job {job_id}: uses: {uses}: no .github/workflows/{file} in {repository} at {commit}")
+    doc = yaml.safe_load(text)
+    where = f"{repository}/.github/workflows/{file}@{commit}"
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), dict):
+        raise HarnessError(f"{where}: not a workflow with jobs")
+    triggers = doc.get("on", doc.get(True))  # YAML 1.1 reads the key `on` as True
+    if isinstance(triggers, str):
+        triggers = {triggers: None}
+    elif isinstance(triggers, list):
+        triggers = dict.fromkeys(triggers)
+    if not isinstance(triggers, dict) or "workflow_call" not in triggers:
+        raise HarnessError(f"job {job_id}: uses: {uses}: {where} has no `on: workflow_call`, it cannot be called")
+    spec = triggers["workflow_call"] or {}
+    if not isinstance(spec, dict) or set(spec) - {"inputs", "secrets", "outputs"}:
+        raise HarnessError(f"{where}: on.workflow_call: only inputs, secrets and outputs are implemented")
+    inputs = _declared(where, "inputs", spec, {"description", "required", "type", "default"})
+    for name, declared in inputs.items():
+        if declared.get("type") not in _INPUT_TYPES:
+            raise HarnessError(f"{where}: on.workflow_call.inputs.{name}.type must be one of {_INPUT_TYPES}")
+    outputs = _declared(where, "outputs", spec, {"description", "value"})
+    for name, declared in outputs.items():
+        if "value" not in declared:
+            raise HarnessError(f"{where}: on.workflow_call.outputs.{name} has no value")
+    for called_id, job in doc["jobs"].items():
+        if "uses" in job:
+            raise HarnessError(f"{where}: job {called_id}: a called workflow calling another is not implemented")
+        unknown = set(job) - _JOB_KEYS
+        if unknown:
+            raise HarnessError(f"{where}: job {called_id}: keys the harness does not implement: {sorted(unknown)}")
+    return _Call(uses, file, doc, _Workflow(ref, commit), inputs,
+                 _declared(where, "secrets", spec, {"description", "required"}), outputs)
+
+
+def _declared(where: str, kind: str, spec: Mapping[str, Any], keys: set[str]) -> dict[str, dict[str, Any]]:
+    declared: dict[str, dict[str, Any]] = {}
+    for name, entry in (spec.get(kind) or {}).items():
+        _string_key(where, f"on.workflow_call.{kind}", name)
+        entry = entry or {}
+        if not isinstance(entry, dict) or set(entry) - keys:
+            raise HarnessError(f"{where}: on.workflow_call.{kind}.{name}: only {sorted(keys)} are implemented")
+        declared[str(name)] = entry
+    return declared
+
+
+def _string_key(where: str, what: str, key: object) -> None:
+    # PyYAML reads YAML 1.1: an unquoted on/off/yes/no key is a boolean, where GitHub reads a name.
+    if not isinstance(key, str):
+        raise HarnessError(f"{where}: {what}: key {key!r} is not a string (quote it: PyYAML reads on/off/yes/no "
+                           "as booleans)")
+
+
+def _git_or_raise(args: list[str], cwd: Path, message: str) -> str:
+    try:
+        return _git(args, cwd=cwd).strip()
+    except StepFailed as exc:
+        raise HarnessError(f"{message} ({exc})") from exc
+
+
+def _bind_call(caller_id: str, job: Mapping[str, Any], call: _Call, ctx: Mapping[str, Any],
+               needs: Mapping[str, JobResult], result: RunResult, *, setup: bool
+               ) -> tuple[dict[str, object], dict[str, str]]:
+    """The called workflow's ``inputs`` (typed, defaults applied) and ``secrets`` from the
+    caller's ``with:`` and ``secrets:``, or _Refused as GitHub refuses the call. ``setup``:
+    before the run starts, when values built from ``needs`` are not known yet (checked when the
+    caller job starts)."""
+    # The contexts Actions allows in a caller's `with:` (secrets only under `secrets:`).
+    scope = {"github": ctx["github"], "inputs": ctx["inputs"], "vars": ctx["vars"], "needs": ctx.get("needs", {})}
+    with_ev = _Evaluator(result, scope, needs=needs, where=caller_id)
+    secrets_ev = _Evaluator(result, dict(scope, secrets=ctx["secrets"]), needs=needs, where=caller_id)
+    given = job.get("with") or {}
+    if not isinstance(given, dict):
+        raise HarnessError(f"job {caller_id}: with: must be a map")
+    for name in given:
+        _string_key(f"job {caller_id}", "with", name)
+        if name not in call.inputs:
+            raise _Refused(f"Invalid input, {name} is not defined in the referenced workflow.")
+    inputs: dict[str, object] = {}
+    for name, declared in call.inputs.items():
+        kind = str(declared["type"])
+        if name in given:
+            if setup and _mentions_needs(given[name]):
+                continue
+            inputs[name] = _typed_input(name, kind, with_ev.value(given[name], f"with.{name}"))
+        elif declared.get("required"):
+            raise _Refused(f"Input {name} is required, but not provided while calling.")
+        elif "default" in declared:
+            inputs[name] = _typed_input(name, kind, with_ev.value(declared["default"], f"inputs.{name}.default"))
+        else:
+            inputs[name] = _INPUT_EMPTY[kind]
+    passed = job.get("secrets")
+    secrets: dict[str, str] = {}
+    if passed == "inherit":
+        # Every secret of the caller, declared or not.
+        secrets = dict(ctx["secrets"])
+    elif isinstance(passed, dict):
+        for name, value in passed.items():
+            if name not in call.secrets:
+                raise _Refused(f"Invalid secret, {name} is not defined in the referenced workflow.")
+            if not (setup and _mentions_needs(value)):
+                secrets[str(name)] = secrets_ev.text(value, f"secrets.{name}")
+    elif passed is not None:
+        raise HarnessError(f"job {caller_id}: secrets: must be `inherit` or a map")
+    provided = set(ctx["secrets"]) if passed == "inherit" else set(passed or {})
+    for name, declared in call.secrets.items():
+        if declared.get("required") and name not in provided:
+            raise _Refused(f"Secret {name} is required, but not provided while calling.")
+    return inputs, secrets
+
+
+def _mentions_needs(value: object) -> bool:
+    return isinstance(value, str) and re.search(r"\$\{\{[^}]*\bneeds\.", value) is not None
+
+
+def _typed_input(name: str, kind: str, value: object) -> object:
+    """As Actions checks a caller's value against the input's type: a boolean or a number must
+    be one (a string such as 'true' is refused); a string input takes any scalar as its text."""
+    if kind == "string" and not isinstance(value, dict | list):
+        return to_str(value)
+    if kind == "boolean" and isinstance(value, bool):
+        return value
+    if kind == "number" and isinstance(value, int | float) and not isinstance(value, bool):
+        return value
+    raise _Refused(f"input {name} (type: {kind}): Unexpected value '{to_str(value)}'")
+
+
+_LEVELS = {"none": 0, "read": 1, "write": 2}
+
+
+def _called_permissions(caller_id: str, call: _Call, granted: dict[str, str] | None
+                        ) -> dict[str, dict[str, str] | None]:
+    """Each called job's GITHUB_TOKEN permissions: its own (or its workflow's) when stated, else
+    the caller's. A called job may ask for less than the caller grants, never more: GitHub then
+    refuses the run."""
+    workflow_level = _stated_permissions(f"{call.uses}", call.doc)
+    effective: dict[str, dict[str, str] | None] = {}
+    for called_id, job in call.doc["jobs"].items():
+        stated = _or(_stated_permissions(f"job {caller_id}/{called_id}", job), workflow_level)
+        if stated is not None and granted is None:
+            raise HarnessError(f"job {caller_id}/{called_id} states permissions but its caller {caller_id} states "
+                               "none (job or workflow): the repository's default token permissions are not implemented")
+        for scope, level in (stated or {}).items():
+            allowed = (granted or {}).get(scope, "none")
+            if _LEVELS[level] > _LEVELS[allowed]:
+                raise _Refused(f"The nested job '{called_id}' is requesting '{scope}: {level}', "
+                               f"but is only allowed '{scope}: {allowed}'.")
+        effective[called_id] = granted if stated is None else stated
+    return effective
+
+
+def _run_call(caller_id: str, job: Mapping[str, Any], call: _Call, ctx: dict[str, Any],
+              needs: Mapping[str, JobResult], state: _Run, granted: dict[str, str] | None) -> JobResult:
+    """The called workflow's jobs as ``<caller>/<job>``; the caller's result aggregates them: failure
+    when one failed, its outputs ``on.workflow_call.outputs`` evaluated with the ``jobs`` context."""
+    try:
+        inputs, secrets = _bind_call(caller_id, job, call, ctx, needs, state.result, setup=False)
+        permissions = _called_permissions(caller_id, call, granted)
+    except _Refused as exc:
+        return JobResult(caller_id, "failure", notes=[f"GitHub refused to call {call.uses}: {exc}"])
+    state.secret_values.update(v for v in secrets.values() if v)
+    # github and vars are the caller's; env is not passed (the called file's own env only).
+    called_ctx = {"github": ctx["github"], "inputs": inputs, "vars": ctx["vars"], "secrets": secrets, "env": {},
+                  "runner": ctx["runner"]}
+    env_ev = _Evaluator(state.result, called_ctx, where=f"{caller_id} ({call.file})")
+    workflow_env = {k: env_ev.text(v, f"env.{k}") for k, v in (call.doc.get("env") or {}).items()}
+    done = _run_jobs(state, call.doc["jobs"], called_ctx, workflow_env, prefix=f"{caller_id}/",
+                     permissions=permissions, workflow=call.workflow, calls={})
+    out_ev = _Evaluator(state.result, {
+        "github": ctx["github"], "inputs": inputs, "vars": ctx["vars"],
+        "jobs": {n: {"result": r.result, "outputs": r.outputs} for n, r in done.items()},
+    }, needs=done, where=f"{caller_id} (on.workflow_call.outputs)")
+    outputs: dict[str, str] = {}
+    for key, declared in call.outputs.items():
+        # As a job's outputs: one built from a never-written output is reported and left out.
+        before = len(state.result.unresolved) + len(state.result.unresolved_after_failure)
+        value = out_ev.text(declared["value"], f"outputs.{key}.value")
+        if len(state.result.unresolved) + len(state.result.unresolved_after_failure) == before:
+            outputs[key] = value
+    failed = any(r.result in ("failure", "cancelled") for r in done.values())
+    return JobResult(caller_id, "failure" if failed else "success", outputs=outputs)
 
 
 def _github_context(doc: Mapping[str, Any], path: Path, trigger: Trigger, run_id: int) -> dict[str, Any]:
@@ -511,8 +863,8 @@ class _Evaluator:
             raise HarnessError(f"{self.where}: unknown context {root!r} in {path!r}")
         if root == "steps":
             return self._step_ref(path, parts)
-        if root == "needs":
-            return self._needs_ref(path, parts)
+        if root in ("needs", "jobs"):
+            return self._job_ref(path, parts)
         node: object = self.ctx
         for part in parts:
             node = node.get(part) if isinstance(node, Mapping) else None
@@ -532,14 +884,16 @@ class _Evaluator:
         return self._output(path, None if step is None else step.conclusion,
                             None if step is None else step.outputs, parts[3])
 
-    def _needs_ref(self, path: str, parts: list[str]) -> object:
-        if len(parts) < 2 or parts[1] not in self.ctx["needs"]:
-            raise HarnessError(f"{self.where}: {path!r}: job {parts[1] if len(parts) > 1 else ''!r} is not in needs")
+    def _job_ref(self, path: str, parts: list[str]) -> object:
+        """``needs.<job>.*``, or ``jobs.<job>.*`` (a called workflow's outputs: any of its jobs)."""
+        if len(parts) < 2 or parts[1] not in self.ctx[parts[0]]:
+            known = "in needs" if parts[0] == "needs" else "a job of the called workflow"
+            raise HarnessError(f"{self.where}: {path!r}: job {parts[1] if len(parts) > 1 else ''!r} is not {known}")
         job = self.needs[parts[1]]
         if len(parts) == 3 and parts[2] == "result":
             return job.result
         if parts[2] != "outputs" or len(parts) != 4:
-            raise HarnessError(f"{self.where}: unsupported needs reference {path!r}")
+            raise HarnessError(f"{self.where}: unsupported {parts[0]} reference {path!r}")
         return self._output(path, job.result, job.outputs, parts[3])
 
     def _output(self, path: str, conclusion: str | None, outputs: Mapping[str, str] | None, name: str) -> object:
@@ -563,6 +917,21 @@ class _Evaluator:
         except ExpressionError as exc:
             raise HarnessError(f"{self.where}: {where}: {exc}") from exc
 
+    def value(self, value: object, where: str) -> object:
+        """A value as Actions passes it to a called workflow's input: a YAML scalar keeps its type,
+        one whole ``${{ }}`` is the expression's own value (boolean, number, ...), any other
+        string the interpolated text."""
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        if isinstance(value, str):
+            whole = _WHOLE_EXPR.fullmatch(value.strip())
+            if whole and value.count("${{") == 1:
+                try:
+                    return evaluate(whole.group(1), self.ctx, resolve=self.resolve)
+                except ExpressionError as exc:
+                    raise HarnessError(f"{self.where}: {where}: {exc}") from exc
+        return self.text(value, where)
+
     def condition(self, value: object, functions: Mapping[str, Callable[..., object]]) -> bool:
         """An ``if:``; as in Actions, one without a status function is ``success() && (if)``."""
         try:
@@ -575,6 +944,7 @@ class _Evaluator:
             raise HarnessError(f"{self.where}: if: {exc}") from exc
 
 
+_WHOLE_EXPR = re.compile(r"\$\{\{(.*)\}\}", re.S)
 _STATUS_CALL = re.compile(r"\b(?:success|failure|always|cancelled)\s*\(")
 
 
@@ -615,8 +985,8 @@ def _matrix_legs(job_id: str, job: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(matrix[k] for k in keys))]
 
 
-def _run_job(job_id: str, job: Mapping[str, Any], ctx: dict[str, Any], evaluator: _Evaluator, runner: Runner,
-             trigger: Trigger, run_dir: Path, event_path: Path, env: dict[str, str]) -> JobResult:
+def _run_job(job_id: str, job: Mapping[str, Any], ctx: dict[str, Any], evaluator: _Evaluator, state: _Run,
+             env: dict[str, str], *, permissions: dict[str, str] | None, workflow: _Workflow) -> JobResult:
     legs = _matrix_legs(job_id, job)
     fail_fast = bool((job.get("strategy") or {}).get("fail-fast", True))
     result = JobResult(job_id, "success")
@@ -629,8 +999,8 @@ def _run_job(job_id: str, job: Mapping[str, Any], ctx: dict[str, Any], evaluator
                        job={"status": "success"}, steps={})
         leg_eval = _Evaluator(evaluator.result, leg_ctx, needs=evaluator.needs,
                               where=f"{job_id}" + (f" ({', '.join(map(str, matrix.values()))})" if matrix else ""))
-        conclusion, steps, summary, notes, outputs = _run_leg(job_id, job, leg_eval, runner, trigger, run_dir,
-                                                              event_path, dict(env), index)
+        conclusion, steps, summary, notes, outputs = _run_leg(job_id, job, leg_eval, state, dict(env), index,
+                                                              permissions, workflow)
         leg_results.append(conclusion)
         result.legs.append(steps)
         result.summary += summary
@@ -641,19 +1011,20 @@ def _run_job(job_id: str, job: Mapping[str, Any], ctx: dict[str, Any], evaluator
     return result
 
 
-def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, runner: Runner, trigger: Trigger,
-             run_dir: Path, event_path: Path, env: dict[str, str], index: int
+def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, state: _Run, env: dict[str, str], index: int,
+             stated: dict[str, str] | None, workflow: _Workflow
              ) -> tuple[str, list[StepResult], str, list[str], dict[str, str]]:
-    job_dir = run_dir / f"{job_id}-{index}"
+    """One leg; ``stated``: its GITHUB_TOKEN permissions (None: nobody stated any)."""
+    runner, trigger, run_dir, event_path = state.runner, state.trigger, state.dir, state.event_path
+    job_dir = run_dir / f"{job_id.replace('/', '--')}-{index}"
     (job_dir / "workspace").mkdir(parents=True)
     (job_dir / "temp").mkdir()
     (job_dir / "home").mkdir()
-    stated = _job_permissions(job_id, job)
     permissions = stated or {}
     if runner.github_token is not None:
         if stated is None:
-            raise HarnessError(f"job {job_id}: no permissions key; the repository's default token "
-                               "permissions are not implemented (Runner.github_token is set)")
+            raise HarnessError(f"job {job_id}: no permissions key (job or workflow); the repository's default "
+                               "token permissions are not implemented (Runner.github_token is set)")
         # This job's GITHUB_TOKEN: exactly its permissions (id-token is not a token permission).
         granted = {k: v for k, v in permissions.items() if k != "id-token" and v != "none"}
         ev.ctx["github"] = dict(ev.ctx["github"], token=runner.github_token(trigger.repository, granted))
@@ -675,7 +1046,7 @@ def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, runner: Runner
     if permissions.get("id-token") == "write":
         if runner.oidc is None:
             raise HarnessError(f"job {job_id} asks for id-token: write but the runner has no OIDC issuer")
-        token_server = _TokenServer(runner.oidc, _oidc_claims(ev.ctx["github"]))
+        token_server = _TokenServer(runner.oidc, _oidc_claims(ev.ctx["github"], workflow))
     timeout = min(float(job.get("timeout-minutes", 360)) * 60, STEP_TIMEOUT_CAP_S)
     results: list[StepResult] = []
     summary = ""
@@ -745,20 +1116,17 @@ def _run_leg(job_id: str, job: Mapping[str, Any], ev: _Evaluator, runner: Runner
     return conclusion, results, summary, run.notes, outputs
 
 
-_PERMISSION_LEVELS = ("read", "write", "none")
-
-
-def _job_permissions(job_id: str, job: Mapping[str, Any]) -> dict[str, str] | None:
-    """The job's ``permissions`` map (``{}``: none), or None when the job states none (the
-    repository's default token permissions). The shorthands (read-all, write-all) are not implemented."""
-    if "permissions" not in job:
+def _stated_permissions(where: str, node: Mapping[str, Any]) -> dict[str, str] | None:
+    """The ``permissions`` map of a job or a workflow (``{}``: none), or None when it states none.
+    The shorthands (read-all, write-all) are not implemented."""
+    if "permissions" not in node:
         return None
-    permissions = job.get("permissions") or {}
+    permissions = node.get("permissions") or {}
     if not isinstance(permissions, dict):
-        raise HarnessError(f"job {job_id}: permissions {permissions!r}: only a map is implemented")
+        raise HarnessError(f"{where}: permissions {permissions!r}: only a map is implemented")
     for name, level in permissions.items():
-        if level not in _PERMISSION_LEVELS:
-            raise HarnessError(f"job {job_id}: permissions.{name}: {level!r} is not read|write|none")
+        if level not in _LEVELS:
+            raise HarnessError(f"{where}: permissions.{name}: {level!r} is not read|write|none")
     return {str(k): str(v) for k, v in permissions.items()}
 
 
@@ -865,31 +1233,47 @@ def _read_key_values(path: Path, what: str) -> dict[str, str]:
 # --- the Actions OIDC token, served by the local issuer ----------------------------------------
 
 
-def _oidc_claims(github: Mapping[str, Any]) -> dict[str, str]:
+def _oidc_claims(github: Mapping[str, Any], workflow: _Workflow) -> dict[str, str]:
+    """As GitHub fills a job's token: the run (repository, ref, sha, workflow_ref: the caller's in a
+    called workflow) and the file the job's steps come from (job_workflow_ref/_sha: the called one)."""
     return {"repository": str(github["repository"]), "ref": str(github["ref"]), "sha": str(github["sha"]),
-            "event_name": str(github["event_name"]), "job_workflow_ref": str(github["workflow_ref"]),
-            "workflow_ref": str(github["workflow_ref"]), "run_id": str(github["run_id"]),
+            "event_name": str(github["event_name"]), "job_workflow_ref": workflow.ref,
+            "job_workflow_sha": workflow.sha, "workflow_ref": str(github["workflow_ref"]),
+            "workflow_sha": str(github["sha"]), "run_id": str(github["run_id"]),
             "run_attempt": str(github["run_attempt"]),
             "sub": f"repo:{github['repository']}:ref:{github['ref']}"}
+
+
+def _workflow_file_ref(claim: str, value: str) -> tuple[str, str, str]:
+    """OWNER/REPO/.github/workflows/FILE@REF -> (OWNER/REPO, FILE, REF)."""
+    path, _, ref = value.partition("@")
+    repository, _, file = path.partition("/.github/workflows/")
+    if not file or not ref:
+        raise HarnessError(f"{claim} {value!r} is not OWNER/REPO/.github/workflows/FILE@REF")
+    return repository, file, ref
 
 
 def local_issuer(instance: Any, server_url: str = "https://github.com") -> Callable[[str, Mapping[str, str]], str]:
     """``Runner.oidc`` backed by the private Sigstore instance's GitHub-shaped issuer
     (pipeline.local.sigstore): issuer, ``sub`` and claims as GitHub Actions gives a
-    job, so its Fulcio certifies ``https://github.com/<job_workflow_ref>`` as public-good does."""
+    job, so its Fulcio certifies ``https://github.com/<job_workflow_ref>`` as public-good does
+    (a called workflow's job: the called file's ref, its commit in ``job_workflow_sha``)."""
     from pipeline.local import sigstore as sigstore_local
 
     def mint(audience: str, claims: Mapping[str, str]) -> str:
         if audience != "sigstore":
             raise HarnessError(f"the local issuer mints tokens for audience 'sigstore' only, not {audience!r}")
-        path, _, ref = claims["job_workflow_ref"].partition("@")
-        repository, _, workflow_path = path.partition("/.github/workflows/")
-        if not workflow_path or not ref:
-            raise HarnessError(f"job_workflow_ref {claims['job_workflow_ref']!r} is not OWNER/REPO/.github/workflows/FILE@REF")
+        repository, file, ref = _workflow_file_ref("job_workflow_ref", claims["job_workflow_ref"])
+        _, caller_file, _ = _workflow_file_ref("workflow_ref", claims["workflow_ref"])
         job = sigstore_local.GitHubJob(repository=claims["repository"], ref=claims["ref"], sha=claims["sha"],
-                                       workflow_file=workflow_path, event_name=claims["event_name"],
+                                       workflow_file=file, event_name=claims["event_name"],
                                        workflow_repository=repository, workflow_ref=ref,
+                                       workflow_sha=claims["job_workflow_sha"], caller_workflow_file=caller_file,
                                        run_id=claims["run_id"], run_attempt=claims["run_attempt"])
+        # The issuer's token must say what GitHub's would say for this job.
+        differ = {k: (v, claims[k]) for k, v in job.claims().items() if k in claims and claims[k] != v}
+        if differ:
+            raise HarnessError(f"the local issuer would mint other claims than GitHub's: {differ}")
         return sigstore_local.mint_github_token(instance, job)
 
     return mint

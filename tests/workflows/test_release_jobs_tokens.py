@@ -1,26 +1,28 @@
-"""The release workflows' jobs after the build, executed by the Actions harness against the
-GitHub emulator with the tokens GitHub would give them:
+"""benchseal's reusable release.yml after the build, called from an adopter's caller workflow and
+executed by the Actions harness against the GitHub emulator with the tokens GitHub would give them:
 
 * every job's GITHUB_TOKEN carries exactly that job's ``permissions`` (the emulator refuses
   anything more: 403 "Resource not accessible by integration");
 * ``BENCHSEAL_INFRA_DISPATCH_TOKEN`` is a fine-grained token with Actions: read and write on
   the infra repository only;
 * dispatch_infra sends a workflow_dispatch with return_run_details and follows the run
-  GitHub names, end to end, through the real step script of tag.yml / runner-release.yml.
+  GitHub names, end to end, through the real step script of release.yml, for a pushed tag and
+  for a Switchboard-style workflow_dispatch of the caller.
 
 The build job (Docker, registry, cosign) is replaced by one that uploads the two digests
-files it would have uploaded; everything downstream is the workflow file as committed.
+files it would have uploaded, committed to a copy of benchseal that the caller pins by commit;
+everything else is the workflow file as committed.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -33,6 +35,9 @@ pytestmark = pytest.mark.slow  # pip installs of the checkout, real dispatch pol
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
+CALLER = ROOT / "examples" / "hello-agent" / ".github" / "workflows" / "release.yml"
+INFRA_CALLER = ROOT / "examples" / "bench-infra" / ".github" / "workflows" / "benchmark.yml"
+BENCHSEAL = "benchseal/benchseal"
 SOURCE = "acme/widget"
 INFRA = "acme/bench-infra"
 TAG = "v1.0.0"
@@ -50,9 +55,9 @@ def _git(repo: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A repository whose one commit is this working tree (what the jobs check out and install)."""
-    dest = tmp_path_factory.mktemp("release-source") / "source"
+def benchseal(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """benchseal as a repository whose one commit is this working tree (what the jobs check out and install)."""
+    dest = tmp_path_factory.mktemp("benchseal") / "benchseal"
     _git(ROOT.parent, "clone", "--quiet", "--no-hardlinks", str(ROOT), str(dest))
     listed = _git(ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
     for name in filter(None, listed):
@@ -66,14 +71,27 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
         shutil.copy2(src, dst, follow_symlinks=False)
     _git(dest, "add", "-A")
     _git(dest, "commit", "--quiet", "--allow-empty", "-m", "the working tree under test")
-    return dest, _git(dest, "rev-parse", "HEAD")
+    return dest
 
 
-def _after_the_build(workflow: str, commit: str, tmp_path: Path, artifact_prefix: str,
-                     strip: str | None = None) -> Path:
-    """``workflow`` with its build job replaced by one that uploads the digests files it would
-    (and, with ``strip``, that job's permissions removed)."""
-    doc = yaml.safe_load((WORKFLOWS / workflow).read_text())
+@pytest.fixture(scope="module")
+def adopter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The adopter's repository: one commit, tagged (its caller is written per test, pinned to a builder)."""
+    repo = tmp_path_factory.mktemp("adopter") / "widget"
+    repo.mkdir()
+    _git(repo, "init", "--quiet", "-b", "main")
+    (repo / "README.md").write_text("widget\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "--quiet", "-m", "widget")
+    _git(repo, "tag", TAG)
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def _after_the_build(benchseal: Path, commit: str, tmp_path: Path, strip: str | None = None) -> str:
+    """benchseal's release.yml with its build job replaced by one that uploads the digests files it
+    would (and, with ``strip``, that job's permissions removed), committed to benchseal's
+    repository; returns that commit (what the caller pins)."""
+    doc = yaml.safe_load((WORKFLOWS / "release.yml").read_text())
     if strip is not None:
         doc["jobs"][strip]["permissions"] = {}
     full = digests_data(commit=commit, ref=f"refs/tags/{TAG}")
@@ -81,13 +99,17 @@ def _after_the_build(workflow: str, commit: str, tmp_path: Path, artifact_prefix
     for role in ("runner", "api"):
         env[f"DIGESTS_{role.upper()}"] = json.dumps({**full, "images": {role: full["images"][role]}})
         run.append(f'printf "%s" "$DIGESTS_{role.upper()}" > digests-{role}.json')
-        uploads.append({"uses": UPLOAD, "with": {"name": f"{artifact_prefix}-digests-{role}",
+        uploads.append({"uses": UPLOAD, "with": {"name": f"benchseal-digests-{role}",
                                                   "path": f"digests-{role}.json", "if-no-files-found": "error"}})
-    doc["jobs"]["build"] = {"runs-on": "ubuntu-24.04", "permissions": {},
+    doc["jobs"]["build"] = {"runs-on": "ubuntu-24.04", "needs": "builder", "permissions": {},
                             "steps": [{"shell": "bash", "env": env, "run": "\n".join(run)}, *uploads]}
-    path = tmp_path / workflow
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    return path
+    work = tmp_path / "benchseal-work"
+    _git(tmp_path, "clone", "--quiet", str(benchseal), str(work))
+    (work / ".github" / "workflows" / "release.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    _git(work, "commit", "--quiet", "-am", "the build replaced")
+    pinned = _git(work, "rev-parse", "HEAD")
+    _git(benchseal, "fetch", "--quiet", str(work), f"{pinned}:refs/heads/test-{pinned[:12]}")
+    return pinned
 
 
 def _explain(world: World, run: RunResult) -> str:
@@ -98,42 +120,58 @@ def _explain(world: World, run: RunResult) -> str:
     return run.describe() + "\n== GitHub emulator answers\n" + "\n".join(answered[-60:])
 
 
+def _unsigned_token(audience: str, claims: Mapping[str, str]) -> str:
+    """The builder job only reads its own claims; nothing here signs (no Sigstore needed)."""
+    part = lambda data: base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")  # noqa: E731
+    return f"{part({'alg': 'none'})}.{part({**claims, 'aud': audience})}."
+
+
 class World:
-    def __init__(self, emulator: GitHubEmulator, source: Path, commit: str) -> None:
+    def __init__(self, emulator: GitHubEmulator, benchseal: Path, adopter: Path, commit: str) -> None:
         self.emulator = emulator
-        self.source = source
+        self.benchseal = benchseal
+        self.adopter = adopter
         self.commit = commit
         self.events: list[DispatchEvent] = []
         self.job_tokens: list[tuple[str, dict[str, str]]] = []
+        self.claims: list[dict[str, str]] = []
 
     def job_token(self, repository: str, permissions: dict[str, str]) -> str:
         self.job_tokens.append((repository, dict(permissions)))
         return self.emulator.add_token([repository], permissions, kind="github-token")
 
-    def run(self, workflow: str, tmp_path: Path, dispatch_token: str, strip: str | None = None) -> RunResult:
-        prefix = workflow.removesuffix(".yml")
-        if workflow == "tag.yml":
+    def oidc(self, audience: str, claims: Mapping[str, str]) -> str:
+        self.claims.append(dict(claims))
+        return _unsigned_token(audience, claims)
+
+    def run(self, event: str, tmp_path: Path, dispatch_token: str, strip: str | None = None) -> RunResult:
+        pinned = _after_the_build(self.benchseal, self.commit, tmp_path, strip)
+        caller = tmp_path / "release.yml"
+        caller.write_text(CALLER.read_text().replace("BENCHSEAL_COMMIT", pinned))
+        if event == "push":
             trigger = Trigger("push", SOURCE, self.commit, f"refs/tags/{TAG}")
         else:
             trigger = Trigger("workflow_dispatch", SOURCE, self.commit, "refs/heads/main",
                               inputs={"deploy_ref": TAG, "switchboard_correlation_id": CORRELATION})
         trigger.token = self.emulator.token  # never used: every job gets its own (Runner.github_token)
         trigger.api_url, trigger.server_url = self.emulator.base_url, self.emulator.origin
-        trigger.vars = {"BENCHSEAL_INFRA_REPOSITORY": INFRA}
+        trigger.vars = {"BENCHSEAL_INFRA_REPOSITORY": INFRA, "BENCHSEAL_IMAGE_PREFIX": "ghcr.io/acme/widget-"}
         trigger.secrets = {"BENCHSEAL_INFRA_DISPATCH_TOKEN": dispatch_token}
-        runner = Runner(root=tmp_path / "runner", source=self.source, github_token=self.job_token)
-        return run_workflow(_after_the_build(workflow, self.commit, tmp_path, prefix, strip), trigger, runner)
+        runner = Runner(root=tmp_path / "runner", source=self.adopter, repositories={BENCHSEAL: self.benchseal},
+                        github_token=self.job_token, oidc=self.oidc)
+        self.pinned = pinned
+        return run_workflow(caller, trigger, runner)
 
 
 @pytest.fixture
-def world(source: tuple[Path, str]) -> Iterator[World]:
-    repo, commit = source
+def world(benchseal: Path, adopter: tuple[Path, str]) -> Iterator[World]:
+    repo, commit = adopter
     with GitHubEmulator() as emu:
         emu.add_repo(SOURCE)
         emu.add_repo(INFRA)
         emu.set_ref(SOURCE, f"refs/tags/{TAG}", commit)
-        emu.add_workflow(INFRA, ".github/workflows/benchmark.yml", (WORKFLOWS / "benchmark.yml").read_text())
-        world = World(emu, repo, commit)
+        emu.add_workflow(INFRA, ".github/workflows/benchmark.yml", INFRA_CALLER.read_text())
+        world = World(emu, benchseal, repo, commit)
 
         def on_dispatch(handle: RunHandle, event: DispatchEvent) -> None:
             world.events.append(event)
@@ -147,26 +185,42 @@ def world(source: tuple[Path, str]) -> Iterator[World]:
         assert emu.violations == [], emu.violations
 
 
-@pytest.mark.parametrize("workflow", ["tag.yml", "runner-release.yml"])
+JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "summarize")
+
+
+def called(run: RunResult) -> dict[str, str]:
+    return {job.removeprefix("release/"): r.result for job, r in run.jobs.items() if job.startswith("release/")}
+
+
+@pytest.mark.parametrize("event", ["push", "workflow_dispatch"])
 def test_each_job_runs_on_its_own_permissions_and_dispatch_needs_only_actions_write(
-        world: World, tmp_path: Path, workflow: str) -> None:
+        world: World, tmp_path: Path, event: str) -> None:
     emu = world.emulator
     dispatch_token = emu.add_token([INFRA], {"actions": "write"})
-    run = world.run(workflow, tmp_path, dispatch_token)
+    run = world.run(event, tmp_path, dispatch_token)
     assert run.conclusion == "success", _explain(world, run)
-    assert [run.jobs[j].result for j in run.order] == ["success"] * 5, _explain(world, run)
+    assert called(run) == dict.fromkeys(JOBS, "success"), _explain(world, run)
     assert run.unresolved == [] and run.secret_leaks == []
     # one token per job, each exactly the job's permissions (id-token is not a token permission)
     granted = sorted(json.dumps(p, sort_keys=True) for _, p in world.job_tokens)
-    assert granted == sorted(json.dumps(p) for p in [{}, {"contents": "read"}, {"contents": "read"},
+    assert granted == sorted(json.dumps(p) for p in [{}, {}, {"contents": "read"}, {"contents": "read"},
                                                       {"checks": "write"}, {}])
     assert {r for r, _ in world.job_tokens} == {SOURCE}
+    # The builder job learnt benchseal's repository and commit from its token, as GitHub mints it
+    # for a called workflow: the called file at the pinned commit, the caller's own workflow_ref.
+    [claims] = world.claims
+    assert claims["job_workflow_ref"] == f"{BENCHSEAL}/.github/workflows/release.yml@{world.pinned}"
+    assert claims["job_workflow_sha"] == world.pinned and claims["repository"] == SOURCE
+    assert claims["workflow_ref"].startswith(f"{SOURCE}/.github/workflows/")
+    builder = run.jobs["release/builder"].outputs
+    assert (builder["repository"], builder["sha"], builder["pin"]) == (BENCHSEAL, world.pinned,
+                                                                         f"{BENCHSEAL}@{world.pinned}")
     # workflow_dispatch with return_run_details: one POST, the named run read back, no repository_dispatch
     [event] = world.events
     assert (event.kind, event.repo, event.workflow_path) == ("workflow_dispatch", INFRA, ".github/workflows/benchmark.yml")
     payload = event.benchseal_payload()
     [infra_run] = emu.runs(INFRA)
-    outputs = run.jobs["dispatch_infra"].outputs
+    outputs = run.jobs["release/dispatch_infra"].outputs
     assert outputs["run_id"] == str(infra_run.id)
     assert infra_run.display_title.endswith(" " + outputs["correlation_id"]) and payload is not None
     assert payload["correlation_id"] == outputs["correlation_id"]
@@ -184,10 +238,10 @@ def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promot
         world: World, tmp_path: Path) -> None:
     emu = world.emulator
     reader = emu.add_token([INFRA], {"actions": "read", "contents": "read"})
-    run = world.run("tag.yml", tmp_path, reader)
-    results: dict[str, Any] = {j: run.jobs[j].result for j in run.order}
-    assert results == {"build": "success", "resolve_images": "success", "dispatch_infra": "failure",
-                       "promote_marker": "skipped", "summarize": "success"}, _explain(world, run)
+    run = world.run("push", tmp_path, reader)
+    assert called(run) == {"builder": "success", "build": "success", "resolve_images": "success",
+                           "dispatch_infra": "failure", "promote_marker": "skipped", "summarize": "success"}, \
+        _explain(world, run)
     assert emu.runs(INFRA) == [] and world.events == []
     assert "Resource not accessible by personal access token" in run.summary
     assert "Not promoted: dispatch_infra ended `failure`." in run.summary
@@ -202,7 +256,8 @@ def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promot
 def test_a_job_without_its_permission_fails(world: World, tmp_path: Path, strip: str, failed: str,
                                             message: str) -> None:
     """The job tokens are enforced: the same jobs with their permissions removed fail at GitHub."""
-    run = world.run("tag.yml", tmp_path, world.emulator.add_token([INFRA], {"actions": "write"}), strip=strip)
-    assert run.jobs[failed].result == "failure", _explain(world, run)
-    assert message in run.jobs[failed].log, run.jobs[failed].log  # the whole log when it fails
+    run = world.run("push", tmp_path, world.emulator.add_token([INFRA], {"actions": "write"}), strip=strip)
+    assert run.jobs[f"release/{failed}"].result == "failure", _explain(world, run)
+    log = run.jobs[f"release/{failed}"].log
+    assert message in log, log  # the whole log when it fails
     assert world.emulator.repo(SOURCE).check_runs == {}

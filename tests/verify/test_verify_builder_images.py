@@ -1,0 +1,130 @@
+"""Issue 25: ``benchseal verify --images --builder OWNER/REPO@REF`` checks the release's runner and api with
+the builder's release.yml identity for the source (``image_identity(repo, tag, commit, builder=
+OWNER/REPO/.github/workflows/release.yml@REF)``), each signature made for real (cosign, GitHub-shaped
+certificates from the private instance) through tests/attest/test_builder_identity.py's helper.
+
+Each release here is sealed by the builder's benchmark.yml for the infra repository (it verifies); only
+the runner image's signer differs. Refused: the adopter's own workflow, the builder for another
+repository, another tag, another commit of the source, and another version of the builder.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.attest.test_builder_identity import _signed
+from tests.publish.test_release_commands import consumer_env
+from tests.verify.test_verify_builder import BUILDER, INFRA, SOURCE_REPO, SOURCE_TAG, seal_job
+
+__all__ = ["consumer_env"]  # a fixture, used by name
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _release(tmp: Path, runner: str, api: str, sigstore_instance: Any) -> Path:
+    """acme/widget v9.9.9 naming ``runner`` and ``api``, sealed by BUILDER's benchmark.yml for INFRA."""
+    from pipeline.evidence.writer import write_evidence
+    from pipeline.local.signing import local_signer
+    from tests.fixtures.sigstore import make_inputs
+    from tests.fixtures.trials import evidence_for
+
+    grading, payload = make_inputs({"runner": runner, "api": api})
+    evidence_for(grading, tmp / "artifacts" / "evidence")
+    signer = local_signer(state=sigstore_instance.state, github_job=seal_job())
+    try:
+        return write_evidence(tmp, grading, payload, signer=signer).artifacts
+    finally:
+        signer.close()
+
+
+def _image(sigstore_instance: Any, tmp: Path, **signed_as: Any) -> str:
+    """A fresh image signed and attested by the builder's release.yml for acme/widget v9.9.9 (``signed_as``: a forgery)."""
+    tmp.mkdir(parents=True)
+    ref, _ = _signed(sigstore_instance, tmp, **{"tag": SOURCE_TAG, **signed_as})
+    return ref
+
+
+@pytest.fixture(scope="module")
+def good_api(tmp_path_factory: pytest.TempPathFactory, sigstore_instance: Any) -> str:
+    return _image(sigstore_instance, tmp_path_factory.mktemp("api") / "sign")
+
+
+def _verify(release: Path, sigstore_instance: Any, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pipeline", "verify", str(release), "--repo", SOURCE_REPO,
+                           "--tag", SOURCE_TAG, "--infra-repo", INFRA, "--builder", str(BUILDER), "--trusted-root",
+                           str(sigstore_instance.trusted_root), "--offline", "--profile", "production", "--images",
+                           *extra], capture_output=True, text=True, check=False, timeout=300, cwd=REPO)
+
+
+def test_images_signed_by_the_builder_for_the_source_pass(tmp_path: Path, sigstore_instance: Any, good_api: str) -> None:
+    runner = _image(sigstore_instance, tmp_path / "runner")
+    release = _release(tmp_path / "run", runner, good_api, sigstore_instance)
+    done = _verify(release, sigstore_instance)
+    assert done.returncode == 0, done.stderr
+    assert (f"images:     runner and api by https://github.com/{BUILDER.workflow('release.yml')} at commit "
+            "0123456789abcdef0123456789abcdef01234567") in done.stdout
+    # A builder's images are its release.yml's: naming another workflow is a usage error.
+    usage = _verify(release, sigstore_instance, "--image-workflow", "tag.yml")
+    assert usage.returncode == 2 and "--image-workflow" in usage.stderr
+
+
+@pytest.mark.parametrize(("case", "signed_as"), [
+    ("the adopter's own workflow", {"builder_ref": None}),
+    ("the builder for another repository", {"repository": "evil/widget"}),
+    ("the builder for another tag", {"tag": "v9.9.8"}),
+    ("the builder at another commit of the source", {"commit": "f" * 40}),
+    ("another version of the builder", {"builder_ref": "cd" * 20}),
+])
+def test_images_signed_by_anyone_else_are_refused(case: str, signed_as: dict[str, Any], tmp_path: Path,
+                                                  sigstore_instance: Any, good_api: str) -> None:
+    runner = _image(sigstore_instance, tmp_path / "runner", **signed_as)
+    release = _release(tmp_path / "run", runner, good_api, sigstore_instance)
+    done = _verify(release, sigstore_instance)
+    assert done.returncode == 1, (case, done.stdout, done.stderr)
+    (line,) = done.stderr.strip().splitlines()
+    assert f"{runner}: signature by https://github.com/{BUILDER.workflow('release.yml')} at commit" in line, line
+    assert "not verified" in line
+
+
+def _image_block(body: str) -> list[str]:
+    return body.split("The runner and API images", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0].splitlines()
+
+
+@pytest.mark.parametrize(("pin", "edited"), [
+    (None, None),
+    (f"release.yml@{BUILDER.ref}", "release.yml@" + "cd" * 20),
+    (f"--certificate-github-workflow-repository {SOURCE_REPO}", "--certificate-github-workflow-repository evil/widget"),
+    (f"--certificate-github-workflow-ref refs/tags/{SOURCE_TAG}", "--certificate-github-workflow-ref refs/tags/v9.9.8"),
+    ("--certificate-github-workflow-sha 0123456789abcdef0123456789abcdef01234567",
+     "--certificate-github-workflow-sha " + "f" * 40),
+])
+def test_the_bodys_image_lines_run_as_printed(tmp_path: Path, sigstore_instance: Any, good_api: str,
+                                              consumer_env: None, pin: str | None, edited: str | None) -> None:
+    """``benchseal publish --builder`` prints the images' cosign lines with the builder's release.yml identity
+    and the source's pins: they pass as printed with the real cosign, and fail with any pin edited."""
+    from pipeline.core.errors import CheckFailed
+    from pipeline.local.release import run_commands
+
+    runner = _image(sigstore_instance, tmp_path / "runner")
+    release = _release(tmp_path / "run", runner, good_api, sigstore_instance)
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(release), "--target", "local", "--root",
+                           str(tmp_path / "dist"), "--tag", SOURCE_TAG, "--trigger", "tag", "--infra-repo", INFRA,
+                           "--builder", str(BUILDER), "--trusted-root", str(sigstore_instance.trusted_root)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    published = tmp_path / "dist" / SOURCE_TAG
+    lines = _image_block((published / "body.md").read_text())
+    assert len(lines) == 6 and all(" cosign verify" in line for line in lines)
+    if pin is None:
+        assert run_commands(lines, published) == lines
+        return
+    assert edited is not None
+    for line in (line.replace(pin, edited) for line in lines):
+        with pytest.raises(CheckFailed):
+            run_commands([line], published)
