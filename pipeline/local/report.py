@@ -27,6 +27,9 @@ def render_report(report: ReleaseReport, console: Console) -> None:
     console.print(f"verified: benchseal verify ok, {len(verified.get('cosign_commands', []))} sha256sum/cosign/"
                   "benchseal commands ok", soft_wrap=True, highlight=False)
     console.print(f"  as {verified.get('identity')} (issuer {verified.get('issuer')})", soft_wrap=True, highlight=False)
+    if verified.get("workflow_repository"):  # a reusable workflow's signature: for which caller, at which ref
+        console.print(f"  sealed for {verified.get('workflow_repository')} at {verified.get('workflow_ref')}",
+                      soft_wrap=True, highlight=False)
     console.print(f"  for {verified.get('repository')} {verified.get('tag')} @ {verified.get('commit')}",
                   soft_wrap=True, highlight=False)
     for line in verified.get("images", []):
