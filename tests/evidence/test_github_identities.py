@@ -196,3 +196,34 @@ def test_default_signer_never_falls_back_to_the_local_instance(tmp_path: Path, m
         with pytest.raises(InfrastructureError, match="--signer local"):
             default_signer()
     assert not (tmp_path / "sigstore").exists() or not any((tmp_path / "sigstore").iterdir())
+
+
+def test_local_fulcio_certifies_a_reusable_workflow_like_public_good(sigstore_instance: object, tmp_path: Path) -> None:
+    """A job of benchseal's reusable release.yml, called by acme/app's release.yml at a tag: the token
+    carries GitHub's claims for a called workflow (job_workflow_ref/_sha the called file at the pinned
+    commit, workflow_ref/_sha the caller's), and the certificate the matching extensions: the SAN and
+    Build Signer URI/Digest name the builder, Build Config URI/Digest and Source Repository the caller."""
+    builder_sha = "b" * 40
+    job = GitHubJob(repository="acme/app", ref="refs/tags/v1.2.3", sha="a" * 40, workflow_file="release.yml",
+                    workflow_repository="benchseal/benchseal", workflow_ref=builder_sha, workflow_sha=builder_sha,
+                    caller_workflow_file="ship.yml")
+    claims = job.claims()
+    assert claims["job_workflow_ref"] == f"benchseal/benchseal/.github/workflows/release.yml@{builder_sha}"
+    assert claims["job_workflow_sha"] == builder_sha
+    assert (claims["workflow_ref"], claims["workflow_sha"]) == ("acme/app/.github/workflows/ship.yml@refs/tags/v1.2.3",
+                                                                "a" * 40)
+    state = sigstore_instance.state  # type: ignore[attr-defined]
+    _, bundle_path = _sign(tmp_path, job, state)
+    cert = Bundle.from_json(bundle_path.read_bytes()).signing_certificate
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    builder = f"https://github.com/benchseal/benchseal/.github/workflows/release.yml@{builder_sha}"
+    assert san.get_values_for_type(x509.UniformResourceIdentifier) == [builder]
+    ext = {e.oid.dotted_string: e.value.value for e in cert.extensions if isinstance(e.value, x509.UnrecognizedExtension)}
+    assert _der_utf8(ext[OID["build_signer_uri"]]) == builder
+    assert _der_utf8(ext["1.3.6.1.4.1.57264.1.10"]) == builder_sha  # Build Signer Digest
+    assert _der_utf8(ext[OID["build_config_uri"]]) == "https://github.com/acme/app/.github/workflows/ship.yml@refs/tags/v1.2.3"
+    assert _der_utf8(ext["1.3.6.1.4.1.57264.1.19"]) == "a" * 40  # Build Config Digest
+    assert _der_utf8(ext[OID["source_repo_uri"]]) == "https://github.com/acme/app"
+    assert _der_utf8(ext[OID["source_repo_digest"]]) == "a" * 40
+    assert _der_utf8(ext[OID["source_repo_ref"]]) == "refs/tags/v1.2.3"
+    assert _der_utf8(ext[OID["legacy_repository"]]) == "acme/app"

@@ -391,15 +391,14 @@ def test_a_nested_listing_with_a_hostile_name_fails_verify_in_one_line(tmp_path:
 
 def _policy_for(tmp_path: Path, runner: str, api: str) -> Path:
     """policies/infra.yaml with acme/widget's images replaced by these two (the test images)."""
-    text = (REPO / "policies" / "infra.yaml").read_text()
-    marker = "  - repository: acme/widget\n    signer: *release-workflow\n    images: *local-images\n"
-    assert marker in text
-    images = {role: ref.partition("@")[0].partition("/") for role, ref in (("runner", runner), ("api", api))}
-    text = text.replace(marker, "  - repository: acme/widget\n    signer: *release-workflow\n    images:\n" + "".join(
-        f"      {role}:\n        - registry: {registry}\n          repository: {repository}\n"
-        for role, (registry, _, repository) in images.items()))
+    import yaml
+
+    data = yaml.safe_load((REPO / "policies" / "infra.yaml").read_text())
+    [source] = [entry for entry in data["sources"] if entry["repository"] == "acme/widget"]
+    source["images"] = {role: [{"registry": ref.partition("/")[0], "repository": ref.partition("@")[0].partition("/")[2]}]
+                        for role, ref in (("runner", runner), ("api", api))}
     path = tmp_path / "infra.yaml"
-    path.write_text(text)
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
