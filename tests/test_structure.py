@@ -19,7 +19,7 @@ LAYERS: dict[str, set[str]] = {
     "imaging": {"core", "agent"},
     "dispatch": {"core"},
     "evidence": {"core"},
-    "verify": {"core"},
+    "verify": {"core", "dispatch"},  # the GitHub client (dispatch.client) fetches a release to verify
     "attest": {"core", "evidence", "verify"},
     "api": {"core"},
     "infra.queue": {"core"},

@@ -1,4 +1,11 @@
-"""``benchseal verify DIR --repo OWNER/NAME --tag TAG [--infra-repo OWNER/INFRA] [--builder OWNER/REPO@REF] [--policy FILE] [--trusted-root FILE] [--offline] [--images]``.
+"""``benchseal verify DIR --repo OWNER/NAME --tag TAG [--infra-repo OWNER/INFRA] [--builder OWNER/REPO@REF] [--policy FILE] [--trusted-root FILE] [--offline] [--images]``,
+or ``benchseal verify OWNER/REPO@TAG [--token-file FILE] ...`` (the same options, without --repo and --tag).
+
+The argument is a directory when that path exists; otherwise ``OWNER/REPO@TAG`` names a GitHub
+release: its evidence is fetched through the API (``pipeline.verify.fetch``; ``GITHUB_API_URL``,
+the token from ``--token-file``, ``GITHUB_TOKEN`` or ``GH_TOKEN``, none for a public release) into
+a private temporary directory, verified there and removed. The reference is the expected
+repository and tag, so ``--repo`` and ``--tag`` are refused beside it (exit 2).
 
 The consumer states the release they expect (``--repo`` and ``--tag``, or ``expect:`` in
 ``--policy FILE``) and, for the production profile, who benchmarked and sealed it: the infra
@@ -20,11 +27,17 @@ from typing import Any
 
 import typer
 
-from pipeline.core.errors import CLI_ERROR_PREFIX, Error, UsageError
+from pipeline.core.errors import CLI_ERROR_PREFIX, Error, UsageError, ValidationError
 
-_DIR = typer.Argument(..., help="Release or artifacts directory.")
+_TARGET = typer.Argument(..., metavar="DIR|OWNER/REPO@TAG",
+                         help="A release or artifacts directory (a path that exists), or OWNER/REPO@TAG: the GitHub "
+                              "release of that repository at that tag, whose assets are fetched through the API "
+                              "and verified as that repository's release at that tag.")
 _REPO = typer.Option(None, "--repo", help="The source repository OWNER/NAME the release must be for "
                                           "(required unless the policy pins expect.repository).")
+_TOKEN_FILE = typer.Option(None, "--token-file", help="With OWNER/REPO@TAG: a file holding the GitHub token "
+                                                       "(default $GITHUB_TOKEN or $GH_TOKEN; none for a public "
+                                                       "release). Never on the command line.")
 _TAG = typer.Option(None, "--tag", help="The tag the release must be for (required unless the policy pins expect.tag).")
 _POLICY = typer.Option(None, "--policy", help="Verification policy: signer profiles and optional expect: "
                                               "{repository, tag} (default: policies/verify.yaml).")
@@ -48,7 +61,7 @@ _IMAGE_REF = typer.Option("tag", "--image-ref", help="With --images: the ref it 
 
 
 def verify(
-    directory: Path = _DIR,
+    target: str = _TARGET,
     repo: str | None = _REPO,
     tag: str | None = _TAG,
     infra_repo: str | None = _INFRA,
@@ -61,18 +74,39 @@ def verify(
     images: bool = _IMAGES,
     image_workflow: str | None = _IMAGE_WORKFLOW,
     image_ref: str = _IMAGE_REF,
+    token_file: Path | None = _TOKEN_FILE,
 ) -> None:
-    """Verify every bundle, every checksum and the bindings of the release of --repo at --tag."""
+    """Verify every bundle, every checksum and the bindings of the release of --repo at --tag (DIR), or of
+    the GitHub release OWNER/REPO@TAG; print what was verified and its score."""
     # lazy: pipeline.verify.release (sigstore) costs 224 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.verify.release import verify_release
+    from pipeline.verify.fetch import fetched_release, parse_reference, read_token
+    from pipeline.verify.release import load_summary, verify_release
 
+    def check(directory: Path, repository: str | None, release_tag: str | None) -> tuple[Any, str | None, Any]:
+        done = verify_release(directory, repository=repository, tag=release_tag, policy=policy,
+                              trusted_root=trusted_root, offline=offline, profile=profile,
+                              infra_repository=infra_repo, builder=builder)
+        images_identity = _verify_images(done, trusted_root, image_workflow, image_ref) if images else None
+        return done, images_identity, load_summary(done.directory)  # read only once every check passed
+
+    reference = None
     try:
         if images and builder is not None and image_workflow is not None:
             raise UsageError("--image-workflow: with --builder the images are signed by the builder's release.yml; "
                              "drop --image-workflow")
-        done = verify_release(directory, repository=repo, tag=tag, policy=policy, trusted_root=trusted_root,
-                              offline=offline, profile=profile, infra_repository=infra_repo, builder=builder)
-        images_identity = _verify_images(done, trusted_root, image_workflow, image_ref) if images else None
+        if not Path(target).exists() and "@" in target:
+            reference = parse_reference(target)
+            if repo is not None or tag is not None:
+                raise UsageError(f"--repo/--tag: {target} already names the repository and tag you expect; drop them")
+            with fetched_release(reference, token=read_token(token_file)) as directory:
+                done, images_identity, summary = check(directory, reference.repository, reference.tag)
+        else:
+            if token_file is not None:
+                raise UsageError("--token-file: only with OWNER/REPO@TAG (a directory is read, not fetched)")
+            if not Path(target).exists():
+                raise ValidationError("DIR|OWNER/REPO@TAG", "must be an existing directory, or OWNER/REPO@TAG for "
+                                      "a GitHub release", target)
+            done, images_identity, summary = check(Path(target), repo, tag)
     except Error as exc:
         if not as_json:
             raise
@@ -81,11 +115,13 @@ def verify(
         typer.echo(CLI_ERROR_PREFIX + f"{exc.diagnostics()}", err=True)
         raise typer.Exit(exc.exit_code) from None
     if as_json:
-        typer.echo(json.dumps({"ok": True, **done.to_json_dict(), "images": images_identity}, sort_keys=True))
+        fetched = {"directory": None, "release": str(reference)} if reference is not None else {"release": None}
+        typer.echo(json.dumps({"ok": True, **done.to_json_dict(), **fetched, "images": images_identity,
+                               "score": _score_json(summary)}, sort_keys=True))
         return
     caller = (f"  signed for: {done.workflow_repository} at {done.workflow_ref}\n"
               if done.workflow_repository is not None and done.workflow_ref is not None else "")
-    typer.echo(f"verified: {done.directory}\n"
+    typer.echo(f"verified: {done.directory if reference is None else f'{reference} (GitHub release)'}\n"
                f"  identity:   {done.identity}\n"
                f"  issuer:     {done.issuer}\n"
                f"{caller}"
@@ -94,6 +130,38 @@ def verify(
                f"  commit:     {done.commit}\n"
                f"  bundles:    {len(done.bundles)} ({done.profile} profile)"
                + (f"\n  images:     runner and api by {images_identity}" if images_identity else ""))
+    typer.echo(_score_table(summary))
+
+
+def _score_json(summary: Any) -> dict[str, Any]:
+    return {"status": summary.status, "score": summary.score, "counts": _plain(summary.counts),
+            **{key: _plain(getattr(summary, key, None)) for key in _EXTRA}}
+
+
+# summary.json fields shown when present (a summary without them omits them): the score's interval and
+# the comparison with a previous release, printed as the verified document carries them.
+_EXTRA = ("interval", "comparison", "previous")
+
+
+def _plain(value: Any) -> Any:
+    return value.model_dump(mode="json", by_alias=True) if hasattr(value, "model_dump") else value
+
+
+def _score_table(summary: Any) -> str:
+    """The verified summary.json's score, one table (and its comparison with a previous release, if any)."""
+    counts = summary.counts
+    score = "-" if summary.score is None else str(summary.score)
+    header = ("status", "score", "completed", "resolved", "unresolved", "infra errors", "total")
+    row = (summary.status, score, counts.completed, counts.resolved, counts.unresolved, counts.infra_errors,
+           counts.total)
+    widths = [max(len(str(h)), len(str(v))) for h, v in zip(header, row, strict=True)]
+    lines = ["score:", "  " + "  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
+             "  " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()]
+    for key in _EXTRA:
+        value = _plain(getattr(summary, key, None))
+        if value is not None:
+            lines.append(f"  {key}: {json.dumps(value, sort_keys=True)}")
+    return "\n".join(lines)
 
 
 def _verify_images(done: Any, trusted_root: Path | None, workflow: str | None, ref: str) -> str:

@@ -23,9 +23,18 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+)
 
 from pipeline.core import paths
 from pipeline.core.contracts import (
@@ -128,6 +137,39 @@ class ModelUsage(_Document):
     output_tokens: int = Field(ge=0)
 
 
+class ScoreInterval(_Document):
+    """The score's 95 % Wilson score interval (``pipeline.core.scoring.wilson_interval``), each end
+    rounded like the score. Present only where the score is (a SUCCEEDED run; ``benchseal verify``
+    checks it against the trials)."""
+
+    low: StrictFloat = Field(ge=0, le=1, allow_inf_nan=False)
+    high: StrictFloat = Field(ge=0, le=1, allow_inf_nan=False)
+    # Always 0.95 (a float cannot be a Literal): the interval is z = 1.959964.
+    confidence: StrictFloat = Field(default=0.95, ge=0.95, le=0.95)
+    method: Literal["wilson"] = "wilson"
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ScoreInterval:
+        if self.low > self.high:
+            raise ValueError(f"interval low {self.low!r} must not exceed high {self.high!r}")
+        return self
+
+
+class TaskCounts(_Document):
+    """One task's trials (``attempts``), how many completed and how many of those resolved it."""
+
+    attempts: StrictInt = Field(ge=1)
+    completed: StrictInt = Field(ge=0)
+    resolved: StrictInt = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _parts(self) -> TaskCounts:
+        if not self.resolved <= self.completed <= self.attempts:
+            raise ValueError(f"need resolved <= completed <= attempts (got {self.resolved}, {self.completed}, "
+                             f"{self.attempts})")
+        return self
+
+
 class ReleaseSummary(_Document):
     """``summary.json``: what a run concluded, bound to the release it scored.
 
@@ -152,10 +194,17 @@ class ReleaseSummary(_Document):
     correlation_id: CorrelationId
     timings: Timings
     model_usage: ModelUsage | None = None
+    # The score's 95 % Wilson interval (null when there is no score) and each task's pass counts.
+    # Optional: summaries written before they existed omit both (``benchseal verify`` checks them when present).
+    interval: ScoreInterval | None = None
+    tasks: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], TaskCounts] | None = None
 
     @model_validator(mode="after")
     def _scored(self) -> ReleaseSummary:
         check_score(self.status, self.counts, self.score)
+        # The interval and task counts are not judged against the score and counts here: they are what
+        # the trials give (``pipeline.core.scoring.check_noise``, run by ``benchseal verify`` after the
+        # trials, counts and score), so a forged score is reported as the field the trials contradict.
         return self
 
 

@@ -15,7 +15,10 @@ same rule wherever it is read. Per trial (its ``result.json``, read as strict JS
 * no reward and no exception -> ``infra_error`` (``NoReward``);
 * reward 1 -> ``resolved``; otherwise ``unresolved``.
 
-score = round(resolved / completed, SCORE_DIGITS), only on SUCCEEDED (``contracts.check_score``).
+score = round(resolved / completed, SCORE_DIGITS), only on SUCCEEDED (``contracts.check_score``): the
+mean pass rate over trials (a task with several attempts counts each). Its noise: ``wilson_interval``
+(95 %, same rounding, only where there is a score) and ``task_counts`` (each task's attempts,
+completed and resolved), both in summary.json and checked by ``benchseal verify``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 from pipeline.core import strictjson
 from pipeline.core.contracts import SCORE_DIGITS, GradeCounts, TrialOutcome, trial_short_id
-from pipeline.core.documents import TrialsPlan, parse_document
+from pipeline.core.documents import ScoreInterval, TaskCounts, TrialsPlan, parse_document
 from pipeline.core.errors import CheckFailed, ValidationError
 
 # Exceptions that are the agent's doing, not the infrastructure's.
@@ -141,6 +144,59 @@ def score_of(counts: GradeCounts) -> float | None:
     return round(counts.resolved / counts.completed, SCORE_DIGITS) if counts.completed else None
 
 
+# --- noise: the score's interval and each task's pass counts -------------------------------------
+
+WILSON_Z = 1.959964  # the two-sided 95 % normal quantile (ScoreInterval: confidence 0.95, method "wilson")
+
+
+def wilson_interval(resolved: int, completed: int, z: float = WILSON_Z) -> tuple[float, float] | None:
+    """The Wilson score interval for the pass rate p = resolved / completed (None when completed = 0).
+
+    With n = completed::
+
+        centre = (p + z²/(2n)) / (1 + z²/n)
+        half   = z / (1 + z²/n) * sqrt(p(1 - p)/n + z²/(4n²))
+        (low, high) = (centre - half, centre + half), clamped to [0, 1]
+
+    each end rounded to ``SCORE_DIGITS`` places like the score (rounding is monotone, so
+    low <= score <= high holds for the rounded values too). z = 1.959964 gives 95 %. Unlike the
+    normal (Wald) interval it is never [p, p] for p = 0 or 1: 0/3 gives [0, 0.561497].
+    """
+    if isinstance(resolved, bool) or isinstance(completed, bool) or not 0 <= resolved <= completed:
+        raise ValueError(f"need 0 <= resolved <= completed (got {resolved!r} of {completed!r})")
+    if completed == 0:
+        return None
+    n = completed
+    p = resolved / n
+    z2 = z * z
+    denominator = 1 + z2 / n
+    centre = (p + z2 / (2 * n)) / denominator
+    half = z / denominator * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
+    return round(max(0.0, centre - half), SCORE_DIGITS), round(min(1.0, centre + half), SCORE_DIGITS)
+
+
+def score_interval(status: str, counts: GradeCounts) -> ScoreInterval | None:
+    """summary.json's ``interval``: the 95 % Wilson interval of the score, only where there is a score
+    (a SUCCEEDED run, completed > 0; ``contracts.check_score``), else None."""
+    bounds = wilson_interval(counts.resolved, counts.completed) if status == "SUCCEEDED" else None
+    if bounds is None:
+        return None
+    return ScoreInterval(low=bounds[0], high=bounds[1])
+
+
+def task_counts(trials: Iterable[tuple[str, TrialOutcome]]) -> dict[str, TaskCounts]:
+    """Per task (sorted by name), from (task, outcome) of each trial: ``attempts`` (its trials, any
+    outcome), ``completed`` (resolved or unresolved) and ``resolved``. Summed over the tasks they are
+    the run's total, completed and resolved counts."""
+    tally: dict[str, list[int]] = {}
+    for task, outcome in trials:
+        row = tally.setdefault(task, [0, 0, 0])
+        row[0] += 1
+        row[1] += outcome != "infra_error"
+        row[2] += outcome == "resolved"
+    return {task: TaskCounts(attempts=a, completed=c, resolved=r) for task, (a, c, r) in sorted(tally.items())}
+
+
 # --- a claim against the trial evidence --------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -162,6 +218,11 @@ class Claim:
     counts: GradeCounts | None
     score: float | None
     trials: tuple[ClaimedTrial, ...] | None = None  # None: the document lists no trials (run.json)
+    # summary.json's score interval and per-task counts, checked only when the document states them
+    # (``states_noise``: summaries written before these fields existed omit both).
+    interval: ScoreInterval | None = None
+    tasks: Mapping[str, TaskCounts] | None = None
+    states_noise: bool = False
 
 
 @dataclass(frozen=True)
@@ -245,7 +306,8 @@ def check_claim(claim: Claim, trials: Sequence[EvidenceTrial]) -> GradeCounts:
     carries no score (``check_score``); a trial of it may be counted as an infrastructure error that the
     evidence grades otherwise (the grader knew of a failure the evidence cannot show: a timeout, attempts
     used up), never the other way round."""
-    actual = count(t.grade.outcome for t in trials)
+    graded_pairs: list[tuple[str, TrialOutcome]] = [(t.task, t.grade.outcome) for t in trials]
+    actual = count(outcome for _, outcome in graded_pairs)
     if claim.trials is not None:
         by_name = {t.trial: t for t in trials}
         claimed_names = [t.trial for t in claim.trials]
@@ -272,8 +334,31 @@ def check_claim(claim: Claim, trials: Sequence[EvidenceTrial]) -> GradeCounts:
                 raise _disagree(claim, f"{where}.reward", claimed.reward, graded.grade.reward)
             downgraded.append("infra_error" if excused else graded.grade.outcome)
         actual = count(downgraded)
+        graded_pairs = [(t.task, outcome) for t, outcome in zip(claim.trials, downgraded, strict=True)]
     check_counts(claim, actual)
+    if claim.states_noise and claim.status == "SUCCEEDED":
+        # What a score rests on; a run without a score claims no interval (its task counts are informational).
+        check_noise(claim, actual, graded_pairs)
     return actual
+
+
+def check_noise(claim: Claim, actual: GradeCounts, trials: Iterable[tuple[str, TrialOutcome]]) -> None:
+    """``claim``'s interval is the Wilson interval of ``actual`` (null unless scored) and its per-task
+    counts are those of ``trials`` ((task, outcome) as the evidence grades them). ``check_claim`` runs
+    it on a SUCCEEDED claim that states them."""
+    expected_interval = score_interval(claim.status, actual)
+    if claim.interval != expected_interval:
+        def shown(value: ScoreInterval | None) -> object:
+            return None if value is None else [value.low, value.high]
+        raise _disagree(claim, "interval", shown(claim.interval), shown(expected_interval))
+    expected_tasks = task_counts(trials)
+    claimed_tasks = dict(claim.tasks or {})
+    for task in sorted(set(claimed_tasks) | set(expected_tasks)):
+        got, want = claimed_tasks.get(task), expected_tasks.get(task)
+        if got != want:
+            def counts_of(value: TaskCounts | None) -> object:
+                return None if value is None else value.to_json_dict()
+            raise _disagree(claim, f"tasks[{task}]", counts_of(got), counts_of(want))
 
 
 def check_counts(claim: Claim, actual: GradeCounts) -> None:

@@ -27,6 +27,7 @@ from pipeline.core.documents import (
 from pipeline.core.errors import CheckFailed
 from pipeline.core.fsutil import atomic_write_text, sha256_file
 from pipeline.core.layout import CHECKSUMS, NESTED_SUMS, SUMMARY, checksummed_files, nested_files, render_checksums
+from pipeline.core.scoring import score_interval, task_counts
 from pipeline.evidence.signing import Signer
 
 EVALUATION_METHOD = ("harbor-verifier-reward: a trial is resolved when its verifier reward is 1 (a reward that is not "
@@ -84,6 +85,9 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
             ],
         }),
         model_usage=_model_usage(grading),
+        # The score's noise, by the grading rule's own functions (``benchseal verify`` recomputes both).
+        interval=score_interval(grading.status, grading.counts),
+        tasks=task_counts((t.task, t.outcome) for t in grading.trials),
     )
 
 

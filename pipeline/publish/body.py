@@ -61,6 +61,10 @@ class SectionFacts:
     run_id: str
     correlation_id: str
     source_tag: str  # the tag the run benchmarked (summary.json source.tag); a target checks it is ``tag``
+    # The score's 95 % Wilson interval (low, high), when summary.json states one (a scored run).
+    interval: tuple[float, float] | None = None
+    # Per task (task, resolved, attempts), shown when some task ran more than once.
+    task_passes: tuple[tuple[str, int, int], ...] = ()
 
 
 def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) -> SectionFacts:
@@ -102,6 +106,8 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         run_id=summary.run_id,
         correlation_id=summary.correlation_id,
         source_tag=summary.source.tag,
+        interval=(summary.interval.low, summary.interval.high) if summary.interval is not None else None,
+        task_passes=tuple((task, c.resolved, c.attempts) for task, c in sorted((summary.tasks or {}).items())),
     )
 
 
@@ -163,6 +169,21 @@ def _code_line(command: str) -> str:
     return escape_text(command).replace("<!--", "&lt;!--").replace("```", "'''")
 
 
+def _interval(bounds: tuple[float, float]) -> str:
+    # Brackets escaped: the cell shows [low, high], never a link.
+    return f"\\[{bounds[0]:.3f}, {bounds[1]:.3f}\\]"
+
+
+# A release body has a length limit: a suite of many tasks lists its first ones (summary.json has all).
+MAX_TASKS_SHOWN = 100
+
+
+def _task_passes(passes: Sequence[tuple[str, int, int]]) -> str:
+    shown = ", ".join(f"{markdown_cell(task)} {resolved}/{attempts}" for task, resolved, attempts in passes[:MAX_TASKS_SHOWN])
+    more = len(passes) - MAX_TASKS_SHOWN
+    return shown + (f", and {more} more (summary.json tasks)" if more > 0 else "")
+
+
 def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), image_commands: Sequence[str] = ()) -> str:
     """Markdown for the section (without markers): a facts table and how to verify."""
     if facts.status == "SUCCEEDED" and facts.score is not None:
@@ -173,6 +194,10 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
     rows: list[tuple[str, str]] = [
         ("Status", markdown_cell(facts.status)),
         ("Score", score),
+        *([("Score 95 % interval (Wilson)", _interval(facts.interval))]
+          if facts.status == "SUCCEEDED" and facts.interval is not None else []),
+        *([("Per-task passes (resolved / attempts)", _task_passes(facts.task_passes))]
+          if facts.status == "SUCCEEDED" and any(attempts > 1 for _, _, attempts in facts.task_passes) else []),
         ("Suite", markdown_cell(facts.suite)),
         ("Dataset / revision", markdown_cell(facts.dataset)),
         ("Evaluation method", markdown_cell(facts.evaluation)),

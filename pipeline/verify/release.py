@@ -353,7 +353,8 @@ def _decoded(content: str, name: str) -> bytes:
 
 
 def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
-    """summary.json's trials, counts and score are what the shipped trial evidence says (graded again).
+    """summary.json's trials, counts, score, interval and per-task counts are what the shipped trial
+    evidence says (graded again).
 
     ``trial-results.json`` must carry exactly the plan and the result.json files evidence-SHA256SUMS
     lists, with the bytes it lists them with; then every planned trial is graded with the worker's rule."""
@@ -386,7 +387,10 @@ def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
                              results={name.split("/")[2]: data for name, data in carried.items() if name != PLAN_NAME})
     claim = Claim(document=SUMMARY, label="summary", run_id=summary.run_id, status=summary.status,
                   counts=summary.counts, score=summary.score,
-                  trials=tuple(ClaimedTrial(t.task, t.trial, t.outcome, t.reward) for t in summary.timings.trials))
+                  trials=tuple(ClaimedTrial(t.task, t.trial, t.outcome, t.reward) for t in summary.timings.trials),
+                  # The interval and per-task counts of a scored run, when summary.json states them (older ones do not).
+                  interval=summary.interval, tasks=summary.tasks,
+                  states_noise=bool({"interval", "tasks"} & summary.model_fields_set))
     check_claim(claim, evidence_trials(evidence, claim))
 
 
