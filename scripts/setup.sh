@@ -32,6 +32,7 @@ declare -A NEEDED=(
   [slirp4netns]=slirp4netns
   [fuse-overlayfs]=fuse-overlayfs
   [setfacl]=acl                    # the sandbox user's ACL entries on run dirs (pipeline/infra/sandbox/engine.py grant)
+  [chromium]=chromium              # the results page's real-browser test (tests/api/test_results_browser.py)
 )
 missing=()
 for cmd in "${!NEEDED[@]}"; do

@@ -21,7 +21,7 @@ LAYERS: dict[str, set[str]] = {
     "evidence": {"core"},
     "verify": {"core", "dispatch"},  # the GitHub client (dispatch.client) fetches a release to verify
     "attest": {"core", "evidence", "verify"},
-    "api": {"core"},
+    "api": {"core", "infra.queue"},  # the queue database, opened read-only (infra.queue.reader)
     "infra.queue": {"core"},
     "infra.intake": {"core", "infra.queue"},
     "infra.sandbox": {"core", "infra.intake"},

@@ -1,225 +1,219 @@
-"""FastAPI app: health, run list, run status (run.json), grading (grading.json), results (summary.json).
+"""FastAPI app: run status and each source repository's results, read from the queue database.
 
-Reads ``<runs>/<run_id>/run.json`` (pipeline.core.contracts.RunStatus), ``<runs>/<run_id>/grading.json``
-(pipeline.core.contracts.Grading: what the worker concluded, unsigned; on a production host, where the
-worker only grades, this is all there is) and ``<runs>/<run_id>/artifacts/summary.json``
-(pipeline.core.documents.ReleaseSummary: the sealed results, present where the run was sealed on this
-host, e.g. ``release --local``); read-only, no state of its own.
-Run ids are validated before they touch the filesystem (no traversal).
+The only state is the queue's (``pipeline.infra.queue``), opened read-only
+(``pipeline.infra.queue.reader.open_reader``: the SQLite file ``mode=ro``, or PostgreSQL as a role
+granted SELECT only); the API writes nothing anywhere and reads no run directory.
 
-A run directory is written by the worker, and what a trial left in it is not trusted: each
-document is opened without following a symbolic link at any component under the runs
-directory, must be a regular file of bounded size, valid UTF-8, strict JSON (no NaN/Infinity,
-no duplicate keys, bounded nesting) and valid for its model. A document that breaks a rule is
-answered for THAT run only (422 naming the run and the rule; an error entry in ``/runs``); the
-other runs are served normally and no answer is a 500. No interactive docs or schema are served.
+JSON: ``/healthz``; ``/runs`` (every run: id, state, source, suite, score); ``/runs/{id}`` (its status,
+``RunStatus``); ``/runs/{id}/grading``; ``/runs/{id}/comparison`` (the comparison recorded with a
+scored run); ``/repos/{owner}/{name}/history`` (the repository's scored releases, oldest first, each
+with its comparison). HTML (``pipeline.api.pages``): ``/`` and ``/repos`` (the repositories with a
+scored release), ``/repos/{owner}/{name}`` (the results page).
+
+Hardening: run ids and repository names are checked against their one rule before they reach the
+queue (an invalid one is a 400 that does not echo it); an error's text is escaped (``escape_text``,
+and in a page ``html.escape``); a row the queue cannot read is a 422 naming the run, an unreachable
+or unreadable queue a 503, nothing a 500 page or traceback; no ``/docs``, ``/redoc`` or
+``/openapi.json``. Every answer carries a Content-Security-Policy that forbids every external
+fetch, ``nosniff`` and ``no-referrer``.
 """
 
 from __future__ import annotations
 
-import errno
-import json
-import os
-import stat
-from pathlib import Path
+import threading
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import JSONResponse
+import pydantic
+from fastapi import FastAPI, Request, Response
+from fastapi.responses import HTMLResponse, JSONResponse
 
 from pipeline import __version__
-from pipeline.core import strictjson
-from pipeline.core.contracts import Grading, RunStatus, load_model, run_id_problem
-from pipeline.core.documents import ReleaseSummary, parse_document
-from pipeline.core.errors import ValidationError, escape_text
-from pipeline.core.layout import ARTIFACTS_DIR, SUMMARY
+from pipeline.api import pages
+from pipeline.core.contracts import RunStatus, canonical_repository, run_id_problem
+from pipeline.core.errors import CheckFailed, Error, InfrastructureError, ValidationError, escape_text
+from pipeline.infra.queue.sql import Queue, RunRecord
 
-# run.json is about 1 KB; grading.json and summary.json grow with the trials of a run.
-MAX_STATUS_BYTES = 1 << 20
-MAX_DOCUMENT_BYTES = 16 << 20
-MAX_DEPTH = 32
-# A run's document broke a rule: the request was fine, what the run holds cannot be served.
-BAD_RUN = 422
+HEADERS = {"Content-Security-Policy": pages.CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+           "Cache-Control": "no-store"}
 
 
-class BadRun(Exception):
-    """One run's document breaks a rule (the message names the file and the rule)."""
+class ApiError(Exception):
+    """An answer other than 200: its status, a one-line message, and whether it is a page or JSON."""
+
+    def __init__(self, status: int, message: str, *, page: bool = False, title: str = "", run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.page, self.title, self.run_id = status, message, page, title, run_id
 
 
-def _run_dir(runs: Path, run_id: str) -> Path:
-    problem = run_id_problem(run_id, issued=False)
+class QueueSource:
+    """The read-only queue, opened on first use and then kept (a failed open is tried again next time)."""
+
+    def __init__(self, opener: Callable[[], Queue]) -> None:
+        self._opener = opener
+        self._queue: Queue | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Queue:
+        with self._lock:
+            if self._queue is None:
+                self._queue = self._opener()
+            return self._queue
+
+    def close(self) -> None:
+        with self._lock:
+            if self._queue is not None:
+                self._queue.close()
+                self._queue = None
+
+
+def run_status(record: RunRecord) -> RunStatus:
+    """What ``/runs/{id}`` serves: the run's status, from its row (the same fields run.json had)."""
+    grading = record.grading
+    return RunStatus(run_id=record.run_id, correlation_id=record.correlation_id, state=record.state,
+                     attempts=record.attempts, suite=record.payload.suite, agent=record.payload.agent,
+                     source=record.payload.source, runner=record.payload.runner, api=record.payload.api,
+                     created_at=record.created_at, updated_at=record.updated_at,
+                     score=grading.score if grading else None, counts=grading.counts if grading else None,
+                     agent_artifact=record.payload.agent_artifact)
+
+
+def _one_line(exc: BaseException) -> str:
+    return escape_text(" ".join(str(exc).split()))[:600]
+
+
+def _checked_run_id(run_id: str) -> str:
+    problem = run_id_problem(run_id)
     if problem:
-        raise HTTPException(status_code=400, detail=f"run_id: {problem}")
-    return runs / run_id
+        raise ApiError(400, f"run_id: {problem}")
+    return run_id
 
 
-def _check_tree(root: object, name: str) -> None:
-    """Bounded nesting, and no lone surrogate (a ``\\ud800`` escape) in a string: it cannot be served as UTF-8."""
-    stack: list[tuple[object, int]] = [(root, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list):
-            if depth > MAX_DEPTH:
-                raise BadRun(f"{name}: nested deeper than {MAX_DEPTH} levels")
-            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children)
-        elif isinstance(node, str):
-            try:
-                node.encode("utf-8")
-            except UnicodeEncodeError:
-                raise BadRun(f"{name}: a string holds a lone surrogate escape (not encodable as UTF-8)") from None
-
-
-def _open_nofollow(runs: Path, parts: tuple[str, ...]) -> int:
-    """fd of ``runs/<parts...>``: no component under ``runs`` may be a symbolic link; the last must be a file."""
-    where = "/".join(parts)
-    fd = os.open(runs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _checked_repository(owner: str, name: str, *, page: bool) -> str:
     try:
-        for index, part in enumerate(parts):
-            last = index == len(parts) - 1
-            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if last else os.O_DIRECTORY)
-            try:
-                child = os.open(part, flags, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(
-                        os.path.join(runs, *parts[: index + 1]))):
-                    raise BadRun(f"{where}: {'/'.join(parts[: index + 1])} is a symbolic link (not followed)") from None
-                raise
-            os.close(fd)
-            fd = child
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadRun(f"{where}: not a regular file")
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+        return canonical_repository(f"{owner}/{name}")
+    except ValueError as exc:
+        raise ApiError(400, f"repository: {exc}", page=page, title="Not a repository name") from None
 
 
-def read_strict_json(runs: Path, parts: tuple[str, ...], limit: int) -> Any:
-    """Parsed ``runs/<parts...>`` under every rule of the module docstring; FileNotFoundError when absent, else BadRun."""
-    name = "/".join(parts)
-    try:
-        fd = _open_nofollow(runs, parts)
-    except FileNotFoundError:
-        raise
-    except NotADirectoryError:
-        raise FileNotFoundError(name) from None
-    except OSError as exc:
-        raise BadRun(f"{name}: cannot be opened ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            data = handle.read(limit + 1)
-        except OSError as exc:
-            raise BadRun(f"{name}: cannot be read ({exc.strerror})") from None
-    if len(data) > limit:
-        raise BadRun(f"{name}: larger than {limit} bytes")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BadRun(f"{name}: not valid UTF-8 (byte {exc.start})") from None
-    try:
-        parsed = strictjson.loads(text)
-    except json.JSONDecodeError as exc:
-        raise BadRun(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except RecursionError:
-        raise BadRun(f"{name}: nested deeper than {MAX_DEPTH} levels") from None
-    except ValueError as exc:  # duplicate keys, NaN/Infinity, a number too long to convert
-        raise BadRun(f"{name}: not valid JSON ({exc})") from None
-    _check_tree(parsed, name)
-    return parsed
-
-
-def read_status(runs: Path, run_id: str) -> RunStatus:
-    """run.json of ``run_id`` as a RunStatus; FileNotFoundError when absent, BadRun naming the rule otherwise."""
-    data = read_strict_json(runs, (run_id, "run.json"), MAX_STATUS_BYTES)
-    try:
-        status = load_model(RunStatus, data, f"{run_id}/run.json")
-    except ValidationError as exc:
-        raise BadRun(exc.diagnostics()) from None
-    if status.state == "SUCCEEDED" and (status.counts is None or status.score is None):
-        # Served, a SUCCEEDED run without them reads as "succeeded, score unknown".
-        raise BadRun(f"{run_id}/run.json: a SUCCEEDED run must carry counts and a finite score")
-    if status.run_id != run_id:
-        raise BadRun(f"{run_id}/run.json: run_id {status.run_id!r} is not the run's directory name")
-    return status
-
-
-def _bad_run(run_id: str, exc: BadRun) -> HTTPException:
-    return HTTPException(status_code=BAD_RUN, detail=escape_text(str(exc)), headers={"X-Benchseal-Bad-Run": run_id})
-
-
-def create_app(runs: Path) -> FastAPI:
+def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> FastAPI:
+    pages.validate_url_base(release_url_base)
     # No /docs, /redoc or /openapi.json: the service answers its routes and nothing else.
     app = FastAPI(title="benchseal api", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        response.headers.update(HEADERS)
+        return response
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> Response:
+        headers = {**HEADERS, **({"X-Benchseal-Bad-Run": exc.run_id} if exc.run_id else {})}
+        if exc.page:
+            return HTMLResponse(pages.message_page(exc.title or "Error", exc.message), status_code=exc.status,
+                                headers=headers)
+        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=headers)
 
     @app.exception_handler(Exception)
     async def _internal(_request: Request, exc: Exception) -> JSONResponse:
         # Still JSON when something unforeseen breaks (never a text/plain traceback page).
-        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500)
+        return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500, headers=HEADERS)
+
+    def read(work: Callable[[Queue], Any], *, page: bool = False, run_id: str | None = None) -> Any:
+        """``work`` on the queue; the queue's failures as answers (503 unreachable, 422 an unreadable row)."""
+        try:
+            queue = source.get()
+        except (InfrastructureError, CheckFailed) as exc:
+            raise ApiError(503, f"queue unavailable: {_one_line(exc)}", page=page, title="Queue unavailable") from None
+        try:
+            return work(queue)
+        except ApiError:
+            raise
+        except ValidationError as exc:
+            if run_id is not None and exc.field == "run_id":
+                raise ApiError(404, f"run {run_id} not found", page=page, title="Not found") from None
+            raise ApiError(422, _one_line(exc), page=page, title="Unreadable row", run_id=run_id) from None
+        except (InfrastructureError, CheckFailed) as exc:
+            raise ApiError(503, f"queue unavailable: {_one_line(exc)}", page=page, title="Queue unavailable") from None
+        except (pydantic.ValidationError, ValueError, TypeError, Error) as exc:
+            where = f"run {run_id}" if run_id else "a row of the queue"
+            raise ApiError(422, f"{where} cannot be read: {_one_line(exc)}", page=page, title="Unreadable row",
+                           run_id=run_id) from None
+
+    def releases(queue: Queue, repository: str) -> list[pages.Release]:
+        return [pages.Release(entry=entry, comparison=queue.comparison(entry.run_id))
+                for entry in queue.history(repository)]
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
     @app.get("/runs")
-    def list_runs() -> dict[str, list[dict[str, str]]]:
-        found: list[dict[str, str]] = []
-        try:
-            names = sorted(entry.name for entry in os.scandir(runs))
-        except OSError:
-            names = []
-        for name in names:
-            if run_id_problem(name, issued=False):
-                continue  # not a run's name: never echoed
-            try:
-                state = read_status(runs, name).state
-            except FileNotFoundError:
-                continue
-            except BadRun as exc:
-                found.append({"run_id": name, "state": "INVALID", "error": escape_text(str(exc))})
-                continue
-            found.append({"run_id": name, "state": state})
-        return {"runs": found}
+    def list_runs() -> dict[str, list[dict[str, Any]]]:
+        records: list[RunRecord] = read(lambda q: q.list_runs())
+        return {"runs": [{"run_id": r.run_id, "state": r.state, "repository": r.payload.source.repository,
+                          "tag": r.payload.source.tag, "suite": r.payload.suite, "updated_at": r.updated_at,
+                          "score": r.grading.score if r.grading else None} for r in records]}
 
     @app.get("/runs/{run_id}")
     def get_run(run_id: str) -> dict[str, Any]:
-        _run_dir(runs, run_id)
-        try:
-            return read_status(runs, run_id).model_dump(mode="json")
-        except FileNotFoundError:
-            raise HTTPException(status_code=404, detail=f"run {run_id} not found") from None
-        except BadRun as exc:
-            raise _bad_run(run_id, exc) from None
-
-    @app.get("/runs/{run_id}/results")
-    def get_results(run_id: str) -> Any:
-        _run_dir(runs, run_id)
-        try:
-            data = read_strict_json(runs, (run_id, ARTIFACTS_DIR, SUMMARY), MAX_DOCUMENT_BYTES)
-            try:
-                return parse_document(ReleaseSummary, data, f"{run_id}/{SUMMARY}").to_json_dict()
-            except ValidationError as exc:
-                raise BadRun(exc.diagnostics()) from None
-        except FileNotFoundError:
-            raise HTTPException(status_code=404, detail=f"no results for run {run_id}") from None
-        except BadRun as exc:
-            raise _bad_run(run_id, exc) from None
+        _checked_run_id(run_id)
+        status: RunStatus = read(lambda q: run_status(q.get_run(run_id)), run_id=run_id)
+        return status.model_dump(mode="json")
 
     @app.get("/runs/{run_id}/grading")
     def get_grading(run_id: str) -> dict[str, Any]:
-        _run_dir(runs, run_id)
-        try:
-            data = read_strict_json(runs, (run_id, "grading.json"), MAX_DOCUMENT_BYTES)
-            try:
-                grading = load_model(Grading, data, f"{run_id}/grading.json")
-            except ValidationError as exc:
-                raise BadRun(exc.diagnostics()) from None
-            if grading.run_id != run_id:
-                raise BadRun(f"{run_id}/grading.json names run {grading.run_id!r}, not {run_id}")
-        except FileNotFoundError:
-            raise HTTPException(status_code=404, detail=f"run {run_id} is not graded yet") from None
-        except BadRun as exc:
-            raise _bad_run(run_id, exc) from None
-        return grading.model_dump(mode="json")
+        _checked_run_id(run_id)
+        record: RunRecord = read(lambda q: q.get_run(run_id), run_id=run_id)
+        if record.grading is None:
+            raise ApiError(404, f"run {run_id} is not graded yet")
+        return record.grading.model_dump(mode="json")
+
+    @app.get("/runs/{run_id}/comparison")
+    def get_comparison(run_id: str) -> dict[str, Any]:
+        _checked_run_id(run_id)
+
+        def work(queue: Queue) -> Any:
+            queue.get_run(run_id)  # 404 for an unknown run
+            return queue.comparison(run_id)
+
+        comparison = read(work, run_id=run_id)
+        if comparison is None:
+            raise ApiError(404, f"run {run_id} has no scored release in the history")
+        return dict(comparison.model_dump(mode="json", by_alias=True))
+
+    def index() -> HTMLResponse:
+        def work(queue: Queue) -> list[pages.RepositorySummary]:
+            found = []
+            for repository in queue.history_repositories():
+                entries = queue.history(repository)
+                found.append(pages.RepositorySummary(repository, len(entries), entries[-1] if entries else None))
+            return found
+
+        return HTMLResponse(pages.index_page(read(work, page=True)))
+
+    app.get("/", response_class=HTMLResponse)(index)
+    app.get("/repos", response_class=HTMLResponse)(index)
+
+    @app.get("/repos/{owner}/{name}", response_class=HTMLResponse)
+    def results(owner: str, name: str) -> HTMLResponse:
+        repository = _checked_repository(owner, name, page=True)
+        found: list[pages.Release] = read(lambda q: releases(q, repository), page=True)
+        if not found:
+            raise ApiError(404, f"No scored release of {repository} is recorded here.", page=True,
+                           title="No results")
+        return HTMLResponse(pages.results_page(repository, found, release_url_base))
+
+    @app.get("/repos/{owner}/{name}/history")
+    def history(owner: str, name: str) -> dict[str, Any]:
+        repository = _checked_repository(owner, name, page=False)
+        found: list[pages.Release] = read(lambda q: releases(q, repository))
+        if not found:
+            raise ApiError(404, f"no scored release of {repository} is recorded here")
+        return {"repository": repository, "releases": [
+            {**r.entry.model_dump(mode="json"), "evidence": pages.release_url(release_url_base, repository, r.entry.tag),
+             "comparison": None if r.comparison is None else r.comparison.model_dump(mode="json", by_alias=True)}
+            for r in found]}
 
     return app

@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from pipeline.core.contracts import AgentArtifact, builder_problem, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.documents import agent_purl
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.core.fsutil import atomic_write_text, canonical_json
 from pipeline.evidence.sbom import write_sbom
@@ -146,12 +146,7 @@ class BuildInvocation:
 def agent_dependency(agent: AgentArtifact) -> dict[str, Any]:
     """The release's agent as an SLSA resolved dependency: its package URL and the digest the build checked."""
     algorithm, digest = sri_hex(agent.integrity)
-    if agent.kind == "npm":
-        scope, _, name = agent.package.rpartition("/")
-        purl = f"pkg:npm/{quote(scope, safe='')}/{name}@{agent.version}" if scope else f"pkg:npm/{name}@{agent.version}"
-    else:
-        purl = f"pkg:pypi/{agent.package.lower().replace('_', '-')}@{agent.version}"
-    return {"uri": purl, "name": f"agent:{agent.name}", "digest": {algorithm: digest},
+    return {"uri": agent_purl(agent), "name": f"agent:{agent.name}", "digest": {algorithm: digest},
             "annotations": {"sourceCommit": agent.source_commit, "integrity": agent.integrity}}
 
 

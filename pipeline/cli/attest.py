@@ -5,7 +5,10 @@ and CycloneDX SBOM with cosign, as the ambient GitHub Actions identity (the buil
 ``permissions: id-token: write`` and ``packages: write``). ``verify-image REF --repo --tag --commit``
 checks them with the exact release-workflow identity, at that ref and that commit
 (``pipeline.verify.external.image_identity``, the same expectation the worker and the release
-body use).
+body use). ``attach-result DIR|OWNER/REPO@TAG --runner REF`` pushes the release's signed test-result
+attestation (the seal job's DSSE bundle, unchanged) to the runner image as an OCI referrer, where
+``cosign verify-attestation --new-bundle-format --type https://in-toto.io/attestation/test-result/v0.1``
+finds it (release.yml's ``attach_result`` job: ``packages: write``; no signing identity needed).
 
 Sigstore: public-good unless ``--sigstore-url`` and ``--trusted-root`` name a private
 instance on 127.0.0.1 (tests and the local release); never chosen implicitly.
@@ -115,6 +118,38 @@ def verify_image(
     typer.echo(f"verified: {ref} signed and attested by {policy.describe()}")
 
 
+def attach_result(
+    source: Annotated[str, typer.Argument(help="The release: a directory holding its evidence, or OWNER/REPO@TAG "
+                                                "(the GitHub release's evidence, fetched through the API).")],
+    runner: Annotated[str, typer.Option("--runner", help="The runner image the release was benchmarked with "
+                                                         "(name@sha256:<64 hex>): the statement's subject.")],
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="With OWNER/REPO@TAG: a file holding the "
+                                                    "GitHub token (default GITHUB_TOKEN / GH_TOKEN; none for a public "
+                                                    "release).")] = None,
+) -> None:
+    """Attach the release's signed test-result attestation to the runner image (an OCI referrer, cosign's
+    new bundle format; pushed with the registry credentials docker login left)."""
+    # lazy: pipeline.verify.fetch (PyGithub) and pipeline.attest.testresult cost 140-160 ms and 7 ms at CLI start (2026-12-05)
+    from pipeline.attest.testresult import attach_test_result
+    from pipeline.verify.fetch import fetched_release, parse_reference, read_token
+
+    if not Path(source).exists() and "@" in source:
+        reference = parse_reference(source)
+        with fetched_release(reference, token=read_token(token_file)) as directory:
+            attached = attach_test_result(directory, runner)
+    else:
+        if token_file is not None:
+            raise ValidationError("--token-file", "only with OWNER/REPO@TAG (a directory is read, not fetched)")
+        if not Path(source).is_dir():
+            raise ValidationError("DIR|OWNER/REPO@TAG", "must be an existing directory, or OWNER/REPO@TAG for a GitHub "
+                                  "release", source)
+        attached = attach_test_result(Path(source), runner)
+    where = f"referrers tag {attached.fallback_tag}" if attached.fallback_tag else "the registry's referrers API"
+    typer.echo(f"attached: the test-result attestation of {source} to {attached.runner} (manifest {attached.manifest}, "
+               f"{where}{'' if attached.added else ', already there'})")
+
+
 def register(app: typer.Typer) -> None:
     app.command(name="attest")(attest)
     app.command(name="verify-image")(verify_image)
+    app.command(name="attach-result")(attach_result)

@@ -50,9 +50,9 @@ def safe_message(text: str) -> str:
     return escape_text(text)
 
 
-def _failure_json(error: str, exit_code: int, correlation: str | None) -> str:
+def _failure_json(error: str, exit_code: int, correlation: str | None, run: dict[str, Any] | None = None) -> str:
     return json.dumps({"ok": False, "correlation_id": correlation, "error": safe_message(error),
-                       "exit_code": exit_code}, sort_keys=True)
+                       "exit_code": exit_code, **(run or {})}, sort_keys=True)
 
 
 class _JsonFailureCommand(TyperCommand):
@@ -140,7 +140,9 @@ def dispatch(
 def _fail(exc: Error, correlation: str | None, as_json: bool) -> NoReturn:
     message = exc.diagnostics()
     if as_json:
-        typer.echo(_failure_json(message, exc.exit_code, correlation))
+        # A run that concluded in failure is still named (run_id, html_url, conclusion).
+        run = {key: getattr(exc, key) for key in ("run_id", "html_url", "conclusion") if hasattr(exc, key)}
+        typer.echo(_failure_json(message, exc.exit_code, correlation, run))
     typer.echo(CLI_ERROR_PREFIX + f"{safe_message(message)}", err=True)
     raise typer.Exit(exc.exit_code)
 

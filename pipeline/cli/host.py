@@ -1,4 +1,5 @@
-"""``benchseal host install``: set up an infra host (service user, directories, units, sudo rule).
+"""``benchseal host install``: set up an infra host (service user, directories, units, sudo rule; with
+``--api-image``, the API's unit).
 
 Exit codes: 0 installed (or nothing to change); 1 a failed check (not root, visudo rejected
 the rule, unsafe ownership, a tool failed); 2 bad input (user names, prefix).
@@ -24,12 +25,15 @@ def install(
     service_user: Annotated[str, typer.Option("--service-user", help="The system user the worker and publisher run as.")] = "benchseal",
     prefix: Annotated[Path, typer.Option("--prefix", help="Root filesystem to install into (a chroot or image root).")] = Path("/"),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Say what would change; change nothing.")] = False,
+    api_image: Annotated[str | None, typer.Option("--api-image", help="The API image by digest "
+                                                  "(REGISTRY/REPOSITORY@sha256:<64 hex>): installs "
+                                                  "benchseal-api.service, which runs it read-only on 127.0.0.1.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
 ) -> None:
     """Create the service user and directories, install units, wrappers, sudo rule and policy; idempotent."""
 
     report = run_install(InstallOptions(runner_user=runner_user, service_user=service_user, prefix=prefix,
-                                        dry_run=dry_run))
+                                        dry_run=dry_run, api_image=api_image))
     if as_json:
         typer.echo(json.dumps(report.to_json_dict(), indent=2))
         return

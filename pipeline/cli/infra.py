@@ -153,8 +153,31 @@ def export(
     with open_queue(db, url_file=queue_url_file, create=False) as queue:
         record = queue.get_run(run_id)
         run_dir = queue.run_dir(run_id)
-        export_run(record, run_dir, sys.stdout.buffer, packs_not_here(queue, run_id, run_dir))
+        export_run(record, run_dir, sys.stdout.buffer, packs_not_here(queue, run_id, run_dir),
+                   comparison=queue.comparison(run_id))
     sys.stdout.buffer.flush()
+
+
+@infra_app.command("record-summary")
+def record_summary(
+    run_id: Annotated[str, typer.Argument(help="The sealed run (run-<20 hex>).")],
+    digest: Annotated[str, typer.Argument(help="sha256:<hex> of the run's sealed summary.json.")],
+    db: Annotated[Path | None, typer.Option("--db", help=_DB_HELP)] = None,
+    queue_url_file: Annotated[Path | None, typer.Option("--queue-url-file", help=_URL_FILE_HELP)] = None,
+) -> None:
+    """Record the digest of a scored run's sealed summary.json in the repository's history.
+
+    What benchmark.yml's seal job does through the benchseal-record sudo wrapper once the evidence is
+    signed: from then on the release is one a later release of the repository is compared with.
+    Idempotent; a different digest for the same run is refused (exit 1).
+    """
+
+    if os.environ.get("SUDO_UID") and (db is not None or queue_url_file is not None):
+        raise UsageError("--db and --queue-url-file are not accepted under sudo")
+    validate_run_id(run_id)
+    with open_queue(db, url_file=queue_url_file, create=False) as queue:
+        queue.record_summary(run_id, digest)
+    typer.echo(json.dumps({"run_id": run_id, "summary_digest": digest}, sort_keys=True))
 
 
 @infra_app.command("migrate")

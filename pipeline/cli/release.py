@@ -19,7 +19,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from pipeline.core.errors import UsageError
+from pipeline.core.errors import CLI_ERROR_PREFIX, UsageError, escape_text
 from pipeline.core.project import load_project
 from pipeline.imaging.names import resolve_image_names
 
@@ -76,6 +76,12 @@ def release(
         render_report(report, Console())
     if report.status != "SUCCEEDED":
         # Published and verified, but the benchmark itself failed: not a good release.
+        raise typer.Exit(1)
+    if report.gated:
+        # Published with its result, but the regression gate holds it back: not promoted.
+        reasons = "; ".join(str(reason) for reason in (report.comparison or {}).get("reasons", ()))
+        typer.echo(escape_text(f"{CLI_ERROR_PREFIX}release {tag} is gated (published, not promoted): {reasons}"),
+                   err=True)
         raise typer.Exit(1)
 
 

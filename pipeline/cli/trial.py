@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pipeline.core import strictjson
-from pipeline.core.contracts import AgentArtifact, load_model
+from pipeline.core.contracts import MAX_TASK_ATTEMPTS, AgentArtifact, load_model
 from pipeline.core.errors import UsageError, ValidationError
 
 trial_app = typer.Typer(help="Harbor trials (runs inside the runner image).", no_args_is_help=True)
@@ -28,8 +28,10 @@ def run(
     model_path: Annotated[str, typer.Option("--model-path", help="Path of the model endpoint, e.g. /v1.")] = "/v1",
     model_name: Annotated[str | None, typer.Option("--model-name", help="LiteLLM model name.")] = None,
     expect_agent: Annotated[str | None, typer.Option("--expect-agent", help="The payload's agent_artifact (JSON): the release's agent this image must carry.")] = None,
+    attempts: Annotated[int, typer.Option("--attempts", min=1, max=MAX_TASK_ATTEMPTS, help="Trials per task (the suite's attempts in the infra policy).")] = 1,
+    trial: Annotated[list[str] | None, typer.Option("--trial", help="Run only this planned trial (repeatable): a worker's batch.")] = None,
 ) -> None:
-    """Run every task once; grade later from the trials' result.json files."""
+    """Run every task --attempts times (default once); grade later from the trials' result.json files."""
     # lazy: pipeline.runner.trial (harbor) costs 178 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.runner.trial import ModelAccess, run_suite
 
@@ -46,7 +48,8 @@ def run(
             raise ValidationError("--expect-agent", f"must be a JSON object: {exc}") from None
         expected = load_model(AgentArtifact, data, "--expect-agent")
     specs = run_suite(suite_dir, out, run_id=run_id, agent=agent, secret_env=tuple(secret_env or ()), concurrency=concurrency,
-                      secret_dir=secret_dir, agent_version=agent_version, model=model, expect_agent=expected)
+                      secret_dir=secret_dir, agent_version=agent_version, model=model, expect_agent=expected,
+                      attempts=attempts, trials=tuple(trial) if trial is not None else None)
     typer.echo(f"ran {len(specs)} trials into {out / 'harbor'}")
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import typer
 
-from pipeline.core.errors import CLI_ERROR_PREFIX, Error, UsageError, ValidationError
+from pipeline.core.errors import CLI_ERROR_PREFIX, Error, UsageError, ValidationError, escape_text
 
 _TARGET = typer.Argument(..., metavar="DIR|OWNER/REPO@TAG",
                          help="A release or artifacts directory (a path that exists), or OWNER/REPO@TAG: the GitHub "
@@ -139,8 +139,8 @@ def _score_json(summary: Any) -> dict[str, Any]:
 
 
 # summary.json fields shown when present (a summary without them omits them): the score's interval and
-# the comparison with a previous release, printed as the verified document carries them.
-_EXTRA = ("interval", "comparison", "previous")
+# the comparison with the previous release, as the verified document carries them.
+_EXTRA = ("interval", "comparison")
 
 
 def _plain(value: Any) -> Any:
@@ -157,11 +157,30 @@ def _score_table(summary: Any) -> str:
     widths = [max(len(str(h)), len(str(v))) for h, v in zip(header, row, strict=True)]
     lines = ["score:", "  " + "  ".join(str(h).ljust(w) for h, w in zip(header, widths, strict=True)).rstrip(),
              "  " + "  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()]
-    for key in _EXTRA:
-        value = _plain(getattr(summary, key, None))
-        if value is not None:
-            lines.append(f"  {key}: {json.dumps(value, sort_keys=True)}")
-    return "\n".join(lines)
+    interval = getattr(summary, "interval", None)
+    if interval is not None:
+        lines.append(f"  95 % interval (Wilson): [{interval.low}, {interval.high}]")
+    comparison = getattr(summary, "comparison", None)
+    if comparison is not None:
+        lines += _comparison_lines(comparison)
+    return "\n".join(escape_text(line) for line in lines)
+
+
+def _comparison_lines(comparison: Any) -> list[str]:
+    previous = comparison.previous
+    if previous is None:
+        return ["compared with: nothing (the repository's first scored release of this suite)"]
+    lines = [f"compared with: {previous.tag} (run {previous.run_id}, summary.json {previous.summary_digest}), "
+             f"score {previous.score} -> change {comparison.score_delta:+}"]
+    for change in comparison.changed:
+        before = "-" if change.previous is None else f"{change.previous.resolved}/{change.previous.completed}"
+        after = "-" if change.current is None else f"{change.current.resolved}/{change.current.completed}"
+        lines.append(f"  {change.task}: {change.change} ({before} -> {after})")
+    if comparison.gate is None:
+        lines.append("gate: none set for the suite")
+    else:
+        lines.append("gate: GATED: " + "; ".join(comparison.reasons) if comparison.gated else "gate: passed")
+    return lines
 
 
 def _verify_images(done: Any, trusted_root: Path | None, workflow: str | None, ref: str) -> str:

@@ -405,11 +405,17 @@ def validate_run_id(run_id: str, field: str = "RUN_ID", *, issued: bool = True) 
 
 
 # Trial names: <task>__<the run's short id> (``trial_name``); one plain directory name, never hidden.
+# A suite with several attempts per task (``attempts`` in the infra policy, Harbor's n_attempts) names
+# each attempt k of n: <task>__a<k>of<n>__<short id>, so every name says which attempt of how many it is
+# (``trial_attempt``) and a plan missing one attempt is told from a plan with fewer. With one attempt
+# the names are exactly those of before attempts existed.
 # A pattern for pydantic (``Field(pattern=...)``) and, through ``fullmatch``, for ``trial_name_problem``.
-TRIAL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}__[a-z0-9]{0,12}$"
-TRIAL_NAME_RULE = ("must be <task>__<run short id>: a task of 1-64 characters of [a-z0-9_-] starting with a "
-                   "letter or digit, then '__' and at most 12 of [a-z0-9]")
+TRIAL_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}(__a[1-9][0-9]?of[1-9][0-9]?)?__[a-z0-9]{0,12}$"
+TRIAL_NAME_RULE = ("must be <task>__<run short id> or <task>__a<k>of<n>__<run short id>: a task of 1-64 characters "
+                   "of [a-z0-9_-] starting with a letter or digit, then '__' and at most 12 of [a-z0-9]")
 _TRIAL_NAME_RE = re.compile(TRIAL_NAME_PATTERN)
+# Trials per task a suite may ask for (``SuitePolicy.attempts``, ``benchseal trial run --attempts``).
+MAX_TASK_ATTEMPTS = 10
 
 
 def trial_name_problem(value: object) -> str | None:
@@ -422,9 +428,34 @@ def trial_short_id(run_id: str) -> str:
     return re.sub(r"[^a-z0-9]", "", run_id.lower())[-12:]
 
 
-def trial_name(task: str, run_id: str) -> str:
-    """Deterministic trial names let the worker tell a missing trial from a present one."""
-    return f"{task}__{trial_short_id(run_id)}"
+def trial_name(task: str, run_id: str, attempt: int = 1, attempts: int = 1) -> str:
+    """Deterministic trial names let the worker tell a missing trial from a present one: attempt
+    ``attempt`` of ``attempts`` of ``task`` (``<task>__<short>`` when the task runs once)."""
+    if not 1 <= attempt <= attempts <= MAX_TASK_ATTEMPTS:
+        raise ValueError(f"attempt {attempt} of {attempts}: need 1 <= attempt <= attempts <= {MAX_TASK_ATTEMPTS}")
+    short = trial_short_id(run_id)
+    return f"{task}__{short}" if attempts == 1 else f"{task}__a{attempt}of{attempts}__{short}"
+
+
+def task_trial_names(task: str, run_id: str, attempts: int = 1) -> tuple[str, ...]:
+    """Every trial of ``task`` in run ``run_id``, attempts 1..``attempts`` in order."""
+    return tuple(trial_name(task, run_id, k, attempts) for k in range(1, attempts + 1))
+
+
+def trial_attempt(trial: str, task: str, run_id: str) -> tuple[int, int] | None:
+    """(k, n) when ``trial`` is attempt k of n of ``task`` in run ``run_id`` ((1, 1): the task runs
+    once), None when it is not a trial of that task and run."""
+    short = trial_short_id(run_id)
+    if trial == f"{task}__{short}":
+        return 1, 1
+    head, tail = f"{task}__a", f"__{short}"
+    if not (trial.startswith(head) and trial.endswith(tail)) or len(trial) <= len(head) + len(tail):
+        return None
+    match = re.fullmatch(r"([1-9][0-9]?)of([1-9][0-9]?)", trial[len(head):len(trial) - len(tail)])
+    if match is None:
+        return None
+    k, n = int(match.group(1)), int(match.group(2))
+    return (k, n) if 1 <= k <= n <= MAX_TASK_ATTEMPTS and n > 1 else None
 
 
 class GradeCounts(_Frozen):

@@ -8,6 +8,7 @@
 | ``images/base.lock.json`` (``benchseal.base-lock/v1``) | ``benchseal base build`` | the image builder, the worker, the SBOM generator | ``BaseLock`` |
 | ``publisher-error.json`` (``benchseal.publisher-error/v1``) | the publisher's outbox | a release's reader (checksummed and signed) | ``PublisherError`` |
 | ``provenance-*.intoto.json`` (in-toto v1, SLSA provenance v1) | evidence (``evidence/provenance.py``) | sigstore (DSSE signing), verify | ``ProvenanceStatement`` |
+| ``test-result.intoto.json`` (in-toto v1, test-result v0.1) | evidence (``evidence/testresult.py``) | sigstore (DSSE signing), verify, cosign on the runner image | ``ResultStatement`` |
 
 Each is written with ``dump_document`` and read with ``load_document`` (after ``upgrade_*`` for
 documents older releases or older runner images may still hold). The JSON Schemas in
@@ -24,12 +25,14 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import quote
 
 from pydantic import (
     AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StringConstraints,
@@ -40,8 +43,10 @@ from pipeline.core import paths
 from pipeline.core.contracts import (
     TRIAL_NAME_PATTERN,
     AgentArtifact,
+    CommitSha,
     CorrelationId,
     Digest,
+    GitTag,
     GradeCounts,
     ImageName,
     PayloadSource,
@@ -51,6 +56,7 @@ from pipeline.core.contracts import (
     TrialOutcome,
     check_score,
     load_model,
+    sri_hex,
 )
 from pipeline.core.errors import ValidationError
 from pipeline.core.fsutil import atomic_write_text, canonical_json
@@ -170,6 +176,79 @@ class TaskCounts(_Document):
         return self
 
 
+# --- the comparison with the previous release (its rules: pipeline.core.history) ----------
+
+COMPARISON_SCHEMA: Literal["benchseal.comparison/v1"] = "benchseal.comparison/v1"
+TaskName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Sha256Hex = Annotated[str, StringConstraints(pattern=r"^sha256:[0-9a-f]{64}$")]
+RunId = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Change = Literal["regressed", "improved", "added", "removed", "unjudged"]
+
+
+class GateRules(_Document):
+    """When a suite holds a release back (``pipeline.core.history``); both off: compare, never gate."""
+
+    interval_below_previous: StrictBool = True
+    resolved_task_fails: StrictBool = True
+
+
+class PreviousRelease(_Document):
+    """The release compared with: which one (tag, infra run, commit, its signed summary's digest) and
+    what the comparison needs of it (score, per-task counts)."""
+
+    tag: GitTag
+    run_id: RunId
+    commit: CommitSha
+    summary_digest: Sha256Hex
+    score: StrictFloat = Field(ge=0, le=1, allow_inf_nan=False)
+    tasks: dict[TaskName, TaskCounts]
+
+
+class TaskChange(_Document):
+    task: TaskName
+    change: Change
+    previous: TaskCounts | None
+    current: TaskCounts | None
+
+
+class Comparison(_Document):
+    """``comparison.json`` in a graded run (written by the worker) and ``comparison`` in summary.json."""
+
+    schema_: Literal["benchseal.comparison/v1"] = Field(alias="schema", default=COMPARISON_SCHEMA)
+    previous: PreviousRelease | None  # None: the repository's first scored release of this suite
+    score_delta: StrictFloat | None = Field(allow_inf_nan=False)
+    changed: tuple[TaskChange, ...]
+    gate: GateRules | None  # the suite's rules when the run was graded; None: the suite sets no gate
+    gated: StrictBool
+    reasons: tuple[str, ...]
+
+    @property
+    def regressed_tasks(self) -> tuple[str, ...]:
+        return tuple(change.task for change in self.changed if change.change == "regressed")
+
+
+class HistoryEntry(_Document):
+    """One scored release in a repository's history (a row of the queue's ``releases`` table)."""
+
+    repository: str = Field(min_length=1, max_length=140)
+    suite: str = Field(min_length=1, max_length=64)
+    tag: GitTag
+    run_id: RunId
+    commit: CommitSha
+    score: StrictFloat = Field(ge=0, le=1, allow_inf_nan=False)
+    interval: ScoreInterval | None
+    tasks: dict[TaskName, TaskCounts]
+    gated: StrictBool
+    finished_at: AwareDatetime
+    summary_digest: Sha256Hex | None = None  # recorded once the evidence is sealed
+
+    def as_previous(self) -> PreviousRelease:
+        if self.summary_digest is None:
+            raise ValueError(f"release {self.tag} (run {self.run_id}) was never sealed: no summary digest")
+        return PreviousRelease(tag=self.tag, run_id=self.run_id, commit=self.commit, summary_digest=self.summary_digest,
+                               score=self.score, tasks=self.tasks)
+
+
 class ReleaseSummary(_Document):
     """``summary.json``: what a run concluded, bound to the release it scored.
 
@@ -198,6 +277,9 @@ class ReleaseSummary(_Document):
     # Optional: summaries written before they existed omit both (``benchseal verify`` checks them when present).
     interval: ScoreInterval | None = None
     tasks: dict[Annotated[str, StringConstraints(min_length=1, max_length=64)], TaskCounts] | None = None
+    # The previous scored release of the repository, what changed and the regression gate's verdict
+    # (``pipeline.core.history``; ``benchseal verify`` recomputes it). Absent before it existed.
+    comparison: Comparison | None = None
 
     @model_validator(mode="after")
     def _scored(self) -> ReleaseSummary:
@@ -424,6 +506,148 @@ class ProvenanceStatement(_Document):
     predicate: SlsaProvenance
 
 
+# --- test-result.intoto.json (in-toto v1 statement, in-toto test-result v0.1 predicate) ------------
+
+TEST_RESULT: Literal["https://in-toto.io/attestation/test-result/v0.1"] = "https://in-toto.io/attestation/test-result/v0.1"
+BENCHSEAL_URI = "https://benchseal.invalid"  # the prefix of benchseal's own URIs (as provenance's build types)
+TestOutcome = Literal["PASSED", "WARNED", "FAILED"]
+_ResultTask = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+def agent_purl(agent: AgentArtifact) -> str:
+    """The release's agent as a package URL (the runner's SLSA provenance and the test result name it so)."""
+    if agent.kind == "npm":
+        scope, _, name = agent.package.rpartition("/")
+        return f"pkg:npm/{quote(scope, safe='')}/{name}@{agent.version}" if scope else f"pkg:npm/{name}@{agent.version}"
+    return f"pkg:pypi/{agent.package.lower().replace('_', '-')}@{agent.version}"
+
+
+class ResultDescriptor(_Document):
+    """An in-toto v1 ResourceDescriptor, as benchseal writes one into ``configuration``: a role
+    (``suite``, ``dataset``, ``agent``), a URI and, where there is one, a digest."""
+
+    name: str = Field(min_length=1, max_length=64)
+    uri: str = Field(min_length=1, max_length=1024, pattern=r"^[a-z][a-z0-9+.-]*:[^\s]+$")
+    digest: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9]{1,32}$")],
+                 Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{1,256}$")]] | None = None
+    annotations: dict[str, str] | None = None
+
+
+class ResultScore(_Document):
+    """The extension (``SCORE_EXTENSION``): what summary.json concluded, field for field."""
+
+    status: RunOutcome
+    gated: StrictBool  # the regression gate's verdict (summary.json comparison.gated; false without one)
+    # Absent (as written: no nulls) when the run has no score.
+    score: StrictFloat | None = Field(default=None, allow_inf_nan=False)
+    interval: ScoreInterval | None = None
+    counts: GradeCounts
+    tasks: dict[_ResultTask, TaskCounts]
+    run_id: str = Field(min_length=1, max_length=128)
+    source: PayloadSource
+
+    @model_validator(mode="after")
+    def _scored(self) -> ResultScore:
+        check_score(self.status, self.counts, self.score)
+        return self
+
+
+class ResultPredicate(_Document):
+    """in-toto's test-result v0.1 predicate (its own field names), with benchseal's extension."""
+
+    result: TestOutcome
+    configuration: tuple[ResultDescriptor, ...] = Field(min_length=1)
+    url: str | None = Field(default=None, max_length=1024, pattern=r"^https://[^\s]+$")  # the infra's Actions run
+    passedTests: tuple[_ResultTask, ...] = ()
+    warnedTests: tuple[_ResultTask, ...] = ()
+    failedTests: tuple[_ResultTask, ...] = ()
+    # benchseal's extension, a field named by a URI (in-toto's parsing rules: a consumer ignores the
+    # fields it does not know): the score, its interval and the counts, as summary.json has them.
+    score: ResultScore = Field(alias="https://benchseal.invalid/attestation/test-result/score/v1")
+
+
+SCORE_EXTENSION = str(ResultPredicate.model_fields["score"].alias)
+
+
+def result_verdict(summary: ReleaseSummary) -> Literal["PASSED", "FAILED"]:
+    """The statement's ``result``: PASSED for a run that SUCCEEDED and that the regression gate did
+    not hold back, FAILED otherwise (the one rule: the writer and ``benchseal verify``)."""
+    gated = summary.comparison is not None and summary.comparison.gated
+    return "PASSED" if summary.status == "SUCCEEDED" and not gated else "FAILED"
+
+
+def task_outcomes(tasks: dict[str, TaskCounts] | None) -> dict[TestOutcome, tuple[str, ...]]:
+    """Task ids by outcome, each sorted: PASSED when every attempt resolved the task, WARNED when some
+    did (a flaky task), FAILED when none did (an infrastructure error resolves nothing)."""
+    found: dict[TestOutcome, list[str]] = {"PASSED": [], "WARNED": [], "FAILED": []}
+    for task, counts in sorted((tasks or {}).items()):
+        outcome: TestOutcome = ("PASSED" if counts.resolved == counts.attempts
+                                else "WARNED" if counts.resolved else "FAILED")
+        found[outcome].append(task)
+    return {outcome: tuple(names) for outcome, names in found.items()}
+
+
+def result_configuration(summary: ReleaseSummary) -> tuple[ResultDescriptor, ...]:
+    """What the run was configured with: the suite (its evaluation method and Harbor), the dataset
+    (the suite directory's sha256) and the agent (the release's own by package URL and integrity)."""
+    suite_notes = {"evaluationMethod": summary.evaluation_method}
+    if summary.harbor_version:
+        suite_notes["harborVersion"] = summary.harbor_version
+    revision = summary.dataset.revision
+    dataset_digest = ({"sha256": revision.removeprefix("sha256:")}
+                      if revision is not None and revision.startswith("sha256:") else None)
+    agent = summary.agent
+    version = ",".join(agent.version) if isinstance(agent.version, tuple) else agent.version
+    agent_notes = {"name": agent.name, **({"version": version} if version else {}),
+                   **({"model": agent.model} if agent.model else {})}
+    if agent.release is not None:
+        algorithm, digest = sri_hex(agent.release.integrity)
+        agent_descriptor = ResultDescriptor(
+            name="agent", uri=agent_purl(agent.release), digest={algorithm: digest},
+            annotations={**agent_notes, "integrity": agent.release.integrity, "sourceCommit": agent.release.source_commit})
+    else:
+        agent_descriptor = ResultDescriptor(name="agent", uri=f"{BENCHSEAL_URI}/agents/{quote(agent.name, safe='')}",
+                                            annotations=agent_notes)
+    return (
+        ResultDescriptor(name="suite", uri=f"{BENCHSEAL_URI}/suites/{quote(summary.suite, safe='')}",
+                         annotations=suite_notes),
+        ResultDescriptor(name="dataset", uri=f"{BENCHSEAL_URI}/datasets/{quote(summary.dataset.name, safe='')}",
+                         digest=dataset_digest,
+                         annotations=None if dataset_digest is not None or revision is None else {"revision": revision}),
+        agent_descriptor,
+    )
+
+
+class ResultStatement(_Document):
+    """``test-result.intoto.json``: the run's result as in-toto's standard test-result attestation.
+    Subjects: the runner image (name + manifest sha256; cosign finds it attached to that image) and
+    summary.json. Everything in it is derived from summary.json (``for_summary``) but the run's URL."""
+
+    type_: Literal["https://in-toto.io/Statement/v1"] = Field(alias="_type", default=STATEMENT_TYPE)
+    subject: tuple[Subject, ...] = Field(min_length=1)
+    predicateType: Literal["https://in-toto.io/attestation/test-result/v0.1"] = TEST_RESULT
+    predicate: ResultPredicate
+
+    @classmethod
+    def for_summary(cls, summary: ReleaseSummary, summary_sha256: str, *, url: str | None = None) -> ResultStatement:
+        """The statement for ``summary`` (whose file hashes to ``summary_sha256``), the one rule the
+        evidence stage writes by and ``benchseal verify`` checks by."""
+        runner = summary.images.runner
+        outcomes = task_outcomes(summary.tasks)
+        return cls(
+            subject=(Subject(name=runner.name, digest=DigestSet(sha256=runner.digest.removeprefix("sha256:"))),
+                     Subject(name="summary.json", digest=DigestSet(sha256=summary_sha256))),
+            predicate=ResultPredicate.model_validate({
+                "result": result_verdict(summary), "configuration": result_configuration(summary), "url": url,
+                "passedTests": outcomes["PASSED"], "warnedTests": outcomes["WARNED"], "failedTests": outcomes["FAILED"],
+                SCORE_EXTENSION: ResultScore(
+                    status=summary.status, gated=summary.comparison is not None and summary.comparison.gated,
+                    score=summary.score, interval=summary.interval, counts=summary.counts, tasks=summary.tasks or {},
+                    run_id=summary.run_id, source=summary.source),
+            }),
+        )
+
+
 # --- reading and writing -------------------------------------------------------------------
 
 _UPGRADES: dict[type[BaseModel], Callable[[object], object]] = {ReleaseSummary: upgrade_summary, TrialsPlan: upgrade_trials}
@@ -465,6 +689,7 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "publisher-error.schema.json": PublisherError,
     "publication-request.schema.json": PublicationRequest,
     "provenance.schema.json": ProvenanceStatement,
+    "test-result.schema.json": ResultStatement,  # in-toto test-result v0.1, benchseal's extension
     "trial-results.schema.json": TrialResults,
     "project.schema.json": ProjectFile,  # the source repository's benchseal.toml
     "agent-manifest.schema.json": AgentManifest,  # the runner image's record of the release's agent

@@ -39,8 +39,12 @@ SBOMS = {"runner": "sbom-runner.cdx.json", "api": "sbom-api.cdx.json"}
 MANIFESTS = {"runner": "manifest-runner.oci.json", "api": "manifest-api.oci.json"}
 PROVENANCE_IMAGES = "provenance-images.intoto.json"
 PROVENANCE_SUMMARY = "provenance-summary.intoto.json"
+# The run's result as in-toto's test-result v0.1 attestation (subjects: the runner image and summary.json);
+# its DSSE bundle is also attached to the runner image in the registry (pipeline.attest.testresult).
+TEST_RESULT = "test-result.intoto.json"
 # Every release carries these, each with its bundle.
-REQUIRED_SIGNED = (SUMMARY, SBOMS["runner"], SBOMS["api"], PROVENANCE_IMAGES, PROVENANCE_SUMMARY, CHECKSUMS)
+REQUIRED_SIGNED = (SUMMARY, SBOMS["runner"], SBOMS["api"], PROVENANCE_IMAGES, PROVENANCE_SUMMARY, TEST_RESULT,
+                   CHECKSUMS)
 
 _LINE_RE = re.compile(r"\A([0-9a-f]{64})  ([A-Za-z0-9._+-]+)\Z")
 # A nested name is whatever follows the two spaces; fsutil.name_problem then judges it.

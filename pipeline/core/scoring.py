@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import strictjson
-from pipeline.core.contracts import SCORE_DIGITS, GradeCounts, TrialOutcome, trial_short_id
+from pipeline.core.contracts import SCORE_DIGITS, GradeCounts, TrialOutcome, trial_attempt, trial_short_id
 from pipeline.core.documents import ScoreInterval, TaskCounts, TrialsPlan, parse_document
 from pipeline.core.errors import CheckFailed, ValidationError
 
@@ -262,23 +262,47 @@ def _plan(evidence: TrialEvidence, claim: Claim) -> list[tuple[str, str]]:
     return [(t.task, t.trial_name) for t in plan.trials]
 
 
+def _check_attempts(planned: Sequence[tuple[str, str]], run_id: str) -> set[str]:
+    """The planned trial names, after checking that each is named for this run and its task
+    (``contracts.trial_attempt``) and planned once, and that every task is planned either once as
+    ``<task>__<short>`` or as each of the attempts 1..n of ``<task>__a<k>of<n>__<short>``, one n for
+    the whole run (a suite's ``attempts``): a plan without one of a task's attempts is refused."""
+    short = trial_short_id(run_id)
+    seen: set[str] = set()
+    attempts: dict[str, list[tuple[int, int]]] = {}
+    for task, trial in planned:
+        if trial in seen:
+            raise CheckFailed(f"{PLAN_NAME}: {trial} is planned twice")
+        parsed = trial_attempt(trial, task, run_id)
+        if task in attempts and (attempts[task][0][1] == 1 or (parsed is not None and parsed[1] == 1)):
+            raise CheckFailed(f"{PLAN_NAME}: task {task} is planned twice")
+        if parsed is None:
+            raise CheckFailed(f"{PLAN_NAME}: trial {trial!r} is not task {task!r} of run {run_id} "
+                              f"({task}__{short}, or {task}__a<k>of<n>__{short} for attempt k of n)")
+        seen.add(trial)
+        attempts.setdefault(task, []).append(parsed)
+    counts = sorted({n for pairs in attempts.values() for _, n in pairs})
+    if len(counts) > 1:
+        raise CheckFailed(f"{PLAN_NAME}: the tasks are planned with different numbers of attempts "
+                          f"({', '.join(map(str, counts))}); a run has one")
+    for task, pairs in attempts.items():
+        n = pairs[0][1]
+        have = sorted(k for k, _ in pairs)
+        if have != list(range(1, n + 1)):
+            missing = sorted(set(range(1, n + 1)) - set(have))
+            raise CheckFailed(f"{PLAN_NAME}: task {task} is planned with attempts {have} of {n}; "
+                              f"attempt {', '.join(map(str, missing))} is missing")
+    return seen
+
+
 def evidence_trials(evidence: TrialEvidence, claim: Claim) -> tuple[EvidenceTrial, ...]:
     """Each planned trial graded from its result.json, after the plan and the evidence dirs are
-    checked against each other: no trial or task planned twice, each trial named for this run and its
-    task, no evidence dir for a trial that is not planned; a SUCCEEDED run has trials, and each has its
-    result.json (a trial without evidence cannot be checked, and would leave the score unsupported)."""
+    checked against each other: no trial planned twice, each trial named for this run and its task, each
+    task planned once or as attempts 1..n of the run's one n (``_check_attempts``), no evidence dir for a
+    trial that is not planned; a SUCCEEDED run has trials, and each has its result.json (a trial without
+    evidence cannot be checked, and would leave the score unsupported)."""
     planned = _plan(evidence, claim)
-    short = trial_short_id(claim.run_id)
-    seen_trials: set[str] = set()
-    seen_tasks: set[str] = set()
-    for task, trial in planned:
-        if trial in seen_trials or task in seen_tasks:
-            raise CheckFailed(f"{PLAN_NAME}: {trial if trial in seen_trials else 'task ' + task} is planned twice")
-        if trial != f"{task}__{short}":
-            raise CheckFailed(f"{PLAN_NAME}: trial {trial!r} is not task {task!r} of run {claim.run_id} "
-                              f"({task}__{short})")
-        seen_trials.add(trial)
-        seen_tasks.add(task)
+    seen_trials = _check_attempts(planned, claim.run_id)
     dirs = {name[len(HARBOR_PREFIX):].partition("/")[0] for name in evidence.names if name.startswith(HARBOR_PREFIX)}
     for stray in sorted(dirs - seen_trials):
         raise CheckFailed(f"{HARBOR_PREFIX}{stray}: trial evidence for no planned trial ({PLAN_NAME} does not "

@@ -320,8 +320,16 @@ def dispatch_and_wait(
     return _conclude(state, correlation, mode, target.workflow_path)
 
 
+class RunConcluded(CheckFailed):
+    """The correlated infra run ended, but not in success: the caller still learns which run it was
+    (``dispatch --json`` names it, so the release workflow can say why it holds the release back)."""
+
+    def __init__(self, state: WorkflowRunState) -> None:
+        super().__init__(f"workflow run {state.run_id} ({state.html_url}) concluded {state.conclusion!r}, not 'success'")
+        self.run_id, self.html_url, self.conclusion = state.run_id, state.html_url, state.conclusion
+
+
 def _conclude(state: WorkflowRunState, correlation: str, mode: str, workflow_path: str) -> DispatchResult:
     if state.conclusion != "success":
-        raise CheckFailed(f"workflow run {state.run_id} ({state.html_url}) concluded {state.conclusion!r}, "
-                          "not 'success'")
+        raise RunConcluded(state)
     return DispatchResult(state.run_id, state.html_url, state.conclusion, correlation, mode, workflow_path)

@@ -15,6 +15,7 @@ from pipeline.core.contracts import DispatchPayload, Grading
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import (
     AgentInfo,
+    Comparison,
     Dataset,
     ImageDescriptor,
     ModelUsage,
@@ -47,8 +48,8 @@ def suite_revision(suite: str, suites_root: Path | None = None) -> str | None:
 
 
 def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version: str | None = None,
-                  suites_root: Path | None = None) -> ReleaseSummary:
-    """The benchseal.summary/v1 document for a graded run."""
+                  suites_root: Path | None = None, comparison: Comparison | None = None) -> ReleaseSummary:
+    """The benchseal.summary/v1 document for a graded run (``comparison``: the checked comparison.json)."""
     runner = parse_ref(grading.runner_ref, "grading.runner_ref")
     api = parse_ref(grading.api_ref, "grading.api_ref")
     if runner.ref != payload.runner or api.ref != payload.api:
@@ -88,6 +89,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
         # The score's noise, by the grading rule's own functions (``benchseal verify`` recomputes both).
         interval=score_interval(grading.status, grading.counts),
         tasks=task_counts((t.task, t.outcome) for t in grading.trials),
+        comparison=comparison,
     )
 
 

@@ -65,7 +65,7 @@ def _image_subject(ref: str, field: str) -> Subject:
 
 
 def images_statement(payload: DispatchPayload, *, workflow: str | None = None) -> ProvenanceStatement:
-    run_url = _run_url()
+    invocation = run_url()
     return ProvenanceStatement(
         subject=(_image_subject(payload.runner, "runner"), _image_subject(payload.api, "api")),
         predicate=SlsaProvenance(
@@ -77,7 +77,7 @@ def images_statement(payload: DispatchPayload, *, workflow: str | None = None) -
                 resolvedDependencies=(_git(payload),),
             ),
             runDetails=RunDetails(builder=Builder(id=builder_id()),
-                                  metadata=RunMetadata(invocationId=run_url or f"benchseal:{payload.correlation_id}")),
+                                  metadata=RunMetadata(invocationId=invocation or f"benchseal:{payload.correlation_id}")),
         ),
     )
 
@@ -113,7 +113,8 @@ def write_statement(path: Path, statement: ProvenanceStatement) -> Path:
     return path
 
 
-def _run_url() -> str | None:
+def run_url() -> str | None:
+    """The Actions run this process is a job of (its attempt's URL), None outside Actions."""
     server, repo, run = (os.environ.get(k) for k in ("GITHUB_SERVER_URL", "GITHUB_REPOSITORY", "GITHUB_RUN_ID"))
     if server and repo and run:
         return f"{server}/{repo}/actions/runs/{run}/attempts/{os.environ.get('GITHUB_RUN_ATTEMPT', '1')}"

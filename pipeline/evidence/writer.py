@@ -2,8 +2,8 @@
 
 ``write_evidence`` writes ``<run_dir>/artifacts/`` completely. Order matters:
 the trial evidence first (``evidence.trials``: grading.json must be what the trials say, or nothing
-is written), then content (trial-results.json, summary, SBOMs, statements), then its bundles, then
-SHA256SUMS over every file so far (bundles included), then SHA256SUMS's own bundle.
+is written), then content (trial-results.json, summary, SBOMs, provenance and test-result statements),
+then its bundles, then SHA256SUMS over every file so far (bundles included), then SHA256SUMS's own bundle.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.contracts import DispatchPayload, Grading
+from pipeline.core.documents import Comparison
 from pipeline.core.layout import ARTIFACTS_DIR, MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SBOMS
-from pipeline.evidence import artifacts, provenance, sbom
+from pipeline.evidence import artifacts, provenance, sbom, testresult
 from pipeline.evidence.artifacts import recheck_and_resign
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading, write_trial_results
@@ -37,7 +38,8 @@ class EvidenceResult:
     signing_seconds: float = 0.0
 
 
-def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *, signer: Signer) -> EvidenceResult:
+def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *, signer: Signer,
+                   comparison: Comparison | None = None) -> EvidenceResult:
     """Write and sign every artifact of a terminal run into ``run_dir/artifacts``.
 
     Idempotent: a retry rewrites every file atomically with the same content
@@ -48,7 +50,8 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
     evidence, _, _ = check_grading(out, grading)
     out.mkdir(parents=True, exist_ok=True)
     write_trial_results(out, grading.run_id, evidence)
-    summary = artifacts.write_summary(out, artifacts.build_summary(grading, payload))
+    summary_document = artifacts.build_summary(grading, payload, comparison=comparison)
+    summary = artifacts.write_summary(out, summary_document)
     # The two images are read in parallel: most of the time is network and zlib (no GIL).
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {role: pool.submit(sbom.write_sbom, ref, out / SBOMS[role], manifest_out=out / MANIFESTS[role])
@@ -57,6 +60,7 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
     statements = (
         provenance.write_statement(out / PROVENANCE_IMAGES, provenance.images_statement(payload)),
         provenance.write_statement(out / PROVENANCE_SUMMARY, provenance.summary_statement(summary, grading, payload)),
+        testresult.write_test_result(out, summary_document, summary),
     )
     signing = time.monotonic()
     bundles = [signer.sign_file(summary), *(signer.sign_file(p) for p in sboms.values())]

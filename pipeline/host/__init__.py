@@ -1,2 +1,2 @@
-"""Host services benchseal starts and owns: the local OCI registry, and (tests, demo) registries
-that demand credentials with the token server they trust (authregistry, tokenserver)."""
+"""The production infra host's setup: ``install`` (service user, directories, units, sudo rule,
+policy) and ``api`` (how benchseal-api.service runs the API image)."""

@@ -12,7 +12,11 @@ chroot or an image being prepared):
   ``visudo -cf`` before it is moved into place) and the policy ``/etc/benchseal/infra.yaml``
   (root:service 0640, first copied from the shipped ``policies/infra.yaml``);
 * the credential files ``/etc/benchseal/{worker,publisher}.env`` (root 0600): created empty
-  with comments, never rewritten; only their mode and owner are enforced.
+  with comments, never rewritten; only their mode and owner are enforced;
+* with ``--api-image REF@sha256:...``: ``benchseal-api.service`` naming that image by digest
+  (``Environment=BENCHSEAL_API_IMAGE=``), which checks the image like a runner, pulls it by digest
+  and runs it read-only on 127.0.0.1 over the queue read-only (``pipeline.host.api``); without it
+  the unit is not installed (one that is stays as it is).
 
 Managed files follow the conffile rule of Debian packages: the sha256 of what was
 installed is recorded in ``/etc/benchseal/installed.json``. A file that still has the
@@ -40,6 +44,7 @@ import subprocess
 import tempfile
 from pathlib import Path, PurePosixPath
 
+from pipeline.core.digests import parse_ref
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.sandbox import engine as sandbox
@@ -57,13 +62,19 @@ POLICY_FILE = "/etc/benchseal/infra.yaml"
 MANIFEST_FILE = "/etc/benchseal/installed.json"
 APP_DIR = "/opt/benchseal"
 APP_ENTRY = "/opt/benchseal/.venv/bin/benchseal"
-WRAPPERS = ("benchseal-accept", "benchseal-status", "benchseal-export")
+WRAPPERS = ("benchseal-accept", "benchseal-status", "benchseal-export", "benchseal-record")
 # Each unit with the lines that name the service user (``KEY=benchseal``, rendered with --service-user).
 UNITS = {
     "benchseal-sandbox.service": ("Environment=BENCHSEAL_SANDBOX_CONTROLLER",),
     "benchseal-worker.service": ("User", "Group"),
     "benchseal-publisher.service": ("User", "Group"),
 }
+# The API's unit (installed with --api-image) and the line that names its image by digest.
+API_UNIT = "benchseal-api.service"
+API_IMAGE_LINE = "Environment=BENCHSEAL_API_IMAGE="
+API_ENV_FILE = "/etc/benchseal/api.env"
+API_URL_FILE = "/etc/benchseal/api-queue-url"
+API_ROLE = "benchseal_api"
 # The worker's TMPDIR (deploy/benchseal-worker.service): inside the state dir, which the sandbox sees.
 TMP_DIR = "/var/lib/benchseal/tmp"
 NEW_SUFFIX = ".benchseal-new"
@@ -99,6 +110,8 @@ class InstallOptions:
     service_user: str = "benchseal"
     prefix: Path = Path("/")
     dry_run: bool = False
+    # The API image by digest (REGISTRY/REPOSITORY@sha256:<64 hex>): installs benchseal-api.service.
+    api_image: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +236,17 @@ def render_unit(text: str, service_user: str, keys: tuple[str, ...] = ("User", "
         if len(hits) != 1:
             raise CheckFailed(f"deploy unit: expected exactly one {key}={_SHIPPED_SERVICE} line, found {len(hits)}")
         lines[hits[0]] = f"{key}={service_user}"
+    return "\n".join(lines) + "\n"
+
+
+def render_api_unit(text: str, service_user: str, image: str) -> str:
+    """deploy/benchseal-api.service for ``service_user``, naming the API ``image`` (checked: by digest)."""
+    ref = parse_ref(image, "--api-image").ref
+    lines = render_unit(text, service_user).splitlines()
+    hits = [i for i, line in enumerate(lines) if line == API_IMAGE_LINE]
+    if len(hits) != 1:
+        raise CheckFailed(f"deploy/{API_UNIT}: expected exactly one {API_IMAGE_LINE} line, found {len(hits)}")
+    lines[hits[0]] = API_IMAGE_LINE + ref
     return "\n".join(lines) + "\n"
 
 
@@ -473,6 +497,10 @@ class _Installer:
             text = _read_source(DEPLOY_DIR / name).decode("utf-8")
             files.append(_Managed(f"{UNIT_DIR}/{name}", render_unit(text, self.o.service_user, keys).encode(),
                                   0o644, 0, 0))
+        if self.o.api_image is not None:
+            text = _read_source(DEPLOY_DIR / API_UNIT).decode("utf-8")
+            files.append(_Managed(f"{UNIT_DIR}/{API_UNIT}",
+                                  render_api_unit(text, self.o.service_user, self.o.api_image).encode(), 0o644, 0, 0))
         sudoers = render_sudoers(_read_source(DEPLOY_DIR / "benchseal.sudoers").decode("utf-8"),
                                  self.o.runner_user, self.o.service_user).encode()
         check_visudo(sudoers)  # also in --dry-run: a rule that would not pass is reported now
@@ -579,8 +607,30 @@ class _Installer:
             "Start the services: `systemctl daemon-reload && systemctl enable --now benchseal-sandbox "
             "benchseal-worker benchseal-publisher`.",
             f"Check the sudo rule: `sudo -l -U {runner}` lists exactly {LIBEXEC_DIR}/benchseal-accept, "
-            f"{LIBEXEC_DIR}/benchseal-status and {LIBEXEC_DIR}/benchseal-export, run as {service}.",
+            f"{LIBEXEC_DIR}/benchseal-status, {LIBEXEC_DIR}/benchseal-export and {LIBEXEC_DIR}/benchseal-record, "
+            f"run as {service}.",
         ])
+        self.manual.extend(self._api_steps())
+
+    def _api_steps(self) -> list[str]:
+        service = self.o.service_user
+        if self.o.api_image is None:
+            return [f"The API (run status and results pages): run host install again with --api-image "
+                    "REGISTRY/REPOSITORY@sha256:<64 hex>, the api image of a release this infra scored (its "
+                    f"release body lists it); that installs {UNIT_DIR}/{API_UNIT}."]
+        return [
+            f"With a PostgreSQL queue only (SQLite needs nothing: the API mounts its directory read-only): the API "
+            f"connects as a role that may only SELECT. As the role that owns the queue's tables run `benchseal api "
+            f"grant-reader {API_ROLE} --queue-url-file FILE` (`--sql` prints the GRANT statements for your "
+            f"database administrator instead), give {API_ROLE} a password or certificate, put its URL (a host the "
+            f"container reaches, TLS verify-full) in {API_URL_FILE} (root:{service} 0640) and "
+            f"BENCHSEAL_API_QUEUE_URL_FILE={API_URL_FILE} in {API_ENV_FILE}. Never the worker's URL: the API "
+            "refuses a role that may write.",
+            f"Start the API: `systemctl enable --now {API_UNIT.removesuffix('.service')}`. Before each start it "
+            "checks the image like a runner (a release in the queue carries it, the policy's signer signed it) and "
+            "pulls it by digest; it serves http://127.0.0.1:8080/ (BENCHSEAL_API_PORT in "
+            f"{API_ENV_FILE}) only: put a TLS reverse proxy in front of it for readers elsewhere.",
+        ]
 
 
 def _unsafe_paths(top: Path) -> list[str]:
@@ -609,6 +659,8 @@ def install(options: InstallOptions) -> InstallReport:
     """Set the host up (see the module docstring); raise UsageError/CheckFailed on bad input/failed checks."""
     validate_user_name("--runner-user", options.runner_user)
     validate_user_name("--service-user", options.service_user)
+    if options.api_image is not None:
+        parse_ref(options.api_image, "--api-image")
     if options.runner_user == options.service_user:
         raise ValidationError("--runner-user", "must differ from --service-user", options.runner_user)
     installer = _Installer(options)

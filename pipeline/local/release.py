@@ -9,8 +9,10 @@ accept_payload (what the workflow's ``benchseal infra accept`` runs) -> worker r
 only (the infra host's service) -> what the builder's benchmark.yml seal job does for the infra
 repository: export_run (the export wrapper's ``benchseal infra export``), import_run + seal_run
 (``benchseal evidence --from-export``) with the local signer as that job's identity,
-publish_request (``benchseal publish --builder``) to dist/releases/<tag>/ -> verify_release and
-the body's commands on the published directory.
+publish_request (``benchseal publish --builder``) to dist/releases/<tag>/ -> for a PASSED result,
+what the builder's release.yml attach_result job does (``benchseal attach-result``): the signed
+test-result bundle attached to the runner image -> verify_release and the body's commands on the
+published directory.
 
 Who plays whom (all GitHub-shaped certificates from the private instance, under its root only):
 the source is ``benchseal-examples/<example>`` (or benchseal's own checkout without
@@ -44,9 +46,12 @@ from pipeline.attest.images import (
     image_identity,
     verify_image,
 )
+from pipeline.attest.testresult import attach_test_result
 from pipeline.core.contracts import AgentArtifact, DigestsFile, DispatchPayload, Grading, PublicationRequest
+from pipeline.core.documents import ReleaseSummary, load_document, result_verdict
 from pipeline.core.errors import CheckFailed, UsageError
-from pipeline.core.fsutil import atomic_write_json
+from pipeline.core.fsutil import atomic_write_json, sha256_file
+from pipeline.core.layout import SUMMARY
 from pipeline.core.paths import REPO_ROOT, state_dir
 from pipeline.core.project import version_for_tag
 from pipeline.dispatch.dispatch import build_payload, new_correlation_id
@@ -114,6 +119,13 @@ class ReleaseReport:
     verified: dict[str, Any] = field(default_factory=dict)
     publication: dict[str, Any] = field(default_factory=dict)
     bytes_pushed: int = 0
+    # The comparison with the repository's previous release and the gate's verdict (summary.json's
+    # ``comparison``); None for a run without a score.
+    comparison: dict[str, Any] | None = None
+
+    @property
+    def gated(self) -> bool:
+        return bool(self.comparison and self.comparison.get("gated"))
 
     def to_json_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -280,9 +292,17 @@ def _release_local(
         queue = stack.enter_context(SqliteQueue())
         grading = _grade(clock, queue, run_id, suite=suite, agent=agent, endpoints=built.endpoints, policy=policy)
         sealed = _seal(clock, queue, run_id, work, seal_job, policy)
+        if sealed.comparison is not None:
+            # As the seal job's benchseal-record step: the sealed release joins the repository's history.
+            queue.record_summary(run_id, f"sha256:{sha256_file(sealed.evidence.summary)}")
         publication = _publish(clock, dist, tag, run_id, payload, sealed.evidence.artifacts, instance,
                                infra_repository, policy)
         release_dir = dist / tag
+        if result_verdict(load_document(ReleaseSummary, release_dir / SUMMARY)) == "PASSED":
+            # What release.yml's attach_result job does once the benchmark succeeded and passed its gate: the
+            # release's signed test-result bundle, unchanged, attached to the runner image as an OCI referrer.
+            with clock.stage("publication", "Attaching the signed test result to the runner image"):
+                attach_test_result(release_dir, built.images["runner"])
         verified = _verify(clock, release_dir, payload, instance, infra_repository, built, tag)
 
     stages = dict(clock.seconds)
@@ -301,6 +321,7 @@ def _release_local(
         verified=verified,
         publication=publication,
         bytes_pushed=built.bytes_pushed,
+        comparison=sealed.comparison.to_json_dict() if sealed.comparison is not None else None,
     )
 
 
@@ -383,7 +404,7 @@ def _seal(clock: StageClock, queue: SqliteQueue, run_id: str, work: Path, seal_j
     """Export the graded run, unpack and check it, and seal it as the seal job's identity."""
     with clock.stage("evidence", "Sealing the graded run (export, evidence, signatures)"):
         exported = io.BytesIO()
-        export_run(queue.get_run(run_id), queue.run_dir(run_id), exported)
+        export_run(queue.get_run(run_id), queue.run_dir(run_id), exported, comparison=queue.comparison(run_id))
         exported.seek(0)
         sealed_dir = import_run(exported, work / "sealed" / run_id, run_id)
         sealed = seal_run(sealed_dir, signer=local_signer(github_job=seal_job), policy=policy)
@@ -424,7 +445,8 @@ def _verify(clock: StageClock, release_dir: Path, payload: DispatchPayload, inst
                                   trusted_root=instance.trusted_root, profile="production",
                                   benchseal=local_benchseal(), infra_repository=infra_repository, builder=BUILDER)
         printed += image_command_lines(release_dir, payload.source.repository, payload.source.tag,
-                                       trusted_root=instance.trusted_root, profile="production", builder=BUILDER)
+                                       trusted_root=instance.trusted_root, profile="production", builder=BUILDER,
+                                       infra_repository=infra_repository)
         ran = run_commands(printed, release_dir)
         digests = built.digests
         image_checks = _verify_images(built.images, digests.source.repository, tag, digests.source.commit,

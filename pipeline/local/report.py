@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from pipeline.core.errors import escape_text
 from pipeline.local.release import ReleaseReport
 
 
@@ -21,6 +22,19 @@ def render_report(report: ReleaseReport, console: Console) -> None:
         console.print(f"{role:7} {ref}", soft_wrap=True, highlight=False)
     console.print(f"images  {'reused (same digests as the last release run)' if report.images_reused else 'new digests (changed since the last release run)'}")
     console.print(f"run     {report.run_id}")
+    comparison = report.comparison
+    if comparison is not None:
+        previous = comparison.get("previous")
+        if previous is None:
+            console.print("history the repository's first scored release: nothing to compare with", highlight=False)
+        else:
+            changed = ", ".join(f"{c['task']} {c['change']}" for c in comparison.get("changed", ())) or "no task changed"
+            console.print(escape_text(f"history vs {previous['tag']} (run {previous['run_id']}, score "
+                                      f"{previous['score']:.3f}): delta {comparison['score_delta']:+.3f}; {changed}"),
+                          soft_wrap=True, highlight=False, markup=False)
+        if comparison.get("gated"):
+            console.print(escape_text("GATED   " + "; ".join(comparison.get("reasons", ()))), soft_wrap=True,
+                          highlight=False, markup=False)
     console.print(f"release {report.release_dir}  (body.md + {len(report.publication.get('assets', {}))} assets)",
                   soft_wrap=True, highlight=False)
     verified = report.verified

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.core.documents import ReleaseSummary, parse_document
+from pipeline.core.documents import Comparison, ReleaseSummary, TaskCounts, parse_document
 from pipeline.core.errors import ValidationError, escape_text
 
 START = "<!-- benchseal:start -->"
@@ -65,6 +65,8 @@ class SectionFacts:
     interval: tuple[float, float] | None = None
     # Per task (task, resolved, attempts), shown when some task ran more than once.
     task_passes: tuple[tuple[str, int, int], ...] = ()
+    # The comparison with the repository's previous scored release and the regression gate.
+    comparison: Comparison | None = None
 
 
 def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) -> SectionFacts:
@@ -108,6 +110,7 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         source_tag=summary.source.tag,
         interval=(summary.interval.low, summary.interval.high) if summary.interval is not None else None,
         task_passes=tuple((task, c.resolved, c.attempts) for task, c in sorted((summary.tasks or {}).items())),
+        comparison=summary.comparison,
     )
 
 
@@ -184,6 +187,37 @@ def _task_passes(passes: Sequence[tuple[str, int, int]]) -> str:
     return shown + (f", and {more} more (summary.json tasks)" if more > 0 else "")
 
 
+def _counts(counts: TaskCounts | None) -> str:
+    return "not run" if counts is None else f"{counts.resolved}/{counts.completed}"
+
+
+def _comparison_rows(comparison: Comparison) -> list[tuple[str, str]]:
+    """Compared with, score change, changed tasks, gate: what summary.json's ``comparison`` says."""
+    previous = comparison.previous
+    if previous is None:
+        return [("Compared with", "nothing: the repository's first scored release of this suite"),
+                ("Regression gate", "not applied (no previous release)")]
+    delta = comparison.score_delta if comparison.score_delta is not None else 0.0
+    changes = [f"{markdown_cell(c.task)} {markdown_cell(c.change)} ({_counts(c.previous)} → {_counts(c.current)})"
+               for c in comparison.changed[:MAX_TASKS_SHOWN]]
+    more = len(comparison.changed) - MAX_TASKS_SHOWN
+    if more > 0:
+        changes.append(f"and {more} more (summary.json comparison)")
+    if comparison.gate is None:
+        gate = "none set for this suite"
+    elif comparison.gated:
+        gate = "**GATED** (published, not promoted): " + "; ".join(markdown_cell(r) for r in comparison.reasons)
+    else:
+        gate = "passed"
+    return [
+        ("Compared with", f"{markdown_cell(previous.tag)} (score {previous.score:.3f}; infra run {_code(previous.run_id)}; "
+                          f"summary.json {_code(previous.summary_digest)})"),
+        ("Score change", f"{delta:+.3f}"),
+        ("Tasks changed", ", ".join(changes) if changes else "none"),
+        ("Regression gate", gate),
+    ]
+
+
 def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), image_commands: Sequence[str] = ()) -> str:
     """Markdown for the section (without markers): a facts table and how to verify."""
     if facts.status == "SUCCEEDED" and facts.score is not None:
@@ -198,6 +232,7 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
           if facts.status == "SUCCEEDED" and facts.interval is not None else []),
         *([("Per-task passes (resolved / attempts)", _task_passes(facts.task_passes))]
           if facts.status == "SUCCEEDED" and any(attempts > 1 for _, _, attempts in facts.task_passes) else []),
+        *(_comparison_rows(facts.comparison) if facts.status == "SUCCEEDED" and facts.comparison is not None else []),
         ("Suite", markdown_cell(facts.suite)),
         ("Dataset / revision", markdown_cell(facts.dataset)),
         ("Evaluation method", markdown_cell(facts.evaluation)),

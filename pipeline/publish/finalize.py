@@ -14,9 +14,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.core.contracts import Grading, PublicationRequest
+from pipeline.core.documents import Comparison, load_document
+from pipeline.core.history import check_comparison
+from pipeline.core.scoring import score_interval, task_counts
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.writer import write_evidence
 from pipeline.infra.queue.sql import RunRecord
+from pipeline.infra.worker.export import COMPARISON
 
 Finalize = Callable[["RunRecord", Grading, Path], Sequence[PublicationRequest]]
 
@@ -44,7 +48,10 @@ def evidence_finalizer(
 
     def finalize(record: RunRecord, grading: Grading, run_dir: Path) -> Sequence[PublicationRequest]:
         started = time.monotonic()
-        result = write_evidence(run_dir, grading, record.payload, signer=get_signer())
+        # The worker's comparison with the repository's previous release (comparison.json), checked
+        # as the seal job checks an export's: the finalizer signs only what the rule gives.
+        comparison = _comparison(run_dir, grading)
+        result = write_evidence(run_dir, grading, record.payload, signer=get_signer(), comparison=comparison)
         if timings is not None:
             timings["evidence"] = timings.get("evidence", 0.0) + time.monotonic() - started - result.signing_seconds
             timings["signing"] = timings.get("signing", 0.0) + result.signing_seconds
@@ -57,3 +64,13 @@ def evidence_finalizer(
         )]
 
     return finalize
+
+
+def _comparison(run_dir: Path, grading: Grading) -> Comparison | None:
+    path = run_dir / COMPARISON
+    if not path.is_file():
+        return None
+    comparison = load_document(Comparison, path)
+    check_comparison(comparison, score=grading.score, interval=score_interval(grading.status, grading.counts),
+                     tasks=task_counts((t.task, t.outcome) for t in grading.trials), where=COMPARISON)
+    return comparison

@@ -125,12 +125,13 @@ def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_r
 
 
 def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None,
-                   builder: Builder | None = None) -> list[str]:
+                   builder: Builder | None = None, infra_repository: str | None = None) -> list[str]:
     """The body's cosign lines for the runner and api images (plain ``cosign``, as the consumer's):
     for ``repository`` at ``tag`` and the release's commit, signed by ``builder``'s release.yml
-    (without one: the source's tag.yml, as ``benchseal verify-image`` expects by default)."""
+    (without one: the source's tag.yml, as ``benchseal verify-image`` expects by default); and the
+    runner's test-result attestation, sealed by ``builder``'s benchmark.yml for ``infra_repository``."""
     return image_command_lines(artifacts_dir, repository, tag, binary="cosign", trusted_root=trusted_root,
-                               builder=builder)
+                               builder=builder, infra_repository=infra_repository)
 
 
 def _body_repository(request: PublicationRequest, artifacts: Path) -> str:
@@ -169,7 +170,8 @@ def prepare_bundle(request: PublicationRequest) -> ReleaseBundle:
                                    trusted_root=Path(root) if root else None,
                                    infra_repository=request.options.get("infra_repository") or None, builder=builder)
         images = image_commands(artifacts, repository=repository, tag=request.tag,
-                                trusted_root=Path(root) if root else None, builder=builder)
+                                trusted_root=Path(root) if root else None, builder=builder,
+                                infra_repository=request.options.get("infra_repository") or None)
         bundle = load_bundle(artifacts, request.tag, commands, images)
     except ValidationError as exc:
         # Bad summary content or an over-long body: waiting cannot heal it.

@@ -8,9 +8,12 @@ queue, the trial evidence) and write ``RUN_DIR/artifacts/`` with ``write_evidenc
 Before anything is signed (``check_sealable``): the run's source, images, suite and agent must pass
 the infra policy as ``infra accept`` checks them (a run for a repository the policy does not list is
 not sealed); grading.json must be what the trial evidence says (``evidence.trials``: every trial
-graded again with the worker's rule), run.json must say the same counts and score, and a SUCCEEDED
-grading must be one the policy's infrastructure-error threshold allows. Each refusal is one line
-naming the field (exit 1).
+graded again with the worker's rule), run.json must say the same counts and score, a SUCCEEDED
+grading must be one the policy's infrastructure-error threshold allows, and its comparison.json (the
+queue's record of the comparison with the repository's previous release) must be what
+``pipeline.core.history`` gives from the graded trials under the policy's gate for the suite (a
+scored run of a gated suite without one is refused: the gate is never skipped). Each refusal is one
+line naming the field (exit 1).
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ from pathlib import Path
 from typing import IO, Any
 
 from pipeline.core.contracts import DispatchPayload, Grading, RunStatus, load_model, validate_run_id
+from pipeline.core.documents import Comparison, load_document
 from pipeline.core.errors import CheckFailed, ValidationError
-from pipeline.core.fsutil import staged_dir
+from pipeline.core.fsutil import sha256_file, staged_dir
+from pipeline.core.history import check_comparison
 from pipeline.core.layout import ARTIFACTS_DIR
-from pipeline.core.scoring import Claim, check_counts
+from pipeline.core.scoring import Claim, check_counts, score_interval, task_counts
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading
 from pipeline.evidence.writer import EvidenceResult, write_evidence
 from pipeline.infra.intake.accept import validate_payload
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
-from pipeline.infra.worker.export import import_run
+from pipeline.infra.worker.export import COMPARISON, import_run
 
 
 @dataclass(frozen=True)
@@ -40,12 +45,16 @@ class Sealed:
     status: RunStatus
     grading: Grading
     evidence: EvidenceResult
+    comparison: Comparison | None = None
 
     def to_json_dict(self) -> dict[str, object]:
         return {"artifacts": str(self.evidence.artifacts), "run_id": self.status.run_id, "state": self.status.state,
                 "repository": self.status.source.repository, "tag": self.status.source.tag,
                 "commit": self.status.source.commit, "identity": self.evidence.identity,
-                "issuer": self.evidence.issuer, "bundles": len(self.evidence.bundles)}
+                "issuer": self.evidence.issuer, "bundles": len(self.evidence.bundles),
+                "summary_digest": f"sha256:{sha256_file(self.evidence.summary)}",
+                "gated": self.comparison.gated if self.comparison is not None else False,
+                "gate_reasons": list(self.comparison.reasons) if self.comparison is not None else []}
 
 
 def _load(path: Path) -> object:
@@ -57,7 +66,8 @@ def _load(path: Path) -> object:
         raise ValidationError(str(path), f"is not JSON: {exc}") from None
 
 
-def check_sealable(run_dir: Path, policy: InfraPolicy | None = None) -> tuple[RunStatus, Grading, DispatchPayload]:
+def check_sealable(run_dir: Path, policy: InfraPolicy | None = None
+                   ) -> tuple[RunStatus, Grading, DispatchPayload, Comparison | None]:
     """The graded run in ``run_dir`` (run.json + grading.json + trial evidence), checked as the module
     says; CheckFailed (one line, naming the field) before anything is written or signed."""
     status = load_model(RunStatus, _load(run_dir / "run.json"), "run.json")
@@ -87,16 +97,38 @@ def check_sealable(run_dir: Path, policy: InfraPolicy | None = None) -> tuple[Ru
         raise CheckFailed(f"grading.status: 'SUCCEEDED' in grading.json, but {counts.infra_errors} of {counts.total} "
                           f"trials are infrastructure errors in the trial evidence, more than the policy's "
                           f"{policy.infra_error_threshold_percent:g}% allows")
-    return status, grading, payload
+    return status, grading, payload, _check_comparison(run_dir, grading, policy)
+
+
+def _check_comparison(run_dir: Path, grading: Grading, policy: InfraPolicy) -> Comparison | None:
+    """comparison.json, recomputed from the graded trials, under the policy's gate for the suite."""
+    suite = policy.suites.get(grading.suite)
+    gate = suite.gate if suite is not None else None
+    path = run_dir / COMPARISON
+    if not path.exists():
+        if grading.status == "SUCCEEDED" and gate is not None:
+            raise CheckFailed(f"{COMPARISON}: missing, but suite {grading.suite!r} has a regression gate: the run was "
+                              "not compared with the repository's previous release, so it is not sealed")
+        return None
+    comparison = load_document(Comparison, path)
+    if grading.status != "SUCCEEDED":
+        raise CheckFailed(f"{COMPARISON}: present for a {grading.status} run; only a scored run is compared")
+    if comparison.gate != gate:
+        raise CheckFailed(f"{COMPARISON}.gate: {comparison.gate!r} is not the policy's gate for suite "
+                          f"{grading.suite!r} ({gate!r})")
+    check_comparison(comparison, score=grading.score, interval=score_interval(grading.status, grading.counts),
+                     tasks=task_counts((t.task, t.outcome) for t in grading.trials), where=COMPARISON)
+    return comparison
 
 
 def seal_run(run_dir: Path, *, signer: Signer | Callable[[], Signer], policy: InfraPolicy | None = None) -> Sealed:
     """Check (``check_sealable``), then write and sign the evidence of the graded run in ``run_dir``.
     ``signer`` may be a factory, called only once the run is accepted (no credential is asked for a
     run that is refused)."""
-    status, grading, payload = check_sealable(run_dir, policy)
+    status, grading, payload, comparison = check_sealable(run_dir, policy)
     chosen = signer if isinstance(signer, Signer) else signer()
-    return Sealed(status, grading, write_evidence(run_dir, grading, payload, signer=chosen))
+    return Sealed(status, grading, write_evidence(run_dir, grading, payload, signer=chosen, comparison=comparison),
+                  comparison)
 
 
 def seal_export(source: IO[bytes], run_dir: Path, run_id: str, signer: Callable[[], Signer],

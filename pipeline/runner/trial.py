@@ -23,7 +23,7 @@ from typing import Any
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
 from harbor.trial.trial import Trial
 
-from pipeline.core.contracts import AgentArtifact, trial_name
+from pipeline.core.contracts import MAX_TASK_ATTEMPTS, AgentArtifact, task_trial_names
 from pipeline.core.documents import PlannedTrial, TrialsPlan, dump_document
 from pipeline.core.errors import UsageError, ValidationError
 from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentManifest, NpmAgent
@@ -52,6 +52,7 @@ class ModelAccess:
 class TrialSpec:
     task: str
     trial_name: str
+    attempt: int = 1  # k of the task's ``attempts`` (1 when the task runs once)
 
 
 def discover_tasks(suite_dir: Path) -> list[str]:
@@ -67,8 +68,31 @@ def discover_tasks(suite_dir: Path) -> list[str]:
     return tasks
 
 
-def plan_trials(run_id: str, tasks: list[str]) -> list[TrialSpec]:
-    return [TrialSpec(task=t, trial_name=trial_name(t, run_id)) for t in tasks]
+def plan_trials(run_id: str, tasks: list[str], attempts: int = 1) -> list[TrialSpec]:
+    """``attempts`` trials of each task, task by task (``contracts.trial_name``: with one attempt the
+    names are ``<task>__<short>`` as they always were; with n > 1, ``<task>__a<k>of<n>__<short>``)."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_TASK_ATTEMPTS:
+        raise ValidationError("attempts", f"must be an integer from 1 to {MAX_TASK_ATTEMPTS}", attempts)
+    return [TrialSpec(task=t, trial_name=name, attempt=k)
+            for t in tasks for k, name in enumerate(task_trial_names(t, run_id, attempts), start=1)]
+
+
+def select_trials(specs: list[TrialSpec], names: tuple[str, ...] | None) -> list[TrialSpec]:
+    """The planned trials ``names`` lists (all of them when None): a worker's batch runs some of a
+    run's trials (the batch's suite dir holds its tasks, not which attempts of them). A name that is
+    not planned here, or a name given twice, is a usage error (exit 2)."""
+    if names is None:
+        return specs
+    planned = {s.trial_name for s in specs}
+    for name in names:
+        if name not in planned:
+            raise ValidationError("--trial", "is not a trial this suite, run and --attempts plan", name)
+        if names.count(name) > 1:
+            raise ValidationError("--trial", "is given twice", name)
+    if not names:
+        raise ValidationError("--trial", "names no trial")
+    wanted = set(names)
+    return [s for s in specs if s.trial_name in wanted]
 
 
 def run_suite(
@@ -84,8 +108,11 @@ def run_suite(
     model: ModelAccess | None = None,
     expect_agent: AgentArtifact | None = None,
     manifest_path: Path = Path(AGENT_MANIFEST_PATH),
+    attempts: int = 1,
+    trials: tuple[str, ...] | None = None,
 ) -> list[TrialSpec]:
-    """Run every task of ``suite_dir`` once with ``agent``; return the planned trials.
+    """Run every task of ``suite_dir`` ``attempts`` times with ``agent`` (only the trials ``trials``
+    names, when given: a worker's batch); return the planned trials.
 
     ``expect_agent`` (the payload's artifact): the release's agent this image must carry
     (``manifest_path``) and that must report exactly its version, checked before any trial.
@@ -114,7 +141,7 @@ def run_suite(
     out_dir = out_dir.resolve()
     trials_dir = out_dir / "harbor"
     trials_dir.mkdir(parents=True, exist_ok=True)
-    specs = plan_trials(run_id, discover_tasks(suite_dir))
+    specs = select_trials(plan_trials(run_id, discover_tasks(suite_dir), attempts), trials)
     if release is not None and isinstance(release.spec, NpmAgent):
         mount_agent_files(manifest_path.parent, out_dir / AGENT_COPY)
     dump_document(TrialsPlan(run_id=run_id, agent=agent,

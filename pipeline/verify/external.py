@@ -31,7 +31,8 @@ from cryptography.hazmat.primitives import serialization
 from pipeline.core import paths
 from pipeline.core.contracts import COMMIT_RE, GITHUB_ISSUER, builder_problem, validate_git_tag, validate_repository
 from pipeline.core.digests import parse_ref
-from pipeline.core.documents import ReleaseSummary, load_document
+from pipeline.core.documents import TEST_RESULT as TEST_RESULT_TYPE
+from pipeline.core.documents import ReleaseSummary, load_document, result_verdict
 from pipeline.core.errors import InfrastructureError, ValidationError
 from pipeline.core.fsutil import atomic_write_bytes
 from pipeline.core.layout import (
@@ -42,6 +43,7 @@ from pipeline.core.layout import (
     PROVENANCE_IMAGES,
     PROVENANCE_SUMMARY,
     SUMMARY,
+    TEST_RESULT,
     bundle_name,
 )
 from pipeline.core.node import node_binary, node_env
@@ -174,6 +176,17 @@ def image_check_args(ref: str, policy: ImageIdentityPolicy, *, offline: bool,
             *(["verify-attestation", "--type", kind, *common, image.ref] for kind in attestations)]
 
 
+def result_attestation_args(ref: str, expect: Expectation, *, trusted_root: Path | None) -> list[str]:
+    """cosign's argv (without the binary) that checks the test-result attestation attached to the runner
+    image ``ref`` (the release's DSSE bundle as an OCI referrer, ``pipeline.attest.testresult``) by the
+    signer that sealed the evidence (``expect``: the same identity, issuer and workflow repository and
+    ref pins as every evidence bundle): what the release body prints and the local release runs."""
+    image = parse_ref(ref, "runner")
+    return ["verify-attestation", "--new-bundle-format", "--type", TEST_RESULT_TYPE, *expectation_flags(expect),
+            *(["--trusted-root", str(trusted_root), "--offline"] if trusted_root is not None else []),
+            *(["--allow-http-registry"] if is_loopback_registry(image.ref) else []), image.ref]
+
+
 def cosign_trust_env(trusted_root: Path, workdir: Path) -> dict[str, str]:
     """A private instance's trusted_root.json as the PEM files cosign reads from
     ``SIGSTORE_ROOT_FILE`` / ``SIGSTORE_CT_LOG_PUBLIC_KEY_FILE`` / ``SIGSTORE_REKOR_PUBLIC_KEY``
@@ -254,8 +267,8 @@ def expectation_flags(expect: Expectation) -> list[str]:
 
 
 def _cosign_args(target: str, bundle: str, signer: list[str], trusted_root: str | None,
-                 dsse: bool, check_claims: bool) -> list[str]:
-    verb = ["verify-blob-attestation", "--type", SLSA_PROVENANCE] if dsse else ["verify-blob"]
+                 dsse: bool, check_claims: bool, predicate_type: str = SLSA_PROVENANCE) -> list[str]:
+    verb = ["verify-blob-attestation", "--type", predicate_type] if dsse else ["verify-blob"]
     args = [*verb, "--new-bundle-format", "--bundle", bundle, *signer]
     if dsse and not check_claims:
         args.append("--check-claims=false")
@@ -391,6 +404,10 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
         if dsse and target == PROVENANCE_SUMMARY:
             # Check the claim that matters: summary.json is the statement's subject.
             args = _cosign_args(SUMMARY, bundle.name, signer, str(root) if root else None, True, True)
+        elif dsse and target == TEST_RESULT:
+            # The result's subjects are the runner image (checked in its registry) and summary.json.
+            args = _cosign_args(SUMMARY, bundle.name, signer, str(root) if root else None, True, True,
+                                TEST_RESULT_TYPE)
         elif dsse and target == PROVENANCE_IMAGES:
             # The subjects are image manifests: check each published manifest is one.
             for manifest in (directory / name for name in sorted(MANIFESTS.values()) if (directory / name).is_file()):
@@ -417,7 +434,8 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
 
 def image_command_lines(directory: Path, repository: str, tag: str, *, binary: str | None = None,
                         trusted_root: Path | None = None, profile: str | None = None, workflow: str = "tag.yml",
-                        ref: str = "tag", builder: Builder | None = None) -> list[str]:
+                        ref: str = "tag", builder: Builder | None = None,
+                        infra_repository: str | None = None) -> list[str]:
     """``cosign verify`` and ``verify-attestation`` for the release's runner and api digests, with
     the identity ``image_identity`` builds for ``repository`` at ``tag`` and the commit the
     release's summary.json is bound to: exactly the argv ``benchseal verify-image`` runs
@@ -425,7 +443,13 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     for the source (:func:`builder_image_identity`); else by the source's own ``workflow``. A
     private instance's root reaches cosign as PEM files written beside ``trusted_root`` and named
     through ``env`` (cosign has no --trusted-root for image signatures in the old format);
-    public-good needs none. No summary.json: no image lines."""
+    public-good needs none. No summary.json: no image lines.
+
+    Then, when the result is PASSED (a run that SUCCEEDED and passed its regression gate), the runner's
+    test-result attestation (:func:`result_attestation_args`) by the signer of the evidence, which
+    ``infra_repository`` and ``builder`` name (as for :func:`cosign_commands`; without them under the
+    production profile, no such line): the release workflow attaches it once the benchmark succeeded
+    (a failed or gated run fails its dispatch: nothing is attached, so nothing is printed)."""
     summary_path = directory / SUMMARY
     if not summary_path.is_file():
         return []
@@ -442,4 +466,12 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     for image in (summary.images.runner.ref, summary.images.api.ref):
         for args in image_check_args(image, policy, offline=trusted_root is not None):
             lines.append(shlex.join([*prefix, binary, *args]))
+    if result_verdict(summary) == "PASSED" and (directory / TEST_RESULT).is_file():
+        try:
+            seal = expectation(None, command_profile(directory, profile), repository=repository, tag=tag,
+                               infra_repository=infra_repository, builder=builder)
+        except ValidationError:
+            return lines  # the production profile without the infra repository and builder: no signer to pin
+        args = result_attestation_args(summary.images.runner.ref, seal, trusted_root=trusted_root)
+        lines.append(shlex.join([*prefix, binary, *args]))
     return lines

@@ -20,7 +20,9 @@ from the release.
 4. the score is what the trials say: ``trial-results.json`` carries the plan and every trial's
    result.json byte for byte as ``evidence-SHA256SUMS`` lists them (signed through SHA256SUMS);
    each trial is graded again with the worker's rule (``pipeline.core.scoring``) and summary.json's
-   trials, counts and score must be exactly that.
+   trials, counts and score must be exactly that;
+5. ``test-result.intoto.json``, the result as in-toto's test-result attestation, is what that
+   summary.json gives (``pipeline.verify.testresult``).
 
 The first failure raises CheckFailed naming it.
 """
@@ -47,6 +49,7 @@ from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import DigestSet, ProvenanceStatement, ReleaseSummary, TrialResults, parse_document
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import is_plain_entry, sha256_file
+from pipeline.core.history import check_comparison
 from pipeline.core.layout import (
     CHECKSUMS,
     CHECKSUMS_BUNDLE,
@@ -74,6 +77,7 @@ from pipeline.core.scoring import (
     is_result_name,
 )
 from pipeline.verify.policy import Builder, Expectation, expectation
+from pipeline.verify.testresult import check_test_result
 
 __all__ = ["VerifiedRelease", "check_summary", "select_profile", "signer_policy", "verify_release"]
 
@@ -392,6 +396,13 @@ def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
                   interval=summary.interval, tasks=summary.tasks,
                   states_noise=bool({"interval", "tasks"} & summary.model_fields_set))
     check_claim(claim, evidence_trials(evidence, claim))
+    if summary.comparison is not None:
+        # The comparison with the previous release, recomputed from the scores just checked against the
+        # trials (the previous release's own figures are as the signed summary names them).
+        if summary.status != "SUCCEEDED":
+            raise CheckFailed(f"{SUMMARY} comparison: present for a {summary.status} run; only a scored run is compared")
+        check_comparison(summary.comparison, score=summary.score, interval=summary.interval, tasks=summary.tasks,
+                         where=f"{SUMMARY} comparison")
 
 
 def verify_release(directory: Path, *, repository: str | None = None, tag: str | None = None,
@@ -433,6 +444,7 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
     commit = check_source(summary, expect)
     verify_consistency(directory, summary, expect.repository, expect.tag, commit)
     verify_trial_results(directory, summary)
+    check_test_result(directory, summary, infra_repository=expect.infra_repository)
     return VerifiedRelease(directory=directory, profile=expect.profile, identity=expect.identity,
                            issuer=expect.issuer, repository=expect.repository, tag=expect.tag, commit=commit,
                            bundles=tuple(bundles), builder=expect.builder, infra_repository=expect.infra_repository,

@@ -22,14 +22,16 @@ import pytest
 from typer.testing import CliRunner
 
 from pipeline.attest.images import SigstoreEndpoints
+from pipeline.attest.testresult import attach_test_result
 from pipeline.cli.main import app
 from pipeline.core.contracts import PublicationRequest
-from pipeline.core.documents import ReleaseSummary, load_document
+from pipeline.core.documents import TEST_RESULT, ReleaseSummary, load_document
 from pipeline.core.errors import CheckFailed
 from pipeline.local.release import run_commands
 from pipeline.publish.outbox import publish_request
 from pipeline.publish.targets import LocalTarget
-from pipeline.verify.external import image_check_args, image_identity
+from pipeline.verify.external import image_check_args, image_identity, result_attestation_args
+from pipeline.verify.policy import expectation
 from tests.attest.test_image_commit_pin import sign_as
 from tests.fixtures.attest import RELEASE_COMMIT
 
@@ -59,10 +61,19 @@ def _publish(artifacts: Path, dist: Path) -> Path:
 
 
 def _image_block(body: str) -> list[str]:
-    """The lines of the body's image block (the second ```sh block, after the evidence's)."""
+    """The lines of the body's image block (the second ```sh block, after the evidence's) that check the
+    images' own signatures and attestations (the last line, the runner's test-result attestation, is
+    _result_line's)."""
     blocks = [part.split("\n```", 1)[0] for part in body.split("```sh\n")[1:]]
     assert len(blocks) == 2, body
-    return blocks[1].splitlines()
+    lines = blocks[1].splitlines()
+    assert TEST_RESULT in lines[-1] and not any(TEST_RESULT in line for line in lines[:-1]), lines
+    return lines[:-1]
+
+
+def _result_line(body: str) -> str:
+    blocks = [part.split("\n```", 1)[0] for part in body.split("```sh\n")[1:]]
+    return blocks[1].splitlines()[-1]
 
 
 def _images(release: Path) -> dict[str, str]:
@@ -121,6 +132,32 @@ def test_an_edited_identity_fails(published: Path, old: str, new: str) -> None:
     lines = _image_block((published / "body.md").read_text())
     for line in lines:
         assert old in line, line
+        with pytest.raises(CheckFailed, match="verification command failed"):
+            run_commands([line.replace(old, new)], published)
+
+
+# --- the runner's test-result attestation (issue 26.1) ----------------------------------------------
+
+def test_the_test_result_line_runs_as_printed_once_attached(published: Path, sigstore_instance: Any) -> None:
+    """The body's last image line checks the runner's test-result attestation with the evidence's signer
+    (here the private instance's own identity: the local profile, as the release's bundles are); it
+    passes as printed once the release's bundle is attached to the runner, and fails with the identity,
+    issuer, type or image edited."""
+    line = _result_line((published / "body.md").read_text())
+    seal = expectation(None, "local", repository=REPOSITORY, tag=TAG)
+    runner = _images(published)["runner"]
+    argv = shlex.split(line)
+    assert argv[0] == "env" and all(a.startswith("SIGSTORE_") for a in argv[1:4]) and argv[4] == "cosign"
+    root = Path(argv[argv.index("--trusted-root") + 1])  # the publisher's home's root: the instance's
+    assert root.resolve() == Path(sigstore_instance.trusted_root).resolve()
+    assert argv[5:] == result_attestation_args(runner, seal, trusted_root=root)
+    attach_test_result(published, runner)
+    assert run_commands([line], published) == [line]
+    for old, new in ((f"--certificate-identity {seal.identity}", f"--certificate-identity {seal.identity}x"),
+                     (f"--certificate-oidc-issuer {seal.issuer}", "--certificate-oidc-issuer https://accounts.example.com"),
+                     (f"--type {TEST_RESULT}", "--type https://cyclonedx.org/bom"),
+                     (f" {runner}", f" {_images(published)['api']}")):
+        assert old in line, old
         with pytest.raises(CheckFailed, match="verification command failed"):
             run_commands([line.replace(old, new)], published)
 

@@ -25,7 +25,7 @@ import pytest
 
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.errors import CheckFailed
-from pipeline.publish.body import END, START
+from pipeline.publish.body import END, START, markdown_cell
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -69,6 +69,9 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     assert {p.name for p in release.iterdir()} == listed | {"body.md", "SHA256SUMS", "SHA256SUMS.sigstore.json"}
     body = (release / "body.md").read_text()
     assert body.count(START) == 1 and body.count(END) == 1 and report["run_id"] in body
+    # A fresh home: the repository's first scored release, nothing to compare with, not gated.
+    assert report["comparison"]["previous"] is None and report["comparison"]["gated"] is False
+    assert "| Compared with | nothing: the repository's first scored release of this suite |" in body
     for role in ("runner", "api"):
         assert report["images"][role] in body
     assert any("cosign verify-blob" in c for c in report["verified"]["cosign_commands"])
@@ -86,7 +89,10 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     assert again == report["images"], "the images changed although nothing did (is the working tree moving?)"
     assert "SUCCEEDED" in second.stdout and "reused" in second.stdout
     body2 = (release / "body.md").read_text()
-    assert body2.count(START) == 1 and report["run_id"] not in body2  # the second run's section replaced it
+    assert body2.count(START) == 1 and f"| Infra run id | `{report['run_id']}` |" not in body2  # replaced
+    # The second scoring of the tag is compared with the first (the repository's history, in the queue).
+    assert f"| Compared with | {markdown_cell(TAG)} (score 1.000; infra run `{report['run_id']}`" in body2
+    assert "| Score change | +0.000 |" in body2 and "| Regression gate | passed |" in body2
 
     from pipeline.verify.release import verify_release
 
@@ -140,14 +146,75 @@ def test_release_local_of_the_example_as_its_own_repository(local_home: Path, tm
     body = (release / "body.md").read_text()
     assert (f"benchseal verify . --repo benchseal-examples/hello-agent --tag v0.1.0 --infra-repo {INFRA} "
             f"--builder {BUILDER} ") in body
-    assert body.count(f"--certificate-identity {SEAL_IDENTITY} ") == 7
+    # 8 blob checks and the runner's test-result attestation, all by the seal job
+    assert body.count(f"--certificate-identity {SEAL_IDENTITY} ") == 9
     assert body.count(f"--certificate-github-workflow-repository {INFRA} --certificate-github-workflow-ref "
-                      "refs/heads/main") == 7
+                      "refs/heads/main") == 9
     assert body.count(f"--certificate-identity {IMAGE_IDENTITY} ") == 6
     assert body.count("--certificate-github-workflow-repository benchseal-examples/hello-agent "
                       f"--certificate-github-workflow-ref refs/tags/v0.1.0 --certificate-github-workflow-sha {commit}") == 6
-    assert len(report["verified"]["cosign_commands"]) == 15  # sha256sum, 7 blob checks, benchseal verify, 6 image checks
+    # sha256sum, 8 blob checks, benchseal verify, 6 image checks, the runner's test-result attestation
+    assert len(report["verified"]["cosign_commands"]) == 17
     verified = verify_release(release, repository="benchseal-examples/hello-agent", tag="v0.1.0", profile="production",
                               infra_repository=INFRA, builder=BUILDER, offline=True,
                               trusted_root=local_home / "sigstore" / "trusted_root.json")
     assert verified.commit == commit
+
+
+@pytest.fixture(scope="module")
+def gate_home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[Path]:
+    """A home of its own: the repository's history starts empty."""
+    from pipeline.core import paths
+    from pipeline.local import sigstore as sigstore_local
+
+    home = tmp_path_factory.mktemp("gate-home")
+    for shared in ("cache", "tools"):
+        if (paths.home() / shared).is_dir():
+            (home / shared).symlink_to(paths.home() / shared, target_is_directory=True)
+    yield home
+    sigstore_local.stop(home / "sigstore")
+
+
+def test_a_regression_is_published_with_its_result_but_gated_naming_the_tasks(gate_home: Path, tmp_path: Path) -> None:
+    """The gate with a real sequence (issue 26 point 3): a release scored right (oracle: 1.0), then one scored
+    wrong (nop: 0.0) is published and verified, but `release --local` exits 1 naming the regressed tasks; the
+    next good release is compared with the last ungated one, not with the gated one."""
+    from pipeline.core.contracts import canonical_repository
+    from pipeline.infra.queue.sqlite import SqliteQueue
+
+    dist = tmp_path / "dist"
+    right = _release(gate_home, dist, "--agent", "oracle", "--json", tag="v0.0.1-gate")
+    assert right.returncode == 0, right.stderr[-3000:]
+    first = json.loads(right.stdout)
+    assert first["score"] == 1.0 and first["comparison"]["previous"] is None
+
+    wrong = _release(gate_home, dist, "--agent", "nop", "--json", tag="v0.0.2-gate")
+    assert wrong.returncode == 1, wrong.stderr[-3000:]
+    gated = json.loads(wrong.stdout)
+    assert gated["status"] == "SUCCEEDED" and gated["score"] == 0.0
+    comparison = gated["comparison"]
+    assert comparison["gated"] is True and comparison["previous"]["tag"] == "v0.0.1-gate"
+    assert comparison["previous"]["run_id"] == first["run_id"] and comparison["score_delta"] == -1.0
+    regressed = [c["task"] for c in comparison["changed"] if c["change"] == "regressed"]
+    assert len(regressed) == 3, comparison
+    error = [line for line in wrong.stderr.splitlines() if line.startswith("benchseal: error: ")]
+    assert error == [f"benchseal: error: release v0.0.2-gate is gated (published, not promoted): "
+                     f"{'; '.join(comparison['reasons'])}"], wrong.stderr[-2000:]
+    assert f"failing now: {', '.join(regressed)}" in error[0]
+    # Published with its result and verified like any release; the body names the gate and the tasks.
+    body = (dist / "v0.0.2-gate" / "body.md").read_text()
+    assert "| Regression gate | **GATED** (published, not promoted): " in body
+    assert all(markdown_cell(task) in body for task in regressed)
+    assert gated["verified"]["tag"] == "v0.0.2-gate"
+    summary = json.loads((dist / "v0.0.2-gate" / "summary.json").read_text())
+    assert summary["comparison"] == comparison
+
+    again = _release(gate_home, dist, "--agent", "oracle", "--json", tag="v0.0.3-gate")
+    assert again.returncode == 0, again.stderr[-3000:]
+    third = json.loads(again.stdout)["comparison"]
+    assert third["previous"]["run_id"] == first["run_id"] and not third["gated"] and third["changed"] == []
+
+    with SqliteQueue(gate_home / "infra" / "queue.sqlite3") as queue:
+        history = queue.history(canonical_repository(first["source"]["repository"]))
+    assert [(e.tag, e.gated, e.summary_digest is not None) for e in history] == [
+        ("v0.0.1-gate", False, True), ("v0.0.2-gate", True, True), ("v0.0.3-gate", False, True)]

@@ -213,6 +213,16 @@ def test_run_concluded_with_the_worker(world: World) -> None:
     (pub,) = world.after_worker["publications"]
     assert pub.state == "PENDING" and pub.request.target == "github" and pub.request.tag == TAG
     assert world.after_worker["assets"] == []
+    # The finalizer sealed the evidence in the worker: the summary carries the comparison (the repository's
+    # first scored release here), and its digest joined the history in the same worker pass.
+    from pipeline.core.fsutil import sha256_file
+    from pipeline.infra.queue.sql import SqliteQueue
+
+    summary = json.loads((world.artifacts / "summary.json").read_text())
+    assert summary["comparison"]["previous"] is None and summary["comparison"]["gated"] is False
+    with SqliteQueue(world.db) as queue:
+        [entry] = queue.history(SOURCE)
+    assert entry.run_id == world.run_id and entry.summary_digest == f"sha256:{sha256_file(world.artifacts / 'summary.json')}"
 
 
 def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path) -> None:

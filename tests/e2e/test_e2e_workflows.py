@@ -63,7 +63,9 @@ VENV_BIN = Path(sys.executable).parent
 GIT_ENV = {"GIT_AUTHOR_NAME": "benchseal tests", "GIT_AUTHOR_EMAIL": "tests@benchseal.invalid",
            "GIT_COMMITTER_NAME": "benchseal tests", "GIT_COMMITTER_EMAIL": "tests@benchseal.invalid",
            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
-RELEASE_JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "summarize")
+RELEASE_JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "attach_result", "hold_back",
+                "summarize")
+SKIPPED_ON_SUCCESS = ("hold_back",)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -408,7 +410,8 @@ def test_adopter_release_runs_every_job_and_promotes_after_the_benchmark(world: 
     run = run_workflow(world.adopter / CALLER, trigger, world.release_runner("tag"))
     emu.wait_callbacks(timeout=60)
     assert run.jobs["release"].result == "success", _describe(world, run)
-    assert called(run) == dict.fromkeys(RELEASE_JOBS, "success"), _describe(world, run)
+    assert called(run) == {job: "skipped" if job in SKIPPED_ON_SUCCESS else "success" for job in RELEASE_JOBS}, \
+        _describe(world, run)
     assert_every_reference_resolved(run, WORKFLOWS / "release.yml")
     assert run.secret_leaks == []
 
@@ -568,10 +571,13 @@ def test_switchboard_release_refused_by_infra_is_not_promoted_and_says_why(world
     checks_before = len(world.emulator.repo(SOURCE).check_runs)
     run, emulated = _switchboard_release(world, "sb-refused-0001")
     assert called(run) == {"builder": "success", "build": "success", "resolve_images": "success",
-                           "dispatch_infra": "failure", "promote_marker": "skipped", "summarize": "success"}, \
-        run.describe()
+                           "dispatch_infra": "failure", "promote_marker": "skipped", "attach_result": "skipped",
+                           "hold_back": "success", "summarize": "success"}, run.describe()
     assert run.jobs["release"].result == "failure" and emulated.conclusion == "failure"
-    assert len(world.emulator.repo(SOURCE).check_runs) == checks_before  # nothing promoted
+    # Nothing promoted: the one new check run is hold_back's failure (nothing was published to name a gate).
+    new_checks = list(world.emulator.repo(SOURCE).check_runs.values())[checks_before:]
+    assert [(c.name, c.conclusion, c.output.get("title")) for c in new_checks] == [
+        ("benchseal/benchmark", "failure", "benchmark did not succeed")]
     assert_every_reference_resolved(run, WORKFLOWS / "release.yml")
     mode, infra = world.infra_runs[-1]
     assert mode == "refusing"

@@ -15,7 +15,7 @@ from pipeline.infra.intake.policy import load_policy
 from pipeline.local import sigstore as sigstore_local
 from pipeline.verify.release import verify_release
 from tests.fixtures.sigstore import make_inputs
-from tests.fixtures.trials import evidence_for, graded_export, harbor_result, policy_file
+from tests.fixtures.trials import evidence_for, graded_export, harbor_result, policy_file, write_comparison
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 REPO = Path(__file__).resolve().parents[2]
@@ -36,13 +36,14 @@ def test_cli_writes_verifiable_evidence(tmp_path: Path, handmade_image: object, 
     # The infra policy the seal checks the run against: it admits the hand-made images for acme/widget.
     policy = policy_file(tmp_path / "infra.yaml", {payload.source.repository: {"runner": payload.runner,
                                                                                "api": payload.api}})
+    write_comparison(run_dir, grading, load_policy(policy))  # the first scored release of acme/widget
     home = tmp_path / "home"
     env = {**os.environ, "BENCHSEAL_HOME": str(home)}
     command = [sys.executable, "-m", "pipeline", "evidence", str(run_dir), "--signer", "local", "--policy", str(policy)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300, cwd=REPO, env=env)
         assert done.returncode == 0, done.stderr
-        assert "6 bundles" in done.stdout
+        assert "7 bundles" in done.stdout  # test-result.intoto.json's among them
         verify_release(run_dir / "artifacts", repository=payload.source.repository, tag=payload.source.tag, trusted_root=home / "sigstore" / "trusted_root.json")
         # bad input is a usage error naming the file
         (run_dir / "grading.json").write_text("{}")

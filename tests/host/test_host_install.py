@@ -90,9 +90,10 @@ def test_render_sudoers_puts_in_both_users_and_refuses_a_drifted_template() -> N
     rules = [line for line in rendered.splitlines() if line and not line.startswith(("#", "Defaults"))]
     assert rules == ['ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
                      'ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-status ""',
-                     'ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-export ""']
+                     'ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-export ""',
+                     'ci-runner ALL=(bench) NOPASSWD: /usr/local/libexec/benchseal-record ""']
     assert "github-runner ALL" not in rendered
-    with pytest.raises(CheckFailed, match="expected 3 rules"):
+    with pytest.raises(CheckFailed, match="expected 4 rules"):
         hi.render_sudoers(text.replace("github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status",
                                        "# gone"), "ci-runner", "bench")
     with pytest.raises(CheckFailed, match="unexpected line"):
@@ -116,6 +117,31 @@ def test_visudo_rejects_a_broken_rule_and_nothing_is_installed(tmp_path: Path, m
     assert not (root / "etc" / "sudoers.d" / "benchseal").exists()
     assert list((root / "etc" / "sudoers.d").iterdir()) == [], "a temp file was left behind"
     assert not (root / "etc" / "systemd" / "system" / "benchseal-worker.service").exists()
+
+
+API_IMAGE = "127.0.0.1:5055/benchseal/api@sha256:" + "c" * 64
+
+
+def test_render_api_unit_names_the_image_by_digest_and_the_service_user() -> None:
+    text = (REPO / "deploy" / hi.API_UNIT).read_text()
+    rendered = hi.render_api_unit(text, "bench", API_IMAGE)
+    lines = rendered.splitlines()
+    assert f"Environment=BENCHSEAL_API_IMAGE={API_IMAGE}" in lines
+    assert "User=bench" in lines and "Group=bench" in lines and "User=benchseal" not in lines
+    assert "ExecStartPre=/opt/benchseal/.venv/bin/benchseal api check-image ${BENCHSEAL_API_IMAGE}" in lines
+    assert "ExecStart=/opt/benchseal/.venv/bin/benchseal api container ${BENCHSEAL_API_IMAGE}" in lines
+    assert "SupplementaryGroups=docker" in lines and "NoNewPrivileges=yes" in lines
+    for bad in ("127.0.0.1:5055/benchseal/api:latest", "api@sha256:" + "C" * 64, API_IMAGE + " ", "x@sha512:" + "c" * 128):
+        with pytest.raises(ValidationError, match="--api-image"):
+            hi.render_api_unit(text, "bench", bad)
+    with pytest.raises(CheckFailed, match="BENCHSEAL_API_IMAGE"):
+        hi.render_api_unit(text.replace("Environment=BENCHSEAL_API_IMAGE=\n", ""), "bench", API_IMAGE)
+
+
+def test_api_image_must_be_pinned_by_digest(tmp_path: Path) -> None:
+    done = _cli("--runner-user", RUNNER, "--prefix", str(_root_fs(tmp_path)), "--api-image", "ghcr.io/acme/api:v1")
+    assert done.returncode == 2 and "invalid --api-image: must be pinned by digest" in done.stderr
+    assert not (tmp_path / "root" / "etc" / "benchseal").exists(), "nothing may be installed on bad input"
 
 
 # -- into a --prefix root on this machine -----------------------------------------------------
@@ -175,6 +201,34 @@ def test_prefix_install_names_another_service_user_in_every_unit(tmp_path: Path)
         assert "\nUser=benchworker\n" in text and "\nGroup=benchworker\n" in text, name
     assert "CONTROLLER=benchseal\n" not in (units / "benchseal-sandbox.service").read_text()
     assert "enable --now benchseal-sandbox benchseal-worker" in done.stdout
+
+
+@needs_root
+def test_prefix_install_of_the_api_unit(tmp_path: Path) -> None:
+    root = _root_fs(tmp_path)
+    unit = root / "etc/systemd/system/benchseal-api.service"
+    without = _cli("--runner-user", RUNNER, "--prefix", str(root))
+    assert without.returncode == 0 and not unit.exists()
+    assert "run host install again with --api-image" in without.stdout
+    done = _cli("--runner-user", RUNNER, "--prefix", str(root), "--api-image", API_IMAGE, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert {"path": "/etc/systemd/system/benchseal-api.service", "action": "created", "detail": "0644"} in report["actions"]
+    st = unit.stat()
+    assert (st.st_mode & 0o7777, st.st_uid, st.st_gid) == (0o644, 0, 0)
+    assert f"\nEnvironment=BENCHSEAL_API_IMAGE={API_IMAGE}\n" in unit.read_text()
+    steps = "\n".join(report["manual_steps"])
+    assert "benchseal api grant-reader benchseal_api" in steps and "systemctl enable --now benchseal-api" in steps
+    assert "/etc/benchseal/api-queue-url" in steps
+    # The same image again: nothing changes; a new image: the untouched unit is updated.
+    before = _snapshot(root)
+    again = _cli("--runner-user", RUNNER, "--prefix", str(root), "--api-image", API_IMAGE, "--json")
+    assert json.loads(again.stdout)["changed"] is False and _snapshot(root) == before
+    newer = API_IMAGE.replace("c" * 64, "d" * 64)
+    moved = _cli("--runner-user", RUNNER, "--prefix", str(root), "--api-image", newer)
+    assert moved.returncode == 0 and f"Environment=BENCHSEAL_API_IMAGE={newer}\n" in unit.read_text()
+    # Installing without --api-image later keeps the unit as it is.
+    assert _cli("--runner-user", RUNNER, "--prefix", str(root)).returncode == 0 and newer in unit.read_text()
 
 
 @needs_root
@@ -401,7 +455,7 @@ def test_container_accounts_modes_and_owners(box: Box, first_install: dict[str, 
     assert "Install benchseal" not in steps and "Docker Engine" not in steps  # both are there already
 
 
-def test_container_sudo_rule_is_exactly_the_three_wrappers(box: Box, first_install: dict[str, Any]) -> None:
+def test_container_sudo_rule_is_exactly_the_four_wrappers(box: Box, first_install: dict[str, Any]) -> None:
     checked = box.sh("visudo -c")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     listing = box.sh(f"sudo -l -U {RUNNER}").stdout
@@ -409,7 +463,8 @@ def test_container_sudo_rule_is_exactly_the_three_wrappers(box: Box, first_insta
                 if line.strip()]
     assert commands == ['(benchseal) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
                         '(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""',
-                        '(benchseal) NOPASSWD: /usr/local/libexec/benchseal-export ""']
+                        '(benchseal) NOPASSWD: /usr/local/libexec/benchseal-export ""',
+                        '(benchseal) NOPASSWD: /usr/local/libexec/benchseal-record ""']
     assert "is not allowed to run sudo" in box.sh("sudo -l -U benchseal").stdout
 
 
@@ -486,6 +541,16 @@ def test_container_operator_policy_is_kept_and_is_what_accept_reads(box: Box, fi
     third = box.install("--runner-user", RUNNER, "--json")
     assert json.loads(third.stdout)["changed"] is False
     assert box.sh("sha256sum /etc/benchseal/infra.yaml").stdout == edited
+
+
+def test_container_api_unit_verifies(box: Box, first_install: dict[str, Any]) -> None:
+    done = box.install("--runner-user", RUNNER, "--api-image", API_IMAGE, "--json")
+    assert done.returncode == 0, done.stderr
+    verified = box.sh("systemd-analyze verify /etc/systemd/system/benchseal-api.service")
+    assert verified.returncode == 0 and verified.stdout + verified.stderr == "", verified.stdout + verified.stderr
+    unit = box.sh("cat /etc/systemd/system/benchseal-api.service").stdout
+    assert f"Environment=BENCHSEAL_API_IMAGE={API_IMAGE}" in unit and "User=benchseal" in unit
+    assert box.sh("stat -c '%a %U %G' /etc/systemd/system/benchseal-api.service").stdout.strip() == "644 root root"
 
 
 def test_policy_from_environment_has_no_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import yaml
 
+from pipeline.core.contracts import task_trial_names, trial_name
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.policy import load_policy
-from pipeline.infra.worker.loop import _pin_docker_image, _task_context_hash
+from pipeline.infra.queue.sql import TrialClaim
+from pipeline.infra.worker import containers
+from pipeline.infra.worker.loop import _pin_docker_image, _task_context_hash, batch_attempts
 from pipeline.runner.tunings import DISABLE_ENV, TUNINGS, enabled_tunings
 
 IMAGE_ID = "sha256:" + "ab" * 32
@@ -80,3 +87,81 @@ def test_task_context_hash_covers_names_contents_and_exec_bits(tmp_path: Path) -
     (env / "link").symlink_to("/etc/passwd")
     with pytest.raises(CheckFailed, match="symlink"):
         _task_context_hash(env)
+
+
+# --- attempts: trials per task (issue 26.2) -------------------------------------------------------
+
+def test_attempts_come_from_the_policy(tmp_path: Path) -> None:
+    assert load_policy().task_attempts("smoke") == 1  # the shipped policy: one trial per task, as before
+    assert load_policy(_policy_with(tmp_path, {"timeout_seconds": 60})).task_attempts("smoke") == 1
+    for n in (1, 3, 10):
+        assert load_policy(_policy_with(tmp_path, {"timeout_seconds": 60, "attempts": n})).task_attempts("smoke") == n
+
+
+@pytest.mark.parametrize(("bad", "rule"), [(0, "greater than or equal to 1"), (-2, "greater than or equal to 1"),
+                                           (11, "less than or equal to 10"), ("3", "valid integer"),
+                                           (2.0, "valid integer"), (True, "valid integer"), (None, "valid integer")])
+def test_bad_attempts_are_refused_naming_the_suite(tmp_path: Path, bad: object, rule: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        load_policy(_policy_with(tmp_path, {"timeout_seconds": 60, "attempts": bad}))
+    assert caught.value.field == "policy infra.yaml: suites.smoke.attempts", caught.value.field
+    assert rule in caught.value.rule, caught.value.rule
+
+
+def test_bad_attempts_exit_2_in_one_line(tmp_path: Path) -> None:
+    path = _policy_with(tmp_path, {"timeout_seconds": 60, "attempts": 11})
+    done = subprocess.run([sys.executable, "-m", "pipeline", "infra", "validate", "--payload", "-", "--policy",
+                           str(path)], input="{}", capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "suites.smoke.attempts" in done.stderr and "less than or equal to 10" in done.stderr, done.stderr
+
+
+RUN = "run-0123456789abcdef0123"
+
+
+def _claims(names: list[tuple[str, str]]) -> list[TrialClaim]:
+    return [TrialClaim(idx=i, task=task, trial_name=name, attempts=0, max_attempts=3)
+            for i, (task, name) in enumerate(names)]
+
+
+def test_a_batch_says_the_attempts_its_trials_were_planned_with() -> None:
+    assert batch_attempts(RUN, _claims([("hello", trial_name("hello", RUN)), ("fail", trial_name("fail", RUN))])) == 1
+    some = [("hello", task_trial_names("hello", RUN, 3)[2]), ("fail", task_trial_names("fail", RUN, 3)[0])]
+    assert batch_attempts(RUN, _claims(some)) == 3  # not the policy's now: the names the run was planned with
+    assert batch_attempts(RUN, []) == 1
+
+
+def _runner_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, names: tuple[str, ...], attempts: int) -> list[str]:
+    """The argv ``_run_container`` gives ``benchseal trial run`` for a batch (the container itself not started)."""
+    seen: list[list[str]] = []
+    setup = SimpleNamespace(args=["--secret-dir", "/s"], close=lambda: None)
+    monkeypatch.setattr(containers, "prepare_runner_agent", lambda *a, **k: setup)
+    monkeypatch.setattr(containers, "sandbox_url", lambda config: "unix:///run/sandbox.sock")
+    monkeypatch.setattr(containers.sandbox, "default_sandbox", lambda: SimpleNamespace(user="sandbox"))
+    monkeypatch.setattr(containers.sandbox, "reclaim", lambda path: None)
+
+    def started(engines: Any, record: Any, runner_ref: Any, run_dir: Any, config: Any, command: list[str],
+                *rest: Any) -> tuple[Any, None, bool]:
+        seen.append(command)
+        return None, None, False
+    monkeypatch.setattr(containers, "_run_started_container", started)
+    record = SimpleNamespace(run_id=RUN, payload=SimpleNamespace(agent="oracle", suite="smoke"))
+    batch = containers._BatchRun(suite_dir=tmp_path / "suite", out_dir=tmp_path / "out", name="b", trial_names=names,
+                                 concurrency=3, label="l", attempts=attempts)
+    containers._run_container(SimpleNamespace(runner_id="sha256:" + "1" * 64), record, None, tmp_path,  # type: ignore[arg-type]
+                              None, load_policy(), batch)  # type: ignore[arg-type]
+    return seen[0]
+
+
+def test_the_runner_is_told_the_attempts_and_trials_only_when_a_task_runs_more_than_once(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    once = (trial_name("hello", RUN), trial_name("fail", RUN))
+    command = _runner_command(monkeypatch, tmp_path, once, 1)
+    # One attempt: exactly the command of before attempts existed (an older runner image still runs it).
+    assert command == ["trial", "run", "--suite-dir", str(tmp_path / "suite"), "--out", str(tmp_path / "out"),
+                       "--run-id", RUN, "--concurrency", "3", "--agent", "oracle"]
+    twice = (task_trial_names("hello", RUN, 2)[1], task_trial_names("fail", RUN, 2)[0])
+    command = _runner_command(monkeypatch, tmp_path, twice, 2)
+    assert command[command.index("--agent") + 2:] == [
+        "--attempts", "2", "--trial", twice[0], "--trial", twice[1]]

@@ -20,12 +20,23 @@ import docker.errors
 import pytest
 import yaml
 
-from pipeline.core.contracts import DigestsFile, DispatchPayload, Grading, PublicationRequest
+from pipeline.core.contracts import (
+    DigestsFile,
+    DispatchPayload,
+    Grading,
+    PublicationRequest,
+    task_trial_names,
+    trial_short_id,
+)
+from pipeline.core.documents import TaskCounts
 from pipeline.core.paths import REPO_ROOT
+from pipeline.core.scoring import task_counts
+from pipeline.evidence.trials import check_grading
 from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
+from pipeline.runner.trial import discover_tasks
 from pipeline.verify.external import cosign_path
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 
@@ -45,7 +56,8 @@ def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     data["sources"] = [built_images_source("acme/benchseal", built_images)]
-    data["suites"] = {"smoke": {"timeout_seconds": 300}, "probe": {"timeout_seconds": 300}}
+    data["suites"] = {"smoke": {"timeout_seconds": 300}, "probe": {"timeout_seconds": 300},
+                      "twice": {"timeout_seconds": 300, "attempts": 2}}
     data["lease_seconds"] = 4
     data["secret_env"] = ["BENCHSEAL_AGENT_API_KEY"]
     policy_path = root / "infra.yaml"
@@ -54,6 +66,7 @@ def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "probe")
     shutil.copytree(PROBE, suites / "probe" / "secret-probe")
+    shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "twice")
     return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
             "runner": runner.ref, "runner_name": runner.name, "api": api.ref, "trust": trust}
 
@@ -203,6 +216,40 @@ def test_secret_reaches_agent_but_never_argv_logs_or_artifacts(oracle_probe_run)
     leaked = [p for p in _all_files(run_dir) if CANARY.encode() in p.read_bytes()]
     leaked += [p for p in _all_files(oracle_probe_run["db"].parent) if p.suffix != "" and CANARY.encode() in p.read_bytes()]
     assert leaked == []
+
+
+def test_an_oracle_run_with_two_attempts_per_task_runs_and_grades_every_attempt(infra_setup):
+    """Issue 26.2: suite ``twice`` (smoke's three tasks, ``attempts: 2``) plans six trials,
+    ``<task>__a<k>of2__<short>``; its batches of three (trial_concurrency) name the attempts they run
+    (``--attempts 2 --trial ...``: the first holds both attempts of one task and one of the next), and
+    the run is graded over all six, as the seal job re-checks it from the evidence."""
+    db = infra_setup["root"] / "twice" / "queue.sqlite3"
+    accepted = accept_payload(_payload(infra_setup, "oracle-twice-0001", suite="twice"), db=db,
+                              policy=infra_setup["policy"])
+    started = time.monotonic()
+    outcome = run_once(_config(infra_setup, db))
+    elapsed = time.monotonic() - started
+    assert outcome is not None and outcome.state == "SUCCEEDED", outcome and outcome.reason
+    run_id, grading = accepted.run_id, outcome.grading
+    tasks = discover_tasks(infra_setup["suites"] / "twice")
+    expected = [(task, name) for task in tasks for name in task_trial_names(task, run_id, 2)]
+    assert sorted((t.task, t.trial_name) for t in grading.trials) == sorted(expected)
+    assert all(name.endswith(f"__{trial_short_id(run_id)}") and "__a" in name for _, name in expected)
+    assert grading.counts.model_dump() == {"total": 6, "completed": 6, "resolved": 6, "unresolved": 0,
+                                           "infra_errors": 0}
+    assert grading.score == 1.0
+    with SqliteQueue(db) as q:
+        run_dir = q.run_dir(run_id)
+    batches = sorted(p for p in (run_dir / "batches").iterdir() if p.is_dir())
+    planned = [[t["trial_name"] for t in json.loads((b / "trials.json").read_text())["trials"]] for b in batches]
+    assert [len(names) for names in planned] == [3, 3], planned
+    assert sorted(n for names in planned for n in names) == sorted(name for _, name in expected)
+    # The seal job's check: the plan and every attempt's result.json in the evidence agree with grading.json.
+    _, graded, counts = check_grading(run_dir / "artifacts", grading)
+    assert counts == grading.counts and len(graded) == 6
+    assert task_counts((t.task, t.grade.outcome) for t in graded) == {
+        task: TaskCounts(attempts=2, completed=2, resolved=2) for task in tasks}
+    print(f"attempts: 2, {len(tasks)} tasks: run_once took {elapsed:.1f} s")
 
 
 def test_nop_run_scores_zero(infra_setup):

@@ -46,7 +46,7 @@ def test_the_body_pins_the_builder_and_the_infra_repository(published: Path) -> 
     body = (published / "body.md").read_text()
     commands = _printed_commands(body)
     evidence = [c for c in commands if c.startswith("cosign ")]
-    assert len(evidence) == 7
+    assert len(evidence) == 8  # 4 blobs, 3 attestation checks, the test result's against summary.json
     identity = f"https://github.com/{BUILDER.workflow('benchmark.yml')}"
     for line in evidence:
         assert (f"--certificate-identity {identity} --certificate-oidc-issuer https://token.actions.githubusercontent.com"
@@ -60,6 +60,9 @@ def test_the_body_pins_the_builder_and_the_infra_repository(published: Path) -> 
     assert images.count(f"--certificate-identity {release_identity} ") == 6
     assert images.count(f"--certificate-github-workflow-repository {SOURCE} --certificate-github-workflow-ref "
                         f"refs/tags/{TAG} --certificate-github-workflow-sha 0123456789abcdef0123456789abcdef01234567") == 6
+    # then the runner's test-result attestation, by the seal job's identity (issue 26.1)
+    assert images.count(f"--certificate-identity {identity} ") == 1
+    assert images.count("verify-attestation --new-bundle-format --type https://in-toto.io/attestation/test-result/v0.1") == 1
     assert run_commands(commands, published) == commands
 
 

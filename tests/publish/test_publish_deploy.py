@@ -100,9 +100,10 @@ def test_sudoers_admits_only_the_wrapper_without_arguments() -> None:
     rules = [line for line in text.splitlines() if line.strip() and not line.startswith(("#", "Defaults"))]
     assert rules == ['github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-accept ""',
                      'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-status ""',
-                     'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-export ""']
+                     'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-export ""',
+                     'github-runner ALL=(benchseal) NOPASSWD: /usr/local/libexec/benchseal-record ""']
     defaults = [line for line in text.splitlines() if line.startswith("Defaults!")]
-    assert len(defaults) == 3 and all("env_reset, !setenv" in line for line in defaults)
+    assert len(defaults) == 4 and all("env_reset, !setenv" in line for line in defaults)
     visudo = require("visudo", "sudo")
     done = subprocess.run([visudo, "-cf", str(DEPLOY / "benchseal.sudoers")], capture_output=True, text=True,
                           check=False)
@@ -232,3 +233,58 @@ def test_export_wrapper_streams_only_a_graded_run(tmp_path: Path, make_payload) 
     assert json.loads((dest / "run.json").read_text())["state"] == "FAILED"
     with pytest.raises(CheckFailed, match="not the expected"):
         import_run(io.BytesIO(done.stdout), tmp_path / "other", "run-" + "0" * 20)
+
+
+def test_record_wrapper_records_one_checked_summary_digest(tmp_path: Path, make_payload) -> None:  # type: ignore[no-untyped-def]
+    """The seal job's way to add a sealed release to the repository's history: one line `RUN_ID sha256:HEX`
+    on stdin, checked by the wrapper and again by the queue; the same digest again is a no-op, another
+    digest for the run is refused (exit 1), and anything else is a usage error (exit 2) that changes nothing."""
+    from pipeline.core.contracts import GradeCounts, Grading, TrialRecord
+    from pipeline.infra.intake.policy import load_policy
+    from pipeline.infra.queue.sql import SqliteQueue
+    from pipeline.infra.worker.history import scored_release
+
+    home = tmp_path / "home"
+    wrappers = {}
+    for name in ("benchseal-accept", "benchseal-record"):
+        wrappers[name] = tmp_path / name
+        wrappers[name].write_text(_local((DEPLOY / name).read_text()).replace("/var/lib/benchseal", str(home)))
+        wrappers[name].chmod(0o755)
+    accepted = subprocess.run([str(wrappers["benchseal-accept"])], input=json.dumps(make_payload(
+        correlation_id="deploy-record-0001")), capture_output=True, text=True, check=False, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    run_id = json.loads(accepted.stdout)["run_id"]
+    record = wrappers["benchseal-record"]
+    digest = "sha256:" + "ab" * 32
+
+    def recorded(line: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([str(record)], input=(line + "\n").encode(), capture_output=True, check=False, timeout=60)
+
+    not_scored = recorded(f"{run_id} {digest}")  # accepted, not graded: nothing in the history yet
+    assert not_scored.returncode == 2 and b"has no scored release in the history" in not_scored.stderr
+    with SqliteQueue(home / "infra" / "queue.sqlite3") as queue:
+        claim = queue.claim("deploy-test-worker", 60)
+        assert claim is not None and claim.run_id == run_id and claim.lease_token
+        grading = Grading(run_id=run_id, status="SUCCEEDED", suite="smoke", agent="oracle",
+                          counts=GradeCounts(total=1, completed=1, resolved=1, unresolved=0, infra_errors=0), score=1.0,
+                          trials=(TrialRecord(task="hello", trial_name="hello__x", outcome="resolved", reward=1.0,
+                                              agent_name="oracle"),),
+                          runner_ref=claim.payload.runner, api_ref=claim.payload.api,
+                          started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T00:01:00Z")
+        queue.complete(run_id, claim.lease_token, grading, [],
+                       release=scored_release(queue, claim, grading, load_policy()))
+    for hostile in ("", run_id, f"{run_id} sha256:{'AB' * 32}", f"{run_id} {digest} extra", f"run-../../x {digest}",
+                    f"{run_id} sha256:{'ab' * 31}", f"{run_id}  {digest}", f"{run_id} {digest} --db /tmp/x"):
+        refused = recorded(hostile)
+        assert refused.returncode == 2 and refused.stdout == b"", (hostile, refused.stderr)
+    with_args = subprocess.run([str(record), run_id, digest], input=b"", capture_output=True, check=False)
+    assert with_args.returncode == 2 and b"takes no arguments" in with_args.stderr
+    with SqliteQueue(home / "infra" / "queue.sqlite3") as queue:
+        assert [e.summary_digest for e in queue.history("acme/widget")] == [None]  # nothing changed so far
+    for _ in range(2):  # idempotent
+        done = recorded(f"{run_id} {digest}")
+        assert done.returncode == 0 and json.loads(done.stdout) == {"run_id": run_id, "summary_digest": digest}
+    other = recorded(f"{run_id} sha256:{'cd' * 32}")
+    assert other.returncode == 1 and b"was recorded as" in other.stderr
+    with SqliteQueue(home / "infra" / "queue.sqlite3") as queue:
+        assert [e.summary_digest for e in queue.history("acme/widget")] == [digest]

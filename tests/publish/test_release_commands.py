@@ -62,7 +62,7 @@ def test_body_commands_run_as_printed(release_copy: Path, tmp_path: Path, consum
     release = _publish_locally(release_copy, tmp_path / "dist", "v9.9.9", "acme/widget")
     commands = _printed_commands((release / "body.md").read_text())
     assert commands[0] == "sha256sum -c SHA256SUMS"
-    assert sum(c.startswith("cosign verify-blob") for c in commands) == 7  # 4 blobs + 3 attestation checks
+    assert sum(c.startswith("cosign verify-blob") for c in commands) == 8  # 4 blobs + 4 attestation checks
     # The expectation is stated on the line itself, never left to the release being checked.
     assert commands[-1].startswith("benchseal verify . --repo acme/widget --tag v9.9.9 --trusted-root ")
     assert run_commands(commands, release) == commands

@@ -98,7 +98,9 @@ def test_release_verifies_everywhere(signed_release: Path, verifiers, sigstore_i
         "sbom-api.cdx.json", "sbom-api.cdx.json.sigstore.json", "sbom-runner.cdx.json",
         "sbom-runner.cdx.json.sigstore.json", "summary.json", "summary.json.sigstore.json",
         # the trial evidence: its listing, and the plan and result.json files the score is graded from
-        "evidence-SHA256SUMS", "trial-results.json"])
+        "evidence-SHA256SUMS", "trial-results.json",
+        # the result as in-toto's test-result attestation (DSSE; attached to the runner image too)
+        "test-result.intoto.json", "test-result.intoto.json.sigstore.json"])
     assert [p.name for p in signed_release.iterdir() if p.is_dir()] == ["evidence"]  # nested: not an asset
     results = verifiers(signed_release)
     assert all(ok for ok, _ in results.values()), results

@@ -10,6 +10,7 @@ repository, another tag, another commit of the source, and another version of th
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from pipeline.core.documents import TEST_RESULT
 from tests.attest.test_builder_identity import _signed
 from tests.publish.test_release_commands import consumer_env
 from tests.verify.test_verify_builder import BUILDER, INFRA, SOURCE_REPO, SOURCE_TAG, seal_job
@@ -120,7 +122,11 @@ def test_the_bodys_image_lines_run_as_printed(tmp_path: Path, sigstore_instance:
     assert done.returncode == 0, done.stderr
     published = tmp_path / "dist" / SOURCE_TAG
     lines = _image_block((published / "body.md").read_text())
-    assert len(lines) == 6 and all(" cosign verify" in line for line in lines)
+    # 2 images x (signature, slsaprovenance1, cyclonedx), then the runner's test-result attestation
+    # (test_the_bodys_test_result_line_runs_as_printed_once_attached)
+    assert len(lines) == 7 and all(" cosign verify" in line for line in lines)
+    assert TEST_RESULT in lines[-1]
+    lines = lines[:-1]
     if pin is None:
         assert run_commands(lines, published) == lines
         return
@@ -128,3 +134,54 @@ def test_the_bodys_image_lines_run_as_printed(tmp_path: Path, sigstore_instance:
     for line in (line.replace(pin, edited) for line in lines):
         with pytest.raises(CheckFailed):
             run_commands([line], published)
+
+
+def test_the_bodys_test_result_line_runs_as_printed_once_attached(tmp_path: Path, sigstore_instance: Any,
+                                                                  good_api: str, consumer_env: None) -> None:
+    """Issue 26.1: the body prints `cosign verify-attestation --new-bundle-format --type
+    https://in-toto.io/attestation/test-result/v0.1` for the runner with the seal job's identity (the
+    builder's benchmark.yml for the infra repository on main). It fails until the release's test-result
+    bundle is attached to the runner (`benchseal attach-result`, release.yml's attach_result job), then
+    passes as printed with the real cosign, and fails with any pin edited."""
+    from pipeline.core.errors import CheckFailed
+    from pipeline.local.release import run_commands
+    from pipeline.verify.external import result_attestation_args
+    from pipeline.verify.policy import expectation
+
+    runner = _image(sigstore_instance, tmp_path / "runner")
+    release = _release(tmp_path / "run", runner, good_api, sigstore_instance)
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(release), "--target", "local", "--root",
+                           str(tmp_path / "dist"), "--tag", SOURCE_TAG, "--trigger", "tag", "--infra-repo", INFRA,
+                           "--builder", str(BUILDER), "--trusted-root", str(sigstore_instance.trusted_root)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    published = tmp_path / "dist" / SOURCE_TAG
+    line = _image_block((published / "body.md").read_text())[-1]
+    seal = expectation(None, "production", repository=SOURCE_REPO, tag=SOURCE_TAG, infra_repository=INFRA,
+                       builder=BUILDER)
+    argv = shlex.split(line)
+    assert argv[0] == "env" and argv[4] == "cosign"
+    assert argv[5:] == result_attestation_args(runner, seal, trusted_root=sigstore_instance.trusted_root)
+    for pin in (f"--type {TEST_RESULT}", f"--certificate-identity https://github.com/{BUILDER.workflow('benchmark.yml')}",
+                f"--certificate-github-workflow-repository {INFRA}", "--certificate-github-workflow-ref refs/heads/main",
+                f" {runner}"):
+        assert pin in line, pin
+    with pytest.raises(CheckFailed, match="verification command failed"):
+        run_commands([line], published)  # nothing attached yet
+    for attempt in ("attached: ", "already there"):
+        attached = subprocess.run([sys.executable, "-m", "pipeline", "attach-result", str(published), "--runner",
+                                   runner], capture_output=True, text=True, check=False, timeout=120, cwd=REPO)
+        assert attached.returncode == 0 and attempt in attached.stdout, attached.stderr
+        assert run_commands([line], published) == [line]
+    for pin, edited in ((f"benchmark.yml@{BUILDER.ref}", "benchmark.yml@" + "cd" * 20),
+                        (f"/{BUILDER.repository}/.github/workflows/benchmark.yml", "/evil/benchseal/.github/workflows/benchmark.yml"),
+                        ("workflows/benchmark.yml@", "workflows/release.yml@"),
+                        (f"--certificate-github-workflow-repository {INFRA}", "--certificate-github-workflow-repository evil/bench-infra"),
+                        ("--certificate-github-workflow-ref refs/heads/main", "--certificate-github-workflow-ref refs/heads/dev"),
+                        ("--certificate-oidc-issuer https://token.actions.githubusercontent.com",
+                         "--certificate-oidc-issuer https://accounts.example.com"),
+                        (f"--type {TEST_RESULT}", "--type https://slsa.dev/provenance/v1"),
+                        (f" {runner}", f" {good_api}")):
+        assert pin in line, pin
+        with pytest.raises(CheckFailed, match="verification command failed"):
+            run_commands([line.replace(pin, edited)], published)

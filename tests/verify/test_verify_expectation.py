@@ -105,7 +105,7 @@ def test_output_names_what_was_verified(signed_release: Path, sigstore_instance:
     as_json = _cli(signed_release, "--repo", SOURCE_REPO, "--tag", SOURCE_TAG, "--trusted-root", root, "--json")
     data = json.loads(as_json.stdout)
     assert data["ok"] is True and data["commit"] == SOURCE_COMMIT and data["identity"] == signer_v1.identity  # type: ignore[attr-defined]
-    assert len(data["bundles"]) == 6
+    assert len(data["bundles"]) == 7  # test-result.intoto.json's among them
     # --json on failure: still one object, with the exit code of the failure.
     usage = _cli(signed_release, "--tag", SOURCE_TAG, "--trusted-root", root, "--json")
     assert usage.returncode == 2 and json.loads(usage.stdout) == {

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pipeline.dispatch.client import make_client
 from tests.doubles.github import DispatchEvent, GitHubEmulator, RunHandle
 from tests.fixtures.github import digests_data
 from tests.workflows.harness import Runner, RunResult, Trigger, run_workflow
@@ -103,6 +104,10 @@ def _after_the_build(benchseal: Path, commit: str, tmp_path: Path, strip: str | 
                                                   "path": f"digests-{role}.json", "if-no-files-found": "error"}})
     doc["jobs"]["build"] = {"runs-on": "ubuntu-24.04", "needs": "builder", "permissions": {},
                             "steps": [{"shell": "bash", "env": env, "run": "\n".join(run)}, *uploads]}
+    # attach_result pushes to the runner's registry (ghcr.io, which no test here stands in for) the bundle
+    # of a release the seal job published: its steps are replaced, its needs, condition and permissions
+    # kept (`benchseal attach-result` runs for real in tests/attest and tests/verify, and in tests/e2e).
+    doc["jobs"]["attach_result"]["steps"] = [{"shell": "bash", "run": "echo the test result would be attached"}]
     work = tmp_path / "benchseal-work"
     _git(tmp_path, "clone", "--quiet", str(benchseal), str(work))
     (work / ".github" / "workflows" / "release.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -135,6 +140,7 @@ class World:
         self.events: list[DispatchEvent] = []
         self.job_tokens: list[tuple[str, dict[str, str]]] = []
         self.claims: list[dict[str, str]] = []
+        self.infra_conclusion = "success"  # how the dispatched infra run ends
 
     def job_token(self, repository: str, permissions: dict[str, str]) -> str:
         self.job_tokens.append((repository, dict(permissions)))
@@ -176,7 +182,7 @@ def world(benchseal: Path, adopter: tuple[Path, str]) -> Iterator[World]:
         def on_dispatch(handle: RunHandle, event: DispatchEvent) -> None:
             world.events.append(event)
             handle.start()
-            handle.complete("success")
+            handle.complete(world.infra_conclusion)
 
         emu.on_dispatch(on_dispatch)
         yield world
@@ -185,7 +191,9 @@ def world(benchseal: Path, adopter: tuple[Path, str]) -> Iterator[World]:
         assert emu.violations == [], emu.violations
 
 
-JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "summarize")
+JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "hold_back", "attach_result",
+        "summarize")
+SKIPPED_ON_SUCCESS = ("hold_back",)
 
 
 def called(run: RunResult) -> dict[str, str]:
@@ -199,12 +207,14 @@ def test_each_job_runs_on_its_own_permissions_and_dispatch_needs_only_actions_wr
     dispatch_token = emu.add_token([INFRA], {"actions": "write"})
     run = world.run(event, tmp_path, dispatch_token)
     assert run.conclusion == "success", _explain(world, run)
-    assert called(run) == dict.fromkeys(JOBS, "success"), _explain(world, run)
+    assert called(run) == {job: "skipped" if job in SKIPPED_ON_SUCCESS else "success" for job in JOBS}, \
+        _explain(world, run)
     assert run.unresolved == [] and run.secret_leaks == []
     # one token per job, each exactly the job's permissions (id-token is not a token permission)
     granted = sorted(json.dumps(p, sort_keys=True) for _, p in world.job_tokens)
-    assert granted == sorted(json.dumps(p) for p in [{}, {}, {"contents": "read"}, {"contents": "read"},
-                                                      {"checks": "write"}, {}])
+    assert granted == sorted(json.dumps(p, sort_keys=True) for p in [
+        {}, {}, {"contents": "read"}, {"contents": "read"}, {"checks": "write"},
+        {"contents": "read", "packages": "write"}, {}])
     assert {r for r, _ in world.job_tokens} == {SOURCE}
     # The builder job learnt benchseal's repository and commit from its token, as GitHub mints it
     # for a called workflow: the called file at the pinned commit, the caller's own workflow_ref.
@@ -240,8 +250,8 @@ def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promot
     reader = emu.add_token([INFRA], {"actions": "read", "contents": "read"})
     run = world.run("push", tmp_path, reader)
     assert called(run) == {"builder": "success", "build": "success", "resolve_images": "success",
-                           "dispatch_infra": "failure", "promote_marker": "skipped", "summarize": "success"}, \
-        _explain(world, run)
+                           "dispatch_infra": "failure", "promote_marker": "skipped", "hold_back": "skipped",
+                           "attach_result": "skipped", "summarize": "success"}, _explain(world, run)
     assert emu.runs(INFRA) == [] and world.events == []
     assert "Resource not accessible by personal access token" in run.summary
     assert "Not promoted: dispatch_infra ended `failure`." in run.summary
@@ -261,3 +271,35 @@ def test_a_job_without_its_permission_fails(world: World, tmp_path: Path, strip:
     log = run.jobs[f"release/{failed}"].log
     assert message in log, log  # the whole log when it fails
     assert world.emulator.repo(SOURCE).check_runs == {}
+
+
+@pytest.mark.parametrize("gated", [True, False])
+def test_a_gated_release_fails_the_benchmark_check_naming_the_regressed_tasks(
+        world: World, tmp_path: Path, gated: bool) -> None:
+    """The infra run failed (its seal job held the published release back): nothing is promoted and the
+    benchseal/benchmark check fails, naming what regressed when the release's summary.json says it was
+    gated (a plain failure otherwise)."""
+    emu = world.emulator
+    world.infra_conclusion = "failure"
+    repo = make_client(base_url=emu.base_url, token=emu.token, backoff_factor=0.0).get_repo(SOURCE)
+    release = repo.create_git_release(tag=TAG, name=TAG, message="Release notes.\n")
+    comparison = {"gated": gated, "reasons": ["resolved in v0.9.0, failing now: hello-world, fix-bug"],
+                  "changed": [{"task": "hello-world", "change": "regressed"}, {"task": "fix-bug", "change": "regressed"},
+                              {"task": "new-task", "change": "added"}]}
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"status": "SUCCEEDED", "comparison": comparison}))
+    release.upload_asset(str(summary), name="summary.json", content_type="application/json")
+
+    run = world.run("push", tmp_path, emu.add_token([INFRA], {"actions": "write"}))
+    assert called(run)["dispatch_infra"] == "failure" and called(run)["promote_marker"] == "skipped", \
+        _explain(world, run)
+    assert called(run)["hold_back"] == "success", _explain(world, run)
+    [check] = emu.repo(SOURCE).check_runs.values()
+    assert (check.name, check.head_sha, check.conclusion) == ("benchseal/benchmark", world.commit, "failure")
+    if gated:
+        assert check.output["title"] == "regression gate: hello-world, fix-bug regressed"
+        assert "failing now: hello-world, fix-bug" in check.output["summary"]
+        assert "not promoted" in check.output["summary"]
+    else:
+        assert check.output["title"] == "benchmark did not succeed"
+    assert run.secret_leaks == []

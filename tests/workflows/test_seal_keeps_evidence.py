@@ -46,18 +46,21 @@ def _seal_job_ending(seal_ok: bool, publish_ok: bool) -> dict[str, Any]:
     seal = yaml.safe_load(BENCHMARK.read_text("utf-8"))["jobs"]["seal"]
     names = [s.get("name") for s in seal["steps"]]
     publish_at = names.index("Publish to the source repository's release")
-    if names[publish_at + 1:] != [KEEP]:
-        raise AssertionError(f"the keep step must come right after publishing and end the job: {names}")
+    if names[publish_at + 1] != KEEP:
+        raise AssertionError(f"the keep step must come right after publishing: {names}")
+    # What follows (the history record, the gate) runs only on success: never after a failed publication.
+    assert all("failure()" not in str(step.get("if", "")) and "always()" not in str(step.get("if", ""))
+               for step in seal["steps"][publish_at + 2:]), seal["steps"][publish_at + 2:]
     write = "\n".join(f'mkdir -p "$(dirname "$RUNNER_TEMP/run/{name}")"; printf "%s" "{text.strip()}" '
                       f'> "$RUNNER_TEMP/run/{name}"' for name, text in SEALED.items())
     fake_seal = {"name": "seal (stand-in)", "id": "seal", "shell": "bash",
                  "run": (f'{write}\necho "artifacts=$RUNNER_TEMP/run" >> "$GITHUB_OUTPUT"' if seal_ok
                          else "echo 'seal failed' >&2; exit 1")}
-    fake_publish = {"name": "publish (stand-in)", "shell": "bash",
+    fake_publish = {"name": "publish (stand-in)", "id": "publish", "shell": "bash",
                     "run": "true" if publish_ok else "echo 'publish: GitHub answered HTTP 502' >&2; exit 1"}
     # needs: the builder job (which only names benchseal's commit for the replaced checkouts) is left out
     assert seal["needs"] == ["builder", "accept", "wait"], seal["needs"]
-    return {**seal, "needs": ["accept", "wait"], "steps": [fake_seal, fake_publish, seal["steps"][-1]]}
+    return {**seal, "needs": ["accept", "wait"], "steps": [fake_seal, fake_publish, seal["steps"][publish_at + 1]]}
 
 
 def _run(tmp_path: Path, source: tuple[Path, str], seal_ok: bool, publish_ok: bool) -> RunResult:

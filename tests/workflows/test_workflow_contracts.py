@@ -16,7 +16,8 @@ from tests.fixtures.github import digests_data
 
 ROOT = Path(__file__).resolve().parents[2]
 DIR = ROOT / ".github" / "workflows"
-RELEASE_JOBS = {"builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "summarize"}
+RELEASE_JOBS = {"builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "hold_back", "attach_result",
+                "summarize"}
 SHA_PIN = re.compile(r"\A[\w.-]+/[\w.-]+@[0-9a-f]{40}\Z")
 EXPR = re.compile(r"\$\{\{(.*?)\}\}", re.S)
 NEEDS_OUTPUT = re.compile(r"needs\.([A-Za-z0-9_-]+)\.outputs\.([A-Za-z0-9_-]+)")
@@ -87,6 +88,16 @@ def test_release_jobs_and_needs_graph() -> None:
     # gates: promote only after a successful dispatch; summarize always
     assert jobs["promote_marker"]["if"].replace(" ", "") == "${{needs.dispatch_infra.result=='success'}}"
     assert jobs["summarize"]["if"].replace(" ", "") == "${{always()}}"
+    # a failed infra run (one that exists: it has a run id) fails the benchmark check, naming a gate's regression
+    assert needs(jobs["hold_back"]) == ["resolve_images", "dispatch_infra"]
+    assert jobs["hold_back"]["if"].replace(" ", "") == (
+        "${{always()&&needs.dispatch_infra.result=='failure'&&needs.dispatch_infra.outputs.run_id!=''}}")
+    # the sealed test result goes onto the runner image only after a successful (ungated) benchmark
+    assert needs(jobs["attach_result"]) == ["builder", "dispatch_infra"]
+    assert jobs["attach_result"]["if"].replace(" ", "") == "${{needs.dispatch_infra.result=='success'}}"
+    [attach] = [s for s in steps(jobs["attach_result"]) if "benchseal attach-result" in str(s.get("run", ""))]
+    assert attach["run"] == 'benchseal attach-result "$GITHUB_REPOSITORY@$TAG" --runner "$RUNNER_REF"'
+    assert attach["env"]["RUNNER_REF"] == "${{ needs.dispatch_infra.outputs.runner_ref }}"
     for job in ("builder", "build", "resolve_images", "dispatch_infra"):
         assert "if" not in jobs[job]  # a failure upstream stops everything downstream
 
@@ -208,6 +219,9 @@ JOB_PERMISSIONS: dict[str, dict[str, dict[str, str]]] = {
         "dispatch_infra": {"contents": "read"},
         # the benchseal/benchmark check run; no checkout
         "promote_marker": {"checks": "write"},
+        "hold_back": {"checks": "write", "contents": "read"},
+        # read the release's evidence; push the test result's referrer beside the runner (no signing)
+        "attach_result": {"contents": "read", "packages": "write"},
         "summarize": {},
     },
     "benchmark.yml": {"builder": {"id-token": "write"}, "accept": {"contents": "read"}, "wait": {"contents": "read"},
@@ -244,7 +258,7 @@ def test_jobs_that_push_log_in_to_ghcr_with_github_token_and_only_they(name: str
                                  "password": "${{ github.token }}"}
         names = [s.get("name") for s in steps(job)]
         pushes = [s for s in steps(job) if "benchseal" in str(s.get("run", "")) and
-                  any(verb in str(s.get("run", "")) for verb in (" build", " attest"))]
+                  any(verb in str(s.get("run", "")) for verb in (" build", " attest", " attach-result"))]
         assert pushes, job_name
         for step in pushes:  # logged in before anything is pushed
             assert names.index(login["name"]) < names.index(step["name"]), (job_name, step["name"])

@@ -25,8 +25,15 @@ from pydantic import (
     model_validator,
 )
 
-from pipeline.core.contracts import DispatchPayload, builder_problem, canonical_repository, load_model
+from pipeline.core.contracts import (
+    MAX_TASK_ATTEMPTS,
+    DispatchPayload,
+    builder_problem,
+    canonical_repository,
+    load_model,
+)
 from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.documents import GateRules
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.project import version_for_tag
@@ -192,7 +199,13 @@ class SuitePolicy(_Strict):
     timeout_seconds: float = Field(gt=0, le=86400)
     # Trials of one run that run at once inside the run's one runner container.
     trial_concurrency: int = Field(default=3, ge=1, le=16, strict=True)
+    # Trials per task (Harbor's n_attempts): the score is the mean pass rate over all of them, with its
+    # Wilson interval and each task's passes in summary.json. Not ``max_attempts`` (infrastructure retries).
+    attempts: int = Field(default=1, ge=1, le=MAX_TASK_ATTEMPTS, strict=True)
     model: ModelPolicy | None = None
+    # The regression gate against the repository's previous scored release (pipeline.core.history);
+    # absent: releases are compared, never gated.
+    gate: GateRules | None = None
 
 
 class InfraPolicy(_Strict):
@@ -330,6 +343,10 @@ class InfraPolicy(_Strict):
 
     def trial_concurrency(self, suite: str) -> int:
         return self.suites[suite].trial_concurrency
+
+    def task_attempts(self, suite: str) -> int:
+        """Trials per task of ``suite`` (its ``attempts``)."""
+        return self.suites[suite].attempts
 
     def infra_errors_exceed_threshold(self, infra_errors: int, total: int) -> bool:
         if total <= 0:

@@ -9,8 +9,8 @@ from datetime import datetime
 from pathlib import Path
 
 from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunState
-from pipeline.core.documents import PlannedTrial
-from pipeline.infra.queue.records import Event, Publication, QueueStats, RunRecord, TrialBatch, TrialRow
+from pipeline.core.documents import Comparison, HistoryEntry, PlannedTrial
+from pipeline.infra.queue.records import Event, Publication, QueueStats, RunRecord, ScoredRelease, TrialBatch, TrialRow
 
 
 class Queue(abc.ABC):
@@ -62,9 +62,30 @@ class Queue(abc.ABC):
 
     @abc.abstractmethod
     def complete(
-        self, run_id: str, lease_token: str, grading: Grading, publications: Sequence[PublicationRequest]
+        self, run_id: str, lease_token: str, grading: Grading, publications: Sequence[PublicationRequest],
+        *, release: ScoredRelease | None = None,
     ) -> list[int]:
-        """Terminal state + grading + outbox rows in one transaction; returns the outbox row ids."""
+        """Terminal state + grading + outbox rows (+ a scored run's history entry) in one transaction;
+        returns the outbox row ids."""
+
+    # --- the history of scored releases ---------------------------------------------
+
+    @abc.abstractmethod
+    def previous_release(self, repository: str, suite: str) -> HistoryEntry | None:
+        """The newest sealed, ungated release of ``repository``/``suite``: what a new one is compared with."""
+
+    @abc.abstractmethod
+    def history(self, repository: str, suite: str | None = None) -> list[HistoryEntry]: ...
+
+    @abc.abstractmethod
+    def history_repositories(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    def comparison(self, run_id: str) -> Comparison | None: ...
+
+    @abc.abstractmethod
+    def record_summary(self, run_id: str, summary_digest: str) -> None:
+        """The sealed summary.json's digest of ``run_id``'s release: from then on it can be compared with."""
 
     @abc.abstractmethod
     def requeue_expired(self, now: datetime | None = None) -> list[str]: ...

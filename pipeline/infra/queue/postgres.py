@@ -13,6 +13,9 @@ against either: transitions are lease-guarded, enqueue is idempotent).
 
 The URL comes from ``BENCHSEAL_QUEUE_URL`` / a URL file and never appears in an
 error message with its password (``redact_url``).
+
+``read_only`` (the API, which connects as a role granted SELECT only: ``pipeline.infra.queue.reader``):
+every session has ``default_transaction_read_only`` on, and every write is refused before it is sent.
 """
 
 from __future__ import annotations
@@ -72,8 +75,9 @@ class PostgresQueue(SqlQueue):
     _relaxed_commit = "SET LOCAL synchronous_commit = off"
 
     def __init__(self, url: str, *, runs_dir: Path | None = None, reconnect_seconds: float = 30.0,
-                 connect_timeout: int = 10, check_schema: bool = True) -> None:
+                 connect_timeout: int = 10, check_schema: bool = True, read_only: bool = False) -> None:
         self._url = url
+        self.read_only = read_only
         self.location = redact_url(url)
         self.runs_dir = (runs_dir or state_dir("infra") / "runs").resolve()
         self._reconnect_seconds = reconnect_seconds
@@ -99,8 +103,10 @@ class PostgresQueue(SqlQueue):
         delay = 0.1
         while True:
             try:
+                # A reader's sessions refuse writes whatever its role may do (its role may only SELECT too).
+                options = "-c default_transaction_read_only=on" if self.read_only else None
                 self._conn = psycopg.connect(self._url, autocommit=False, connect_timeout=self._connect_timeout,
-                                             application_name="benchseal")
+                                             application_name="benchseal", options=options)
                 if self._connected_once:
                     self.reconnects += 1
                 self._connected_once = True
@@ -158,6 +164,8 @@ class PostgresQueue(SqlQueue):
                     raise
 
     def _transaction(self, work: Callable[[Cursor], T]) -> T:
+        if self.read_only:
+            raise InfrastructureError(f"queue database {self.location}: opened read-only: refusing to write")
         return self._run(work, write=True)
 
     def _read(self, work: Callable[[Cursor], T]) -> T:

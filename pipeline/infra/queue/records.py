@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Literal
 
 from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunState
+from pipeline.core.documents import Comparison, HistoryEntry
 
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
 ACTIVE_STATES: frozenset[str] = frozenset({"CLAIMED", "RUNNING"})
@@ -148,3 +149,12 @@ class QueueStats:
     workers: tuple[WorkerBeat, ...]
     trials_queued: int = 0  # trials of planned runs waiting for a worker
     trials_in_flight: int = 0  # trials claimed (RUNNING) by some worker
+
+
+@dataclass(frozen=True)
+class ScoredRelease:
+    """A SUCCEEDED run's history entry and its comparison with the previous release, recorded by
+    ``Queue.complete`` with the run's terminal state."""
+
+    entry: HistoryEntry
+    comparison: Comparison

@@ -4,20 +4,29 @@ transactions and the claim lock clause. The rules are described in ``pipeline.in
 
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunState, run_id_for
-from pipeline.core.documents import PlannedTrial
+from pipeline.core.contracts import (
+    DispatchPayload,
+    Grading,
+    PublicationRequest,
+    RunState,
+    canonical_repository,
+    run_id_for,
+)
+from pipeline.core.documents import Comparison, HistoryEntry, PlannedTrial
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.infra.queue.helpers import Cursor, epoch, iso, one_line
 from pipeline.infra.queue.records import (
     ACTIVE_STATES,
     MAX_TRIAL_EVIDENCE_BYTES,
     RunRecord,
+    ScoredRelease,
     TrialBatch,
     TrialClaim,
     TrialRow,
@@ -159,13 +168,19 @@ class SqlQueue(SqlBase):
         )
 
     def complete(
-        self, run_id: str, lease_token: str, grading: Grading, publications: Sequence[PublicationRequest]
+        self, run_id: str, lease_token: str, grading: Grading, publications: Sequence[PublicationRequest],
+        *, release: ScoredRelease | None = None,
     ) -> list[int]:
-        """Terminal state + grading + outbox rows in ONE transaction; refuses unless the lease is held.
+        """Terminal state + grading + outbox rows (+ the release's history entry and comparison) in ONE
+        transaction; refuses unless the lease is held.
 
         Returns the ids of the run's outbox rows (so a caller can deliver them without a lookup)."""
         if grading.run_id != run_id:
             raise ValidationError("grading.run_id", f"must equal the run id {run_id}", grading.run_id)
+        if release is not None and (release.entry.run_id != run_id or grading.status != "SUCCEEDED"
+                                    or release.entry.score != grading.score):
+            raise ValidationError("release", f"must be the history entry of run {run_id}'s SUCCEEDED grading",
+                                  release.entry.run_id)
         for index, request in enumerate(publications):
             if request.run_id != run_id:
                 raise ValidationError(f"publications[{index}].run_id", f"must equal the run id {run_id}", request.run_id)
@@ -193,6 +208,8 @@ class SqlQueue(SqlBase):
                     raise ValidationError("run_id", "no such run", run_id)
                 raise CheckFailed(f"run {run_id}: lease not held or trials still open (state {found[3]}); refusing to complete")
             self._event(cur, run_id, "completed", current, grading.status, grading.reason, now)
+            if release is not None:
+                self._insert_release(cur, run_id, grading, release, now)
             ids: list[int] = []
             for request in publications:
                 cur.execute(
@@ -209,6 +226,87 @@ class SqlQueue(SqlBase):
         row, ids = self._transaction(work)
         self._write_status(run_id, row)
         return ids
+
+    # --- the history of scored releases (pipeline.core.history) -------------------
+
+    @staticmethod
+    def _insert_release(cur: Cursor, run_id: str, grading: Grading, release: ScoredRelease, now: float) -> None:
+        entry = release.entry
+        if entry.gated != release.comparison.gated:
+            raise ValidationError("release.entry.gated", "must be the comparison's verdict", entry.gated)
+        # A finalize retry of the same run writes the same entry again: the first one stands.
+        cur.execute(
+            "INSERT INTO releases (run_id, repository, suite, tag, entry, comparison, gated, recorded_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id) DO NOTHING",
+            (run_id, canonical_repository(entry.repository), grading.suite, entry.tag, entry.model_dump_json(),
+             release.comparison.model_dump_json(by_alias=True), int(entry.gated), iso(now)),
+        )
+
+    def previous_release(self, repository: str, suite: str) -> HistoryEntry | None:
+        """The release a new one of ``repository`` and ``suite`` is compared with: the newest recorded
+        entry that was sealed (its summary digest recorded) and not gated (a re-run of a tag is compared
+        with the tag's earlier scoring)."""
+
+        def work(cur: Cursor) -> Any:
+            cur.execute("SELECT entry, summary_digest FROM releases WHERE repository = ? AND suite = ?"
+                        " AND gated = 0 AND summary_digest IS NOT NULL ORDER BY recorded_at DESC, run_id DESC LIMIT 1",
+                        (canonical_repository(repository), suite))
+            return cur.fetchone()
+
+        row = self._read(work)
+        return None if row is None else _history_entry(row)
+
+    def history(self, repository: str, suite: str | None = None) -> list[HistoryEntry]:
+        """Every recorded release of ``repository`` (and ``suite``), oldest first."""
+
+        def work(cur: Cursor) -> list[Any]:
+            clause, params = ("", (canonical_repository(repository),)) if suite is None else (
+                " AND suite = ?", (canonical_repository(repository), suite))
+            cur.execute("SELECT entry, summary_digest FROM releases WHERE repository = ?"  # noqa: S608
+                        f"{clause} ORDER BY recorded_at, run_id", params)
+            return cur.fetchall()
+
+        return [_history_entry(row) for row in self._read(work)]
+
+    def history_repositories(self) -> list[str]:
+        """The (canonical) source repositories that have a recorded release."""
+
+        def work(cur: Cursor) -> list[Any]:
+            cur.execute("SELECT DISTINCT repository FROM releases ORDER BY repository")
+            return cur.fetchall()
+
+        return [str(row[0]) for row in self._read(work)]
+
+    def comparison(self, run_id: str) -> Comparison | None:
+        """The comparison recorded with ``run_id``'s history entry (None: the run was not scored)."""
+
+        def work(cur: Cursor) -> Any:
+            cur.execute("SELECT comparison FROM releases WHERE run_id = ?", (run_id,))
+            return cur.fetchone()
+
+        row = self._read(work)
+        return None if row is None else Comparison.model_validate_json(str(row[0]))
+
+    def record_summary(self, run_id: str, summary_digest: str) -> None:
+        """Record the digest of the sealed summary.json of ``run_id``'s release (idempotent; a different
+        digest for the same run is refused: one run has one sealed summary)."""
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", summary_digest):
+            raise ValidationError("summary_digest", "must be sha256:<64 lowercase hex>", summary_digest)
+
+        def work(cur: Cursor) -> None:
+            cur.execute("UPDATE releases SET summary_digest = ? WHERE run_id = ? AND summary_digest IS NULL",
+                        (summary_digest, run_id))
+            if cur.rowcount == 1:
+                self._event(cur, run_id, "summary_recorded", None, None, summary_digest, time.time())
+                return
+            cur.execute("SELECT summary_digest FROM releases WHERE run_id = ?", (run_id,))
+            found = cur.fetchone()
+            if found is None:
+                raise ValidationError("run_id", "has no scored release in the history", run_id)
+            if str(found[0]) != summary_digest:
+                raise CheckFailed(f"run {run_id}: its summary was recorded as {found[0]}, refusing {summary_digest}")
+
+        self._transaction(work)
 
     def requeue_expired(self, now: datetime | None = None) -> list[str]:
         """Requeue runs whose lease expired (a dead worker); to the finalize phase once attempts are used up."""
@@ -541,3 +639,8 @@ class SqlQueue(SqlBase):
                 changed.append(run_id)
         return changed
 
+
+
+def _history_entry(row: Sequence[object]) -> HistoryEntry:
+    entry = HistoryEntry.model_validate_json(str(row[0]))
+    return entry.model_copy(update={"summary_digest": None if row[1] is None else str(row[1])})

@@ -118,6 +118,23 @@ CREATE INDEX trials_lease ON trials (run_id, lease_token);
     """
 ALTER TABLE trials ADD COLUMN evidence {blob};
 """,
+    # Version 5: each source repository's history of scored releases (pipeline.core.history): the
+    # worker adds a run's entry, with its comparison, in the transaction that completes the run; the
+    # seal records the signed summary's digest. The API reads it (a read-only role on PostgreSQL).
+    """
+CREATE TABLE releases (
+    run_id TEXT PRIMARY KEY REFERENCES runs (run_id),
+    repository TEXT NOT NULL,
+    suite TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    entry TEXT NOT NULL,
+    comparison TEXT NOT NULL,
+    gated INTEGER NOT NULL CHECK (gated IN (0, 1)),
+    summary_digest TEXT,
+    recorded_at TEXT NOT NULL
+);
+CREATE INDEX releases_history ON releases (repository, suite, recorded_at, run_id);
+""",
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 

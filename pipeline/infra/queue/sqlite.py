@@ -84,14 +84,23 @@ class SqliteQueue(SqlQueue):
     A new (empty) file is created at the current schema version; an existing one that is behind
     is refused until ``migrate()`` (``benchseal infra migrate``). Every SQLite failure becomes an
     ``InfrastructureError`` naming the file and the cause (corrupt, locked, full, read-only).
+
+    ``read_only`` (the API): the file is opened ``mode=ro`` with ``PRAGMA query_only``, never created,
+    migrated or switched to WAL, and every write is refused (SQLite refuses one on the connection
+    too). A reader of a WAL database needs its ``-wal`` and ``-shm`` files: where its directory is
+    read-only (the API's container) they must already exist. They do while a writer has the file
+    open, and a read-only open where the directory IS writable creates them and, unable to
+    checkpoint, leaves them in place (what ``benchseal api check-image`` does on the host).
     """
 
     backend = "sqlite"
 
     def __init__(self, db: Path | None = None, *, runs_dir: Path | None = None, busy_timeout_ms: int = 30000,
-                 check_schema: bool = True, create: bool = True) -> None:
+                 check_schema: bool = True, create: bool = True, read_only: bool = False) -> None:
         self.db = (db or default_db_path()).resolve()
         self.location = str(self.db)
+        self.read_only = read_only
+        create = create and not read_only
         self._busy = _busy_seconds(busy_timeout_ms / 1000)
         if create:
             try:
@@ -106,7 +115,7 @@ class SqliteQueue(SqlQueue):
         self._lock = threading.RLock()
         try:
             # mode=rw for a reader: the file must already exist (no creation between the check and here).
-            target = self.db if create else f"file:{quote(str(self.db))}?mode=rw"
+            target = self.db if create else f"file:{quote(str(self.db))}?mode={'ro' if read_only else 'rw'}"
             self._conn = sqlite3.connect(target, isolation_level=None, check_same_thread=False, timeout=self._busy,
                                          uri=not create)
         except sqlite3.Error as exc:
@@ -118,7 +127,17 @@ class SqliteQueue(SqlQueue):
             raise
 
     def _error(self, exc: sqlite3.Error) -> InfrastructureError:
+        text, name = one_line(str(exc)), getattr(exc, "sqlite_errorname", "") or ""
+        if self.read_only and ("readonly" in text.lower() or name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN"))):
+            # What a read needs to write: the wal-index of a WAL file, in a directory it cannot write.
+            return InfrastructureError(f"queue database {self.db}: opened read-only, and reading it needs its -wal and "
+                                       "-shm files, which are absent and cannot be created here (they exist while a "
+                                       f"writer has it open) ({text})")
         return InfrastructureError(f"queue database {self.db}: {_sqlite_cause(exc, self._busy, self.db)}")
+
+    def _refuse_write(self) -> None:
+        if self.read_only:
+            raise InfrastructureError(f"queue database {self.db}: opened read-only: refusing to write")
 
     def _open(self, check_schema: bool, create: bool) -> None:
         deadline = time.monotonic() + self._busy
@@ -137,6 +156,9 @@ class SqliteQueue(SqlQueue):
                     version = self._current_version()
                 if check_schema:
                     check_version(self.location, version)  # before WAL: a refused file is left byte-identical
+                if self.read_only:
+                    self._conn.execute("PRAGMA query_only = ON")
+                    break
                 if self._conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                     self._conn.execute("PRAGMA journal_mode = WAL")
                 self._conn.execute("PRAGMA synchronous = NORMAL")
@@ -193,6 +215,7 @@ class SqliteQueue(SqlQueue):
 
     def migrate(self) -> tuple[int, int]:
         """Apply the pending migrations in one transaction; return (version before, version after)."""
+        self._refuse_write()
         try:
             before, after = self._apply_migrations(new_only=False)
         except sqlite3.Error as exc:
@@ -217,6 +240,7 @@ class SqliteQueue(SqlQueue):
     # --- plumbing ---------------------------------------------------------------
 
     def _transaction(self, work: Callable[[Cursor], T]) -> T:
+        self._refuse_write()
         with self._lock:
             try:
                 cur = self._conn.cursor()

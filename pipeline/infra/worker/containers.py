@@ -199,6 +199,7 @@ class _BatchRun:
     trial_names: tuple[str, ...]
     concurrency: int
     label: str  # batch_label of the batch's lease
+    attempts: int = 1  # trials per task the run was planned with (the suite's ``attempts``)
     # Called about once a second while the container runs, with what it runs (records finished trials).
     on_poll: Callable[[RunnerInfo], None] | None = None
 
@@ -211,6 +212,10 @@ def _run_container(
     run_id = record.run_id
     command = ["trial", "run", "--suite-dir", str(batch.suite_dir), "--out", str(batch.out_dir), "--run-id", run_id,
                "--concurrency", str(batch.concurrency), "--agent", record.payload.agent]
+    if batch.attempts > 1:
+        # The batch's suite dir says which tasks it runs, not which of their attempts: name them. Left out
+        # with one attempt per task, so the command is what a runner from before attempts accepts.
+        command += ["--attempts", str(batch.attempts), *(arg for name in batch.trial_names for arg in ("--trial", name))]
     # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
     # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
     # (the worker pulled the base by digest already).

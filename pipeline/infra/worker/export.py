@@ -7,11 +7,12 @@ and seals it with ``benchseal evidence --from-export``.
 
 What travels is exactly what sealing reads, as an uncompressed tar on stdout:
 
-* ``run.json`` (the run's state and the accepted payload), ``grading.json``;
+* ``run.json`` (the run's state and the accepted payload), ``grading.json``; for a scored run
+  ``comparison.json`` (its comparison with the repository's previous release, from the queue's history);
 * ``artifacts/evidence/**`` (the trial evidence ``evidence-SHA256SUMS`` covers): regular files
   and directories only (symlinks are never followed nor exported, as the evidence stage skips them).
 
-run.json and grading.json are written from the queue database (the truth), not read from the
+run.json, grading.json and comparison.json are written from the queue database (the truth), not read from the
 run dir. Both ends fail closed: export refuses a run that is not terminal or has no grading, or
 more than ``MAX_EXPORT_BYTES``, or an evidence file whose name ``fsutil.name_problem`` refuses
 (the worker's evidence copy leaves such names behind, so one here was put there by something
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import IO
 
 from pipeline.core.contracts import Grading, RunStatus, load_model, validate_run_id
+from pipeline.core.documents import Comparison, load_document
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import NameTree, NotRegularFile, canonical_json, name_problem, open_regular, staged_dir
 from pipeline.infra.queue.sql import Queue, RunRecord
@@ -46,6 +48,7 @@ from pipeline.infra.worker.trial_evidence import check_trial_name, read_trial_pa
 MAX_EXPORT_BYTES = 512 * 1024 * 1024
 MAX_MEMBERS = 100_000
 TOP_FILES = ("run.json", "grading.json")
+COMPARISON = "comparison.json"  # optional: only a scored run recorded in the history has one
 EVIDENCE = "artifacts/evidence"
 TERMINAL = ("SUCCEEDED", "FAILED", "INFRA_ERROR")
 log = logging.getLogger("benchseal.export")
@@ -125,12 +128,14 @@ def trial_pack_files(trial_packs: Mapping[str, bytes], present: set[str], budget
     return files
 
 
-def export_run(record: RunRecord, run_dir: Path, out: IO[bytes], trial_packs: Mapping[str, bytes] | None = None) -> int:
+def export_run(record: RunRecord, run_dir: Path, out: IO[bytes], trial_packs: Mapping[str, bytes] | None = None,
+               comparison: Comparison | None = None) -> int:
     """Write the graded run ``record`` (files under ``run_dir``) to ``out`` as a tar; return its content bytes.
 
     run.json and grading.json come from the queue database; the evidence files from the run dir,
     and, for trials whose dir is not there (they ran on another host, and this host did not grade
-    the run), from ``trial_packs`` (trial name -> the pack recorded in the queue).
+    the run), from ``trial_packs`` (trial name -> the pack recorded in the queue). ``comparison``: the
+    queue's record of the run's comparison with the previous release (``Queue.comparison``).
     """
     run_id = validate_run_id(record.run_id)
     if record.state not in TERMINAL or record.grading is None:
@@ -141,10 +146,12 @@ def export_run(record: RunRecord, run_dir: Path, out: IO[bytes], trial_packs: Ma
         "run.json": canonical_json(run_status(record).model_dump(mode="json")).encode(),
         "grading.json": canonical_json(record.grading.model_dump(mode="json")).encode(),
     }
+    if comparison is not None:
+        documents[COMPARISON] = canonical_json(comparison.to_json_dict()).encode()
     files = list(_evidence_files(run_dir))
     local = sum(len(data) for data in documents.values()) + sum(path.stat().st_size for _, path in files)
     packed = trial_pack_files(trial_packs or {}, {name for name, _ in files}, MAX_EXPORT_BYTES - local)
-    count = len(files) + len(packed) + 2
+    count = len(files) + len(packed) + len(documents)
     total = local + sum(len(data) for _, data in packed)
     if total > MAX_EXPORT_BYTES or count > MAX_MEMBERS:
         raise CheckFailed(f"run {run_id}: {count} files, {total} bytes: more than the export limit "
@@ -193,8 +200,9 @@ def _member_problem(tree: NameTree, member: tarfile.TarInfo) -> str | None:
     if not member.isfile():
         return f"is not a regular file (type {member.type!r})"
     problem = name_problem(name)
-    if name not in TOP_FILES and (problem or not name.startswith(EVIDENCE + "/")):
-        return f"is not run.json, grading.json or under {EVIDENCE}/" + (f": the name {problem}" if problem else "")
+    if name not in (*TOP_FILES, COMPARISON) and (problem or not name.startswith(EVIDENCE + "/")):
+        return (f"is not run.json, grading.json, {COMPARISON} or under {EVIDENCE}/"
+                + (f": the name {problem}" if problem else ""))
     return tree.problem(name)
 
 
@@ -259,10 +267,15 @@ def _unpack(source: IO[bytes], dest: Path, run_id: str) -> None:
     if status.state not in TERMINAL or grading.status != status.state:
         raise CheckFailed(f"export: run {run_id} is {status.state} with grading {grading.status}: not a graded "
                           f"terminal run")
+    if COMPARISON in seen:
+        if grading.status != "SUCCEEDED":
+            raise CheckFailed(f"export: run {run_id} is {grading.status} but has a {COMPARISON}: only a scored run has one")
+        load_document(Comparison, dest / COMPARISON)
 
 
-def export_bytes(record: RunRecord, run_dir: Path, trial_packs: Mapping[str, bytes] | None = None) -> bytes:
+def export_bytes(record: RunRecord, run_dir: Path, trial_packs: Mapping[str, bytes] | None = None,
+                 comparison: Comparison | None = None) -> bytes:
     """The export in memory (tests)."""
     buffer = io.BytesIO()
-    export_run(record, run_dir, buffer, trial_packs)
+    export_run(record, run_dir, buffer, trial_packs, comparison)
     return buffer.getvalue()

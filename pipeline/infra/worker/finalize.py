@@ -18,7 +18,8 @@ from typing import Any
 from pipeline.core.contracts import Grading, PublicationRequest, TrialRecord
 from pipeline.core.digests import parse_ref
 from pipeline.core.errors import CheckFailed
-from pipeline.core.fsutil import atomic_write_json
+from pipeline.core.fsutil import atomic_write_json, sha256_file
+from pipeline.core.layout import ARTIFACTS_DIR, SUMMARY
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.queue.sql import Queue, RunRecord
 from pipeline.infra.sandbox import engine as sandbox
@@ -32,6 +33,7 @@ from pipeline.infra.worker.containers import (
     _sandbox,
     kill_leftovers,
 )
+from pipeline.infra.worker.export import COMPARISON
 from pipeline.infra.worker.grading import (
     RecordedTrial,
     RunnerInfo,
@@ -40,6 +42,7 @@ from pipeline.infra.worker.grading import (
     infra_error_grading,
     read_plan,
 )
+from pipeline.infra.worker.history import scored_release
 from pipeline.infra.worker.trial_evidence import check_trial_name, evidence_copy_ignore, unpack_trial_dir
 
 log = logging.getLogger("benchseal.worker")
@@ -91,6 +94,11 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
         "trials": [{"task": t.task, "trial_name": t.trial_name} for t in trials]})
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
+    # The run's place in its repository's history, decided before a finalizer seals the evidence (it
+    # reads comparison.json, as the seal job reads the export's) and recorded with the terminal state.
+    release = scored_release(queue, record, grading, policy)
+    if release is not None:
+        atomic_write_json(run_dir / COMPARISON, release.comparison.to_json_dict())
     publications: list[PublicationRequest] = []
     if finalize is not None:
         try:
@@ -102,7 +110,11 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
                 return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="finalize failed; queued for grading")
             log.error("run %s: finalization tried %d times; completing without publications", run_id,
                       record.finalize_attempts)
-    queue.complete(run_id, token, grading, publications)
+    queue.complete(run_id, token, grading, publications, release=release)
+    sealed = run_dir / ARTIFACTS_DIR / SUMMARY
+    if release is not None and publications and sealed.is_file():
+        # A finalizer sealed the evidence here: the release joins the history now (else the seal job records it).
+        queue.record_summary(run_id, f"sha256:{sha256_file(sealed)}")
     digests = sorted({t.runner_digest for t in trials if t.runner_digest})
     return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason,
                       runner_digest=digests[0] if digests else None)

@@ -53,12 +53,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.attest.images import ImageIdentityPolicy, SigstoreEndpoints, image_identity, verify_image
-from pipeline.core.contracts import DispatchPayload
+from pipeline.core.contracts import DispatchPayload, trial_attempt
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.infra.queue.sql import PlannedTrial, Queue, RunRecord, TrialBatch, batch_label, open_queue
+from pipeline.infra.queue.sql import PlannedTrial, Queue, RunRecord, TrialBatch, TrialClaim, batch_label, open_queue
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.sandbox.agents import reap_private_dirs
 from pipeline.infra.worker.config import Finalizer, ImageRefused, InfraFailure, RunOutcome, WorkerConfig, now_utc
@@ -303,7 +303,7 @@ def _plan(
         suite_src = config.suites_dir / payload.suite
         if not suite_src.is_dir():
             raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
-        specs = plan_trials(run_id, discover_tasks(suite_src))
+        specs = plan_trials(run_id, discover_tasks(suite_src), policy.task_attempts(payload.suite))
     except ValidationError as exc:
         failure = f"rejected: {exc.diagnostics()}"  # the payload no longer passes the policy: retrying cannot help
     except ImageRefused as exc:
@@ -394,7 +394,7 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
                 engines, record, runner_ref, run_dir, config, policy,
                 _BatchRun(suite_dir=out / "suite", out_dir=out, name=_batch_container_name(run_id, token),
                           trial_names=names, concurrency=concurrency, label=batch_label(token),
-                          on_poll=recorder.on_poll))
+                          on_poll=recorder.on_poll, attempts=batch_attempts(run_id, batch.trials)))
         except (ValidationError, ImageRefused, InfraFailure, CheckFailed, InfrastructureError) as exc:
             log.error("run %s: batch %s failed: %s", run_id, list(names), exc)
             return recorder.fail_rest(f"{type(exc).__name__}: {exc}")
@@ -421,6 +421,13 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     recorder.record(runner, final=True, failure=failure)
     _collect_trial_dirs(run_dir, out, names, token)
     return recorder.handed_run()
+
+
+def batch_attempts(run_id: str, trials: Sequence[TrialClaim]) -> int:
+    """The attempts per task a batch's trials were planned with, as their names say (``contracts.trial_attempt``),
+    not the policy now: an edited policy never changes a planned run."""
+    found = (trial_attempt(t.trial_name, t.task, run_id) for t in trials)
+    return max((parsed[1] for parsed in found if parsed is not None), default=1)
 
 
 def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, runner_ref: ImageRef,

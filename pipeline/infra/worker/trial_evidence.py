@@ -116,7 +116,8 @@ def _packable(trial_dir: Path, path: Path) -> bool:
 
 
 def check_trial_name(trial_name: str) -> str:
-    """A trial name is ``contracts``' one rule (``<task>__<run short id>``): one plain directory name, never hidden."""
+    """A trial name is ``contracts``' one rule (``<task>__<run short id>``, ``<task>__a<k>of<n>__<run short id>``
+    for attempt k of n): one plain directory name, never hidden."""
     problem = trial_name_problem(trial_name)
     if problem:
         raise CheckFailed(f"trial evidence: trial name {trial_name!r} {problem}")

@@ -1,0 +1,117 @@
+"""A release against its repository's previous scored release, and the suite's regression gate.
+
+The infra keeps, per source repository and suite, the history of its scored releases (the queue's
+``releases`` table, so every host sees the same). When a run is graded the worker compares it with
+the newest earlier entry of the same repository and suite that was sealed (its summary digest is
+recorded) and was not itself gated (a re-run of a tag is compared with the tag's earlier scoring). ``compare`` is the whole rule, pure; the
+worker writes its result, the seal job and ``benchseal verify`` call ``check_comparison`` to recompute
+it from the same inputs (one rule, producer and consumers alike).
+
+A task's pass rate is resolved / completed over its attempts (None when no attempt completed: an
+infrastructure error says nothing about the agent). Between two releases a task is
+
+* ``regressed`` / ``improved`` when both rates exist and the rate fell / rose;
+* ``added`` / ``removed`` when only one release ran it;
+* ``unjudged`` when one side has no rate (only infrastructure errors) and the other has one.
+
+The gate (``GateRules``, a suite's ``gate`` in the infra policy) holds a release back when
+``interval_below_previous``: the upper end of its 95 % interval is below the previous score (the drop
+is more than noise), or ``resolved_task_fails``: a task the previous release resolved in every
+completed attempt now fails at least one completed attempt. The first release of a repository has
+nothing to compare with and is never gated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pipeline.core.contracts import SCORE_DIGITS
+from pipeline.core.documents import (
+    Change,
+    Comparison,
+    GateRules,
+    HistoryEntry,
+    PreviousRelease,
+    ScoreInterval,
+    TaskChange,
+    TaskCounts,
+)
+from pipeline.core.errors import CheckFailed
+
+__all__ = ["Comparison", "GateRules", "HistoryEntry", "PreviousRelease", "TaskChange", "check_comparison", "compare",
+           "pass_rate"]
+
+
+def pass_rate(counts: TaskCounts | None) -> float | None:
+    if counts is None or counts.completed == 0:
+        return None
+    return counts.resolved / counts.completed
+
+
+def _change(previous: TaskCounts | None, current: TaskCounts | None) -> Change | None:
+    if previous is None and current is None:
+        return None
+    if previous is None:
+        return "added"
+    if current is None:
+        return "removed"
+    before, now = pass_rate(previous), pass_rate(current)
+    if before is None and now is None:
+        return None
+    if before is None or now is None:
+        return "unjudged"
+    if now < before:
+        return "regressed"
+    if now > before:
+        return "improved"
+    return None
+
+
+def _fully_resolved_then_failed(previous: TaskCounts | None, current: TaskCounts | None) -> bool:
+    return (previous is not None and current is not None and previous.completed > 0
+            and previous.resolved == previous.completed and current.completed > 0
+            and current.resolved < current.completed)
+
+
+def compare(*, score: float, interval: ScoreInterval | None, tasks: Mapping[str, TaskCounts],
+            previous: PreviousRelease | None, gate: GateRules | None) -> Comparison:
+    """The comparison of a scored release (its score, interval and per-task counts) with ``previous``."""
+    if previous is None:
+        return Comparison(previous=None, score_delta=None, changed=(), gate=gate, gated=False, reasons=())
+    changed = []
+    for task in sorted(set(tasks) | set(previous.tasks)):
+        before, now = previous.tasks.get(task), tasks.get(task)
+        kind = _change(before, now)
+        if kind is not None:
+            changed.append(TaskChange(task=task, change=kind, previous=before, current=now))
+    reasons: list[str] = []
+    if gate is not None and gate.interval_below_previous and interval is not None and interval.high < previous.score:
+        reasons.append(f"the score's 95 % interval [{interval.low:g}, {interval.high:g}] lies below "
+                       f"{previous.tag}'s score {previous.score:g}")
+    if gate is not None and gate.resolved_task_fails:
+        failed = [task for task in sorted(tasks) if _fully_resolved_then_failed(previous.tasks.get(task), tasks[task])]
+        if failed:
+            reasons.append(f"resolved in {previous.tag}, failing now: {', '.join(failed)}")
+    return Comparison(previous=previous, score_delta=round(score - previous.score, SCORE_DIGITS),
+                      changed=tuple(changed), gate=gate, gated=bool(reasons), reasons=tuple(reasons))
+
+
+def check_comparison(comparison: Comparison, *, score: float | None, interval: ScoreInterval | None,
+                     tasks: Mapping[str, TaskCounts] | None, where: str) -> None:
+    """CheckFailed unless ``comparison`` is what ``compare`` gives for this release against the previous
+    release and gate rules it names (the consumer's recomputation; the field that differs is named)."""
+    if score is None or tasks is None:
+        raise CheckFailed(f"{where}: a comparison needs a scored release with per-task counts")
+    expected = compare(score=score, interval=interval, tasks=tasks, previous=comparison.previous, gate=comparison.gate)
+    for name in ("score_delta", "changed", "gated", "reasons"):
+        claimed, actual = getattr(comparison, name), getattr(expected, name)
+        if claimed != actual:
+            raise CheckFailed(f"{where}.{name}: says {_shown(claimed)}, but the release's own scores give {_shown(actual)}")
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_shown(item) for item in value) + "]"
+    if isinstance(value, TaskChange):
+        return f"{value.task}:{value.change}"
+    return repr(value)
