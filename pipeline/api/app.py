@@ -67,17 +67,6 @@ class QueueSource:
                 self._queue = None
 
 
-def run_status(record: RunRecord) -> RunStatus:
-    """What ``/runs/{id}`` serves: the run's status, from its row (the same fields run.json had)."""
-    grading = record.grading
-    return RunStatus(run_id=record.run_id, correlation_id=record.correlation_id, state=record.state,
-                     attempts=record.attempts, suite=record.payload.suite, agent=record.payload.agent,
-                     source=record.payload.source, runner=record.payload.runner, api=record.payload.api,
-                     created_at=record.created_at, updated_at=record.updated_at,
-                     score=grading.score if grading else None, counts=grading.counts if grading else None,
-                     agent_artifact=record.payload.agent_artifact)
-
-
 def _one_line(exc: BaseException) -> str:
     return escape_text(" ".join(str(exc).split()))[:600]
 
@@ -159,7 +148,7 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
     @app.get("/runs/{run_id}")
     def get_run(run_id: str) -> dict[str, Any]:
         _checked_run_id(run_id)
-        status: RunStatus = read(lambda q: run_status(q.get_run(run_id)), run_id=run_id)
+        status: RunStatus = read(lambda q: q.get_run(run_id).status(), run_id=run_id)
         return status.model_dump(mode="json")
 
     @app.get("/runs/{run_id}/grading")

@@ -9,6 +9,7 @@ Exit codes: 0 success, 1 a check failed, 2 usage error (bad input).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -17,7 +18,7 @@ import typer
 
 from pipeline import __version__
 from pipeline.core import paths
-from pipeline.core.errors import CLI_ERROR_PREFIX, Error, ValidationError
+from pipeline.core.errors import CLI_ERROR_PREFIX, Error, ValidationError, escape_text
 
 Register = Callable[[typer.Typer], None]
 
@@ -68,3 +69,11 @@ def run(app: typer.Typer) -> None:
     except Error as exc:
         typer.echo(CLI_ERROR_PREFIX + f"{exc.diagnostics()}", err=True)
         sys.exit(exc.exit_code)
+    except Exception as exc:
+        # A defect, not an answer: still one line (BENCHSEAL_TRACEBACK=1 shows where, for a bug report).
+        if os.environ.get("BENCHSEAL_TRACEBACK") == "1":
+            raise
+        first = (str(exc).splitlines() or [""])[0][:300]
+        typer.echo(CLI_ERROR_PREFIX + escape_text(f"unexpected {type(exc).__name__}: {first} (a benchseal defect: "
+                                                  "rerun with BENCHSEAL_TRACEBACK=1 and report it)"), err=True)
+        sys.exit(1)

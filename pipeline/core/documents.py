@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
@@ -38,6 +38,7 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from pydantic import ValidationError as PydanticValidationError
 
 from pipeline.core import paths
 from pipeline.core.contracts import (
@@ -557,7 +558,9 @@ class ResultPredicate(_Document):
 
     result: TestOutcome
     configuration: tuple[ResultDescriptor, ...] = Field(min_length=1)
-    url: str | None = Field(default=None, max_length=1024, pattern=r"^https://[^\s]+$")  # the infra's Actions run
+    # The infra's Actions run: https, or plain http on loopback only (a server on this machine, e.g. an emulator).
+    url: str | None = Field(default=None, max_length=1024,
+                            pattern=r"^(?:https://|http://(?:127\.0\.0\.1|localhost)[:/])[^\s]+$")
     passedTests: tuple[_ResultTask, ...] = ()
     warnedTests: tuple[_ResultTask, ...] = ()
     failedTests: tuple[_ResultTask, ...] = ()
@@ -634,6 +637,17 @@ class ResultStatement(_Document):
         evidence stage writes by and ``benchseal verify`` checks by."""
         runner = summary.images.runner
         outcomes = task_outcomes(summary.tasks)
+        try:
+            return cls._build(summary, summary_sha256, runner, outcomes, url)
+        except PydanticValidationError as exc:
+            # What the statement would say breaks its model (e.g. a run URL of another shape): one line, no traceback.
+            first = exc.errors()[0]
+            where = ".".join(str(part) for part in first["loc"])
+            raise ValidationError(f"test-result statement {where}", first["msg"]) from None
+
+    @classmethod
+    def _build(cls, summary: ReleaseSummary, summary_sha256: str, runner: ImageDescriptor,
+               outcomes: Mapping[TestOutcome, tuple[str, ...]], url: str | None) -> ResultStatement:
         return cls(
             subject=(Subject(name=runner.name, digest=DigestSet(sha256=runner.digest.removeprefix("sha256:"))),
                      Subject(name="summary.json", digest=DigestSet(sha256=summary_sha256))),

@@ -58,8 +58,11 @@ def load_test_result(directory: Path) -> ResultStatement:
 
 def _check_url(url: str | None, infra_repository: str | None) -> None:
     if url is None or infra_repository is None:
-        return  # the model admits only https URLs; an unpinned infra cannot be told from another
-    pattern = rf"https://github\.com/{re.escape(infra_repository)}/actions/runs/[0-9]+(?:/attempts/[0-9]+)?"
+        return  # an unpinned infra cannot be told from another
+    # Any GitHub server (github.com, an Enterprise host) over https; plain http only on loopback (a
+    # server on this machine, e.g. the tests' emulator). The repository is the consumer's pin.
+    server = r"(?:https://[A-Za-z0-9.-]+(?::[0-9]+)?|http://(?:127\.0\.0\.1|localhost)(?::[0-9]+)?)"
+    pattern = rf"{server}/{re.escape(infra_repository)}/actions/runs/[0-9]+(?:/attempts/[0-9]+)?"
     if not re.fullmatch(pattern, url):
         raise CheckFailed(f"{TEST_RESULT}: predicate.url {url!r} is not an Actions run of the infra repository "
                           f"{infra_repository}")

@@ -5,8 +5,10 @@ the previous sealed, ungated release), then its sealed summary's digest recorded
 from __future__ import annotations
 
 import hashlib
+import http.client
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading
 from pipeline.core.documents import GateRules, HistoryEntry, TaskCounts
@@ -78,3 +80,29 @@ def seed(queue: Queue, repository: str = REPOSITORY, releases: dict[str, dict[st
         if comparison.gated:
             gated.add(tag)
     return Seeded(run_ids=run_ids, gated=gated)
+
+
+def http_get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    try:
+        conn.request("GET", path)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def assert_refuses_queue_writes(queue: Any, correlation_id: str) -> None:
+    """A queue opened read-only refuses a write before trying it: an enqueue and a migration."""
+    import pytest
+
+    from pipeline.core.errors import InfrastructureError
+
+    payload = DispatchPayload.model_validate({
+        "schema": "benchseal.dispatch/v1", "correlation_id": correlation_id,
+        "source": {"repository": REPOSITORY, "commit": "e" * 40, "tag": "v9.0.0"},
+        "runner": RUNNER, "api": API, "suite": "smoke", "agent": "oracle"})
+    with pytest.raises(InfrastructureError, match="opened read-only: refusing to write"):
+        queue.enqueue(payload, max_attempts=1)
+    with pytest.raises(InfrastructureError, match="read-only"):
+        queue.migrate()

@@ -5,7 +5,6 @@ unreachable queue, bad names; the real ``benchseal api serve`` over HTTP. No run
 from __future__ import annotations
 
 import hashlib
-import http.client
 import json
 import sqlite3
 import subprocess
@@ -28,7 +27,16 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.queue.reader import open_reader
 from pipeline.infra.queue.sql import SqliteQueue
 from tests.api.dom import parse
-from tests.api.history import API, HOSTILE_TASK, RELEASES, REPOSITORY, RUNNER, seed
+from tests.api.history import (
+    API,
+    HOSTILE_TASK,
+    RELEASES,
+    REPOSITORY,
+    RUNNER,
+    assert_refuses_queue_writes,
+    http_get,
+    seed,
+)
 from tests.registry.helpers import free_port, wait_listening
 
 
@@ -254,14 +262,7 @@ def test_the_api_connection_cannot_write_the_queue(db: Path, seeded: dict[str, s
         queue._conn.execute("INSERT INTO events (run_id, at, event) VALUES ('run-x', 'now', 'written')")
     with pytest.raises(sqlite3.OperationalError, match="readonly"):
         queue._conn.execute("UPDATE runs SET state = 'FAILED'")
-    payload = DispatchPayload.model_validate({
-        "schema": "benchseal.dispatch/v1", "correlation_id": "api-write-0001",
-        "source": {"repository": REPOSITORY, "commit": "e" * 40, "tag": "v9.0.0"},
-        "runner": RUNNER, "api": API, "suite": "smoke", "agent": "oracle"})
-    with pytest.raises(InfrastructureError, match="opened read-only: refusing to write"):
-        queue.enqueue(payload, max_attempts=1)
-    with pytest.raises(InfrastructureError, match="read-only"):
-        queue.migrate()
+    assert_refuses_queue_writes(queue, "api-write-0001")
     with pytest.raises(InfrastructureError, match="read-only"):
         queue.record_summary(seeded["v1.0.0"], "sha256:" + "0" * 64)
     source.close()
@@ -320,23 +321,13 @@ def served(db: Path, seeded: dict[str, str]) -> Iterator[int]:
         proc.wait(timeout=30)
 
 
-def _get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        conn.close()
-
-
 def test_serve_over_http(served: int, seeded: dict[str, str]) -> None:
-    status, headers, body = _get(served, "/repos/acme/widget")
+    status, headers, body = http_get(served, "/repos/acme/widget")
     assert status == 200 and headers["content-security-policy"] == pages.CSP
     assert b"&lt;img src=x onerror=alert(1)&gt;" in body
-    status, headers, body = _get(served, f"/runs/{seeded['v1.0.0']}")
+    status, headers, body = http_get(served, f"/runs/{seeded['v1.0.0']}")
     assert status == 200 and json.loads(body)["state"] == "SUCCEEDED"
-    status, headers, body = _get(served, "/runs/..%2F..%2Fetc%2Fpasswd")
+    status, headers, body = http_get(served, "/runs/..%2F..%2Fetc%2Fpasswd")
     assert status in (400, 404) and headers["content-type"].startswith("application/json")
 
 

@@ -5,7 +5,6 @@ over the queue mounted read-only, which the container then cannot write."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import subprocess
@@ -26,7 +25,7 @@ from pipeline.host.api import CONTAINER_NAME, QUEUE_MOUNT, URL_MOUNT, ApiContain
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.reader import open_reader
 from pipeline.infra.queue.sql import SqliteQueue
-from tests.api.history import REPOSITORY, commit_of, seed
+from tests.api.history import REPOSITORY, commit_of, http_get, seed
 from tests.fixtures.sigstore import push_unique_image
 from tests.registry.helpers import free_port, wait_listening
 
@@ -75,16 +74,6 @@ def test_container_verb_prints_what_it_runs(tmp_path: Path) -> None:
 
 # --- with the Docker Engine, the local registry, cosign and the private Sigstore instance ----------
 
-def _get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
-    try:
-        conn.request("GET", path)
-        response = conn.getresponse()
-        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
-    finally:
-        conn.close()
-
-
 def _docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120, check=False)
 
@@ -116,15 +105,15 @@ def running_api(local_images: dict[str, Any], tmp_path: Path) -> Iterator[dict[s
 @pytest.mark.slow
 def test_the_api_image_serves_the_queue_it_cannot_write(running_api: dict[str, Any]) -> None:
     port, name, db = running_api["port"], running_api["name"], running_api["db"]
-    status, headers, body = _get(port, "/repos/acme/widget")
+    status, headers, body = http_get(port, "/repos/acme/widget")
     assert status == 200 and b"&lt;img src=x onerror=alert(1)&gt;" in body, body[:500]
     assert "default-src 'none'" in headers["content-security-policy"]
-    status, _, body = _get(port, "/runs")
+    status, _, body = http_get(port, "/runs")
     assert status == 200 and len(json.loads(body)["runs"]) == 3
     # The worker keeps writing on the host; the container sees it through the shared wal-index.
     with SqliteQueue(db) as writer:
         seed(writer, "acme/second", {"v0.1.0": {"hello": (1, 1, 1)}}, api=running_api["api"].ref)
-    status, _, body = _get(port, "/repos/acme/second/history")
+    status, _, body = http_get(port, "/repos/acme/second/history")
     assert status == 200 and json.loads(body)["releases"][0]["tag"] == "v0.1.0"
     # Nothing in the container can write the queue, or anything else.
     write = ("import sqlite3\nc = sqlite3.connect('file:/queue/queue.sqlite3?mode=rw', uri=True)\n"

@@ -16,12 +16,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pipeline.api.app import QueueSource, create_app
-from pipeline.core.contracts import DispatchPayload
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.queue.postgres import PostgresQueue
 from pipeline.infra.queue.reader import READER_TABLES, grant_reader, open_reader, reader_grants, writable_tables
-from tests.api.history import API, REPOSITORY, RUNNER, seed
+from tests.api.history import REPOSITORY, assert_refuses_queue_writes, seed
 from tests.doubles.postgres import PgCluster
 
 ROLE = "benchseal_api"
@@ -72,14 +71,7 @@ def test_the_api_reads_through_the_reader_and_cannot_write(reader_url: str, owne
     queue = source.get()
     assert isinstance(queue, PostgresQueue) and queue.read_only
     assert writable_tables(queue) == []
-    payload = DispatchPayload.model_validate({
-        "schema": "benchseal.dispatch/v1", "correlation_id": "api-pg-write-0001",
-        "source": {"repository": REPOSITORY, "commit": "e" * 40, "tag": "v9.0.0"},
-        "runner": RUNNER, "api": API, "suite": "smoke", "agent": "oracle"})
-    with pytest.raises(InfrastructureError, match="opened read-only: refusing to write"):
-        queue.enqueue(payload, max_attempts=1)
-    with pytest.raises(InfrastructureError, match="read-only"):
-        queue.migrate()
+    assert_refuses_queue_writes(queue, "api-pg-write-0001")
     # Its session refuses a write even where the role's grants would not (defence in depth).
     def write(cur: object) -> None:
         cur.execute("INSERT INTO events (run_id, at, event) VALUES ('run-x', 'now', 'written')")  # type: ignore[attr-defined]

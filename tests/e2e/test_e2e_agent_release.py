@@ -20,6 +20,7 @@ import pytest
 
 from pipeline.core.contracts import DigestsFile
 from pipeline.publish.body import markdown_cell
+from tests.fixtures.homes import fresh_home
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -30,15 +31,8 @@ KEY_ENV = "BENCHSEAL_AGENT_API_KEY"
 
 @pytest.fixture(scope="module")
 def agent_home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[Path]:
-    from pipeline.core import paths
-    from pipeline.local import sigstore as sigstore_local
-
-    home = tmp_path_factory.mktemp("agent-release-home")
-    for shared in ("cache", "tools"):
-        if (paths.home() / shared).is_dir():
-            (home / shared).symlink_to(paths.home() / shared, target_is_directory=True)
-    yield home
-    sigstore_local.stop(home / "sigstore")
+    with fresh_home(tmp_path_factory, "agent-release-home") as home:
+        yield home
 
 
 def _release(home: Path, dist: Path, *extra: str) -> subprocess.CompletedProcess[str]:

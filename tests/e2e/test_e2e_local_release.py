@@ -26,6 +26,7 @@ import pytest
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.errors import CheckFailed
 from pipeline.publish.body import END, START, markdown_cell
+from tests.fixtures.homes import fresh_home
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -38,15 +39,8 @@ IMAGE_IDENTITY = "https://github.com/local/benchseal/.github/workflows/release.y
 
 @pytest.fixture(scope="module")
 def local_home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[Path]:
-    from pipeline.core import paths
-    from pipeline.local import sigstore as sigstore_local
-
-    home = tmp_path_factory.mktemp("release-home")
-    for shared in ("cache", "tools"):
-        if (paths.home() / shared).is_dir():
-            (home / shared).symlink_to(paths.home() / shared, target_is_directory=True)
-    yield home
-    sigstore_local.stop(home / "sigstore")  # the instance `release` started there, by its pid
+    with fresh_home(tmp_path_factory, "release-home") as home:
+        yield home
 
 
 def _release(home: Path, dist: Path, *extra: str, tag: str = TAG) -> subprocess.CompletedProcess[str]:
@@ -164,15 +158,8 @@ def test_release_local_of_the_example_as_its_own_repository(local_home: Path, tm
 @pytest.fixture(scope="module")
 def gate_home(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile) -> Iterator[Path]:
     """A home of its own: the repository's history starts empty."""
-    from pipeline.core import paths
-    from pipeline.local import sigstore as sigstore_local
-
-    home = tmp_path_factory.mktemp("gate-home")
-    for shared in ("cache", "tools"):
-        if (paths.home() / shared).is_dir():
-            (home / shared).symlink_to(paths.home() / shared, target_is_directory=True)
-    yield home
-    sigstore_local.stop(home / "sigstore")
+    with fresh_home(tmp_path_factory, "gate-home") as home:
+        yield home
 
 
 def test_a_regression_is_published_with_its_result_but_gated_naming_the_tasks(gate_home: Path, tmp_path: Path) -> None:

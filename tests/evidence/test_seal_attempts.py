@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +37,7 @@ from pipeline.evidence.signing import Signer
 from pipeline.infra.intake.policy import load_policy
 from pipeline.publish.body import facts_from_summary, render_section
 from pipeline.publish.seal import seal_export
-from tests.fixtures.trials import EVIDENCE, graded_export, harbor_result, members, plan, tampered
+from tests.fixtures.trials import EVIDENCE, graded_export, harbor_result, members, plan, seal_refused, tampered
 
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
@@ -119,18 +118,6 @@ def test_the_seal_job_accepts_the_run(attempted: tuple[str, bytes], tmp_path: Pa
 
 # --- refused: a trial dropped, the counts forged -----------------------------------------------------
 
-def _refused(tmp: Path, run_id: str, export: bytes, rule: str) -> None:
-    dest = tmp / "sealed" / "run"
-    dest.parent.mkdir(parents=True)
-
-    def no_signer() -> Signer:
-        raise AssertionError("a refused run must not reach the signer")
-    with pytest.raises(CheckFailed) as caught:
-        seal_export(io.BytesIO(export), dest, run_id, no_signer, load_policy())
-    assert rule in str(caught.value) and "\n" not in str(caught.value), caught.value
-    assert not dest.exists() and os.listdir(dest.parent) == []
-
-
 def _drop_trial(run_id: str, task: str, k: int) -> Any:
     """One attempt gone from everything the run says: its dir, the plan, grading.json and run.json, the
     counts and score made to agree (a consistent grading of the trials that are left)."""
@@ -154,16 +141,16 @@ def _drop_trial(run_id: str, task: str, k: int) -> Any:
     return change
 
 
-def test_a_dropped_attempt_is_refused(attempted: tuple[str, bytes], tmp_path: Path) -> None:
+def test_a_dropped_attempt_isseal_refused(attempted: tuple[str, bytes], tmp_path: Path) -> None:
     run_id, export = attempted
     # alpha's unresolved attempt 2 dropped would raise the score to 2/5; its last one, to 1/5.
-    _refused(tmp_path / "a2", run_id, tampered(export, _drop_trial(run_id, "alpha", 2)),
+    seal_refused(tmp_path / "a2", run_id, tampered(export, _drop_trial(run_id, "alpha", 2)),
              "evidence/trials.json: task alpha is planned with attempts [1, 3] of 3; attempt 2 is missing")
-    _refused(tmp_path / "a3", run_id, tampered(export, _drop_trial(run_id, "beta", 3)),
+    seal_refused(tmp_path / "a3", run_id, tampered(export, _drop_trial(run_id, "beta", 3)),
              "evidence/trials.json: task beta is planned with attempts [1, 2] of 3; attempt 3 is missing")
 
 
-def test_a_forged_count_is_refused(attempted: tuple[str, bytes], tmp_path: Path) -> None:
+def test_a_forged_count_isseal_refused(attempted: tuple[str, bytes], tmp_path: Path) -> None:
     run_id, export = attempted
     second = _names(run_id, "alpha")[1]
 
@@ -172,14 +159,14 @@ def test_a_forged_count_is_refused(attempted: tuple[str, bytes], tmp_path: Path)
         next(t for t in grading["trials"] if t["trial_name"] == second).update(outcome="resolved", reward=1.0)
         grading.update(counts={**grading["counts"], "resolved": 3, "unresolved": 3}, score=0.5)
         _put(files, "grading.json", grading)
-    _refused(tmp_path, run_id, tampered(export, forge),
+    seal_refused(tmp_path, run_id, tampered(export, forge),
              f"grading.trials[{second}].outcome: 'resolved' in grading.json, 'unresolved' from the trial evidence")
 
     def counts_only(files: Files) -> None:
         grading = _json(files, "grading.json")
         grading.update(counts={**grading["counts"], "resolved": 3, "unresolved": 3}, score=0.5)
         _put(files, "grading.json", grading)
-    _refused(tmp_path / "counts", run_id, tampered(export, counts_only),
+    seal_refused(tmp_path / "counts", run_id, tampered(export, counts_only),
              "grading.resolved: 3 in grading.json, 2 from the trial evidence")
 
 
@@ -247,7 +234,7 @@ PLANS: dict[str, tuple[list[tuple[str, str]], str]] = {
 
 
 @pytest.mark.parametrize("case", list(PLANS))
-def test_a_plan_whose_attempts_do_not_add_up_is_refused(case: str) -> None:
+def test_a_plan_whose_attempts_do_not_add_up_isseal_refused(case: str) -> None:
     trials, rule = PLANS[case]
     with pytest.raises(CheckFailed) as caught:
         evidence_trials(_evidence(trials), _claim(trials, {}))

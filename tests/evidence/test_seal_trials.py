@@ -22,12 +22,20 @@ from typing import Any
 import pytest
 
 from pipeline.core.contracts import trial_name
-from pipeline.core.errors import CheckFailed
 from pipeline.core.scoring import grade_result
 from pipeline.evidence.signing import Signer
 from pipeline.infra.intake.policy import load_policy
 from pipeline.publish.seal import seal_export
-from tests.fixtures.trials import EVIDENCE, graded_export, harbor_result, members, plan, policy_file, tampered
+from tests.fixtures.trials import (
+    EVIDENCE,
+    graded_export,
+    harbor_result,
+    members,
+    plan,
+    policy_file,
+    seal_refused,
+    tampered,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
@@ -85,20 +93,6 @@ def _refused(tmp: Path, run_id: str, export: bytes, rule: str, *extra: str) -> s
     assert done.stdout == "" and not dest.exists() and os.listdir(dest.parent) == []  # nothing half-written
     assert not (tmp / "home").exists()  # no signing state was made either
     return done.stderr
-
-
-def _refused_in_process(tmp: Path, run_id: str, export: bytes, rule: str) -> None:
-    """The same refusal through ``seal_export`` itself (for the long parametrised lists: no process each)."""
-    dest = tmp / "sealed" / "run"
-    dest.parent.mkdir(parents=True)
-
-    def no_signer() -> Signer:
-        raise AssertionError("a refused run must not reach the signer")
-    with pytest.raises(CheckFailed) as caught:
-        seal_export(io.BytesIO(export), dest, run_id, no_signer, load_policy())
-    assert rule in str(caught.value) and "\n" not in str(caught.value), caught.value
-    assert caught.value.exit_code == 1
-    assert not dest.exists() and os.listdir(dest.parent) == []
 
 
 # --- mutations of an export ---------------------------------------------------------------------
@@ -290,7 +284,7 @@ def test_a_hostile_result_counted_as_resolved_is_refused(case: str, mixed: tuple
     run_id, export = mixed
     raw, outcome = HOSTILE_RESULTS[case]
     assert grade_result(raw).outcome == outcome  # what the worker's grader would have said
-    _refused_in_process(tmp_path, run_id, tampered(export, _rewrite_result(run_id, "alpha", raw)),
+    seal_refused(tmp_path, run_id, tampered(export, _rewrite_result(run_id, "alpha", raw)),
              f"grading.trials[{_trial(run_id, 'alpha')}].outcome: 'resolved' in grading.json, {outcome!r} from the "
              "trial evidence")
 
@@ -342,7 +336,7 @@ def test_a_hostile_plan_is_refused(case: str, mixed: tuple[str, bytes], tmp_path
         _put(files, name, data)
     rule = {"trial twice": "is planned twice", "task twice": "task alpha is planned twice",
             "another run's trial": "is not task 'alpha' of run", "another run's plan": "evidence/trials.json: run_id"}
-    _refused_in_process(tmp_path, run_id, tampered(export, change), rule[case])
+    seal_refused(tmp_path, run_id, tampered(export, change), rule[case])
 
 
 def test_a_succeeded_grading_over_the_policy_threshold_is_refused(tmp_path: Path) -> None:

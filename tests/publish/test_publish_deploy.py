@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -174,6 +175,24 @@ def test_worker_refuses_an_ambient_signer_without_an_actions_token(tmp_path: Pat
     assert not (tmp_path / "home" / "infra").exists()  # no queue opened, nothing claimed
 
 
+def _wrappers(tmp: Path, home: Path, *names: str) -> dict[str, Path]:
+    """The accept wrapper and ``names`` from deploy/, runnable here: this checkout's venv, ``home`` as the state."""
+    wrappers = {}
+    for name in ("benchseal-accept", *names):
+        wrappers[name] = tmp / name
+        wrappers[name].write_text(_local((DEPLOY / name).read_text()).replace("/var/lib/benchseal", str(home)))
+        wrappers[name].chmod(0o755)
+    return wrappers
+
+
+def _accepted(wrappers: dict[str, Path], payload: dict[str, Any]) -> str:
+    """The run id the accept wrapper gives ``payload``."""
+    accepted = subprocess.run([str(wrappers["benchseal-accept"])], input=json.dumps(payload), capture_output=True,
+                              text=True, check=False, timeout=60)
+    assert accepted.returncode == 0, accepted.stderr
+    return str(json.loads(accepted.stdout)["run_id"])
+
+
 def _graded(home: Path, run_id: str, status: str = "FAILED") -> None:
     """Make ``run_id`` terminal the way the worker does (claim, complete with its grading)."""
     from pipeline.core.contracts import GradeCounts, Grading
@@ -204,15 +223,8 @@ def test_export_wrapper_streams_only_a_graded_run(tmp_path: Path, make_payload) 
     from pipeline.infra.worker.export import import_run
 
     home = tmp_path / "home"
-    wrappers = {}
-    for name in ("benchseal-accept", "benchseal-export"):
-        wrappers[name] = tmp_path / name
-        wrappers[name].write_text(_local((DEPLOY / name).read_text()).replace("/var/lib/benchseal", str(home)))
-        wrappers[name].chmod(0o755)
-    accepted = subprocess.run([str(wrappers["benchseal-accept"])], input=json.dumps(make_payload(
-        correlation_id="deploy-export-0001")), capture_output=True, text=True, check=False, timeout=60)
-    assert accepted.returncode == 0, accepted.stderr
-    run_id = json.loads(accepted.stdout)["run_id"]
+    wrappers = _wrappers(tmp_path, home, "benchseal-export")
+    run_id = _accepted(wrappers, make_payload(correlation_id="deploy-export-0001"))
     export = wrappers["benchseal-export"]
     queued = subprocess.run([str(export)], input=(run_id + "\n").encode(), capture_output=True, check=False, timeout=60)
     assert queued.returncode == 1 and b"not terminal" in queued.stderr and queued.stdout == b""
@@ -245,15 +257,8 @@ def test_record_wrapper_records_one_checked_summary_digest(tmp_path: Path, make_
     from pipeline.infra.worker.history import scored_release
 
     home = tmp_path / "home"
-    wrappers = {}
-    for name in ("benchseal-accept", "benchseal-record"):
-        wrappers[name] = tmp_path / name
-        wrappers[name].write_text(_local((DEPLOY / name).read_text()).replace("/var/lib/benchseal", str(home)))
-        wrappers[name].chmod(0o755)
-    accepted = subprocess.run([str(wrappers["benchseal-accept"])], input=json.dumps(make_payload(
-        correlation_id="deploy-record-0001")), capture_output=True, text=True, check=False, timeout=60)
-    assert accepted.returncode == 0, accepted.stderr
-    run_id = json.loads(accepted.stdout)["run_id"]
+    wrappers = _wrappers(tmp_path, home, "benchseal-record")
+    run_id = _accepted(wrappers, make_payload(correlation_id="deploy-record-0001"))
     record = wrappers["benchseal-record"]
     digest = "sha256:" + "ab" * 32
 

@@ -25,6 +25,7 @@ from pipeline.core.scoring import count, score_interval, score_of, task_counts, 
 from pipeline.publish.body import facts_from_summary, render_section
 from pipeline.verify.release import verify_release
 from tests.fixtures.sigstore import make_inputs
+from tests.fixtures.trials import flat_release
 from tests.verify.test_verify_consistency import _resign
 
 pytestmark = pytest.mark.slow
@@ -73,20 +74,12 @@ def root(sigstore_instance: object) -> Path:
     return sigstore_instance.trusted_root  # type: ignore[attr-defined,no-any-return]
 
 
-def _flatten(release: Path, dest: Path) -> Path:
-    dest.mkdir()
-    for path in release.iterdir():
-        if path.is_file():
-            shutil.copy2(path, dest / path.name)
-    return dest
-
-
 def _verify(release: Path, root: Path) -> None:
     verify_release(release, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root, offline=True)
 
 
 def _refused(release: Path, root: Path, tmp_path: Path, rule: str) -> None:
-    for where in (release, _flatten(release, tmp_path / "flat")):  # in the run dir and as published
+    for where in (release, flat_release(release, tmp_path / "flat")):  # in the run dir and as published
         with pytest.raises(CheckFailed) as caught:
             _verify(where, root)
         assert rule in str(caught.value) and "\n" not in str(caught.value), caught.value
@@ -104,7 +97,7 @@ def test_a_release_of_three_attempts_per_task_verifies(release: Path, root: Path
     text = render_section(facts_from_summary(summary, SOURCE_TAG))
     assert "| Per-task passes (resolved / attempts) | fail 0/3, hello 2/3 |" in text, text
     _verify(release, root)
-    _verify(_flatten(release, tmp_path / "flat"), root)
+    _verify(flat_release(release, tmp_path / "flat"), root)
 
 
 # --- re-signed forgeries -------------------------------------------------------------------------------

@@ -114,13 +114,7 @@ def test_the_bodys_image_lines_run_as_printed(tmp_path: Path, sigstore_instance:
     from pipeline.local.release import run_commands
 
     runner = _image(sigstore_instance, tmp_path / "runner")
-    release = _release(tmp_path / "run", runner, good_api, sigstore_instance)
-    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(release), "--target", "local", "--root",
-                           str(tmp_path / "dist"), "--tag", SOURCE_TAG, "--trigger", "tag", "--infra-repo", INFRA,
-                           "--builder", str(BUILDER), "--trusted-root", str(sigstore_instance.trusted_root)],
-                          capture_output=True, text=True, check=False, timeout=120)
-    assert done.returncode == 0, done.stderr
-    published = tmp_path / "dist" / SOURCE_TAG
+    published = _published(tmp_path, _release(tmp_path / "run", runner, good_api, sigstore_instance), sigstore_instance)
     lines = _image_block((published / "body.md").read_text())
     # 2 images x (signature, slsaprovenance1, cyclonedx), then the runner's test-result attestation
     # (test_the_bodys_test_result_line_runs_as_printed_once_attached)
@@ -149,13 +143,7 @@ def test_the_bodys_test_result_line_runs_as_printed_once_attached(tmp_path: Path
     from pipeline.verify.policy import expectation
 
     runner = _image(sigstore_instance, tmp_path / "runner")
-    release = _release(tmp_path / "run", runner, good_api, sigstore_instance)
-    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(release), "--target", "local", "--root",
-                           str(tmp_path / "dist"), "--tag", SOURCE_TAG, "--trigger", "tag", "--infra-repo", INFRA,
-                           "--builder", str(BUILDER), "--trusted-root", str(sigstore_instance.trusted_root)],
-                          capture_output=True, text=True, check=False, timeout=120)
-    assert done.returncode == 0, done.stderr
-    published = tmp_path / "dist" / SOURCE_TAG
+    published = _published(tmp_path, _release(tmp_path / "run", runner, good_api, sigstore_instance), sigstore_instance)
     line = _image_block((published / "body.md").read_text())[-1]
     seal = expectation(None, "production", repository=SOURCE_REPO, tag=SOURCE_TAG, infra_repository=INFRA,
                        builder=BUILDER)
@@ -185,3 +173,13 @@ def test_the_bodys_test_result_line_runs_as_printed_once_attached(tmp_path: Path
         assert pin in line, pin
         with pytest.raises(CheckFailed, match="verification command failed"):
             run_commands([line.replace(pin, edited)], published)
+
+
+def _published(tmp: Path, release: Path, instance: Any) -> Path:
+    """``release`` published locally (its body printed with the builder and the infra repository pinned)."""
+    done = subprocess.run([sys.executable, "-m", "pipeline", "publish", str(release), "--target", "local", "--root",
+                           str(tmp / "dist"), "--tag", SOURCE_TAG, "--trigger", "tag", "--infra-repo", INFRA,
+                           "--builder", str(BUILDER), "--trusted-root", str(instance.trusted_root)],
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return tmp / "dist" / SOURCE_TAG

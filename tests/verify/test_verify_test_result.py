@@ -164,3 +164,22 @@ def test_the_url_must_be_an_actions_run_of_the_pinned_infra_repository() -> None
                 "https://github.com/acme/bench-infra/actions/runs/42/../../x"):
         with pytest.raises(CheckFailed, match="is not an Actions run of the infra repository acme/bench-infra"):
             _check_url(url, infra)
+
+
+@pytest.mark.parametrize(("url", "ok"), [
+    ("https://github.com/acme/bench-infra/actions/runs/42/attempts/1", True),
+    ("https://ghe.example.com/acme/bench-infra/actions/runs/42", True),  # an Enterprise server
+    ("http://127.0.0.1:8080/acme/bench-infra/actions/runs/42/attempts/2", True),  # a server on this machine
+    ("https://github.com/acme/other-infra/actions/runs/42", False),  # another repository than the pinned one
+    ("https://github.com/acme/bench-infra/actions/runs/42/../../../evil", False),
+    ("https://github.com/acme/bench-infra/pulls/42", False),
+    ("https://user@github.com/acme/bench-infra/actions/runs/42", False),
+])
+def test_the_run_url_is_an_actions_run_of_the_pinned_infra_repository(url: str, ok: bool) -> None:
+    from pipeline.verify.testresult import _check_url
+
+    if ok:
+        _check_url(url, "acme/bench-infra")
+    else:
+        with pytest.raises(CheckFailed, match="is not an Actions run of the infra repository acme/bench-infra"):
+            _check_url(url, "acme/bench-infra")

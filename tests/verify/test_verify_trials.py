@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import pytest
 from pipeline.core.errors import CheckFailed
 from pipeline.evidence.writer import reseal
 from pipeline.verify.release import verify_release
+from tests.fixtures.trials import flat_release
 from tests.verify.test_verify_consistency import _resign
 
 pytestmark = pytest.mark.slow
@@ -34,18 +34,9 @@ def root(sigstore_instance: object) -> Path:
     return sigstore_instance.trusted_root  # type: ignore[attr-defined,no-any-return]
 
 
-def _flatten(run_artifacts: Path, dest: Path) -> Path:
-    """The release as a consumer downloads it: the top-level files only."""
-    dest.mkdir()
-    for path in run_artifacts.iterdir():
-        if path.is_file():
-            shutil.copy2(path, dest / path.name)
-    return dest
-
-
 @pytest.fixture()
 def flat(tmp_path: Path, signed_release: Path) -> Path:
-    return _flatten(signed_release, tmp_path / "flat")
+    return flat_release(signed_release, tmp_path / "flat")
 
 
 def _verify(release: Path, root: Path) -> None:
@@ -113,7 +104,7 @@ def test_a_resigned_summary_the_trials_do_not_support_is_refused(case: str, rele
     change, rule = SUMMARY_CASES[case]
     _resign(release_copy, signer_v1, summary=change)
     _refused(release_copy, root, rule)  # in the run dir
-    _refused(_flatten(release_copy, tmp_path / "flat"), root, rule)  # and as published
+    _refused(flat_release(release_copy, tmp_path / "flat"), root, rule)  # and as published
 
 
 # --- trial-results.json / evidence-SHA256SUMS tampered, SHA256SUMS re-signed -----------------------
@@ -221,11 +212,11 @@ def test_tampered_trial_results_are_refused(case: str, release_copy: Path, tmp_p
     refused as published. Resealing a flat release drops evidence-SHA256SUMS: that is the last case."""
     change, rule = RESULTS_CASES[case]
     if case == "evidence-SHA256SUMS deleted":
-        flat = _flatten(release_copy, tmp_path / "flat")
+        flat = flat_release(release_copy, tmp_path / "flat")
         change(flat)
         reseal(flat, signer=signer_v1)  # type: ignore[arg-type]
     else:
         change(release_copy)
         reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
-        flat = _flatten(release_copy, tmp_path / "flat")
+        flat = flat_release(release_copy, tmp_path / "flat")
     _refused(flat, root, rule)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunState
+from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunState, RunStatus
 from pipeline.core.documents import Comparison, HistoryEntry
 
 TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
@@ -66,6 +66,16 @@ class RunRecord:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL_STATES
+
+    def status(self) -> RunStatus:
+        """The run's status as run.json, the export and the API show it: one view of this row."""
+        grading = self.grading
+        return RunStatus(run_id=self.run_id, correlation_id=self.correlation_id, state=self.state,
+                         attempts=self.attempts, suite=self.payload.suite, agent=self.payload.agent,
+                         source=self.payload.source, runner=self.payload.runner, api=self.payload.api,
+                         created_at=self.created_at, updated_at=self.updated_at,
+                         score=grading.score if grading else None, counts=grading.counts if grading else None,
+                         agent_artifact=self.payload.agent_artifact)
 
 
 @dataclass(frozen=True)

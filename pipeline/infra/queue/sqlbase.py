@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.core.contracts import Grading, PublicationRequest, RunStatus
+from pipeline.core.contracts import Grading, PublicationRequest
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import canonical_json
 from pipeline.infra.queue.helpers import Cursor, T, epoch, iso, log
@@ -95,23 +95,7 @@ class SqlBase(Queue):
             record = row
         else:
             record = self._record(row) if row is not None else self.get_run(run_id)
-        grading = record.grading
-        status = RunStatus(
-            run_id=record.run_id,
-            correlation_id=record.correlation_id,
-            state=record.state,
-            attempts=record.attempts,
-            suite=record.payload.suite,
-            agent=record.payload.agent,
-            source=record.payload.source,
-            runner=record.payload.runner,
-            api=record.payload.api,
-            created_at=record.created_at,
-            updated_at=record.updated_at,
-            score=grading.score if grading else None,
-            counts=grading.counts if grading else None,
-            agent_artifact=record.payload.agent_artifact,
-        )
+        status = record.status()
         # run.json is a view of the database, rewritten after every change: atomic (temp file +
         # os.replace) but not fsync'd, so the queue's own cost per transition stays small.
         # A failure here comes after the commit: the database stays the truth and the next change rewrites it.

@@ -73,17 +73,6 @@ def _evidence_files(run_dir: Path) -> Iterator[tuple[str, Path]]:
         yield name, path
 
 
-def run_status(record: RunRecord) -> RunStatus:
-    """run.json of ``record``, from the queue database (the truth; the file on disk is a view of it)."""
-    grading = record.grading
-    return RunStatus(run_id=record.run_id, correlation_id=record.correlation_id, state=record.state,
-                     attempts=record.attempts, suite=record.payload.suite, agent=record.payload.agent,
-                     source=record.payload.source, runner=record.payload.runner, api=record.payload.api,
-                     created_at=record.created_at, updated_at=record.updated_at,
-                     score=grading.score if grading else None, counts=grading.counts if grading else None,
-                     agent_artifact=record.payload.agent_artifact)
-
-
 def packs_not_here(queue: Queue, run_id: str, run_dir: Path) -> dict[str, bytes]:
     """trial name -> the pack in the queue, for each trial whose dir this host's evidence lacks (it ran
     on another host and another host graded the run). Empty for a queue on one host."""
@@ -143,7 +132,7 @@ def export_run(record: RunRecord, run_dir: Path, out: IO[bytes], trial_packs: Ma
     if record.grading.run_id != run_id or record.grading.status != record.state:
         raise CheckFailed(f"run {run_id}: its grading is for {record.grading.run_id} ({record.grading.status})")
     documents = {
-        "run.json": canonical_json(run_status(record).model_dump(mode="json")).encode(),
+        "run.json": canonical_json(record.status().model_dump(mode="json")).encode(),
         "grading.json": canonical_json(record.grading.model_dump(mode="json")).encode(),
     }
     if comparison is not None:
