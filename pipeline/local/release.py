@@ -292,11 +292,11 @@ def _release_local(
         queue = stack.enter_context(SqliteQueue())
         grading = _grade(clock, queue, run_id, suite=suite, agent=agent, endpoints=built.endpoints, policy=policy)
         sealed = _seal(clock, queue, run_id, work, seal_job, policy)
-        if sealed.comparison is not None:
-            # As the seal job's benchseal-record step: the sealed release joins the repository's history.
-            queue.record_summary(run_id, f"sha256:{sha256_file(sealed.evidence.summary)}")
         publication = _publish(clock, dist, tag, run_id, payload, sealed.evidence.artifacts, instance,
                                infra_repository, policy)
+        if sealed.comparison is not None:
+            # As the seal job's step after publishing (benchseal-record): the release joins the repository's history.
+            queue.record_summary(run_id, f"sha256:{sha256_file(sealed.evidence.summary)}")
         release_dir = dist / tag
         if result_verdict(load_document(ReleaseSummary, release_dir / SUMMARY)) == "PASSED":
             # What release.yml's attach_result job does once the benchmark succeeded and passed its gate: the

@@ -8,14 +8,19 @@ the sealed summary's digest recorded once, and the worker's ``scored_release`` u
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
+import yaml
 
 from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading, TrialRecord
 from pipeline.core.documents import Comparison, GateRules, PreviousRelease, ScoreInterval, TaskCounts
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.history import check_comparison, compare
 from pipeline.core.scoring import score_interval, task_counts
-from pipeline.infra.intake.policy import InfraPolicy
+from pipeline.infra.intake.policy import POLICY_PATH, InfraPolicy, load_policy
 from pipeline.infra.queue.records import ScoredRelease
 from pipeline.infra.worker.history import scored_release
 
@@ -227,3 +232,37 @@ def test_the_entry_carries_what_the_summary_will_say(make_payload, queue_spec, i
         assert entry.score == 0.5 and entry.tasks == task_counts([("a", "resolved"), ("b", "unresolved")])
         assert entry.interval == _interval(1, 2)
         assert entry.commit == COMMIT and entry.repository == "acme/widget" and entry.suite == "smoke"
+
+
+# --- the gate in the infra policy ------------------------------------------------------------------
+
+def _policy_with_gate(tmp: Path, gate: object) -> Path:
+    data = yaml.safe_load(POLICY_PATH.read_text())
+    data["suites"]["smoke"]["gate"] = gate
+    path = tmp / "infra.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_the_shipped_policy_gates_the_smoke_suite_and_a_suite_may_set_no_gate(tmp_path: Path) -> None:
+    assert load_policy().suites["smoke"].gate == GateRules(interval_below_previous=True, resolved_task_fails=True)
+    assert load_policy(_policy_with_gate(tmp_path, None)).suites["smoke"].gate is None
+    only = load_policy(_policy_with_gate(tmp_path, {"resolved_task_fails": False})).suites["smoke"].gate
+    assert only == GateRules(interval_below_previous=True, resolved_task_fails=False)
+
+
+@pytest.mark.parametrize(("gate", "field", "rule"), [
+    ({"interval_below_previous": "yes"}, "suites.smoke.gate.interval_below_previous", "valid boolean"),
+    ({"resolved_task_fails": 1}, "suites.smoke.gate.resolved_task_fails", "valid boolean"),
+    ({"score_drop": 0.1}, "suites.smoke.gate.score_drop", "Extra inputs are not permitted"),
+    ([True], "suites.smoke.gate", "valid dictionary"),
+])
+def test_a_bad_gate_is_refused_naming_the_field_exit_2_in_one_line(tmp_path: Path, gate: object, field: str,
+                                                                   rule: str) -> None:
+    path = _policy_with_gate(tmp_path, gate)
+    with pytest.raises(ValidationError) as caught:
+        load_policy(path)
+    assert caught.value.field == f"policy infra.yaml: {field}" and rule in caught.value.rule, caught.value
+    done = subprocess.run([sys.executable, "-m", "pipeline", "infra", "validate", "--payload", "-", "--policy",
+                           str(path)], input="{}", capture_output=True, text=True, check=False, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and field in done.stderr, done.stderr

@@ -309,3 +309,44 @@ def test_maintainer_body_plus_section_over_the_limit_is_never_patched(emulator: 
         GitHubTarget(repo).publish(bundle)
     assert emulator.release("acme/widget", "v1.0.0").body == notes
     assert emulator.count(method="PATCH") == 0
+
+
+def _with_comparison(previous: dict[str, Any] | None, tasks: dict[str, Any], gate: dict[str, bool] | None
+                     ) -> dict[str, Any]:
+    from pipeline.core.documents import GateRules, PreviousRelease, ScoreInterval, TaskCounts
+    from pipeline.core.history import compare
+
+    counts = {task: TaskCounts.model_validate(c) for task, c in tasks.items()}
+    comparison = compare(score=SUMMARY["score"], interval=ScoreInterval(low=0.2, high=0.9), tasks=counts,
+                         previous=PreviousRelease.model_validate(previous) if previous else None,
+                         gate=GateRules.model_validate(gate) if gate is not None else None)
+    return dict(SUMMARY, comparison=comparison.to_json_dict())
+
+
+PREVIOUS = {"tag": "v1.2.2", "run_id": "run-0", "commit": "d" * 40, "summary_digest": "sha256:" + "e" * 64,
+            "score": 1.0, "tasks": {"a": {"attempts": 1, "completed": 1, "resolved": 1},
+                                    "b": {"attempts": 1, "completed": 1, "resolved": 1}}}
+NOW = {"a": {"attempts": 1, "completed": 1, "resolved": 1}, "b": {"attempts": 1, "completed": 1, "resolved": 0},
+       "c": {"attempts": 1, "completed": 1, "resolved": 1}}
+
+
+def test_the_body_shows_the_comparison_and_the_gate() -> None:
+    gated = render_section(facts_from_summary(_with_comparison(PREVIOUS, NOW, {}), "v1.2.3"))
+    assert ("| Compared with | v1\\.2\\.2 (score 1.000; infra run `run-0`; summary.json `sha256:" + "e" * 64 + "`) |"
+            in gated)
+    assert "| Score change | -0.333 |" in gated
+    assert "| Tasks changed | b regressed (1/1 → 0/1), c added (not run → 1/1) |" in gated
+    assert ("| Regression gate | **GATED** (published, not promoted): the score\\'s 95 \\% interval \\[0\\.2\\, "
+            "0\\.9\\] lies below v1\\.2\\.2\\'s score 1; resolved in v1\\.2\\.2\\, failing now`:` b |") in gated
+    # The previous score inside this release's interval and no task failing that passed: the gate passes.
+    passed = render_section(facts_from_summary(_with_comparison(dict(PREVIOUS, score=0.5), PREVIOUS["tasks"], {}),
+                                               "v1.2.3"))
+    assert "| Tasks changed | none |" in passed and "| Regression gate | passed |" in passed
+    ungated = render_section(facts_from_summary(_with_comparison(PREVIOUS, NOW, None), "v1.2.3"))
+    assert "| Regression gate | none set for this suite |" in ungated
+    first = render_section(facts_from_summary(_with_comparison(None, NOW, {}), "v1.2.3"))
+    assert "| Compared with | nothing: the repository's first scored release of this suite |" in first
+    assert "| Regression gate | not applied (no previous release) |" in first
+    failed = render_section(facts_from_summary(dict(_with_comparison(PREVIOUS, NOW, {}), status="FAILED", score=None,
+                                                    reason="x"), "v1.2.3"))
+    assert "Compared with" not in failed  # a run without a score is not compared
