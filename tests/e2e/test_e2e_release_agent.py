@@ -129,6 +129,12 @@ def _report(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return report
 
 
+def qwen_right_tasks(report: dict[str, Any]) -> list[str]:
+    """The tasks the right-script release resolved (from its published summary.json)."""
+    summary = json.loads((Path(report["release_dir"]) / "summary.json").read_text())
+    return [task for task, counts in summary["tasks"].items() if counts["resolved"] == counts["completed"] > 0]
+
+
 def _model_port(policy: Path) -> tuple[int, str]:
     _, model = load_policy(policy).agent("qwen-code", "smoke")
     assert model is not None
@@ -418,8 +424,18 @@ def test_the_runner_sbom_and_provenance_name_the_agent_package(qwen_right: dict[
 # --- Qwen Code wrong, hello-agent right ----------------------------------------------------------
 
 
-def test_qwen_code_with_the_wrong_script_scores_zero(home: Path, policy: Path, tmp_path: Path) -> None:
-    report = _report(_release(home, policy, QWEN_TAG, QWEN_PROJECT, tmp_path / "dist", "--scripted-model", "wrong"))
+def test_qwen_code_with_the_wrong_script_scores_zero(qwen_right: dict[str, Any], home: Path, policy: Path,
+                                                     tmp_path: Path) -> None:
+    done = _release(home, policy, QWEN_TAG, QWEN_PROJECT, tmp_path / "dist", "--scripted-model", "wrong")
+    # After the right-script release of the same tag (qwen_right), the regression gate holds this one back:
+    # published and verified with its result, exit 1 naming every task that regressed.
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    report: dict[str, Any] = json.loads(done.stdout)
+    comparison = report["comparison"]
+    assert comparison["gated"] and comparison["previous"]["run_id"] == qwen_right["report"]["run_id"], comparison
+    regressed = sorted(c["task"] for c in comparison["changed"] if c["change"] == "regressed")
+    assert regressed == sorted(qwen_right_tasks(qwen_right["report"])) and len(regressed) == 3, comparison
+    assert f"benchseal: error: release {QWEN_TAG} is gated (published, not promoted): " in done.stderr
     # The agent ran and the verifier graded its (wrong) work: a benchmark result, not an infrastructure error.
     assert report["status"] == "SUCCEEDED" and report["score"] == 0.0, report
     assert report["counts"] == {"total": 3, "completed": 3, "resolved": 0, "unresolved": 3, "infra_errors": 0}
