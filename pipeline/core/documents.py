@@ -553,6 +553,10 @@ class ResultScore(_Document):
         return self
 
 
+# The score extension's field name (the alias below says it again: an alias must be a literal).
+SCORE_EXTENSION = "https://benchseal.invalid/attestation/test-result/score/v1"
+
+
 class ResultPredicate(_Document):
     """in-toto's test-result v0.1 predicate (its own field names), with benchseal's extension."""
 
@@ -567,9 +571,6 @@ class ResultPredicate(_Document):
     # benchseal's extension, a field named by a URI (in-toto's parsing rules: a consumer ignores the
     # fields it does not know): the score, its interval and the counts, as summary.json has them.
     score: ResultScore = Field(alias="https://benchseal.invalid/attestation/test-result/score/v1")
-
-
-SCORE_EXTENSION = str(ResultPredicate.model_fields["score"].alias)
 
 
 def result_verdict(summary: ReleaseSummary) -> Literal["PASSED", "FAILED"]:

@@ -22,6 +22,7 @@ import re
 import subprocess
 import tarfile
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -145,6 +146,18 @@ def _tarball_cache() -> Path:
     return paths.state_dir("cache", "base")
 
 
+_HASHED: dict[tuple[str, int, int, int], str] = {}
+
+
+def tarball_sha256(tarball: Path) -> str:
+    """sha256 of a cached rootfs tarball, hashed once per file version (a build asks up to five times)."""
+    st = tarball.stat()
+    key = (str(tarball.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = sha256_file(tarball)
+    return _HASHED[key]
+
+
 def rootfs_tarball(spec: BaseSpec) -> Path:
     """The mmdebstrap tarball for ``spec``: from the cache, else made now (with its .deb hashes beside it)."""
     out = _tarball_cache() / f"{spec.name}-{spec.spec_hash[:20]}.tar"
@@ -205,7 +218,7 @@ def deb_entries(sha256sum_output: str) -> dict[str, dict[str, str]]:
 
 
 def _write_debs(tarball: Path, debs: dict[str, dict[str, str]]) -> None:
-    atomic_write_json(_debs_path(tarball), {"rootfs_sha256": sha256_file(tarball), "debs": debs})
+    atomic_write_json(_debs_path(tarball), {"rootfs_sha256": tarball_sha256(tarball), "debs": debs})
 
 
 def deb_hashes(spec: BaseSpec, tarball: Path) -> dict[str, dict[str, str]] | None:
@@ -214,7 +227,7 @@ def deb_hashes(spec: BaseSpec, tarball: Path) -> dict[str, dict[str, str]] | Non
     A tarball cached before hashes were recorded is made again; the hashes are kept only
     if the new tarball is bit-identical (the mirror may have moved on since).
     """
-    rootfs = sha256_file(tarball)
+    rootfs = tarball_sha256(tarball)
     try:
         data = json.loads(_debs_path(tarball).read_text())
         if data.get("rootfs_sha256") == rootfs:
@@ -270,8 +283,8 @@ class AssembledBase:
 
 def assemble(spec: BaseSpec, tarball: Path, store: BlobStore, use_cache: bool = True) -> AssembledBase:
     """One-layer OCI image of ``tarball``; the same tarball always gives the same manifest bytes."""
-    cache = LayerCache(store, enabled=use_cache)
-    key = "rootfs-" + sha256_file(tarball)
+    cache = LayerCache(store, enabled=use_cache, compression="")
+    key = "rootfs-" + tarball_sha256(tarball)
     layer = cache.get(key)
     if layer is None:
         layer = compress_tarball(tarball, store)
@@ -361,9 +374,8 @@ def _ensure_base(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
         return _frozen_bases(names, rebuild)
     specs = load_specs()
     lock = dict(read_base_lock().images)
-    client = Registry(names.registry)
-    store = BlobStore()
-    refs: dict[str, ImageRef] = {}
+    reused: dict[str, ImageRef] = {}
+    to_build: list[str] = []
     changed = False
     for name, spec in specs.items():
         entry = lock.get(name)
@@ -371,7 +383,7 @@ def _ensure_base(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
             ref = ImageRef(entry.name, entry.digest)
             # A lock entry without spec_hash names a base the user supplies: use it as is.
             if (ref.name == names.name(name) or entry.spec_hash is None) and Registry(ref.registry).has_manifest(ref):
-                refs[name] = ref
+                reused[name] = ref
                 if entry.spec_hash and entry.debs is None:
                     with_debs = _add_debs(spec, entry)
                     if with_debs is not None:
@@ -384,35 +396,52 @@ def _ensure_base(names: ImageNames, rebuild: bool) -> dict[str, ImageRef]:
                 f"base {name} must be built but the lock is the installed package's own ({base_lock_path()}): "
                 "run benchseal --project-dir CHECKOUT ..., or set BENCHSEAL_BASE_LOCK"
             )
-        tarball = rootfs_tarball(spec)
-        image = assemble(spec, tarball, store)
-        digest = push_assembled(client, names.repository(name), image, store)
-        ref = ImageRef(names.name(name), digest)
-        refs[name] = ref
-        built = BaseImage.model_validate({
-            "name": ref.name,
-            "digest": ref.digest,
-            "ref": ref.ref,
-            "spec_hash": spec.spec_hash,
-            "suite": spec.suite,
-            "variant": spec.variant,
-            "epoch": spec.epoch,
-            "include": list(spec.include),
-            "rootfs_sha256": sha256_file(tarball),
-            "layer": image.layer.to_json(),
-            "packages": packages(tarball),
-        })
-        lock[name] = _add_debs(spec, built) or built
-        changed = True
+        to_build.append(name)
+    # The bases are independent: each one's mmdebstrap (network and dpkg), gzip and push run side by side.
+    built: dict[str, tuple[ImageRef, BaseImage]] = {}
+    if to_build:
+        with ThreadPoolExecutor(max_workers=len(to_build), thread_name_prefix="base") as pool:
+            futures = {name: pool.submit(_build_base, names, name, specs[name]) for name in to_build}
+            built = {name: future.result() for name, future in futures.items()}
+    refs: dict[str, ImageRef] = {}
+    for name in specs:
+        if name in built:
+            refs[name], lock[name] = built[name]
+            changed = True
+        elif name in reused:
+            refs[name] = reused[name]
     if changed:
         dump_document(BaseLock(images=lock), base_lock_path())
     return refs
 
 
+def _build_base(names: ImageNames, name: str, spec: BaseSpec) -> tuple[ImageRef, BaseImage]:
+    """Make one base (its rootfs from the cache or mmdebstrap), push it; its reference and lock entry."""
+    store = BlobStore()
+    tarball = rootfs_tarball(spec)
+    image = assemble(spec, tarball, store)
+    digest = push_assembled(Registry(names.registry), names.repository(name), image, store)
+    ref = ImageRef(names.name(name), digest)
+    entry = BaseImage.model_validate({
+        "name": ref.name,
+        "digest": ref.digest,
+        "ref": ref.ref,
+        "spec_hash": spec.spec_hash,
+        "suite": spec.suite,
+        "variant": spec.variant,
+        "epoch": spec.epoch,
+        "include": list(spec.include),
+        "rootfs_sha256": tarball_sha256(tarball),
+        "layer": image.layer.to_json(),
+        "packages": packages(tarball),
+    })
+    return ref, _add_debs(spec, entry) or entry
+
+
 def _add_debs(spec: BaseSpec, entry: BaseImage) -> BaseImage | None:
     """``entry`` with the .deb hashes of its rootfs (SBOM hashes for Debian packages), when provable."""
     tarball = _tarball_cache() / f"{spec.name}-{spec.spec_hash[:20]}.tar"
-    if not tarball.is_file() or sha256_file(tarball) != entry.rootfs_sha256:
+    if not tarball.is_file() or tarball_sha256(tarball) != entry.rootfs_sha256:
         return None
     debs = deb_hashes(spec, tarball)
     if debs is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.agent.resolve import NPM_REGISTRY_ENV, resolve_agent
@@ -30,6 +31,7 @@ from pipeline.imaging.images import (
     build_image,
     digests_file,
     load_image_spec,
+    prefetch_wheels,
     source_checkout,
     source_date_epoch,
     source_info,
@@ -96,10 +98,16 @@ def build_images_with_results(
         agent = resolve_agent(project, tag=tag, commit=source.commit, repo_root=checkout or paths.REPO_ROOT,
                               cache_dir=paths.state_dir("cache", "agents"),
                               npm_registry=npm_registry or os.environ.get(NPM_REGISTRY_ENV) or None)
-    bases = ensure_base(names)
-    with build_lock():
-        results = [build_image(role, names, bases, source, tags, use_cache=use_cache, epoch=epoch, agent=agent)
-                   for role in roles]
+    # The wheel downloads (network) run while the bases are made (mmdebstrap); then the images are
+    # assembled side by side (the runner's bytecode and gzip beside the api's layers).
+    with ThreadPoolExecutor(max_workers=max(2, len(roles)), thread_name_prefix="build") as pool:
+        prefetched = pool.submit(prefetch_wheels, roles)
+        bases = ensure_base(names)
+        prefetched.result()
+        with build_lock():
+            futures = [pool.submit(build_image, role, names, bases, source, tags, use_cache=use_cache, epoch=epoch,
+                                   agent=agent) for role in roles]
+            results = [future.result() for future in futures]
     result = digests_file(source, results, agent if "runner" in roles else None)
     for role, entry in result.images.items():
         parse_ref(entry.ref, f"images.{role}.ref")

@@ -54,7 +54,7 @@ from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, V
 from pipeline.core.project import ProjectImage, load_project
 from pipeline.imaging import oci
 from pipeline.imaging.images import default_tags, push_image, source_date_epoch
-from pipeline.imaging.layers import BlobStore, Layer, LayerCache, compress_tar_stream
+from pipeline.imaging.layers import BASE_GZIP_LEVEL, BlobStore, Layer, LayerCache, compress_tar_stream
 from pipeline.imaging.names import ImageNames
 from pipeline.imaging.push import Registry
 
@@ -495,10 +495,11 @@ def _layer(outer: tarfile.TarFile, path: str, diff_id: str, epoch: int, store: B
     if cached is not None:
         return cached
     handle.seek(0)
+    # At the base's gzip level: a layer left as the base's comes out as the base's own blob.
     if clamp:
-        layer = compress_tar_stream(lambda out: clamp_tar(handle, epoch, out), store)
+        layer = compress_tar_stream(lambda out: clamp_tar(handle, epoch, out), store, level=BASE_GZIP_LEVEL)
     else:
-        layer = compress_tar_stream(lambda out: shutil.copyfileobj(handle, out, _CHUNK), store)
+        layer = compress_tar_stream(lambda out: shutil.copyfileobj(handle, out, _CHUNK), store, level=BASE_GZIP_LEVEL)
         if layer.diff_id != diff_id:
             raise CheckFailed(f"{what}: layer {path} hashes to {layer.diff_id}, not the config's diff_id {diff_id}")
     cache.put(key.replace(":", "-"), layer)
@@ -508,7 +509,7 @@ def _layer(outer: tarfile.TarFile, path: str, diff_id: str, epoch: int, store: B
 def _from_docker_archive(archive: Path, store: BlobStore, epoch: int, name: str, image_id: str | None) -> bytes:
     """An OCI manifest for the image of a ``docker save`` archive, timestamps clamped to ``epoch``."""
     what = f"images.{name}"
-    cache = LayerCache(store)
+    cache = LayerCache(store, compression="")  # its layers are gzipped at the base's level, as before
     with tarfile.open(archive, mode="r:") as outer:
         saved = json.loads(_member(outer, "manifest.json", what).read())
         if not isinstance(saved, list) or len(saved) != 1:

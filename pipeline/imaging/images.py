@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -20,10 +21,10 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,16 @@ from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, V
 from pipeline.imaging import bytecode, oci, wheels
 from pipeline.imaging.agentlayers import agent_label, agent_layers
 from pipeline.imaging.base import load_specs
-from pipeline.imaging.layers import BlobStore, Entry, Layer, LayerCache, build_layer, entries_key, tree_entries
+from pipeline.imaging.layers import (
+    BlobStore,
+    Entry,
+    Layer,
+    LayerCache,
+    build_layer,
+    entries_key,
+    staging_dir,
+    tree_entries,
+)
 from pipeline.imaging.names import ImageNames, as_names
 from pipeline.imaging.push import PushStats, Registry, validate_oci_tag
 
@@ -148,6 +158,24 @@ def _wheel_cache() -> Path:
     return paths.state_dir("cache", "wheels")
 
 
+def prefetch_wheels(roles: Sequence[str]) -> None:
+    """Download what the roles' wheel layers need and the wheel cache lacks (by its index: a warm
+    build hashes nothing here). The build runs it beside the base images."""
+    for role in roles:
+        spec = load_image_spec(role)
+        for layer in spec.layers:
+            if layer.get("kind") != "wheels":
+                continue
+            for item in layer.get("locks", ()):
+                lock = spec.directory / item["lock"]
+                if wheels.missing(lock, _wheel_cache()):
+                    wheels.download(lock, _wheel_cache(), item["python_version"], item["platforms"])
+            for item in layer.get("extract", ()):
+                lock = spec.directory / item["lock"]
+                if wheels.missing(lock, _wheel_cache(), binary=False):
+                    wheels.download(lock, _wheel_cache(), "", (), binary=False)
+
+
 def _bytecode_key(interpreter: ImageRef | None) -> dict[str, str] | None:
     """Cache-key part of a layer's bytecode: the interpreter that compiled it (base digest) and the driver."""
     if interpreter is None:
@@ -180,21 +208,11 @@ def _wheels_layer(
     cached = cache.get(key)
     if cached is not None:
         return cached
-    with tempfile.TemporaryDirectory(prefix="benchseal-layer-") as tmp:
-        root = Path(tmp)
-        files: list[Path] = []
-        for item in layer.get("locks", ()):
-            found = wheels.download(spec.directory / item["lock"], _wheel_cache(), item["python_version"], item["platforms"])
-            files.extend(found.values())
-        wheels.install(files, root, layer["site_packages"], layer["scripts"], layer["interpreter"])
-        for item in layer.get("extract", ()):
-            sdists = wheels.download(spec.directory / item["lock"], _wheel_cache(), "", (), binary=False)
-            (archive,) = sdists.values()
-            target = root / item["path"].lstrip("/")
-            wheels.extract_member(archive, item["member"], target)
-            target.chmod(int(item.get("mode", 0o644)))
+    with staging_dir("benchseal-layer-") as root:
+        _stage_wheels(spec, layer, root)
         if interpreter is not None:
-            bytecode.compile_tree(root, [layer["site_packages"]], interpreter)
+            bytecode.compile_tree(root, [layer["site_packages"]], interpreter,
+                                  bytecode.BytecodeCache(interpreter, read=cache.enabled))
             entries = tree_entries(root, "/", _EXCLUDE_DIRS_BYTECODE, _EXCLUDE_SUFFIXES_BYTECODE)
         else:
             entries = tree_entries(root, "/", _EXCLUDE_DIRS, _EXCLUDE_SUFFIXES)
@@ -203,6 +221,32 @@ def _wheels_layer(
     cache.put(key, result)
     built.append(result.digest)
     return result
+
+
+def _wheels_maker(spec: ImageSpec, layer: dict[str, Any], epoch: int, store: BlobStore, cache: LayerCache,
+                  interpreter: ImageRef | None, built: list[str]) -> tuple[Layer, str]:
+    made = _wheels_layer(spec, layer, epoch, store, cache, built, interpreter)
+    return made, f"benchseal: wheels {layer.get('comment', '')}".strip()
+
+
+def _stage_wheels(spec: ImageSpec, layer: dict[str, Any], root: Path) -> None:
+    """Install a wheels layer's locked wheels (and its sdist members) into ``root``, laid out as the image."""
+    files: list[Path] = []
+    for item in layer.get("locks", ()):
+        found = wheels.download(spec.directory / item["lock"], _wheel_cache(), item["python_version"], item["platforms"])
+        files.extend(found.values())
+    wheels.install(files, root, layer["site_packages"], layer["scripts"], layer["interpreter"])
+    for item in layer.get("extract", ()):
+        sdists = wheels.download(spec.directory / item["lock"], _wheel_cache(), "", (), binary=False)
+        (archive,) = sdists.values()
+        target = root / item["path"].lstrip("/")
+        wheels.extract_member(archive, item["member"], target)
+        target.chmod(int(item.get("mode", 0o644)))
+
+
+def _app_maker(root: Path, entry: str, epoch: int, store: BlobStore, cache: LayerCache, interpreter: ImageRef | None,
+               built: list[str]) -> tuple[Layer, str]:
+    return _app_layer(root, entry, epoch, store, cache, built, interpreter), f"benchseal: app {__version__}"
 
 
 # The app layer's ``entry``: the ``pipeline.cli`` module whose ``main()`` the image's ``benchseal`` runs.
@@ -285,16 +329,17 @@ def _app_layer(
     cached = cache.get(key)
     if cached is not None:
         return cached
-    with tempfile.TemporaryDirectory(prefix="benchseal-app-") as tmp:
+    with staging_dir("benchseal-app-") as tmp:
         if interpreter is not None:
-            entries += _app_bytecode(entries, Path(tmp), interpreter)
+            entries += _app_bytecode(entries, tmp, interpreter, bytecode.BytecodeCache(interpreter, read=cache.enabled))
         result = build_layer(entries, epoch, store)
     cache.put(key, result)
     built.append(result.digest)
     return result
 
 
-def _app_bytecode(entries: list[Entry], stage: Path, interpreter: ImageRef) -> list[Entry]:
+def _app_bytecode(entries: list[Entry], stage: Path, interpreter: ImageRef,
+                  cache: bytecode.BytecodeCache | None = None) -> list[Entry]:
     """Stage the app's sources as laid out in the image, compile them, return the .pyc entries."""
     for entry in entries:
         if entry.kind != "file" or not any(entry.path.startswith(d + "/") for d in APP_BYTECODE_DIRS):
@@ -305,7 +350,7 @@ def _app_bytecode(entries: list[Entry], stage: Path, interpreter: ImageRef) -> l
             target.write_bytes(entry.data)
         elif entry.source is not None:
             shutil.copyfile(entry.source, target)
-    bytecode.compile_tree(stage, APP_BYTECODE_DIRS, interpreter)
+    bytecode.compile_tree(stage, APP_BYTECODE_DIRS, interpreter, cache)
     return [
         Entry("/" + pyc.relative_to(stage).as_posix(), "file", source=pyc)
         for top in APP_BYTECODE_DIRS
@@ -358,18 +403,25 @@ def assemble(
     deps_epoch = base_specs[spec.base].epoch if spec.base in base_specs else 0
     app_epoch = source_date_epoch(source.commit) if epoch is None else epoch
     base_manifest, base_config = _base_manifest(base, store)
-    new_layers: list[tuple[Layer, str]] = []
+    makers: list[Callable[[list[str]], tuple[Layer, str]]] = []
     for layer in spec.layers:
         kind = layer.get("kind")
         compiled_by = _bytecode_interpreter(spec, layer, base)
         if kind == "wheels":
-            new_layers.append((_wheels_layer(spec, layer, deps_epoch, store, cache, built, compiled_by), f"benchseal: wheels {layer.get('comment', '')}".strip()))
+            makers.append(functools.partial(_wheels_maker, spec, layer, deps_epoch, store, cache, compiled_by))
         elif kind == "app":
             root = app_root or paths.REPO_ROOT
             entry = app_entry(spec, layer, root)
-            new_layers.append((_app_layer(root, entry, app_epoch, store, cache, built, compiled_by), f"benchseal: app {__version__}"))
+            makers.append(functools.partial(_app_maker, root, entry, app_epoch, store, cache, compiled_by))
         else:
             raise ValidationError(f"images/{spec.role}/image.toml: layers.kind", "must be 'wheels' or 'app'", kind)
+    # The layers are independent: made side by side (the app's bytecode and tar beside the wheels');
+    # each one's bytes do not depend on when it was made, and the image lists them in spec order.
+    built_by_layer: list[list[str]] = [[] for _ in makers]
+    with ThreadPoolExecutor(max_workers=max(1, len(makers)), thread_name_prefix=f"layers-{spec.role}") as pool:
+        futures = [pool.submit(make, made) for make, made in zip(makers, built_by_layer, strict=True)]
+        new_layers: list[tuple[Layer, str]] = [future.result() for future in futures]
+    built += [digest for made in built_by_layer for digest in made]
     if agent is not None:
         new_layers += agent_layers(agent, deps_epoch=deps_epoch, epoch=app_epoch, store=store, cache=cache, built=built)
 

@@ -8,13 +8,15 @@ temp paths, no bytecode, so the tree is a pure function of the wheels.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import re
 import subprocess
 import sys
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,45 +63,71 @@ def _platform_args(platforms: Sequence[str]) -> list[str]:
     return [arg for p in platforms for arg in ("--platform", p)]
 
 
+def _resolve(reqs: Sequence[Requirement], dest: Path, index: dict[str, str], binary: bool) -> dict[str, Path] | None:
+    """``{sha256: path}`` of one indexed file per requirement, or None when any is missing (nothing hashed)."""
+    found: dict[str, Path] = {}
+    for req in reqs:
+        hit = next(
+            (h for h in req.hashes if h in index and (dest / index[h]).is_file() and index[h].endswith(".whl") == binary),
+            None,
+        )
+        if hit is None:
+            return None
+        found[hit] = dest / index[hit]
+    return found
+
+
+def _read_index(dest: Path) -> dict[str, str]:
+    index_path = dest / "index.json"
+    index: dict[str, str] = json.loads(index_path.read_text()) if index_path.is_file() else {}
+    return index
+
+
+@contextlib.contextmanager
+def _locked(dest: Path) -> Iterator[None]:
+    """One pip at a time per wheel cache (threads of one build, and other builds)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with (dest / ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def missing(lock: Path, dest: Path, binary: bool = True) -> bool:
+    """Whether ``download`` would run pip for ``lock`` (by the cache's index: nothing is hashed)."""
+    return _resolve(parse_lock(lock), dest, _read_index(dest), binary) is None
+
+
 def download(lock: Path, dest: Path, python_version: str, platforms: Sequence[str], binary: bool = True) -> dict[str, Path]:
     """Every distribution of ``lock`` in ``dest``, verified; ``{sha256: path}``.
 
     pip runs only when something is missing, so a warm build needs no index.
     """
     reqs = parse_lock(lock)
-    dest.mkdir(parents=True, exist_ok=True)
-    index_path = dest / "index.json"
-    index: dict[str, str] = json.loads(index_path.read_text()) if index_path.is_file() else {}
-
-    def resolve() -> dict[str, Path] | None:
-        found: dict[str, Path] = {}
-        for req in reqs:
-            hit = next(
-                (h for h in req.hashes if h in index and (dest / index[h]).is_file() and index[h].endswith(".whl") == binary),
-                None,
-            )
-            if hit is None:
-                return None
-            found[hit] = dest / index[hit]
-        return found
-
-    found = resolve()
-    if found is None:
-        argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes", "-r", str(lock), "-d", str(dest)]
-        if binary:
-            argv += ["--only-binary=:all:", *_platform_args(platforms), "--python-version", python_version, "--implementation", "cp"]
-        else:
-            argv += ["--no-binary=:all:"]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise InfrastructureError(f"pip download -r {lock} failed: {proc.stderr[-2000:]}")
-        for item in dest.iterdir():
-            if item.suffix in (".whl", ".gz", ".zip"):
-                index[sha256_file(item)] = item.name
-        atomic_write_json(index_path, index)
-        found = resolve()
+    with _locked(dest):
+        index = _read_index(dest)
+        found = _resolve(reqs, dest, index, binary)
         if found is None:
-            raise CheckFailed(f"pip download -r {lock}: some files matching the locked hashes are missing")
+            argv = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes", "-r", str(lock),
+                    "-d", str(dest)]
+            if binary:
+                argv += ["--only-binary=:all:", *_platform_args(platforms), "--python-version", python_version,
+                         "--implementation", "cp"]
+            else:
+                argv += ["--no-binary=:all:"]
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise InfrastructureError(f"pip download -r {lock} failed: {proc.stderr[-2000:]}")
+            known = set(index.values())
+            for item in dest.iterdir():
+                if item.suffix in (".whl", ".gz", ".zip") and item.name not in known:
+                    index[sha256_file(item)] = item.name
+            atomic_write_json(dest / "index.json", index)
+            found = _resolve(reqs, dest, index, binary)
+            if found is None:
+                raise CheckFailed(f"pip download -r {lock}: some files matching the locked hashes are missing")
     for digest, path in found.items():
         if sha256_file(path) != digest:
             raise CheckFailed(f"{path}: sha256 differs from the lock {lock}")

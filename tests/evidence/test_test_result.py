@@ -203,3 +203,9 @@ def test_the_body_prints_the_runners_line_only_for_a_passed_result(tmp_path: Pat
         if printed:
             assert result_lines[0].startswith("cosign verify-attestation --new-bundle-format ")
             assert result_lines[0].endswith(f" --allow-http-registry {RUNNER}")
+
+
+def test_the_score_extension_is_named_once() -> None:
+    from pipeline.core.documents import SCORE_EXTENSION, ResultPredicate
+
+    assert ResultPredicate.model_fields["score"].alias == SCORE_EXTENSION

@@ -4,17 +4,30 @@ from __future__ import annotations
 
 import gzip
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 import pytest
 
 from pipeline.core.errors import ValidationError
 from pipeline.imaging import oci
-from pipeline.imaging.layers import BlobStore, Entry, LayerCache, build_layer, entries_key, tree_entries
+from pipeline.imaging.layers import (
+    BASE_GZIP_LEVEL,
+    LAYER_GZIP_LEVEL,
+    BlobStore,
+    Entry,
+    LayerCache,
+    build_layer,
+    compress_tar_stream,
+    compress_tarball,
+    entries_key,
+    tree_entries,
+)
 from pipeline.imaging.push import validate_oci_tag
-from pipeline.imaging.wheels import parse_lock
+from pipeline.imaging.wheels import missing, parse_lock
 
 
 def _tree(root: Path, mtime: int, mode: int) -> Path:
@@ -80,11 +93,67 @@ def test_layer_cache_needs_the_blob(tmp_path: Path) -> None:
     assert cache.get("k") is None
 
 
+def test_layer_cache_records_name_their_compression(tmp_path: Path) -> None:
+    """A layer cached at another gzip level is not this build's layer (the bytes would differ)."""
+    store = BlobStore(tmp_path / "blobs")
+    layer = build_layer([Entry("/a", "file", data=b"x")], 1, store)
+    LayerCache(store, tmp_path / "layers", compression="gzip6").put("k", layer)
+    assert LayerCache(store, tmp_path / "layers").get("k") is None
+    assert LayerCache(store, tmp_path / "layers", compression="gzip6").get("k") == layer
+
+
+def test_layers_are_plain_gzip_at_their_fixed_level(tmp_path: Path) -> None:
+    """An image layer is the tar gzipped at level 1, a base's rootfs at level 6 (the production lock's digests),
+    each with header mtime 0 and no name: exactly what gzip.compress gives, however the tar was written."""
+    store = BlobStore(tmp_path / "blobs")
+    entries = [Entry(f"/d/f{i}", "file", data=os.urandom(50_000) + b"x" * 3_000_000) for i in range(3)]
+    layer = build_layer(entries, 7, store)
+    tar = gzip.decompress(store.read(layer.digest))
+    assert store.read(layer.digest) == gzip.compress(tar, compresslevel=LAYER_GZIP_LEVEL, mtime=0)
+    tarball = tmp_path / "rootfs.tar"
+    tarball.write_bytes(tar)
+    base = compress_tarball(tarball, store)
+    assert store.read(base.digest) == gzip.compress(tar, compresslevel=BASE_GZIP_LEVEL, mtime=0)
+    assert (LAYER_GZIP_LEVEL, BASE_GZIP_LEVEL) == (1, 6)
+    assert base.diff_id == layer.diff_id == oci.sha256_digest(tar)
+
+
+def test_a_failing_tar_writer_fails_the_layer_and_leaves_nothing(tmp_path: Path) -> None:
+    store = BlobStore(tmp_path / "blobs")
+
+    def write(out: BinaryIO) -> None:
+        for _ in range(40):  # more than the queue holds: the consumer must keep up, then see the error
+            out.write(b"y" * (1 << 20))
+        raise OSError("disk went away")
+
+    with pytest.raises(OSError, match="disk went away"):
+        compress_tar_stream(write, store)
+    assert list((tmp_path / "blobs").iterdir()) == []
+
+
 def test_duplicate_file_entries_are_refused(tmp_path: Path) -> None:
     from pipeline.core.errors import CheckFailed
 
     with pytest.raises(CheckFailed, match="two entries"):
         build_layer([Entry("/a", "file", data=b"x"), Entry("/a", "file", data=b"y")], 1, BlobStore(tmp_path))
+
+
+def test_a_prefetch_asks_pip_only_for_what_the_wheel_cache_lacks(tmp_path: Path) -> None:
+    """``wheels.missing`` reads the cache's index only (a warm build hashes no wheel to find out)."""
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("foo==1.0 --hash=sha256:" + "a" * 64 + "\nbar==2.0 --hash=sha256:" + "b" * 64 + "\n")
+    dest = tmp_path / "wheels"
+    dest.mkdir()
+    assert missing(lock, dest)
+    (dest / "foo-1.0-py3-none-any.whl").write_bytes(b"not even a wheel: only the index is read")
+    (dest / "bar-2.0.tar.gz").write_bytes(b"")
+    (dest / "index.json").write_text(json.dumps({"a" * 64: "foo-1.0-py3-none-any.whl", "b" * 64: "bar-2.0.tar.gz"}))
+    assert missing(lock, dest)  # bar is an sdist: a wheel layer needs a wheel
+    (dest / "bar-2.0-py3-none-any.whl").write_bytes(b"")
+    (dest / "index.json").write_text(json.dumps({"a" * 64: "foo-1.0-py3-none-any.whl", "b" * 64: "bar-2.0-py3-none-any.whl"}))
+    assert not missing(lock, dest)
+    (dest / "foo-1.0-py3-none-any.whl").unlink()
+    assert missing(lock, dest)
 
 
 def test_lock_requires_pins_and_hashes(tmp_path: Path) -> None:
