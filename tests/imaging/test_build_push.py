@@ -4,35 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from pipeline.core.errors import CheckFailed
 from pipeline.imaging.oci import canonical_bytes, manifest_bytes
 from pipeline.imaging.push import Registry
-from tests.registry.helpers import serve_http
-
-
-class _LyingRegistry(BaseHTTPRequestHandler):
-    """Accepts every manifest but reports another digest (what a broken mirror or proxy could do)."""
-
-    def do_PUT(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(201)
-        self.send_header("Docker-Content-Digest", "sha256:" + "0" * 64)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def lying_registry() -> Iterator[str]:
-    with serve_http(_LyingRegistry) as address:
-        yield address
 
 
 def test_a_digest_the_registry_does_not_confirm_fails_the_push(lying_registry: str) -> None:

@@ -15,8 +15,6 @@ import subprocess
 import sys
 import tarfile
 import uuid
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -28,7 +26,6 @@ from pipeline.imaging import buildkit, oci
 from pipeline.imaging.layers import BlobStore
 from pipeline.imaging.names import ImageNames
 from pipeline.imaging.push import Registry
-from tests.registry.helpers import serve_http
 
 EPOCH = 1767225600  # the release commit's time in these tests (2026-01-01T00:00:00Z)
 TOML = '''schema = "benchseal.project/v1"
@@ -350,36 +347,6 @@ def test_a_failing_dockerfile_is_one_line_exit_1(tmp_path: Path, image_registry:
     assert caught.value.exit_code == 1 and "\n" not in message
     assert message.startswith("images.app: the BuildKit build failed") and "exit code: 3" in message
     assert "log: " in message
-
-
-class _LyingRegistry(BaseHTTPRequestHandler):
-    """Has every blob, accepts every manifest, and answers another digest for it."""
-
-    def _answer(self, status: int, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def do_GET(self) -> None:
-        self._answer(200)
-
-    def do_HEAD(self) -> None:
-        self._answer(200)
-
-    def do_PUT(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self._answer(201, {"Docker-Content-Digest": "sha256:" + "0" * 64})
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def lying_registry() -> Iterator[str]:
-    with serve_http(_LyingRegistry) as address:
-        yield address
 
 
 @pytest.mark.docker
