@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pipeline.core.contracts import SCORE_DIGITS
+from pipeline.core.contracts import SCORE_DIGITS, Grading
 from pipeline.core.documents import (
     Change,
     Comparison,
@@ -37,9 +37,10 @@ from pipeline.core.documents import (
     TaskCounts,
 )
 from pipeline.core.errors import CheckFailed
+from pipeline.core.scoring import grading_noise
 
-__all__ = ["Comparison", "GateRules", "HistoryEntry", "PreviousRelease", "TaskChange", "check_comparison", "compare",
-           "pass_rate"]
+__all__ = ["Comparison", "GateRules", "HistoryEntry", "PreviousRelease", "TaskChange", "check_comparison",
+           "check_graded_comparison", "compare", "pass_rate"]
 
 
 def pass_rate(counts: TaskCounts | None) -> float | None:
@@ -94,6 +95,12 @@ def compare(*, score: float, interval: ScoreInterval | None, tasks: Mapping[str,
             reasons.append(f"resolved in {previous.tag}, failing now: {', '.join(failed)}")
     return Comparison(previous=previous, score_delta=round(score - previous.score, SCORE_DIGITS),
                       changed=tuple(changed), gate=gate, gated=bool(reasons), reasons=tuple(reasons))
+
+
+def check_graded_comparison(comparison: Comparison, grading: Grading, where: str) -> None:
+    """``check_comparison`` for a graded run (the seal job's and the worker's finalizer's check)."""
+    interval, tasks = grading_noise(grading)
+    check_comparison(comparison, score=grading.score, interval=interval, tasks=tasks, where=where)
 
 
 def check_comparison(comparison: Comparison, *, score: float | None, interval: ScoreInterval | None,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.core import strictjson
-from pipeline.core.contracts import SCORE_DIGITS, GradeCounts, TrialOutcome, trial_attempt, trial_short_id
+from pipeline.core.contracts import SCORE_DIGITS, GradeCounts, Grading, TrialOutcome, trial_attempt, trial_short_id
 from pipeline.core.documents import ScoreInterval, TaskCounts, TrialsPlan, parse_document
 from pipeline.core.errors import CheckFailed, ValidationError
 
@@ -195,6 +195,12 @@ def task_counts(trials: Iterable[tuple[str, TrialOutcome]]) -> dict[str, TaskCou
         row[1] += outcome != "infra_error"
         row[2] += outcome == "resolved"
     return {task: TaskCounts(attempts=a, completed=c, resolved=r) for task, (a, c, r) in sorted(tally.items())}
+
+
+def grading_noise(grading: Grading) -> tuple[ScoreInterval | None, dict[str, TaskCounts]]:
+    """A graded run's interval and per-task counts, as summary.json states them: what the summary, the
+    worker's history entry and the comparison checks all take from the same grading."""
+    return score_interval(grading.status, grading.counts), task_counts((t.task, t.outcome) for t in grading.trials)
 
 
 # --- a claim against the trial evidence --------------------------------------------------------

@@ -28,7 +28,7 @@ from pipeline.core.documents import (
 from pipeline.core.errors import CheckFailed
 from pipeline.core.fsutil import atomic_write_text, sha256_file
 from pipeline.core.layout import CHECKSUMS, NESTED_SUMS, SUMMARY, checksummed_files, nested_files, render_checksums
-from pipeline.core.scoring import score_interval, task_counts
+from pipeline.core.scoring import grading_noise
 from pipeline.evidence.signing import Signer
 
 EVALUATION_METHOD = ("harbor-verifier-reward: a trial is resolved when its verifier reward is 1 (a reward that is not "
@@ -54,6 +54,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
     api = parse_ref(grading.api_ref, "grading.api_ref")
     if runner.ref != payload.runner or api.ref != payload.api:
         raise CheckFailed("grading image refs differ from the dispatch payload's: the run did not use the dispatched images")
+    interval, tasks = grading_noise(grading)
     agent_versions = sorted({t.agent_version for t in grading.trials if t.agent_version})
     harbor_versions = sorted({t.harbor_version for t in grading.trials if t.harbor_version})
     return ReleaseSummary(
@@ -87,8 +88,8 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
         }),
         model_usage=_model_usage(grading),
         # The score's noise, by the grading rule's own functions (``benchseal verify`` recomputes both).
-        interval=score_interval(grading.status, grading.counts),
-        tasks=task_counts((t.task, t.outcome) for t in grading.trials),
+        interval=interval,
+        tasks=tasks,
         comparison=comparison,
     )
 

@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 from pipeline.core.contracts import Grading, PublicationRequest
 from pipeline.core.documents import Comparison, load_document
-from pipeline.core.history import check_comparison
-from pipeline.core.scoring import score_interval, task_counts
+from pipeline.core.history import check_graded_comparison
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.writer import write_evidence
 from pipeline.infra.queue.sql import RunRecord
@@ -71,6 +70,5 @@ def _comparison(run_dir: Path, grading: Grading) -> Comparison | None:
     if not path.is_file():
         return None
     comparison = load_document(Comparison, path)
-    check_comparison(comparison, score=grading.score, interval=score_interval(grading.status, grading.counts),
-                     tasks=task_counts((t.task, t.outcome) for t in grading.trials), where=COMPARISON)
+    check_graded_comparison(comparison, grading, COMPARISON)
     return comparison

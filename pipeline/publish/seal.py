@@ -29,9 +29,9 @@ from pipeline.core.contracts import DispatchPayload, Grading, RunStatus, load_mo
 from pipeline.core.documents import Comparison, load_document
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import sha256_file, staged_dir
-from pipeline.core.history import check_comparison
+from pipeline.core.history import check_graded_comparison
 from pipeline.core.layout import ARTIFACTS_DIR
-from pipeline.core.scoring import Claim, check_counts, score_interval, task_counts
+from pipeline.core.scoring import Claim, check_counts
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading
 from pipeline.evidence.writer import EvidenceResult, write_evidence
@@ -116,8 +116,7 @@ def _check_comparison(run_dir: Path, grading: Grading, policy: InfraPolicy) -> C
     if comparison.gate != gate:
         raise CheckFailed(f"{COMPARISON}.gate: {comparison.gate!r} is not the policy's gate for suite "
                           f"{grading.suite!r} ({gate!r})")
-    check_comparison(comparison, score=grading.score, interval=score_interval(grading.status, grading.counts),
-                     tasks=task_counts((t.task, t.outcome) for t in grading.trials), where=COMPARISON)
+    check_graded_comparison(comparison, grading, COMPARISON)
     return comparison
 
 

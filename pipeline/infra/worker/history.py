@@ -9,7 +9,7 @@ from datetime import datetime
 from pipeline.core.contracts import Grading
 from pipeline.core.documents import HistoryEntry
 from pipeline.core.history import compare
-from pipeline.core.scoring import score_interval, task_counts
+from pipeline.core.scoring import grading_noise
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.queue.records import RunRecord, ScoredRelease
 from pipeline.infra.queue.sql import Queue
@@ -23,8 +23,7 @@ def scored_release(queue: Queue, record: RunRecord, grading: Grading, policy: In
     source = record.payload.source
     # The same functions summary.json's interval and tasks come from, so the seal job and verify
     # recompute the comparison from the summary alone.
-    interval = score_interval(grading.status, grading.counts)
-    tasks = task_counts((trial.task, trial.outcome) for trial in grading.trials)
+    interval, tasks = grading_noise(grading)
     previous = queue.previous_release(source.repository, grading.suite)
     suite = policy.suites.get(grading.suite)
     comparison = compare(score=grading.score, interval=interval, tasks=tasks,
