@@ -371,9 +371,6 @@ RunOutcome = Literal["SUCCEEDED", "FAILED", "INFRA_ERROR"]
 # Run ids: the queue issues run-<20 lowercase hex> (the first 20 hex of the correlation id's SHA-256).
 RUN_ID_RE = re.compile(r"\Arun-[0-9a-f]{20}\Z")
 RUN_ID_RULE = "must be run-<20 lowercase hex>"
-# The API serves any directory of its runs dir named in this looser form (one plain name, never '..').
-RUN_DIR_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")
-RUN_DIR_RULE = "must be 1-128 characters of [A-Za-z0-9._-], starting with a letter or digit, without '..'"
 
 
 def run_id_for(correlation_id: str) -> str:
@@ -382,23 +379,15 @@ def run_id_for(correlation_id: str) -> str:
     return "run-" + hashlib.sha256(correlation_id.encode("ascii")).hexdigest()[:20]
 
 
-def run_id_problem(value: object, *, issued: bool = True) -> str | None:
-    """Why ``value`` is not a run id, or None (the one home of the run id's shape).
-
-    ``issued``: the shape the queue issues, ``RUN_ID_RULE`` (export, import, seal, the infra CLI).
-    Otherwise the looser name the API serves a run directory under, ``RUN_DIR_RULE``: one plain
-    directory name, never ``..``.
-    """
-    if issued:
-        return None if isinstance(value, str) and RUN_ID_RE.match(value) else RUN_ID_RULE
-    if isinstance(value, str) and RUN_DIR_RE.match(value) and ".." not in value:
-        return None
-    return RUN_DIR_RULE
+def run_id_problem(value: object) -> str | None:
+    """Why ``value`` is not a run id the queue issues, or None (the one home of the run id's shape:
+    export, import, seal, the infra CLI, the API's routes)."""
+    return None if isinstance(value, str) and RUN_ID_RE.match(value) else RUN_ID_RULE
 
 
-def validate_run_id(run_id: str, field: str = "RUN_ID", *, issued: bool = True) -> str:
+def validate_run_id(run_id: str, field: str = "RUN_ID") -> str:
     """``run_id`` unchanged, or our ValidationError naming ``field`` and the rule (see ``run_id_problem``)."""
-    problem = run_id_problem(run_id, issued=issued)
+    problem = run_id_problem(run_id)
     if problem:
         raise ValidationError(field, problem, run_id)
     return run_id
