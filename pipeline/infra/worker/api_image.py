@@ -20,14 +20,14 @@ from dataclasses import dataclass
 import docker
 import docker.errors
 
-from pipeline.attest.images import SigstoreEndpoints, verify_image
+from pipeline.attest.images import SigstoreEndpoints
 from pipeline.core.digests import parse_ref
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
 from pipeline.infra.queue.sql import Queue
 from pipeline.infra.worker.config import InfraFailure
 from pipeline.infra.worker.images import pull_by_digest
-from pipeline.infra.worker.loop import _UNREACHABLE, signer_identities
+from pipeline.infra.worker.loop import signed_by_one_of, signer_identities
 
 # Releases tried, newest first: one reproducible API image can be every release's, each signed anew.
 MAX_RELEASES = 5
@@ -48,7 +48,6 @@ def _verify(ref: str, queue: Queue, policy: InfraPolicy, trust: SigstoreEndpoint
         raise CheckFailed(f"api image {image.ref}: no release the infra accepted carries it (no run in the queue "
                           f"{getattr(queue, 'location', '')} names it as its api image): run the API image of a "
                           "release the infra scored")
-    loopback = image.registry.split(":", 1)[0] in ("127.0.0.1", "localhost")
     refusals: list[str] = []
     seen: set[tuple[str, str, str]] = set()
     for record in carried:
@@ -66,15 +65,13 @@ def _verify(ref: str, queue: Queue, policy: InfraPolicy, trust: SigstoreEndpoint
         except ValidationError as exc:
             refusals.append(f"{release}: {exc}")
             continue
-        for expected in signer_identities(record.payload, entry):
-            try:
-                verify_image(image.ref, expected, trust, allow_http_registry=loopback)
-            except CheckFailed as exc:
-                if any(sign in str(exc).lower() for sign in _UNREACHABLE):
-                    raise InfrastructureError(f"could not check the signatures of api image {image.ref}: {exc}") from None
-                refusals.append(f"{release}, {expected.describe()}: {exc}")
-                continue
-            return release, expected.identity
+        try:
+            signer, refused = signed_by_one_of(image, signer_identities(record.payload, entry), trust, "api image")
+        except InfraFailure as exc:
+            raise InfrastructureError(str(exc)) from None
+        if signer is not None:
+            return release, signer.identity
+        refusals += [f"{release}, {refusal}" for refusal in refused]
     raise CheckFailed(f"api image {image.ref} is not signed by any identity the policy admits for the releases "
                       "that carry it: " + "; ".join(refusals))
 

@@ -158,21 +158,29 @@ def require_signed_images(payload: DispatchPayload, source: SourcePolicy, trust:
     admitted = signer_identities(payload, source)
     for role in ("runner", "api"):
         ref = parse_ref(getattr(payload, role), f"payload.{role}")
-        loopback = ref.registry.split(":", 1)[0] in ("127.0.0.1", "localhost")
-        refusals = []
-        for expected in admitted:
-            try:
-                verify_image(ref.ref, expected, trust, allow_http_registry=loopback)
-            except CheckFailed as exc:
-                text = str(exc).lower()
-                if any(sign in text for sign in _UNREACHABLE):
-                    raise InfraFailure(f"could not check the signatures of {role} {ref.ref}: {exc}") from None
-                refusals.append(f"{expected.describe()}: {exc}")
-                continue
-            break
-        else:
+        signer, refusals = signed_by_one_of(ref, admitted, trust, role)
+        if signer is None:
             raise ImageRefused(f"{role} {ref.ref} is not signed by "
                                + " nor ".join(e.identity for e in admitted) + ": " + "; ".join(refusals))
+
+
+def signed_by_one_of(image: ImageRef, admitted: Sequence[ImageIdentityPolicy], trust: SigstoreEndpoints, what: str,
+                     ) -> tuple[ImageIdentityPolicy | None, list[str]]:
+    """The first of ``admitted`` whose signature and attestations cosign verifies on ``image`` (None and
+    each identity's refusal otherwise); InfraFailure when the registry or Sigstore could not be reached
+    (retry), never a refusal."""
+    loopback = image.registry.split(":", 1)[0] in ("127.0.0.1", "localhost")
+    refusals = []
+    for expected in admitted:
+        try:
+            verify_image(image.ref, expected, trust, allow_http_registry=loopback)
+        except CheckFailed as exc:
+            if any(sign in str(exc).lower() for sign in _UNREACHABLE):
+                raise InfraFailure(f"could not check the signatures of {what} {image.ref}: {exc}") from None
+            refusals.append(f"{expected.describe()}: {exc}")
+            continue
+        return expected, refusals
+    return None, refusals
 
 
 class _Heartbeat(threading.Thread):
