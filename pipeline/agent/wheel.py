@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import email.parser
 import hashlib
+import importlib.metadata
 import io
+import json
 import os
 import stat
 import subprocess
@@ -33,7 +35,7 @@ from packaging.version import InvalidVersion, Version
 
 from pipeline.core.contracts import COMMIT_RE
 from pipeline.core.errors import CheckFailed, ValidationError
-from pipeline.core.fsutil import atomic_write_bytes, name_problem
+from pipeline.core.fsutil import atomic_write_bytes, atomic_write_text, name_problem
 from pipeline.core.project import sri_of
 
 BUILD_TIMEOUT_SEC = 600
@@ -69,6 +71,10 @@ def build_wheel(repo: Path, commit: str, project_dir: str, expected_version: str
         raise ValidationError("version", "must be a PEP 440 version for a python agent's wheel "
                               "(the tag without its 'v', e.g. v1.2.3 -> 1.2.3)", expected_version) from None
     epoch = _commit_time(repo, commit)
+    key = _build_key(commit, subdir)
+    cached = _cached(out_dir, key, expected_version)
+    if cached is not None:
+        return cached
     with tempfile.TemporaryDirectory(prefix="benchseal-wheel-") as tmp:
         source = Path(tmp) / "source"
         _export(repo, commit, subdir, source)
@@ -89,7 +95,51 @@ def build_wheel(repo: Path, commit: str, project_dir: str, expected_version: str
     digest = hashlib.sha256(data)
     path = out_dir / name
     atomic_write_bytes(path, data)
+    atomic_write_text(_record_path(out_dir, key), json.dumps({"key": key, "name": name, "sha256": digest.hexdigest()}))
     return PythonWheel(path=path, distribution=distribution, version=version,
+                       integrity=sri_of("sha256", digest.digest()), sha256=digest.hexdigest())
+
+
+def _build_key(commit: str, subdir: str) -> str:
+    """What the wheel's bytes are a function of: the commit (its tree and its time), the project's
+    directory, this interpreter and its pip and setuptools (the build is reproducible: docstring)."""
+    tools = {name: _installed_version(name) for name in ("pip", "setuptools", "wheel")}
+    inputs = {"commit": commit, "subdir": subdir, "python": sys.version, "executable": sys.executable, "tools": tools}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _installed_version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _record_path(out_dir: Path, key: str) -> Path:
+    return out_dir / ".built" / f"{key}.json"
+
+
+def _cached(out_dir: Path, key: str, expected_version: str) -> PythonWheel | None:
+    """The wheel an earlier build with the same inputs left in ``out_dir``, when its bytes are still the
+    ones recorded and its METADATA still passes the release's checks; None otherwise (build again)."""
+    try:
+        record = json.loads(_record_path(out_dir, key).read_text("utf-8"))
+        name, sha256 = record["name"], record["sha256"]
+        if record.get("key") != key or not isinstance(name, str) or name_problem(name) or "/" in name:
+            return None
+        data = (out_dir / name).read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    digest = hashlib.sha256(data)
+    if digest.hexdigest() != sha256:
+        return None
+    distribution, version = _metadata(out_dir / name)
+    try:
+        if Version(version) != Version(expected_version):
+            return None  # the build's own check then says why
+    except InvalidVersion:
+        return None
+    return PythonWheel(path=out_dir / name, distribution=distribution, version=version,
                        integrity=sri_of("sha256", digest.digest()), sha256=digest.hexdigest())
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.attest.passed import check_key, passed_before, record_pass
 from pipeline.core.contracts import AgentArtifact, builder_problem, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import agent_purl
@@ -254,11 +255,17 @@ def verify_image(ref: str, policy: ImageIdentityPolicy, endpoints: SigstoreEndpo
     image = parse_ref(ref, "image")
     checks = image_check_args(image.ref, policy, offline=endpoints.is_private, attestations=tuple(attestations),
                               allow_http_registry=allow_http_registry)
+    # A check that passed for this digest, identity, trust root and cosign passes again (pipeline.attest.passed).
+    keys = [check_key(args, _cosign_binary(), endpoints.trusted_root) for args in checks]
+    pending = [(args, key) for args, key in zip(checks, keys, strict=True) if not passed_before(key)]
+    if not pending:
+        return
     with tempfile.TemporaryDirectory(prefix="benchseal-verify-image-") as tmp:
         env = endpoints.environ(Path(tmp))
-        for args in checks:
+        for args, key in pending:
             what = "signature" if args[0] == "verify" else f"{args[2]} attestation"
             _check(args, env, f"{image.ref}: {what} by {policy.describe()}")
+            record_pass(key)
 
 
 def verify_images(images: Mapping[str, str], policy: ImageIdentityPolicy, endpoints: SigstoreEndpoints) -> None:
@@ -267,11 +274,15 @@ def verify_images(images: Mapping[str, str], policy: ImageIdentityPolicy, endpoi
         verify_image(ref, policy, endpoints)
 
 
-def _run(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+def _cosign_binary() -> Path:
     cosign = cosign_path()
     if cosign is None:
         raise InfrastructureError("cosign is not installed (run scripts/install-tools.sh)")
-    return subprocess.run([str(cosign), *args], env=cosign_environment(env), capture_output=True, text=True,
+    return cosign
+
+
+def _run(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(_cosign_binary()), *args], env=cosign_environment(env), capture_output=True, text=True,
                           check=False, timeout=_COSIGN_TIMEOUT)
 
 

@@ -79,7 +79,6 @@ def verify(
     """Verify every bundle, every checksum and the bindings of the release of --repo at --tag (DIR), or of
     the GitHub release OWNER/REPO@TAG; print what was verified and its score."""
     # lazy: pipeline.verify.release (sigstore) costs 224 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.verify.fetch import fetched_release, parse_reference, read_token
     from pipeline.verify.release import load_summary, verify_release
 
     def check(directory: Path, repository: str | None, release_tag: str | None) -> tuple[Any, str | None, Any]:
@@ -95,6 +94,9 @@ def verify(
             raise UsageError("--image-workflow: with --builder the images are signed by the builder's release.yml; "
                              "drop --image-workflow")
         if not Path(target).exists() and "@" in target:
+            # lazy: PyGithub costs 170 ms at start, and a directory is read, not fetched (2026-12-05)
+            from pipeline.verify.fetch import fetched_release, parse_reference, read_token
+
             reference = parse_reference(target)
             if repo is not None or tag is not None:
                 raise UsageError(f"--repo/--tag: {target} already names the repository and tag you expect; drop them")

@@ -368,7 +368,9 @@ class ModelServer:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> ModelServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="model-server", daemon=True)
+        # shutdown() waits for the loop's next poll: 0.05 s instead of socketserver's 0.5 s at every release's end.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="model-server", daemon=True)
         self._thread.start()
         return self
 

@@ -26,6 +26,7 @@ import io
 import json
 import re
 import shlex
+import shutil
 import subprocess
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +47,7 @@ from pipeline.attest.images import (
     image_identity,
     verify_image,
 )
+from pipeline.attest.passed import check_key, passed_before, record_pass
 from pipeline.attest.testresult import attach_test_result
 from pipeline.core.contracts import AgentArtifact, DigestsFile, DispatchPayload, Grading, PublicationRequest
 from pipeline.core.documents import ReleaseSummary, load_document, result_verdict
@@ -131,15 +133,23 @@ class ReleaseReport:
         return dict(self.__dict__)
 
 
-def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
+def run_commands(commands: Sequence[str], cwd: Path, trusted_root: Path | None = None) -> list[str]:
     """Run the consumer's verification commands exactly as the release body shows them.
 
     They only read the release directory, so they run side by side; a failure is reported
-    for the first failing command in the body's order.
+    for the first failing command in the body's order. A ``cosign verify`` / ``verify-attestation``
+    of a digest-pinned image that already passed with the same argv, cosign and ``trusted_root``
+    (pipeline.attest.passed: the attest step and the worker checked the same digests) is not run again.
     """
 
     def run(line: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, check=False)
+        key = _image_check_key(line, trusted_root)
+        if passed_before(key):
+            return subprocess.CompletedProcess(line, 0, "", "")
+        done = subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, check=False)
+        if done.returncode == 0:
+            record_pass(key)
+        return done
 
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(commands)))) as pool:
         results = list(pool.map(run, commands))
@@ -147,6 +157,25 @@ def run_commands(commands: Sequence[str], cwd: Path) -> list[str]:
         if done.returncode != 0:
             raise CheckFailed(f"verification command failed in {cwd}: {line}\n{(done.stderr or done.stdout).strip()}")
     return list(commands)
+
+
+def _image_check_key(line: str, trusted_root: Path | None) -> str | None:
+    """The passed-check key of a body line that is cosign's check of an image (``env NAME=VALUE... cosign
+    verify[-attestation] ... REF``, as ``image_command_lines`` prints it), else None (always run). The env
+    prefix is the private root as PEM files: such a line is keyed only when the caller names that root
+    (``trusted_root``), a line without one only under public-good (``trusted_root`` None)."""
+    argv = shlex.split(line)
+    private = argv[:1] == ["env"]
+    if private != (trusted_root is not None):
+        return None
+    if private:
+        argv = argv[1:]
+        while argv and "=" in argv[0]:
+            argv = argv[1:]
+    if len(argv) < 2 or Path(argv[0]).name != "cosign" or argv[1] not in ("verify", "verify-attestation"):
+        return None
+    binary = shutil.which(argv[0])
+    return check_key(argv[1:], Path(binary), trusted_root) if binary else None
 
 
 def _attest_as_builder(images: dict[str, str], repository: str, commit: str, tag: str, instance: Any,
@@ -447,10 +476,14 @@ def _verify(clock: StageClock, release_dir: Path, payload: DispatchPayload, inst
         printed += image_command_lines(release_dir, payload.source.repository, payload.source.tag,
                                        trusted_root=instance.trusted_root, profile="production", builder=BUILDER,
                                        infra_repository=infra_repository)
-        ran = run_commands(printed, release_dir)
+        # The consumer's image checks meanwhile: both only read, and the body's `benchseal verify` (a new
+        # interpreter) is the longest of the commands.
         digests = built.digests
-        image_checks = _verify_images(built.images, digests.source.repository, tag, digests.source.commit,
-                                      built.endpoints)
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            commands = pool.submit(run_commands, printed, release_dir, instance.trusted_root)
+            image_checks = _verify_images(built.images, digests.source.repository, tag, digests.source.commit,
+                                          built.endpoints)
+            ran = commands.result()
     return {"benchseal_verify": True, "identity": verified.identity, "issuer": verified.issuer,
             "builder": str(BUILDER), "infra_repository": infra_repository,
             "workflow_repository": verified.workflow_repository, "workflow_ref": verified.workflow_ref,

@@ -75,7 +75,8 @@ def test_two_builds_give_the_same_bytes(repo: tuple[Path, str], tmp_path: Path, 
     assert first.integrity == sri_of("sha256", hashlib.sha256(data).digest())
     assert (first.distribution, first.version) == ("hello-agent", "0.1.0")
     assert first.path == tmp_path / "out1" / "hello_agent-0.1.0-py3-none-any.whl"
-    assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == [first.path.name]  # no temp file left
+    # No temp file left; .built holds the record of the build's inputs (the next test).
+    assert sorted(p.name for p in (tmp_path / "out1").iterdir()) == [".built", first.path.name]
     with zipfile.ZipFile(first.path) as wheel:
         infos = wheel.infolist()
         names = [i.filename for i in infos]
@@ -91,6 +92,37 @@ def test_two_builds_give_the_same_bytes(repo: tuple[Path, str], tmp_path: Path, 
             expected = base64.urlsafe_b64encode(hashlib.sha256(content).digest()).rstrip(b"=").decode()
             assert (digest, size) == (f"sha256={expected}", str(len(content)))
     print(f"wheel build: {elapsed:.2f} s, sha256 {first.sha256}")
+
+
+def test_the_same_inputs_reuse_the_checked_wheel(repo: tuple[Path, str], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second build of the same commit into the same directory is the recorded wheel, re-hashed and
+    re-checked, without pip; a changed wheel file, another commit or another version builds (or refuses) again."""
+    import pipeline.agent.wheel as wheel_module
+
+    root, commit = repo
+    out = tmp_path / "out"
+    first = build_wheel(root, commit, "agent", "0.1.0", out)
+    real_pip_wheel = wheel_module._pip_wheel
+    builds: list[Path] = []
+
+    def counting_pip_wheel(project: Path, wheel_dir: Path, home: Path, epoch: int) -> Path:
+        builds.append(project)
+        return real_pip_wheel(project, wheel_dir, home, epoch)
+
+    monkeypatch.setattr(wheel_module, "_pip_wheel", counting_pip_wheel)
+    assert build_wheel(root, commit, "agent", "0.1.0", out) == first and builds == []
+    assert build_wheel(root, commit, "agent", "0.1", out).sha256 == first.sha256 and builds == []  # PEP 440 equal
+    with pytest.raises(CheckFailed):  # the record does not answer for another version: pip runs and refuses it
+        build_wheel(root, commit, "agent", "0.2.0", out)
+    assert len(builds) == 1
+    data = first.path.read_bytes()
+    first.path.write_bytes(data + b"tampered")  # not the recorded bytes: built again
+    again = build_wheel(root, commit, "agent", "0.1.0", out)
+    assert again.path.read_bytes() == data and again.sha256 == first.sha256 and len(builds) == 2
+    _git(root, "commit", "-q", "--allow-empty", "-m", "another commit")
+    other = build_wheel(root, _git(root, "rev-parse", "HEAD").strip(), "agent", "0.1.0", out)
+    assert len(builds) == 3 and other.path == first.path
 
 
 def test_uncommitted_edits_do_not_count(repo: tuple[Path, str], tmp_path: Path) -> None:

@@ -115,6 +115,32 @@ def test_image_commands_run_as_printed(published: Path) -> None:
     assert run_commands(lines, published) == lines
 
 
+def test_a_passed_image_command_is_not_run_again_for_its_root(published: Path, sigstore_instance: Any,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the root the lines were printed for, a line that passed is answered from its record
+    (pipeline.attest.passed); an edited line still runs and fails; without the root nothing is recorded."""
+    import pipeline.local.release as release_module
+
+    lines = _image_block((published / "body.md").read_text())
+    records = Path(os.environ["BENCHSEAL_HOME"]) / "cache" / "image-checks"
+    assert run_commands(lines, published) == lines and not records.exists()  # no root named: nothing recorded
+    assert run_commands(lines, published, sigstore_instance.trusted_root) == lines
+    assert len(list(records.glob("*.json"))) == 6
+    ran: list[str] = []
+    real_run = release_module.subprocess.run
+
+    def counting(argv: list[str], **kwargs: Any) -> Any:
+        ran.append(shlex.join(argv))
+        return real_run(argv, **kwargs)
+
+    monkeypatch.setattr(release_module.subprocess, "run", counting)
+    assert run_commands(lines, published, sigstore_instance.trusted_root) == lines and ran == []
+    edited = lines[0].replace(f"--certificate-github-workflow-sha {RELEASE_COMMIT}", f"--certificate-github-workflow-sha {OTHER}")
+    with pytest.raises(CheckFailed, match="verification command failed"):
+        run_commands([edited], published, sigstore_instance.trusted_root)
+    assert len(ran) == 1 and len(list(records.glob("*.json"))) == 6
+
+
 @pytest.mark.parametrize(("old", "new"), [
     (f"--certificate-github-workflow-sha {RELEASE_COMMIT}", f"--certificate-github-workflow-sha {OTHER}"),
     (f"--certificate-github-workflow-sha {RELEASE_COMMIT}", f"--certificate-github-workflow-sha {RELEASE_COMMIT.upper()}"),
