@@ -1,23 +1,33 @@
-"""Benchmark ``benchseal release vX.Y.Z --local``: cold and warm wall time, split by stage.
+"""Benchmark ``benchseal release vX.Y.Z --local``: cold and warm wall time, split by stage, beside a baseline.
 
-Cold: a fresh BENCHSEAL_HOME (no layer or wheel caches, no Sigstore instance, an
-empty queue); the registry and the engine's image store are the machine's (shared),
-so "cold" means benchseal's own caches are cold. Warm: the same home again, nothing
-changed (images must be reused: same digests).
+Each side (the baseline commit, then this checkout) runs from its own snapshot (a clone at the
+commit; for the current side a clone of HEAD, or ``--working-tree`` for the tree itself: other work
+in the tree between the two runs would otherwise change the images and so the "warm" run), with its
+own fresh BENCHSEAL_HOME. Cold: no layer or wheel caches, no Sigstore instance, an empty queue (the
+registry and the engine's image store are the machine's, shared: "cold" means benchseal's own
+caches are cold). Warm: the same home again, nothing changed (images must be reused: same digests).
+The sides alternate (baseline cold, current cold, baseline warm, current warm), so both see the
+same machine minutes apart.
 
-Prints one row per stage and the pipeline overhead as a fraction of the whole:
-overhead = wall time - the worker's benchmark work (image pulls, the runner
-container, Harbor trials, grading). Goal: at most 10% when warm.
+Prints one row per stage and side, and issue 27's figures for the warm runs with their targets and
+the ratio current / baseline:
 
-It runs a clone of HEAD (``--working-tree`` to run the working tree itself): other work in
-the tree between the two runs would otherwise change the images and so the "warm" run.
+* warm release wall time against the trials' own work (agent + verifier seconds, summed over the
+  suite's trials; target: wall <= 1.15 x that work);
+* pipeline overhead outside the worker (wall - the worker stage; target 0.5 s);
+* Harbor overhead per trial (trial wall - agent - verifier; target 1 s) and its share;
+* runner container start to the first trial.
 
-Usage: .venv/bin/python bench/release.py [--tag v0.0.0-bench] [--keep] [--working-tree]
+Baseline: dbf8b71, the commit issue 27 was filed against (bench/build.py says why).
+
+Usage: .venv/bin/python bench/release.py [--tag v0.0.0-bench] [--baseline COMMIT | --no-baseline]
+                                         [--keep] [--working-tree]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -28,32 +38,36 @@ import time
 from pathlib import Path
 from typing import Any
 
+print = functools.partial(print, flush=True)
 REPO = Path(__file__).resolve().parent.parent
+# bench/queue.py would shadow the standard library's queue (urllib3 imports it).
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 sys.path.insert(0, str(REPO))
+BASELINE = "dbf8b71"
 
 STAGES = ["setup", "build", "push", "attest", "dispatch", "queue_wait", "worker", "evidence", "signing", "publication",
           "verification"]
 
 
-def snapshot(scratch: Path) -> Path:
-    """A clone of HEAD: "nothing changed" between cold and warm even while the working tree
-    moves (the source commit and every file are part of the images' digests)."""
-    tree = scratch / "tree"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO), str(tree)], check=True)
-    (tree / "node_modules").symlink_to(REPO / "node_modules", target_is_directory=True)
-    return tree
+def snapshot(commit: str, dest: Path) -> Path:
+    """A clone at ``commit`` (the node packages linked from this checkout: the same for both sides)."""
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", "--no-checkout", str(REPO), str(dest)], check=True)
+    subprocess.run(["git", "checkout", "-q", "--detach", commit], cwd=dest, check=True)
+    (dest / "node_modules").symlink_to(REPO / "node_modules", target_is_directory=True)
+    return dest
 
 
-def run_release(tag: str, home: Path, dist: Path, tree: Path) -> tuple[dict[str, Any], float]:
+def run_release(label: str, tag: str, home: Path, dist: Path, tree: Path) -> tuple[dict[str, Any], float]:
     env = dict(os.environ, BENCHSEAL_HOME=str(home), HARBOR_TELEMETRY="0", NO_PROXY="127.0.0.1,localhost",
                PYTHONPATH=str(tree))
+    print(f"[{label}] benchseal release {tag} --local in {tree} ...")
     started = time.monotonic()
     done = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline", "release", tag, "--local",
                            "--json", "--dist", str(dist)], capture_output=True, text=True, env=env, check=False,
                           cwd=tree)
     wall = time.monotonic() - started
     if done.returncode != 0:
-        sys.exit(f"benchseal release failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        sys.exit(f"[{label}] benchseal release failed ({done.returncode}):\n{done.stderr[-4000:]}")
     report: dict[str, Any] = json.loads(done.stdout)
     return report, wall
 
@@ -79,80 +93,127 @@ def runner_start_to_first_trial(home: Path, run_id: str) -> float | None:
     return (min(starts) - ts(started)).total_seconds() if started else None
 
 
-def print_issue_table(warm: dict[str, Any], warm_wall: float, runner_start: float | None) -> None:
-    """The figures of issue 16 for the warm release, each with its target."""
-    trials = warm["trials"]
-    n = max(1, int(warm["counts"].get("total", 0)))
-    overhead = trials.get("harbor_overhead", 0.0)
-    rows = [
-        ("warm release wall time (s)", warm_wall, 6.0, "{:.2f}"),
-        ("Harbor overhead per trial (s)", overhead / n, 1.0, "{:.2f}"),
-        ("harness overhead share of trial wall", overhead / trials["total"] if trials.get("total") else float("nan"),
-         0.15, "{:.0%}"),
-        ("runner start to first trial (s)", runner_start if runner_start is not None else float("nan"), 1.0, "{:.2f}"),
-        ("pipeline overhead outside the worker (s)", warm_wall - warm["stages"].get("worker", 0.0), 0.5, "{:.2f}"),
-    ]
+class Side:
+    """One tree's cold and warm release, in a home of its own."""
+
+    def __init__(self, label: str, tree: Path, scratch: Path) -> None:
+        from pipeline.core import paths
+
+        self.label, self.tree = label, tree
+        self.home, self.dist = scratch / label / "home", scratch / label / "dist"
+        self.home.mkdir(parents=True)
+        # Tools (cosign) are installed by `make setup` into the default home: share them, not the caches.
+        tools = paths.home() / "tools"
+        if tools.is_dir():
+            (self.home / "tools").symlink_to(tools, target_is_directory=True)
+        self.runs: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def release(self, which: str, tag: str) -> None:
+        self.runs[which] = run_release(f"{self.label} {which}", tag, self.home, self.dist, self.tree)
+
+    def stop(self) -> None:
+        # The instance this side started, by its recorded pid; stopped by the code that started it
+        # (the snapshot's), which recognises its own server process.
+        subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline", "sigstore", "stop"],
+                       env=dict(os.environ, BENCHSEAL_HOME=str(self.home), PYTHONPATH=str(self.tree)), cwd=self.tree,
+                       check=False, capture_output=True)
+
+    def figures(self) -> dict[str, float]:
+        """Issue 27's figures of the warm run."""
+        warm, wall = self.runs["warm"]
+        cold, cold_wall = self.runs["cold"]
+        trials = warm["trials"]
+        n = max(1, int(warm["counts"].get("total", 0)))
+        work = trials.get("agent", 0.0) + trials.get("verifier", 0.0)
+        overhead = trials.get("harbor_overhead", 0.0)
+        start = runner_start_to_first_trial(self.home, warm["run_id"])
+        return {
+            "cold_wall": cold_wall,
+            "cold_build": cold["stages"].get("build", 0.0) + cold["stages"].get("push", 0.0),
+            "warm_wall": wall,
+            "worker": warm["stages"].get("worker", 0.0),
+            "trials_work": work,
+            "wall_over_work": wall / work if work else float("nan"),
+            "outside_worker": wall - warm["stages"].get("worker", 0.0),
+            "harbor_per_trial": overhead / n,
+            "harbor_share": overhead / trials["total"] if trials.get("total") else float("nan"),
+            "runner_start": start if start is not None else float("nan"),
+        }
+
+
+FIGURES = [  # key, label, target (None: none), format
+    ("cold_wall", "cold release wall (s)", None, "{:.1f}"),
+    ("cold_build", "cold build + push stages (s)", 60.0, "{:.1f}"),
+    ("warm_wall", "warm release wall (s)", None, "{:.2f}"),
+    ("worker", "warm worker stage (s)", None, "{:.2f}"),
+    ("trials_work", "trials' own work: agent + verifier (s)", None, "{:.2f}"),
+    ("wall_over_work", "warm wall / trials' own work", 1.15, "{:.2f}"),
+    ("outside_worker", "overhead outside the worker (s)", 0.5, "{:.2f}"),
+    ("harbor_per_trial", "Harbor overhead per trial (s)", 1.0, "{:.2f}"),
+    ("harbor_share", "Harbor overhead share of trial wall", 0.15, "{:.0%}"),
+    ("runner_start", "runner start to first trial (s)", 1.0, "{:.2f}"),
+]
+
+
+def print_report(sides: list[Side], tag: str, baseline: str | None) -> None:
+    print(f"benchseal release {tag} --local: cold vs warm per stage (seconds)")
+    print(f"{'stage':<16}" + "".join(f"{s.label + ' cold':>18}{s.label + ' warm':>18}" for s in sides))
+    for stage in STAGES:
+        print(f"{stage:<16}" + "".join(f"{s.runs['cold'][0]['stages'].get(stage, 0.0):>18.2f}"
+                                       f"{s.runs['warm'][0]['stages'].get(stage, 0.0):>18.2f}" for s in sides))
+    print(f"{'wall (process)':<16}" + "".join(f"{s.runs['cold'][1]:>18.2f}{s.runs['warm'][1]:>18.2f}" for s in sides))
     print()
-    print("issue 16 figures (warm run):")
-    print(f"{'figure':<42}{'measured':>10}{'target':>10}  met")
-    for label, value, target, fmt in rows:
-        print(f"{label:<42}{fmt.format(value):>10}{'<= ' + fmt.format(target):>10}  {'yes' if value <= target else 'NO'}")
+    print("trials (summed over the suite's trials, which run concurrently inside the worker stage; warm):")
+    for key in ("agent", "verifier", "harbor_overhead", "total"):
+        print(f"  {key:<16}" + "".join(f"{s.runs['warm'][0]['trials'].get(key, 0.0):>18.2f}" for s in sides))
+    for side in sides:
+        cold, warm = side.runs["cold"][0], side.runs["warm"][0]
+        print(f"{side.label}: same digests cold and warm: {cold['images'] == warm['images']}; "
+              f"images reused: {warm['images_reused']}")
+    print()
+    figures = [side.figures() for side in sides]
+    heads = "".join(f"{side.label:>12}" for side in sides)
+    print(f"issue 27 figures (warm run unless named cold; ratio = current / baseline){'' if baseline else ': no baseline'}")
+    print(f"{'figure':<42}{heads}{'ratio':>9}{'target':>10}  met")
+    for key, label, target, fmt in FIGURES:
+        values = [f[key] for f in figures]
+        ratio = f"{values[-1] / values[0]:.2f}" if len(values) == 2 and values[0] else ""
+        met = "" if target is None else ("yes" if values[-1] <= target else "NO")
+        print(f"{label:<42}" + "".join(f"{fmt.format(v):>12}" for v in values)
+              + f"{ratio:>9}{'' if target is None else '<= ' + fmt.format(target):>10}  {met}")
+    if baseline:
+        print(f"baseline: {baseline}; current: {sides[-1].tree}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tag", default="v0.0.0-bench")
-    parser.add_argument("--keep", action="store_true", help="Keep the temporary home and dist.")
+    parser.add_argument("--baseline", default=BASELINE, help="the commit to measure beside this checkout")
+    parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument("--keep", action="store_true", help="Keep the temporary homes and dists.")
     parser.add_argument("--working-tree", action="store_true",
                         help="Run the working tree itself instead of a clone of HEAD.")
     args = parser.parse_args()
 
-    from pipeline.core import paths
-
     scratch = Path(tempfile.mkdtemp(prefix="benchseal-bench-release-"))
-    home, dist = scratch / "home", scratch / "dist"
-    home.mkdir()
-    # Tools (cosign) are installed by `make setup` into the default home: share them, not the caches.
-    tools = paths.home() / "tools"
-    if tools.is_dir():
-        (home / "tools").symlink_to(tools, target_is_directory=True)
-    tree = REPO
+    sides: list[Side] = []
+    baseline = None
     try:
-        tree = REPO if args.working_tree else snapshot(scratch)
-        cold, cold_wall = run_release(args.tag, home, dist, tree)
-        warm, warm_wall = run_release(args.tag, home, dist, tree)
-        warm_runner_start = runner_start_to_first_trial(home, warm["run_id"])
+        if not args.no_baseline:
+            baseline = subprocess.run(["git", "rev-parse", "--short=12", args.baseline], cwd=REPO, check=True,
+                                      capture_output=True, text=True).stdout.strip()
+            sides.append(Side("baseline", snapshot(baseline, scratch / "tree-baseline"), scratch))
+        current = REPO if args.working_tree else snapshot("HEAD", scratch / "tree-current")
+        sides.append(Side("current", current, scratch))
+        for which in ("cold", "warm"):
+            for side in sides:
+                side.release(which, args.tag)
     finally:
-        # The instance this benchmark started, by its recorded pid; stopped by the code that
-        # started it (the snapshot's), which recognises its own server process.
-        subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline", "sigstore", "stop"],
-                       env=dict(os.environ, BENCHSEAL_HOME=str(home), PYTHONPATH=str(tree)), cwd=tree,
-                       check=False, capture_output=True)
+        for side in sides:
+            side.stop()
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-
-    print(f"benchseal release {args.tag} --local: cold vs warm (seconds)")
-    print(f"{'stage':<16}{'cold':>10}{'warm':>10}")
-    for stage in STAGES:
-        print(f"{stage:<16}{cold['stages'].get(stage, 0.0):>10.2f}{warm['stages'].get(stage, 0.0):>10.2f}")
-    print(f"{'wall (process)':<16}{cold_wall:>10.2f}{warm_wall:>10.2f}")
-    print()
-    print("trials (summed over the suite's trials, which run concurrently inside the worker stage):")
-    for key in ("agent", "verifier", "harbor_overhead", "total"):
-        print(f"  {key:<16}{cold['trials'].get(key, 0.0):>10.2f}{warm['trials'].get(key, 0.0):>10.2f}")
-    print()
-    for name, report, wall in (("cold", cold, cold_wall), ("warm", warm, warm_wall)):
-        work = report["stages"].get("worker", 0.0)
-        overhead = max(0.0, wall - work)
-        print(f"{name}: pipeline overhead {overhead:.1f}s of {wall:.1f}s = {overhead / wall:.1%} "
-              f"(benchmark work = worker stage {work:.1f}s); images reused: {report['images_reused']}; "
-              f"bytes pushed: {report.get('bytes_pushed', 0)}")
-    print(f"warm/cold wall ratio: {warm_wall / cold_wall:.2f}")
-    same = cold["images"] == warm["images"]
-    print(f"same digests cold and warm: {same}")
-    print("goal: warm overhead <= 10%:", "met" if max(0.0, warm_wall - warm["stages"].get("worker", 0.0))
-          / warm_wall <= 0.10 else "NOT met")
-    print_issue_table(warm, warm_wall, warm_runner_start)
+    print_report(sides, args.tag, baseline)
 
 
 if __name__ == "__main__":
