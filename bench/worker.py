@@ -6,12 +6,13 @@
    digest the registry does not have: claim, heartbeat thread, Engine client,
    pull, infra error, terminal transition): worker RSS and open FDs per attempt;
 4. REAL runs (oracle on suites/smoke in the runner image), side by side and interleaved:
-   "before" (the runner without bytecode, Harbor's compose build at trial time, none of
-   pipeline.runner.harbor_env's changes) and "now"; with --ablation also "now" minus each
-   single change. Per variant: Harbor overhead per trial (trial wall - agent - verifier),
+   "before" (the runner without bytecode, Harbor's compose build at trial time, Harbor's compose
+   environment without any of pipeline.runner.tunings' changes) and "now" (benchseal's engine
+   environment); with --ablation also "now" minus each single change ("now - engine-api" is the
+   compose environment with its changes). Per variant: Harbor overhead per trial (trial wall - agent - verifier),
    its share of the trial wall time, runner start to the first trial (the runner
-   container's StartedAt to the earliest trial start), where the time goes (Harbor's
-   compose commands, from each trial's compose-timings.jsonl), plus RSS/FDs;
+   container's StartedAt to the earliest trial start), where the time goes (the environments'
+   operations: engine calls or compose commands, from each trial's env-timings.jsonl), plus RSS/FDs;
 5. `harbor --version` in the runner (container start + import) with and without bytecode;
 6. with --agents (default oracle,terminus-2): the same "now" runner per agent, interleaved in the
    same rounds (terminus-2 against the scripted model server, `right` script, on 127.0.0.1, its
@@ -50,6 +51,7 @@ sys.path.insert(0, str(_BENCH.parent))
 from pipeline.core.contracts import DispatchPayload  # noqa: E402 (after the sys.path fix above)
 from pipeline.infra.intake.policy import load_policy  # noqa: E402
 from pipeline.infra.queue.sql import SqliteQueue  # noqa: E402
+from pipeline.runner.envshared import TIMINGS_FILE  # noqa: E402
 
 
 def rss_kib() -> int:
@@ -259,7 +261,7 @@ def _record(sample: Sample, run_dir: Path, outcome: Any, wall: float) -> None:
     starts = [_ts(json.loads(p.read_text())["started_at"]) for p in (run_dir / "harbor").glob("*/result.json")]
     if starts and state.get("StartedAt"):
         sample.runner_start.append((min(starts) - _ts(state["StartedAt"])).total_seconds())
-    for timings in (run_dir / "harbor").glob("*/compose-timings.jsonl"):
+    for timings in (run_dir / "harbor").glob(f"*/{TIMINGS_FILE}"):
         per_op: dict[str, float] = {}
         per_count: dict[str, int] = {}
         for line in timings.read_text().splitlines():
@@ -353,7 +355,7 @@ def _report(samples: dict[str, Sample], variants: list[Variant], policy: Any, n:
         print(f"{name:<26}{_median(smp.walls):>9.1f}{_median(smp.totals):>8.2f}{_median(smp.agents):>8.2f}"
               f"{_median(smp.verifiers):>8.2f}{ovh:>11.2f}{ovh / _median(smp.totals):>7.0%}"
               f"{_median(smp.runner_start):>12.2f}{ovh / _median(before.overheads):>11.2f}")
-    print("\nwhere a trial's Harbor time goes (median seconds per trial, and commands per trial):")
+    print("\nwhere a trial's Harbor time goes (median seconds per trial, and operations per trial):")
     keys = sorted({k for smp in samples.values() for k in smp.ops})
     shown = [v.name for v in variants[:2]] + [v.name for v in variants if v.agent != "oracle"]
     print(f"{'':<28}" + "".join(f"{name:>18}" for name in shown))

@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline.core.contracts import AgentArtifact
 from pipeline.core.errors import ValidationError
 from pipeline.core.project import AGENT_PYTHON_DIR, AGENT_ROOT, AgentManifest, NpmAgent, read_manifest_file
-from pipeline.runner.harbor_env import set_agent_mount
+from pipeline.runner.envshared import set_agent_mount
 
 AGENT_COPY = "agent"  # in the batch's out dir: the files task containers get read-only
 VERSION_PROBE_SECONDS = 60

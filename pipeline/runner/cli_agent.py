@@ -1,7 +1,7 @@
 """A Harbor agent that runs a release's npm CLI (e.g. Qwen Code) in the task container, installing nothing.
 
 The runner image carries Node and the checked package under ``AGENT_ROOT``; the runner hands that
-directory to every task container read-only at the same path (``harbor_env``), so a task whose
+directory to every task container read-only at the same path (``envshared.set_agent_mount``), so a task whose
 own image has no Node runs the release's exact bytes. The command line and environment come
 from the project file's ``args`` and ``env`` templates (``pipeline.core.project``):
 
@@ -11,8 +11,8 @@ from the project file's ``args`` and ``env`` templates (``pipeline.core.project`
 * ``{model_name}``: the suite's model name (its provider prefix dropped);
 * ``{model_key}``: a placeholder: the worker's relay replaces it with the real key upstream.
 
-Environment values reach the container through Harbor's exec env, which ``harbor_env`` passes by
-name (never in an argv); none of them is a secret anyway. The CLI's output is kept in the
+Environment values reach the container through Harbor's exec env, which ``engine_env`` passes in
+the exec's request body (never in an argv); none of them is a secret anyway. The CLI's output is kept in the
 trial's agent log dir. Token usage is taken from a JSON result line if the CLI prints one
 (``usage``/``stats`` with input/output tokens), else left unknown.
 """

@@ -1,4 +1,8 @@
-"""A Harbor docker environment that keeps secret values out of every argv.
+"""Harbor's compose-based docker environment, kept for the benchmark's comparison only.
+
+The runner's trials use ``pipeline.runner.engine_env.EngineEnvironment`` (the engine API through
+the Docker SDK); this one is chosen when ``BENCHSEAL_HARBOR_DISABLE`` names ``engine-api``
+(``bench/worker.py``'s "before" and ablation variants). It keeps secret values out of every argv:
 
 Harbor 0.26's docker backend passes exec environment variables as
 ``docker compose exec -e KEY=VALUE`` (visible in ``/proc/*/cmdline``) and writes
@@ -25,12 +29,11 @@ It also removes per-trial work the suites do not need (measured in docs/infra.md
 turns single changes off; only the benchmark uses it, to measure each one's effect.
 
 Imported only inside the runner image (or a host with harbor installed), via
-``EnvironmentConfig(import_path="pipeline.runner.harbor_env:SecretSafeDockerEnvironment")``.
+``EnvironmentConfig(import_path=pipeline.runner.trial.COMPOSE_IMPORT_PATH)``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import json
 import tempfile
@@ -43,43 +46,30 @@ from harbor.environments.base import ExecResult
 from harbor.environments.docker import COMPOSE_NO_NETWORK_PATH, ENV_COMPOSE_NAME
 from harbor.environments.docker.docker import DockerEnvironment
 
+from pipeline.runner.envshared import agent_mount, record_timing, spawn_teardown
 from pipeline.runner.tunings import enabled_tunings
 
 # Values for the compose subprocess currently being started from this asyncio task.
 _exec_values: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("benchseal_exec_values", default=None)
 
-IMPORT_PATH = "pipeline.runner.harbor_env:SecretSafeDockerEnvironment"
-# One JSON object per compose command and per start/stop, in each trial dir: where Harbor's time goes.
-TIMINGS_FILE = "compose-timings.jsonl"
 COMPOSE_DIR = Path(__file__).with_name("compose")
 COMPOSE_FAST_STOP_PATH = COMPOSE_DIR / "fast-stop.yaml"
 COMPOSE_NEVER_PULL_PATH = COMPOSE_DIR / "never-pull.yaml"
-# Teardowns started by stop() and not finished yet (all environments of this process).
-_teardowns: set[asyncio.Task[None]] = set()
-# The release agent's files for every task container, read-only (set once per run by set_agent_mount).
-_agent_overlay: Path | None = None
 AGENT_OVERLAY_NAME = "agent-mount.compose.json"
 
 
-def set_agent_mount(source: Path, target: str) -> Path:
-    """Every service this process starts gets ``source`` bound read-only at ``target`` (a compose overlay)."""
-    global _agent_overlay
+def _agent_overlay() -> Path | None:
+    """The release agent's read-only bind (``envshared.set_agent_mount``) as a compose overlay, or None."""
+    mount = agent_mount()
+    if mount is None:
+        return None
+    source, target = mount
     overlay = source.parent / AGENT_OVERLAY_NAME
-    volume = {"type": "bind", "source": str(source), "target": target, "read_only": True}
-    overlay.write_text(json.dumps({"services": {MAIN_SERVICE_NAME: {"volumes": [volume]}}}, indent=2),
-                       encoding="utf-8")
-    _agent_overlay = overlay
+    if not overlay.is_file():
+        volume = {"type": "bind", "source": str(source), "target": target, "read_only": True}
+        overlay.write_text(json.dumps({"services": {MAIN_SERVICE_NAME: {"volumes": [volume]}}}, indent=2),
+                           encoding="utf-8")
     return overlay
-
-
-async def drain_teardowns() -> None:
-    """Wait until every environment stopped by this process is torn down."""
-    while _teardowns:
-        pending = list(_teardowns)
-        for task, result in zip(pending, await asyncio.gather(*pending, return_exceptions=True), strict=True):
-            if isinstance(result, BaseException):
-                # Harbor's stop() already logs compose failures; this is what escaped it (runner.log).
-                print(f"{task.get_name()}: {type(result).__name__}: {result}", flush=True)
 
 
 class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
@@ -104,8 +94,9 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
             paths.append(COMPOSE_FAST_STOP_PATH)
         if "never-pull" in self._tunings and self._use_prebuilt:
             paths.append(COMPOSE_NEVER_PULL_PATH)
-        if _agent_overlay is not None:
-            paths.append(_agent_overlay)
+        overlay = _agent_overlay()
+        if overlay is not None:
+            paths.append(overlay)
         return paths
 
     def _write_env_compose_file(self) -> Path:
@@ -180,9 +171,7 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
         if "async-stop" not in self._tunings:
             await self._stop_now(delete)
             return
-        task = asyncio.get_running_loop().create_task(self._stop_now(delete), name=f"teardown-{self.session_id}")
-        _teardowns.add(task)
-        task.add_done_callback(_teardowns.discard)
+        spawn_teardown(self._stop_now(delete), f"teardown-{self.session_id}")
 
     async def _stop_now(self, delete: bool) -> None:
         started = time.monotonic()
@@ -192,10 +181,4 @@ class SecretSafeDockerEnvironment(DockerEnvironment):  # type: ignore[misc]
             self._record_timing("stop", started)
 
     def _record_timing(self, op: str, started: float) -> None:
-        # Measurement only: a failure to record never affects the trial.
-        try:
-            line = json.dumps({"session": self.session_id, "op": op, "seconds": round(time.monotonic() - started, 4)})
-            with (Path(self.trial_paths.trial_dir) / TIMINGS_FILE).open("a", encoding="utf-8") as handle:
-                handle.write(line + "\n")
-        except OSError:
-            pass
+        record_timing(Path(self.trial_paths.trial_dir), self.session_id, op, started)

@@ -1,7 +1,7 @@
 """Run a suite's Harbor trials (executed inside the runner image by ``benchseal trial run``).
 
-Local task paths only, ``HARBOR_TELEMETRY=0``, the secrets-safe docker
-environment (which also applies Harbor's no-network overlay). Secrets are
+Local task paths only, ``HARBOR_TELEMETRY=0``, benchseal's engine environment
+(``pipeline.runner.engine_env``: the engine API through the Docker SDK, network none). Secrets are
 handed over by NAME: the agent env holds ``${NAME}`` templates that Harbor
 resolves from this process's environment, so config.json never holds a value.
 
@@ -30,8 +30,12 @@ from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentMan
 from pipeline.infra.sandbox.relay import TcpToUnixRelay
 from pipeline.runner.agent_check import AGENT_COPY, mount_agent_files, release_agent
 from pipeline.runner.cli_agent import IMPORT_PATH as CLI_AGENT_IMPORT_PATH
-from pipeline.runner.harbor_env import IMPORT_PATH, drain_teardowns
+from pipeline.runner.envshared import drain_teardowns
 from pipeline.runner.tunings import enabled_tunings
+
+# The trial environments (import paths: Harbor imports the one it is given when a trial creates it).
+ENGINE_IMPORT_PATH = "pipeline.runner.engine_env:EngineEnvironment"
+COMPOSE_IMPORT_PATH = "pipeline.runner.harbor_env:SecretSafeDockerEnvironment"  # the benchmark's "before" only
 
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
@@ -212,10 +216,15 @@ async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: s
         trial_name=trial_name,
         trials_dir=trials_dir,
         agent=_agent_config(AgentConfig, agent, secret_env, model, api_base, release),
-        environment=EnvironmentConfig(import_path=IMPORT_PATH, delete=True),
+        environment=EnvironmentConfig(import_path=environment_import_path(), delete=True),
     )
     trial = await Trial.create(config)
     await trial.run()
+
+
+def environment_import_path() -> str:
+    """The engine environment; Harbor's compose one when ``BENCHSEAL_HARBOR_DISABLE`` names ``engine-api``."""
+    return ENGINE_IMPORT_PATH if "engine-api" in enabled_tunings() else COMPOSE_IMPORT_PATH
 
 
 def _agent_config(config_cls: Any, agent: str, secret_env: tuple[str, ...], model: ModelAccess | None,

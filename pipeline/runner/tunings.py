@@ -1,4 +1,4 @@
-"""What ``pipeline.runner.harbor_env`` changes in Harbor's per-trial work (docs/infra.md), by name.
+"""What ``pipeline.runner.engine_env`` and ``harbor_env`` change in Harbor's per-trial work (docs/infra.md), by name.
 
 Harbor-free, so the worker (which passes ``BENCHSEAL_HARBOR_DISABLE`` into the runner) and the
 runner's environment class share it without importing each other.
@@ -11,7 +11,10 @@ from collections.abc import Mapping
 
 from pipeline.core.errors import ValidationError
 
-TUNINGS = ("stop-signal", "never-pull", "no-predown", "async-stop")
+# engine-api: benchseal's engine environment (pipeline.runner.engine_env) instead of Harbor's compose one
+# (pipeline.runner.harbor_env); the compose one alone reads stop-signal, never-pull and no-predown (the engine
+# environment always removes with SIGKILL, never pulls, never removes before it creates); both read async-stop.
+TUNINGS = ("engine-api", "stop-signal", "never-pull", "no-predown", "async-stop")
 DISABLE_ENV = "BENCHSEAL_HARBOR_DISABLE"
 
 

@@ -36,6 +36,7 @@ from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
+from pipeline.runner.envshared import TIMINGS_FILE
 from pipeline.runner.trial import discover_tasks
 from pipeline.verify.external import cosign_path
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
@@ -495,12 +496,13 @@ def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_
     trials = _trial_dirs(run_dir)
     assert len(trials) == 4
     for trial in trials:
-        ops = [json.loads(line) for line in (trial / "compose-timings.jsonl").read_text().splitlines()]
+        ops = [json.loads(line) for line in (trial / TIMINGS_FILE).read_text().splitlines()]
         names = [o["op"] for o in ops]
-        assert "compose build" not in names, trial.name
+        assert "build" not in names and "compose build" not in names, trial.name
         # Agent environment and separate verifier environment: each started and torn down.
         assert names.count("start") == 2 and names.count("stop") == 2, names
-    # This run's compose projects only (other sessions on the shared engine may run the same test).
+    # This run's trial containers only (labelled by project as compose would; other sessions on the shared
+    # engine may run the same test).
     listed = client.containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"})
     mine = [c for c in listed
             if (c.attrs.get("Labels") or {}).get("com.docker.compose.project.working_dir", "").startswith(str(run_dir))]

@@ -1,0 +1,190 @@
+"""benchseal's Harbor environment (pipeline.runner.engine_env) against the real sandbox engine, through the
+engine proxy exactly as the runner reaches it (the proxy's socket is its Docker socket): start, exec, the
+archive transfers, stop, and what must never change (network none, SIGKILL, no value in any argv or inspect,
+the agent's read-only bind, nothing refused by the proxy, nothing left after the teardowns)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from harbor.models.task.config import EnvironmentConfig
+from harbor.models.trial.paths import TrialPaths
+
+from pipeline.infra.sandbox import engine as sandbox
+from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
+from pipeline.infra.worker.images import sandbox_image
+from pipeline.runner import engine_env, envshared
+from pipeline.runner.trial import COMPOSE_IMPORT_PATH, ENGINE_IMPORT_PATH, environment_import_path
+from pipeline.runner.tunings import DISABLE_ENV
+from tests.fixtures.infra import proc_hits, sandbox_engine
+
+pytestmark = [pytest.mark.docker]
+
+CANARY = "canary-" + os.urandom(8).hex()
+
+
+@pytest.fixture(scope="module")
+def base_in_sandbox(base_refs: Any) -> str:
+    """The base image (bash, coreutils) in the sandbox engine, by id."""
+    return sandbox_image(docker.from_env(), sandbox_engine(), base_refs["base"])
+
+
+@pytest.fixture
+def proxied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[EngineProxy]:
+    """An engine proxy in front of the sandbox engine, as the worker serves it to a runner (binds under tmp_path)."""
+    box = sandbox.default_sandbox()
+    sandbox.start(box)
+    sock_dir = tmp_path / "engine"
+    sock_dir.mkdir()
+    proxy = EngineProxy(sock_dir / "docker.sock", EnginePolicy(bind_roots=(tmp_path,)),
+                        upstream=str(box.socket)).start()
+    monkeypatch.setenv(engine_env.ENGINE_ENV, f"unix://{sock_dir / 'docker.sock'}")
+    monkeypatch.setattr(engine_env, "_client", None)
+    monkeypatch.setattr(envshared, "_agent_mount", None)
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        engine_env._client = None
+
+
+def _environment(tmp_path: Path, image: str, name: str, **config: Any) -> engine_env.EngineEnvironment:
+    env_dir = tmp_path / "task" / "environment"
+    env_dir.mkdir(parents=True, exist_ok=True)
+    trial_dir = tmp_path / "trial"
+    paths = TrialPaths(trial_dir)
+    paths.mkdir()
+    return engine_env.EngineEnvironment(
+        environment_dir=env_dir, environment_name="probe", session_id=f"{name}__{os.urandom(3).hex()}__env",
+        trial_paths=paths, task_env_config=EnvironmentConfig(docker_image=image, **config),
+        persistent_env={"TASK_SETTING": "from-task"},
+        # What Trial passes (never bound: auto_mounting stays off): the dirs start() creates.
+        auto_mounts=[{"type": "bind", "source": str(trial_dir / name), "target": f"/logs/{name}"}
+                     for name in ("agent", "verifier", "artifacts")])
+
+
+def _containers(project: str) -> list[Any]:
+    return sandbox_engine().containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"})
+
+
+def test_start_exec_transfer_and_stop(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
+    env = _environment(tmp_path, base_in_sandbox, "lifecycle", cpus=1, memory_mb=512)
+    project = env._project
+    host = tmp_path / "host"
+    (host / "src" / "sub").mkdir(parents=True)
+    (host / "src" / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (host / "src" / "run.sh").chmod(0o755)
+    (host / "src" / "sub" / "data.txt").write_text("data\n")
+    (host / "file.txt").write_text("one file\n")
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        await env.start(force_build=False)
+        [container] = _containers(project)
+        # Harbor's log dirs (ensure_dirs at start): 0777, parents 0755.
+        seen["dirs"] = await env.exec("stat -c '%a %u %n' /logs /logs/agent /logs/verifier /logs/artifacts")
+        seen["attrs"] = container.attrs
+        # A secret value travels in the exec's request body only.
+        result = await env.exec('echo "$SECRET $TASK_SETTING"; echo err >&2; exit 3', env={"SECRET": CANARY})
+        seen["exec"] = result
+        seen["argv_hits"] = proc_hits([CANARY.encode()], parts=("cmdline",))
+        seen["inspect_hits"] = CANARY in json.dumps(sandbox_engine().api.inspect_container(container.id))
+        seen["cwd_user"] = await env.exec("pwd; id -u", cwd="/tmp", user="nobody")
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="timed out"):
+            await env.exec("sleep 30", timeout_sec=1)
+        seen["timeout_seconds"] = time.monotonic() - started
+        # Uploads: into a missing dir (created), into an existing one (kept), a file into a missing parent.
+        await env.upload_dir(host / "src", "/opt/up")
+        await env.upload_dir(host / "src", "/tmp")
+        await env.upload_file(host / "file.txt", "/deep/er/file.txt")
+        seen["uploaded"] = await env.exec("/opt/up/run.sh; cat /opt/up/sub/data.txt /deep/er/file.txt; "
+                                          "stat -c '%a %u' /tmp /opt/up/run.sh; ls /tmp/sub")
+        seen["kinds"] = [await env.is_dir("/opt/up"), await env.is_file("/opt/up"), await env.is_file("/deep/er/file.txt"),
+                         await env.is_dir("/missing")]
+        # Downloads: a tree (a link leaving it is skipped) and a file.
+        await env.exec("mkdir -p /out/d && echo x > /out/d/x && ln -s /etc/passwd /out/evil && ln -s d/x /out/ok")
+        await env.download_dir("/out", host / "down")
+        await env.download_file("/deep/er/file.txt", host / "got.txt")
+        await env.stop(delete=True)
+        await envshared.drain_teardowns()
+        return seen
+
+    seen = asyncio.run(scenario())
+    config, hostconfig = seen["attrs"]["Config"], seen["attrs"]["HostConfig"]
+    assert hostconfig["NetworkMode"] == "none"
+    assert config["StopSignal"] == "SIGKILL"
+    assert hostconfig["NanoCpus"] == 1_000_000_000 and hostconfig["Memory"] == 512 * 1024 * 1024
+    assert config["Labels"][LABEL] == proxied.policy.token
+    assert not [e for e in config["Env"] or [] if "TASK_SETTING" in e or "SECRET" in e]
+    assert seen["dirs"].stdout.splitlines() == ["755 0 /logs", "777 0 /logs/agent", "777 0 /logs/verifier",
+                                                "777 0 /logs/artifacts"]
+    result = seen["exec"]
+    assert (result.return_code, result.stdout, result.stderr) == (3, f"{CANARY} from-task\n", "err\n")
+    assert seen["argv_hits"] == [] and seen["inspect_hits"] is False
+    assert seen["cwd_user"].stdout == "/tmp\n65534\n"
+    assert seen["timeout_seconds"] < 5
+    assert seen["uploaded"].stdout.splitlines() == ["ran", "data", "one file", "1777 0", "755 0", "data.txt"]
+    assert seen["kinds"] == [True, False, True, False]
+    assert (host / "down" / "d" / "x").read_text() == "x\n"
+    assert (host / "down" / "ok").is_symlink() and not (host / "down" / "evil").exists()
+    assert (host / "got.txt").read_text() == "one file\n"
+    assert proxied.refused == []
+    assert _containers(project) == []
+    timings = [json.loads(line) for line in (tmp_path / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
+    ops = [t["op"] for t in timings]
+    assert ops.count("start") == 1 and ops.count("stop") == 1 and "build" not in ops
+    assert all(t["session"] == env.session_id for t in timings)
+
+
+def test_agent_files_are_bound_read_only(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
+    agent = tmp_path / "agent-copy"
+    agent.mkdir()
+    (agent / "agent.txt").write_text("agent\n")
+    sandbox.grant(agent)
+    envshared.set_agent_mount(agent, "/opt/benchseal/agent")
+    env = _environment(tmp_path, base_in_sandbox, "agentmount")
+
+    async def scenario() -> Any:
+        await env.start(force_build=False)
+        try:
+            return await env.exec("cat /opt/benchseal/agent/agent.txt; touch /opt/benchseal/agent/x; echo $?")
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+
+    result = asyncio.run(scenario())
+    assert result.stdout.splitlines() == ["agent", "1"]
+    assert "Read-only file system" in (result.stderr or "")
+    assert proxied.refused == []
+    assert _containers(env._project) == []
+
+
+def test_an_absent_image_is_never_pulled(tmp_path: Path, proxied: EngineProxy) -> None:
+    env = _environment(tmp_path, "sha256:" + "0" * 64, "absent")
+
+    async def scenario() -> None:
+        try:
+            await env.start(force_build=False)
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+
+    with pytest.raises(docker.errors.ImageNotFound):
+        asyncio.run(scenario())
+    assert not [r for r in proxied.refused if "pull" in r]
+
+
+def test_the_compose_environment_is_the_benchmarks_choice_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    assert environment_import_path() == ENGINE_IMPORT_PATH == "pipeline.runner.engine_env:EngineEnvironment"
+    monkeypatch.setenv(DISABLE_ENV, "engine-api")
+    assert environment_import_path() == COMPOSE_IMPORT_PATH
