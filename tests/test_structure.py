@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -193,3 +195,13 @@ def test_the_lazy_import_check_catches_what_it_should() -> None:
     assert _unexplained_local_imports(other) == [3]
     nested = "class C:\n    def m(self):\n        def g():\n            import json\n            return json\n        return g\n"
     assert _unexplained_local_imports(nested) == [4]
+
+
+def test_the_worker_and_the_local_chain_do_not_import_harbor() -> None:
+    """Harbor runs inside the runner image only: the worker plans and grades trials with
+    pipeline.runner.plan, so the infra host's processes never pay Harbor's import (about 0.2 s)."""
+    probe = ("import sys, pipeline.infra.worker.loop, pipeline.local.release, pipeline.cli.main; "
+             "print(sorted(m for m in sys.modules if m == 'harbor' or m.startswith(('harbor.', 'litellm'))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                          cwd=PIPELINE.parent)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -17,7 +17,7 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.queue.sql import SqliteQueue
 from pipeline.infra.worker.grading import RunnerInfo, grade_run
 from pipeline.infra.worker.loop import BASE_PLACEHOLDER, render_suite
-from pipeline.runner.trial import TRIALS_FILE, discover_tasks, plan_trials
+from pipeline.runner.plan import TRIALS_FILE, discover_tasks, plan_trials
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 SMOKE = REPO_ROOT / "suites" / "smoke"

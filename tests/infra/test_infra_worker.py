@@ -37,7 +37,7 @@ from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
 from pipeline.runner.envshared import TIMINGS_FILE
-from pipeline.runner.trial import discover_tasks
+from pipeline.runner.plan import discover_tasks
 from pipeline.verify.external import cosign_path
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 

@@ -27,7 +27,7 @@ from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
-from pipeline.runner.trial import TRIALS_FILE, plan_trials
+from pipeline.runner.plan import TRIALS_FILE, plan_trials
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())

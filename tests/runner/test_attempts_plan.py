@@ -25,7 +25,7 @@ from pipeline.core.contracts import (
 )
 from pipeline.core.documents import PlannedTrial, TrialsPlan, parse_document
 from pipeline.core.errors import ValidationError
-from pipeline.runner.trial import TrialSpec, discover_tasks, plan_trials, select_trials
+from pipeline.runner.plan import TrialSpec, discover_tasks, plan_trials, select_trials
 
 RUN = "run-0123456789abcdef0123"
 SHORT = "89abcdef0123"  # trial_short_id(RUN): its last 12 alphanumerics

@@ -25,7 +25,7 @@ from pipeline.core.errors import ValidationError
 from pipeline.core.scoring import AGENT_EXCEPTIONS, count, grade_result, score_of
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.queue.sql import RunRecord
-from pipeline.runner.trial import TRIALS_FILE
+from pipeline.runner.plan import TRIALS_FILE
 
 __all__ = ["AGENT_EXCEPTIONS", "RecordedTrial", "RunnerInfo", "grade_run", "grade_trial", "grade_trials",
            "infra_error_grading", "read_plan"]

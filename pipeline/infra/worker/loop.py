@@ -99,7 +99,7 @@ from pipeline.infra.worker.images import (
     sandbox_image,
 )
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
-from pipeline.runner.trial import discover_tasks, plan_trials
+from pipeline.runner.plan import discover_tasks, plan_trials
 
 # What callers and tests import from here: the worker's names from before it was split into
 # config.py, images.py, containers.py and finalize.py.
