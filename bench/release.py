@@ -216,12 +216,12 @@ def main() -> None:
         for which in ("cold", "warm"):
             for side in sides:
                 side.release(which, args.tag)
+        print_report(sides, args.tag, baseline)  # before the homes go: it reads the runs' trial dirs
     finally:
         for side in sides:
             side.stop()
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    print_report(sides, args.tag, baseline)
 
 
 if __name__ == "__main__":
