@@ -151,7 +151,8 @@ if [ -f "$STATE/infra/queue.sqlite3" ]; then
 fi
 
 # --- local registry ------------------------------------------------------------
-"$VENV/bin/benchseal" local registry start >/dev/null
+# Each start prints where it runs ("... running at ADDRESS"): no status call after it (0.4 s each, every make demo).
+registry=$("$VENV/bin/benchseal" local registry start)
 # --- sandbox engine (rootless dockerd; everything under test runs there) -----------------
-"$VENV/bin/benchseal" sandbox start >/dev/null
-log "ready: venv $VENV, registry $("$VENV/bin/benchseal" local registry status --address), sandbox $("$VENV/bin/benchseal" sandbox status --url)"
+sandbox=$("$VENV/bin/benchseal" sandbox start)
+log "ready: venv $VENV; $registry; $sandbox"
