@@ -30,8 +30,12 @@ demo: setup
 	  $(if $(and $(filter $(MODEL_AGENTS),$(AGENT)),$(MODEL_SCRIPT)),--scripted-model $(MODEL_SCRIPT))
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
+# TEST_WORKERS pytest-xdist workers (most tests wait on engines, registries and subprocesses, so more
+# workers than the 2 cores pay); pyproject's --dist loadgroup keeps each xdist_group on one worker
+# (tests/fixtures/parallel.py). TEST_WORKERS=0 runs the suite in this one process.
+TEST_WORKERS ?= 4
 test: setup
-	@set +e; $(PY) -m pytest $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 lint: setup

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.attest.passed import check_key, passed_before, record_pass
+from pipeline.attest.taglock import digest_tags_locked
 from pipeline.core.contracts import AgentArtifact, builder_problem, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import agent_purl
@@ -222,11 +223,13 @@ class ImageSigner:
             atomic_write_text(predicate, canonical_json(dict(provenance)))
             common = ["--yes", "--oidc-provider", "github-actions", *self.endpoints.sign_flags(), *self._registry_flags()]
             env = {**self.endpoints.environ(work), **credential}
-            _cosign(["sign", *common, image.ref], env, f"signing {image.ref}")
-            _cosign(["attest", *common, "--type", "slsaprovenance1", "--predicate", str(predicate), image.ref], env,
-                    f"attesting the provenance of {image.ref}")
-            _cosign(["attest", *common, "--type", "cyclonedx", "--predicate", str(sbom), image.ref], env,
-                    f"attesting the SBOM of {image.ref}")
+            # cosign rewrites the digest's .sig / .att tags whole: one writer at a time (pipeline.attest.taglock).
+            with digest_tags_locked(image):
+                _cosign(["sign", *common, image.ref], env, f"signing {image.ref}")
+                _cosign(["attest", *common, "--type", "slsaprovenance1", "--predicate", str(predicate), image.ref], env,
+                        f"attesting the provenance of {image.ref}")
+                _cosign(["attest", *common, "--type", "cyclonedx", "--predicate", str(sbom), image.ref], env,
+                        f"attesting the SBOM of {image.ref}")
 
     def _registry_flags(self) -> list[str]:
         return ["--allow-http-registry"] if self.allow_http_registry else []

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
+from pipeline.attest.taglock import digest_tags_locked
 from pipeline.core import strictjson
 from pipeline.core.digests import parse_ref
 from pipeline.core.documents import TEST_RESULT as TEST_RESULT_TYPE
@@ -226,12 +227,14 @@ def attach_test_result(directory: Path, runner: str) -> Attached:
     put = repository.put_manifest(digest, manifest, OCI_MANIFEST)
     if put.headers.get("OCI-Subject") == image.digest:
         return Attached(runner=image.ref, manifest=digest, fallback_tag=None, added=True)
-    # No referrers API: the referrers tag schema (distribution-spec), read, extended, written back.
+    # No referrers API: the referrers tag schema (distribution-spec), read, extended, written back,
+    # by one writer of this digest's tags at a time (pipeline.attest.taglock).
     tag = image.digest.replace(":", "-")
-    index = _fallback_index(repository.manifest(tag), tag)
-    if any(isinstance(entry, dict) and entry.get("digest") == digest for entry in index["manifests"]):
-        return Attached(runner=image.ref, manifest=digest, fallback_tag=tag, added=False)
-    index["manifests"].append({"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest),
-                               "artifactType": BUNDLE_MEDIA_TYPE, "annotations": _annotations(bundle)})
-    repository.put_manifest(tag, json.dumps(index, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX)
+    with digest_tags_locked(image):
+        index = _fallback_index(repository.manifest(tag), tag)
+        if any(isinstance(entry, dict) and entry.get("digest") == digest for entry in index["manifests"]):
+            return Attached(runner=image.ref, manifest=digest, fallback_tag=tag, added=False)
+        index["manifests"].append({"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest),
+                                   "artifactType": BUNDLE_MEDIA_TYPE, "annotations": _annotations(bundle)})
+        repository.put_manifest(tag, json.dumps(index, sort_keys=True, separators=(",", ":")).encode(), OCI_INDEX)
     return Attached(runner=image.ref, manifest=digest, fallback_tag=tag, added=True)

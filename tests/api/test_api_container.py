@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -78,6 +79,20 @@ def _docker(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+def _wait_answering(port: int, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+    """Until the service in the container answers /healthz: the engine's port proxy accepts on the host
+    port as soon as the container starts, and resets connections until the service listens inside."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if http_get(port, "/healthz")[0] == 200:
+                return
+        except OSError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "the API container never answered /healthz"
+        time.sleep(0.2)
+
+
 @pytest.fixture
 def running_api(local_images: dict[str, Any], tmp_path: Path) -> Iterator[dict[str, Any]]:
     api = local_images["api"]
@@ -92,6 +107,7 @@ def running_api(local_images: dict[str, Any], tmp_path: Path) -> Iterator[dict[s
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_listening(port, "the API container", alive=lambda: proc.poll() is None, timeout=60)
+        _wait_answering(port, proc)
         yield {"port": port, "name": name, "db": db, "run_ids": seeded.run_ids, "api": api}
     finally:
         proc.terminate()  # the docker client passes SIGTERM on to the container (--rm removes it)

@@ -21,8 +21,10 @@ import pytest
 from pipeline.core.contracts import DigestsFile
 from pipeline.publish.body import markdown_cell
 from tests.fixtures.homes import fresh_home
+from tests.fixtures.parallel import POLICY_MODEL_PORT
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# Its release serves the scripted model on the shipped policy's fixed port: one such module at a time.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group(POLICY_MODEL_PORT)]
 
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 TAG = "v0.0.2-agent"

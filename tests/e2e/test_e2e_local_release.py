@@ -27,8 +27,10 @@ from pipeline.core.contracts import DigestsFile
 from pipeline.core.errors import CheckFailed
 from pipeline.publish.body import END, START, markdown_cell
 from tests.fixtures.homes import fresh_home
+from tests.fixtures.parallel import POLICY_MODEL_PORT
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# Its release serves the scripted model on the shipped policy's fixed port: one such module at a time.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group(POLICY_MODEL_PORT)]
 
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 TAG = "v0.0.1-e2e"
