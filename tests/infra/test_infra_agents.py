@@ -794,16 +794,26 @@ def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, loc
 
 # --- secret files outlive no worker: kill -9 before the runner planned, then recovery -----
 
+@pytest.fixture
+def private_tmp() -> Any:
+    """A TMPDIR of this test's own directly under /tmp: the relay's socket goes below it, and a socket
+    path is at most 107 bytes (an xdist worker's basetemp, /tmp/pytest-of-USER/pytest-N/popen-gwN/...,
+    leaves too little of them for a long test name)."""
+    path = Path(tempfile.mkdtemp(prefix="bs-tmp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path, make_payload: Any,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    private_tmp: Path) -> None:
     import subprocess
     import sys
 
     from pipeline.core.contracts import DispatchPayload
     from pipeline.infra.sandbox.agents import reap_private_dirs
 
-    private = tmp_path / "tmp"
-    private.mkdir()
+    private = private_tmp
     monkeypatch.setattr(tempfile, "tempdir", str(private))
     monkeypatch.setenv(KEY_ENV, CANARY)
     monkeypatch.setenv(EXTRA_ENV, EXTRA_CANARY)
@@ -837,7 +847,8 @@ def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path
 @pytest.mark.docker
 @pytest.mark.slow
 def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_setup: dict[str, Any],
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          private_tmp: Path) -> None:
     """A real `benchseal worker` is frozen the moment its secret file exists and killed with -9 (so
     it never drops the file); the next worker on the host removes it, and the dead attempt's
     runner, trial and gateway containers, before anything else. The secret is one besides the
@@ -848,8 +859,7 @@ def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_s
 
     root: Path = agent_setup["root"] / "kill9-secrets"
     root.mkdir()
-    private = root / "tmp"
-    private.mkdir()
+    private = private_tmp
     with ModelServer(key=CANARY, mode="right", log_path=root / "model.jsonl") as server:
         data = json.loads(json.dumps(agent_setup["data"]))
         data["suites"]["smoke"]["model"]["endpoint"] = server.base_url
