@@ -259,7 +259,8 @@ def verify_image(ref: str, policy: ImageIdentityPolicy, endpoints: SigstoreEndpo
     checks = image_check_args(image.ref, policy, offline=endpoints.is_private, attestations=tuple(attestations),
                               allow_http_registry=allow_http_registry)
     # A check that passed for this digest, identity, trust root and cosign passes again (pipeline.attest.passed).
-    keys = [check_key(args, _cosign_binary(), endpoints.trusted_root) for args in checks]
+    cosign = _cosign_binary()
+    keys = [check_key(args, cosign, endpoints.trusted_root) for args in checks]
     pending = [(args, key) for args, key in zip(checks, keys, strict=True) if not passed_before(key)]
     if not pending:
         return
