@@ -14,8 +14,9 @@
    nothing in ``dest``.
 
 ``unpack(tarball, dest)`` extracts regular files and directories under ``package/`` only (no link,
-device, absolute name or ``..``), with modes normalised to 0o755 (any exec bit in the tar) or
-0o644 and one fixed mtime, so the same tarball always gives the same tree.
+device, absolute name or ``..``; each name once, none both a file and a directory: ``fsutil.NameTree``),
+with modes normalised to 0o755 (any exec bit in the tar) or 0o644 and one fixed mtime, so the same
+tarball always gives the same tree. ``fetch_release`` checks the same rules before it keeps a tarball.
 
 The registry is an http(s) URL (plain http for the loopback only); ``default_registry`` asks npm
 which one it is configured with (``$BENCHSEAL_NPM_REGISTRY`` overrides). An optional ``token`` (a
@@ -46,7 +47,7 @@ from typing import IO, Any
 from pipeline.core import strictjson
 from pipeline.core.contracts import VERSION_RE, VERSION_RULE, sri_hex, sri_problem
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
-from pipeline.core.fsutil import name_problem
+from pipeline.core.fsutil import NameTree, name_problem
 from pipeline.core.project import NPM_PACKAGE_PATTERN
 
 REGISTRY_ENV = "BENCHSEAL_NPM_REGISTRY"
@@ -334,6 +335,7 @@ def fetch_release(registry: str, package: str, version: str, dest: Path, *, wait
             raise CheckFailed(f"npm: the tarball of {what} from {registry} does not match its dist.integrity "
                               f"{integrity}: refused")
         _check_manifest(temp, package, version)
+        check_members(temp, f"the tarball of {what}")  # one that unpack would refuse is not kept either
         os.chmod(temp, 0o644)
         os.replace(temp, final)
     except BaseException:
@@ -370,14 +372,47 @@ def _normalise(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo:
     return checked.replace(mode=mode, mtime=NPM_MTIME, deep=False)  # the data filter already dropped owners
 
 
+def _checked_members(archive: tarfile.TarFile, label: str) -> list[tarfile.TarInfo]:
+    """Every entry of ``archive``, each checked (``_member_problem``, then ``NameTree``: named once, never
+    both a file and a directory, e.g. ``package/f`` then ``package/f/g``), within MAX_MEMBERS and
+    MAX_UNPACKED_BYTES; the first that breaks a rule refuses the whole tarball (one-line CheckFailed)."""
+    members: list[tarfile.TarInfo] = []
+    tree = NameTree(max_dirs=MAX_MEMBERS)
+    total = 0
+    for member in archive:
+        problem = _member_problem(member) or tree.problem(member.name, is_dir=member.isdir())
+        if problem:
+            if not problem.startswith(("a ", "an ")):  # NameTree's: "appears twice", "is under ..."
+                problem = f"which {problem}"
+            raise CheckFailed(f"npm: {label} holds {member.name[:200]!r}, {problem}: refused")
+        total += member.size
+        members.append(member)
+        if len(members) > MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
+            raise CheckFailed(f"npm: {label} holds more than {MAX_MEMBERS} entries or "
+                              f"{MAX_UNPACKED_BYTES} bytes: refused")
+    return members
+
+
+def check_members(tarball: Path, label: str | None = None) -> None:
+    """Refuse (CheckFailed, one line naming ``label``, default the file's name) a tarball ``unpack`` would
+    refuse for one of its entries; nothing is written."""
+    label = label or tarball.name
+    try:
+        with tarfile.open(tarball, "r:gz") as archive:
+            _checked_members(archive, label)
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise CheckFailed(f"npm: {label} is not a readable gzip tar ({_tar_problem(exc)})") from None
+
+
 def unpack(tarball: Path, dest: Path) -> Path:
     """Extract ``tarball``'s ``package/`` into ``dest/package`` (which must not exist yet); return that path.
 
-    Every entry is checked first: only regular files and directories under ``package/``, with
-    plain relative names (``fsutil.name_problem``), each name once, at most MAX_MEMBERS entries and
-    MAX_UNPACKED_BYTES in all. Anything else refuses the whole tarball (CheckFailed) and leaves
-    nothing behind. Modes become 0o755 (directories, files with any exec bit) or 0o644; every
-    entry gets the mtime NPM_MTIME.
+    Every entry is checked first (``_checked_members``): only regular files and directories under
+    ``package/``, with plain relative names (``fsutil.name_problem``), each name once and none both a
+    file and a directory (``fsutil.NameTree``), at most MAX_MEMBERS entries and MAX_UNPACKED_BYTES in
+    all. Anything else refuses the whole tarball (CheckFailed) before anything is written, and leaves
+    nothing behind. Modes become 0o755 (directories, files with any exec bit) or 0o644; every entry
+    gets the mtime NPM_MTIME.
     """
     target = dest / "package"
     if target.exists() or target.is_symlink():
@@ -387,24 +422,13 @@ def unpack(tarball: Path, dest: Path) -> Path:
     try:
         try:
             with tarfile.open(tarball, "r:gz") as archive:
-                members: list[tarfile.TarInfo] = []
-                seen: set[str] = set()
-                total = 0
-                for member in archive:
-                    problem = _member_problem(member)
-                    if problem:
-                        raise CheckFailed(f"npm: {tarball.name} holds {member.name[:200]!r}, {problem}: refused")
-                    if member.name in seen:
-                        raise CheckFailed(f"npm: {tarball.name} holds {member.name[:200]!r} twice: refused")
-                    seen.add(member.name)
-                    total += member.size
-                    members.append(member)
-                    if len(members) > MAX_MEMBERS or total > MAX_UNPACKED_BYTES:
-                        raise CheckFailed(f"npm: {tarball.name} holds more than {MAX_MEMBERS} entries or "
-                                          f"{MAX_UNPACKED_BYTES} bytes: refused")
+                members = _checked_members(archive, tarball.name)
                 archive.extractall(staging, members=members, filter=_normalise)  # noqa: S202 -- members checked above
         except (tarfile.TarError, EOFError, ValueError) as exc:
             raise CheckFailed(f"npm: {tarball.name} cannot be unpacked ({_tar_problem(exc)})") from None
+        except OSError as exc:  # the members were checked: what is left is the disk (full, read-only, quota)
+            raise InfrastructureError(f"npm: {tarball.name} cannot be unpacked into {dest} "
+                                      f"({exc.strerror or type(exc).__name__})") from None
         root = staging / "package"
         if not (root / "package.json").is_file():
             raise CheckFailed(f"npm: {tarball.name} has no package/package.json")

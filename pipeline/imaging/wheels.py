@@ -4,6 +4,12 @@ Containers here cannot reach PyPI over TLS, so wheels are downloaded on the
 host (``pip download --only-binary=:all: --require-hashes``) into a cache and
 installed with the PyPI ``installer`` library into a staging tree: no pip, no
 temp paths, no bytecode, so the tree is a pure function of the wheels.
+
+``install`` checks every wheel's members first (``wheel_problem``; the agent's wheel is the adopter's
+build): plain relative names (``fsutil.name_problem``), no link or device, and no two members, scripts
+or benchseal's own metadata landing on one path or a file where a directory goes (``fsutil.NameTree``
+over where each one is written). A wheel that breaks a rule is refused in one line before anything is
+written, and what ``installer`` itself refuses is one line too (``CheckFailed``), never a traceback.
 """
 
 from __future__ import annotations
@@ -12,22 +18,27 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import posixpath
 import re
+import stat
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator, Sequence
+import zipfile
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from installer import install as run_install
 from installer.destinations import SchemeDictionaryDestination
+from installer.exceptions import InstallerError
 from installer.sources import WheelFile
+from installer.utils import parse_entrypoints
 
 from pipeline.core import paths
 from pipeline.core.contracts import pep503_name
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.core.fsutil import atomic_write_json, atomic_write_text, sha256_file
+from pipeline.core.fsutil import NameTree, atomic_write_json, atomic_write_text, name_problem, sha256_file
 
 _LINE = re.compile(r"\A(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>[A-Za-z0-9.+!-]+)(?P<hashes>(?:\s+--hash=sha256:[0-9a-f]{64})+)\s*\Z")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -134,9 +145,70 @@ def download(lock: Path, dest: Path, python_version: str, platforms: Sequence[st
     return found
 
 
+_INSTALLER_METADATA = {"INSTALLER": b"benchseal\n"}  # what install adds to every dist-info
+_PLAIN_KINDS = (0, stat.S_IFREG, stat.S_IFDIR)  # 0: a zip writer that records no Unix mode
+
+
+def _member_kind_problem(info: zipfile.ZipInfo) -> str | None:
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind == stat.S_IFLNK:
+        return "is a link: only files and directories are installed"
+    if kind not in _PLAIN_KINDS:
+        return "is a device, FIFO or other special entry: only files and directories are installed"
+    return None
+
+
+def wheel_problem(source: WheelFile, schemes: Mapping[str, str]) -> str | None:
+    """Why ``source`` cannot be installed into ``schemes`` (a phrase naming the member), or None.
+
+    Every member is judged by its name (``fsutil.name_problem``) and kind (no link or device), then by
+    where installer writes it (the root scheme, or ``<name>-<version>.data/<scheme>/...``) together with
+    the entry points' scripts and the INSTALLER file install adds: ``fsutil.NameTree`` over those paths
+    refuses two things on one path and a file where a directory goes (``f``, then ``f/g``), which would
+    otherwise fail half-way through writing (NotADirectoryError, FileExistsError)."""
+    tree = NameTree()
+    root = schemes["purelib"]  # purelib and platlib are one directory here (``install``)
+
+    def landed(scheme_dir: str, path: str) -> str:
+        return posixpath.join(scheme_dir, path).lstrip("/")
+
+    try:
+        for info in source._zipfile.infolist():
+            is_dir = info.filename.endswith("/")
+            name = info.filename.removesuffix("/") if is_dir else info.filename
+            problem = name_problem(name) or _member_kind_problem(info)
+            if problem is None:
+                scheme_dir, path = root, name
+                data, _, rest = name.partition("/")
+                if data == source.data_dir:
+                    scheme, _, path = rest.partition("/")
+                    if scheme not in schemes or not path:
+                        problem = "is in no .data scheme directory (purelib, platlib, headers, scripts, data)"
+                    scheme_dir = schemes.get(scheme, "")
+                problem = problem or tree.problem(landed(scheme_dir, path), is_dir=is_dir)
+            if problem:
+                return f"holds {name[:200]!r}, which {problem}"
+        for name in _INSTALLER_METADATA:
+            problem = tree.problem(landed(root, f"{source.dist_info_dir}/{name}"))
+            if problem:
+                return f"holds {source.dist_info_dir}/{name}, which benchseal writes itself"
+        if "entry_points.txt" in source.dist_info_filenames:
+            for script, _module, _attr, _section in parse_entrypoints(source.read_dist_info("entry_points.txt")):
+                problem = name_problem(script) or ("has a '/'" if "/" in script else None) or \
+                    tree.problem(landed(schemes["scripts"], script))
+                if problem:
+                    return f"names the entry point script {script[:200]!r}, which {problem}"
+    except (InstallerError, ValueError, KeyError, UnicodeDecodeError) as exc:
+        return f"has unreadable metadata ({' '.join(str(exc).split())[:300]})"
+    return None
+
+
 def install(wheels: Sequence[Path], root: Path, site_packages: str, scripts: str, interpreter: str, *,
             data: str = "/usr/local", headers: str = "/usr/local/include/python3") -> None:
-    """Install ``wheels`` (sorted by file name) into ``root`` as if it were ``/``."""
+    """Install ``wheels`` (sorted by file name) into ``root`` as if it were ``/``.
+
+    A wheel ``wheel_problem`` refuses, or one installer refuses, is a one-line CheckFailed before that
+    wheel writes anything (the caller installs into a staging tree and removes it on failure)."""
 
     schemes = {
         "purelib": site_packages,
@@ -153,8 +225,17 @@ def install(wheels: Sequence[Path], root: Path, site_packages: str, scripts: str
             bytecode_optimization_levels=(),
             destdir=str(root),
         )
-        with WheelFile.open(wheel) as source:
-            run_install(source, destination, {"INSTALLER": b"benchseal\n"})
+        try:
+            with WheelFile.open(wheel) as source:
+                problem = wheel_problem(source, schemes)
+                if problem:
+                    raise CheckFailed(f"{wheel.name} {problem}: refused")
+                run_install(source, destination, _INSTALLER_METADATA)
+        except (InstallerError, ValueError, KeyError, AssertionError, zipfile.BadZipFile,
+                FileExistsError, NotADirectoryError, IsADirectoryError) as exc:
+            # What the checks above leave to installer (RECORD hashes, WHEEL metadata): one line.
+            raise CheckFailed(f"{wheel.name} cannot be installed ({type(exc).__name__}: "
+                              f"{' '.join(str(exc).split())[:300]})") from None
 
 
 def extract_member(archive: Path, member: str, out: Path) -> None:

@@ -396,6 +396,18 @@ _MANIFEST = (_entry("package/package.json"), b'{"name": "x", "version": "1.0.0"}
     ([_MANIFEST, (_entry("package/dev", tarfile.CHRTYPE), b"")], "a device"),
     ([_MANIFEST, (_entry("package/fifo", tarfile.FIFOTYPE), b"")], "a device"),
     ([_MANIFEST, (_entry("package/a"), b"1"), (_entry("package/a"), b"2")], "twice"),
+    # A file, then a member under it (extraction would end in NotADirectoryError), and the variants.
+    ([_MANIFEST, (_entry("package/f"), b"1"), (_entry("package/f/g"), b"2")],
+     r"'package/f/g', which is under 'package/f', which is a file"),
+    ([_MANIFEST, (_entry("package/f"), b"1"), (_entry("package/f/d/e/g"), b"2")], "which is a file"),
+    ([_MANIFEST, (_entry("package/f"), b"1"), (_entry("package/f/d", tarfile.DIRTYPE, mode=0o755), b"")],
+     "which is a file"),
+    ([_MANIFEST, (_entry("package/d/g"), b"1"), (_entry("package/d"), b"2")], "is a file and a directory"),
+    ([_MANIFEST, (_entry("package/d", tarfile.DIRTYPE, mode=0o755), b""), (_entry("package/d"), b"2")],
+     "appears twice"),
+    ([_MANIFEST, (_entry("package/f"), b"1"), (_entry("package/f", tarfile.DIRTYPE, mode=0o755), b"")],
+     "appears twice"),
+    ([_MANIFEST, _MANIFEST], "'package/package.json', which appears twice"),
     ([(_entry("package/index.js"), b"")], "no package/package.json"),
 ])
 def test_unpack_refuses_hostile_tarballs(members: list[tuple[tarfile.TarInfo, bytes]], match: str,
@@ -406,6 +418,18 @@ def test_unpack_refuses_hostile_tarballs(members: list[tuple[tarfile.TarInfo, by
     assert "\n" not in str(caught.value)
     assert list((tmp_path / "out").iterdir()) == []  # nothing unpacked, no staging dir left
     assert not (tmp_path / "x").exists() and not (tmp_path.parent / "x").exists()
+
+
+def test_a_published_tarball_unpack_would_refuse_is_not_kept(registry: LocalNpmRegistry, tmp_path: Path) -> None:
+    """The check runs when the tarball is fetched too: nothing is kept, no traceback later in the build."""
+    package = f"{SCOPE}/file-then-dir"
+    manifest = (_entry("package/package.json"), json.dumps({"name": package, "version": "1.0.0"}).encode())
+    hostile = _tar(tmp_path / "file-then-dir-1.0.0.tgz",
+                   [manifest, (_entry("package/f"), b"1"), (_entry("package/f/g"), b"2")])
+    registry.publish(hostile)
+    error = _refused(registry.url, package, "1.0.0", tmp_path / "dest", "which is a file")
+    assert str(error) == (f"npm: the tarball of {package}@1.0.0 holds 'package/f/g', which is under 'package/f', "
+                          "which is a file: refused")
 
 
 def test_unpack_normalises_modes(tmp_path: Path) -> None:

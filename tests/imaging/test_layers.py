@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
+import hashlib
 import io
 import json
 import os
+import re
+import stat
 import tarfile
+import warnings
+import zipfile
 from pathlib import Path
 from typing import BinaryIO
 
 import pytest
 
-from pipeline.core.errors import ValidationError
-from pipeline.imaging import oci
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.imaging import oci, wheels
 from pipeline.imaging.layers import (
     BASE_GZIP_LEVEL,
     LAYER_GZIP_LEVEL,
@@ -198,3 +204,101 @@ def test_bad_tags_are_rejected(tag: str) -> None:
 def test_good_tags() -> None:
     assert validate_oci_tag("git-0123456789ab") == "git-0123456789ab"
     assert validate_oci_tag("v1.2.3_rc-1") == "v1.2.3_rc-1"
+
+
+# --- installing a wheel (the agent's is the adopter's build): hostile members ------------------
+
+_SCHEMES = {"site": "/opt/agent/python", "scripts": "/opt/agent/python/bin", "data": "/opt/agent/python/data",
+            "headers": "/opt/agent/python/include"}
+
+
+def _wheel(path: Path, members: list[tuple[str | zipfile.ZipInfo, bytes]], *, entry_points: str = "") -> Path:
+    """A wheel of x 1.0 holding ``members`` (then its METADATA, WHEEL, entry points and a RECORD that lists
+    them all with their hashes: installer's own checks pass, only the member rules can refuse it)."""
+    extra: list[tuple[str | zipfile.ZipInfo, bytes]] = [
+        ("x-1.0.dist-info/METADATA", b"Metadata-Version: 2.1\nName: x\nVersion: 1.0\n"),
+        ("x-1.0.dist-info/WHEEL", b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")]
+    if entry_points:
+        extra.append(("x-1.0.dist-info/entry_points.txt", entry_points.encode()))
+    record = []
+    with warnings.catch_warnings(), zipfile.ZipFile(path, "w") as archive:
+        warnings.simplefilter("ignore")  # zipfile warns of a duplicate name: that is the point
+        for member, data in [*members, *extra]:
+            archive.writestr(member, data)
+            name = member.filename if isinstance(member, zipfile.ZipInfo) else member
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{name},sha256={digest},{len(data)}")
+        archive.writestr("x-1.0.dist-info/RECORD", "\n".join([*record, "x-1.0.dist-info/RECORD,,"]) + "\n")
+    return path
+
+
+def _install(wheel: Path, root: Path) -> None:
+    wheels.install([wheel], root, _SCHEMES["site"], _SCHEMES["scripts"], "/usr/bin/python3",
+                   data=_SCHEMES["data"], headers=_SCHEMES["headers"])
+
+
+def _special(name: str, kind: int) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name)
+    info.external_attr = (kind | 0o777) << 16
+    return info
+
+
+@pytest.mark.parametrize(("members", "entry_points", "match"), [
+    # A file, then a member under it: installer would end in NotADirectoryError half-way through.
+    ([("x/f", b"1"), ("x/f/g", b"2")], "", r"holds 'x/f/g', which is under 'opt/agent/python/x/f', which is a file"),
+    ([("x/d/g", b"1"), ("x/d", b"2")], "", "is a file and a directory"),
+    ([("x/a", b"1"), ("x/a", b"2")], "", "appears twice"),  # installer: FileExistsError
+    ([("x/f", b"1"), ("x/f/", b"")], "", "appears twice"),  # a directory entry of a file's name
+    # Two members that land on one path through the .data schemes, or on a directory install makes.
+    ([("x/a", b"1"), ("x-1.0.data/purelib/x/a", b"2")], "", "appears twice"),
+    ([("bin", b"1"), ("x-1.0.data/scripts/run", b"2")], "", "which is a file"),
+    ([("x-1.0.data/scripts/run", b"1")], "[console_scripts]\nrun = x:main\n", "appears twice"),
+    ([("x-1.0.dist-info/INSTALLER", b"pip\n")], "", "holds x-1.0.dist-info/INSTALLER, which benchseal writes itself"),
+    ([("x-1.0.data/evil/x", b"1")], "", "is in no .data scheme directory"),
+    ([("x/ok", b"1")], "[console_scripts]\n../escape = x:main\n", "the entry point script '../escape', which has"),
+    # Names and kinds.
+    ([("../../evil", b"1")], "", "'../../evil', which has an empty, '.' or '..' part"),
+    ([("x/../../evil", b"1")], "", "'..' part"),
+    ([("/abs/evil", b"1")], "", "is absolute"),
+    ([("x/a\x1b[31m", b"1")], "", "non-printable"),
+    ([(_special("x/link", stat.S_IFLNK), b"/etc/passwd")], "", "'x/link', which is a link"),
+    ([(_special("x/dev", stat.S_IFCHR), b"")], "", "is a device"),
+    ([(_special("x/fifo", stat.S_IFIFO), b"")], "", "is a device"),
+])
+def test_a_wheel_with_hostile_members_is_refused_in_one_line_and_writes_nothing(
+        members: list[tuple[str | zipfile.ZipInfo, bytes]], entry_points: str, match: str, tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path / "x-1.0-py3-none-any.whl", members, entry_points=entry_points)
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(CheckFailed, match=re.escape(match) if "'" in match else match) as caught:
+        _install(wheel, root)
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("x-1.0-py3-none-any.whl ") and message.endswith(": refused")
+    assert list(root.iterdir()) == [], "a refused wheel wrote something"
+    assert not (tmp_path / "evil").exists() and not Path("/abs/evil").exists()
+
+
+def test_what_installer_itself_refuses_is_one_line(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path / "x-1.0-py3-none-any.whl", [("x/a", b"1")])
+    (tmp_path / "v2").mkdir()
+    with zipfile.ZipFile(wheel) as archive, zipfile.ZipFile(tmp_path / "v2" / wheel.name, "w") as out:
+        for info in archive.infolist():  # a wheel format installer does not support
+            data = archive.read(info)
+            out.writestr(info, data.replace(b"Wheel-Version: 1.0", b"Wheel-Version: 2.0"))
+    with pytest.raises(CheckFailed, match=r"x-1\.0-py3-none-any\.whl cannot be installed \(InvalidWheelSource: "
+                       r".*Wheel-Version 2\.0") as caught:
+        _install(tmp_path / "v2" / wheel.name, tmp_path / "root")
+    assert "\n" not in str(caught.value)
+    (tmp_path / "junk.whl").write_bytes(b"not a zip")
+    with pytest.raises(CheckFailed, match=r"junk\.whl cannot be installed \(BadZipFile"):
+        _install(tmp_path / "junk.whl", tmp_path / "root2")
+
+
+def test_a_plain_wheel_installs(tmp_path: Path) -> None:
+    wheel = _wheel(tmp_path / "x-1.0-py3-none-any.whl",
+                   [("x/__init__.py", b"def main(): pass\n"), ("x/d/", b""), ("x/d/f", b"1"),
+                    ("x-1.0.data/data/share/x.txt", b"2")], entry_points="[console_scripts]\nx = x:main\n")
+    _install(wheel, tmp_path / "root")
+    site = tmp_path / "root" / "opt/agent/python"
+    assert (site / "x/d/f").read_bytes() == b"1" and (site / "data/share/x.txt").read_bytes() == b"2"
+    assert (site / "bin/x").is_file() and (site / "x-1.0.dist-info/INSTALLER").read_bytes() == b"benchseal\n"
