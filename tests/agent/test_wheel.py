@@ -1,6 +1,6 @@
 """pipeline.agent.wheel: the agent's wheel is built from the commit, reproducibly, and carries the release's version.
 
-Every build here is real (git archive, pip, setuptools) on a throwaway repository holding a copy of
+Every build here is real (git archive, the isolated build, setuptools) on a throwaway repository holding a copy of
 examples/hello-agent under agent/.
 """
 
@@ -97,23 +97,23 @@ def test_two_builds_give_the_same_bytes(repo: tuple[Path, str], tmp_path: Path, 
 def test_the_same_inputs_reuse_the_checked_wheel(repo: tuple[Path, str], tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A second build of the same commit into the same directory is the recorded wheel, re-hashed and
-    re-checked, without pip; a changed wheel file, another commit or another version builds (or refuses) again."""
+    re-checked, without building; a changed wheel file, another commit or another version builds (or refuses) again."""
     import pipeline.agent.wheel as wheel_module
 
     root, commit = repo
     out = tmp_path / "out"
     first = build_wheel(root, commit, "agent", "0.1.0", out)
-    real_pip_wheel = wheel_module._pip_wheel
+    real_build = wheel_module._isolated_build
     builds: list[Path] = []
 
-    def counting_pip_wheel(project: Path, wheel_dir: Path, home: Path, epoch: int) -> Path:
-        builds.append(project)
-        return real_pip_wheel(project, wheel_dir, home, epoch)
+    def counting_build(work: Path, subdir: str, backend: Path, epoch: int) -> tuple[str, bytes]:
+        builds.append(work)
+        return real_build(work, subdir, backend, epoch)
 
-    monkeypatch.setattr(wheel_module, "_pip_wheel", counting_pip_wheel)
+    monkeypatch.setattr(wheel_module, "_isolated_build", counting_build)
     assert build_wheel(root, commit, "agent", "0.1.0", out) == first and builds == []
     assert build_wheel(root, commit, "agent", "0.1", out).sha256 == first.sha256 and builds == []  # PEP 440 equal
-    with pytest.raises(CheckFailed):  # the record does not answer for another version: pip runs and refuses it
+    with pytest.raises(CheckFailed):  # the record does not answer for another version: it builds and refuses it
         build_wheel(root, commit, "agent", "0.2.0", out)
     assert len(builds) == 1
     data = first.path.read_bytes()
