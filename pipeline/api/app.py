@@ -12,8 +12,12 @@ scored release), ``/repos/{owner}/{name}`` (the results page).
 
 Hardening: run ids and repository names are checked against their one rule before they reach the
 queue (an invalid one is a 400 that does not echo it); an error's text is escaped (``escape_text``,
-and in a page ``html.escape``); a row the queue cannot read is a 422 naming the run, an unreachable
-or unreadable queue a 503, nothing a 500 page or traceback; no ``/docs``, ``/redoc`` or
+and in a page ``html.escape``); a row the queue cannot decode (``pipeline.infra.queue.reader``:
+payload, grading, state, history entry, comparison) never takes the others with it: a list shows it
+as ``{"run_id", "unreadable": "<column>: <reason>"}`` (a page in its own "Unreadable rows" list) and
+serves every other row, and the one run asked for by id is a 500 naming the run and the reason
+(a server-side data problem, never a 422, which is for the client's input); an unreachable queue is
+a 503; never a traceback; no ``/docs``, ``/redoc`` or
 ``/openapi.json``. Every answer carries a Content-Security-Policy that forbids every external
 fetch, ``nosniff`` and ``no-referrer``.
 """
@@ -24,15 +28,16 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pydantic
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from pipeline import __version__
 from pipeline.api import pages
-from pipeline.core.contracts import RunStatus, canonical_repository, run_id_problem
-from pipeline.core.errors import CheckFailed, Error, InfrastructureError, ValidationError, escape_text
-from pipeline.infra.queue.sql import Queue, RunRecord
+from pipeline.core.contracts import canonical_repository, run_id_problem
+from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError, escape_text
+from pipeline.infra.queue import reader
+from pipeline.infra.queue.reader import ReleaseRow, Unreadable
+from pipeline.infra.queue.sql import RunRecord, SqlQueue
 
 HEADERS = {"Content-Security-Policy": pages.CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
            "Cache-Control": "no-store"}
@@ -49,12 +54,12 @@ class ApiError(Exception):
 class QueueSource:
     """The read-only queue, opened on first use and then kept (a failed open is tried again next time)."""
 
-    def __init__(self, opener: Callable[[], Queue]) -> None:
+    def __init__(self, opener: Callable[[], SqlQueue]) -> None:
         self._opener = opener
-        self._queue: Queue | None = None
+        self._queue: SqlQueue | None = None
         self._lock = threading.Lock()
 
-    def get(self) -> Queue:
+    def get(self) -> SqlQueue:
         with self._lock:
             if self._queue is None:
                 self._queue = self._opener()
@@ -109,8 +114,9 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
         # Still JSON when something unforeseen breaks (never a text/plain traceback page).
         return JSONResponse({"detail": f"internal error: {type(exc).__name__}"}, status_code=500, headers=HEADERS)
 
-    def read(work: Callable[[Queue], Any], *, page: bool = False, run_id: str | None = None) -> Any:
-        """``work`` on the queue; the queue's failures as answers (503 unreachable, 422 an unreadable row)."""
+    def read(work: Callable[[SqlQueue], Any], *, page: bool = False, run_id: str | None = None) -> Any:
+        """``work`` on the queue; the queue's failures as answers (503 unreachable, 404 an unknown run).
+        Rows that cannot be decoded come back from ``reader`` as ``Unreadable`` values, not as errors."""
         try:
             queue = source.get()
         except (InfrastructureError, CheckFailed) as exc:
@@ -122,39 +128,48 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
         except ValidationError as exc:
             if run_id is not None and exc.field == "run_id":
                 raise ApiError(404, f"run {run_id} not found", page=page, title="Not found") from None
-            raise ApiError(422, _one_line(exc), page=page, title="Unreadable row", run_id=run_id) from None
+            raise ApiError(400, _one_line(exc), page=page, title="Bad request") from None
         except (InfrastructureError, CheckFailed) as exc:
             raise ApiError(503, f"queue unavailable: {_one_line(exc)}", page=page, title="Queue unavailable") from None
-        except (pydantic.ValidationError, ValueError, TypeError, Error) as exc:
-            where = f"run {run_id}" if run_id else "a row of the queue"
-            raise ApiError(422, f"{where} cannot be read: {_one_line(exc)}", page=page, title="Unreadable row",
-                           run_id=run_id) from None
 
-    def releases(queue: Queue, repository: str) -> list[pages.Release]:
-        return [pages.Release(entry=entry, comparison=queue.comparison(entry.run_id))
-                for entry in queue.history(repository)]
+    def one_run(queue: SqlQueue, run_id: str) -> RunRecord:
+        found = reader.run(queue, run_id)
+        if isinstance(found, Unreadable):
+            # The client's request was fine; the row is not: a server-side problem, named, never a 422.
+            raise ApiError(500, f"run {run_id} is unreadable: {found.reason}", run_id=run_id)
+        return found
+
+    def releases(queue: SqlQueue, repository: str) -> list[pages.Release | Unreadable]:
+        return [row if isinstance(row, Unreadable) else pages.Release(entry=row.entry, comparison=row.comparison)
+                for row in reader.releases(queue, repository)]
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
 
+    def run_item(r: RunRecord | Unreadable) -> dict[str, Any]:
+        if isinstance(r, Unreadable):
+            return {"run_id": r.run_id, "state": None, "repository": None, "tag": None, "suite": None,
+                    "updated_at": None, "score": None, "unreadable": r.reason}
+        return {"run_id": r.run_id, "state": r.state, "repository": r.payload.source.repository,
+                "tag": r.payload.source.tag, "suite": r.payload.suite, "updated_at": r.updated_at,
+                "score": r.grading.score if r.grading else None}
+
     @app.get("/runs")
     def list_runs() -> dict[str, list[dict[str, Any]]]:
-        records: list[RunRecord] = read(lambda q: q.list_runs())
-        return {"runs": [{"run_id": r.run_id, "state": r.state, "repository": r.payload.source.repository,
-                          "tag": r.payload.source.tag, "suite": r.payload.suite, "updated_at": r.updated_at,
-                          "score": r.grading.score if r.grading else None} for r in records]}
+        records: list[RunRecord | Unreadable] = read(reader.runs)
+        return {"runs": [run_item(r) for r in records]}
 
     @app.get("/runs/{run_id}")
     def get_run(run_id: str) -> dict[str, Any]:
         _checked_run_id(run_id)
-        status: RunStatus = read(lambda q: q.get_run(run_id).status(), run_id=run_id)
-        return status.model_dump(mode="json")
+        record: RunRecord = read(lambda q: one_run(q, run_id), run_id=run_id)
+        return record.status().model_dump(mode="json")
 
     @app.get("/runs/{run_id}/grading")
     def get_grading(run_id: str) -> dict[str, Any]:
         _checked_run_id(run_id)
-        record: RunRecord = read(lambda q: q.get_run(run_id), run_id=run_id)
+        record: RunRecord = read(lambda q: one_run(q, run_id), run_id=run_id)
         if record.grading is None:
             raise ApiError(404, f"run {run_id} is not graded yet")
         return record.grading.model_dump(mode="json")
@@ -163,21 +178,26 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
     def get_comparison(run_id: str) -> dict[str, Any]:
         _checked_run_id(run_id)
 
-        def work(queue: Queue) -> Any:
-            queue.get_run(run_id)  # 404 for an unknown run
-            return queue.comparison(run_id)
+        def work(queue: SqlQueue) -> ReleaseRow | None:
+            reader.run(queue, run_id)  # a ValidationError (404) for an unknown run
+            found = reader.comparison(queue, run_id)
+            if isinstance(found, Unreadable):
+                raise ApiError(500, f"run {run_id} is unreadable: {found.reason}", run_id=run_id)
+            return found
 
-        comparison = read(work, run_id=run_id)
-        if comparison is None:
+        found: ReleaseRow | None = read(work, run_id=run_id)
+        if found is None or found.comparison is None:
             raise ApiError(404, f"run {run_id} has no scored release in the history")
-        return dict(comparison.model_dump(mode="json", by_alias=True))
+        return dict(found.comparison.model_dump(mode="json", by_alias=True))
 
     def index() -> HTMLResponse:
-        def work(queue: Queue) -> list[pages.RepositorySummary]:
+        def work(queue: SqlQueue) -> list[pages.RepositorySummary]:
             found = []
             for repository in queue.history_repositories():
-                entries = queue.history(repository)
-                found.append(pages.RepositorySummary(repository, len(entries), entries[-1] if entries else None))
+                rows = releases(queue, repository)
+                readable = [r.entry for r in rows if isinstance(r, pages.Release)]
+                found.append(pages.RepositorySummary(repository, len(readable), readable[-1] if readable else None,
+                                                     unreadable=len(rows) - len(readable)))
             return found
 
         return HTMLResponse(pages.index_page(read(work, page=True)))
@@ -188,19 +208,22 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
     @app.get("/repos/{owner}/{name}", response_class=HTMLResponse)
     def results(owner: str, name: str) -> HTMLResponse:
         repository = _checked_repository(owner, name, page=True)
-        found: list[pages.Release] = read(lambda q: releases(q, repository), page=True)
+        found: list[pages.Release | Unreadable] = read(lambda q: releases(q, repository), page=True)
         if not found:
             raise ApiError(404, f"No scored release of {repository} is recorded here.", page=True,
                            title="No results")
-        return HTMLResponse(pages.results_page(repository, found, release_url_base))
+        return HTMLResponse(pages.results_page(repository, [r for r in found if isinstance(r, pages.Release)],
+                                               release_url_base,
+                                               unreadable=[r for r in found if isinstance(r, Unreadable)]))
 
     @app.get("/repos/{owner}/{name}/history")
     def history(owner: str, name: str) -> dict[str, Any]:
         repository = _checked_repository(owner, name, page=False)
-        found: list[pages.Release] = read(lambda q: releases(q, repository))
+        found: list[pages.Release | Unreadable] = read(lambda q: releases(q, repository))
         if not found:
             raise ApiError(404, f"no scored release of {repository} is recorded here")
         return {"repository": repository, "releases": [
+            {"run_id": r.run_id, "unreadable": r.reason} if isinstance(r, Unreadable) else
             {**r.entry.model_dump(mode="json"), "evidence": pages.release_url(release_url_base, repository, r.entry.tag),
              "comparison": None if r.comparison is None else r.comparison.model_dump(mode="json", by_alias=True)}
             for r in found]}

@@ -10,7 +10,8 @@ The results page shows, per suite: the score history as an SVG chart (one point 
 left, its 95 % interval as a vertical bar, a gated release drawn as a diamond), the releases (newest
 first: tag, commit, score and its change, interval, the gate's verdict and reasons, run, sealed
 summary digest, a link to the release's evidence) and the per-task matrix of the newest release
-against the release it was compared with.
+against the release it was compared with. A history row the queue cannot decode is listed under
+"Unreadable rows" with its run and why; the page shows every other release.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from urllib.parse import quote
 from pipeline import __version__
 from pipeline.core.documents import Comparison, HistoryEntry, TaskCounts
 from pipeline.core.errors import ValidationError
+from pipeline.infra.queue.reader import Unreadable
 
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; "
        "frame-ancestors 'none'")
@@ -119,6 +121,7 @@ class RepositorySummary:
     repository: str
     releases: int
     newest: HistoryEntry | None
+    unreadable: int = 0  # history rows that cannot be decoded
 
 
 def index_page(repositories: Sequence[RepositorySummary]) -> str:
@@ -128,6 +131,7 @@ def index_page(repositories: Sequence[RepositorySummary]) -> str:
             f"{r.releases} scored release{'s' if r.releases != 1 else ''}"
             + (f"; newest {_e(r.newest.tag)}, score {r.newest.score:.3f}{' (gated)' if r.newest.gated else ''}"
                if r.newest is not None else "")
+            + (f"; {r.unreadable} unreadable row{'s' if r.unreadable != 1 else ''}" if r.unreadable else "")
             + "</span></li>"
             for r in repositories)
         listing = f"<ul class=\"repos\">{items}</ul>"
@@ -277,8 +281,20 @@ def task_matrix(release: Release) -> str:
             f"<th>Change</th></tr></thead><tbody>{''.join(rows)}</tbody></table>")
 
 
-def results_page(repository: str, releases: Sequence[Release], release_base: str) -> str:
-    """The results page of ``repository`` (``releases`` oldest first, all suites)."""
+def unreadable_list(rows: Sequence[Unreadable]) -> str:
+    """The history rows that cannot be decoded: each run id and the one-line reason (both escaped)."""
+    if not rows:
+        return ""
+    items = "".join(f"<li><code>{_e(row.run_id)}</code>: unreadable: {_e(row.reason)}</li>" for row in rows)
+    return (f"<section class=\"unreadable\"><h2>Unreadable rows</h2><p class=\"muted\">These releases are "
+            f"recorded in the queue but their rows cannot be read; the rest of the page does not use them.</p>"
+            f"<ul class=\"reasons\">{items}</ul></section>")
+
+
+def results_page(repository: str, releases: Sequence[Release], release_base: str,
+                 unreadable: Sequence[Unreadable] = ()) -> str:
+    """The results page of ``repository`` (``releases`` oldest first, all suites; ``unreadable``: its
+    history rows that cannot be decoded, listed apart)."""
     suites: dict[str, list[Release]] = {}
     for release in releases:
         suites.setdefault(release.entry.suite, []).append(release)
@@ -297,5 +313,5 @@ def results_page(repository: str, releases: Sequence[Release], release_base: str
             f"<p class=\"lead\">{count} scored release{'s' if count != 1 else ''} in {len(suites)} "
             f"suite{'s' if len(suites) != 1 else ''}. Each links to its signed evidence; "
             f"<code>benchseal verify {_e(repository)}@TAG</code> checks it.</p></header>\n"
-            f"<main>{''.join(sections)}</main>")
+            f"<main>{''.join(sections)}{unreadable_list(unreadable)}</main>")
     return _page(f"{repository} · benchseal results", body)

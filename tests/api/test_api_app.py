@@ -210,42 +210,112 @@ def _tree(root: Path) -> dict[str, tuple[int, int]]:
 def _tamper(db: Path, sql: str, *params: object) -> None:
     conn = sqlite3.connect(db)
     try:
+        conn.execute("PRAGMA ignore_check_constraints = ON")  # a corrupt file obeys no CHECK (a bad state)
         conn.execute(sql, params)
         conn.commit()
     finally:
         conn.close()
 
 
-def test_a_row_that_cannot_be_read_is_a_422_for_what_needs_it(db: Path, seeded: dict[str, str]) -> None:
-    client = _client(db)
+# One corrupt row of each kind: (table, column, value). The API's answer must never be a 422 (that is for
+# the client's input): the row is marked with its run id and why, and every other row is served.
+_CORRUPT_RUNS = {
+    "payload not JSON": ("payload", "{not json <script>"),
+    "payload of the wrong shape": ("payload", '{"schema": "x", "runner": "<script>"}'),
+    "payload a JSON list": ("payload", "[1, 2]"),
+    "bad state": ("state", "<script>BOGUS"),
+    "grading not JSON": ("grading", "\x00\x1b[31m"),
+    "grading of the wrong shape": ("grading", '{"gated": "<script>"}'),
+    "bad attempts": ("attempts", "many"),
+    "bad correlation id": ("correlation_id", "<script>x"),
+}
+_CORRUPT_RELEASES = {
+    "history entry not JSON": ("entry", "{"),
+    "history entry of the wrong shape": ("entry", '{"tag": "<script>"}'),
+    "comparison of the wrong shape": ("comparison", '{"gated": "<script>"}'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_CORRUPT_RUNS))
+def test_a_corrupt_run_row_is_marked_and_every_other_run_is_served(db: Path, seeded: dict[str, str],
+                                                                    case: str) -> None:
+    column, value = _CORRUPT_RUNS[case]
     bad = seeded["v1.1.0"]
-    _tamper(db, "UPDATE runs SET payload = ? WHERE run_id = ?", '{"schema": "x", "runner": "<b>"}', bad)
-    r = client.get(f"/runs/{bad}")
-    assert r.status_code == 422 and r.headers["x-benchseal-bad-run"] == bad and bad in r.json()["detail"]
+    _tamper(db, f"UPDATE runs SET {column} = ? WHERE run_id = ?", value, bad)
+    client = _client(db)
+    listed = client.get("/runs")
+    assert listed.status_code == 200, listed.text
+    runs = {r["run_id"]: r for r in listed.json()["runs"]}
+    assert set(runs) == set(seeded.values())
+    marked = runs[bad]
+    assert marked["unreadable"].startswith(f"{'row' if column in ('attempts', 'correlation_id') else column}: ")
+    assert "\n" not in marked["unreadable"] and "\x1b" not in marked["unreadable"]
+    assert marked["state"] is None and marked["score"] is None
+    for name, run_id in seeded.items():
+        if run_id != bad:
+            assert "unreadable" not in runs[run_id] and runs[run_id]["state"] in ("SUCCEEDED", "QUEUED"), name
+    assert runs[seeded["v1.2.0"]]["score"] is not None
+    for path in (f"/runs/{bad}", f"/runs/{bad}/grading"):
+        one = client.get(path)
+        assert one.status_code == 500 and one.headers["x-benchseal-bad-run"] == bad, (path, one.text)
+        assert one.json()["detail"] == f"run {bad} is unreadable: {marked['unreadable']}"
     assert client.get(f"/runs/{seeded['v1.2.0']}").status_code == 200
-    assert client.get("/runs").status_code == 422
-    _tamper(db, "UPDATE releases SET comparison = ? WHERE run_id = ?", '{"gated": "<script>"}', seeded["v1.2.0"])
+    # The history is another table: the repository's page and history are whole.
+    assert client.get("/repos/acme/widget").status_code == 200
+    assert len(client.get("/repos/acme/widget/history").json()["releases"]) == 3
+    for path in ("/runs", f"/runs/{bad}", "/repos/acme/widget", "/"):
+        assert "<script" not in client.get(path).text
+
+
+@pytest.mark.parametrize("case", sorted(_CORRUPT_RELEASES))
+def test_a_corrupt_history_row_is_marked_and_every_other_release_is_served(db: Path, seeded: dict[str, str],
+                                                                            case: str) -> None:
+    column, value = _CORRUPT_RELEASES[case]
+    bad = seeded["v1.1.0"]
+    _tamper(db, f"UPDATE releases SET {column} = ? WHERE run_id = ?", value, bad)
+    client = _client(db)
+    history = client.get("/repos/acme/widget/history")
+    assert history.status_code == 200, history.text
+    releases = history.json()["releases"]
+    assert [r.get("tag") for r in releases] == ["v1.0.0", None, "v1.2.0"]
+    assert releases[1]["run_id"] == bad and releases[1]["unreadable"].startswith(f"history: {column}: ")
     page = client.get("/repos/acme/widget")
-    assert page.status_code == 422 and page.headers["content-type"].startswith("text/html")
-    assert "<script>" not in page.text
-    assert client.get("/repos/acme/widget/history").status_code == 422
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    dom = parse(page.text)
+    assert "<script" not in page.text
+    unreadable = dom.find("section", "unreadable")
+    assert bad in unreadable.text and "unreadable: history: " in unreadable.text
+    assert "v1.0.0" in page.text and "v1.2.0" in page.text
+    index = client.get("/")
+    assert index.status_code == 200 and "2 scored releases; newest v1.2.0" in index.text
+    assert "1 unreadable row" in index.text
+    comparison = client.get(f"/runs/{bad}/comparison")
+    assert comparison.status_code == 500 and bad in comparison.json()["detail"]
+    assert client.get(f"/runs/{bad}").status_code == 200  # its run row is sound
     assert client.get("/repos/acme/other-repo").status_code == 200
 
 
-_COLUMNS = [("runs", "payload"), ("runs", "grading"), ("releases", "entry"), ("releases", "comparison")]
+_COLUMNS = [("runs", "payload"), ("runs", "grading"), ("runs", "state"), ("runs", "created_at"),
+            ("releases", "entry"), ("releases", "comparison"), ("releases", "summary_digest")]
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(where=st.sampled_from(_COLUMNS), text=st.one_of(st.text(max_size=300), st.from_regex(r'\{"[a-z_]{1,12}": .{0,40}\}')))
-def test_random_row_contents_never_make_a_500(db: Path, seeded: dict[str, str], where: tuple[str, str], text: str) -> None:
+def test_random_row_contents_never_make_a_422_or_an_anonymous_500(db: Path, seeded: dict[str, str],
+                                                                  where: tuple[str, str], text: str) -> None:
     table, column = where
     run_id = seeded["v1.1.0"]
     _tamper(db, f"UPDATE {table} SET {column} = ? WHERE run_id = ?", text, run_id)
     client = _client(db)
-    for path in ("/runs", f"/runs/{run_id}", f"/runs/{run_id}/grading", f"/runs/{run_id}/comparison", "/",
-                 "/repos/acme/widget", "/repos/acme/widget/history"):
+    for path in ("/runs", "/", "/repos/acme/widget", "/repos/acme/widget/history"):
         r = client.get(path)
-        assert r.status_code in (200, 404, 422), (table, column, text, path, r.status_code, r.text[:300])
+        assert r.status_code == 200, (table, column, text, path, r.status_code, r.text[:300])
+        assert "<script" not in r.text
+    for path in (f"/runs/{run_id}", f"/runs/{run_id}/grading", f"/runs/{run_id}/comparison"):
+        r = client.get(path)
+        assert r.status_code in (200, 404, 500), (table, column, text, path, r.status_code, r.text[:300])
+        if r.status_code == 500:
+            assert r.json()["detail"].startswith(f"run {run_id} is unreadable: "), (table, column, text, path, r.text)
         assert "<script" not in r.text
 
 

@@ -14,12 +14,20 @@ reader does not exist yet. The reader's password or certificate is the operator'
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
-from pipeline.core.errors import CheckFailed, ValidationError
-from pipeline.infra.queue.helpers import Cursor
+import pydantic
+
+from pipeline.core.contracts import Grading, RunState, canonical_repository
+from pipeline.core.documents import Comparison, HistoryEntry
+from pipeline.core.errors import CheckFailed, ValidationError, escape_text
+from pipeline.infra.queue.helpers import Cursor, T
+from pipeline.infra.queue.records import RunRecord, parse_payload
 from pipeline.infra.queue.rules import SqlQueue
+from pipeline.infra.queue.schema import RUN_COLUMNS
 from pipeline.infra.queue.sqlite import SqliteQueue
 
 if TYPE_CHECKING:
@@ -117,3 +125,124 @@ def open_reader(db: Path | None = None, url: str | None = None) -> SqlQueue:
         raise CheckFailed(f"queue database {queue.location}: its role may write {', '.join(writable)}: the API "
                           "connects only as a role granted SELECT (`benchseal api grant-reader ROLE`)")
     return queue
+
+
+# --- rows as the API shows them: one unreadable row is marked, never the whole answer refused ------
+
+_RUN_INDEX = {name.strip(): index for index, name in enumerate(RUN_COLUMNS.split(","))}
+_RUN_STATES = frozenset(get_args(RunState))
+MAX_REASON_CHARS = 300
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A row of the queue the API cannot decode (a corrupt payload, grading, state, history entry or
+    comparison): shown with its run id and why, in one escaped line, while every other row is served."""
+
+    run_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReleaseRow:
+    """A history entry and the comparison recorded with it (None: none was recorded)."""
+
+    entry: HistoryEntry
+    comparison: Comparison | None
+
+
+def _reason(column: str, exc: BaseException) -> str:
+    if isinstance(exc, pydantic.ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        text = f"{column}: {where + ': ' if where else ''}{first['msg']}{more}"
+    else:
+        text = f"{column}: {exc or type(exc).__name__}"
+    return escape_text(" ".join(text.split()))[:MAX_REASON_CHARS]
+
+
+def _decoded(column: str, decode: Callable[[], T]) -> T:
+    """``decode()``; whatever it raises becomes ``_Undecodable`` naming ``column``. Decoding a row is pure
+    (the database was read before), so any exception means this row's contents, never the queue."""
+    try:
+        return decode()
+    except Exception as exc:  # any failure to decode one row marks that row, and only it
+        raise _Undecodable(_reason(column, exc)) from None
+
+
+class _Undecodable(Exception):
+    pass
+
+
+def _row_id(value: object) -> str:
+    return escape_text(str(value))[:100]
+
+
+def _run(row: Sequence[object]) -> RunRecord | Unreadable:
+    try:
+        state = row[_RUN_INDEX["state"]]
+        if state not in _RUN_STATES:
+            raise _Undecodable("state: not a run state")  # the value is not echoed, as pydantic's messages do not
+        _decoded("payload", lambda: parse_payload(str(row[_RUN_INDEX["payload"]])))
+        grading = row[_RUN_INDEX["grading"]]
+        if grading is not None:
+            _decoded("grading", lambda: Grading.model_validate_json(str(grading)))
+        record = _decoded("row", lambda: SqlQueue._record(row))
+        _decoded("row", record.status)  # what /runs/{id} serves must be buildable too
+        return record
+    except _Undecodable as exc:
+        return Unreadable(_row_id(row[0]), str(exc))
+
+
+def runs(queue: SqlQueue) -> list[RunRecord | Unreadable]:
+    """Every run (as ``Queue.list_runs`` orders them); a row that cannot be decoded is an ``Unreadable``."""
+
+    def work(cur: Cursor) -> list[Any]:
+        cur.execute(f"SELECT {RUN_COLUMNS} FROM runs ORDER BY created_at, run_id")  # noqa: S608
+        return cur.fetchall()
+
+    return [_run(row) for row in queue._read(work)]
+
+
+def run(queue: SqlQueue, run_id: str) -> RunRecord | Unreadable:
+    """One run (ValidationError on field run_id when there is none), or why its row cannot be decoded."""
+    row = queue._read(lambda cur: queue._row(cur, run_id))
+    if row is None:
+        raise ValidationError("run_id", "no such run", run_id)
+    return _run(row)
+
+
+def _release(row: Sequence[object]) -> ReleaseRow | Unreadable:
+    run_id, entry, summary_digest, comparison = row
+    try:
+        decoded = _decoded("entry", lambda: HistoryEntry.model_validate_json(str(entry)).model_copy(
+            update={"summary_digest": None if summary_digest is None else str(summary_digest)}))
+        compared = None if comparison is None else _decoded(
+            "comparison", lambda: Comparison.model_validate_json(str(comparison)))
+    except _Undecodable as exc:
+        return Unreadable(_row_id(run_id), f"history: {exc}")
+    return ReleaseRow(decoded, compared)
+
+
+def releases(queue: SqlQueue, repository: str) -> list[ReleaseRow | Unreadable]:
+    """``repository``'s recorded releases with their comparisons, oldest first (``Queue.history``'s
+    order); a row that cannot be decoded is an ``Unreadable``."""
+
+    def work(cur: Cursor) -> list[Any]:
+        cur.execute("SELECT run_id, entry, summary_digest, comparison FROM releases WHERE repository = ?"
+                    " ORDER BY recorded_at, run_id", (canonical_repository(repository),))
+        return cur.fetchall()
+
+    return [_release(row) for row in queue._read(work)]
+
+
+def comparison(queue: SqlQueue, run_id: str) -> ReleaseRow | Unreadable | None:
+    """The history row of ``run_id`` (None: the run was not scored), or why it cannot be decoded."""
+
+    def work(cur: Cursor) -> Any:
+        cur.execute("SELECT run_id, entry, summary_digest, comparison FROM releases WHERE run_id = ?", (run_id,))
+        return cur.fetchone()
+
+    row = queue._read(work)
+    return None if row is None else _release(row)
