@@ -16,14 +16,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 import docker
 import docker.errors
 import pytest
 
 from pipeline.imaging.build import ensure_local
-from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
+from pipeline.infra.sandbox.engine_proxy import GATEWAY_LABEL, LABEL, EnginePolicy, EngineProxy
 
 
 class FakeEngine(threading.Thread):
@@ -36,6 +36,7 @@ class FakeEngine(threading.Thread):
         self.sock.listen(16)
         self.token, self.owned = token, owned
         self.requests: list[bytes] = []
+        self.images: dict[str, dict[str, str]] = {}  # name (as in the path) -> its labels; others answer 404
 
     def run(self) -> None:
         while True:
@@ -59,6 +60,18 @@ class FakeEngine(threading.Thread):
                 pass
             line = data.split(b"\r\n", 1)[0].decode()
             body: dict[str, Any] = {}
+            if line.startswith("GET /images/") and line.split()[1].endswith("/json"):
+                name = line.split()[1].removeprefix("/images/").removesuffix("/json")
+                if name not in self.images:  # an image that is not there (a new tag): the engine's 404
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                    conn.close()
+                    continue
+                body = {"Config": {"Labels": self.images[name]}}
+                raw = json.dumps(body).encode()
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                             + f"Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+                conn.close()
+                continue
             if "/json" in line and line.startswith("GET /containers/"):
                 ident = line.split("/")[2]
                 labels = {LABEL: self.token} if ident in self.owned else {}
@@ -277,6 +290,45 @@ def test_only_images_built_through_the_proxy_may_be_removed(proxy: Any) -> None:
     assert _send(p, b"DELETE /v1.41/images/task-main HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 200
     assert _send(p, b"DELETE /v1.41/images/task-main:other HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 403
     assert len(engine.requests) == 3
+
+
+def test_what_the_runner_creates_carries_the_workers_labels_and_none_of_benchseals_own(tmp_path: Path) -> None:
+    """The worker's run and batch labels are set over the runner's (it removes by them); a label naming
+    benchseal (the worker's task hash, the proxy's own, a gateway's) is refused wherever the runner sets one."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    policy = EnginePolicy(bind_roots=(run_dir,), labels={"benchseal.infra.run_id": "run-" + "1" * 20})
+    engine = FakeEngine(tmp_path / "engine.sock", policy.token, owned={"mine"})
+    engine.start()
+    p = EngineProxy(tmp_path / "proxy.sock", policy, upstream=str(tmp_path / "engine.sock")).start()
+    try:
+        own = {"benchseal.infra.run_id": "run-" + "1" * 20, LABEL: policy.token}
+        assert _send(p, _post("/containers/create", {"Image": "x", "Labels": {"com.example": "1"}}))[0] == 200
+        assert json.loads(engine.requests[-1].split(b"\r\n\r\n", 1)[1])["Labels"] == {"com.example": "1", **own}
+        assert _send(p, _post("/volumes/create", {"Name": "v"}))[0] == 200
+        assert json.loads(engine.requests[-1].split(b"\r\n\r\n", 1)[1])["Labels"] == own
+        labels = quote(json.dumps({"com.example": "1"}))
+        assert _send(p, f"POST /v1.41/build?t=a&labels={labels} HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n"
+                     .encode())[0] == 200
+        target = engine.requests[-1].split(b" ", 2)[1].decode()
+        assert json.loads(parse_qs(target.split("?", 1)[1])["labels"][0]) == {"com.example": "1", **own}
+        # A container's removal takes its anonymous volumes along.
+        assert _send(p, b"DELETE /v1.41/containers/mine?v=0 HTTP/1.1\r\nHost: d\r\n\r\n")[0] == 200
+        assert engine.requests[-1].startswith(b"DELETE /v1.41/containers/mine?v=1 ")
+        count = len(engine.requests)
+        for key in ("benchseal.task.hash", "BENCHSEAL.infra.batch", "dev.benchseal.agent", LABEL, GATEWAY_LABEL):
+            assert _send(p, _post("/containers/create", {"Image": "x", "Labels": {key: "1"}}))[0] == 403, key
+            assert _send(p, _post("/volumes/create", {"Labels": {key: "1"}}))[0] == 403, key
+            query = quote(json.dumps({key: "1"}))
+            assert _send(p, f"POST /v1.41/build?labels={query} HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n"
+                         .encode())[0] == 403, key
+        # A build may not take the name of an image already there (its removal would then be allowed).
+        engine.images["taken"] = {}
+        assert _send(p, b"POST /v1.41/build?t=taken HTTP/1.1\r\nHost: d\r\nContent-Length: 0\r\n\r\n")[0] == 403
+        assert len(engine.requests) == count
+    finally:
+        p.stop()
+        engine.sock.close()
 
 
 # --- against the real Engine: the proxy parses as dockerd does ------------------------

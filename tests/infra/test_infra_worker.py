@@ -533,20 +533,21 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
     # A task that names its own image is left alone.
     own = first / "write-answer" / "task.toml"
     own.write_text(own.read_text().replace("[environment]\n", '[environment]\ndocker_image = "example.invalid/x@sha256:' + "1" * 64 + '"\n'))
-    pinned = prebuild_task_images(client, first)
+    records = tmp_path / "records"  # the worker's own record of what it built (not found by label)
+    pinned = prebuild_task_images(client, first, records)
     assert set(pinned) == {"cli-flag", "fix-mean"}
     labelled = {i.id for i in client.images.list(filters={"label": TASK_IMAGE_LABEL})}
-    again = prebuild_task_images(client, second)
+    again = prebuild_task_images(client, second, records)
     assert {k: again[k] for k in pinned} == pinned  # found by content, not rebuilt
     assert {i.id for i in client.images.list(filters={"label": TASK_IMAGE_LABEL})} == labelled
     assert "example.invalid/x@sha256:" in own.read_text()
     # A rendered task.toml that is already pinned keeps its pin.
-    assert prebuild_task_images(client, second) == {}
+    assert prebuild_task_images(client, second, records) == {}
     # Changed content: another image.
     third = tmp_path / "three"
     render_suite(infra_setup["suites"] / "smoke", third, base)
     (third / "fix-mean" / "environment" / "stats.py").write_text("def mean(xs):\n    return 0\n")
-    changed = prebuild_task_images(client, third)
+    changed = prebuild_task_images(client, third, records)
     assert changed["fix-mean"] != pinned["fix-mean"] and changed["cli-flag"] == pinned["cli-flag"]
     # A symlink in the build context is refused (it could point outside the task).
     fourth = tmp_path / "four"
@@ -555,7 +556,7 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
     from pipeline.core.errors import CheckFailed
 
     with pytest.raises(CheckFailed, match="symlink"):
-        prebuild_task_images(client, fourth)
+        prebuild_task_images(client, fourth, records)
 
 
 def test_sweep_removes_the_runner_container_of_a_batch_that_lost_its_lease_only(infra_setup, tmp_path):

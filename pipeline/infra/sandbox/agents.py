@@ -146,6 +146,7 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
 
     With a model and ``runner_image``, the engine proxy starts a model gateway (that image,
     carrying ``labels``) for each trial container; without, trial containers get no network.
+    Everything the runner creates through the proxy carries ``labels`` too (the worker removes it by them).
     With ``sandbox_user`` (the rootless sandbox engine's service user, which is container root
     there), the private dirs' contents are that user's and the dirs get an ACL entry for it alone:
     still 0700/0400 to everyone else, never world-readable.
@@ -197,7 +198,8 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
             engine = _private_dir("benchseal-engine-", setup.locks)
             setup.dirs.append(engine)
             setup.engine = EngineProxy(engine / "docker.sock", EnginePolicy(
-                bind_roots=(run_dir,), pull_repositories=pull_repositories, gateway=gateway), upstream=docker_socket)
+                bind_roots=(run_dir,), pull_repositories=pull_repositories, gateway=gateway,
+                labels=dict(labels or {})), upstream=docker_socket)
             setup.engine.start()
             setup.volumes[str(engine / "docker.sock")] = {"bind": "/var/run/docker.sock", "mode": "rw"}
         if sandbox_user is not None:

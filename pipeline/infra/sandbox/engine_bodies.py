@@ -247,5 +247,22 @@ _VOLUME: dict[str, Checker] = {"Name": _STR, "Driver": _one_of("", "local"), "Dr
 _UPDATE: dict[str, Checker] = {**_RESOURCES, "RestartPolicy": _RESTART}
 
 
+# Labels are how benchseal's worker and this proxy mark what they own (``benchseal.*``, ``dev.benchseal.*``):
+# a runner sets none of them, on anything (any case, any spelling that contains the name).
+_RESERVED_LABEL = re.compile(r"benchseal", re.IGNORECASE)
+
+
+def check_labels(labels: Any, where: str) -> dict[str, str]:
+    """``labels`` (a JSON object of strings) holding no key of benchseal's namespace; Refused otherwise."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in labels.items()):
+        raise Refused(f"{where}: expected an object of strings")
+    reserved = sorted(k for k in labels if _RESERVED_LABEL.search(k))
+    if reserved:
+        raise Refused(f"{where} {reserved[0]!r}: labels naming benchseal are the worker's and the proxy's own")
+    return dict(labels)
+
+
 def _dump(spec: dict[str, Any]) -> bytes:
     return json.dumps(spec).encode()

@@ -70,6 +70,15 @@ def _check_add(args: str) -> None:
                           "network), or a variable, quote or escape that could make one, is not allowed")
 
 
+def _check_label(args: str) -> None:
+    """A Dockerfile LABEL may not name benchseal's labels: read with quotes, escapes and continuations removed
+    (what the engine's word processing could join into the name), and no variable (its value is not seen here)."""
+    if "$" in args:
+        raise Refused(f"Dockerfile LABEL {args!r}: a variable is not allowed")
+    if re.search("benchseal", re.sub(r"[\s\\`'\"]", "", args), re.IGNORECASE):
+        raise Refused(f"Dockerfile LABEL {args!r}: labels naming benchseal are the worker's and the proxy's own")
+
+
 def _dockerfile_names(name: str) -> set[str]:
     """The context paths the engine reads the Dockerfile from (``Dockerfile`` falls back to ``dockerfile``)."""
     wanted = posixpath.normpath("/" + (name or "Dockerfile")).lstrip("/")

@@ -31,6 +31,11 @@ it against a whitelist and forwards exactly what it checked:
   forwarded as the resolved path, and re-checked when the container is started
   (or restarted) through the proxy, so a component swapped for a symlink in
   between is refused; the proxy labels what it creates;
+* nothing crosses runs: no label naming benchseal may be set by the runner (creates, volumes,
+  ``/build`` labels, a Dockerfile ``LABEL``, a base carrying one); the worker's run and batch
+  labels are set on every container, built image and volume (it removes them by these when
+  the batch ends); a build's tag may not name an image already there, a removal goes by that
+  tag, and a container's removal takes its anonymous volumes;
 * egress: a container asks for no network (``none``, or the default) or is
   refused; the proxy forces ``NetworkMode`` itself and drops
   ``NetworkingConfig``: ``none``, or, when the policy names a model gateway,
@@ -90,11 +95,13 @@ from pipeline.infra.sandbox.engine_bodies import (
     _canon,
     _dump,
     _load_json,
+    check_labels,
 )
 from pipeline.infra.sandbox.engine_build import (
     _BUILD_QUERY,
     _FALSE,
     _check_add,
+    _check_label,
     _context_dockerfiles,
     _instructions,
     _tagged,
@@ -145,6 +152,9 @@ class EnginePolicy:
     pull_repositories: tuple[str, ...] = ()  # "registry/repository" names whose images may be pulled
     token: str = field(default_factory=lambda: os.urandom(12).hex())
     gateway: ModelGateway | None = None  # None: every container gets network none
+    # Set on everything the runner creates (containers, built images, volumes), over whatever it asked for:
+    # the worker's run and batch labels, by which it removes all of it when the batch ends.
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 # --- HTTP: one request per client connection, parsed by h11, re-framed by the proxy ----
@@ -496,12 +506,20 @@ class EngineProxy:
             with self._lock:
                 if name not in self.built:
                     raise Refused(f"{what}: only images this runner built may be removed")
+            # By the tag it built, spelled out: a bare name the engine no longer knows as a tag would be read
+            # as an image id prefix (the worker's image, if the runner had named its build after that id).
+            raw_path, _, raw_query = request.target.partition("?")
+            version = _VERSION.match(unquote(raw_path))
+            request.target = (version.group(0) if version else "") + "/images/" + quote(name, safe="/:@") \
+                + ("?" + raw_query if raw_query else "")
             return body
         if method == "POST" and path == "/images/create":
             self._check_pull(request)
             return body
         if method == "POST" and path == "/volumes/create":
-            return _dump(_canon(_load_json(body or b"{}", what), _VOLUME, "volume"))
+            volume = _canon(_load_json(body or b"{}", what), _VOLUME, "volume")
+            volume["Labels"] = {**check_labels(volume.get("Labels"), "volume.Labels"), **self._own_labels()}
+            return _dump(volume)
         match = re.fullmatch(r"/containers/" + _ID + r"(/[a-z]+)?", path)
         if match:
             return self._container_call(request, body, match.group(1), match.group(2) or "")
@@ -521,6 +539,9 @@ class EngineProxy:
         info = self._require_owned_container(ident, what)
         if call in ("/start", "/restart"):
             self._check_started_binds(info, what)
+        if call == "" and request.method == "DELETE":
+            # Its anonymous volumes go with it (nothing of a run is left for a later one to find).
+            request.set_query([*((k, v) for k, vs in request.query.items() if k != "v" for v in vs), ("v", "1")])
         if call == "/exec":
             return _dump(_canon(_load_json(body or b"{}", what), _EXEC, "exec"))
         if call == "/update":
@@ -551,9 +572,7 @@ class EngineProxy:
                 mount["Source"] = self._resolved_source(str(mount.get("Source") or ""))
             elif mount.get("Source"):
                 raise Refused(f"HostConfig.Mounts: a named {kind} {mount['Source']!r} is not allowed (anonymous only)")
-        labels = dict(spec.get("Labels") or {})
-        labels.pop(GATEWAY_LABEL, None)
-        labels[LABEL] = self.policy.token
+        labels = {**check_labels(spec.get("Labels"), "create.Labels"), **self._own_labels()}
         spec["NetworkDisabled"] = False
         host["NetworkMode"] = "none"
         if self.policy.gateway is not None:
@@ -624,13 +643,43 @@ class EngineProxy:
             raise Refused(f"{what}: pull is not allowed (the engine would fetch the base images)")
         if request.first("version") not in ("", "1"):
             raise Refused(f"{what}: only the classic builder (version 1) is allowed")
-        pairs = [(k, v) for k, values in request.query.items() if k != "networkmode" for v in values]
-        request.set_query([*pairs, ("networkmode", "none")])
+        labels = self._build_labels(request)
+        for tag in request.query.get("t", []):
+            self._check_tag(tag, what)
+        tags = [_tagged(t) for t in request.query.get("t", [])]
+        pairs = [(k, v) for k, values in request.query.items() if k not in ("networkmode", "labels") for v in values]
+        request.set_query([*pairs, ("networkmode", "none"), ("labels", json.dumps(labels))])
         if spool is not None and spool.seek(0, os.SEEK_END):
             for text in _context_dockerfiles(spool, request.first("dockerfile")):
                 self._check_dockerfile(text)
         with self._lock:
-            self.built.update(_tagged(t) for t in request.query.get("t", []))
+            self.built.update(tags)
+
+    def _own_labels(self) -> dict[str, str]:
+        """The labels the proxy sets on what it lets the runner create (over the runner's own)."""
+        return {**self.policy.labels, LABEL: self.policy.token}
+
+    def _build_labels(self, request: _Request) -> dict[str, str]:
+        """The build's ``labels`` (the engine reads the first value), none of benchseal's, plus the proxy's own."""
+        raw = request.query.get("labels", [])
+        try:
+            asked = json.loads(raw[0]) if raw and raw[0] else None
+        except ValueError:
+            raise Refused("POST /build: labels is not JSON") from None
+        return {**check_labels(asked, "POST /build labels"), **self._own_labels()}
+
+    def _check_tag(self, tag: str, what: str) -> None:
+        """A build may name a new image, or one this proxy built, never an image that is already there
+        (another run's, or the worker's: the name would move to this build, and its removal be allowed)."""
+        with self._lock:
+            if _tagged(tag) in self.built:
+                return
+        for name in {tag, _tagged(tag)}:  # as given, the engine also reads it as an image id prefix
+            try:
+                self._inspect(f"/images/{quote(name, safe='')}/json")
+            except NotFound:
+                continue
+            raise Refused(f"{what}: t={tag} names an image already in the engine that this runner did not build")
 
     def _check_dockerfile(self, text: str) -> None:
         """No instruction that makes the engine fetch: read with either escape character (``# escape=``)."""
@@ -641,6 +690,8 @@ class EngineProxy:
                     raise Refused("Dockerfile ONBUILD is not allowed (a trigger runs in another build)")
                 if keyword == "ADD":
                     _check_add(args)
+                if keyword == "LABEL":
+                    _check_label(args)
                 if keyword == "FROM":
                     stages.append(self._check_from(args, stages))
                 if keyword == "COPY":
@@ -665,8 +716,13 @@ class EngineProxy:
             info = self._inspect(f"/images/{quote(image, safe='')}/json")
         except NotFound:
             raise Refused(f"Dockerfile base {image!r} is not in the engine (the build would pull it)") from None
-        if (info.get("Config") or {}).get("OnBuild"):
+        config = info.get("Config") or {}
+        if config.get("OnBuild"):
             raise Refused(f"Dockerfile base {image!r} has ONBUILD triggers")
+        try:
+            check_labels(config.get("Labels"), f"Dockerfile base {image!r}")
+        except Refused:  # its labels would be the new image's: a copy of the worker's own, say
+            raise Refused(f"Dockerfile base {image!r} carries benchseal's labels (the build would inherit them)") from None
 
     # --- model gateways ------------------------------------------------------------------
 

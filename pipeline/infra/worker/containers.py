@@ -2,7 +2,8 @@
 rootless sandbox engine (everything under test), one runner container per batch (``_run_container``: its
 secrets, sockets, timeout and SIGTERM grace) and what it ran (``_inspect_runner``), and the removal of
 what earlier attempts or dead workers left behind (``kill_leftovers``, ``kill_trial_leftovers``,
-``sweep_orphan_batches``)."""
+``sweep_orphan_batches``); when a batch ends, everything its runner created on the sandbox engine (containers,
+images, volumes: the engine proxy labels them with the batch) goes with it (``remove_batch_objects``)."""
 
 from __future__ import annotations
 
@@ -73,17 +74,56 @@ class _Engines:
     runner_id: str  # the runner image's id in the sandbox (sandbox_image)
 
 
+def _remove_container(client: Any, container: Any, removed: list[str]) -> None:
+    """``container`` gone with its anonymous volumes (SIGKILL first when it runs)."""
+    try:
+        container.remove(force=True, v=True)
+        removed.append(str((container.attrs.get("Names") or [container.id])[0]).lstrip("/"))
+    except docker.errors.NotFound:
+        pass  # gone between listing and removal (its own teardown, or another worker's)
+
+
+def _remove_images_and_volumes(client: Any, label: str, removed: list[str]) -> None:
+    """Images and volumes labelled ``label`` (``key=value``): what a runner built or created through the engine
+    proxy. An image another run's container still runs on stays (the engine refuses); the run's end removes it."""
+    for image in client.images.list(filters={"label": label}):
+        try:
+            client.images.remove(image.id, force=True)  # its tags and the build's untagged parents too
+            removed.append(f"image {image.id}")
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            log.warning("could not remove image %s (%s): %s", image.id, label, exc.explanation or exc)
+    for volume in client.volumes.list(filters={"label": label}):
+        try:
+            volume.remove(force=True)
+            removed.append(f"volume {volume.name}")
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            log.warning("could not remove volume %s (%s): %s", volume.name, label, exc.explanation or exc)
+
+
+def remove_batch_objects(client: Any, batch_label: str) -> list[str]:
+    """Everything labelled with the batch (its runner container, the trial containers, model gateways, images
+    and volumes the runner created through the engine proxy, which sets the label over the runner's own):
+    the sandbox keeps nothing of a finished batch for a later run to find."""
+    removed: list[str] = []
+    wanted = f"{LABEL_BATCH}={batch_label}"
+    for container in client.containers.list(all=True, sparse=True, filters={"label": wanted}):
+        _remove_container(client, container, removed)
+    _remove_images_and_volumes(client, wanted, removed)
+    return removed
+
+
 def kill_leftovers(client: Any, run_id: str) -> list[str]:
-    """Remove runner containers of earlier attempts of ``run_id`` and the trial containers they started."""
+    """Remove runner containers of earlier attempts of ``run_id``, the trial containers they started, and the
+    images and volumes they created."""
     removed: list[str] = []
     short = trial_short_id(run_id)
 
     def remove(container: Any) -> None:
-        try:
-            container.remove(force=True)
-            removed.append(str((container.attrs.get("Names") or [container.id])[0]).lstrip("/"))
-        except docker.errors.NotFound:
-            pass  # gone between listing and removal (its own teardown, or another worker's)
+        _remove_container(client, container, removed)
 
     # sparse=True: no per-container inspect while listing, which races with containers that
     # other runs on this engine remove meanwhile.
@@ -94,6 +134,7 @@ def kill_leftovers(client: Any, run_id: str) -> list[str]:
         project = (container.attrs.get("Labels") or {}).get("com.docker.compose.project", "")
         if short and short in project:
             remove(container)
+    _remove_images_and_volumes(client, f"{LABEL_RUN}={run_id}", removed)
     return removed
 
 
@@ -102,11 +143,16 @@ def sweep_orphan_batches(client: Any, queue: Queue) -> list[str]:
     and the trials were retried elsewhere, or ended): with nobody waiting on them they would run on
     unbounded. A batch still holding its lease (another worker of this host) is left alone."""
     removed: list[str] = []
-    for container in client.containers.list(all=True, sparse=True, filters={"label": LABEL_BATCH}):
+    seen: set[str] = set()
+    # Runner containers first: one of them names the trials its batch ran (trial containers and gateways
+    # carry the batch label too, since the engine proxy sets it).
+    found = client.containers.list(all=True, sparse=True, filters={"label": LABEL_BATCH})
+    for container in sorted(found, key=lambda c: LABEL_TRIALS not in (c.attrs.get("Labels") or {})):
         labels = container.attrs.get("Labels") or {}
         run_id, label = labels.get(LABEL_RUN), labels.get(LABEL_BATCH)
-        if not run_id or not label or label in queue.held_batches(str(run_id)):
+        if not run_id or not label or label in seen or label in queue.held_batches(str(run_id)):
             continue
+        seen.add(str(label))
         try:
             queue.get_run(str(run_id))
         except ValidationError:
@@ -127,20 +173,19 @@ def kill_trial_leftovers(client: Any, run_id: str, trial_names: Sequence[str], *
     removed: list[str] = []
 
     def remove(container: Any) -> None:
-        try:
-            container.remove(force=True)
-            removed.append(str((container.attrs.get("Names") or [container.id])[0]).lstrip("/"))
-        except docker.errors.NotFound:
-            pass
+        _remove_container(client, container, removed)
 
-    for container in client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
+    if only_batch is not None:
+        removed += remove_batch_objects(client, only_batch)
+    found = client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_RUN}={run_id}"})
+    runners = [c for c in found if LABEL_TRIALS in (c.attrs.get("Labels") or {})]
+    doomed = [c for c in runners
+              if {n.lower() for n in str(c.attrs["Labels"][LABEL_TRIALS]).split(",") if n} & wanted]
+    # A batch whose runner still runs other trials keeps its trial containers and gateways.
+    live = {(c.attrs.get("Labels") or {}).get(LABEL_BATCH) for c in runners if c not in doomed} - {None}
+    for container in found if only_batch is None else []:
         labels = container.attrs.get("Labels") or {}
-        ran = {n.lower() for n in str(labels.get(LABEL_TRIALS, "")).split(",") if n}
-        if only_batch is not None:
-            if labels.get(LABEL_BATCH) == only_batch:
-                remove(container)
-            continue
-        if ran & wanted or not ran:
+        if container in doomed or (container not in runners and labels.get(LABEL_BATCH) not in live):
             remove(container)
     for container in client.containers.list(all=True, sparse=True, filters={"label": "com.docker.compose.project"}):
         project = (container.attrs.get("Labels") or {}).get("com.docker.compose.project", "").lower()
@@ -222,7 +267,8 @@ def _run_container(
     # A model-backed agent's trial containers each get a model gateway (the runner image) as their only way out.
     agent_setup = prepare_runner_agent(policy, record.payload, run_dir=run_dir,
                                        docker_socket=sandbox_url(config).removeprefix("unix://"),
-                                       runner_image=engines.runner_id, labels={LABEL_RUN: run_id},
+                                       runner_image=engines.runner_id,
+                                       labels={LABEL_RUN: run_id, LABEL_BATCH: batch.label},
                                        sandbox_user=sandbox.default_sandbox().user)
     try:
         return _run_started_container(engines, record, runner_ref, run_dir, config, command, agent_setup,
@@ -311,11 +357,16 @@ def _run_started_container(
                           {key: state.get(key) for key in ("StartedAt", "FinishedAt", "ExitCode")})
     finally:
         try:
-            container.remove(force=True)
+            container.remove(force=True, v=True)
         except docker.errors.APIError:
             log.warning("could not remove runner container %s", container.name)
         if failure or released:
             kill_trial_leftovers(client, run_id, batch.trial_names)
+        try:  # whatever the batch's runner made on the engine, however it ended
+            for name in remove_batch_objects(client, batch.label):
+                log.info("run %s: removed %s, left by its batch", run_id, name)
+        except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+            log.warning("run %s: removing what its batch left failed: %s", run_id, exc)
     if exit_code is not None and exit_code != 0 and failure is None and not released:
         if exit_code == 2:
             failure = "trial run rejected its input (exit 2)" + _runner_error(out / "logs" / "runner.log")

@@ -2,7 +2,7 @@
 RepoDigests must list exactly that reference) and handed to the sandbox engine by id
 (``sandbox_image``), the task environments' base (``resolve_base_ref``), the suite rendered onto that
 base (``render_suite``: ``FROM benchseal-base`` -> the base) and its task images prebuilt once, by
-content (``prebuild_task_images``). The images' signatures are checked by the claim loop
+content, and reused only by the id the worker recorded (``prebuild_task_images``). The images' signatures are checked by the claim loop
 (``pipeline.infra.worker.loop.require_signed_images``), then the agent the runner carries
 (``check_runner_agent``)."""
 
@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -20,11 +21,12 @@ from typing import Any
 import docker
 import docker.errors
 
-from pipeline.core import strictjson
+from pipeline.core import paths, strictjson
 from pipeline.core.contracts import AgentArtifact, DispatchPayload, load_model
 from pipeline.core.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.core.documents import base_lock_path, read_base_lock
-from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.errors import CheckFailed, ValidationError, escape_text
+from pipeline.core.fsutil import atomic_write_text
 from pipeline.core.registry_auth import docker_auth_config
 from pipeline.imaging.agentlayers import AGENT_LABEL
 from pipeline.imaging.base import ensure_base
@@ -123,8 +125,9 @@ def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] 
         dockerfile.write_text("".join(out), encoding="utf-8")
 
 
-TASK_IMAGE_LABEL = "benchseal.task.hash"
+TASK_IMAGE_LABEL = "benchseal.task.hash"  # for operators (prune); never read back: anyone's build could carry it
 _TASK_IMAGE_VERSION = "benchseal-task-image/1"
+_IMAGE_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _task_context_hash(env_dir: Path) -> str:
@@ -142,16 +145,83 @@ def _json_line(*items: object) -> bytes:
     return json.dumps(list(items)).encode() + b"\n"
 
 
-def prebuild_task_images(client: Any, suite_dir: Path) -> dict[str, str]:
+def task_image_records() -> Path:
+    """Where the worker records the task images IT built: ``<state home>/cache/task-images/<context hash>``,
+    each file the image id. Owned by the worker, writable by nobody else (the sandbox's user included)."""
+    return paths.home() / "cache" / "task-images"
+
+
+def _private_records(records: Path) -> Path:
+    """``records`` created if needed; CheckFailed unless it is a directory of this user that nobody else can
+    write (a record anyone else could plant would pick the image a trial runs)."""
+    try:
+        records.mkdir(parents=True)
+        os.chmod(records, 0o700)  # whatever the umask
+    except FileExistsError:
+        pass
+    info = records.stat()  # through a symlinked cache dir (a test home's): the directory it names
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise CheckFailed(f"{records}: the task image records must be a directory owned by uid {os.geteuid()} "
+                          f"and writable by nobody else (owner {info.st_uid}, mode {info.st_mode & 0o7777:o})")
+    return records
+
+
+def _recorded_id(records: Path, context_hash: str) -> str | None:
+    """The image id recorded for ``context_hash``, or None (no record, or one this worker did not write alone)."""
+    try:
+        fd = os.open(records / context_hash, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            return None  # not trusted: rebuilt, and the record replaced
+        text = handle.read(100).decode("ascii", "replace").strip()
+    return text if _IMAGE_ID_RE.fullmatch(text) else None
+
+
+def _image_present(client: Any, image_id: str) -> bool:
+    """The engine holds exactly ``image_id`` (an id is the sha256 of the config, which names every layer)."""
+    try:
+        found: str = client.images.get(image_id).id
+    except docker.errors.ImageNotFound:
+        return False
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"inspecting task image {image_id} failed: {exc.explanation or exc}") from exc
+    return found == image_id
+
+
+def _build_task_image(client: Any, env_dir: Path, context_hash: str, task: str) -> str:
+    """Build ``env_dir`` without the build cache (no layer of an image someone else built) and return the
+    full id the engine reports for it (its ``aux`` message, not a line a build step could print)."""
+    image_id: str | None = None
+    try:
+        for chunk in client.api.build(path=str(env_dir), rm=True, forcerm=True, pull=False, nocache=True,
+                                      labels={TASK_IMAGE_LABEL: context_hash}, decode=True):
+            if "error" in chunk or "errorDetail" in chunk:
+                raise InfraFailure(f"building the environment image of task {task} failed: "
+                                   f"{escape_text(str(chunk.get('error') or chunk.get('errorDetail'))[:2000])}")
+            aux = chunk.get("aux")
+            if isinstance(aux, dict) and isinstance(aux.get("ID"), str):
+                image_id = aux["ID"]
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"building the environment image of task {task} failed: {exc}") from exc
+    if not _IMAGE_ID_RE.fullmatch(image_id or "") or not _image_present(client, str(image_id)):
+        raise CheckFailed(f"task {task}: the engine reported image id {image_id!r} for its build")
+    return str(image_id)
+
+
+def prebuild_task_images(client: Any, suite_dir: Path, records: Path | None = None) -> dict[str, str]:
     """Build each task's environment image once and pin it in the rendered task.toml by image id.
 
-    The image id is the sha256 of the image config (content-addressed). Images are found
-    again by the label ``benchseal.task.hash`` (a hash of the rendered environment dir,
-    whose FROM names the base by digest), so a warm run builds nothing. Tasks that already
-    name a ``docker_image`` or have no Dockerfile are left to Harbor. Returns {task: image id}.
+    An image is reused only by the id this worker recorded when it built it (``records``, default
+    ``task_image_records()``, keyed by a hash of the rendered environment dir, whose FROM names the
+    base by id), after the engine shows that exact id: a warm run builds nothing, and an image
+    missing (or a record not the worker's own) is built again. Nothing is looked up by label or tag,
+    which any build through the engine proxy could set. Tasks that already name a ``docker_image``
+    or have no Dockerfile are left to Harbor. Returns {task: image id}.
     """
-
-
+    records = _private_records(records or task_image_records())
     pinned: dict[str, str] = {}
     for task_toml in sorted(suite_dir.glob("*/task.toml")):
         task_dir = task_toml.parent
@@ -160,18 +230,10 @@ def prebuild_task_images(client: Any, suite_dir: Path) -> dict[str, str]:
         if not (env_dir / "Dockerfile").is_file() or (config.get("environment") or {}).get("docker_image"):
             continue
         digest = _task_context_hash(env_dir)
-        found = sorted(image.id for image in client.images.list(filters={"label": f"{TASK_IMAGE_LABEL}={digest}"}))
-        if found:
-            image_id = found[0]
-        else:
-            try:
-                image, _ = client.images.build(path=str(env_dir), rm=True, forcerm=True, pull=False,
-                                               labels={TASK_IMAGE_LABEL: digest})
-            except (docker.errors.BuildError, docker.errors.APIError) as exc:
-                raise InfraFailure(f"building the environment image of task {task_dir.name} failed: {exc}") from exc
-            image_id = image.id
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", image_id or ""):
-            raise CheckFailed(f"task {task_dir.name}: the engine returned image id {image_id!r}")
+        image_id = _recorded_id(records, digest)
+        if image_id is None or not _image_present(client, image_id):
+            image_id = _build_task_image(client, env_dir, digest, task_dir.name)
+            atomic_write_text(records / digest, image_id + "\n", mode=0o600)
         _pin_docker_image(task_toml, image_id)
         pinned[task_dir.name] = image_id
     return pinned
