@@ -63,8 +63,8 @@ VENV_BIN = Path(sys.executable).parent
 GIT_ENV = {"GIT_AUTHOR_NAME": "benchseal tests", "GIT_AUTHOR_EMAIL": "tests@benchseal.invalid",
            "GIT_COMMITTER_NAME": "benchseal tests", "GIT_COMMITTER_EMAIL": "tests@benchseal.invalid",
            "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
-RELEASE_JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "attach_result", "hold_back",
-                "summarize")
+RELEASE_JOBS = ("builder", "build", "attest", "resolve_images", "dispatch_infra", "promote_marker", "attach_result",
+                "hold_back", "summarize")
 SKIPPED_ON_SUCCESS = ("hold_back",)
 
 
@@ -570,7 +570,7 @@ def test_switchboard_release_refused_by_infra_is_not_promoted_and_says_why(world
     world.use_infra("refusing")
     checks_before = len(world.emulator.repo(SOURCE).check_runs)
     run, emulated = _switchboard_release(world, "sb-refused-0001")
-    assert called(run) == {"builder": "success", "build": "success", "resolve_images": "success",
+    assert called(run) == {"builder": "success", "build": "success", "attest": "success", "resolve_images": "success",
                            "dispatch_infra": "failure", "promote_marker": "skipped", "attach_result": "skipped",
                            "hold_back": "success", "summarize": "success"}, run.describe()
     assert run.jobs["release"].result == "failure" and emulated.conclusion == "failure"

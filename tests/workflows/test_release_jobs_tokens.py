@@ -108,6 +108,9 @@ def _after_the_build(benchseal: Path, commit: str, tmp_path: Path, strip: str | 
     # of a release the seal job published: its steps are replaced, its needs, condition and permissions
     # kept (`benchseal attach-result` runs for real in tests/attest and tests/verify, and in tests/e2e).
     doc["jobs"]["attach_result"]["steps"] = [{"shell": "bash", "run": "echo the test result would be attached"}]
+    # attest signs with cosign and pushes to ghcr.io the same way (real in tests/attest and tests/e2e): its
+    # steps are replaced, its needs, matrix and permissions kept.
+    doc["jobs"]["attest"]["steps"] = [{"shell": "bash", "run": "echo the digests would be signed and attested"}]
     work = tmp_path / "benchseal-work"
     _git(tmp_path, "clone", "--quiet", str(benchseal), str(work))
     (work / ".github" / "workflows" / "release.yml").write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -191,8 +194,8 @@ def world(benchseal: Path, adopter: tuple[Path, str]) -> Iterator[World]:
         assert emu.violations == [], emu.violations
 
 
-JOBS = ("builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "hold_back", "attach_result",
-        "summarize")
+JOBS = ("builder", "build", "attest", "resolve_images", "dispatch_infra", "promote_marker", "hold_back",
+        "attach_result", "summarize")
 SKIPPED_ON_SUCCESS = ("hold_back",)
 
 
@@ -214,7 +217,9 @@ def test_each_job_runs_on_its_own_permissions_and_dispatch_needs_only_actions_wr
     granted = sorted(json.dumps(p, sort_keys=True) for _, p in world.job_tokens)
     assert granted == sorted(json.dumps(p, sort_keys=True) for p in [
         {}, {}, {"contents": "read"}, {"contents": "read"}, {"checks": "write"},
-        {"contents": "read", "packages": "write"}, {}])
+        {"contents": "read", "packages": "write"}, {},
+        # attest, one per image: no id-token in the build's token, the signer's never reaches it
+        {"contents": "read", "packages": "write"}, {"contents": "read", "packages": "write"}])
     assert {r for r, _ in world.job_tokens} == {SOURCE}
     # The builder job learnt benchseal's repository and commit from its token, as GitHub mints it
     # for a called workflow: the called file at the pinned commit, the caller's own workflow_ref.
@@ -249,7 +254,7 @@ def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promot
     emu = world.emulator
     reader = emu.add_token([INFRA], {"actions": "read", "contents": "read"})
     run = world.run("push", tmp_path, reader)
-    assert called(run) == {"builder": "success", "build": "success", "resolve_images": "success",
+    assert called(run) == {"builder": "success", "build": "success", "attest": "success", "resolve_images": "success",
                            "dispatch_infra": "failure", "promote_marker": "skipped", "hold_back": "skipped",
                            "attach_result": "skipped", "summarize": "success"}, _explain(world, run)
     assert emu.runs(INFRA) == [] and world.events == []

@@ -16,8 +16,8 @@ from tests.fixtures.github import digests_data
 
 ROOT = Path(__file__).resolve().parents[2]
 DIR = ROOT / ".github" / "workflows"
-RELEASE_JOBS = {"builder", "build", "resolve_images", "dispatch_infra", "promote_marker", "hold_back", "attach_result",
-                "summarize"}
+RELEASE_JOBS = {"builder", "build", "attest", "resolve_images", "dispatch_infra", "promote_marker", "hold_back",
+                "attach_result", "summarize"}
 SHA_PIN = re.compile(r"\A[\w.-]+/[\w.-]+@[0-9a-f]{40}\Z")
 EXPR = re.compile(r"\$\{\{(.*?)\}\}", re.S)
 NEEDS_OUTPUT = re.compile(r"needs\.([A-Za-z0-9_-]+)\.outputs\.([A-Za-z0-9_-]+)")
@@ -81,7 +81,8 @@ def test_release_jobs_and_needs_graph() -> None:
     jobs = load("release.yml")["jobs"]
     assert set(jobs) == RELEASE_JOBS
     assert needs(jobs["build"]) == ["builder"]
-    assert needs(jobs["resolve_images"]) == ["builder", "build"]
+    assert needs(jobs["attest"]) == ["builder", "build"]  # signs what the build uploaded, after it
+    assert needs(jobs["resolve_images"]) == ["builder", "build", "attest"]  # dispatches only signed images
     assert needs(jobs["dispatch_infra"]) == ["builder", "resolve_images"]
     assert "dispatch_infra" in needs(jobs["promote_marker"])
     assert set(needs(jobs["summarize"])) == RELEASE_JOBS - {"summarize"}
@@ -98,7 +99,7 @@ def test_release_jobs_and_needs_graph() -> None:
     [attach] = [s for s in steps(jobs["attach_result"]) if "benchseal attach-result" in str(s.get("run", ""))]
     assert attach["run"] == 'benchseal attach-result "$GITHUB_REPOSITORY@$TAG" --runner "$RUNNER_REF"'
     assert attach["env"]["RUNNER_REF"] == "${{ needs.dispatch_infra.outputs.runner_ref }}"
-    for job in ("builder", "build", "resolve_images", "dispatch_infra"):
+    for job in ("builder", "build", "attest", "resolve_images", "dispatch_infra"):
         assert "if" not in jobs[job]  # a failure upstream stops everything downstream
 
 
@@ -175,8 +176,9 @@ def test_artifact_names_are_unique_per_image_and_downloads_match_uploads() -> No
                 uploaded_by[concrete] = job_name
     for job_name, job in jobs.items():
         for artifact in artifact_names(job, "actions/download-artifact@"):
-            assert artifact in uploaded_by, f"{job_name} downloads unknown {artifact}"
-            assert uploaded_by[artifact] in ancestors(jobs, job_name), f"{artifact} not upstream"
+            for concrete in expand_matrix(artifact, job):
+                assert concrete in uploaded_by, f"{job_name} downloads unknown {concrete}"
+                assert uploaded_by[concrete] in ancestors(jobs, job_name), f"{concrete} not upstream"
     assert len(uploaded_by) == 3
 
 
@@ -211,8 +213,10 @@ JOB_PERMISSIONS: dict[str, dict[str, dict[str, str]]] = {
     "release.yml": {
         # read its own job_workflow_ref and job_workflow_sha from its OIDC token
         "builder": {"id-token": "write"},
-        # check out; push the image, its signature and attestations to ghcr.io; sign keylessly
-        "build": {"contents": "read", "packages": "write", "id-token": "write"},
+        # check out the release and benchseal; push the image to ghcr.io (the adopter's code runs here: no id-token)
+        "build": {"contents": "read", "packages": "write"},
+        # check out benchseal only; push the signature and attestations of the built digests; sign keylessly
+        "attest": {"contents": "read", "packages": "write", "id-token": "write"},
         # check out; resolve the tag through the git refs API
         "resolve_images": {"contents": "read"},
         # check out; the dispatch itself uses BENCHSEAL_INFRA_DISPATCH_TOKEN
@@ -240,6 +244,53 @@ def test_least_privilege_permissions(name: str) -> None:
     for job_name, job in wf["jobs"].items():
         assert "permissions" in job, f"{job_name} must state its permissions"
         assert (job["permissions"] or {}) == expected[job_name], job_name
+
+
+def checks_out_other_code(job: dict[str, Any]) -> bool:
+    """Whether ``job`` checks out anything but benchseal at the builder's commit (the caller's code:
+    its agent, its build scripts), which its steps then build and so run."""
+    for step in steps(job):
+        if str(step.get("uses", "")).startswith("actions/checkout@"):
+            spec = step.get("with", {})
+            if (spec.get("repository"), spec.get("ref")) != ("${{ needs.builder.outputs.repository }}",
+                                                             "${{ needs.builder.outputs.sha }}"):
+                return True
+    return False
+
+
+def test_no_job_that_runs_adopter_code_can_mint_an_id_token() -> None:
+    """SLSA Build L3: the job that builds the adopter's code (its wheel's setup.py runs there, isolated)
+    cannot mint benchseal's builder identity; only jobs running benchseal's own checkout sign. (In
+    benchmark.yml the caller is the infra operator, whose checkout is its policy, read as data; the
+    adopter's agent runs only on the infra host's sandbox.)"""
+    jobs = load("release.yml")["jobs"]
+    adopter = {job_name for job_name, job in jobs.items() if checks_out_other_code(job)}
+    assert adopter == {"build"}  # the rule is not vacuous: the build checks out the caller's tag
+    for job_name in adopter:
+        assert "id-token" not in (jobs[job_name].get("permissions") or {}), job_name
+
+
+def test_the_signing_job_receives_only_the_built_digests() -> None:
+    """attest checks out only benchseal (nothing of the adopter's that it could execute), takes from the
+    build only its digests files (artifacts), which `benchseal attest` re-validates before signing."""
+    jobs = load("release.yml")["jobs"]
+    signers = {job_name for job_name, job in jobs.items() if (job.get("permissions") or {}).get("id-token") == "write"}
+    assert signers == {"builder", "attest"}
+    assert steps(jobs["builder"]) and not any("uses" in step for step in steps(jobs["builder"]))  # no checkout at all
+    attest = jobs["attest"]
+    assert not checks_out_other_code(attest)
+    assert [s["with"]["path"] for s in steps(attest) if str(s.get("uses", "")).startswith("actions/checkout@")] == [
+        "builder"]
+    downloads = [s["with"] for s in steps(attest) if str(s.get("uses", "")).startswith("actions/download-artifact@")]
+    assert downloads == [{"name": "benchseal-digests-${{ matrix.image }}", "path": "digests"}]
+    assert "needs.build." not in yaml.safe_dump(attest)  # no output of the build's, only the artifact
+    runs = [str(s.get("run", "")) for s in steps(attest) if "run" in s]
+    assert runs[0] == "python -m pip install -c builder/requirements/constraints.txt ./builder"
+    [sign] = [r for r in runs if "attest --digests" in r]
+    assert 'benchseal --project-dir builder attest --digests "digests/digests-$IMAGE.json"' in sign
+    assert len(runs) == 2  # nothing else runs there
+    # the build no longer signs
+    assert not any("attest" in str(s.get("run", "")) for s in steps(jobs["build"]))
 
 
 LOGIN_ACTION = "docker/login-action@74a5d142397b4f367a81961eba4e8cd7edddf772"
