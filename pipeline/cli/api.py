@@ -20,19 +20,22 @@ import json
 import os
 import subprocess
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from pipeline.api.pages import GITHUB, validate_url_base
 from pipeline.cli.attest import sigstore_endpoints
 from pipeline.core.digests import parse_ref
-from pipeline.core.errors import UsageError
+from pipeline.core.errors import CheckFailed, InfrastructureError, NotAQueue, UsageError, ValidationError
 from pipeline.host.api import CONTAINER_NAME, ApiContainer, docker_argv
 from pipeline.infra.queue.reader import grant_reader as grant
 from pipeline.infra.queue.reader import open_reader, reader_grants
 from pipeline.infra.queue.sql import queue_url
 from pipeline.infra.queue.sqlite import default_db_path
+
+if TYPE_CHECKING:
+    from pipeline.api.app import QueueSource
 
 api_app = typer.Typer(help="The HTTP API over the queue database (run status, results pages), and running it on "
                       "the infra host.", no_args_is_help=True)
@@ -44,8 +47,30 @@ _URL_FILE_HELP = ("A file holding the PostgreSQL URL of a read-only role (one li
 
 
 def _queue_url(url_file: Path | None) -> str | None:
-    found = queue_url(url_file, use_state_file=False)  # never the worker's own $BENCHSEAL_HOME/infra/queue-url
+    found = _queue_url_source(url_file)
     return None if found is None else found[0]
+
+
+def _queue_url_source(url_file: Path | None) -> tuple[str, str] | None:
+    """(URL, the option or variable it came from), or None for SQLite."""
+    return queue_url(url_file, use_state_file=False)  # never the worker's own $BENCHSEAL_HOME/infra/queue-url
+
+
+def _open_before_serving(source: QueueSource, field: str, *, sqlite: bool) -> None:
+    """Open the queue once before serving, refusing in one line naming ``field``: a file or database that
+    holds no queue (exit 2), a queue that fails a check (schema version, a role that may write, a corrupt
+    file: exit 1). Only a PostgreSQL server that cannot be reached yet is served anyway, as 503 answers
+    until it can be (it may be on another host, restarting)."""
+    try:
+        source.get()
+    except NotAQueue as exc:
+        raise ValidationError(field, f"must name a benchseal queue database: {exc}") from None
+    except CheckFailed as exc:
+        raise CheckFailed(f"{field}: {exc}") from None
+    except InfrastructureError as exc:
+        if sqlite:
+            raise InfrastructureError(f"{field}: {exc}") from None
+        typer.echo(f"benchseal api: the queue cannot be reached yet (served as 503 until it can): {exc}", err=True)
 
 
 def serve(
@@ -66,14 +91,12 @@ def serve(
     from pipeline.api.app import QueueSource, create_app
 
     release_url_base = validate_url_base(release_url_base.rstrip("/"))
-    url = _queue_url(queue_url_file)
+    found = _queue_url_source(queue_url_file)
+    url = None if found is None else found[0]
     if url is not None and queue_db is not None:
         raise UsageError("--queue-db names a SQLite queue and a queue URL names a PostgreSQL one: give exactly one")
     source = QueueSource(lambda: open_reader(queue_db, url))
-    try:
-        source.get()  # open now when it can be (an error is served as a 503 until it can)
-    except Exception as exc:  # said once; every request tries again
-        typer.echo(f"benchseal api: the queue cannot be opened yet: {exc}", err=True)
+    _open_before_serving(source, "--queue-db" if found is None else found[1], sqlite=found is None)
     try:
         uvicorn.run(create_app(source, release_url_base=release_url_base), host=host, port=port,
                     log_level="info")

@@ -102,6 +102,12 @@ class CheckFailed(Error):
     exit_code = 1
 
 
+class NotAQueue(CheckFailed):
+    """The file or database named as the queue holds no benchseal queue (absent, empty, not SQLite, none
+    of the queue's tables): a reader never creates one. A verb whose option named it says so as a
+    usage error (``api serve``: exit 2); elsewhere it is a failed check like any unopenable queue."""
+
+
 class InfrastructureError(Error):
     """Something the pipeline depends on (engine, registry, network) failed."""
 

@@ -4,8 +4,10 @@ unreachable queue, bad names; the real ``benchseal api serve`` over HTTP. No run
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from pipeline.core.contracts import DispatchPayload
 from pipeline.core.errors import InfrastructureError, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.queue.reader import open_reader
-from pipeline.infra.queue.sql import SqliteQueue
+from pipeline.infra.queue.sql import SCHEMA_VERSION, SqliteQueue
 from tests.api.dom import parse
 from tests.api.history import (
     API,
@@ -410,3 +412,77 @@ def test_serve_refuses_two_queues_and_a_bad_url_base(db: Path, seeded: dict[str,
     bad = subprocess.run([sys.executable, "-m", "pipeline", "api", "serve", "--queue-db", str(db), "--release-url-base",
                           "javascript:x"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert bad.returncode == 2 and "--release-url-base" in bad.stderr
+
+
+# --- `api serve` refuses what is not a queue before it serves ------------------------------------
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``api serve`` on a free port; a refusal ends it before uvicorn starts (the timeout would fire otherwise)."""
+    return subprocess.run([sys.executable, "-m", "pipeline", "api", "serve", "--port", str(free_port()), *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("BENCHSEAL_QUEUE_URL")}
+                          | (env or {}))
+
+
+def _not_a_queue(kind: str, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "empty file":
+        path.write_bytes(b"")
+    elif kind == "random bytes":
+        path.write_bytes(os.urandom(8192))
+    elif kind == "text":
+        path.write_text("SQLite format 2 is not this\n")
+    elif kind == "sqlite without the queue's tables":
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("CREATE TABLE photos (id INTEGER PRIMARY KEY, data BLOB)")
+            conn.commit()
+    elif kind == "sqlite without any table":
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA user_version = 1")  # writes the header page: a real, empty database
+            conn.commit()
+    elif kind == "a directory":
+        path.mkdir()
+    # "absent": nothing
+
+
+_NOT_QUEUES = {"empty file": "is empty", "random bytes": "is not an SQLite database",
+               "text": "is not an SQLite database", "sqlite without the queue's tables": "without the queue's tables",
+               "sqlite without any table": "without the queue's tables", "a directory": "is not a regular file",
+               "absent": "does not exist"}
+
+
+@pytest.mark.parametrize("kind", sorted(_NOT_QUEUES))
+def test_serve_refuses_a_file_that_is_not_a_queue_before_serving(tmp_path: Path, kind: str) -> None:
+    db = tmp_path / "infra" / "queue.sqlite3"
+    _not_a_queue(kind, db)
+    before = sorted(p.name for p in db.parent.iterdir()) if db.parent.exists() else []
+    refused = _serve("--queue-db", str(db))
+    assert refused.returncode == 2, (refused.returncode, refused.stderr[-2000:])
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert lines[0].startswith("benchseal: error: invalid --queue-db: must name a benchseal queue database: "), lines[0]
+    assert _NOT_QUEUES[kind] in lines[0] and str(db) in lines[0]
+    assert "Uvicorn running" not in refused.stderr and "Started server" not in refused.stderr
+    assert (sorted(p.name for p in db.parent.iterdir()) if db.parent.exists() else []) == before
+
+
+def test_serve_refuses_a_queue_whose_schema_is_behind(db: Path, seeded: dict[str, str]) -> None:
+    _tamper(db, "DELETE FROM schema_migrations WHERE version > 2")
+    refused = _serve("--queue-db", str(db))
+    assert refused.returncode == 1, (refused.returncode, refused.stderr[-2000:])
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert lines[0] == (f"benchseal: error: --queue-db: queue database {db.resolve()} is at schema version 2, "
+                        f"this benchseal needs {SCHEMA_VERSION}: run `benchseal infra migrate`")
+
+
+def test_serve_refuses_a_corrupt_queue(db: Path, seeded: dict[str, str]) -> None:
+    data = bytearray(db.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    data[100:page] = bytes([0xA5]) * (page - 100)  # the schema page garbled, the header kept
+    db.write_bytes(bytes(data))
+    refused = _serve("--queue-db", str(db))
+    assert refused.returncode == 1, (refused.returncode, refused.stderr[-2000:])
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert lines[0].startswith(f"benchseal: error: --queue-db: queue database {db.resolve()}: corrupt"), lines[0]

@@ -22,6 +22,7 @@ from pipeline.infra.queue.postgres import PostgresQueue
 from pipeline.infra.queue.reader import READER_TABLES, grant_reader, open_reader, reader_grants, writable_tables
 from tests.api.history import REPOSITORY, assert_refuses_queue_writes, seed
 from tests.doubles.postgres import PgCluster
+from tests.registry.helpers import free_port
 
 ROLE = "benchseal_api"
 
@@ -136,3 +137,39 @@ def test_grant_reader_verb(owner_url: str, tmp_path: Path) -> None:
                               "--database", "benchseal"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
                              check=False, env=env)
     assert printed.returncode == 0 and 'GRANT SELECT ON TABLE "public".schema_migrations' in printed.stdout
+
+
+def _serve_url(url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``api serve --queue-url-file`` that must refuse (it would serve until the timeout otherwise)."""
+    url_file = tmp_path / "api-url"
+    url_file.write_text(url + "\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BENCHSEAL_HOME": str(tmp_path / "home")}
+    port = str(free_port())
+    return subprocess.run([sys.executable, "-m", "pipeline", "api", "serve", "--port", port, "--queue-url-file",
+                           str(url_file)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False,
+                          env=env)
+
+
+def test_serve_refuses_a_database_that_holds_no_queue(pg_cluster: PgCluster, tmp_path: Path) -> None:
+    name = f"empty_{uuid.uuid4().hex[:12]}"  # a database of the cluster without the queue's schema
+    with psycopg.connect(pg_cluster.url("postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    refused = _serve_url(pg_cluster.url(name), tmp_path)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert lines[0].startswith("benchseal: error: invalid --queue-url-file: must name a benchseal queue database: "
+                               "queue database ") and "holds no benchseal queue" in lines[0], lines[0]
+    assert "password" not in refused.stderr
+
+
+def test_serve_refuses_a_queue_behind_or_a_role_that_may_write(owner_url: str, reader_url: str,
+                                                               tmp_path: Path) -> None:
+    writer = _serve_url(owner_url, tmp_path)
+    assert writer.returncode == 1 and len(writer.stderr.strip().splitlines()) == 1, writer.stderr[-2000:]
+    assert writer.stderr.startswith("benchseal: error: --queue-url-file: queue database ") and "may write" in writer.stderr
+    with psycopg.connect(owner_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_migrations WHERE version > 2")
+    behind = _serve_url(reader_url, tmp_path)
+    assert behind.returncode == 1 and len(behind.stderr.strip().splitlines()) == 1, behind.stderr[-2000:]
+    assert "--queue-url-file: queue database " in behind.stderr and "is at schema version 2" in behind.stderr

@@ -13,22 +13,26 @@ reader does not exist yet. The reader's password or certificate is the operator'
 
 from __future__ import annotations
 
+import os
 import re
+import sqlite3
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
+from urllib.parse import quote
 
 import pydantic
 
 from pipeline.core.contracts import Grading, RunState, canonical_repository
 from pipeline.core.documents import Comparison, HistoryEntry
-from pipeline.core.errors import CheckFailed, ValidationError, escape_text
+from pipeline.core.errors import CheckFailed, NotAQueue, ValidationError, escape_text
 from pipeline.infra.queue.helpers import Cursor, T
 from pipeline.infra.queue.records import RunRecord, parse_payload
 from pipeline.infra.queue.rules import SqlQueue
-from pipeline.infra.queue.schema import RUN_COLUMNS
-from pipeline.infra.queue.sqlite import SqliteQueue
+from pipeline.infra.queue.schema import RUN_COLUMNS, check_version
+from pipeline.infra.queue.sqlite import SqliteQueue, default_db_path
 
 if TYPE_CHECKING:
     from pipeline.infra.queue.postgres import PostgresQueue
@@ -106,16 +110,67 @@ def writable_tables(queue: PostgresQueue) -> list[str]:
     return list(queue._read(work))
 
 
+_SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def queue_file_problem(db: Path) -> str | None:
+    """Why the file ``db`` holds no benchseal queue, judged before the queue opens it, or None: absent,
+    not a regular file, empty, not SQLite (its header), or an SQLite database with neither the ``runs``
+    nor the ``schema_migrations`` table (``SqliteQueue._current_version``'s test for a queue). A file
+    this cannot read far enough to judge gets None: opening it then says why (corrupt, -wal files)."""
+    try:
+        info = os.stat(db)
+    except FileNotFoundError:
+        return "does not exist (nothing accepted on this host yet, or the path names another file)"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not stat.S_ISREG(info.st_mode):
+        return "is not a regular file"
+    if info.st_size == 0:
+        return "is empty: not an SQLite database"
+    try:
+        with open(db, "rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if header != _SQLITE_HEADER:
+        return "is not an SQLite database"
+    try:
+        conn = sqlite3.connect(f"file:{quote(str(db))}?mode=ro", uri=True, timeout=5)
+        try:
+            tables = {str(row[0]) for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return None
+    if not tables & {"runs", "schema_migrations"}:
+        return f"is an SQLite database without the queue's tables ({len(tables)} other table(s))"
+    return None
+
+
 def open_reader(db: Path | None = None, url: str | None = None) -> SqlQueue:
-    """The queue the API reads: the PostgreSQL ``url`` (as a read-only role), else the SQLite file ``db``."""
+    """The queue the API reads: the PostgreSQL ``url`` (as a read-only role), else the SQLite file ``db``.
+
+    NotAQueue (a CheckFailed) when the file or database holds no queue (``queue_file_problem``; a
+    PostgreSQL database without the queue's schema), CheckFailed when its schema version is not this
+    benchseal's or its role may write, InfrastructureError when it cannot be read or reached."""
     if url is None:
-        return SqliteQueue(db, read_only=True)
+        path = (db or default_db_path()).resolve()
+        problem = queue_file_problem(path)
+        if problem:
+            raise NotAQueue(f"queue database {path} {problem}")
+        return SqliteQueue(path, read_only=True)
     # lazy: psycopg costs 120-150 ms at import (python -X importtime, 2026-12-03); a SQLite reader never pays it
     from pipeline.infra.queue.postgres import PostgresQueue
 
     # A page waits for a database that is down for seconds, not the worker's 30 s of reconnecting.
-    queue = PostgresQueue(url, read_only=True, reconnect_seconds=5.0, connect_timeout=5)
+    queue = PostgresQueue(url, read_only=True, reconnect_seconds=5.0, connect_timeout=5, check_schema=False)
     try:
+        version = queue.schema_version()
+        if version == 0:
+            raise NotAQueue(f"queue database {queue.location} holds no benchseal queue (no schema_migrations "
+                            "table): run `benchseal infra migrate` as its owner, or name the queue's database")
+        check_version(queue.location, version)
         writable = writable_tables(queue)
     except BaseException:
         queue.close()
