@@ -1,11 +1,15 @@
 """A release against its repository's previous scored release, and the suite's regression gate.
 
 The infra keeps, per source repository and suite, the history of its scored releases (the queue's
-``releases`` table, so every host sees the same). When a run is graded the worker compares it with
-the newest earlier entry of the same repository and suite that was sealed (its summary digest is
-recorded) and was not itself gated (a re-run of a tag is compared with the tag's earlier scoring). ``compare`` is the whole rule, pure; the
-worker writes its result, the seal job and ``benchseal verify`` call ``check_comparison`` to recompute
-it from the same inputs (one rule, producer and consumers alike).
+``releases`` table, so every host sees the same). A tag is released once: from one commit
+(``tag_refusal``, checked where a dispatch is accepted, where the history entry is recorded and where
+the local target writes the release directory). When a run is graded the worker compares it with
+its ``baseline``: the standing release of the newest earlier tag whose standing release was sealed
+and not gated (a tag's standing release is its latest entry: a re-run supersedes the tag's earlier
+ones). A re-run of a tag (the same commit) gets the baseline the tag's first scoring had, never the
+tag itself. ``compare`` is the whole comparison rule, pure; the worker writes its result, the seal
+job and ``benchseal verify`` call ``check_comparison`` to recompute it from the same inputs (one rule,
+producer and consumers alike).
 
 A task's pass rate is resolved / completed over its attempts (None when no attempt completed: an
 infrastructure error says nothing about the agent). Between two releases a task is
@@ -23,7 +27,7 @@ nothing to compare with and is never gated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pipeline.core.contracts import SCORE_DIGITS, Grading
 from pipeline.core.documents import (
@@ -39,8 +43,47 @@ from pipeline.core.documents import (
 from pipeline.core.errors import CheckFailed
 from pipeline.core.scoring import grading_noise
 
-__all__ = ["Comparison", "GateRules", "HistoryEntry", "PreviousRelease", "TaskChange", "check_comparison",
-           "check_graded_comparison", "compare", "pass_rate"]
+__all__ = ["Comparison", "GateRules", "HistoryEntry", "PreviousRelease", "TaskChange", "baseline", "check_comparison",
+           "check_graded_comparison", "compare", "pass_rate", "tag_key", "tag_refusal"]
+
+_REF_PREFIX = "refs/tags/"
+
+
+def tag_key(tag: str) -> str:
+    """The form two tags of one repository are compared in: one leading ``refs/tags/`` dropped, then
+    lowercased (the tag rule admits ASCII only). ``v1.0``, ``V1.0`` and ``refs/tags/v1.0`` are one tag
+    here: they would name one GitHub release page or one directory on a case-insensitive filesystem."""
+    if tag[:len(_REF_PREFIX)].lower() == _REF_PREFIX:
+        tag = tag[len(_REF_PREFIX):]
+    return tag.lower()
+
+
+def tag_refusal(*, repository: str, tag: str, commit: str, released_tag: str, released_commit: str) -> str | None:
+    """Why a release of ``tag`` at ``commit`` may not follow the one recorded for the same tag
+    (``released_tag`` at ``released_commit``), in one line; None when it may (a re-run of that commit)."""
+    if released_commit != commit:
+        return (f"tag {tag} of {repository} was released from commit {released_commit}; a tag is released once: "
+                f"refusing commit {commit} (release it under a new tag)")
+    if released_tag != tag:
+        return (f"tag {tag} of {repository} is the tag already released as {released_tag} (commit "
+                f"{released_commit}): one tag, one spelling")
+    return None
+
+
+def baseline(history: Sequence[HistoryEntry], tag: str) -> HistoryEntry | None:
+    """The entry a release of ``tag`` is compared with, from its repository and suite's ``history``
+    (oldest first): among the tags recorded before ``tag``'s first entry, newest first, the first whose
+    standing entry (its latest) was sealed and not gated. A gated or superseded entry, and ``tag``
+    itself, are never a baseline; a re-run of ``tag`` sees what its first scoring saw."""
+    key = tag_key(tag)
+    first = next((index for index, entry in enumerate(history) if tag_key(entry.tag) == key), len(history))
+    standing: dict[str, HistoryEntry] = {}  # insertion order: each tag's first entry; the value: its latest
+    for entry in history[:first]:
+        standing[tag_key(entry.tag)] = entry
+    for entry in reversed(standing.values()):
+        if not entry.gated and entry.summary_digest is not None:
+            return entry
+    return None
 
 
 def pass_rate(counts: TaskCounts | None) -> float | None:

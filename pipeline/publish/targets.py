@@ -23,6 +23,7 @@ leaves only assets that the next attempt can prove its own.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -38,7 +39,8 @@ from github.Repository import Repository
 from pipeline.core.contracts import canonical_repository
 from pipeline.core.errors import CheckFailed, Error, ValidationError
 from pipeline.core.fsutil import atomic_write_text
-from pipeline.core.layout import BODY, CHECKSUMS
+from pipeline.core.history import tag_key, tag_refusal
+from pipeline.core.layout import BODY, CHECKSUMS, SUMMARY
 from pipeline.dispatch.client import classify, make_client
 from pipeline.dispatch.resolve import peel_tag
 from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy, load_policy
@@ -147,6 +149,8 @@ class LocalTarget:
     A new release directory is staged and renamed into place whole. In an existing one only
     benchseal's own files (recorded in body.md's section, bytes unchanged) are replaced (each
     staged and renamed) or removed; body.md is written last; anything else there is left alone.
+    A tag is released once: a directory holding benchseal's release of another commit (its own
+    summary.json says which), or a tag spelled differently in case, is never replaced.
     """
 
     def __init__(self, root: Path, *, sources: InfraPolicy | None = None, repository: str | None = None) -> None:
@@ -165,6 +169,11 @@ class LocalTarget:
         check_evidence_release(bundle, self.repository)
         if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
             raise PublishError(f"{dest} is not a directory: refusing to publish there", retryable=False)
+        variants = sorted(entry.name for entry in self.root.iterdir() if entry.name != dest.name
+                          and tag_key(entry.name) == tag_key(dest.name)) if self.root.is_dir() else []
+        if variants:
+            raise PublishError(f"refusing to publish run {bundle.run_id} as {bundle.tag}: {self.root} already holds "
+                               f"the release {variants[0]} (tags that differ only in case are one tag)", retryable=False)
         if not dest.exists():
             self._create(dest, splice("", bundle.section), bundle.assets)
             return PublishResult("local", bundle.tag, str(dest), "local", True,
@@ -185,6 +194,8 @@ class LocalTarget:
         foreign = sorted(a.name for a in bundle.assets if a.name in present and a.name not in ours)
         if foreign:
             raise foreign_names_refusal(str(dest), foreign, old_body)
+        if recorded:
+            self._check_same_commit(dest, bundle, SUMMARY in ours)
         actions: dict[str, AssetAction] = {}
         writes = []
         for asset in bundle.assets:
@@ -208,6 +219,25 @@ class LocalTarget:
         if body != current:
             atomic_write_text(body_path, body)
         return PublishResult("local", bundle.tag, str(dest), "local", body != old_body, actions)
+
+    @staticmethod
+    def _check_same_commit(dest: Path, bundle: ReleaseBundle, summary_is_ours: bool) -> None:
+        """PublishError (not retryable) unless the release benchseal published in ``dest`` is of the
+        bundle's commit: a re-run of that commit may replace it, another commit never."""
+        commit: object = None
+        if summary_is_ours:
+            try:
+                source = json.loads((dest / SUMMARY).read_text("utf-8")).get("source")
+                commit = source.get("commit") if isinstance(source, dict) else None
+            except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+                commit = None
+        if not isinstance(commit, str):
+            raise PublishError(f"{dest} holds benchseal's release without a readable {SUMMARY}: cannot tell which "
+                               f"commit it is of; refusing to replace it with run {bundle.run_id}", retryable=False)
+        refusal = tag_refusal(repository=bundle.facts.source_repository, tag=bundle.tag,
+                              commit=bundle.facts.source_commit, released_tag=dest.name, released_commit=commit)
+        if refusal is not None:
+            raise PublishError(f"{dest}: {refusal}", retryable=False)
 
     def _stage(self, dest: Path) -> Path:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -68,7 +68,7 @@ def seed(queue: Queue, repository: str = REPOSITORY, releases: dict[str, dict[st
                           runner_ref=RUNNER, api_ref=api, started_at="2026-12-01T11:00:00Z",
                           finished_at=finished.isoformat())
         interval = score_interval("SUCCEEDED", grade)
-        previous = queue.previous_release(repository, SUITE)
+        previous = queue.previous_release(repository, SUITE, tag)
         comparison = compare(score=score, interval=interval, tasks=counts,
                              previous=previous.as_previous() if previous is not None else None,
                              gate=GateRules(interval_below_previous=True, resolved_task_fails=True))

@@ -167,7 +167,7 @@ def test_history_sequence_first_right_then_wrong_gated_then_compared_with_the_la
         first, r1 = _release(q, make_payload, policy, 1, "v1.0.0", right)
         assert r1.comparison.previous is None and not r1.comparison.gated
         # Not sealed yet: nothing to compare the next release with.
-        assert q.previous_release("acme/widget", "smoke") is None
+        assert q.previous_release("acme/widget", "smoke", "v1.1.0") is None
         q.record_summary(first, DIGEST)
         q.record_summary(first, DIGEST)  # idempotent
         with pytest.raises(CheckFailed, match="was recorded as"):
@@ -175,8 +175,8 @@ def test_history_sequence_first_right_then_wrong_gated_then_compared_with_the_la
         with pytest.raises(ValidationError):
             q.record_summary(first, "sha256:nothex")
         # Repository names compare case-insensitively.
-        assert q.previous_release("ACME/Widget", "smoke") is not None
-        assert q.previous_release("acme/widget", "other-suite") is None
+        assert q.previous_release("ACME/Widget", "smoke", "v1.1.0") is not None
+        assert q.previous_release("acme/widget", "other-suite", "v1.1.0") is None
 
         wrong, r2 = _release(q, make_payload, policy, 2, "v1.1.0", {"a": "resolved", "b": "unresolved",
                                                                     "c": "unresolved"})

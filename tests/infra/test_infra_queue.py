@@ -307,7 +307,7 @@ def test_stats_show_depth_claims_in_flight_and_worker_heartbeats(make_payload, q
         assert q.heartbeat(claim.run_id, claim.lease_token, 60)
         q.claim("host-c-3", 60, now=datetime.now(UTC) - timedelta(seconds=120))
         stats = q.stats()
-        assert stats.backend == queue_spec.backend and stats.schema_version == SCHEMA_VERSION == 5
+        assert stats.backend == queue_spec.backend and stats.schema_version == SCHEMA_VERSION == 6
         assert stats.depth == 0 and stats.in_flight == 3 and stats.by_state == {"CLAIMED": 3}
         assert stats.expired_leases == 1  # host-c-3 claimed two minutes ago with a 60 s lease
         beats = {w.worker: w for w in stats.workers}
@@ -378,7 +378,7 @@ def test_sqlite_database_behind_is_refused_until_migrate(make_payload, queue_db)
                      (payload.correlation_id, json.dumps(payload.to_json_dict(), sort_keys=True)))
     conn.close()
     before = queue_db.read_bytes()
-    with pytest.raises(CheckFailed, match=r"schema version 1, this benchseal needs 5: run `benchseal infra migrate`"):
+    with pytest.raises(CheckFailed, match=rf"schema version 1, this benchseal needs {SCHEMA_VERSION}: run `benchseal infra migrate`"):
         SqliteQueue(queue_db)
     assert queue_db.read_bytes() == before  # refused without touching it
     cli = subprocess.run([sys.executable, "-m", "pipeline", "infra", "status", "--db", str(queue_db)],
@@ -414,7 +414,7 @@ def test_postgresql_database_is_never_migrated_implicitly(pg_cluster):
     with psycopg.connect(pg_cluster.url("postgres"), autocommit=True) as conn:
         conn.execute('CREATE DATABASE "unmigrated"')
     url = pg_cluster.url("unmigrated")
-    with pytest.raises(CheckFailed, match=r"schema version 0, this benchseal needs 5: run `benchseal infra migrate`"):
+    with pytest.raises(CheckFailed, match=rf"schema version 0, this benchseal needs {SCHEMA_VERSION}: run `benchseal infra migrate`"):
         PostgresQueue(url)
     with PostgresQueue(url, check_schema=False) as q:
         assert q.migrate() == (0, SCHEMA_VERSION)

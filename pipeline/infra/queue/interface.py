@@ -71,8 +71,9 @@ class Queue(abc.ABC):
     # --- the history of scored releases ---------------------------------------------
 
     @abc.abstractmethod
-    def previous_release(self, repository: str, suite: str) -> HistoryEntry | None:
-        """The newest sealed, ungated release of ``repository``/``suite``: what a new one is compared with."""
+    def previous_release(self, repository: str, suite: str, tag: str) -> HistoryEntry | None:
+        """What a release of ``repository``/``suite``/``tag`` is compared with (``pipeline.core.history.baseline``):
+        the newest earlier tag's sealed, ungated standing release, never ``tag`` itself."""
 
     @abc.abstractmethod
     def history(self, repository: str, suite: str | None = None) -> list[HistoryEntry]: ...

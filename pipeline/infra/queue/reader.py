@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 # What the API reads: the schema version (checked at every open), the runs and the release history.
 READER_TABLES = ("schema_migrations", "runs", "releases")
 # Every table of the queue's schema (pipeline.infra.queue.schema): a reader holds no other privilege on any.
-QUEUE_TABLES = ("schema_migrations", "runs", "events", "publications", "workers", "trials", "releases")
+QUEUE_TABLES = ("schema_migrations", "runs", "events", "publications", "workers", "trials", "releases",
+                "release_tags")
 ROLE_RULE = "must be a PostgreSQL role name: a lowercase letter or _, then up to 62 of a-z 0-9 _"
 _ROLE_RE = re.compile(r"\A[a-z_][a-z0-9_]{0,62}\Z")
 

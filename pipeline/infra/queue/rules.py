@@ -21,6 +21,7 @@ from pipeline.core.contracts import (
 )
 from pipeline.core.documents import Comparison, HistoryEntry, PlannedTrial
 from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.history import baseline, tag_key, tag_refusal
 from pipeline.infra.queue.helpers import Cursor, epoch, iso, one_line
 from pipeline.infra.queue.records import (
     ACTIVE_STATES,
@@ -57,6 +58,11 @@ class SqlQueue(SqlBase):
                 (run_id, payload.correlation_id, encoded, max_attempts, iso(now), iso(now)),
             )
             if cur.fetchone() is not None:
+                # Bound in the transaction that accepts the run: of two concurrent dispatches of one tag
+                # from two commits, the second waits on the first's key, then is refused here.
+                refusal = self._bind_tag(cur, payload, run_id, now)
+                if refusal is not None:
+                    raise ValidationError("payload.source.tag", refusal, payload.source.tag)
                 self._event(cur, run_id, "accepted", None, "QUEUED", None, now)
                 return run_id, True, True
             cur.execute("SELECT run_id, payload FROM runs WHERE correlation_id = ?", (payload.correlation_id,))
@@ -209,7 +215,7 @@ class SqlQueue(SqlBase):
                 raise CheckFailed(f"run {run_id}: lease not held or trials still open (state {found[3]}); refusing to complete")
             self._event(cur, run_id, "completed", current, grading.status, grading.reason, now)
             if release is not None:
-                self._insert_release(cur, run_id, grading, release, now)
+                self._insert_release(cur, self._record(ended).payload, grading, release, now)
             ids: list[int] = []
             for request in publications:
                 cur.execute(
@@ -230,10 +236,34 @@ class SqlQueue(SqlBase):
     # --- the history of scored releases (pipeline.core.history) -------------------
 
     @staticmethod
-    def _insert_release(cur: Cursor, run_id: str, grading: Grading, release: ScoredRelease, now: float) -> None:
-        entry = release.entry
+    def _bind_tag(cur: Cursor, payload: DispatchPayload, run_id: str, now: float) -> str | None:
+        """Bind the payload's tag to its commit unless it is bound already; why a run of it may not be
+        accepted or recorded (``tag_refusal``), or None."""
+        source = payload.source
+        repository, key = canonical_repository(source.repository), tag_key(source.tag)
+        cur.execute("INSERT INTO release_tags (repository, tag_key, tag, source_commit, run_id, bound_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+                    (repository, key, source.tag, source.commit, run_id, iso(now)))
+        cur.execute("SELECT tag, source_commit FROM release_tags WHERE repository = ? AND tag_key = ?", (repository, key))
+        bound = cur.fetchone()
+        if bound is None:  # pragma: no cover - the insert above or a committed one holds the key
+            raise CheckFailed(f"tag {source.tag} of {repository}: its binding to a commit was not recorded")
+        return tag_refusal(repository=source.repository, tag=source.tag, commit=source.commit,
+                           released_tag=str(bound[0]), released_commit=str(bound[1]))
+
+    def _insert_release(self, cur: Cursor, payload: DispatchPayload, grading: Grading, release: ScoredRelease,
+                        now: float) -> None:
+        entry, source, run_id = release.entry, payload.source, grading.run_id
         if entry.gated != release.comparison.gated:
             raise ValidationError("release.entry.gated", "must be the comparison's verdict", entry.gated)
+        if (canonical_repository(entry.repository), entry.tag, entry.commit) != (
+                canonical_repository(source.repository), source.tag, source.commit):
+            raise ValidationError("release.entry", f"must name run {run_id}'s source (repository, tag, commit) "
+                                  f"{source.repository} {source.tag} {source.commit}", f"{entry.tag} {entry.commit}")
+        # The tag's binding again, where the history entry is written: no path records a second commit.
+        refusal = self._bind_tag(cur, payload, run_id, now)
+        if refusal is not None:
+            raise CheckFailed(f"run {run_id}: {refusal}")
         # A finalize retry of the same run writes the same entry again: the first one stands.
         cur.execute(
             "INSERT INTO releases (run_id, repository, suite, tag, entry, comparison, gated, recorded_at)"
@@ -242,19 +272,10 @@ class SqlQueue(SqlBase):
              release.comparison.model_dump_json(by_alias=True), int(entry.gated), iso(now)),
         )
 
-    def previous_release(self, repository: str, suite: str) -> HistoryEntry | None:
-        """The release a new one of ``repository`` and ``suite`` is compared with: the newest recorded
-        entry that was sealed (its summary digest recorded) and not gated (a re-run of a tag is compared
-        with the tag's earlier scoring)."""
-
-        def work(cur: Cursor) -> Any:
-            cur.execute("SELECT entry, summary_digest FROM releases WHERE repository = ? AND suite = ?"
-                        " AND gated = 0 AND summary_digest IS NOT NULL ORDER BY recorded_at DESC, run_id DESC LIMIT 1",
-                        (canonical_repository(repository), suite))
-            return cur.fetchone()
-
-        row = self._read(work)
-        return None if row is None else _history_entry(row)
+    def previous_release(self, repository: str, suite: str, tag: str) -> HistoryEntry | None:
+        """The release one of ``repository``, ``suite`` and ``tag`` is compared with
+        (``pipeline.core.history.baseline`` over the repository and suite's history)."""
+        return baseline(self.history(repository, suite), tag)
 
     def history(self, repository: str, suite: str | None = None) -> list[HistoryEntry]:
         """Every recorded release of ``repository`` (and ``suite``), oldest first."""

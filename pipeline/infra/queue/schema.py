@@ -24,13 +24,21 @@ class Dialect:
     # Version 1 tables and indexes: SQLite created them at every open before versions were recorded
     # (an unversioned file with the runs table is at version 1), so its version 1 tolerates them.
     if_not_exists: str
+    # A run payload's ``source.{field}`` as text, NULL where the payload is not JSON ({field} is filled in).
+    payload_source: str
+
+    def source(self, field: str) -> str:
+        return self.payload_source.replace("{field}", field)
 
 
 #                               SQLite                                PostgreSQL
 SQLITE = Dialect(name="sqlite", real="REAL", blob="BLOB", serial_key="INTEGER PRIMARY KEY AUTOINCREMENT",
-                 if_not_exists=" IF NOT EXISTS")
+                 if_not_exists=" IF NOT EXISTS",
+                 payload_source="CASE WHEN json_valid(payload) THEN json_extract(payload, '$.source.{field}') END")
+# PostgreSQL 15 has no cast that answers NULL for a malformed value: a corrupt payload row stops the
+# migration (rolled back whole, naming the database error) rather than leave a tag unbound.
 POSTGRESQL = Dialect(name="postgresql", real="DOUBLE PRECISION", blob="BYTEA", serial_key="BIGSERIAL PRIMARY KEY",
-                     if_not_exists="")
+                     if_not_exists="", payload_source="(payload::jsonb -> 'source' ->> '{field}')")
 
 # Version 1 is the schema before versions were recorded (an unversioned database
 # that has the runs table is at version 1).
@@ -135,6 +143,28 @@ CREATE TABLE releases (
 );
 CREATE INDEX releases_history ON releases (repository, suite, recorded_at, run_id);
 """,
+    # Version 6: a tag is released once (pipeline.core.history.tag_refusal): each repository's tag (by
+    # ``tag_key``) is bound to the commit of its first accepted run, in the transaction that enqueues
+    # it; a run of the same tag from another commit is refused. Bound here for every run already
+    # queued, oldest first (the first one's commit stands).
+    """
+CREATE TABLE release_tags (
+    repository TEXT NOT NULL,
+    tag_key TEXT NOT NULL,
+    tag TEXT NOT NULL,
+    source_commit TEXT NOT NULL,
+    run_id TEXT NOT NULL REFERENCES runs (run_id),
+    bound_at TEXT NOT NULL,
+    PRIMARY KEY (repository, tag_key)
+);
+INSERT INTO release_tags (repository, tag_key, tag, source_commit, run_id, bound_at)
+SELECT lower({src_repository}),
+       lower(CASE WHEN lower(substr({src_tag}, 1, 10)) = 'refs/tags/' THEN substr({src_tag}, 11) ELSE {src_tag} END),
+       {src_tag}, {src_commit}, run_id, created_at
+FROM runs WHERE {src_repository} IS NOT NULL AND {src_tag} IS NOT NULL AND {src_commit} IS NOT NULL
+ORDER BY created_at, run_id
+ON CONFLICT DO NOTHING
+""",
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 
@@ -153,7 +183,8 @@ def migration(dialect: Dialect, version: int) -> list[str]:
     if not 1 <= version <= SCHEMA_VERSION:
         raise ValueError(f"no schema version {version} (1 .. {SCHEMA_VERSION})")
     text = _MIGRATIONS[version - 1].format(real=dialect.real, blob=dialect.blob, serial_key=dialect.serial_key,
-                                           if_not_exists=dialect.if_not_exists)
+                                           if_not_exists=dialect.if_not_exists, src_repository=dialect.source("repository"),
+                                           src_tag=dialect.source("tag"), src_commit=dialect.source("commit"))
     return [statement for statement in text.split(";") if statement.strip()]
 
 

@@ -24,7 +24,7 @@ def scored_release(queue: Queue, record: RunRecord, grading: Grading, policy: In
     # The same functions summary.json's interval and tasks come from, so the seal job and verify
     # recompute the comparison from the summary alone.
     interval, tasks = grading_noise(grading)
-    previous = queue.previous_release(source.repository, grading.suite)
+    previous = queue.previous_release(source.repository, grading.suite, source.tag)
     suite = policy.suites.get(grading.suite)
     comparison = compare(score=grading.score, interval=interval, tasks=tasks,
                          previous=previous.as_previous() if previous is not None else None,
