@@ -1,6 +1,6 @@
 """``benchseal sandbox start|stop|status``: the rootless sandbox engine (pipeline/infra/sandbox/engine.py).
 
-Exit codes: 0 ok; 1 the engine did not start / does not answer / is not rootless; 2 bad input
+Exit codes: 0 ok; 1 the engine did not start / does not answer / is not confined / enforces no limits; 2 bad input
 (not root, a bad ``$BENCHSEAL_SANDBOX_DIR``).
 """
 
@@ -39,7 +39,7 @@ def status(
     url: bool = typer.Option(False, "--url", help="Print only the engine's unix:// URL."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Show whether the sandbox engine answers and is rootless; exit 1 if not."""
+    """Show whether the sandbox engine answers, is confined to a user namespace and enforces limits; exit 1 if not."""
     s = sbx.default_sandbox()
     info = sbx.status(s)
     if url:
@@ -48,7 +48,7 @@ def status(
         typer.echo(json.dumps(info))
     else:
         typer.echo(" ".join(f"{k}={v}" for k, v in info.items()))
-    if not (info["answers"] and info["rootless"]):
+    if not (info["answers"] and info["confined"] and info["limits"]):
         raise typer.Exit(1)
 
 

@@ -65,6 +65,7 @@ from harbor.environments.definition import (
 )
 from harbor.models.trial.config import ResourceMode
 
+from pipeline.infra.sandbox.limits import DEFAULT_FSIZE, TRIAL_PIDS
 from pipeline.runner.envshared import agent_mount, record_timing, spawn_teardown
 from pipeline.runner.tunings import enabled_tunings
 
@@ -228,6 +229,12 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         memory = self._resource_limit_value("memory", auto_mode=ResourceMode.LIMIT)
         if memory is not None:
             host["mem_limit"] = f"{int(memory)}m"
+            host["memswap_limit"] = host["mem_limit"]  # no swap beyond the declared memory
+        # A bound on processes, and on a file's size (RLIMIT_FSIZE: a sparse file counts by its apparent size).
+        host["pids_limit"] = TRIAL_PIDS
+        storage = self.task_env_config.storage_mb
+        fsize = int(storage) << 20 if storage else DEFAULT_FSIZE
+        host["ulimits"] = [docker.types.Ulimit(name="fsize", soft=fsize, hard=fsize)]
         reservation = self._resource_request_value("memory", auto_mode=ResourceMode.LIMIT)
         if reservation is not None:
             host["mem_reservation"] = f"{int(reservation)}m"

@@ -181,7 +181,11 @@ def test_forwarded_create_is_the_canonical_body_that_was_checked(proxy: Any) -> 
     assert status == 200
     forwarded = json.loads(engine.requests[0].partition(b"\r\n\r\n")[2])
     assert forwarded == {"Image": "x", "Cmd": "true", "NetworkDisabled": False, "Labels": {LABEL: p.policy.token},
-                         "HostConfig": {"Binds": [f"{run_dir.resolve()}/logs:/logs:ro"], "NetworkMode": "none"}}
+                         "HostConfig": {"Binds": [f"{run_dir.resolve()}/logs:/logs:ro"], "NetworkMode": "none",
+                                        # The bounds every container gets (limits.enforce), none asked for here.
+                                        "Memory": 2 << 30, "MemorySwap": 2 << 30, "NanoCpus": 1_000_000_000,
+                                        "PidsLimit": 1024, "Ulimits": [{"Name": "fsize", "Soft": 1 << 30,
+                                                                        "Hard": 1 << 30}]}}
 
 
 def test_build_steps_run_without_network(proxy: Any) -> None:

@@ -1,4 +1,4 @@
-"""The worker runs nothing on an engine that is not the rootless sandbox, and the sandbox service
+"""The worker runs nothing on an engine that is not the confined, limit-enforcing sandbox, and the sandbox service
 stops only the process it recorded."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ HOST_ENGINE = "unix:///var/run/docker.sock"
 
 
 def test_the_host_root_engine_is_refused_as_sandbox():
-    with pytest.raises(CheckFailed, match="not rootless"):
+    with pytest.raises(CheckFailed, match="runs as root on this host"):
         sbx.require_sandbox_engine(HOST_ENGINE)
     with pytest.raises((worker.InfraFailure, CheckFailed)):
         worker._sandbox(worker.WorkerConfig(sandbox_engine=HOST_ENGINE))
@@ -44,11 +44,11 @@ def test_worker_cli_fails_closed_in_one_line(tmp_path, engine):
     assert "sandbox" in done.stderr
 
 
-def test_the_running_sandbox_is_rootless_and_ours():
+def test_the_running_sandbox_is_confined_enforcing_and_ours():
     s = sbx.default_sandbox()
     sbx.start(s)
     info = sbx.status(s)
-    assert info["answers"] and info["rootless"] and info["pid"]
+    assert info["answers"] and info["confined"] and info["limits"] and info["pid"]
     # The engine process runs as the service user, never root.
     assert Path(f"/proc/{info['pid']}").stat().st_uid == sbx.pwd.getpwnam(sbx.SERVICE_USER).pw_uid
 

@@ -200,7 +200,8 @@ def test_the_emulation_applies_the_units_credentials(unit_worker):
 def test_the_sandbox_socket_is_the_controllers_alone(unit_worker):
     worker, _ = unit_worker
     probe = [sys.executable, "-c", "import sys; from pipeline.infra.sandbox import engine as s; "
-             "info = s.engine_info(s.default_sandbox().url); sys.exit(0 if info and s.is_rootless(info) else 3)"]
+             "url = s.default_sandbox().url; info = s.engine_info(url); "
+             "sys.exit(0 if info and s.engine_refusal(url, info) is None else 3)"]
     assert worker.run(*probe).returncode == 0
     # Another unprivileged user reaches neither the socket nor the engine's data.
     socket = sbx.default_sandbox().socket

@@ -12,8 +12,12 @@ inside rootlesskit's user namespace, so container root is that user on the host 
   processes (which a privileged container can see and ptrace) hold no host network either: no
   route to the host's network or its 127.0.0.1 services, not even its socket tables. The model is reached through the worker's Unix-socket
   relay (a file, not a route).
-* processes: its own PID (``--pidns``), IPC, UTS and cgroup namespaces (``PidMode: host`` is
-  the sandbox's PID namespace).
+* processes: its own PID (``--pidns``), IPC and UTS namespaces (``PidMode: host`` is the sandbox's
+  PID namespace); each container a private cgroup namespace.
+* limits: the daemon is root of that user namespace but not in dockerd's rootless mode (which drops
+  every cgroup setting on cgroup v1): it manages, with the cgroupfs driver, the cgroups root made and
+  delegated to it (``prepare_cgroups``), so each container's memory, CPU and pids limits are the
+  kernel's; ``require_sandbox_engine`` refuses an engine that is not confined or cannot enforce them.
 * files: the child pivots into a fresh root holding only the system directories, a minimal
   /dev, the host temp dir and benchseal's state home (where run dirs, secret files and
   sockets live, each granted to the service user by ``grant``); so a bind of ``/`` sees no
@@ -26,12 +30,15 @@ rootless. Run as root (it creates the service user and bind-mounts in its own na
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
 import shutil
 import signal
+import socket
 import stat
+import struct
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -43,6 +50,7 @@ from pipeline.core import paths
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
 from pipeline.core.fsutil import atomic_write_text
 from pipeline.core.polling import poll_until
+from pipeline.infra.sandbox.limits import enforcement_refusal
 
 if TYPE_CHECKING:
     import docker
@@ -69,6 +77,8 @@ for l in bin sbin lib lib32 lib64 libx32; do
   if [ -L "/$l" ]; then ln -s "$(readlink "/$l")" "$R/$l"
   elif [ -d "/$l" ]; then mkdir "$R/$l"; mount --rbind "/$l" "$R/$l"; fi
 done
+# No securityfs: the engine would load AppArmor profiles it cannot load from a user namespace.
+if [ -d "$R/sys/kernel/security" ]; then mount -t tmpfs -o ro,mode=555,nosuid,nodev,noexec none "$R/sys/kernel/security"; fi
 mkdir -p "$R/dev"
 mount -t tmpfs -o mode=755,nosuid benchseal-sandbox-dev "$R/dev"
 for n in null zero full random urandom tty fuse; do
@@ -88,8 +98,14 @@ pivot_root . .old
 umount -l /.old
 rmdir /.old
 cd /
-exec dockerd --host "unix://$XDG_RUNTIME_DIR/docker.sock" --data-root "$BENCHSEAL_SANDBOX_DATA" \\
-  --exec-root "$XDG_RUNTIME_DIR/exec" --pidfile "$XDG_RUNTIME_DIR/docker.pid" --storage-driver overlay2
+# Not in dockerd's rootless mode, which drops every cgroup setting on cgroup v1: the engine is root of
+# the user namespace and manages the cgroups root delegated to it (cgroupfs driver), so each container's
+# --memory, --cpus and --pids-limit are the kernel's, below the ceilings root set on their parent.
+exec env -u ROOTLESSKIT_STATE_DIR -u ROOTLESSKIT_PARENT_EUID -u ROOTLESSKIT_PARENT_EGID \\
+  dockerd --host "unix://$XDG_RUNTIME_DIR/docker.sock" --data-root "$BENCHSEAL_SANDBOX_DATA" \\
+  --exec-root "$XDG_RUNTIME_DIR/exec" --pidfile "$XDG_RUNTIME_DIR/docker.pid" --storage-driver overlay2 \\
+  --config-file "$BENCHSEAL_SANDBOX_CONFIG" --rootless=false --exec-opt native.cgroupdriver=cgroupfs \\
+  --cgroup-parent "$BENCHSEAL_SANDBOX_CGROUP" --default-cgroupns-mode private --oom-score-adjust 0
 """
 
 
@@ -135,6 +151,18 @@ class Sandbox:
     @property
     def rootlesskit_state(self) -> Path:
         return self.runtime_dir / "rootlesskit"
+
+    @property
+    def config_path(self) -> Path:
+        """The engine's daemon.json (root writes it; the engine's own dir, so the engine sees it)."""
+        return self.engine_dir / "daemon.json"
+
+    @property
+    def cgroup_name(self) -> str:
+        """The cgroup (below each hierarchy's root) that root makes for this engine and its containers."""
+        if self.base == DEFAULT_DIR:
+            return SERVICE_USER
+        return f"{SERVICE_USER}-{hashlib.sha256(str(self.base).encode()).hexdigest()[:12]}"
 
     @property
     def shared_record(self) -> Path:
@@ -422,19 +450,48 @@ def engine_info(url: str, timeout: float = 5.0) -> dict[str, object] | None:
     return info if isinstance(info, dict) else None
 
 
-def is_rootless(info: dict[str, object]) -> bool:
-    options = info.get("SecurityOptions") or []
-    return isinstance(options, list) and any(isinstance(o, str) and "name=rootless" in o.split(",") for o in options)
+def confinement_refusal(url: str) -> str | None:
+    """Why the engine listening at ``unix://PATH`` is not confined to a user namespace (None: it is).
+
+    Asked of the kernel, not of the engine: the listener's credentials on its socket (SO_PEERCRED,
+    translated to this process's namespaces), then, when its process is visible here, its uid map."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(5.0)
+            conn.connect(url.removeprefix("unix://"))
+            pid, uid, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError as exc:
+        return f"its socket cannot be asked who listens on it ({exc.strerror or exc})"
+    if uid == 0:
+        return "it runs as root on this host (uid 0), not as an unprivileged user in a user namespace"
+    try:
+        mapping = Path(f"/proc/{pid}/uid_map").read_text(encoding="ascii").split() if pid > 0 else []
+    except OSError:
+        mapping = []  # not visible from this process's PID namespace: its host uid is not root, as above
+    if mapping[:3] == ["0", "0", "4294967295"]:
+        return f"it runs as uid {uid} in the host's user namespace, not in a user namespace of its own"
+    return None
+
+
+def engine_refusal(url: str, info: dict[str, object]) -> str | None:
+    """Why the engine at ``url`` (which answered ``info``) may not run anything under test (None: it may)."""
+    confinement = confinement_refusal(url)
+    if confinement is not None:
+        return confinement
+    refusal = enforcement_refusal(info)
+    return None if refusal is None else f"it cannot enforce a trial's declared limits: {refusal}"
 
 
 def require_sandbox_engine(url: str) -> None:
-    """Fail closed: the engine at ``url`` must answer and say it is rootless."""
+    """Fail closed: the engine at ``url`` must answer, run confined to a user namespace, and enforce
+    a container's memory, CPU and process limits."""
     info = engine_info(url)
     if info is None:
         raise InfrastructureError(f"the sandbox engine {url} does not answer (start it: benchseal sandbox start)")
-    if not is_rootless(info):
-        raise CheckFailed(f"the sandbox engine {url} is not rootless (SecurityOptions lacks name=rootless): "
-                          "refusing to run anything under test on it")
+    refusal = engine_refusal(url, info)
+    if refusal is not None:
+        raise CheckFailed(f"the sandbox engine {url} is refused: {refusal} (restart it as root: benchseal sandbox "
+                          "stop && benchseal sandbox start)")
 
 
 def require_sees(url: str, needed: Iterable[Path]) -> None:
@@ -456,8 +513,95 @@ def require_sees(url: str, needed: Iterable[Path]) -> None:
 
 
 def answers(sandbox: Sandbox) -> bool:
+    """Ours answers, confined and enforcing limits."""
     info = engine_info(sandbox.url, timeout=3.0)
-    return info is not None and is_rootless(info)
+    return info is not None and engine_refusal(sandbox.url, info) is None
+
+
+# --- cgroups: delegated by root, managed by the engine -------------------------------------
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CEILING_PIDS = 32768  # all of one engine's containers together (each has its own, smaller bound)
+CEILING_MEMORY_SHARE = 0.9  # of this host's memory, for all of one engine's containers together
+
+
+def _cgroup_write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value, encoding="ascii")
+    except OSError as exc:
+        raise InfrastructureError(f"{path}: cannot write {value!r} ({exc.strerror}): the sandbox engine cannot "
+                                  "be given cgroups to limit its containers") from None
+
+
+def _own_cgroups() -> dict[str, str]:
+    """This process's cgroup in each hierarchy, by its controllers (``/proc/self/cgroup``; "" is cgroup v2)."""
+    out: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text(encoding="ascii").splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            out[controller] = path
+    return out
+
+
+def prepare_cgroups(sandbox: Sandbox, account: pwd.struct_passwd) -> tuple[str, list[Path]]:
+    """Make the engine's cgroups below this process's own: ``<name>/`` (where the engine runs; on
+    cgroup v2 its leaf ``<name>/engine``) and ``<name>/docker``, which the service user owns so its
+    engine makes one cgroup per container there (dockerd's cgroupfs driver), while the limit files
+    of ``docker`` stay root's: the ceilings of all its containers together. Returns (the engine's
+    ``--cgroup-parent``, the ``cgroup.procs`` files the engine's first process joins)."""
+    uid, gid = account.pw_uid, account.pw_gid
+    mounts = [line.split() for line in Path("/proc/self/mounts").read_text(encoding="ascii").splitlines()]
+    own = _own_cgroups()
+    memory_ceiling = int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") * CEILING_MEMORY_SHARE)
+    if any(m[1] == str(CGROUP_ROOT) and m[2] == "cgroup2" for m in mounts if len(m) > 2):
+        # cgroup v2 (a systemd host: deploy/benchseal-sandbox.service delegates its cgroup): no process may
+        # stay in a cgroup whose controllers are enabled for its children, so this process moves to the leaf.
+        top = CGROUP_ROOT / own.get("", "/").lstrip("/") / sandbox.cgroup_name
+        engine, docker = top / "engine", top / "docker"
+        for directory in (top, engine, docker):
+            directory.mkdir(parents=True, exist_ok=True)
+        _cgroup_write(engine / "cgroup.procs", str(os.getpid()))
+        parent_procs = top.parent / "cgroup.procs"
+        for pid in parent_procs.read_text(encoding="ascii").split() if top.parent != CGROUP_ROOT else []:
+            _cgroup_write(engine / "cgroup.procs", pid)
+        available = (top.parent / "cgroup.controllers").read_text(encoding="ascii").split()
+        wanted = " ".join(f"+{c}" for c in ("cpu", "cpuset", "io", "memory", "pids") if c in available)
+        for directory in ([top.parent] if top.parent != CGROUP_ROOT else []) + [top, docker]:
+            _cgroup_write(directory / "cgroup.subtree_control", wanted)
+        _cgroup_write(docker / "memory.max", str(memory_ceiling))
+        _cgroup_write(docker / "pids.max", str(CEILING_PIDS))
+        # The engine moves its containers' processes between its leaf and docker/: top's cgroup.procs.
+        for path in (docker, engine, top / "cgroup.procs", *(docker / f for f in (
+                "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"))):
+            os.chown(path, uid, gid)
+        return f"/{docker.relative_to(CGROUP_ROOT)}", [engine / "cgroup.procs"]
+    hierarchies = [Path(m[1]) for m in mounts if len(m) > 3 and m[2] == "cgroup" and m[1].startswith(f"{CGROUP_ROOT}/")]
+    if not hierarchies:
+        raise InfrastructureError(f"no cgroup hierarchy is mounted under {CGROUP_ROOT}: the sandbox engine cannot "
+                                  "limit its containers")
+    joins: list[Path] = []
+    for hierarchy in hierarchies:
+        options = next(m[3] for m in mounts if len(m) > 3 and m[1] == str(hierarchy)).split(",")
+        key = next((own_key for own_key in own if own_key and own_key in options), None)
+        top = hierarchy / (own.get(key, "/") if key else "/").lstrip("/") / sandbox.cgroup_name
+        docker = top / "docker"
+        docker.mkdir(parents=True, exist_ok=True)
+        if (hierarchy / "cpuset.cpus").exists():  # a new cpuset cgroup has no CPUs until given its parent's
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                for directory in (top, docker):
+                    if not (directory / name).read_text(encoding="ascii").strip():
+                        _cgroup_write(directory / name, (directory.parent / name).read_text(encoding="ascii").strip())
+        if (docker / "memory.limit_in_bytes").exists():
+            _cgroup_write(docker / "memory.limit_in_bytes", str(memory_ceiling))
+            if (docker / "memory.memsw.limit_in_bytes").exists():
+                _cgroup_write(docker / "memory.memsw.limit_in_bytes", str(memory_ceiling))
+        if (docker / "pids.max").exists():
+            _cgroup_write(docker / "pids.max", str(CEILING_PIDS))
+        for path in (docker, docker / "cgroup.procs", docker / "tasks"):
+            os.chown(path, uid, gid)
+        joins.append(top / "cgroup.procs")
+    # Relative: below the engine's own cgroup in each hierarchy (runc resolves it from its own cgroup).
+    return "docker", joins
 
 
 def _prepare_dirs(sandbox: Sandbox, account: pwd.struct_passwd) -> None:
@@ -473,6 +617,10 @@ def _prepare_dirs(sandbox: Sandbox, account: pwd.struct_passwd) -> None:
     tmp.write_text(_CHILD, encoding="utf-8")
     os.chmod(tmp, 0o755)  # noqa: S103 - a script the service user runs and must not change
     os.replace(tmp, sandbox.child_path)
+    # The engine's own key where it always was (rootless mode put it under $HOME/.config), no /etc/docker.
+    config = {"deprecated-key-path": str(sandbox.engine_dir / ".config" / "docker" / "key.json")}
+    atomic_write_text(sandbox.config_path, json.dumps(config) + "\n")
+    os.chmod(sandbox.config_path, 0o644)
 
 
 def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controllers: Iterable[str] = ()) -> str:
@@ -482,15 +630,19 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controller
     if os.geteuid() != 0:
         raise UsageError("benchseal sandbox start must run as root (it creates the service user and its namespaces)")
     uids = [controller_uid(sandbox, user) for user in controllers]
-    if _recorded_pid(sandbox) is not None and answers(sandbox):
-        for uid in uids:
-            allow_controller(sandbox, uid)
-        return "running"
+    if _recorded_pid(sandbox) is not None:
+        if answers(sandbox):
+            for uid in uids:
+                allow_controller(sandbox, uid)
+            return "running"
+        if engine_info(sandbox.url, timeout=3.0) is not None:
+            stop(sandbox)  # ours, of an earlier kind (rootless mode, which enforces no limit here): replaced
     missing = missing_tools()
     if missing:
         raise InfrastructureError(f"the sandbox engine needs {', '.join(missing)} (apt packages: {' '.join(PACKAGES)})")
     account = ensure_user(sandbox.user)
     _prepare_dirs(sandbox, account)
+    cgroup_parent, cgroup_joins = prepare_cgroups(sandbox, account)
     share = shared_paths()
     for path in share:
         _traverse(path, account.pw_uid)
@@ -509,6 +661,8 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controller
         "BENCHSEAL_SANDBOX_DATA": str(sandbox.data_dir),
         # The engine's own dir too: its socket must be where the host looks for it.
         "BENCHSEAL_SANDBOX_SHARE": " ".join(str(p) for p in [sandbox.engine_dir, *share]),
+        "BENCHSEAL_SANDBOX_CONFIG": str(sandbox.config_path),
+        "BENCHSEAL_SANDBOX_CGROUP": cgroup_parent,
     }
     if any(" " in str(p) for p in share):
         raise UsageError(f"sandbox shared paths must not contain spaces: {share}")
@@ -518,13 +672,17 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controller
     # in the child), owned by the sandbox's user namespace, where it may create its bridges.
     argv = ["unshare", "--net", "--",
             "setpriv", f"--reuid={account.pw_uid}", f"--regid={account.pw_gid}", "--init-groups",
-            "rootlesskit", "--net=host", "--pidns", "--ipcns", "--utsns", "--cgroupns",
+            "rootlesskit", "--net=host", "--pidns", "--ipcns", "--utsns",
             "--copy-up=/etc", "--copy-up=/run", "--propagation=rslave",
             f"--state-dir={sandbox.rootlesskit_state}",
             "unshare", "--net", "--", str(sandbox.child_path)]
     with sandbox.log_path.open("ab") as log:
         # The shell records its own pid, then execs setpriv, which execs rootlesskit: one pid throughout.
-        subprocess.Popen(["setsid", "sh", "-c", 'echo $$ > "$1"; shift; exec "$@"', "sh", str(sandbox.pid_path), *argv],
+        # It joins the engine's cgroups first (as root: the files are root's), so everything it starts is there.
+        joins = 'for f in $BENCHSEAL_SANDBOX_CGROUPS; do echo $$ > "$f" || exit 1; done; '
+        env["BENCHSEAL_SANDBOX_CGROUPS"] = " ".join(str(path) for path in cgroup_joins)
+        subprocess.Popen(["setsid", "sh", "-c", joins + 'echo $$ > "$1"; shift; exec "$@"', "sh", str(sandbox.pid_path),
+                          *argv],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True, env=env,
                          cwd=str(sandbox.engine_dir))
     if poll_until(lambda: True if answers(sandbox) else None, timeout=wait_seconds, interval=0.3):
@@ -564,7 +722,8 @@ def status(sandbox: Sandbox | None = None) -> dict[str, object]:
     return {
         "socket": str(sandbox.socket),
         "answers": info is not None,
-        "rootless": info is not None and is_rootless(info),
+        "confined": info is not None and confinement_refusal(sandbox.url) is None,
+        "limits": info is not None and enforcement_refusal(info) is None,
         "pid": _recorded_pid(sandbox),
         "user": sandbox.user,
     }

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pipeline.infra.sandbox.engine_refusal import Refused
+from pipeline.infra.sandbox.limits import check_ulimits
 
 # --- JSON bodies: decoded as the engine's Go decoder does, forwarded canonical ----------
 #
@@ -197,7 +198,7 @@ _RESOURCES: dict[str, Checker] = {
     "CpusetCpus": _STR, "CpusetMems": _STR, "Devices": _zero, "DeviceCgroupRules": _zero,
     "DeviceRequests": _zero, "KernelMemory": _NONNEG, "KernelMemoryTCP": _zero, "MemoryReservation": _NONNEG,
     "MemorySwap": _int_range(-1, 2**63 - 1), "MemorySwappiness": _int_range(-1, 100), "OomKillDisable": _zero,
-    "PidsLimit": _INT, "Ulimits": _zero, "CpuCount": _zero, "CpuPercent": _zero, "IOMaximumIOps": _zero,
+    "PidsLimit": _INT, "Ulimits": check_ulimits, "CpuCount": _zero, "CpuPercent": _zero, "IOMaximumIOps": _zero,
     "IOMaximumBandwidth": _zero,
 }
 _RESTART = _struct({"Name": _one_of("", "no"), "MaximumRetryCount": _zero})

@@ -108,6 +108,7 @@ from pipeline.infra.sandbox.engine_build import (
 )
 from pipeline.infra.sandbox.engine_refusal import NotFound as NotFound
 from pipeline.infra.sandbox.engine_refusal import Refused as Refused
+from pipeline.infra.sandbox.limits import ContainerLimits, enforce
 from pipeline.infra.sandbox.relay import GATEWAY_PORT, _pump, _splice
 
 log = logging.getLogger("benchseal.engine_proxy")
@@ -155,6 +156,8 @@ class EnginePolicy:
     # Set on everything the runner creates (containers, built images, volumes), over whatever it asked for:
     # the worker's run and batch labels, by which it removes all of it when the batch ends.
     labels: dict[str, str] = field(default_factory=dict)
+    # Every container's memory, CPU, process and file-size bounds (``limits.enforce``).
+    limits: ContainerLimits = field(default_factory=ContainerLimits)
 
 
 # --- HTTP: one request per client connection, parsed by h11, re-framed by the proxy ----
@@ -545,7 +548,11 @@ class EngineProxy:
         if call == "/exec":
             return _dump(_canon(_load_json(body or b"{}", what), _EXEC, "exec"))
         if call == "/update":
-            return _dump(_canon(_load_json(body or b"{}", what), _UPDATE, "update"))
+            spec = _canon(_load_json(body or b"{}", what), _UPDATE, "update")
+            if set(spec) - {"RestartPolicy"}:
+                # Limits are fixed at create (``limits.enforce``): an update could lift them (PidsLimit 0 is none).
+                raise Refused(f"{what}: a container's limits cannot be changed ({', '.join(sorted(spec))})")
+            return _dump(spec)
         return body
 
     def _check_pull(self, request: _Request) -> None:
@@ -564,6 +571,7 @@ class EngineProxy:
     def _check_create(self, body: bytes, name: str) -> bytes:
         spec = _canon(_load_json(body, "POST /containers/create"), _CREATE, "create")
         host: dict[str, Any] = spec.get("HostConfig") or {}
+        enforce(host, self.policy.limits)
         if "Binds" in host:
             host["Binds"] = [self._check_bind(str(bind)) for bind in host["Binds"]]
         for mount in host.get("Mounts") or []:
