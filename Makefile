@@ -17,6 +17,9 @@ PROJECT_hello-agent := examples/hello-agent/benchseal.toml
 PROJECT_qwen-code := examples/qwen-code/benchseal.toml
 TAG_hello-agent := v0.1.0
 TAG_qwen-code := v0.24.4
+# nop has a tag of its own: a re-run of oracle's tag would get that tag's first baseline, never oracle's
+# scoring (a tag is released once), so AGENT=nop after AGENT=oracle is compared with oracle's release.
+TAG_nop := v0.0.1-demo
 PROJECT ?= $(PROJECT_$(AGENT))
 TAG ?= $(or $(TAG_$(AGENT)),v0.0.0-demo)
 

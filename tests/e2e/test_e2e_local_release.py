@@ -86,9 +86,10 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     assert "SUCCEEDED" in second.stdout and "reused" in second.stdout
     body2 = (release / "body.md").read_text()
     assert body2.count(START) == 1 and f"| Infra run id | `{report['run_id']}` |" not in body2  # replaced
-    # The second scoring of the tag is compared with the first (the repository's history, in the queue).
-    assert f"| Compared with | {markdown_cell(TAG)} (score 1.000; infra run `{report['run_id']}`" in body2
-    assert "| Score change | +0.000 |" in body2 and "| Regression gate | passed |" in body2
+    # The second scoring of the tag (the same commit) gets the baseline its first scoring had: here none,
+    # never the tag's own first scoring (issue 35 point 6).
+    assert "| Compared with | nothing: the repository's first scored release of this suite |" in body2
+    assert f"infra run `{report['run_id']}`" not in body2
 
     from pipeline.verify.release import verify_release
 

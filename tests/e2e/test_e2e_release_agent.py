@@ -427,15 +427,16 @@ def test_the_runner_sbom_and_provenance_name_the_agent_package(qwen_right: dict[
 def test_qwen_code_with_the_wrong_script_scores_zero(qwen_right: dict[str, Any], home: Path, policy: Path,
                                                      tmp_path: Path) -> None:
     done = _release(home, policy, QWEN_TAG, QWEN_PROJECT, tmp_path / "dist", "--scripted-model", "wrong")
-    # After the right-script release of the same tag (qwen_right), the regression gate holds this one back:
-    # published and verified with its result, exit 1 naming every task that regressed.
-    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    # A re-run of the tag qwen_right released, from the same commit (issue 35 point 6): compared with the
+    # baseline the tag's first scoring had, never with that scoring itself, so the earlier run of the same
+    # tag is not what gates it (the gate's own sequence: tests/e2e/test_e2e_local_release.py).
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
     report: dict[str, Any] = json.loads(done.stdout)
     comparison = report["comparison"]
-    assert comparison["gated"] and comparison["previous"]["run_id"] == qwen_right["report"]["run_id"], comparison
-    regressed = sorted(c["task"] for c in comparison["changed"] if c["change"] == "regressed")
-    assert regressed == sorted(qwen_right_tasks(qwen_right["report"])) and len(regressed) == 3, comparison
-    assert f"benchseal: error: release {QWEN_TAG} is gated (published, not promoted): " in done.stderr
+    assert comparison["previous"] == qwen_right["report"]["comparison"]["previous"], comparison
+    assert (comparison["previous"] or {}).get("run_id") != qwen_right["report"]["run_id"], comparison
+    assert not comparison["gated"] and "is gated" not in done.stderr, comparison
+    assert len(qwen_right_tasks(qwen_right["report"])) == 3
     # The agent ran and the verifier graded its (wrong) work: a benchmark result, not an infrastructure error.
     assert report["status"] == "SUCCEEDED" and report["score"] == 0.0, report
     assert report["counts"] == {"total": 3, "completed": 3, "resolved": 0, "unresolved": 3, "infra_errors": 0}
