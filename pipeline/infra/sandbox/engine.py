@@ -30,6 +30,8 @@ rootless. Run as root (it creates the service user and bind-mounts in its own na
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -412,19 +414,39 @@ def allow_controller(sandbox: Sandbox, uid: int) -> None:
 
 # --- process ------------------------------------------------------------------------
 
+def _ours(sandbox: Sandbox, pid: int) -> bool:
+    """``pid`` is this sandbox's engine: rootlesskit with our child script (not its re-executed child)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return any(part.endswith(b"rootlesskit") for part in cmdline[:1]) and str(sandbox.child_path).encode() in cmdline
+
+
 def _recorded_pid(sandbox: Sandbox) -> int | None:
     try:
         pid = int(sandbox.pid_path.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
-    try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except FileNotFoundError:
-        return None
     # Only a process we started: rootlesskit with our state dir and our child script.
-    if any(part.endswith(b"rootlesskit") for part in cmdline[:1]) and str(sandbox.child_path).encode() in cmdline:
-        return pid
-    return None
+    return pid if _ours(sandbox, pid) else None
+
+
+def _unrecorded_engines(sandbox: Sandbox) -> list[int]:
+    """This sandbox's engines whose pid is not the recorded one (a start whose record another start
+    overwrote): they hold its data root's lock, so no new engine could start beside them."""
+    recorded = _recorded_pid(sandbox)
+    return [int(entry.name) for entry in Path("/proc").iterdir()
+            if entry.name.isdigit() and int(entry.name) != recorded and _ours(sandbox, int(entry.name))]
+
+
+def _terminate(sandbox: Sandbox, pid: int, wait_seconds: float) -> None:
+    """SIGTERM to ``pid`` while it is this sandbox's engine; SIGKILL if it outlives ``wait_seconds``."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    gone = poll_until(lambda: True if not _ours(sandbox, pid) else None, timeout=wait_seconds, interval=0.2)
+    if not gone and _ours(sandbox, pid):
+        os.kill(pid, signal.SIGKILL)
 
 
 def engine_info(url: str, timeout: float = 5.0) -> dict[str, object] | None:
@@ -630,13 +652,23 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controller
     if os.geteuid() != 0:
         raise UsageError("benchseal sandbox start must run as root (it creates the service user and its namespaces)")
     uids = [controller_uid(sandbox, user) for user in controllers]
-    if _recorded_pid(sandbox) is not None:
-        if answers(sandbox):
-            for uid in uids:
-                allow_controller(sandbox, uid)
-            return "running"
-        if engine_info(sandbox.url, timeout=3.0) is not None:
-            stop(sandbox)  # ours, of an earlier kind (rootless mode, which enforces no limit here): replaced
+    sandbox.base.mkdir(parents=True, exist_ok=True)
+    # One start at a time (tests and units start it concurrently): the second finds the first's engine.
+    with (sandbox.base / "start.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _start_locked(sandbox, uids, wait_seconds)
+
+
+def _start_locked(sandbox: Sandbox, uids: list[int], wait_seconds: float) -> str:
+    if _recorded_pid(sandbox) is not None and answers(sandbox):
+        for uid in uids:
+            allow_controller(sandbox, uid)
+        return "running"
+    # Ours but refused (an engine of an earlier kind, in rootless mode, enforces no limit here), not
+    # answering, or unrecorded: stopped before a new one starts on the same data root.
+    stop(sandbox)
+    for pid in _unrecorded_engines(sandbox):
+        _terminate(sandbox, pid, 30.0)
     missing = missing_tools()
     if missing:
         raise InfrastructureError(f"the sandbox engine needs {', '.join(missing)} (apt packages: {' '.join(PACKAGES)})")
@@ -689,6 +721,7 @@ def start(sandbox: Sandbox | None = None, wait_seconds: float = 60.0, controller
         for uid in uids:
             allow_controller(sandbox, uid)
         return "started"
+    stop(sandbox)  # nothing left running that the next start would have to find
     raise InfrastructureError(f"the sandbox engine did not answer within {wait_seconds:.0f}s; see {sandbox.log_path}")
 
 
@@ -708,10 +741,7 @@ def stop(sandbox: Sandbox | None = None, wait_seconds: float = 30.0) -> str:
     pid = _recorded_pid(sandbox)
     if pid is None:
         return "not ours" if answers(sandbox) else "stopped"
-    os.kill(pid, signal.SIGTERM)
-    gone = poll_until(lambda: True if not Path(f"/proc/{pid}").exists() else None, timeout=wait_seconds, interval=0.2)
-    if not gone and _recorded_pid(sandbox) == pid:
-        os.kill(pid, signal.SIGKILL)
+    _terminate(sandbox, pid, wait_seconds)
     sandbox.pid_path.unlink(missing_ok=True)
     return "stopped"
 
