@@ -361,6 +361,11 @@ class TrialRecord(_Frozen):
     model_calls: int | None = Field(default=None, ge=0)
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
+    # A tamper canary's trial (its task.toml's metadata.benchseal.canary): never counted in the score; if it is
+    # resolved the run is FAILED as tampered (pipeline.infra.worker.grading.grade_trials).
+    canary: bool = Field(default=False, exclude_if=lambda v: not v)
+    # Why the trial was not resolved, in one line (pipeline.core.scoring.ResultGrade.reason).
+    reason: str | None = Field(default=None, max_length=500, exclude_if=lambda v: v is None)
 
 
 # The grader stores score = round(resolved / completed, SCORE_DIGITS).

@@ -310,6 +310,8 @@ def upgrade_summary(data: object) -> object:
 class PlannedTrial(_Document):
     task: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     trial_name: str = Field(pattern=TRIAL_NAME_PATTERN)
+    canary: bool = Field(default=False, exclude_if=lambda v: not v, description="a tamper canary's trial: never scored; resolved means the "
+                         "run was tampered with (task.toml metadata.benchseal.canary)")
 
 
 class TrialsPlan(_Document):

@@ -16,12 +16,15 @@ infrastructure error says nothing about the agent). Between two releases a task 
 
 * ``regressed`` / ``improved`` when both rates exist and the rate fell / rose;
 * ``added`` / ``removed`` when only one release ran it;
-* ``unjudged`` when one side has no rate (only infrastructure errors) and the other has one.
+* ``regressed`` too when the previous release resolved the task at least once and this one has no
+  rate (only infrastructure errors): whatever the reason, a task resolved before and not now is a
+  regression (issue 35: an agent that makes a task unjudgeable must not slip past the gate);
+* ``unjudged`` when one side has no rate (only infrastructure errors) and the other has one otherwise.
 
 The gate (``GateRules``, a suite's ``gate`` in the infra policy) holds a release back when
 ``interval_below_previous``: the upper end of its 95 % interval is below the previous score (the drop
 is more than noise), or ``resolved_task_fails``: a task the previous release resolved in every
-completed attempt now fails at least one completed attempt. The first release of a repository has
+completed attempt now fails at least one attempt, or completes none (only infrastructure errors). The first release of a repository has
 nothing to compare with and is never gated.
 """
 
@@ -102,6 +105,8 @@ def _change(previous: TaskCounts | None, current: TaskCounts | None) -> Change |
     before, now = pass_rate(previous), pass_rate(current)
     if before is None and now is None:
         return None
+    if now is None and before is not None and before > 0:
+        return "regressed"  # resolved before, unjudgeable now: never a way past the gate
     if before is None or now is None:
         return "unjudged"
     if now < before:
@@ -113,8 +118,8 @@ def _change(previous: TaskCounts | None, current: TaskCounts | None) -> Change |
 
 def _fully_resolved_then_failed(previous: TaskCounts | None, current: TaskCounts | None) -> bool:
     return (previous is not None and current is not None and previous.completed > 0
-            and previous.resolved == previous.completed and current.completed > 0
-            and current.resolved < current.completed)
+            and previous.resolved == previous.completed
+            and (current.completed == 0 or current.resolved < current.completed))
 
 
 def compare(*, score: float, interval: ScoreInterval | None, tasks: Mapping[str, TaskCounts],

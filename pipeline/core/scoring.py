@@ -6,14 +6,19 @@ The worker's grader (``pipeline.infra.worker.grading``), the seal job (``pipelin
 same rule wherever it is read. Per trial (its ``result.json``, read as strict JSON):
 
 * no result.json, not strict JSON (duplicate keys, NaN, Infinity), not an object -> ``infra_error``;
-* ``exception_info`` from the agent (``AGENT_EXCEPTIONS``: timeout, non-zero exit) -> the agent's fault:
-  graded by its reward like any completed trial (no reward: ``unresolved``);
-* any other ``exception_info`` (environment, verifier, Docker; one that is not an object naming a
-  type) -> ``infra_error``;
-* a reward that is not a finite JSON number in [0, 1] (a string, a boolean, NaN, 2) -> ``infra_error``
-  (``InvalidReward``): the verifier did not say how the trial went;
-* no reward and no exception -> ``infra_error`` (``NoReward``);
-* reward 1 -> ``resolved``; otherwise ``unresolved``.
+* the agent never started (no ``agent_setup`` start in the result): whatever failed is the
+  infrastructure's (environment build or start) -> ``infra_error``;
+* an exception the machinery itself records (``INFRA_EXCEPTIONS``: benchseal's grader or engine
+  failing, Harbor's environment start timeout, a cancelled trial) -> ``infra_error``;
+* otherwise the trial is the agent's: its exception (any other type: its own crash, its timeout, a
+  non-zero exit, a verifier that hangs on what it left) does not take the trial out of the
+  denominator. The reward counts only when it comes from benchseal's grader
+  (``pipeline.runner.grader``: ``rewards`` holds ``reward`` 0 or 1, the test command's exit status
+  ``GRADER_EXIT_KEY`` and ``GRADER_TIMEOUT_KEY``, and they agree): reward 1 -> ``resolved``; no
+  reward, an invalid one, or one Harbor read from a reward file -> ``unresolved`` (``NoReward``,
+  ``InvalidReward``, ``RewardNotFromGrader``).
+
+Which failure decided it: ``ResultGrade.reason``, one line.
 
 score = round(resolved / completed, SCORE_DIGITS), only on SUCCEEDED (``contracts.check_score``): the
 mean pass rate over trials (a task with several attempts counts each). Its noise: ``wilson_interval``
@@ -33,7 +38,9 @@ from pipeline.core.contracts import SCORE_DIGITS, GradeCounts, Grading, TrialOut
 from pipeline.core.documents import ScoreInterval, TaskCounts, TrialsPlan, parse_document
 from pipeline.core.errors import CheckFailed, ValidationError
 
-# Exceptions that are the agent's doing, not the infrastructure's.
+# Exceptions that are the agent's doing (Harbor's names): kept for readers of older results; the rule
+# below no longer needs them (any exception once the agent has started is the agent's, unless it is
+# one of INFRA_EXCEPTIONS).
 AGENT_EXCEPTIONS = frozenset(
     {
         "AgentTimeoutError",
@@ -47,6 +54,18 @@ AGENT_EXCEPTIONS = frozenset(
         "AgentSafetyRefusalError",
     }
 )
+# Failures of the machinery, raised by benchseal's own runner code (never by the agent, which runs in
+# a container of its own and whose exceptions reach the runner as one type of its own): the grader
+# (pipeline.runner.grader.GraderFault), the engine environment (pipeline.runner.engine_env.EngineFault),
+# the agent channel's runner side (pipeline.runner.agent_box: ChannelFault), Harbor's start timeout of
+# an environment, and a trial cancelled by the runner's shutdown.
+INFRA_EXCEPTIONS = frozenset(
+    {"GraderFault", "EngineFault", "ChannelFault", "EnvironmentStartTimeoutError", "CancelledError"}
+)
+# The keys benchseal's grader writes into Harbor's verifier_result.rewards.
+REWARD_KEY = "reward"
+GRADER_EXIT_KEY = "grader_exit_status"  # the test command's exit status (-1: it timed out)
+GRADER_TIMEOUT_KEY = "grader_timed_out"  # 1 when the test command was stopped at the grader's limit
 # Where a run's trial evidence sits, relative to its artifacts directory (the names in evidence-SHA256SUMS).
 PLAN_NAME = "evidence/trials.json"
 HARBOR_PREFIX = "evidence/harbor/"
@@ -76,12 +95,14 @@ def strict_json(raw: bytes) -> Any:
 @dataclass(frozen=True)
 class ResultGrade:
     """What one result.json says: the outcome, the reward (a finite number in [0, 1] or None) and the
-    exception type that decided it; ``data`` is the parsed object ({} when there is none)."""
+    exception type (or the rule's own name) that decided it; ``reason`` in one line for a trial that was not
+    resolved; ``data`` is the parsed object ({} when there is none)."""
 
     outcome: TrialOutcome
     reward: float | None
     exception_type: str | None
     data: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    reason: str | None = field(default=None, compare=False)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -103,32 +124,81 @@ def _reward(value: Any) -> tuple[float | None, bool]:
     return reward, True
 
 
+def _grader_reward(rewards: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """(reward, None) when ``rewards`` is benchseal's grader's verdict, else (None, why not)."""
+    if not rewards:
+        return None, "NoReward"
+    reward, valid = _reward(rewards.get(REWARD_KEY))
+    exit_status, timed_out = rewards.get(GRADER_EXIT_KEY), rewards.get(GRADER_TIMEOUT_KEY)
+    if not valid or reward is None:
+        return None, "InvalidReward" if not valid else "NoReward"
+    if set(rewards) != {REWARD_KEY, GRADER_EXIT_KEY, GRADER_TIMEOUT_KEY} \
+            or not all(isinstance(v, int) and not isinstance(v, bool) for v in (exit_status, timed_out)) \
+            or timed_out not in (0, 1):
+        return None, "RewardNotFromGrader"
+    passed = exit_status == 0 and timed_out == 0
+    if reward != (1.0 if passed else 0.0):
+        return None, "RewardNotFromGrader"
+    return reward, None
+
+
+def _started(phase: Any) -> bool:
+    return bool(_mapping(phase).get("started_at"))
+
+
+def _one_line(text: Any, limit: int = 200) -> str:
+    line = " ".join(str(text or "").split())
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _failure_reason(rewards: Mapping[str, Any], exception_type: str | None, message: Any, why: str | None) -> str:
+    """One line: why a trial that ran its agent was not resolved."""
+    parts: list[str] = []
+    if exception_type is not None:
+        parts.append(f"agent phase: {exception_type}" + (f": {_one_line(message)}" if message else ""))
+    if why is None:
+        if rewards.get(GRADER_TIMEOUT_KEY) == 1:
+            parts.append("the tests did not finish within the verifier's time limit")
+        else:
+            parts.append(f"the tests failed (exit status {rewards.get(GRADER_EXIT_KEY)})")
+    elif why == "NoReward":
+        parts.append("not graded (no verdict from the grader)")
+    elif why == "InvalidReward":
+        parts.append("not graded (the verdict is not a reward in [0, 1])")
+    else:
+        parts.append("not graded by benchseal's grader (a reward file's value is never trusted)")
+    return "; ".join(parts)
+
+
 def grade_result(raw: bytes | None) -> ResultGrade:
     """Grade one trial from the bytes of its result.json (None: there is none). The one rule."""
     if raw is None:
-        return ResultGrade("infra_error", None, "MissingTrialResult")
+        return ResultGrade("infra_error", None, "MissingTrialResult", reason="the trial left no result")
     try:
         data = strict_json(raw)
     except ValueError:
-        return ResultGrade("infra_error", None, "UnreadableTrialResult")
+        return ResultGrade("infra_error", None, "UnreadableTrialResult", reason="the trial's result is unreadable")
     if not isinstance(data, dict):
-        return ResultGrade("infra_error", None, "UnreadableTrialResult")
+        return ResultGrade("infra_error", None, "UnreadableTrialResult", reason="the trial's result is unreadable")
     rewards = _mapping(_mapping(data.get("verifier_result")).get("rewards"))
-    reward, valid = _reward(rewards.get("reward"))
     exception = data.get("exception_info")
     exception_type: str | None = None
+    message: Any = None
     if exception is not None:
         named = _mapping(exception).get("exception_type")
         exception_type = named if isinstance(named, str) and named else "MalformedExceptionInfo"
-    if exception_type is not None and exception_type not in AGENT_EXCEPTIONS:
-        return ResultGrade("infra_error", reward, exception_type, data)
-    if not valid:
-        return ResultGrade("infra_error", None, exception_type or "InvalidReward", data)
-    if reward is None:
-        if exception_type is not None:
-            return ResultGrade("unresolved", None, exception_type, data)
-        return ResultGrade("infra_error", None, "NoReward", data)
-    return ResultGrade("resolved" if reward >= 1.0 else "unresolved", reward, exception_type, data)
+        message = _mapping(exception).get("exception_message")
+    if exception_type == "MalformedExceptionInfo":  # Harbor always writes an object naming a type: not its result
+        return ResultGrade("infra_error", None, exception_type, data, "the trial's result is malformed")
+    if exception_type in INFRA_EXCEPTIONS or not _started(data.get("agent_setup")):
+        what = exception_type or "AgentNeverStarted"
+        reason = f"infrastructure: {what}" + (f": {_one_line(message)}" if message else "")
+        return ResultGrade("infra_error", None, what, data, reason)
+    reward, why = _grader_reward(rewards)
+    if reward is not None and reward >= 1.0:
+        return ResultGrade("resolved", reward, exception_type, data)
+    return ResultGrade("unresolved", reward, exception_type or why, data,
+                       _failure_reason(rewards, exception_type, message, why))
 
 
 def count(outcomes: Iterable[TrialOutcome]) -> GradeCounts:
@@ -198,9 +268,11 @@ def task_counts(trials: Iterable[tuple[str, TrialOutcome]]) -> dict[str, TaskCou
 
 
 def grading_noise(grading: Grading) -> tuple[ScoreInterval | None, dict[str, TaskCounts]]:
-    """A graded run's interval and per-task counts, as summary.json states them: what the summary, the
-    worker's history entry and the comparison checks all take from the same grading."""
-    return score_interval(grading.status, grading.counts), task_counts((t.task, t.outcome) for t in grading.trials)
+    """A graded run's interval and per-task counts (tamper canaries left out: they are never scored), as
+    summary.json states them: what the summary, the worker's history entry and the comparison checks all take
+    from the same grading."""
+    return score_interval(grading.status, grading.counts), task_counts((t.task, t.outcome) for t in grading.trials
+                                                                       if not t.canary)
 
 
 # --- a claim against the trial evidence --------------------------------------------------------
@@ -236,6 +308,7 @@ class EvidenceTrial:
     task: str
     trial: str
     grade: ResultGrade
+    canary: bool = False  # a tamper canary (the plan says so): never counted; resolved = tampered
 
 
 @dataclass(frozen=True)
@@ -249,26 +322,26 @@ class TrialEvidence:
     results: Mapping[str, bytes]
 
 
-def _plan(evidence: TrialEvidence, claim: Claim) -> list[tuple[str, str]]:
+def _plan(evidence: TrialEvidence, claim: Claim) -> list[tuple[str, str, bool]]:
     if evidence.plan is None:
         if claim.status == "SUCCEEDED":
             raise CheckFailed(f"{PLAN_NAME}: missing from {EVIDENCE}; a score needs the plan of its trials")
-        return [(t.task, t.trial) for t in claim.trials or ()]
+        return [(t.task, t.trial, False) for t in claim.trials or ()]
     try:
         plan = parse_document(TrialsPlan, strict_json(evidence.plan), PLAN_NAME)
     except (ValueError, ValidationError) as exc:
         if claim.status != "SUCCEEDED":
             # The grader could not read it either (read_plan: no trials graded): nothing is scored.
-            return [(t.task, t.trial) for t in claim.trials or ()]
+            return [(t.task, t.trial, False) for t in claim.trials or ()]
         if isinstance(exc, ValidationError):
             raise CheckFailed(f"{exc.field}: {exc.rule}") from None
         raise CheckFailed(f"{PLAN_NAME}: not valid JSON ({exc})") from None
     if plan.run_id != claim.run_id:
         raise CheckFailed(f"{PLAN_NAME}: run_id is {plan.run_id!r}, not {claim.document}'s {claim.run_id!r}")
-    return [(t.task, t.trial_name) for t in plan.trials]
+    return [(t.task, t.trial_name, t.canary) for t in plan.trials]
 
 
-def _check_attempts(planned: Sequence[tuple[str, str]], run_id: str) -> set[str]:
+def _check_attempts(planned: Sequence[tuple[str, str, bool]], run_id: str) -> set[str]:
     """The planned trial names, after checking that each is named for this run and its task
     (``contracts.trial_attempt``) and planned once, and that every task is planned either once as
     ``<task>__<short>`` or as each of the attempts 1..n of ``<task>__a<k>of<n>__<short>``, one n for
@@ -276,7 +349,7 @@ def _check_attempts(planned: Sequence[tuple[str, str]], run_id: str) -> set[str]
     short = trial_short_id(run_id)
     seen: set[str] = set()
     attempts: dict[str, list[tuple[int, int]]] = {}
-    for task, trial in planned:
+    for task, trial, _ in planned:
         if trial in seen:
             raise CheckFailed(f"{PLAN_NAME}: {trial} is planned twice")
         parsed = trial_attempt(trial, task, run_id)
@@ -316,12 +389,15 @@ def evidence_trials(evidence: TrialEvidence, claim: Claim) -> tuple[EvidenceTria
     if claim.status == "SUCCEEDED":
         if not planned:
             raise CheckFailed(f"{claim.label}.status: SUCCEEDED in {claim.document}, but {PLAN_NAME} plans no trials")
-        for _, trial in planned:
+        if all(canary for _, _, canary in planned):
+            raise CheckFailed(f"{PLAN_NAME}: every planned trial is a tamper canary; a score needs scored trials")
+        for _, trial, _ in planned:
             if result_name(trial) not in evidence.names or trial not in evidence.results:
                 what = "dir" if trial not in dirs else RESULT_FILE
                 raise CheckFailed(f"{result_name(trial)}: missing ({'no trial ' + what}); every trial of a scored "
                                   "run needs its result in the trial evidence")
-    return tuple(EvidenceTrial(task, trial, grade_result(evidence.results.get(trial))) for task, trial in planned)
+    return tuple(EvidenceTrial(task, trial, grade_result(evidence.results.get(trial)), canary)
+                 for task, trial, canary in planned)
 
 
 def _disagree(claim: Claim, field_name: str, claimed: object, actual: object) -> CheckFailed:
@@ -336,7 +412,12 @@ def check_claim(claim: Claim, trials: Sequence[EvidenceTrial]) -> GradeCounts:
     carries no score (``check_score``); a trial of it may be counted as an infrastructure error that the
     evidence grades otherwise (the grader knew of a failure the evidence cannot show: a timeout, attempts
     used up), never the other way round."""
-    graded_pairs: list[tuple[str, TrialOutcome]] = [(t.task, t.grade.outcome) for t in trials]
+    tampered = sorted({t.task for t in trials if t.canary and t.grade.outcome == "resolved"})
+    if tampered and claim.status == "SUCCEEDED":
+        raise CheckFailed(f"{claim.label}.status: SUCCEEDED in {claim.document}, but {EVIDENCE} shows the tamper "
+                          f"canary {', '.join(tampered)} resolved: the run was tampered with and has no score")
+    canaries = {t.trial for t in trials if t.canary}
+    graded_pairs: list[tuple[str, TrialOutcome]] = [(t.task, t.grade.outcome) for t in trials if not t.canary]
     actual = count(outcome for _, outcome in graded_pairs)
     if claim.trials is not None:
         by_name = {t.trial: t for t in trials}
@@ -363,8 +444,9 @@ def check_claim(claim: Claim, trials: Sequence[EvidenceTrial]) -> GradeCounts:
             if not excused and not _same_reward(claimed.reward, graded.grade.reward):
                 raise _disagree(claim, f"{where}.reward", claimed.reward, graded.grade.reward)
             downgraded.append("infra_error" if excused else graded.grade.outcome)
-        actual = count(downgraded)
-        graded_pairs = [(t.task, outcome) for t, outcome in zip(claim.trials, downgraded, strict=True)]
+        graded_pairs = [(t.task, outcome) for t, outcome in zip(claim.trials, downgraded, strict=True)
+                        if t.trial not in canaries]
+        actual = count(outcome for _, outcome in graded_pairs)
     check_counts(claim, actual)
     if claim.states_noise and claim.status == "SUCCEEDED":
         # What a score rests on; a run without a score claims no interval (its task counts are informational).

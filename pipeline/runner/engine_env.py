@@ -82,6 +82,10 @@ _client_lock = threading.Lock()
 _client: Any = None
 
 
+class EngineFault(RuntimeError):
+    """The engine failed to start an environment: the infrastructure's fault (``scoring.INFRA_EXCEPTIONS``)."""
+
+
 def engine() -> Any:
     """The process's one engine client (API version negotiated once)."""
     global _client
@@ -142,6 +146,13 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             await asyncio.shield(self._starting)
             await self._upload_environment_dir_after_start()
             await self.ensure_dirs(self._mount_targets(writable_only=True))
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as exc:
+            # Before any agent code runs in it (an agent's environment, or a fresh verifier environment):
+            # a failure here is the machinery's, so the grader counts it as an infrastructure error.
+            raise EngineFault(f"starting the environment {self.session_id} failed: {type(exc).__name__}: "
+                              f"{exc}") from exc
         finally:
             self._record("start", started)
 

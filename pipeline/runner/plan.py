@@ -7,14 +7,21 @@ and ``benchseal trial run`` inside the runner share one rule without the worker 
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pipeline.core.contracts import MAX_TASK_ATTEMPTS, task_trial_names
 from pipeline.core.errors import ValidationError
 
 TASK_NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9_-]{0,63}\Z")
 TRIALS_FILE = "trials.json"
+# What every task must declare in its task.toml for benchseal to grade it (pipeline.runner.grader):
+#   [metadata.benchseal]
+#   grading = "exit-status"   # tests/test.sh exits 0 exactly when the task is solved
+#   canary = true             # optional: tests no honest solution passes (never scored; a pass = tampering)
+GRADING_PROTOCOL = "exit-status"
 
 
 @dataclass(frozen=True)
@@ -62,3 +69,45 @@ def select_trials(specs: list[TrialSpec], names: tuple[str, ...] | None) -> list
         raise ValidationError("--trial", "names no trial")
     wanted = set(names)
     return [s for s in specs if s.trial_name in wanted]
+
+
+@dataclass(frozen=True)
+class TaskGrading:
+    """How benchseal grades one task (its task.toml's ``[metadata.benchseal]``)."""
+
+    task: str
+    canary: bool = False
+
+
+def task_grading(suite_dir: Path, task: str) -> TaskGrading:
+    """A task's ``[metadata.benchseal]``: it must declare ``grading = "exit-status"`` (a task whose
+    test command reports through a reward file could score every trial 1.0 under benchseal's
+    grader: refused), and may be a ``canary``. ValidationError naming the task and the key otherwise."""
+    where = f"suite task {task}: task.toml"
+    try:
+        config = tomllib.loads((suite_dir / task / "task.toml").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ValidationError(where, f"must be readable TOML ({exc})") from None
+    metadata: Any = config.get("metadata")
+    section: Any = metadata.get("benchseal") if isinstance(metadata, dict) else None
+    if not isinstance(section, dict):
+        raise ValidationError(f"{where} [metadata.benchseal]", f'must exist and declare grading = "{GRADING_PROTOCOL}" '
+                              "(tests/test.sh exits 0 exactly when the task is solved)")
+    unknown = sorted(set(section) - {"grading", "canary"})
+    if unknown:
+        raise ValidationError(f"{where} [metadata.benchseal]", "holds only grading and canary", ", ".join(unknown))
+    if section.get("grading") != GRADING_PROTOCOL:
+        raise ValidationError(f"{where} metadata.benchseal.grading", f'must be "{GRADING_PROTOCOL}" (tests/test.sh '
+                              "exits 0 exactly when the task is solved)", section.get("grading"))
+    canary = section.get("canary", False)
+    if not isinstance(canary, bool):
+        raise ValidationError(f"{where} metadata.benchseal.canary", "must be true or false", canary)
+    return TaskGrading(task=task, canary=canary)
+
+
+def suite_grading(suite_dir: Path, tasks: list[str]) -> dict[str, TaskGrading]:
+    """``task_grading`` of each task; a suite made only of canaries has nothing to score (refused)."""
+    graded = {task: task_grading(suite_dir, task) for task in tasks}
+    if graded and all(g.canary for g in graded.values()):
+        raise ValidationError("suite_dir", "has only canary tasks: nothing would be scored", str(suite_dir))
+    return graded

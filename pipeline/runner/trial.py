@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig
+from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
 from harbor.trial.trial import Trial
 
 from pipeline.core.contracts import AgentArtifact
@@ -31,7 +31,8 @@ from pipeline.infra.sandbox.relay import TcpToUnixRelay
 from pipeline.runner.agent_check import AGENT_COPY, mount_agent_files, release_agent
 from pipeline.runner.cli_agent import IMPORT_PATH as CLI_AGENT_IMPORT_PATH
 from pipeline.runner.envshared import drain_teardowns
-from pipeline.runner.plan import TRIALS_FILE, TrialSpec, discover_tasks, plan_trials, select_trials
+from pipeline.runner.grader import IMPORT_PATH as GRADER_IMPORT_PATH
+from pipeline.runner.plan import TRIALS_FILE, TrialSpec, discover_tasks, plan_trials, select_trials, task_grading
 from pipeline.runner.tunings import enabled_tunings
 
 # The trial environments (import paths: Harbor imports the one it is given when a trial creates it).
@@ -97,14 +98,17 @@ def run_suite(
     out_dir = out_dir.resolve()
     trials_dir = out_dir / "harbor"
     trials_dir.mkdir(parents=True, exist_ok=True)
-    specs = select_trials(plan_trials(run_id, discover_tasks(suite_dir), attempts), trials)
+    tasks = discover_tasks(suite_dir)
+    grading = {task: task_grading(suite_dir, task) for task in tasks}  # graded by exit status, or refused (exit 2)
+    specs = select_trials(plan_trials(run_id, tasks, attempts), trials)
     if release is not None and isinstance(release.spec, NpmAgent):
         mount_agent_files(manifest_path.parent, out_dir / AGENT_COPY)
     dump_document(TrialsPlan(run_id=run_id, agent=agent,
                              agent_version=release.artifact.version if release is not None else agent_version,
                              harbor_version=harbor_version,
                              model=model.name if model else None,
-                             trials=tuple(PlannedTrial(task=s.task, trial_name=s.trial_name) for s in specs)),
+                             trials=tuple(PlannedTrial(task=s.task, trial_name=s.trial_name,
+                                                       canary=grading[s.task].canary) for s in specs)),
                   out_dir / TRIALS_FILE)
     relay = None
     api_base = None
@@ -169,6 +173,8 @@ async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: s
         trials_dir=trials_dir,
         agent=_agent_config(AgentConfig, agent, secret_env, model, api_base, release),
         environment=EnvironmentConfig(import_path=environment_import_path(), delete=True),
+        # benchseal's verifier: the test command's exit status, never a reward file (pipeline.runner.grader).
+        verifier=VerifierConfig(import_path=GRADER_IMPORT_PATH),
     )
     trial = await Trial.create(config)
     await trial.run()

@@ -33,6 +33,7 @@ from pipeline.core.scoring import (
 from pipeline.evidence import artifacts
 from pipeline.publish.body import facts_from_summary, render_section
 from tests.fixtures.sigstore import make_inputs
+from tests.fixtures.trials import grader_rewards
 
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
@@ -199,7 +200,8 @@ def test_body_of_an_older_or_unscored_summary_has_no_interval_row() -> None:
 # --- the check benchseal verify runs on the re-graded trials ------------------------------------
 
 def _result(reward: float) -> bytes:
-    return json.dumps({"verifier_result": {"rewards": {"reward": reward}}, "exception_info": None}).encode()
+    return json.dumps({"verifier_result": {"rewards": grader_rewards(reward)}, "exception_info": None,
+                       "agent_setup": {"started_at": "2026-12-02T14:11:50Z"}}).encode()
 
 
 TRIALS = (EvidenceTrial("hello", "hello__r1", grade_result(_result(1.0))),

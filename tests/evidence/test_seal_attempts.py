@@ -37,7 +37,16 @@ from pipeline.evidence.signing import Signer
 from pipeline.infra.intake.policy import load_policy
 from pipeline.publish.body import facts_from_summary, render_section
 from pipeline.publish.seal import seal_export
-from tests.fixtures.trials import EVIDENCE, graded_export, harbor_result, members, plan, seal_refused, tampered
+from tests.fixtures.trials import (
+    EVIDENCE,
+    graded_export,
+    grader_rewards,
+    harbor_result,
+    members,
+    plan,
+    seal_refused,
+    tampered,
+)
 
 RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
@@ -176,7 +185,8 @@ RUN = "run-0123456789abcdef0123"
 
 
 def _result(reward: float) -> bytes:
-    return json.dumps({"verifier_result": {"rewards": {"reward": reward}}, "exception_info": None}).encode()
+    return json.dumps({"verifier_result": {"rewards": grader_rewards(reward)}, "exception_info": None,
+                       "agent_setup": {"started_at": "2026-12-02T14:11:50Z"}}).encode()
 
 
 def _evidence(trials: list[tuple[str, str]], rewards: dict[str, float] | None = None) -> TrialEvidence:

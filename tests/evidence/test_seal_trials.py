@@ -264,7 +264,7 @@ HOSTILE_RESULTS: dict[str, tuple[bytes, str]] = {
     "reward huge int": (b'{"verifier_result": {"rewards": {"reward": ' + b"9" * 400 + b"}}}", "infra_error"),
     "reward negative": (b'{"verifier_result": {"rewards": {"reward": -0.5}}, "exception_info": null}', "infra_error"),
     "reward true": (b'{"verifier_result": {"rewards": {"reward": true}}, "exception_info": null}', "infra_error"),
-    "reward 0.99": (b'{"verifier_result": {"rewards": {"reward": 0.99}}, "exception_info": null}', "unresolved"),
+    "reward 0.99": (b'{"verifier_result": {"rewards": {"reward": 0.99}}, "exception_info": null}', "infra_error"),
     "no reward": (b'{"verifier_result": {"rewards": {}}, "exception_info": null}', "infra_error"),
     "duplicate key": (b'{"verifier_result": {"rewards": {"reward": 0}}, "verifier_result": {"rewards": {"reward": 1}}}',
                       "infra_error"),

@@ -17,7 +17,8 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.queue.sql import SqliteQueue
 from pipeline.infra.worker.grading import RunnerInfo, grade_run
 from pipeline.infra.worker.loop import BASE_PLACEHOLDER, render_suite
-from pipeline.runner.plan import TRIALS_FILE, discover_tasks, plan_trials
+from pipeline.runner.plan import TRIALS_FILE, discover_tasks, plan_trials, suite_grading
+from tests.fixtures.trials import grader_rewards
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 SMOKE = REPO_ROOT / "suites" / "smoke"
@@ -26,7 +27,7 @@ HARBOR = REPO_ROOT / ".venv" / "bin" / "harbor"
 
 def _result(reward: float | None = 1.0, exception: str | None = None) -> dict[str, Any]:
     data = json.loads(json.dumps(REAL_RESULT))
-    data["verifier_result"] = None if reward is None else {"rewards": {"reward": reward}}
+    data["verifier_result"] = None if reward is None else {"rewards": grader_rewards(reward)}
     data["exception_info"] = None if exception is None else {
         "exception_type": exception, "exception_message": "boom", "exception_traceback": "", "occurred_at": data["started_at"]}
     return data
@@ -78,23 +79,31 @@ def test_missing_and_errored_trials_are_infra_errors_below_threshold(tmp_path, m
 
 
 def test_infra_errors_above_threshold_fail_the_run_without_score(tmp_path, make_payload, infra_policy):
-    grading = _run(tmp_path, make_payload, [_result(1.0), _result(None, "RuntimeError"), _result(1.0, "EnvironmentStartTimeoutError")], infra_policy)
+    grading = _run(tmp_path, make_payload, [_result(1.0), None, _result(1.0, "EnvironmentStartTimeoutError")], infra_policy)
     assert grading.status == "FAILED" and grading.score is None
     assert grading.counts.infra_errors == 2 and grading.counts.resolved == 1
     assert "infrastructure errors" in (grading.reason or "")
 
 
-def test_missing_reward_without_exception_is_an_infra_error(tmp_path, make_payload, infra_policy):
-    grading = _run(tmp_path, make_payload, [_result(None)] * 2, infra_policy)
-    assert grading.status == "FAILED" and grading.score is None
-    assert {t.exception_type for t in grading.trials} == {"NoReward"}
+def test_failures_after_the_agent_started_stay_in_the_denominator(tmp_path, make_payload, infra_policy):
+    """Issue 35.3: the agent's own crash, a verifier that hangs on what it left, no verdict at all: each is
+    that trial's failure (unresolved), never an infrastructure error that would leave the denominator."""
+    grading = _run(tmp_path, make_payload, [_result(1.0), _result(None, "RuntimeError"), _result(None, "KeyError"),
+                                            _result(None, "VerifierTimeoutError"), _result(None)], infra_policy)
+    assert grading.status == "SUCCEEDED" and grading.score == 0.2
+    assert grading.counts.infra_errors == 0 and grading.counts.unresolved == 4
+    assert [t.exception_type for t in grading.trials[1:]] == ["RuntimeError", "KeyError", "VerifierTimeoutError",
+                                                             "NoReward"]
+    assert all(t.reason for t in grading.trials[1:]) and grading.trials[0].reason is None
 
 
 # --- the smoke suite -----------------------------------------------------------
 
-def test_smoke_suite_has_three_offline_tasks():
+def test_smoke_suite_has_three_offline_tasks_and_a_canary():
     tasks = discover_tasks(SMOKE)
-    assert len(tasks) >= 3
+    graded = suite_grading(SMOKE, tasks)
+    assert len([t for t in tasks if not graded[t].canary]) >= 3
+    assert [t for t in tasks if graded[t].canary] == ["dedupe-lines"]
     for task in tasks:
         dockerfile = (SMOKE / task / "environment" / "Dockerfile").read_text()
         assert dockerfile.splitlines()[0] == f"FROM {BASE_PLACEHOLDER}"

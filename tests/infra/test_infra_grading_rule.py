@@ -1,8 +1,10 @@
-"""Issue 22.5: the one grading rule (pipeline.core.scoring.grade_result), as the worker's grader applies it.
+"""The one grading rule (pipeline.core.scoring.grade_result), as the worker's grader applies it.
 
-Before, the grader read result.json with Python's lenient json (NaN, duplicate keys: the last wins),
-counted ``reward: true`` or ``2`` as resolved, ignored an ``exception_info`` that was not an object,
-and crashed on a result.json that was not an object or had timestamps it could not parse.
+Issue 22.5: strict JSON, no ``reward: true`` or ``2`` as resolved, no crash on odd results.
+Issue 35: the reward comes from benchseal's grader (the test command's exit status beside it), never
+from a reward file's value; a failure once the agent has started is the agent's (unresolved, in the
+denominator) unless the machinery itself recorded it; before the agent starts, everything is the
+infrastructure's.
 """
 
 from __future__ import annotations
@@ -16,17 +18,23 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pipeline.core.scoring import grade_result
-from pipeline.infra.worker.grading import AGENT_EXCEPTIONS, RunnerInfo, grade_trial
+from pipeline.core.scoring import GRADER_EXIT_KEY, GRADER_TIMEOUT_KEY, INFRA_EXCEPTIONS, REWARD_KEY, grade_result
+from pipeline.infra.worker.grading import RunnerInfo, grade_trial
+from tests.fixtures.trials import grader_rewards
 
 REAL = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 RUNNER = RunnerInfo(image_id=None, digest=None)
 
 
-def _with(reward: Any = 1.0, exception: Any = None, **extra: Any) -> bytes:
-    data = {**json.loads(json.dumps(REAL)), "verifier_result": {"rewards": {"reward": reward}},
+def _with(reward: Any = 1.0, exception: Any = None, rewards: Any = None, **extra: Any) -> bytes:
+    data = {**json.loads(json.dumps(REAL)),
+            "verifier_result": {"rewards": grader_rewards(reward) if rewards is None else rewards},
             "exception_info": exception, **extra}
     return json.dumps(data).encode()
+
+
+def _verdict(reward: Any, exit_status: Any, timed_out: Any = 0) -> dict[str, Any]:
+    return {REWARD_KEY: reward, GRADER_EXIT_KEY: exit_status, GRADER_TIMEOUT_KEY: timed_out}
 
 
 def _grade(tmp_path: Path, raw: bytes) -> tuple[str, float | None, str | None]:
@@ -37,29 +45,60 @@ def _grade(tmp_path: Path, raw: bytes) -> tuple[str, float | None, str | None]:
     return record.outcome, record.reward, record.exception_type
 
 
+NOT_STARTED = {"agent_setup": None, "agent_execution": None}
 CASES: dict[str, tuple[bytes, tuple[str, float | None, str | None]]] = {
     "resolved": (_with(1.0), ("resolved", 1.0, None)),
     "integer 1": (_with(1), ("resolved", 1.0, None)),
     "unresolved": (_with(0.0), ("unresolved", 0.0, None)),
-    "partial": (_with(0.5), ("unresolved", 0.5, None)),
-    "agent timeout, no reward": (_with(None, {"exception_type": "AgentTimeoutError"}),
+    # What Harbor's own verifier returns: the value of a reward file the graded code could write.
+    "a reward file's 1": (_with(rewards={"reward": 1.0}), ("unresolved", None, "RewardNotFromGrader")),
+    "a reward file's 1 beside a test output": (_with(rewards={"reward": 1, "tests_passed": 3}),
+                                               ("unresolved", None, "RewardNotFromGrader")),
+    "partial": (_with(rewards={"reward": 0.5}), ("unresolved", None, "RewardNotFromGrader")),
+    "reward 1 but the tests failed": (_with(rewards=_verdict(1, 1)), ("unresolved", None, "RewardNotFromGrader")),
+    "reward 1 but the tests timed out": (_with(rewards=_verdict(1, 0, 1)), ("unresolved", None, "RewardNotFromGrader")),
+    "reward 0 although the tests passed": (_with(rewards=_verdict(0, 0)), ("unresolved", None, "RewardNotFromGrader")),
+    "exit status a boolean": (_with(rewards=_verdict(1, False)), ("unresolved", None, "RewardNotFromGrader")),
+    "exit status a string": (_with(rewards=_verdict(1, "0")), ("unresolved", None, "RewardNotFromGrader")),
+    "timed out 2": (_with(rewards=_verdict(0, -1, 2)), ("unresolved", None, "RewardNotFromGrader")),
+    "a key too many": (_with(rewards={**_verdict(1, 0), "bonus": 1}), ("unresolved", None, "RewardNotFromGrader")),
+    "the tests timed out": (_with(rewards=_verdict(0, -1, 1)), ("unresolved", 0.0, None)),
+    "agent timeout, no reward": (_with(None, {"exception_type": "AgentTimeoutError"}, rewards={}),
                                  ("unresolved", None, "AgentTimeoutError")),
-    "environment error with reward 1": (_with(1.0, {"exception_type": "EnvironmentStartTimeoutError"}),
-                                        ("infra_error", 1.0, "EnvironmentStartTimeoutError")),
-    "reward true": (_with(True), ("infra_error", None, "InvalidReward")),
-    "reward string": (_with("1"), ("infra_error", None, "InvalidReward")),
-    "reward 2": (_with(2), ("infra_error", None, "InvalidReward")),
-    "reward -1": (_with(-1), ("infra_error", None, "InvalidReward")),
-    "reward list": (_with([1]), ("infra_error", None, "InvalidReward")),
-    "agent error and reward 2": (_with(2, {"exception_type": "AgentTimeoutError"}),
-                                 ("infra_error", None, "AgentTimeoutError")),
+    "the agent's own KeyError, graded 0": (_with(0, {"exception_type": "KeyError"}), ("unresolved", 0.0, "KeyError")),
+    "the agent's own KeyError, not graded": (_with(rewards={}, exception={"exception_type": "KeyError"}),
+                                             ("unresolved", None, "KeyError")),
+    "the agent's crash, yet solved": (_with(1, {"exception_type": "KeyError"}), ("resolved", 1.0, "KeyError")),
+    "Harbor's verifier timeout": (_with(rewards={}, exception={"exception_type": "VerifierTimeoutError"}),
+                                  ("unresolved", None, "VerifierTimeoutError")),
+    "a verifier crash on what the agent left": (_with(rewards={}, exception={"exception_type": "RuntimeError"}),
+                                                ("unresolved", None, "RuntimeError")),
+    "an infrastructure name the agent cannot raise, after the start": (
+        _with(1.0, {"exception_type": "EnvironmentStartTimeoutError"}),
+        ("infra_error", None, "EnvironmentStartTimeoutError")),
+    "the grader's fault": (_with(rewards={}, exception={"exception_type": "GraderFault"}),
+                           ("infra_error", None, "GraderFault")),
+    "the engine's fault": (_with(rewards={}, exception={"exception_type": "EngineFault"}),
+                           ("infra_error", None, "EngineFault")),
+    "the agent never started": (_with(1.0, {"exception_type": "RuntimeError"}, **NOT_STARTED),
+                                ("infra_error", None, "RuntimeError")),
+    "the agent never started, no exception": (_with(1.0, **NOT_STARTED), ("infra_error", None, "AgentNeverStarted")),
+    "agent setup without a start time": (_with(1.0, agent_setup={"finished_at": "x"}),
+                                         ("infra_error", None, "AgentNeverStarted")),
+    "reward true": (_with(rewards=_verdict(True, 0)), ("unresolved", None, "InvalidReward")),
+    "reward string": (_with(rewards=_verdict("1", 0)), ("unresolved", None, "InvalidReward")),
+    "reward 2": (_with(rewards=_verdict(2, 0)), ("unresolved", None, "InvalidReward")),
+    "reward -1": (_with(rewards=_verdict(-1, 0)), ("unresolved", None, "InvalidReward")),
+    "reward list": (_with(rewards=_verdict([1], 0)), ("unresolved", None, "InvalidReward")),
+    "agent error and reward 2": (_with(rewards=_verdict(2, 0), exception={"exception_type": "AgentTimeoutError"}),
+                                 ("unresolved", None, "AgentTimeoutError")),
     "reward NaN": (_with(1.0).replace(b'"reward": 1.0', b'"reward": NaN'), ("infra_error", None, "UnreadableTrialResult")),
     "duplicate reward": (_with(0.0).replace(b'"reward": 0.0', b'"reward": 0.0, "reward": 1.0'),
                          ("infra_error", None, "UnreadableTrialResult")),
-    "exception a string": (_with(1.0, "boom"), ("infra_error", 1.0, "MalformedExceptionInfo")),
-    "exception type not a string": (_with(1.0, {"exception_type": 7}), ("infra_error", 1.0, "MalformedExceptionInfo")),
-    "exception empty object": (_with(1.0, {}), ("infra_error", 1.0, "MalformedExceptionInfo")),
-    "verifier_result a list": (json.dumps({**REAL, "verifier_result": [1]}).encode(), ("infra_error", None, "NoReward")),
+    "exception a string": (_with(1.0, "boom"), ("infra_error", None, "MalformedExceptionInfo")),
+    "exception type not a string": (_with(1.0, {"exception_type": 7}), ("infra_error", None, "MalformedExceptionInfo")),
+    "exception empty object": (_with(1.0, {}), ("infra_error", None, "MalformedExceptionInfo")),
+    "verifier_result a list": (json.dumps({**REAL, "verifier_result": [1]}).encode(), ("unresolved", None, "NoReward")),
     "a list": (b"[1]", ("infra_error", None, "UnreadableTrialResult")),
     "a string": (b'"resolved"', ("infra_error", None, "UnreadableTrialResult")),
     "bad timestamps": (_with(1.0, started_at="yesterday", finished_at=5), ("resolved", 1.0, None)),
@@ -74,12 +113,23 @@ def test_the_grader_applies_the_one_rule(case: str, tmp_path: Path) -> None:
     assert _grade(tmp_path, raw) == expected
     graded = grade_result(raw)  # the seal job's and verify's view of the same bytes
     assert (graded.outcome, graded.reward, graded.exception_type) == expected
+    assert (graded.reason is None) == (graded.outcome == "resolved")  # every failure says why, in one line
+    assert graded.reason is None or "\n" not in graded.reason
 
 
 def test_a_missing_result_is_an_infra_error(tmp_path: Path) -> None:
     record = grade_trial(tmp_path / "none" / "result.json", "t", "t__1", "oracle", RUNNER, None)
     assert (record.outcome, record.exception_type) == ("infra_error", "MissingTrialResult")
     assert grade_result(None).exception_type == "MissingTrialResult"
+
+
+def test_a_failure_reason_names_what_failed(tmp_path: Path) -> None:
+    assert grade_result(_with(0.0)).reason == "the tests failed (exit status 1)"
+    assert grade_result(_with(rewards=_verdict(0, -1, 1))).reason == \
+        "the tests did not finish within the verifier's time limit"
+    crashed = grade_result(_with(rewards={}, exception={"exception_type": "KeyError", "exception_message": "'x'"}))
+    assert crashed.reason == "agent phase: KeyError: 'x'; not graded (no verdict from the grader)"
+    assert "never trusted" in (grade_result(_with(rewards={"reward": 1})).reason or "")
 
 
 _json = st.recursive(
@@ -89,15 +139,19 @@ _json = st.recursive(
 )
 
 
-@given(reward=_json, exception=st.one_of(st.none(), st.sampled_from(sorted(AGENT_EXCEPTIONS)).map(
-    lambda t: {"exception_type": t}), _json), verifier=st.one_of(st.just("ok"), _json))
-def test_any_result_grades_without_raising_and_only_a_valid_reward_of_one_resolves(reward: Any, exception: Any,
-                                                                                   verifier: Any) -> None:
-    data = {"verifier_result": {"rewards": {"reward": reward}} if verifier == "ok" else verifier,
-            "exception_info": exception}
+@given(reward=_json, exit_status=_json, timed_out=_json,
+       exception=st.one_of(st.none(), st.text(max_size=12).map(lambda t: {"exception_type": t}), _json),
+       verifier=st.one_of(st.just("ok"), _json), started=st.booleans())
+def test_any_result_grades_without_raising_and_only_the_graders_pass_resolves(
+        reward: Any, exit_status: Any, timed_out: Any, exception: Any, verifier: Any, started: bool) -> None:
+    data = {"verifier_result": {"rewards": _verdict(reward, exit_status, timed_out)} if verifier == "ok" else verifier,
+            "exception_info": exception, "agent_setup": {"started_at": "2026-12-02T14:11:50Z"} if started else None}
     graded = grade_result(json.dumps(data, allow_nan=True).encode())
     assert graded.outcome in ("resolved", "unresolved", "infra_error")
     assert graded.reward is None or (math.isfinite(graded.reward) and 0.0 <= graded.reward <= 1.0)
     if graded.outcome == "resolved":
-        assert graded.reward == 1.0 and verifier == "ok" and type(reward) in (int, float) and reward == 1
-        assert exception is None or exception.get("exception_type") in AGENT_EXCEPTIONS
+        assert started and verifier == "ok" and type(reward) in (int, float) and reward == 1
+        assert type(exit_status) is int and exit_status == 0 and type(timed_out) is int and timed_out == 0
+    if graded.outcome == "infra_error":
+        # Once the agent has started, only the machinery's own failures leave the denominator.
+        assert not started or graded.exception_type in INFRA_EXCEPTIONS | {"MalformedExceptionInfo", "UnreadableTrialResult"}

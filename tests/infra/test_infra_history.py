@@ -78,12 +78,22 @@ def test_the_interval_rule_gates_only_a_drop_beyond_the_noise() -> None:
 
 
 def test_added_removed_and_unjudged_tasks_are_changes_but_not_regressions() -> None:
-    before = {"a": _counts(1), "gone": _counts(1), "flaky": _counts(1)}
-    now = {"a": _counts(1), "new": _counts(0), "flaky": _counts(0, completed=0)}  # only an infrastructure error now
+    before = {"a": _counts(1), "gone": _counts(1), "flaky": _counts(0, completed=0), "lost": _counts(0)}
+    now = {"a": _counts(1), "new": _counts(0), "flaky": _counts(0), "lost": _counts(0, completed=0)}
     result = compare(score=1.0, interval=_interval(1, 1), tasks=now, previous=_previous(before, 1.0), gate=GATE)
     assert [(c.task, c.change) for c in result.changed] == [("flaky", "unjudged"), ("gone", "removed"),
-                                                            ("new", "added")]
+                                                            ("lost", "unjudged"), ("new", "added")]
     assert not result.gated
+
+
+def test_a_resolved_task_made_unjudgeable_is_a_regression_and_gated() -> None:
+    """Issue 35.3: an agent that turns a task it used to solve into infrastructure errors (or a verifier
+    that cannot judge it) does not slip past the gate as "unjudged"."""
+    before = {"a": _counts(1), "b": _counts(1), "c": _counts(1, 2, 2)}
+    now = {"a": _counts(1), "b": _counts(0, completed=0), "c": _counts(0, 0, 2)}  # only infrastructure errors
+    result = compare(score=1.0, interval=_interval(1, 1), tasks=now, previous=_previous(before, 1.0), gate=GATE)
+    assert [(c.task, c.change) for c in result.changed] == [("b", "regressed"), ("c", "regressed")]
+    assert result.gated and result.reasons == ("resolved in v1.0.0, failing now: b",)
 
 
 def test_attempts_count_as_pass_rates() -> None:

@@ -20,7 +20,7 @@ import pytest
 from pipeline.core.errors import CheckFailed
 from pipeline.evidence.writer import reseal
 from pipeline.verify.release import verify_release
-from tests.fixtures.trials import flat_release
+from tests.fixtures.trials import flat_release, grader_rewards
 from tests.verify.test_verify_consistency import _resign
 
 pytestmark = pytest.mark.slow
@@ -118,8 +118,8 @@ def _entry(data: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def _resolved_result(trial: str) -> bytes:
-    return json.dumps({"trial_name": trial, "verifier_result": {"rewards": {"reward": 1.0}},
-                       "exception_info": None}).encode()
+    return json.dumps({"trial_name": trial, "verifier_result": {"rewards": grader_rewards(1.0)},
+                       "exception_info": None, "agent_setup": {"started_at": "2026-12-02T14:11:50Z"}}).encode()
 
 
 def _set_content(entry: dict[str, Any], raw: bytes) -> None:

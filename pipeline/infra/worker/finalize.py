@@ -91,7 +91,8 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
     atomic_write_json(run_dir / "trials.json", {
         "run_id": run_id, "agent": payload.agent, "agent_version": meta.get("agent_version"),
         "harbor_version": grading.harbor_version, "model": meta.get("model"),
-        "trials": [{"task": t.task, "trial_name": t.trial_name} for t in trials]})
+        "trials": [{"task": t.task, "trial_name": t.trial_name, **({"canary": True} if t.canary else {})}
+                   for t in trials]})
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
     # The run's place in its repository's history, decided before a finalizer seals the evidence (it

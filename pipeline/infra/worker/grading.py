@@ -2,8 +2,9 @@
 
 Per planned trial (``trials.json``, written by ``benchseal trial run``) the rule is
 ``pipeline.core.scoring.grade_result``, the one the seal job and ``benchseal verify`` recompute the score
-with: no or unreadable result.json, a reward that is not a number in [0, 1], or an exception that
-is not the agent's -> ``infra_error``; reward 1 -> ``resolved``; otherwise ``unresolved``.
+with: no or unreadable result.json, or a failure of the machinery -> ``infra_error``; a reward of 1 from
+benchseal's grader -> ``resolved``; anything else the agent or what it left caused -> ``unresolved``.
+Tamper canaries (``TrialRecord.canary``) are graded but never counted: one that is resolved FAILS the run.
 
 A run whose infrastructure errors exceed the policy threshold is FAILED with
 no score; otherwise score = resolved / completed.
@@ -112,17 +113,20 @@ def read_plan(run_dir: Path) -> TrialsPlan | None:
         return None
 
 
-def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runner: RunnerInfo, harbor_version: str | None) -> TrialRecord:
+def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runner: RunnerInfo, harbor_version: str | None,
+                *, canary: bool = False) -> TrialRecord:
     base: dict[str, Any] = {"task": task, "trial_name": trial_name, "agent_name": agent,
-                            "runner_digest": runner.digest, "harbor_version": harbor_version}
+                            "runner_digest": runner.digest, "harbor_version": harbor_version, "canary": canary}
     try:
         raw: bytes | None = result_path.read_bytes()
     except FileNotFoundError:
         raw = None
     except OSError:
-        return TrialRecord(**base, outcome="infra_error", reward=None, exception_type="UnreadableTrialResult")
+        return TrialRecord(**base, outcome="infra_error", reward=None, exception_type="UnreadableTrialResult",
+                           reason="the trial's result is unreadable")
     graded = grade_result(raw)  # the one rule (sealing and verify recompute it from the same bytes)
     data = graded.data
+    base["reason"] = graded.reason[:500] if graded.reason else None
     if not data:
         return TrialRecord(**base, outcome=graded.outcome, reward=graded.reward, exception_type=graded.exception_type)
     raw_info = data.get("agent_info")
@@ -156,10 +160,11 @@ def grade_run(
     payload = record.payload
     plan = read_plan(run_dir)
     harbor_version = plan.harbor_version if plan else None
-    planned = [(t.task, t.trial_name) for t in plan.trials] if plan else []
+    planned = [(t.task, t.trial_name, t.canary) for t in plan.trials] if plan else []
     trials = tuple(
-        grade_trial(run_dir / "harbor" / name / "result.json", task, name, payload.agent, runner, harbor_version)
-        for task, name in planned
+        grade_trial(run_dir / "harbor" / name / "result.json", task, name, payload.agent, runner, harbor_version,
+                    canary=canary)
+        for task, name, canary in planned
     )
     return grade_trials(record, policy, trials, started_at=started_at, finished_at=finished_at, failure=failure,
                         harbor_version=harbor_version, agent_version_pin=plan.agent_version if plan else None,
@@ -180,13 +185,18 @@ def grade_trials(
 ) -> Grading:
     """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score."""
     payload = record.payload
-    counts = count(t.outcome for t in trials)
+    scored = [t for t in trials if not t.canary]  # a tamper canary never counts (scoring.scored_outcomes)
+    counts = count(t.outcome for t in scored)
     infra = counts.infra_errors
     reason: str | None = failure
-    if reason is None and not trials:
+    tampered = sorted({t.task for t in trials if t.canary and t.outcome == "resolved"})
+    if reason is None and tampered:
+        reason = (f"tampered: canary task {', '.join(tampered)} was resolved, and its tests cannot be passed "
+                  "honestly (they contradict each other); the score is withheld")
+    if reason is None and not scored:
         reason = "no trials were planned (trials.json missing or empty)"
-    if reason is None and policy.infra_errors_exceed_threshold(infra, len(trials)):
-        reason = (f"{infra} of {len(trials)} trials are infrastructure errors, more than "
+    if reason is None and policy.infra_errors_exceed_threshold(infra, len(scored)):
+        reason = (f"{infra} of {len(scored)} trials are infrastructure errors, more than "
                   f"{policy.infra_error_threshold_percent:g}% allowed")
     if reason is None and counts.completed == 0:
         reason = "no trial completed"

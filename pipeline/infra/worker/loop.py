@@ -99,7 +99,7 @@ from pipeline.infra.worker.images import (
     sandbox_image,
 )
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
-from pipeline.runner.plan import discover_tasks, plan_trials
+from pipeline.runner.plan import discover_tasks, plan_trials, suite_grading, task_grading
 
 # What callers and tests import from here: the worker's names from before it was split into
 # config.py, images.py, containers.py and finalize.py.
@@ -311,7 +311,9 @@ def _plan(
         suite_src = config.suites_dir / payload.suite
         if not suite_src.is_dir():
             raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
-        specs = plan_trials(run_id, discover_tasks(suite_src), policy.task_attempts(payload.suite))
+        tasks = discover_tasks(suite_src)
+        suite_grading(suite_src, tasks)  # every task graded by exit status; not only canaries (ValidationError)
+        specs = plan_trials(run_id, tasks, policy.task_attempts(payload.suite))
     except ValidationError as exc:
         failure = f"rejected: {exc.diagnostics()}"  # the payload no longer passes the policy: retrying cannot help
     except ImageRefused as exc:
@@ -385,7 +387,8 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     names = tuple(t.trial_name for t in batch.trials)
     out = run_dir / "batches" / f"{min(t.idx for t in batch.trials):04d}-{token[:12]}"
     recorder = _BatchRecorder(queue, batch, out, policy.lease_seconds,
-                              expected_digest=parse_ref(payload.runner, "payload.runner").digest)
+                              expected_digest=parse_ref(payload.runner, "payload.runner").digest,
+                              canaries=_canaries(config.suites_dir / payload.suite, batch.trials))
     beat = _TrialHeartbeat(queue, run_id, token, policy.lease_seconds, config.heartbeat_seconds or policy.lease_seconds / 3)
     beat.start()
     client: Any = None
@@ -431,6 +434,19 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     return recorder.handed_run()
 
 
+def _canaries(suite_src: Path, trials: Sequence[TrialClaim]) -> frozenset[str]:
+    """The batch's tasks that are tamper canaries, read from the infra's suite (unreadable: none, and the
+    batch's own checks fail it)."""
+    found: set[str] = set()
+    for task in sorted({t.task for t in trials}):
+        try:
+            if task_grading(suite_src, task).canary:
+                found.add(task)
+        except ValidationError:
+            continue
+    return frozenset(found)
+
+
 def batch_attempts(run_id: str, trials: Sequence[TrialClaim]) -> int:
     """The attempts per task a batch's trials were planned with, as their names say (``contracts.trial_attempt``),
     not the policy now: an edited policy never changes a planned run."""
@@ -474,6 +490,8 @@ class _BatchRecorder:
     expected_digest: str  # the payload's runner's: another runner's trials are recorded at the end only
     recorded: set[int] = field(default_factory=set)
     handed: list[RunRecord] = field(default_factory=list)
+    # The batch's tamper canaries, from the worker's own copy of the suite (never from what the runner wrote).
+    canaries: frozenset[str] = frozenset()
 
     def handed_run(self) -> RunRecord | None:
         return self.handed[0] if self.handed else None
@@ -489,7 +507,7 @@ class _BatchRecorder:
             if trial.idx in self.recorded or not (final or _finished(path)):
                 continue
             graded = grade_trial(path, trial.task, trial.trial_name, agent, runner,
-                                 plan.harbor_version if plan else None)
+                                 plan.harbor_version if plan else None, canary=trial.task in self.canaries)
             todo[trial.idx] = RecordedTrial(
                 trial=graded, failure=failure if final else None, agent_version=plan.agent_version if plan else None,
                 model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(self.out)).to_json()

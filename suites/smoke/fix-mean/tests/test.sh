@@ -1,8 +1,8 @@
 #!/bin/bash
-# Offline verifier: python3 unittest only (nothing is downloaded).
+# Offline verifier: python3 unittest only (nothing is downloaded). benchseal grades by this script's
+# exit status (task.toml: [metadata.benchseal] grading = "exit-status"); reward.txt is for plain Harbor.
 mkdir -p /logs/verifier
-if python3 /tests/test_stats.py -v; then
-  echo 1 > /logs/verifier/reward.txt
-else
-  echo 0 > /logs/verifier/reward.txt
-fi
+python3 /tests/test_stats.py -v
+status=$?
+if [ "$status" -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+exit "$status"

@@ -1,0 +1,5 @@
+"""Line helpers."""
+
+
+def dedupe(lines):
+    return sorted(set(lines))
