@@ -33,7 +33,7 @@ def _result(reward: float | None = 1.0, exception: str | None = None) -> dict[st
     return data
 
 
-def _run(tmp_path: Path, make_payload, results: list[dict[str, Any] | None], policy):
+def _run(tmp_path: Path, make_payload, results: list[dict[str, Any] | None], policy, canaries: tuple[int, ...] = ()):
     with SqliteQueue(tmp_path / "q.sqlite3") as q:
         payload = DispatchPayload.model_validate(make_payload())
         run_id, _ = q.enqueue(payload, max_attempts=3)
@@ -43,7 +43,9 @@ def _run(tmp_path: Path, make_payload, results: list[dict[str, Any] | None], pol
     specs = plan_trials(run_id, tasks)
     (run_dir / TRIALS_FILE).write_text(json.dumps({
         "schema": "benchseal.trials/v1", "run_id": run_id, "agent": "oracle", "agent_version": None,
-        "harbor_version": "0.26.0", "model": None, "trials": [{"task": s.task, "trial_name": s.trial_name} for s in specs]}))
+        "harbor_version": "0.26.0", "model": None,
+        "trials": [{"task": s.task, "trial_name": s.trial_name, **({"canary": True} if i in canaries else {})}
+                   for i, s in enumerate(specs)]}))
     for spec, result in zip(specs, results, strict=True):
         if result is not None:
             (run_dir / "harbor" / spec.trial_name).mkdir(parents=True)
@@ -95,6 +97,27 @@ def test_failures_after_the_agent_started_stay_in_the_denominator(tmp_path, make
     assert [t.exception_type for t in grading.trials[1:]] == ["RuntimeError", "KeyError", "VerifierTimeoutError",
                                                              "NoReward"]
     assert all(t.reason for t in grading.trials[1:]) and grading.trials[0].reason is None
+
+
+def test_missing_reward_without_exception_is_unresolved(tmp_path, make_payload, infra_policy):
+    grading = _run(tmp_path, make_payload, [_result(None)] * 2, infra_policy)
+    assert grading.status == "SUCCEEDED" and grading.score == 0.0
+    assert {t.exception_type for t in grading.trials} == {"NoReward"}
+
+
+def test_a_canary_is_never_scored_and_a_resolved_one_fails_the_run_as_tampered(tmp_path, make_payload, infra_policy):
+    """Issue 35.8: the oracle's 1.0 on a sound suite stays 1.0 with a canary it cannot pass; a run that passes a
+    canary (whose tests no honest solution passes) is FAILED, unscored, with that reason."""
+    sound = _run(tmp_path / "sound", make_payload, [_result(1.0), _result(1.0), _result(0.0)], infra_policy,
+                 canaries=(2,))
+    assert sound.status == "SUCCEEDED" and sound.score == 1.0 and sound.counts.total == 2
+    assert [t.canary for t in sound.trials] == [False, False, True]
+    tampered = _run(tmp_path / "tampered", make_payload, [_result(0.0), _result(0.0), _result(1.0)], infra_policy,
+                    canaries=(2,))
+    assert tampered.status == "FAILED" and tampered.score is None
+    assert tampered.reason is not None and tampered.reason.startswith("tampered: canary task task-2 was resolved")
+    only = _run(tmp_path / "only", make_payload, [_result(0.0)], infra_policy, canaries=(0,))
+    assert only.status == "FAILED" and only.score is None
 
 
 # --- the smoke suite -----------------------------------------------------------

@@ -155,3 +155,22 @@ def test_any_result_grades_without_raising_and_only_the_graders_pass_resolves(
     if graded.outcome == "infra_error":
         # Once the agent has started, only the machinery's own failures leave the denominator.
         assert not started or graded.exception_type in INFRA_EXCEPTIONS | {"MalformedExceptionInfo", "UnreadableTrialResult"}
+
+
+def test_a_claim_counts_no_canary_and_a_resolved_canary_refuses_a_score() -> None:
+    """What the seal job and ``benchseal verify`` recompute: canaries stay out of the counts, and evidence
+    showing a resolved canary refuses a SUCCEEDED claim (the run was tampered with)."""
+    from pipeline.core.contracts import GradeCounts
+    from pipeline.core.errors import CheckFailed
+    from pipeline.core.scoring import Claim, ClaimedTrial, EvidenceTrial, check_claim
+
+    def trials(canary_reward: float) -> tuple[EvidenceTrial, ...]:
+        return (EvidenceTrial("a", "a__1", grade_result(_with(1.0))),
+                EvidenceTrial("c", "c__1", grade_result(_with(canary_reward)), canary=True))
+
+    counts = GradeCounts(total=1, completed=1, resolved=1, unresolved=0, infra_errors=0)
+    claim = Claim(document="grading.json", label="grading", run_id="run-1", status="SUCCEEDED", counts=counts,
+                  score=1.0, trials=(ClaimedTrial("a", "a__1", "resolved", 1.0), ClaimedTrial("c", "c__1", "unresolved", 0.0)))
+    assert check_claim(claim, trials(0.0)) == counts
+    with pytest.raises(CheckFailed, match="tamper canary c resolved"):
+        check_claim(claim, trials(1.0))

@@ -178,8 +178,10 @@ def test_an_absent_image_is_never_pulled(tmp_path: Path, proxied: EngineProxy) -
             await env.stop(delete=True)
             await envshared.drain_teardowns()
 
-    with pytest.raises(docker.errors.ImageNotFound):
+    # The machinery's failure before any agent code ran: EngineFault (an infrastructure error to the grader).
+    with pytest.raises(engine_env.EngineFault, match="ImageNotFound") as caught:
         asyncio.run(scenario())
+    assert isinstance(caught.value.__cause__, docker.errors.ImageNotFound)
     assert not [r for r in proxied.refused if "pull" in r]
 
 

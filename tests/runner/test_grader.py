@@ -1,0 +1,132 @@
+"""benchseal's verifier (pipeline.runner.grader) against the real sandbox engine, behind the engine proxy as
+the runner reaches it: the reward is the suite's test command's exit status, read from the engine, whatever
+the graded code writes, prints or leaves running; /tests and the verifier dir are closed to the candidate
+user; a hang is a reward of 0 within the grader's own limit; only the machinery's failures raise."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harbor.models.task.task import Task
+
+from pipeline.core.scoring import GRADER_EXIT_KEY, GRADER_TIMEOUT_KEY, REWARD_KEY
+from pipeline.infra.sandbox.engine_proxy import EngineProxy
+from pipeline.runner import envshared, grader
+from tests.runner import test_engine_env as engine_env_tests
+
+pytestmark = [pytest.mark.docker]
+# The engine environment's fixtures: the sandbox engine behind the proxy, the base image in it.
+proxied = engine_env_tests.proxied
+base_in_sandbox = engine_env_tests.base_in_sandbox
+_environment = engine_env_tests._environment
+
+CANDIDATE = "setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs"
+# What the graded code does when the tests run it: claims a pass everywhere it could be read from.
+FORGER = """import os, pathlib
+for name, text in (("reward.json", '{"reward": 1}'), ("reward.txt", "1")):
+    try:
+        pathlib.Path("/logs/verifier", name).write_text(text)
+    except OSError:
+        pass
+print("OK: all tests passed", flush=True)
+os._exit(0)
+"""
+
+
+def _task(root: Path, test_sh: str, timeout: float = 20.0) -> Task:
+    task = root / "task"
+    (task / "tests").mkdir(parents=True)
+    (task / "environment").mkdir(parents=True, exist_ok=True)
+    (task / "instruction.md").write_text("Probe.\n")
+    (task / "task.toml").write_text(f'schema_version = "1.4"\n[verifier]\ntimeout_sec = {timeout}\n'
+                                    '[metadata.benchseal]\ngrading = "exit-status"\n')
+    (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
+    (task / "tests" / "expected.txt").write_text("the answer only root may read\n")
+    return Task(task)
+
+
+def _grade(tmp_path: Path, image: str, test_sh: str, *, app: dict[str, str] | None = None,
+           timeout: float = 20.0, stop_first: bool = False) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """Run the grader on a fresh environment whose /app holds ``app``; (rewards, verdict, test output)."""
+    task = _task(tmp_path, test_sh, timeout)
+    env = _environment(tmp_path, image, "grader")
+    verifier = grader.ExitStatusVerifier(task=task, trial_paths=env.trial_paths, environment=env)
+
+    async def scenario() -> dict[str, Any]:
+        await env.start(force_build=False)
+        try:
+            for name, text in (app or {}).items():
+                source = tmp_path / "app" / name
+                source.parent.mkdir(parents=True, exist_ok=True)
+                source.write_text(text)
+                await env.upload_file(source, f"/app/{name}")
+            if stop_first:
+                await env.stop(delete=True)
+                await envshared.drain_teardowns()
+            result = await verifier.verify()
+            return dict(result.rewards or {})
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+
+    rewards = asyncio.run(scenario())
+    out = tmp_path / "trial" / grader.GRADER_DIR
+    return (rewards, json.loads((out / grader.VERDICT_FILE).read_text()),
+            (out / grader.OUTPUT_FILE).read_text())
+
+
+def test_a_passing_test_command_is_reward_one(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
+    rewards, verdict, output = _grade(tmp_path, base_in_sandbox, "cat /tests/expected.txt\nexit 0\n")
+    assert rewards == {REWARD_KEY: 1, GRADER_EXIT_KEY: 0, GRADER_TIMEOUT_KEY: 0}
+    assert verdict["reward"] == 1 and verdict["protocol"] == "exit-status"
+    assert "the answer only root may read" in output
+    assert proxied.refused == []
+
+
+def test_reward_files_and_printed_passes_never_decide(tmp_path: Path, proxied: EngineProxy,
+                                                      base_in_sandbox: str) -> None:
+    """The graded code (run as the candidate user, and by root too) writes reward.json and reward.txt, prints a
+    pass and exits 0; the test command itself writes reward 1 and then fails: the reward is 0."""
+    test_sh = (f"python3 /app/forger.py; {CANDIDATE} python3 /app/forger.py\n"
+               "mkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"
+               "echo FAILED: 1 test; exit 1\n")
+    rewards, verdict, output = _grade(tmp_path, base_in_sandbox, test_sh, app={"forger.py": FORGER})
+    assert rewards == {REWARD_KEY: 0, GRADER_EXIT_KEY: 1, GRADER_TIMEOUT_KEY: 0}
+    assert verdict["exit_status"] == 1 and "OK: all tests passed" in output
+
+
+def test_tests_and_the_verifier_dir_are_closed_to_the_candidate(tmp_path: Path, proxied: EngineProxy,
+                                                               base_in_sandbox: str) -> None:
+    # Exit 0 only if the candidate user can read nothing under /tests and write nothing in /logs/verifier.
+    test_sh = (f"if {CANDIDATE} cat /tests/expected.txt; then exit 10; fi\n"
+               f"if {CANDIDATE} ls /tests; then exit 11; fi\n"
+               f"if {CANDIDATE} touch /logs/verifier/reward.json; then exit 12; fi\n"
+               "[ \"$(stat -c '%a %u' /tests /logs/verifier)\" = \"$(printf '700 0\\n755 0')\" ] || exit 13\n"
+               "exit 0\n")
+    rewards, _, output = _grade(tmp_path, base_in_sandbox, test_sh)
+    assert rewards[REWARD_KEY] == 1, output
+
+
+def test_a_hanging_test_command_is_reward_zero_within_the_graders_limit(tmp_path: Path, proxied: EngineProxy,
+                                                                       base_in_sandbox: str) -> None:
+    started = time.monotonic()
+    rewards, verdict, _ = _grade(tmp_path, base_in_sandbox, "echo started\nsleep 600\n", timeout=12.0)
+    assert rewards == {REWARD_KEY: 0, GRADER_EXIT_KEY: -1, GRADER_TIMEOUT_KEY: 1}
+    assert verdict["timed_out"] is True and verdict["limit"] == grader.verifier_timeout(12.0) == 7.0
+    assert time.monotonic() - started < 12.0 + 20  # its own limit, then the container is removed
+
+
+def test_the_machinerys_failure_is_a_grader_fault(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
+    with pytest.raises(grader.GraderFault):
+        _grade(tmp_path, base_in_sandbox, "exit 0\n", stop_first=True)
+
+
+def test_the_graders_own_limit_stays_below_the_tasks() -> None:
+    assert grader.verifier_timeout(60.0) == 55.0
+    assert grader.verifier_timeout(None) == grader.DEFAULT_TIMEOUT_SECONDS - grader.TIMEOUT_MARGIN_SECONDS
+    assert 0 < grader.verifier_timeout(4.0) < 4.0
