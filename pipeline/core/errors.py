@@ -114,6 +114,20 @@ class InfrastructureError(Error):
     exit_code = 1
 
 
+class AgentFailed(Error):
+    """The agent under test failed in its own code (an exception it raised, its process ending early):
+    the trial's failure, never the infrastructure's. Raised by the runner for a Python agent that ran
+    in its own container (``pipeline.runner.agent_box``); Harbor records it by this type name."""
+
+    exit_code = 1
+
+
+class ChannelFault(InfrastructureError):
+    """The runner could not run a Python agent in its own container or serve its channel (engine, image,
+    the box not connecting, an engine error under the agent's operation): an infrastructure fault,
+    recorded by this type name (``scoring.INFRA_EXCEPTIONS``)."""
+
+
 def _shorten(value: object, limit: int = 120) -> str:
     try:
         text = repr(value)

@@ -3,8 +3,9 @@
 The payload's artifact (``--expect-agent``, what the build resolved and infra admitted) must equal
 the manifest baked into this image (``AGENT_MANIFEST_PATH``), field for field. Then the agent is
 asked for its version: an npm CLI runs its ``version_args`` with the baked Node (no network, a
-throwaway HOME); a Python agent's directory (``AGENT_PYTHON_DIR``) is appended to ``sys.path``, its
-distribution's version read and its class imported. Any
+throwaway HOME); a Python agent is the adopter's code and is never imported here: in a container of
+the runner image (``--agent-image``; nothing bound, network none) ``pipeline.runner.agent_host probe``
+reads its distribution's version and imports its class (``agent_box.probe_in_box``). Any
 difference is a ValidationError (``trial run`` exits 2): the run fails, unscored, with this line.
 """
 
@@ -14,15 +15,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
-from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pipeline.core.contracts import AgentArtifact
 from pipeline.core.errors import ValidationError
-from pipeline.core.project import AGENT_PYTHON_DIR, AGENT_ROOT, AgentManifest, NpmAgent, read_manifest_file
+from pipeline.core.project import AGENT_ROOT, AgentManifest, NpmAgent, read_manifest_file
 from pipeline.runner.envshared import set_agent_mount
 
 AGENT_COPY = "agent"  # in the batch's out dir: the files task containers get read-only
@@ -35,7 +33,8 @@ def describe(artifact: AgentArtifact) -> str:
             f"commit {artifact.source_commit[:12]})")
 
 
-def release_agent(agent: str, expect: AgentArtifact | None, manifest_path: Path) -> AgentManifest | None:
+def release_agent(agent: str, expect: AgentArtifact | None, manifest_path: Path,
+                  agent_image: str | None = None) -> AgentManifest | None:
     """The release's agent to run (checked), or None for another agent (oracle, nop, terminus-2)."""
     manifest = read_manifest_file(manifest_path)
     if manifest is None or manifest.artifact.name != agent:
@@ -50,15 +49,15 @@ def release_agent(agent: str, expect: AgentArtifact | None, manifest_path: Path)
     if manifest.artifact != expect:
         raise ValidationError("--expect-agent", f"the payload names {describe(expect)}; this runner image carries "
                               f"{describe(manifest.artifact)}")
-    reported = probe_version(manifest)
+    reported = probe_version(manifest, agent_image)
     if reported != expect.version:
         raise ValidationError("agent version", f"{agent} reports version {reported!r}; the release is "
                               f"{expect.version}", reported)
     return manifest
 
 
-def probe_version(manifest: AgentManifest) -> str:
-    """The version the agent itself reports (see the module docstring)."""
+def probe_version(manifest: AgentManifest, agent_image: str | None = None) -> str:
+    """The version the agent itself reports (see the module docstring); a Python agent's in ``agent_image``."""
     spec = manifest.spec
     if isinstance(spec, NpmAgent):
         if manifest.node is None or manifest.package_dir is None:
@@ -78,20 +77,22 @@ def probe_version(manifest: AgentManifest) -> str:
             raise ValidationError("agent version", f"{spec.name} {' '.join(spec.version_args)} exited "
                                   f"{done.returncode} without printing a version")
         return lines[-1].removeprefix("v")
-    if AGENT_PYTHON_DIR not in sys.path:
-        sys.path.append(AGENT_PYTHON_DIR)  # last: the agent's modules never shadow benchseal's or Harbor's
-    try:
-        installed = version(manifest.artifact.package)
-    except PackageNotFoundError:
+    if agent_image is None:
+        raise ValidationError("--agent-image", "is required to run a Python release agent (it runs in a container "
+                              "of the runner image, never in the runner)")
+    from pipeline.runner.agent_box import probe_in_box  # lazy: the Docker SDK, only for a Python agent
+
+    answer = probe_in_box(agent_image, manifest.artifact.package, spec.import_path)
+    if "missing" in answer:
         raise ValidationError("agent version", f"distribution {manifest.artifact.package} is not installed in "
-                              "this runner image") from None
+                              "this runner image")
+    if "import_error" in answer:
+        raise ValidationError("agent import_path", f"{spec.import_path} cannot be imported: {answer['import_error']}")
+    installed = answer.get("version")
+    if installed is None:
+        raise ValidationError("agent version", f"probing {spec.import_path} gave no version")
     if _same_python_version(installed, manifest.artifact.version):
         installed = manifest.artifact.version  # PEP 440 spells 1.0.0-rc1 as 1.0.0rc1: the same version
-    module, _, name = spec.import_path.partition(":")
-    try:
-        getattr(import_module(module), name)
-    except (ImportError, AttributeError) as exc:
-        raise ValidationError("agent import_path", f"{spec.import_path} cannot be imported: {exc}") from None
     return installed
 
 

@@ -28,6 +28,9 @@ from pipeline.core.documents import PlannedTrial, TrialsPlan, dump_document
 from pipeline.core.errors import UsageError, ValidationError
 from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentManifest, NpmAgent
 from pipeline.infra.sandbox.relay import TcpToUnixRelay
+from pipeline.runner.agent_box import IMPORT_PATH as BOX_AGENT_IMPORT_PATH
+from pipeline.runner.agent_box import agent_image as box_image
+from pipeline.runner.agent_box import model_base_url, set_agent_image
 from pipeline.runner.agent_check import AGENT_COPY, mount_agent_files, release_agent
 from pipeline.runner.cli_agent import IMPORT_PATH as CLI_AGENT_IMPORT_PATH
 from pipeline.runner.envshared import drain_teardowns
@@ -67,12 +70,15 @@ def run_suite(
     manifest_path: Path = Path(AGENT_MANIFEST_PATH),
     attempts: int = 1,
     trials: tuple[str, ...] | None = None,
+    agent_image: str | None = None,
 ) -> list[TrialSpec]:
     """Run every task of ``suite_dir`` ``attempts`` times with ``agent`` (only the trials ``trials``
     names, when given: a worker's batch); return the planned trials.
 
     ``expect_agent`` (the payload's artifact): the release's agent this image must carry
     (``manifest_path``) and that must report exactly its version, checked before any trial.
+    ``agent_image``: the runner's own image (by id), which a Python release agent runs in, a container
+    of its own per trial (``pipeline.runner.agent_box``).
     """
     for name in secret_env:
         if not ENV_NAME_RE.match(name):
@@ -86,7 +92,8 @@ def run_suite(
     if agent_version is not None and agent_version != harbor_version:
         raise ValidationError("--agent-version", f"the policy pins {agent} to harbor {agent_version}; "
                               f"this runner has harbor {harbor_version}", agent_version)
-    release = release_agent(agent, expect_agent, manifest_path)
+    set_agent_image(agent_image)
+    release = release_agent(agent, expect_agent, manifest_path, agent_image)
     if model is not None:
         # A placeholder: the relay outside the sandbox replaces it with the real key.
         os.environ["OPENAI_API_KEY"] = PLACEHOLDER_KEY
@@ -194,8 +201,14 @@ def _agent_config(config_cls: Any, agent: str, secret_env: tuple[str, ...], mode
         if isinstance(spec, NpmAgent):
             return config_cls(import_path=CLI_AGENT_IMPORT_PATH, model_name=model_name, env={},
                               kwargs={"model_path": model.path if model is not None else "/v1"})
-        return config_cls(import_path=spec.import_path, model_name=model_name, env={},
-                          kwargs={"api_base": api_base} if api_base is not None else {})
+        # A Python agent is the adopter's code: never imported here. It runs in a container of its own
+        # (the runner image, agent_box), which reaches the model through its gateway, as a task container does.
+        image = box_image()
+        if image is None:
+            raise ValidationError("--agent-image", "is required to run a Python release agent")
+        return config_cls(import_path=BOX_AGENT_IMPORT_PATH, model_name=model_name, env={},
+                          kwargs={"agent_image": image, "agent_import_path": spec.import_path,
+                                  "agent_kwargs": {"api_base": model_base_url(model.path)} if model is not None else {}})
     # Values stay templates (${NAME}) that Harbor resolves from this process's environment.
     if model is None:
         return config_cls(name=agent, env={name: "${" + name + "}" for name in secret_env})

@@ -96,14 +96,11 @@ def _python_manifest(tmp_path: Path, import_path: str, version_: str) -> tuple[P
     return path, artifact
 
 
-def test_a_python_agent_is_checked_by_its_installed_distribution(tmp_path: Path) -> None:
+def test_a_python_agent_is_never_probed_in_the_runner(tmp_path: Path) -> None:
+    """Its code is the adopter's: the probe runs in a container of the runner image (--agent-image), or not at
+    all (the probe itself: tests/runner/test_agent_box.py; in a container: tests/e2e releases)."""
     path, artifact = _python_manifest(tmp_path, "pydantic:BaseModel", version("pydantic"))
-    assert release_agent("py-agent", artifact, path) is not None
-    path, artifact = _python_manifest(tmp_path, "pydantic:BaseModel", "0.0.1")
-    with pytest.raises(ValidationError, match="reports version"):
-        release_agent("py-agent", artifact, path)
-    path, artifact = _python_manifest(tmp_path, "pydantic:NoSuchAgent", version("pydantic"))
-    with pytest.raises(ValidationError, match="cannot be imported"):
+    with pytest.raises(ValidationError, match="--agent-image: is required to run a Python release agent"):
         release_agent("py-agent", artifact, path)
 
 

@@ -1,6 +1,6 @@
 """HelloAgent: a chat loop with one tool, ``run_shell_command``, over an OpenAI-compatible endpoint.
 
-Harbor imports this class by its import path and runs it in the runner process. Each turn sends
+benchseal runs this class (its import path) in a container of its own, beside the task's. Each turn sends
 the conversation to ``{api_base}/chat/completions``; each tool call runs in the task's container
 (``environment.exec``) and its output goes back to the model, until the model answers with a
 plain message or ``MAX_TURNS`` is reached. Only the standard library: the runner has no network

@@ -261,6 +261,10 @@ def _run_container(
         # The batch's suite dir says which tasks it runs, not which of their attempts: name them. Left out
         # with one attempt per task, so the command is what a runner from before attempts accepts.
         command += ["--attempts", str(batch.attempts), *(arg for name in batch.trial_names for arg in ("--trial", name))]
+    artifact = record.payload.agent_artifact
+    if artifact is not None and artifact.kind == "python":
+        # A Python release agent runs in a container of its own, of this same image (pipeline.runner.agent_box).
+        command += ["--agent-image", engines.runner_id]
     # Secrets as 0400 files mounted read-only (never Env/argv), the model relay socket, the agent version pin.
     # The engine socket is a filtering proxy: its own trial containers, binds under run_dir, no pulls
     # (the worker pulled the base by digest already).
