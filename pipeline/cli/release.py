@@ -75,7 +75,9 @@ def release(
     else:
         render_report(report, Console())
     if report.status != "SUCCEEDED":
-        # Published and verified, but the benchmark itself failed: not a good release.
+        # Published and verified, but the benchmark itself failed: not a good release. Say why, where the user looks.
+        typer.echo(escape_text(f"{CLI_ERROR_PREFIX}release {tag} is {report.status} (published, not scored): "
+                               f"{report.reason or 'no reason recorded'}"), err=True)
         raise typer.Exit(1)
     if report.gated:
         # Published with its result, but the regression gate holds it back: not promoted.

@@ -127,6 +127,10 @@ class TrialTiming(_Document):
     model_calls: int | None = Field(ge=0)
     input_tokens: int | None = Field(ge=0)
     output_tokens: int | None = Field(ge=0)
+    reason: str | None = Field(default=None, max_length=500, exclude_if=lambda v: v is None,
+                               description="why the trial was not resolved, in one line (the grading rule's)")
+    canary: bool = Field(default=False, exclude_if=lambda v: not v,
+                         description="a tamper canary's trial: never counted in the score")
 
 
 class Timings(_Document):

@@ -82,7 +82,8 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
                 TrialTiming(task=t.task, trial=t.trial_name, outcome=t.outcome, reward=t.reward,
                             total_seconds=t.total_seconds, agent_seconds=t.agent_seconds,
                             verifier_seconds=t.verifier_seconds, model_calls=t.model_calls,
-                            input_tokens=t.input_tokens, output_tokens=t.output_tokens)
+                            input_tokens=t.input_tokens, output_tokens=t.output_tokens, reason=t.reason,
+                            canary=t.canary)
                 for t in grading.trials
             ],
         }),

@@ -124,6 +124,10 @@ class ReleaseReport:
     # The comparison with the repository's previous release and the gate's verdict (summary.json's
     # ``comparison``); None for a run without a score.
     comparison: dict[str, Any] | None = None
+    # Why the run is not scored (None when it is), and each trial that was not resolved with its reason
+    # (the grading rule's one line; canaries marked): what the terminal shows of a failure.
+    reason: str | None = None
+    failed_trials: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def gated(self) -> bool:
@@ -351,6 +355,9 @@ def _release_local(
         publication=publication,
         bytes_pushed=built.bytes_pushed,
         comparison=sealed.comparison.to_json_dict() if sealed.comparison is not None else None,
+        reason=grading.reason,
+        failed_trials=[{"task": t.task, "trial": t.trial_name, "outcome": t.outcome, "canary": t.canary,
+                        "reason": t.reason} for t in grading.trials if t.outcome != "resolved"],
     )
 
 

@@ -18,6 +18,12 @@ def render_report(report: ReleaseReport, console: Console) -> None:
     table.add_row(score, str(counts.get("completed")), str(counts.get("resolved")), str(counts.get("unresolved")),
                   str(counts.get("infra_errors")), str(counts.get("total")))
     console.print(table)
+    if report.reason:
+        console.print(escape_text(f"why     {report.reason}"), soft_wrap=True, highlight=False, markup=False)
+    for trial in report.failed_trials:
+        what = "canary (not scored)" if trial.get("canary") else str(trial.get("outcome"))
+        console.print(escape_text(f"trial   {trial.get('task')} {what}: {trial.get('reason') or 'no reason recorded'}"),
+                      soft_wrap=True, highlight=False, markup=False)
     for role, ref in sorted(report.images.items()):
         console.print(f"{role:7} {ref}", soft_wrap=True, highlight=False)
     console.print(f"images  {'reused (same digests as the last release run)' if report.images_reused else 'new digests (changed since the last release run)'}")

@@ -67,6 +67,8 @@ class SectionFacts:
     task_passes: tuple[tuple[str, int, int], ...] = ()
     # The comparison with the repository's previous scored release and the regression gate.
     comparison: Comparison | None = None
+    # Each trial not resolved: (task, what, the grading rule's one-line reason); a canary's "what" says so.
+    failed_trials: tuple[tuple[str, str, str], ...] = ()
 
 
 def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) -> SectionFacts:
@@ -111,6 +113,8 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         interval=(summary.interval.low, summary.interval.high) if summary.interval is not None else None,
         task_passes=tuple((task, c.resolved, c.attempts) for task, c in sorted((summary.tasks or {}).items())),
         comparison=summary.comparison,
+        failed_trials=tuple((t.task, "canary, not scored" if t.canary else t.outcome, t.reason or "no reason recorded")
+                            for t in summary.timings.trials if t.outcome != "resolved"),
     )
 
 
@@ -240,6 +244,9 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
         ("Resolved", str(facts.resolved)),
         ("Unresolved", str(facts.unresolved)),
         ("Infrastructure errors", str(facts.infra_errors)),
+        *([("Trials not resolved", "; ".join(f"{markdown_cell(task)} ({markdown_cell(what)}): {markdown_cell(why)}"
+                                               for task, what, why in facts.failed_trials))]
+          if facts.failed_trials else []),
         ("Runner image", _code(facts.runner_ref)),
         ("API image", _code(facts.api_ref)),
         ("Harbor version", markdown_cell(facts.harbor_version)),

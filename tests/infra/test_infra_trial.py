@@ -45,7 +45,7 @@ def _policy_with(tmp_path: Path, suite: dict[str, object]) -> Path:
 
 
 def test_trial_concurrency_comes_from_the_policy(tmp_path: Path) -> None:
-    assert load_policy().trial_concurrency("smoke") == 3
+    assert load_policy().trial_concurrency("smoke") == 4
     assert load_policy(_policy_with(tmp_path, {"timeout_seconds": 60})).trial_concurrency("smoke") == 3
     assert load_policy(_policy_with(tmp_path, {"timeout_seconds": 60, "trial_concurrency": 7})).trial_concurrency("smoke") == 7
 
