@@ -193,6 +193,9 @@ class IsolatedPythonAgent(BaseAgent):  # type: ignore[misc]
             await box.open()
             await box.send({"kind": "start", "import_path": self._import_path, "instruction": instruction,
                             "model_name": self.model_name, "kwargs": self._agent_kwargs,
+                            # Harbor's parse of the model name (this process has LiteLLM loaded; a box need not).
+                            "model_parse": [self._parsed_model_provider, self._parsed_model_name]
+                            if self.model_name and self._parsed_model_name else None,
                             "session_id": self.session_id,
                             "environment": {"name": environment.environment_name,
                                             "session_id": environment.session_id,

@@ -269,6 +269,30 @@ def remote_environment_class() -> type:
     return RemoteEnvironment
 
 
+def _known_model(model_name: object, parsed: object) -> None:
+    """Harbor's ``BaseAgent`` parses its model name with LiteLLM, whose import alone takes 4-10 s per box
+    on this project's machines (2026-12-06): the runner parsed it already with the same Harbor and
+    LiteLLM (``parsed``: provider, model id), so that one name's answer is handed over, any other
+    name is still parsed here. Set up before any of the agent's code runs."""
+    if not isinstance(model_name, str) or not isinstance(parsed, list) or len(parsed) != 2:
+        return
+    # lazy: Harbor, as in _harbor()
+    import harbor.agents.agent_auth_resolution as resolution
+    import harbor.agents.base as agents_base
+
+    original = resolution.parse_model_name
+    answer = (parsed[0] if isinstance(parsed[0], str) else None, str(parsed[1]))
+
+    def parse_model_name(name: str, *, skip_model_parsing: bool = False) -> tuple[str | None, str]:
+        if name == model_name and not skip_model_parsing:
+            return answer
+        result: tuple[str | None, str] = original(name, skip_model_parsing=skip_model_parsing)
+        return result
+
+    resolution.parse_model_name = parse_model_name
+    agents_base.parse_model_name = parse_model_name
+
+
 def _failure(exc: BaseException) -> dict[str, Any]:
     return {"kind": "failed", "type": type(exc).__name__[:200], "message": str(exc)[:MAX_MESSAGE_CHARS]}
 
@@ -283,6 +307,7 @@ async def serve(socket_path: str) -> int:
     try:
         from harbor.models.agent.context import AgentContext  # lazy: as above (serve only)
 
+        _known_model(start.get("model_name"), start.get("model_parse"))
         if AGENT_PYTHON_DIR not in sys.path:
             sys.path.append(AGENT_PYTHON_DIR)
         module, _, name = str(start["import_path"]).partition(":")
