@@ -132,7 +132,8 @@ def test_a_batch_says_the_attempts_its_trials_were_planned_with() -> None:
     assert batch_attempts(RUN, []) == 1
 
 
-def _runner_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, names: tuple[str, ...], attempts: int) -> list[str]:
+def _runner_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, names: tuple[str, ...], attempts: int,
+                    artifact: Any = None) -> list[str]:
     """The argv ``_run_container`` gives ``benchseal trial run`` for a batch (the container itself not started)."""
     seen: list[list[str]] = []
     setup = SimpleNamespace(args=["--secret-dir", "/s"], close=lambda: None)
@@ -146,12 +147,23 @@ def _runner_command(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, names: tupl
         seen.append(command)
         return None, None, False
     monkeypatch.setattr(containers, "_run_started_container", started)
-    record = SimpleNamespace(run_id=RUN, payload=SimpleNamespace(agent="oracle", suite="smoke"))
+    record = SimpleNamespace(run_id=RUN, payload=SimpleNamespace(agent="oracle", suite="smoke", agent_artifact=artifact))
     batch = containers._BatchRun(suite_dir=tmp_path / "suite", out_dir=tmp_path / "out", name="b", trial_names=names,
                                  concurrency=3, label="l", attempts=attempts)
     containers._run_container(SimpleNamespace(runner_id="sha256:" + "1" * 64), record, None, tmp_path,  # type: ignore[arg-type]
                               None, load_policy(), batch)  # type: ignore[arg-type]
     return seen[0]
+
+
+@pytest.mark.parametrize("kind", ["python", "npm"])
+def test_a_python_release_agent_is_run_in_the_runner_images_own_container(monkeypatch: pytest.MonkeyPatch,
+                                                                          tmp_path: Path, kind: str) -> None:
+    """The runner gets its own image id (the one the worker started it from) for a Python agent's boxes."""
+    command = _runner_command(monkeypatch, tmp_path, (trial_name("hello", RUN),), 1, SimpleNamespace(kind=kind))
+    if kind == "python":
+        assert command[command.index("--agent-image") + 1] == "sha256:" + "1" * 64
+    else:
+        assert "--agent-image" not in command
 
 
 def test_the_runner_is_told_the_attempts_and_trials_only_when_a_task_runs_more_than_once(
