@@ -109,7 +109,7 @@ def test_an_honest_npm_cli_runs_in_the_task_containers_read_only(world: dict[str
     assert release["package"] == "@acme/honest-cli" and release["version"] == "1.0.0" and release["kind"] == "npm"
     runs = Path(str(world["home"])) / "infra" / "runs" / report["run_id"]
     outputs = sorted(runs.glob("harbor/*/agent/cli-output.txt"))
-    assert len(outputs) == 3
+    assert len(outputs) == 4  # the three scored tasks and the tamper canary
     for output in outputs:
         seen = json.loads(output.read_text().splitlines()[-1])
         # The baked Node ran the package at the manifest's path inside the task container, which

@@ -326,9 +326,11 @@ def test_qwen_code_release_scores_one_and_records_its_package(qwen_right: dict[s
     # Token usage: Qwen Code's --output-format json result, per trial (Harbor's context), is exactly what the
     # model server counted for the calls that reached it through the relay.
     trials = summary["timings"]["trials"]
-    assert len(trials) == 3 and all((t["input_tokens"] or 0) > 0 and (t["output_tokens"] or 0) > 0 for t in trials)
+    # Three scored tasks and the tamper canary (never scored, but the agent ran it and called the model too).
+    assert len(trials) == 4 and [t["task"] for t in trials if t.get("canary")] == ["dedupe-lines"]
+    assert all((t["input_tokens"] or 0) > 0 and (t["output_tokens"] or 0) > 0 for t in trials)
     requests = qwen_right["requests"]
-    assert summary["model_usage"] == {"trials": 3, "model_calls": len(requests),
+    assert summary["model_usage"] == {"trials": 4, "model_calls": len(requests),
                                       "input_tokens": sum(r["prompt_tokens"] for r in requests),
                                       "output_tokens": sum(r["completion_tokens"] for r in requests)}, summary
     assert sum(t["input_tokens"] for t in trials) == summary["model_usage"]["input_tokens"]
@@ -343,7 +345,7 @@ def test_the_model_key_reaches_the_model_and_nothing_else(qwen_right: dict[str, 
     # The model server refuses any key but the canary: every call it answered carried it, added by the relay.
     requests = qwen_right["requests"]
     assert len(requests) >= 6 and all(r["status"] == 200 for r in requests), requests[:5]
-    assert {r["task"] for r in requests if r.get("task")} == {"cli-flag", "fix-mean", "write-answer"}
+    assert {r["task"] for r in requests if r.get("task")} == {"cli-flag", "dedupe-lines", "fix-mean", "write-answer"}
 
     assert watch.errors == []
     assert watch.hits == [], watch.hits[:10]
@@ -373,7 +375,8 @@ def test_the_model_key_reaches_the_model_and_nothing_else(qwen_right: dict[str, 
     # The agent ran with the placeholder (the relay replaced it): its output is in the trial dirs.
     trial_dirs = home / "infra" / "runs" / qwen_right["report"]["run_id"] / "harbor"
     outputs = [p for p in seen if p.name == "cli-output.txt" and p.is_relative_to(trial_dirs)]
-    assert len(outputs) == 3 and all(p.read_text().startswith("exit 0\n") for p in outputs), outputs
+    # Four trials: the three scored tasks and the tamper canary (the agent runs it like any other).
+    assert len(outputs) == 4 and all(p.read_text().startswith("exit 0\n") for p in outputs), outputs
 
 
 def test_the_runner_sbom_and_provenance_name_the_agent_package(qwen_right: dict[str, Any], home: Path,
