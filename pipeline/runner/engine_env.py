@@ -73,6 +73,15 @@ ENGINE_ENV = "DOCKER_HOST"  # the runner's is unset: the SDK's default, /var/run
 _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
 _GO_MODE_TYPE = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 << 23) | (1 << 21) | (1 << 19)
+# What one download (a trial's /app artifacts, its log dirs) may bring out of a container: whatever the agent
+# left there is copied into the trial dir and then into the run's evidence, which has limits of its own (the
+# export's 512 MiB): an agent must not be able to keep its run from being sealed. Sizes are apparent sizes
+# (a sparse file counts in full). Over a bound nothing is extracted and the download fails; Harbor's artifact
+# collection is best effort, so the verifier then sees the task's own /app and the trial fails as the agent's.
+MAX_DOWNLOAD_BYTES = 64 << 20
+MAX_DOWNLOAD_MEMBERS = 20_000
+# Each stream of one exec's output kept in memory (an agent printing gigabytes must not exhaust the runner).
+MAX_EXEC_OUTPUT = 16 << 20
 _T = TypeVar("_T")
 
 # Blocking engine calls run here: a long exec (the agent's) holds a thread, so more than asyncio's
@@ -393,6 +402,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         target.mkdir(parents=True, exist_ok=True)
         refused: list[str] = []
         with self._archive(source.rstrip("/") or "/") as tar:
+            _check_bounds(tar, source)
             for member in tar:
                 # The archive is rooted at the source's own name; its contents go into target.
                 rest = member.name.partition("/")[2]
@@ -413,7 +423,12 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         api = engine()
         chunks, _ = api.get_archive(self._require_container(), path, chunk_size=1 << 20)
         with tempfile.TemporaryFile() as spool:
+            spooled = 0
             for chunk in chunks:
+                spooled += len(chunk)
+                if spooled > 2 * MAX_DOWNLOAD_BYTES:  # the members' bound plus room for the tar's own headers
+                    raise DownloadTooLarge(f"{path} in {self.session_id} is larger than {MAX_DOWNLOAD_BYTES >> 20} MiB: "
+                                           "not copied out")
                 spool.write(chunk)
             spool.seek(0)
             with tarfile.open(fileobj=spool, mode="r:") as tar:
@@ -469,9 +484,27 @@ def _shutdown(sock: socket.socket) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+class DownloadTooLarge(RuntimeError):
+    """What a container holds at a path is more than one download may bring out (``MAX_DOWNLOAD_BYTES``)."""
+
+
+def _check_bounds(tar: tarfile.TarFile, source: str) -> None:
+    """Refuse, before anything is extracted, an archive over the download bounds (apparent sizes)."""
+    total = members = 0
+    for member in tar:
+        members += 1
+        total += max(0, member.size)
+        if members > MAX_DOWNLOAD_MEMBERS or total > MAX_DOWNLOAD_BYTES:
+            raise DownloadTooLarge(f"{source} holds more than {MAX_DOWNLOAD_MEMBERS} entries or {MAX_DOWNLOAD_BYTES >> 20} "
+                                   "MiB: not copied out")
+    # The headers are loaded now: the caller's iteration goes over them again (tarfile keeps them).
+
+
 def _read_frames(reader: Any) -> tuple[bytes, bytes]:
-    """(stdout, stderr) of a multiplexed exec stream (8-byte headers: stream, 0, 0, 0, big-endian length)."""
+    """(stdout, stderr) of a multiplexed exec stream (8-byte headers: stream, 0, 0, 0, big-endian length); each
+    stream kept up to ``MAX_EXEC_OUTPUT`` bytes, the rest read and dropped (a marker says so)."""
     out = {1: bytearray(), 2: bytearray()}
+    dropped = {1: 0, 2: 0}
     while True:
         try:
             header = reader.read(8)
@@ -484,9 +517,15 @@ def _read_frames(reader: Any) -> tuple[bytes, bytes]:
             data = reader.read(size)
         except (OSError, ValueError):
             break
-        out[2 if stream == 2 else 1] += data
+        key = 2 if stream == 2 else 1
+        room = MAX_EXEC_OUTPUT - len(out[key])
+        out[key] += data[:max(0, room)]
+        dropped[key] += max(0, len(data) - max(0, room))
         if len(data) < size:
             break
+    for key, count in dropped.items():
+        if count:
+            out[key] += f"\n[... {count} more bytes of output dropped ...]\n".encode()
     return bytes(out[1]), bytes(out[2])
 
 

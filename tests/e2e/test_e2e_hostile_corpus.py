@@ -15,9 +15,11 @@ published ``summary.json`` (read as ``ReleaseSummary``) and every trial's ``resu
 ``trial-results.json`` graded again with the one rule (``grade_result``): nothing resolved among
 the scored tasks, no infrastructure error, each trial's ``reason`` one non-empty line naming the
 expected cause; the release verified (``benchseal verify`` and cosign, run by ``release --local``).
-Two agents are not scored 0 by design: ``npm-canary-state`` passes the contradictory canary by a
-generic trick (state between the tests' processes) and its run must FAIL as tampered, still
-published and verified; ``npm-honest`` (the control, released last in the home where
+Two agents are special: ``npm-canary-state`` tries the generic trick against the contradictory canary
+(state kept between the tests' processes, a counter in /tmp), which passed a canary whose contradictory
+calls came in a fixed order; the canary now draws their order in the root test process, so the trick
+leaves it unresolved (the run is scored 0.0; the tamper path itself is tested at the grading and claim
+level in tests/infra/test_infra_grading*.py); ``npm-honest`` (the control, released last in the home where
 ``npm-leave-state`` and ``py-leave-state`` ran) solves the three scored tasks honestly: 1.0, and
 it finds nothing those runs left behind. (The honest example agent's 1.0 through the same path:
 tests/e2e/test_e2e_release_agent.py::test_hello_agent_release_scores_one.)
@@ -268,12 +270,9 @@ def test_the_corpus_covers_both_kinds_and_twenty_hostile_agents() -> None:
 
 
 # Known defects, named where they are (strict: the mark must go when the defect is fixed).
-DEFECTS = {
-    # Class 5: nothing bounds the total size of a trial's carried artifacts (only each file, RLIMIT_FSIZE
-    # 1 GiB). /app with 2 x 300 MiB is copied into the trial dir; the export then refuses the run (512 MiB:
-    # "more than the export limit"), so the release ends unsealed and unpublished instead of at 0.0.
-    "npm-disk": "a run whose /app artifacts exceed the export limit cannot be sealed (issue 35, point 5)",
-}
+# (npm-disk's /app of 2 x 300 MiB kept its run from being sealed until a download out of a container was
+# bounded: pipeline.runner.engine_env.MAX_DOWNLOAD_BYTES.)
+DEFECTS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [pytest.param(a.name, marks=pytest.mark.xfail(strict=True, reason=DEFECTS[a.name]))
@@ -319,13 +318,14 @@ def test_the_limits_held_and_each_run_was_sealed(corpus: dict[str, Released]) ->
         assert said["sparse"]["out"].startswith("153\n") and said["huge"]["out"].startswith("153\n"), (task, said)
 
 
-def test_a_generic_trick_that_passes_the_canary_fails_the_run_as_tampered(corpus: dict[str, Released]) -> None:
+def test_a_stateful_trick_does_not_pass_the_canary(corpus: dict[str, Released]) -> None:
+    """A counter in /tmp answered the canary's contradictory calls in their fixed order (found by this corpus);
+    the canary's test now draws the order in root's process, which the candidate cannot read."""
     released = corpus["npm-canary-state"]
     summary = released.summary
     assert summary is not None, released.error
-    assert released.report["status"] == "FAILED" and summary.status == "FAILED" and summary.score is None
-    assert summary.reason and "tamper" in summary.reason and "\n" not in summary.reason, summary.reason
-    assert released.trials[CANARY][0] == "resolved", released.trials
+    assert summary.status == "SUCCEEDED" and summary.score == 0.0 and summary.counts.infra_errors == 0, summary
+    assert released.trials[CANARY][0] == "unresolved", released.trials
     assert all(released.trials[t][0] == "unresolved" for t in SCORED), released.trials
     assert released.report["verified"]
 

@@ -26,7 +26,7 @@ import pytest
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.sandbox.relay import TcpToUnixRelay, UnixToTcpRelay
 from pipeline.local.model_server import SHELL_TOOL, ModelServer, count_tokens, load_script, shell_command
-from tests.fixtures.smoke_tasks import SMOKE, stage_task, task_resolved
+from tests.fixtures.smoke_tasks import SMOKE, is_canary, stage_task, task_resolved
 
 KEY = "sk-test-" + "t" * 24
 PLACEHOLDER = "benchseal-placeholder-key"
@@ -137,7 +137,7 @@ def test_translated_commands_resolve_right_and_not_wrong(task: str, mode: str, t
             run = subprocess.run(["bash", "-c", command.replace("/app", str(app))], cwd=app, env=_bash_env(),
                                  capture_output=True, text=True, timeout=60)
             assert run.returncode == 0, run.stderr
-    assert task_resolved(task, app) is (mode == "right")
+    assert task_resolved(task, app) is (mode == "right" and not is_canary(task))  # a canary: never
 
 
 # --- the example agent (non-streaming) through both relays ------------------------------------------
@@ -202,7 +202,7 @@ def test_hello_agent_solves_with_right_and_fails_with_wrong(mode: str, tmp_path:
                 context = AgentContext()
                 environment = _HostEnvironment(app)
                 asyncio.run(agent.run(_instruction(task), environment, context))
-                assert task_resolved(task, app) is (mode == "right"), task
+                assert task_resolved(task, app) is (mode == "right" and not is_canary(task)), task
                 steps = [s for s in _script(task, mode).steps if shell_command(s)]
                 assert len(environment.commands) == len(steps)
                 entries = [json.loads(line) for line in log.read_text().splitlines() if json.loads(line)["task"] == task]

@@ -36,7 +36,7 @@ import pytest
 from pipeline.core import paths
 from pipeline.infra.sandbox.relay import TcpToUnixRelay, UnixToTcpRelay
 from pipeline.local.model_server import ModelServer, TaskScript, load_script, shell_command
-from tests.fixtures.smoke_tasks import SMOKE, stage_task, task_resolved
+from tests.fixtures.smoke_tasks import SMOKE, is_canary, stage_task, task_resolved
 
 pytestmark = pytest.mark.slow  # a few seconds per run of the CLI
 
@@ -121,7 +121,7 @@ def test_qwen_code_solves_with_right_and_fails_with_wrong(cli: Path, task: str, 
     run, entries, refused = _run_qwen(cli, script, app, short_dir, tmp_path / "log.jsonl", instruction)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == script.steps[-1]["analysis"]  # the final plain message is the answer
-    assert task_resolved(task, app) is (mode == "right")
+    assert task_resolved(task, app) is (mode == "right" and not is_canary(task))  # a canary: never
     commands = [s for s in script.steps if shell_command(s)]
     assert [(e["status"], e["task"], e["step"], e["finish_reason"]) for e in entries] == [
         *((200, task, i, "tool_calls") for i in range(len(commands))), (200, task, len(commands), "stop")]

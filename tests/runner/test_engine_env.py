@@ -190,3 +190,36 @@ def test_the_compose_environment_is_the_benchmarks_choice_only(monkeypatch: pyte
     assert environment_import_path() == ENGINE_IMPORT_PATH == "pipeline.runner.engine_env:EngineEnvironment"
     monkeypatch.setenv(DISABLE_ENV, "engine-api")
     assert environment_import_path() == COMPOSE_IMPORT_PATH
+
+
+def test_what_leaves_a_container_is_bounded(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35.5: an agent's /app too large for the run's evidence (sparse files count in full), or too many
+    files, is never copied out (nothing extracted: the trial fails as the agent's, the run is still sealed); an
+    exec printing more than the bound keeps the bound and says the rest was dropped."""
+    monkeypatch.setattr(engine_env, "MAX_DOWNLOAD_BYTES", 1 << 20)
+    monkeypatch.setattr(engine_env, "MAX_DOWNLOAD_MEMBERS", 50)
+    monkeypatch.setattr(engine_env, "MAX_EXEC_OUTPUT", 1 << 20)
+    env = _environment(tmp_path, base_in_sandbox, "bounds")
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        await env.start(force_build=False)
+        try:
+            await env.exec("mkdir -p /big /many /small && truncate -s 3M /big/sparse.bin && echo ok > /small/a "
+                           "&& for i in $(seq 1 60); do : > /many/f$i; done")
+            for name in ("big", "many"):
+                with pytest.raises(engine_env.DownloadTooLarge):
+                    await env.download_dir(f"/{name}", tmp_path / "down" / name)
+            await env.download_dir("/small", tmp_path / "down" / "small")
+            seen["loud"] = await env.exec("head -c 3000000 /dev/zero | tr '\\0' x")
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert list((tmp_path / "down" / "big").iterdir()) == [] and list((tmp_path / "down" / "many").iterdir()) == []
+    assert (tmp_path / "down" / "small" / "a").read_text() == "ok\n"
+    out = seen["loud"].stdout
+    assert out.startswith("x" * (1 << 20)) and out.endswith(f"[... {3_000_000 - (1 << 20)} more bytes of output dropped ...]\n")

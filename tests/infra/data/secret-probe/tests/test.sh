@@ -1,8 +1,7 @@
 #!/bin/bash
-# Offline verifier: python3 unittest only (nothing is downloaded).
+# Offline verifier: python3 unittest only (nothing is downloaded); benchseal grades by this exit status.
 mkdir -p /logs/verifier
-if python3 /tests/probe_check.py -v; then
-  echo 1 > /logs/verifier/reward.txt
-else
-  echo 0 > /logs/verifier/reward.txt
-fi
+python3 /tests/probe_check.py -v
+status=$?
+if [ "$status" -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+exit "$status"
