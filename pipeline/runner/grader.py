@@ -122,6 +122,11 @@ class ExitStatusVerifier(BaseVerifier):  # type: ignore[misc]  # Harbor ships no
         if len(data) > MAX_OUTPUT_BYTES:
             data = data[:MAX_OUTPUT_BYTES // 2] + b"\n[... cut ...]\n" + data[-MAX_OUTPUT_BYTES // 2:]
         (out / OUTPUT_FILE).write_bytes(data)
+        # Where Harbor's own verifier leaves the test output (its viewer reads it): written here, after the
+        # verifier environment is done with, never downloaded from it.
+        stdout_path = Path(self.trial_paths.test_stdout_path)
+        stdout_path.parent.mkdir(parents=True, exist_ok=True)
+        stdout_path.write_bytes(data)
         (out / VERDICT_FILE).write_text(json.dumps({"protocol": "exit-status", **verdict,
                                                     "seconds": round(float(verdict["seconds"]), 3)}, sort_keys=True),
                                         encoding="utf-8")

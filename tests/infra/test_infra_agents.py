@@ -395,8 +395,10 @@ def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any
     assert scanner.inspect_hits == []
     # The runner was started without the model key in any form: no secret dir (the key is the policy's
     # only secret and it stays with the relay), and its argv and Env name neither the key nor its variable.
-    assert scanner.runner_starts, "the runner container was never inspected"
-    for name, start in scanner.runner_starts.items():
+    # This run's runner (other tests' runs share the sandbox engine and the scan sees theirs too).
+    starts = {name: start for name, start in scanner.runner_starts.items() if right_run["run_id"] in name}
+    assert starts, "the runner container was never inspected"
+    for name, start in starts.items():
         assert SECRETS_MOUNT not in start["mounts"], (name, start["mounts"])
         assert MODEL_MOUNT in start["mounts"], (name, start["mounts"])
         words = json.dumps(start)
@@ -448,7 +450,7 @@ def test_terminus2_scores_zero_with_the_wrong_script(agent_setup: dict[str, Any]
     stdout = next((run["run_dir"] / "harbor").glob("fix-mean__*/verifier/test-stdout.txt")).read_text()
     # The agent's change was applied (the empty case passes now) but the fraction is still wrong.
     assert "test_empty (__main__.MeanTest.test_empty) ... ok" in stdout
-    assert "AssertionError: 1 != 1.5" in stdout
+    assert "test_fraction (__main__.MeanTest.test_fraction) ... FAIL" in stdout and "('value', 1.5)" in stdout
 
 
 def test_local_release_scripted_model_is_explicit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -35,6 +35,7 @@ from pipeline.evidence.trials import check_grading
 from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
+from pipeline.infra.worker.containers import CONTAINER_PREFIX, LABEL_BATCH
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
 from pipeline.runner.envshared import TIMINGS_FILE
 from pipeline.runner.plan import discover_tasks
@@ -243,13 +244,14 @@ def test_an_oracle_run_with_two_attempts_per_task_runs_and_grades_every_attempt(
         run_dir = q.run_dir(run_id)
     batches = sorted(p for p in (run_dir / "batches").iterdir() if p.is_dir())
     planned = [[t["trial_name"] for t in json.loads((b / "trials.json").read_text())["trials"]] for b in batches]
-    assert [len(names) for names in planned] == [3, 3], planned
+    # Eight trials (the three scored tasks and the tamper canary, twice each) in batches of three.
+    assert [len(names) for names in planned] == [3, 3, 2], planned
     assert sorted(n for names in planned for n in names) == sorted(name for _, name in expected)
     # The seal job's check: the plan and every attempt's result.json in the evidence agree with grading.json.
     _, graded, counts = check_grading(run_dir / "artifacts", grading)
-    assert counts == grading.counts and len(graded) == 6
-    assert task_counts((t.task, t.grade.outcome) for t in graded) == {
-        task: TaskCounts(attempts=2, completed=2, resolved=2) for task in tasks}
+    assert counts == grading.counts and len(graded) == 8 and sum(t.canary for t in graded) == 2
+    assert task_counts((t.task, t.grade.outcome) for t in graded if not t.canary) == {
+        task: TaskCounts(attempts=2, completed=2, resolved=2) for task in tasks if task != "dedupe-lines"}
     print(f"attempts: 2, {len(tasks)} tasks: run_once took {elapsed:.1f} s")
 
 
@@ -290,7 +292,7 @@ def _worker_cmd(setup: dict[str, Any], db: Path, *extra: str) -> list[str]:
             "--trusted-root", str(trust.trusted_root), *extra]
 
 
-def _containers(filters: dict[str, str]) -> list[Any]:
+def _containers(filters: dict[str, Any]) -> list[Any]:
     # The SDK inspects each listed container: one removed in between raises NotFound. List again.
     for _ in range(10):
         try:
@@ -301,7 +303,10 @@ def _containers(filters: dict[str, str]) -> list[Any]:
 
 
 def _runner_containers(run_id: str) -> list[Any]:
-    return _containers({"label": f"{LABEL_RUN}={run_id}"})
+    # The engine proxy gives the run's and the batch's labels to every container a runner creates too: the
+    # runners are the worker's own, named for the run.
+    return [c for c in _containers({"label": [f"{LABEL_RUN}={run_id}", LABEL_BATCH]})
+            if c.name.startswith(CONTAINER_PREFIX)]
 
 
 def _trial_containers(run_id: str) -> list[Any]:
@@ -363,7 +368,8 @@ def test_kill_9_mid_trial_then_restart_finishes_once(infra_setup):
     with SqliteQueue(db) as q:
         trials = q.trials(run_id)
     # Every trial graded exactly once; the killed batch's trials ran a second time.
-    assert record.grading.counts.total == len(trials) == record.trials_planned and {t.state for t in trials} == {"DONE"}
+    # (The tamper canary is graded once too, and never counted.)
+    assert record.grading.counts.total + 1 == len(trials) == record.trials_planned and {t.state for t in trials} == {"DONE"}
     assert all(t.attempts == 2 for t in trials if t.idx in held)
     assert events.count("claimed") == 1 and "trials_lease_expired" in events and events.count("completed") == 1
     assert events.count("trials_done") == 1
@@ -488,13 +494,13 @@ def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_
         run_dir = q.run_dir(run_id)
     client = sandbox_engine()
     task_tomls = sorted(run_dir.glob("batches/*/suite/*/task.toml"))  # each batch renders its own tasks
-    assert len(task_tomls) == 4
+    assert len(task_tomls) == 5  # smoke's four (the tamper canary too) and the secret probe
     for task_toml in task_tomls:
         image_id = tomllib.loads(task_toml.read_text())["environment"]["docker_image"]
         assert image_id.startswith("sha256:") and len(image_id) == 71, task_toml
         assert "benchseal.task.hash" in client.images.get(image_id).labels
     trials = _trial_dirs(run_dir)
-    assert len(trials) == 4
+    assert len(trials) == 5
     for trial in trials:
         ops = [json.loads(line) for line in (trial / TIMINGS_FILE).read_text().splitlines()]
         names = [o["op"] for o in ops]
@@ -535,11 +541,11 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
     own.write_text(own.read_text().replace("[environment]\n", '[environment]\ndocker_image = "example.invalid/x@sha256:' + "1" * 64 + '"\n'))
     records = tmp_path / "records"  # the worker's own record of what it built (not found by label)
     pinned = prebuild_task_images(client, first, records)
-    assert set(pinned) == {"cli-flag", "fix-mean"}
-    labelled = {i.id for i in client.images.list(filters={"label": TASK_IMAGE_LABEL})}
+    assert set(pinned) == {"cli-flag", "dedupe-lines", "fix-mean"}
     again = prebuild_task_images(client, second, records)
-    assert {k: again[k] for k in pinned} == pinned  # found by content, not rebuilt
-    assert {i.id for i in client.images.list(filters={"label": TASK_IMAGE_LABEL})} == labelled
+    assert {k: again[k] for k in pinned} == pinned  # the worker's own record, not rebuilt
+    # (Not the set of labelled images: other sessions on this engine build task images of their own.)
+    assert all(TASK_IMAGE_LABEL in client.images.get(image).labels for image in pinned.values())
     assert "example.invalid/x@sha256:" in own.read_text()
     # A rendered task.toml that is already pinned keeps its pin.
     assert prebuild_task_images(client, second, records) == {}
@@ -650,7 +656,8 @@ def test_two_hosts_on_one_postgresql_queue_split_a_run_and_its_evidence_holds_ev
                 proc.kill()
     with PostgresQueue(url) as q:
         record, rows = q.get_run(run_id), q.trials(run_id)
-    assert record.state == "SUCCEEDED" and record.grading is not None and record.grading.counts.resolved == len(rows)
+    # Every scored trial resolved; the tamper canary (one of the rows) is graded but never counted.
+    assert record.state == "SUCCEEDED" and record.grading is not None and record.grading.counts.resolved == len(rows) - 1
     ran_by = {row.trial_name: json.loads(row.result or "{}")["batch_dir"] for row in rows}
     by_host = {name: [t for t, batch in ran_by.items() if batch.startswith(str(home))] for name, home in hosts.items()}
     assert all(by_host.values()), f"both hosts ran trials: {by_host}"
@@ -662,7 +669,8 @@ def test_two_hosts_on_one_postgresql_queue_split_a_run_and_its_evidence_holds_ev
     assert sorted(p.name for p in evidence.iterdir()) == sorted(ran_by)
     for trial_name in ran_by:
         result = json.loads((evidence / trial_name / "result.json").read_text())
-        assert result["verifier_result"]["rewards"]["reward"] == 1.0
+        # The oracle resolves every scored task; the tamper canary, never.
+        assert result["verifier_result"]["rewards"]["reward"] == (0 if trial_name.startswith("dedupe-lines") else 1)
     for trial_name in by_host[other]:  # unpacked from the queue, with where it came from
         origin = json.loads((run_dir / "harbor-origin" / f"{trial_name}.json").read_text())
         assert origin["batch_dir"].startswith(str(hosts[other]))
