@@ -32,6 +32,7 @@ import yaml
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.paths import REPO_ROOT
 from pipeline.runner.agent_box import IMAGE_SUITES
+from tests.fixtures.homes import shared_home
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -44,13 +45,8 @@ IMAGE_PACKAGES = "/usr/local/lib/python3.13/dist-packages/"  # the runner image'
 
 
 def _fresh_home(root: Path) -> Path:
-    from pipeline.core import paths
-
-    root.mkdir(parents=True)
-    for shared in ("cache", "tools"):
-        if (paths.home() / shared).is_dir():
-            (root / shared).symlink_to(paths.home() / shared, target_is_directory=True)
-    return root
+    assert not root.exists(), root
+    return shared_home(root)
 
 
 @pytest.fixture(scope="module")

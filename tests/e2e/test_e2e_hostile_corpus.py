@@ -51,6 +51,7 @@ from pipeline.core.documents import ReleaseSummary, TrialResults, load_document
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.scoring import grade_result, is_result_name
 from pipeline.local.npmregistry import LocalNpmRegistry, npm_pack
+from tests.fixtures.homes import shared_home
 
 # The releases are made once, in the first test's setup: 18-23 min measured on a 2-core machine at load 11-16.
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2700)]
@@ -140,13 +141,8 @@ class Released:
 
 
 def _fresh_home(root: Path) -> Path:
-    from pipeline.core import paths
-
-    root.mkdir(parents=True)
-    for shared in ("cache", "tools"):
-        if (paths.home() / shared).is_dir():
-            (root / shared).symlink_to(paths.home() / shared, target_is_directory=True)
-    return root
+    assert not root.exists(), root
+    return shared_home(root)
 
 
 def _policy(path: Path) -> Path:

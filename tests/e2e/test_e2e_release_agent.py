@@ -50,6 +50,7 @@ from pipeline.infra.worker.loop import LABEL_RUN
 from pipeline.local.model_server import ModelServer
 from pipeline.local.npmregistry import LocalNpmRegistry, npm_pack
 from pipeline.publish.body import markdown_cell
+from tests.fixtures.homes import shared_home
 from tests.fixtures.infra import sandbox_engine
 from tests.registry.helpers import free_port
 
@@ -70,13 +71,8 @@ SESSION = uuid.uuid4().hex[:8]
 
 
 def _fresh_home(root: Path) -> Path:
-    from pipeline.core import paths
-
-    root.mkdir(parents=True)
-    for shared in ("cache", "tools"):
-        if (paths.home() / shared).is_dir():
-            (root / shared).symlink_to(paths.home() / shared, target_is_directory=True)
-    return root
+    assert not root.exists(), root
+    return shared_home(root)
 
 
 def _stop_home(home: Path) -> None:
