@@ -96,7 +96,13 @@ def serve(
     if url is not None and queue_db is not None:
         raise UsageError("--queue-db names a SQLite queue and a queue URL names a PostgreSQL one: give exactly one")
     source = QueueSource(lambda: open_reader(queue_db, url))
-    _open_before_serving(source, "--queue-db" if found is None else found[1], sqlite=found is None)
+    sqlite_file = (queue_db or default_db_path()) if found is None else None
+    if sqlite_file is not None and not sqlite_file.exists() and not sqlite_file.is_symlink():
+        # A new infra host: nothing accepted yet, so no queue file. The API starts (its unit starts with the
+        # host) and answers 503 until the first run creates it; a file that is there must be a queue.
+        typer.echo(f"benchseal api: {sqlite_file} does not exist yet (served as 503 until it does)", err=True)
+    else:
+        _open_before_serving(source, "--queue-db" if found is None else found[1], sqlite=found is None)
     try:
         uvicorn.run(create_app(source, release_url_base=release_url_base), host=host, port=port,
                     log_level="info")

@@ -442,13 +442,13 @@ def _not_a_queue(kind: str, path: Path) -> None:
             conn.commit()
     elif kind == "a directory":
         path.mkdir()
-    # "absent": nothing
 
 
 _NOT_QUEUES = {"empty file": "is empty", "random bytes": "is not an SQLite database",
                "text": "is not an SQLite database", "sqlite without the queue's tables": "without the queue's tables",
-               "sqlite without any table": "without the queue's tables", "a directory": "is not a regular file",
-               "absent": "does not exist"}
+               "sqlite without any table": "without the queue's tables", "a directory": "is not a regular file"}
+# (An absent file is a new infra host's: nothing accepted yet. The API starts and answers 503 until it appears:
+# tests/imaging/test_build_images.py::test_api_pulled_by_digest_answers_healthz.)
 
 
 @pytest.mark.parametrize("kind", sorted(_NOT_QUEUES))
