@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import stat
 import tempfile
 import unicodedata
@@ -194,3 +195,20 @@ def open_regular(path: str | os.PathLike[str]) -> tuple[BinaryIO, os.stat_result
     except BaseException:
         os.close(fd)
         raise
+
+
+# sun_path holds 108 bytes with its NUL: a longer socket path cannot be bound as it is.
+UNIX_PATH_MAX = 107
+
+
+def bind_unix(listener: socket.socket, path: Path) -> None:
+    """Bind ``listener`` at ``path``, also where the path is longer than a Unix socket address may be (a deep
+    state or temp dir): then through ``/proc/self/fd/<its directory>/<name>``, which names the same place."""
+    if len(os.fsencode(str(path))) <= UNIX_PATH_MAX:
+        listener.bind(str(path))
+        return
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        listener.bind(f"/proc/self/fd/{fd}/{path.name}")
+    finally:
+        os.close(fd)

@@ -43,6 +43,8 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.fsutil import bind_unix
+
 _BUF = 65536
 # Bounds on what one model call may send: its head (request line and headers) and its body.
 MAX_HEAD_BYTES = 32 * 1024
@@ -299,7 +301,7 @@ class UnixToTcpRelay(_Relay):
         self.authority = host if port == (443 if tls else 80) else f"{host}:{port}"
         self.refused: list[str] = []  # the rule each refused request broke, in order
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(socket_path))
+        bind_unix(listener, socket_path)  # a deep temp dir: through /proc/self/fd
         # The runner connects as its own root; nobody else on the host needs to.
         os.chmod(socket_path, 0o600)
         listener.listen(64)
