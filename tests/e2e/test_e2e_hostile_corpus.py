@@ -290,7 +290,10 @@ def test_a_hostile_agent_scores_zero_with_each_cause_named(corpus: dict[str, Rel
     for task, (outcome, reason) in released.trials.items():
         assert outcome == "unresolved", f"{name} {task}: {outcome} ({reason})"
         assert _one_line(reason), f"{name} {task}: {reason!r}"
-        assert released.agent.cause(task) in str(reason), f"{name} {task}: {reason!r}"
+        # The canary's ten calls may run into the verifier's limit where the agent left a module that hogs the
+        # limits (memory, processes): unresolved all the same.
+        assert released.agent.cause(task) in str(reason) or (
+            task == CANARY and "did not finish within the verifier's time limit" in str(reason)), f"{name} {task}: {reason!r}"
     # It ran: every trial's agent reported what it did.
     assert sorted(released.outputs) == sorted(released.trials), released.outputs
     for task, said in released.outputs.items():

@@ -29,13 +29,14 @@ from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
 from pipeline.runner.plan import TRIALS_FILE, plan_trials
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
+from tests.fixtures.trials import grader_rewards
 
 REAL_RESULT = json.loads((Path(__file__).parent / "data" / "harbor-result.json").read_text())
 
 
 def _result(reward: float) -> dict[str, Any]:
     data = json.loads(json.dumps(REAL_RESULT))
-    data["verifier_result"] = {"rewards": {"reward": reward}}
+    data["verifier_result"] = {"rewards": grader_rewards(reward)}
     data["exception_info"] = None
     return data
 
@@ -196,9 +197,10 @@ def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     trust = sign_release_images("acme/benchseal", "v9.9.8", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     data["sources"] = [built_images_source("acme/benchseal", built_images)]
-    # All four trials in one batch (one runner container), one of which never finishes: the kill
-    # certainly lands mid-batch, after the others were recorded.
-    data["suites"] = {"smoke": {"timeout_seconds": 300, "trial_concurrency": 4}}
+    # All five trials (smoke's four, its tamper canary among them, and the blocking task) in one batch (one
+    # runner container), one of which never finishes: the kill certainly lands mid-batch, after the others
+    # were recorded.
+    data["suites"] = {"smoke": {"timeout_seconds": 300, "trial_concurrency": 5}}
     data["lease_seconds"] = 4
     data["max_attempts"] = 1
     policy_path = root / "infra.yaml"
@@ -259,7 +261,7 @@ def test_real_worker_killed_with_9_on_its_final_attempt_publishes_the_run_as_fai
     grading = outcome.grading
     assert grading is not None and grading.score is None
     assert grading.counts.total == 4 and grading.counts.completed >= 1  # what completed is graded, not dropped
-    assert len(grading.trials) == 4
+    assert len(grading.trials) == 5  # and the tamper canary, graded and never counted
     blocked = next(t for t in grading.trials if t.task == "blocking")
     assert blocked.outcome == "infra_error" and blocked.exception_type == "TrialAttemptsExhausted"
     digest = setup["runner"].partition("@")[2]

@@ -144,7 +144,7 @@ def _suite(tmp_path: Path) -> Path:
     suite = tmp_path / "suite"
     for task in TASKS[:2]:
         (suite / task).mkdir(parents=True)
-        (suite / task / "task.toml").write_text("[task]\n")
+        (suite / task / "task.toml").write_text("[task]\n\n[metadata.benchseal]\ngrading = \"exit-status\"\n")
     return suite
 
 
