@@ -86,6 +86,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import h11
 
+from pipeline.core.fsutil import bind_unix
 from pipeline.infra.sandbox.engine_bodies import (
     _CREATE,
     _EXEC,
@@ -358,7 +359,7 @@ class EngineProxy:
         self.gateways: set[str] = set()  # ids of the gateway containers this proxy started and not yet removed
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(socket_path))
+        bind_unix(self._listener, socket_path)  # a deep temp dir: through /proc/self/fd
         os.chmod(socket_path, 0o600)
         self._listener.listen(64)
         self._thread = threading.Thread(target=self._serve, name="engine-proxy", daemon=True)
