@@ -76,9 +76,16 @@ class Agent:
     # Each task's expected cause, a substring of its trial's reason (default: its tests failed).
     causes: tuple[tuple[str, str], ...] = ()
     lane: int | None = None  # None: any lane
+    # Its planted module hogs the limits (memory, processes) when the tests import it: the tests are killed
+    # (they fail) or, where the engine swaps or reaps slowly, run into the verifier's limit. Unresolved either way.
+    hogs: bool = False
 
     def cause(self, task: str) -> str:
         return dict(self.causes).get(task, TESTS_FAILED)
+
+    def causes_of(self, task: str) -> tuple[str, ...]:
+        """Each cause its trial's reason may name: the canary's ten calls, or a hog, may cost the verifier's limit."""
+        return (self.cause(task), VERIFIER_TIMEOUT) if self.hogs or task == CANARY else (self.cause(task),)
 
 
 def _all(cause: str) -> tuple[tuple[str, str], ...]:
@@ -115,10 +122,10 @@ AGENTS = (
     Agent("py-base-exceptions", "python", "BaseExceptionAgent", _all("agent phase:")),
     Agent("py-bad-context", "python", "BadContextAgent"),
     # (5) limits
-    Agent("npm-memory", "npm", "memory"),
-    Agent("npm-fork-loop", "npm", "fork-loop"),
+    Agent("npm-memory", "npm", "memory", hogs=True),
+    Agent("npm-fork-loop", "npm", "fork-loop", hogs=True),
     Agent("npm-disk", "npm", "disk"),
-    Agent("py-limits", "python", "LimitsAgent"),
+    Agent("py-limits", "python", "LimitsAgent", hogs=True),
     # (4) state left for a later run, then (8) the canary, then the control, in that order on one lane
     Agent("npm-leave-state", "npm", "leave-state", lane=2),
     Agent("py-leave-state", "python", "LeaveStateAgent", lane=2),
@@ -290,10 +297,7 @@ def test_a_hostile_agent_scores_zero_with_each_cause_named(corpus: dict[str, Rel
     for task, (outcome, reason) in released.trials.items():
         assert outcome == "unresolved", f"{name} {task}: {outcome} ({reason})"
         assert _one_line(reason), f"{name} {task}: {reason!r}"
-        # The canary's ten calls may run into the verifier's limit where the agent left a module that hogs the
-        # limits (memory, processes): unresolved all the same.
-        assert released.agent.cause(task) in str(reason) or (
-            task == CANARY and "did not finish within the verifier's time limit" in str(reason)), f"{name} {task}: {reason!r}"
+        assert any(cause in str(reason) for cause in released.agent.causes_of(task)), f"{name} {task}: {reason!r}"
     # It ran: every trial's agent reported what it did.
     assert sorted(released.outputs) == sorted(released.trials), released.outputs
     for task, said in released.outputs.items():

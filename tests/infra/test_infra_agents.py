@@ -190,6 +190,7 @@ class Scanner(threading.Thread):
         self.containers: dict[str, str] = {}  # name -> image, every container seen
         self.runner_starts: dict[str, dict[str, list[str]]] = {}  # runner name -> argv, env, mount points
         self.created: dict[str, str] = {}  # id -> name, from create events while in flight
+        self.created_runs: dict[str, str] = {}  # id -> the run label its create event carried ("" if none)
         self.inspected: set[str] = set()  # ids inspected at least once
         self.files_seen: set[str] = set()
         self.runner_tmp_files: set[str] = set()
@@ -221,7 +222,9 @@ class Scanner(threading.Thread):
         try:
             for event in self._events:
                 ident = event.get("id") or event.get("Actor", {}).get("ID")
-                self.created[ident] = event.get("Actor", {}).get("Attributes", {}).get("name", "")
+                attributes = event.get("Actor", {}).get("Attributes", {})
+                self.created[ident] = attributes.get("name", "")
+                self.created_runs[ident] = attributes.get(LABEL_RUN, "")
                 if self.needle in json.dumps(event).encode():  # labels, name, image of the create
                     self.inspect_hits.append(f"event {self.created[ident]}")
                 self._check_container(client, ident)
@@ -404,11 +407,15 @@ def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any
         words = json.dumps(start)
         assert KEY_ENV not in words and CANARY not in words and "--model-key-env" not in words, (name, start)
         assert "--secret-env" not in start["argv"] and "--model-socket" in start["argv"], (name, start["argv"])
-    # EVERY container created while the run was in flight (runner, trial containers, model gateways)
-    # was inspected while it existed; none of their logs held the key.
-    created = scanner.created
+    # EVERY container this run created (runner, trial containers, model gateways: the worker and the engine
+    # proxy label each with the run, so the create event names it) was inspected while it existed; none of
+    # the logs of any container created meanwhile held the key. Other tests share the engine: their
+    # unlabelled, short-lived containers (a classic build's step containers) may be gone before a scan;
+    # their create events were still searched for the key above.
+    created = {i: n for i, n in scanner.created.items() if scanner.created_runs.get(i) == right_run["run_id"]}
     assert any(n.startswith("benchseal-infra-") for n in created.values()), created
     assert sum(n.endswith("-model-gateway") for n in created.values()) >= 3, created
+    assert sum("__" in n or "main" in n for n in created.values()) >= 3, created  # Harbor's trial containers, through the proxy
     assert set(created) <= scanner.inspected, {i: n for i, n in created.items() if i not in scanner.inspected}
     assert scanner.log_hits == set()
     # Files were searched while in flight too: Harbor's trial configs, the queue DB, the runner's /tmp.
