@@ -42,6 +42,11 @@ PROVENANCE_SUMMARY = "provenance-summary.intoto.json"
 # The run's result as in-toto's test-result v0.1 attestation (subjects: the runner image and summary.json);
 # its DSSE bundle is also attached to the runner image in the registry (pipeline.attest.testresult).
 TEST_RESULT = "test-result.intoto.json"
+# The score, its interval and per-task pass rates for the charting tools (pipeline.evidence.exports):
+# Bencher Metric Format and github-action-benchmark's custom JSON. Only a scored run has them; SHA256SUMS
+# signs them (no bundle of their own).
+BENCHER_EXPORT = "bencher.bmf.json"
+ACTION_BENCHMARK_EXPORT = "github-action-benchmark.json"
 # Every release carries these, each with its bundle.
 REQUIRED_SIGNED = (SUMMARY, SBOMS["runner"], SBOMS["api"], PROVENANCE_IMAGES, PROVENANCE_SUMMARY, TEST_RESULT,
                    CHECKSUMS)

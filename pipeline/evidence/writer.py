@@ -2,8 +2,9 @@
 
 ``write_evidence`` writes ``<run_dir>/artifacts/`` completely. Order matters:
 the trial evidence first (``evidence.trials``: grading.json must be what the trials say, or nothing
-is written), then content (trial-results.json, summary, SBOMs, provenance and test-result statements),
-then its bundles, then SHA256SUMS over every file so far (bundles included), then SHA256SUMS's own bundle.
+is written), then content (trial-results.json, summary, its exports for the charting tools, SBOMs,
+provenance and test-result statements), then its bundles, then SHA256SUMS over every file so far
+(bundles included), then SHA256SUMS's own bundle.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from pipeline.core.contracts import DispatchPayload, Grading
 from pipeline.core.documents import Comparison
 from pipeline.core.layout import ARTIFACTS_DIR, MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SBOMS
-from pipeline.evidence import artifacts, provenance, sbom, testresult
+from pipeline.evidence import artifacts, exports, provenance, sbom, testresult
 from pipeline.evidence.artifacts import recheck_and_resign
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading, write_trial_results
@@ -52,6 +53,7 @@ def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *,
     write_trial_results(out, grading.run_id, evidence)
     summary_document = artifacts.build_summary(grading, payload, comparison=comparison)
     summary = artifacts.write_summary(out, summary_document)
+    exports.write_exports(out, summary_document)  # for the charting tools; SHA256SUMS signs them
     # The two images are read in parallel: most of the time is network and zlib (no GIL).
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {role: pool.submit(sbom.write_sbom, ref, out / SBOMS[role], manifest_out=out / MANIFESTS[role])

@@ -100,7 +100,9 @@ def test_release_verifies_everywhere(signed_release: Path, verifiers, sigstore_i
         # the trial evidence: its listing, and the plan and result.json files the score is graded from
         "evidence-SHA256SUMS", "trial-results.json",
         # the result as in-toto's test-result attestation (DSSE; attached to the runner image too)
-        "test-result.intoto.json", "test-result.intoto.json.sigstore.json"])
+        "test-result.intoto.json", "test-result.intoto.json.sigstore.json",
+        # the exports for the charting tools (Bencher, github-action-benchmark), signed through SHA256SUMS
+        "bencher.bmf.json", "github-action-benchmark.json"])
     assert [p.name for p in signed_release.iterdir() if p.is_dir()] == ["evidence"]  # nested: not an asset
     results = verifiers(signed_release)
     assert all(ok for ok, _ in results.values()), results
@@ -138,8 +140,9 @@ def _flip_byte(path: Path) -> None:
 
 FILES = ["summary.json", "sbom-runner.cdx.json", "sbom-api.cdx.json", "manifest-runner.oci.json",
          "manifest-api.oci.json", "provenance-images.intoto.json", "provenance-summary.intoto.json", "SHA256SUMS",
-         "trial-results.json", "evidence-SHA256SUMS"]
-BUNDLES = [f + ".sigstore.json" for f in FILES if not f.startswith(("manifest-", "trial-", "evidence-"))]
+         "trial-results.json", "evidence-SHA256SUMS", "bencher.bmf.json", "github-action-benchmark.json"]
+BUNDLES = [f + ".sigstore.json" for f in FILES
+           if not f.startswith(("manifest-", "trial-", "evidence-", "bencher.", "github-action-"))]
 
 
 @pytest.mark.parametrize("name", FILES)
