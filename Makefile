@@ -34,11 +34,12 @@ demo: setup
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.
 # TEST_WORKERS pytest-xdist workers (most tests wait on engines, registries and subprocesses, so more
-# workers than the 2 cores pay); pyproject's --dist loadgroup keeps each xdist_group on one worker
-# (tests/fixtures/parallel.py). TEST_WORKERS=0 runs the suite in this one process.
+# workers than the 2 cores pay); -n N runs as --dist loadgroup, which keeps each xdist_group on one
+# worker (tests/fixtures/parallel.py). TEST_WORKERS=0 runs the suite in this one process.
+# --durations=25: the 25 slowest tests close the output (what to mark slow, what to make faster).
 TEST_WORKERS ?= 4
 test: setup
-	@set +e; $(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(PY) -m pytest -n $(TEST_WORKERS) --durations=25 $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
 lint: setup

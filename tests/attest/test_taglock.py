@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,25 +61,64 @@ def test_concurrent_signers_of_one_digest_keep_every_entry(sigstore_instance: An
         verify_image(ref, image_identity(repository, "v1.0.0", COMMIT), endpoints, allow_http_registry=True)
 
 
+def _flocks() -> list[tuple[bool, int, str]]:
+    """``/proc/locks``' flock entries: (blocked waiter, pid, device:inode)."""
+    found = []
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()[1:]
+        waiting = fields[:1] == ["->"]
+        fields = fields[1:] if waiting else fields
+        if fields and fields[0] == "FLOCK":
+            found.append((waiting, int(fields[3]), fields[4]))
+    return found
+
+
 def test_the_lock_is_one_holder_at_a_time_across_processes(tmp_path: Path) -> None:
-    """Another process (another home, another test worker) waits for the holder, then gets it."""
+    """Another process (another home, another test worker) holds the lock; this one waits for it, then
+    gets it. Waits on events, never on a time: the child says when it holds the lock, and the kernel's
+    lock table shows this process blocked on that same file before the child is let go."""
     image = parse_ref("127.0.0.1:5055/benchseal-taglock/x@sha256:" + "1" * 64)
     order = tmp_path / "order"
-    child = ("import sys, time; from pipeline.attest.taglock import digest_tags_locked; "
+    child = ("import sys; from pipeline.attest.taglock import digest_tags_locked; "
              "from pipeline.core.digests import parse_ref\n"
              "with digest_tags_locked(parse_ref(sys.argv[1])):\n"
+             "    print('held', flush=True)\n"
+             "    sys.stdin.readline()\n"
              "    open(sys.argv[2], 'a').write('child\\n')\n")
-    with digest_tags_locked(image):
-        proc = subprocess.Popen([sys.executable, "-c", child, image.ref, str(order)],
-                                cwd=Path(__file__).resolve().parents[2], env=dict(os.environ))
-        try:
-            proc.wait(timeout=2)
-        except subprocess.TimeoutExpired:
-            pass  # blocked on the lock, as it should be
-        with order.open("a") as handle:
-            handle.write("holder\n")
-    assert proc.wait(timeout=30) == 0
-    assert order.read_text().splitlines() == ["holder", "child"]
+    proc = subprocess.Popen([sys.executable, "-c", child, image.ref, str(order)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
+                            env=dict(os.environ))
+    acquired = threading.Event()
+
+    def holder() -> None:
+        with digest_tags_locked(image):
+            acquired.set()
+            with order.open("a") as handle:
+                handle.write("holder\n")
+
+    waiter = threading.Thread(target=holder)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline() == "held\n"  # the child holds the lock from here until told to go on
+        (inode,) = {inode for waiting, pid, inode in _flocks() if pid == proc.pid and not waiting}
+        waiter.start()
+        deadline = time.monotonic() + 60  # a bound for a wedged machine, not a pace: the loop ends on the event
+        while (True, os.getpid(), inode) not in _flocks():
+            assert not acquired.is_set(), "took the lock while another process held it"
+            assert time.monotonic() < deadline, "never blocked on the held lock"
+            time.sleep(0.01)
+        assert not acquired.is_set()
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+        assert acquired.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if waiter.is_alive():
+            waiter.join(timeout=30)
+    assert order.read_text().splitlines() == ["child", "holder"]
     with digest_tags_locked(parse_ref("127.0.0.1:5055/benchseal-taglock/y@sha256:" + "2" * 64)):
         with digest_tags_locked(image):  # another digest's lock does not hold this one
             pass
