@@ -63,6 +63,8 @@ MANIFEST_FILE = "/etc/benchseal/installed.json"
 APP_DIR = "/opt/benchseal"
 APP_ENTRY = "/opt/benchseal/.venv/bin/benchseal"
 WRAPPERS = ("benchseal-accept", "benchseal-status", "benchseal-export", "benchseal-record")
+# The label the reusable benchmark.yml's jobs ask for (`runs-on: [self-hosted, benchseal-infra]`).
+RUNNER_LABEL = "benchseal-infra"
 # Each unit with the lines that name the service user (``KEY=benchseal``, rendered with --service-user).
 UNITS = {
     "benchseal-sandbox.service": ("Environment=BENCHSEAL_SANDBOX_CONTROLLER",),
@@ -587,10 +589,11 @@ class _Installer:
     def finish_manual_steps(self) -> None:
         runner, service = self.o.runner_user, self.o.service_user
         self.manual.extend([
-            f"Register the self-hosted Actions runner on the infra repository as user {runner}: download the "
-            f"runner into its home, then as {runner}: `./config.sh --url https://github.com/OWNER/INFRA` (the "
-            "registration token is asked for interactively; do not pass it with --token in a shared shell "
-            f"history), then as root `./svc.sh install {runner} && ./svc.sh start`.",
+            f"Register the self-hosted Actions runner on the infra repository as user {runner}, with the label "
+            f"{RUNNER_LABEL} (benchmark.yml's jobs run only there; without it a dispatch times out): download the "
+            f"runner into its home, then as {runner}: `./config.sh --url https://github.com/OWNER/INFRA --labels "
+            f"{RUNNER_LABEL}` (the registration token is asked for interactively; do not pass it with --token in a "
+            f"shared shell history), then as root `./svc.sh install {runner} && ./svc.sh start`.",
             f"Credentials, as root, in files only (never in argv or a unit): edit {CONFIG_DIR}/publisher.env "
             f"(GITHUB_TOKEN=..., GITHUB_API_URL on GitHub Enterprise) and {CONFIG_DIR}/worker.env "
             f"(BENCHSEAL_AGENT_API_KEY=...); keep them root:root 0600. Registry credentials for the worker's "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ REPO = Path(__file__).resolve().parents[2]
 RUNNER = "actions-ci"  # deliberately not the shipped example name (github-runner)
 SHIM = '#!/bin/sh\nexport PYTHONPATH=/src:/site PYTHONDONTWRITEBYTECODE=1\nexec /usr/bin/python3 -m pipeline "$@"\n'
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="host install creates users and root-owned files")
+needs_root = pytest.mark.needs_root("host install creates users and root-owned files")
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -201,6 +202,10 @@ def test_prefix_install_names_another_service_user_in_every_unit(tmp_path: Path)
         assert "\nUser=benchworker\n" in text and "\nGroup=benchworker\n" in text, name
     assert "CONTROLLER=benchseal\n" not in (units / "benchseal-sandbox.service").read_text()
     assert "enable --now benchseal-sandbox benchseal-worker" in done.stdout
+    # The runner label printed is the one benchmark.yml's self-hosted jobs ask for (else a dispatch times out).
+    benchmark = (REPO / ".github/workflows/benchmark.yml").read_text()
+    labels = set(re.findall(r"runs-on: \[self-hosted, ([\w-]+)\]", benchmark))
+    assert labels == {"benchseal-infra"} and "--labels benchseal-infra`" in done.stdout
 
 
 @needs_root
