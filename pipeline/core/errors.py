@@ -108,6 +108,20 @@ class NotAQueue(CheckFailed):
     usage error (``api serve``: exit 2); elsewhere it is a failed check like any unopenable queue."""
 
 
+class DatasetRefused(CheckFailed):
+    """A dataset directory breaks a rule of ``pipeline.core.datasets`` (a link, a special file, a name,
+    no task): one line naming the path and the rule, and nothing of it is run."""
+
+    def __init__(self, path: str, rule: str) -> None:
+        self.path = path
+        self.rule = rule
+        super().__init__(f"dataset file {path}: {rule}")
+
+
+class DatasetDigestMismatch(DatasetRefused):
+    """A staged dataset's bytes are not the ones its pinned digest names."""
+
+
 class InfrastructureError(Error):
     """Something the pipeline depends on (engine, registry, network) failed."""
 

@@ -1,0 +1,148 @@
+"""The one content digest of a Harbor-format dataset directory, and the check of a staged copy.
+
+A dataset is a directory of tasks (``<task>/task.toml``, ``instruction.md``, ``environment/``,
+``tests/``, ``solution/``) and possibly files beside them. Its digest covers every regular file
+under the root, by name, executable bit and bytes, in one canonical order, so a score can name the
+exact bytes of the tasks it ran and a staged copy (a cache, a download) can be checked against it::
+
+    digest   = "sha256:" HEX(SHA256(manifest))
+    manifest = "benchseal.dataset/1" LF *line           ; lines sorted by the UTF-8 bytes of path
+    line     = mode SP HEX(SHA256(file bytes)) SP path LF
+    mode     = "755" / "644"                            ; "755" when any execute bit is set
+    path     = the file's name relative to the root, '/'-separated, UTF-8
+
+``HEX`` is 64 lowercase hex digits. ``path`` is a plain relative name (``fsutil.name_problem``:
+printable, NFC, no absolute name, no empty, '.' or '..' part), so no line can be forged by a name;
+directories are not entries (an empty directory changes nothing). Owner, other mode bits, times
+and extended attributes are not covered: Harbor reads none of them.
+
+Refused, one line naming the path and the rule (``DatasetRefused``): a symlink, a special file
+(FIFO, socket, device), a name that is not UTF-8 or not a plain relative name, and a dataset with
+no task (no ``<task>/task.toml``). Nothing is followed or opened through a link: a walk sees
+what is on disk, a file is opened with ``O_NOFOLLOW`` and checked to be regular after it is open.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.digests import validate_digest
+from pipeline.core.errors import DatasetDigestMismatch, DatasetRefused
+from pipeline.core.fsutil import name_problem
+
+MANIFEST_HEADER = "benchseal.dataset/1"
+TASK_FILE = "task.toml"
+_READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One file of a dataset: its relative POSIX name, whether it is executable, the sha256 of its bytes."""
+
+    path: str
+    executable: bool
+    sha256: str
+
+
+def check_entry_name(path: str) -> None:
+    """Refuse a name that is not a plain relative UTF-8 name (the rule every source of entries keeps)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise DatasetRefused(path, "the name is not UTF-8") from None
+    problem = name_problem(path)
+    if problem is not None:
+        raise DatasetRefused(path, f"the name {problem}")
+
+
+def manifest(entries: Iterable[DatasetEntry]) -> bytes:
+    """The canonical manifest of ``entries`` (module docstring); refuses bad names, duplicates, no task."""
+    lines: list[tuple[bytes, bytes]] = []
+    for entry in entries:
+        check_entry_name(entry.path)
+        if len(entry.sha256) != 64 or entry.sha256.strip("0123456789abcdef"):
+            raise DatasetRefused(entry.path, "the file's sha256 must be 64 lowercase hex digits")
+        name = entry.path.encode("utf-8")
+        lines.append((name, b"%s %s %s\n" % (b"755" if entry.executable else b"644", entry.sha256.encode(), name)))
+    lines.sort()
+    for (first, _), (second, _) in itertools.pairwise(lines):
+        if first == second:
+            raise DatasetRefused(first.decode("utf-8"), "the name appears twice")
+    if not any(name.count(b"/") == 1 and name.endswith(b"/" + TASK_FILE.encode()) for name, _ in lines):
+        raise DatasetRefused(".", f"the dataset holds no task (no <task>/{TASK_FILE})")
+    return MANIFEST_HEADER.encode() + b"\n" + b"".join(line for _, line in lines)
+
+
+def digest_entries(entries: Iterable[DatasetEntry]) -> str:
+    """``sha256:<hex>`` of the manifest of ``entries``."""
+    return "sha256:" + hashlib.sha256(manifest(entries)).hexdigest()
+
+
+def dataset_entries(root: Path) -> list[DatasetEntry]:
+    """Every regular file under ``root`` as an entry; refuses links, special files and bad names."""
+    try:
+        top = os.lstat(root)
+    except OSError as exc:
+        raise DatasetRefused(str(root), f"cannot read the dataset directory: {exc.strerror}") from None
+    if not stat.S_ISDIR(top.st_mode):
+        raise DatasetRefused(str(root), "the dataset must be a directory (not a link or a file)")
+    found: list[DatasetEntry] = []
+    _walk(root, "", found)
+    return found
+
+
+def _walk(directory: Path, prefix: str, found: list[DatasetEntry]) -> None:
+    try:
+        children = sorted(os.scandir(directory), key=lambda child: child.name)
+    except OSError as exc:
+        raise DatasetRefused(prefix or ".", f"cannot list the directory: {exc.strerror}") from None
+    for child in children:
+        rel = prefix + child.name
+        check_entry_name(rel)
+        mode = child.stat(follow_symlinks=False).st_mode
+        if stat.S_ISLNK(mode):
+            raise DatasetRefused(rel, "is a symlink (a dataset holds regular files and directories only)")
+        if stat.S_ISDIR(mode):
+            _walk(Path(child.path), rel + "/", found)
+        elif stat.S_ISREG(mode):
+            found.append(_hash_file(Path(child.path), rel))
+        else:
+            raise DatasetRefused(rel, "is a special file (FIFO, socket or device): a dataset holds regular files only")
+
+
+def _hash_file(path: Path, rel: str) -> DatasetEntry:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise DatasetRefused(rel, f"cannot be opened as a regular file: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as handle:
+        opened = os.fstat(handle.fileno())
+        if not stat.S_ISREG(opened.st_mode):  # swapped between the walk and the open
+            raise DatasetRefused(rel, "is no longer a regular file")
+        h = hashlib.sha256()
+        while chunk := handle.read(_READ_CHUNK):
+            h.update(chunk)
+    return DatasetEntry(path=rel, executable=bool(opened.st_mode & 0o111), sha256=h.hexdigest())
+
+
+def dataset_digest(root: Path) -> str:
+    """The dataset digest of the directory ``root`` (module docstring)."""
+    return digest_entries(dataset_entries(root))
+
+
+def verify_staged(root: Path, expected: str) -> str:
+    """Re-hash a staged dataset and refuse it unless its digest is ``expected``; return the digest.
+
+    Whatever staged it (a cache, a download, a copy) is not trusted: only the bytes on disk now count.
+    """
+    validate_digest(expected, "dataset digest")
+    actual = dataset_digest(root)
+    if actual != expected:
+        raise DatasetDigestMismatch(str(root), f"its content digest is {actual}, not the pinned {expected}")
+    return actual
