@@ -9,7 +9,7 @@ exit status in a root-only /tests (pipeline.runner.grader), with the kernel's li
 Each side: a snapshot clone at its commit (bench/release.py's ``snapshot``), a fresh BENCHSEAL_HOME,
 one cold release to warm the caches, then the warm release that is measured. Printed, per side:
 
-* the warm release's wall time and worker stage (the README's warm ``make demo`` figure);
+* the warm release's wall time and worker stage (the warm ``make demo`` figures of docs/performance.md);
 * per trial (medians over the suite's trials, from Harbor's result.json phases): the agent phase and the
   verifier phase; and, on this side, the agent box's own start and stop (env-timings.jsonl);
 * the trials counted: this side's smoke suite has a fourth, never-scored tamper canary, whose trial the
