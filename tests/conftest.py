@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
@@ -21,3 +22,27 @@ settings.load_profile(os.environ.get("BENCHSEAL_HYPOTHESIS_PROFILE", "benchseal"
 pytest_plugins = sorted(
     f"tests.fixtures.{p.stem}" for p in (Path(__file__).parent / "fixtures").glob("*.py") if p.stem != "__init__"
 )
+
+
+# --- tests that need root --------------------------------------------------------------------------
+# A security test that cannot run must not pass as a skip: ``@pytest.mark.needs_root("why")`` (or a
+# module's ``pytestmark``) fails the test when not root, naming the reason, unless the machine truly
+# cannot run it and says so (BENCHSEAL_TESTS_ALLOW_UNPRIVILEGED=1: then it is skipped). CI runs as root.
+ALLOW_UNPRIVILEGED = "BENCHSEAL_TESTS_ALLOW_UNPRIVILEGED"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs_root(reason): fails when not root, unless "
+                            f"{ALLOW_UNPRIVILEGED}=1 (then skipped)")
+
+
+@pytest.hookimpl(tryfirst=True)  # before any fixture of the test is set up
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    marker = item.get_closest_marker("needs_root")
+    if marker is None or os.geteuid() == 0:
+        return
+    reason = str(marker.args[0]) if marker.args else "needs root"
+    if os.environ.get(ALLOW_UNPRIVILEGED) == "1":
+        pytest.skip(f"not root ({ALLOW_UNPRIVILEGED}=1): {reason}")
+    pytest.fail(f"needs root ({reason}): run the suite as root, or set {ALLOW_UNPRIVILEGED}=1 on a machine "
+                "that cannot, to skip it", pytrace=False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import tarfile
 import time
 import uuid
@@ -32,7 +31,7 @@ from pipeline.infra.worker.containers import LABEL_BATCH, LABEL_RUN, kill_leftov
 from pipeline.infra.worker.images import TASK_IMAGE_LABEL, _task_context_hash, prebuild_task_images
 from tests.infra.test_engine_proxy import _call
 
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox engine is set up by root")]
+pytestmark = [pytest.mark.docker, pytest.mark.needs_root("the sandbox engine is set up by root")]
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ import pytest
 from pipeline.imaging.build import ensure_local
 from pipeline.infra.sandbox import engine as sbx
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox engine is set up by root")
+pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 
 # The raw HostConfig, as a client that bypasses every filter would send it (MaskedPaths and
 # ReadonlyPaths empty is what `docker run --security-opt systempaths=unconfined` sends).

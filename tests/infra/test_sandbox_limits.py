@@ -30,7 +30,7 @@ from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
 from pipeline.infra.sandbox.limits import ContainerLimits, enforcement_refusal
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox engine is set up by root")
+pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 HOST_ENGINE = "unix:///var/run/docker.sock"
 LIMITS = ContainerLimits(memory=64 << 20, pids=40, fsize=16 << 20)
 

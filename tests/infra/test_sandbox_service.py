@@ -16,7 +16,7 @@ from pipeline.core.errors import CheckFailed, InfrastructureError
 from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.worker import loop as worker
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox engine is set up by root")
+pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 HOST_ENGINE = "unix:///var/run/docker.sock"
 
 

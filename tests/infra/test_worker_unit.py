@@ -37,7 +37,7 @@ from pipeline.infra.sandbox import engine as sbx
 from tests.fixtures.infra import built_images_source
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow,
-              pytest.mark.skipif(os.geteuid() != 0, reason="creates a service user and applies its credentials")]
+              pytest.mark.needs_root("creates a service user and applies its credentials")]
 
 UNIT = REPO_ROOT / "deploy" / "benchseal-worker.service"
 WORKER_USER = "benchseal-unittest"  # a system account of the tests, never the production `benchseal`
