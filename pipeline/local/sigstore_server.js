@@ -77,12 +77,18 @@ function sha256(...parts) {
 
 // --- RFC 6962 Merkle tree ---------------------------------------------------------
 class MerkleLog {
-  constructor(name, origin, keyPair) {
+  // ``treeId``: a Rekor v1 log's checkpoint names its tree after the log ("<log> - <tree id>", as
+  // rekor.sigstore.dev's do). sigstore-go (inside gh) tells a v1 checkpoint from a v2 one by that
+  // suffix alone and verifies a checkpoint without it as Rekor v2's (origin = the log's host name):
+  // without it, `gh attestation verify` refused every entry that cosign and sigstore-python accept.
+  constructor(name, origin, keyPair, { treeId = false } = {}) {
     this.name = name;
-    this.origin = origin;
     this.privateKey = keyPair.privateKey;
     this.publicDer = spkiDer(keyPair.publicKey);
     this.logId = sha256(this.publicDer);
+    this.signer = origin;
+    // The tree id: the log id's first 8 bytes as a positive 63-bit integer (stable for one key).
+    this.origin = treeId ? `${origin} - ${this.logId.readBigUInt64BE(0) & 0x7fffffffffffffffn}` : origin;
     this.leaves = [];
     // Some verifiers (sigstore-go) treat log index 0 as "unset": start the log with a
     // genesis leaf so every client entry has an index >= 1.
@@ -120,7 +126,7 @@ class MerkleLog {
     const note = `${this.origin}\n${size}\n${rootHash.toString('base64')}\n`;
     const sig = crypto.sign('sha256', Buffer.from(note), this.privateKey);
     const hintAndSig = Buffer.concat([this.logId.subarray(0, 4), sig]);
-    return `${note}\n\u2014 ${this.origin} ${hintAndSig.toString('base64')}\n`;
+    return `${note}\n\u2014 ${this.signer} ${hintAndSig.toString('base64')}\n`;
   }
 }
 
@@ -654,7 +660,7 @@ async function main() {
     oidcPrivateKey: oidcKeys.privateKey,
     oidcPublicKey: oidcKeys.publicKey,
     oidcKid: sha256(spkiDer(oidcKeys.publicKey)).toString('hex').slice(0, 16),
-    rekor1: new MerkleLog('rekor', `127.0.0.1:${port}/rekor`, rekor1Keys),
+    rekor1: new MerkleLog('rekor', `127.0.0.1:${port}/rekor`, rekor1Keys, { treeId: true }),
     rekor1Mock: await mock.initializeTLog(`${base}/rekor`, rekor1Keys),
     rekor2: new MerkleLog('rekor2', `127.0.0.1:${port}/rekor2`, rekor2Keys),
     counts: { fulcio: 0, rekor1: 0, rekor2: 0, tsa: 0 },

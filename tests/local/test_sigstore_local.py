@@ -159,3 +159,57 @@ def test_restart_keeps_earlier_bundles_verifiable(tmp_path: Path, cosign_bin: Pa
         {"bundle": str(b), "artifact": str(a), "identity": second.identity, "issuer": second.issuer}
         for a, b in ((old_artifact, old_bundle), (new_artifact, new_bundle))])
     assert [o.ok for o in js] == [True, True], js
+
+
+def test_gh_attestation_verify_accepts_the_instance_s_entries_and_refuses_each_wrong_pin(
+        sigstore_instance: object, tmp_path: Path) -> None:
+    """gh (sigstore-go inside) verifies a Rekor v1 entry of the private instance, offline, with the
+    trusted root in the JSON Lines form gh reads, as a reusable workflow signs (benchseal's builder,
+    called by the infra repository); each pin gh takes refuses a wrong value. Before the instance's
+    checkpoints carried a tree id ("<log> - <id>", as Rekor v1's do), sigstore-go took them for Rekor v2
+    checkpoints and refused every entry while cosign and sigstore-python accepted them."""
+    import hashlib
+
+    from pipeline.local.sigstore import GitHubJob
+    from pipeline.verify.gh import GhPins, gh_attestation_verify, trusted_root_lines
+
+    artifact = tmp_path / "summary.json"
+    artifact.write_bytes(b'{"score": 1.0}\n')
+    statement = tmp_path / "provenance.intoto.json"
+    statement.write_text(json.dumps({
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": "summary.json", "digest": {"sha256": hashlib.sha256(artifact.read_bytes()).hexdigest()}}],
+        "predicateType": "https://slsa.dev/provenance/v1",
+        "predicate": {"buildDefinition": {"buildType": "https://benchseal.invalid/test", "externalParameters": {}},
+                      "runDetails": {"builder": {"id": "https://benchseal.invalid/test"}}}}))
+    job = GitHubJob(repository="acme/bench-infra", ref="refs/heads/main", sha="c" * 40, workflow_file="benchmark.yml",
+                    workflow_repository="acme/benchseal", workflow_ref="refs/heads/main", workflow_sha="d" * 40,
+                    caller_workflow_file="benchmark.yml", event_name="workflow_dispatch")
+    signer = local_signer(rekor_version=1, github_job=job, state=sigstore_instance.state)  # type: ignore[attr-defined]
+    try:
+        bundle = signer.sign_statement(statement)
+    finally:
+        signer.close()
+    root = trusted_root_lines(sigstore_instance.trusted_root, tmp_path / "trusted_root.jsonl")  # type: ignore[attr-defined]
+    assert len(root.read_text().splitlines()) == 1
+    pins = GhPins(repository="acme/bench-infra", signer_workflow="acme/benchseal/.github/workflows/benchmark.yml",
+                  source_ref="refs/heads/main", predicate_type="https://slsa.dev/provenance/v1")
+    right = gh_attestation_verify(artifact, bundle, pins, trusted_root_jsonl=root)
+    assert right.ok, right.output
+    from dataclasses import replace
+    wrong = {
+        "repository": replace(pins, repository="acme/agent"),  # the source repository is not the one that ran it
+        "signer_workflow": replace(pins, signer_workflow="acme/bench-infra/.github/workflows/benchmark.yml"),
+        "source_ref": replace(pins, source_ref="refs/heads/evil"),
+        "predicate_type": replace(pins, predicate_type="https://cyclonedx.org/bom"),
+        "issuer": replace(pins, issuer="https://oidc.benchseal.invalid"),
+    }
+    for field, pinned in wrong.items():
+        outcome = gh_attestation_verify(artifact, bundle, pinned, trusted_root_jsonl=root)
+        assert not outcome.ok, (field, outcome.output)
+    # Another artifact; and the published, pretty-printed root, which gh cannot read.
+    other = tmp_path / "other.json"
+    other.write_bytes(b'{"score": 0.0}\n')
+    assert not gh_attestation_verify(other, bundle, pins, trusted_root_jsonl=root).ok
+    pretty = gh_attestation_verify(artifact, bundle, pins, trusted_root_jsonl=sigstore_instance.trusted_root)  # type: ignore[attr-defined]
+    assert not pretty.ok

@@ -1,0 +1,109 @@
+"""``gh attestation verify``: the GitHub CLI as a consumer's verifier, beside cosign and sigstore-js.
+
+gh verifies with sigstore-go. Two things differ from the other verifiers and are handled here:
+
+* ``--custom-trusted-root`` reads JSON Lines (one trusted root per line), not the pretty-printed
+  ``trusted_root.json`` a release publishes: ``trusted_root_lines`` writes that form;
+* gh pins the signer by GitHub's certificate claims, not by a full identity: ``--signer-workflow``
+  (the workflow that signed: benchseal's reusable workflow), ``--source-ref`` and ``--repo``/``--owner``
+  (the repository whose workflow *ran*: for a reusable workflow that is the caller, the infra
+  repository for the score's evidence), ``--predicate-type``, and its OIDC issuer
+  (``--cert-oidc-issuer``, Actions' by default).
+
+gh's own output names only the issuer when a check fails (``verifying with issuer "…"``); the outcome
+carries that line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.contracts import GITHUB_ISSUER
+from pipeline.core.errors import InfrastructureError
+from pipeline.core.fsutil import atomic_write_bytes
+
+# gh got ``attestation verify`` in 2.49; Debian 12's 2.23 has none.
+MIN_VERSION = (2, 49)
+
+
+@dataclass(frozen=True)
+class GhOutcome:
+    ok: bool
+    output: str
+
+
+@dataclass(frozen=True)
+class GhPins:
+    """What ``gh attestation verify`` is told to require: each field one flag, all of them required."""
+
+    repository: str  # --repo OWNER/NAME: the repository whose workflow run signed (the caller's)
+    signer_workflow: str  # --signer-workflow OWNER/NAME/.github/workflows/FILE: the workflow that signed
+    source_ref: str  # --source-ref refs/...: the ref the run was for
+    predicate_type: str  # --predicate-type URI
+    issuer: str = GITHUB_ISSUER  # --cert-oidc-issuer
+
+    def flags(self) -> list[str]:
+        return ["--repo", self.repository, "--signer-workflow", self.signer_workflow,
+                "--source-ref", self.source_ref, "--predicate-type", self.predicate_type,
+                "--cert-oidc-issuer", self.issuer]
+
+
+def _version(binary: Path) -> tuple[int, int] | None:
+    try:
+        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except OSError:
+        return None
+    words = done.stdout.split()
+    if done.returncode != 0 or len(words) < 3 or words[0] != "gh":
+        return None
+    try:
+        major, minor = (int(part) for part in words[2].split(".")[:2])
+    except ValueError:
+        return None
+    return major, minor
+
+
+def gh_path() -> Path | None:
+    """A gh that has ``attestation verify``: the project venv's (setup installs it) before the PATH's."""
+    candidates = [Path(sys.executable).with_name("gh")]
+    found = shutil.which("gh")
+    if found:
+        candidates.append(Path(found))
+    for candidate in candidates:
+        version = _version(candidate) if candidate.is_file() and os.access(candidate, os.X_OK) else None
+        if version is not None and version >= MIN_VERSION:
+            return candidate
+    return None
+
+
+def trusted_root_lines(trusted_root: Path, out: Path) -> Path:
+    """``trusted_root`` as gh's ``--custom-trusted-root`` reads it: one JSON document on one line."""
+    document = json.loads(trusted_root.read_text())
+    atomic_write_bytes(out, (json.dumps(document, separators=(",", ":")) + "\n").encode())
+    return out
+
+
+def gh_attestation_verify(artifact: Path, bundle: Path, pins: GhPins, *, trusted_root_jsonl: Path | None) -> GhOutcome:
+    """Run the real gh offline against one bundle; ok when it exits 0. ``trusted_root_jsonl``: the
+    private instance's root (``trusted_root_lines``); None for public-good Sigstore and GitHub's own."""
+    gh = gh_path()
+    if gh is None:
+        raise InfrastructureError(f"no gh >= {MIN_VERSION[0]}.{MIN_VERSION[1]} with 'attestation verify' found "
+                                  "(make setup installs one into the project's venv)")
+    argv = [str(gh), "attestation", "verify", str(artifact), "--bundle", str(bundle), *pins.flags()]
+    if trusted_root_jsonl is not None:
+        argv += ["--custom-trusted-root", str(trusted_root_jsonl)]
+    # Offline: no GitHub API call is made with --bundle, but gh insists on a token being set; it is never
+    # sent anywhere. Its config and caches go to a directory of their own, removed afterwards.
+    with tempfile.TemporaryDirectory(prefix="benchseal-gh-") as home:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GH_TOKEN": "unused-offline", "HOME": home,
+               "GH_CONFIG_DIR": home, "XDG_CACHE_HOME": home, "GH_NO_UPDATE_NOTIFIER": "1", "NO_COLOR": "1"}
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120, env=env)
+    return GhOutcome(done.returncode == 0, (done.stderr + done.stdout).strip())
