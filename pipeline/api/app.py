@@ -8,7 +8,10 @@ JSON: ``/healthz``; ``/runs`` (every run: id, state, source, suite, score); ``/r
 ``RunStatus``); ``/runs/{id}/grading``; ``/runs/{id}/comparison`` (the comparison recorded with a
 scored run); ``/repos/{owner}/{name}/history`` (the repository's scored releases, oldest first, each
 with its comparison). HTML (``pipeline.api.pages``): ``/`` and ``/repos`` (the repositories with a
-scored release), ``/repos/{owner}/{name}`` (the results page).
+run), ``/repos/{owner}/{name}`` (the results page: every run, whatever its end; ``?a=RUN&b=RUN``
+sets two of them side by side) and ``/repos/{owner}/{name}/runs/{id}`` (one run, per task and per
+trial). ``verify_pins`` (``api serve --infra-repo --builder``) lets the pages print a verify command
+that works when pasted.
 
 Hardening: run ids and repository names are checked against their one rule before they reach the
 queue (an invalid one is a 400 that does not echo it); an error's text is escaped (``escape_text``,
@@ -90,7 +93,19 @@ def _checked_repository(owner: str, name: str, *, page: bool) -> str:
         raise ApiError(400, f"repository: {exc}", page=page, title="Not a repository name") from None
 
 
-def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> FastAPI:
+def _canonical(repository: str) -> str | None:
+    try:
+        return canonical_repository(repository)
+    except ValueError:
+        return None
+
+
+def _same_repository(named: str, repository: str) -> bool:
+    return _canonical(named) == repository
+
+
+def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB,
+               verify_pins: pages.VerifyPins | None = None) -> FastAPI:
     pages.validate_url_base(release_url_base)
     # No /docs, /redoc or /openapi.json: the service answers its routes and nothing else.
     app = FastAPI(title="benchseal api", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
@@ -143,6 +158,15 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
         return [row if isinstance(row, Unreadable) else pages.Release(entry=row.entry, comparison=row.comparison)
                 for row in reader.releases(queue, repository)]
 
+    def repository_runs(queue: SqlQueue, repository: str) -> tuple[list[pages.RunView], list[Unreadable]]:
+        """Every run of ``repository`` (its queue rows joined with its history), and its unreadable history
+        rows. A run row that cannot be decoded names no repository: /runs lists it, a page cannot."""
+        found = releases(queue, repository)
+        records = [r for r in reader.runs(queue) if isinstance(r, RunRecord)
+                   and _same_repository(r.payload.source.repository, repository)]
+        return (pages.run_views(records, [r for r in found if isinstance(r, pages.Release)]),
+                [r for r in found if isinstance(r, Unreadable)])
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok", "version": __version__}
@@ -193,11 +217,14 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
     def index() -> HTMLResponse:
         def work(queue: SqlQueue) -> list[pages.RepositorySummary]:
             found = []
-            for repository in queue.history_repositories():
+            runs = [r for r in reader.runs(queue) if isinstance(r, RunRecord)]
+            named = {_canonical(r.payload.source.repository) for r in runs} - {None}
+            for repository in sorted(set(queue.history_repositories()) | {n for n in named if n is not None}):
                 rows = releases(queue, repository)
                 readable = [r.entry for r in rows if isinstance(r, pages.Release)]
+                count = sum(1 for r in runs if _same_repository(r.payload.source.repository, repository))
                 found.append(pages.RepositorySummary(repository, len(readable), readable[-1] if readable else None,
-                                                     unreadable=len(rows) - len(readable)))
+                                                     unreadable=len(rows) - len(readable), runs=count))
             return found
 
         return HTMLResponse(pages.index_page(read(work, page=True)))
@@ -206,15 +233,38 @@ def create_app(source: QueueSource, *, release_url_base: str = pages.GITHUB) -> 
     app.get("/repos", response_class=HTMLResponse)(index)
 
     @app.get("/repos/{owner}/{name}", response_class=HTMLResponse)
-    def results(owner: str, name: str) -> HTMLResponse:
+    def results(owner: str, name: str, a: str | None = None, b: str | None = None) -> HTMLResponse:
         repository = _checked_repository(owner, name, page=True)
-        found: list[pages.Release | Unreadable] = read(lambda q: releases(q, repository), page=True)
-        if not found:
+        for field, value in (("a", a), ("b", b)):
+            if value is not None and run_id_problem(value):
+                raise ApiError(400, f"{field}: {run_id_problem(value)}", page=True, title="Not a run id")
+        if (a is None) != (b is None):
+            raise ApiError(400, "a and b: give both runs to compare, or neither", page=True, title="Bad request")
+        views, unreadable = read(lambda q: repository_runs(q, repository), page=True)
+        if not views and not unreadable:
             raise ApiError(404, f"No scored release of {repository} is recorded here.", page=True,
                            title="No results")
-        return HTMLResponse(pages.results_page(repository, [r for r in found if isinstance(r, pages.Release)],
-                                               release_url_base,
-                                               unreadable=[r for r in found if isinstance(r, Unreadable)]))
+        compared = None
+        if a is not None and b is not None:
+            by_run = {v.run_id: v for v in views}
+            if a not in by_run or b not in by_run:
+                raise ApiError(404, f"a and b must be runs of {repository}", page=True, title="Not found")
+            compared = (by_run[a], by_run[b])
+        return HTMLResponse(pages.results_page(repository, views, release_url_base, unreadable=unreadable,
+                                               pins=verify_pins, compared=compared))
+
+    @app.get("/repos/{owner}/{name}/runs/{run_id}", response_class=HTMLResponse)
+    def run_page(owner: str, name: str, run_id: str) -> HTMLResponse:
+        repository = _checked_repository(owner, name, page=True)
+        if run_id_problem(run_id):
+            raise ApiError(400, f"run_id: {run_id_problem(run_id)}", page=True, title="Not a run id")
+        views, _ = read(lambda q: repository_runs(q, repository), page=True)
+        index = next((i for i, v in enumerate(views) if v.run_id == run_id), None)
+        if index is None:
+            raise ApiError(404, f"run {run_id} is not a readable run of {repository}", page=True, title="Not found")
+        view = views[index]
+        previous = next((v for v in reversed(views[:index]) if v.suite == view.suite), None)
+        return HTMLResponse(pages.run_page(repository, view, release_url_base, pins=verify_pins, previous=previous))
 
     @app.get("/repos/{owner}/{name}/history")
     def history(owner: str, name: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from pipeline.api.pages import GITHUB, validate_url_base
+from pipeline.api.pages import GITHUB, validate_url_base, verify_pins
 from pipeline.cli.attest import sigstore_endpoints
 from pipeline.core.digests import parse_ref
 from pipeline.core.errors import CheckFailed, InfrastructureError, NotAQueue, UsageError, ValidationError
@@ -42,6 +42,10 @@ api_app = typer.Typer(help="The HTTP API over the queue database (run status, re
 image_app = typer.Typer(help="The HTTP API over the queue database (health, run status, results pages).",
                         no_args_is_help=True)
 
+_INFRA_HELP = ("The infra repository OWNER/NAME whose benchmark.yml seals the releases this queue holds: the pages "
+               "print `benchseal verify ... --infra-repo` with it (with --builder; without both, no verify command).")
+_BUILDER_HELP = ("The builder OWNER/REPO@REF (benchseal's repository and the exact ref the infra's workflows pin) that "
+                 "seals them: the pages print `--builder` with it.")
 _URL_FILE_HELP = ("A file holding the PostgreSQL URL of a read-only role (one line; also $BENCHSEAL_QUEUE_URL_FILE "
                   "or $BENCHSEAL_QUEUE_URL); never the URL itself in argv.")
 
@@ -83,6 +87,9 @@ def serve(
     release_url_base: Annotated[str, typer.Option("--release-url-base", envvar="BENCHSEAL_RELEASE_URL_BASE",
                                                   help="Where each release's evidence is: BASE/OWNER/NAME/releases/"
                                                        "tag/TAG (GitHub Enterprise: https://HOST).")] = GITHUB,
+    infra_repo: Annotated[str | None, typer.Option("--infra-repo", envvar="BENCHSEAL_INFRA_REPOSITORY",
+                                                   help=_INFRA_HELP)] = None,
+    builder: Annotated[str | None, typer.Option("--builder", envvar="BENCHSEAL_BUILDER", help=_BUILDER_HELP)] = None,
 ) -> None:
     """Serve the API with uvicorn until interrupted (reads the queue, writes nothing)."""
     # lazy: pipeline.api.app (fastapi) + uvicorn cost 154 ms at CLI start (bench/cli.py, 2026-12-03)
@@ -91,6 +98,7 @@ def serve(
     from pipeline.api.app import QueueSource, create_app
 
     release_url_base = validate_url_base(release_url_base.rstrip("/"))
+    pins = verify_pins(infra_repo, builder)
     found = _queue_url_source(queue_url_file)
     url = None if found is None else found[0]
     if url is not None and queue_db is not None:
@@ -104,7 +112,7 @@ def serve(
     else:
         _open_before_serving(source, "--queue-db" if found is None else found[1], sqlite=found is None)
     try:
-        uvicorn.run(create_app(source, release_url_base=release_url_base), host=host, port=port,
+        uvicorn.run(create_app(source, release_url_base=release_url_base, verify_pins=pins), host=host, port=port,
                     log_level="info")
     finally:
         source.close()
@@ -147,14 +155,19 @@ def container(
                                                         help="The read-only role's PostgreSQL URL file, mounted "
                                                              "read-only (instead of SQLite).")] = None,
     release_url_base: Annotated[str, typer.Option("--release-url-base", envvar="BENCHSEAL_RELEASE_URL_BASE")] = GITHUB,
+    infra_repo: Annotated[str | None, typer.Option("--infra-repo", envvar="BENCHSEAL_INFRA_REPOSITORY",
+                                                   help=_INFRA_HELP)] = None,
+    builder: Annotated[str | None, typer.Option("--builder", envvar="BENCHSEAL_BUILDER", help=_BUILDER_HELP)] = None,
     dry_run: Annotated[bool, typer.Option("--print", help="Print the docker command instead of running it.")] = False,
 ) -> None:
     """Run the API image by digest with docker, read-only, on 127.0.0.1 (benchseal-api.service)."""
     release_url_base = validate_url_base(release_url_base.rstrip("/"))
+    pins = verify_pins(infra_repo, builder)
     spec = ApiContainer(image=parse_ref(ref, "REF"), uid=os.getuid(), gid=os.getgid(), port=port,
                         queue_db=None if queue_url_file else (queue_db or default_db_path()).resolve(),
                         queue_url_file=queue_url_file.resolve() if queue_url_file else None,
-                        release_url_base=release_url_base)
+                        release_url_base=release_url_base,
+                        infra_repository=pins.infra_repository if pins else None, builder=pins.builder if pins else None)
     argv = docker_argv(spec)
     if dry_run:
         typer.echo(json.dumps(argv))

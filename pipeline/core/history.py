@@ -116,6 +116,12 @@ def _change(previous: TaskCounts | None, current: TaskCounts | None) -> Change |
     return None
 
 
+def task_change(previous: TaskCounts | None, current: TaskCounts | None) -> Change | None:
+    """How one task changed between two releases (None: unchanged): the rule ``compare`` applies,
+    for readers that set any two releases side by side (the API's comparison page)."""
+    return _change(previous, current)
+
+
 def _fully_resolved_then_failed(previous: TaskCounts | None, current: TaskCounts | None) -> bool:
     return (previous is not None and current is not None and previous.completed > 0
             and previous.resolved == previous.completed

@@ -31,6 +31,9 @@ class ApiContainer:
     queue_url_file: Path | None = None  # PostgreSQL: the read-only role's URL (never in argv)
     release_url_base: str = "https://github.com"
     name: str = CONTAINER_NAME
+    # Who seals the releases (checked by pipeline.api.pages.verify_pins): the pages' verify command.
+    infra_repository: str | None = None
+    builder: str | None = None
 
 
 def docker_argv(spec: ApiContainer) -> list[str]:
@@ -45,6 +48,8 @@ def docker_argv(spec: ApiContainer) -> list[str]:
             "--pids-limit", "128", "--memory", "512m", "--publish", f"127.0.0.1:{spec.port}:{CONTAINER_PORT}"]
     serve = ["benchseal", "api", "serve", "--host", "0.0.0.0", "--port", str(CONTAINER_PORT),  # noqa: S104 -- inside its own network namespace; published on 127.0.0.1 only
              "--release-url-base", spec.release_url_base]
+    if spec.infra_repository is not None and spec.builder is not None:
+        serve += ["--infra-repo", spec.infra_repository, "--builder", spec.builder]
     if spec.queue_db is not None:
         argv += ["--mount", f"type=bind,source={spec.queue_db.parent},target={QUEUE_MOUNT},readonly"]
         serve += ["--queue-db", f"{QUEUE_MOUNT}/{spec.queue_db.name}"]

@@ -13,6 +13,8 @@ Every run gets its own ``--user-data-dir`` and the flags that keep chromium off 
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import fcntl
 import json
 import os
@@ -130,6 +132,100 @@ def _describe(event: dict[str, Any]) -> str | None:
         entry = params["entry"]
         return f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}".rstrip()
     return None
+
+
+class Session:
+    """One headless chromium for a whole test, driven over the DevTools pipe: navigate, click a link, read
+    the DOM the browser built, take screenshots, and collect each page's errors (as ``page_errors``)."""
+
+    def __init__(self, profile: Path, size: tuple[int, int] = (1200, 900)) -> None:
+        to_browser_r, to_browser_w = os.pipe()
+        from_browser_r, from_browser_w = os.pipe()
+
+        def fds() -> None:  # chromium reads commands on fd 3 and writes answers on fd 4
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser_r, from_browser_w)]  # never 3 or 4 itself
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+
+        self.proc = subprocess.Popen(_argv(profile, "--remote-debugging-pipe", "--hide-scrollbars", "about:blank"),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=fds, pass_fds=(3, 4))
+        os.close(to_browser_r)
+        os.close(from_browser_w)
+        self.pipe = _Pipe(self.proc, to_browser_w, from_browser_r)
+        self._fds = (to_browser_w, from_browser_r)
+        try:
+            target = self.pipe.call("Target.createTarget", {"url": "about:blank"})["targetId"]
+            self.session = self.pipe.call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
+            for domain in ("Runtime", "Log", "Page"):
+                self.pipe.call(f"{domain}.enable", session=self.session)
+            self.pipe.call("Emulation.setDeviceMetricsOverride", {"width": size[0], "height": size[1],
+                                                                  "deviceScaleFactor": 1, "mobile": False},
+                           session=self.session)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _errors(self) -> list[str]:
+        return [line for event in self.pipe.events if event.get("sessionId") == self.session
+                for line in [_describe(event)] if line is not None]
+
+    def _loaded(self, settle: float) -> list[str]:
+        self.pipe.wait_for("Page.loadEventFired")
+        self.pipe.drain(settle)
+        return self._errors()
+
+    def navigate(self, url: str, settle: float = 0.5) -> list[str]:
+        """Load ``url``; the errors the browser reported for it."""
+        self.pipe.events.clear()
+        self.pipe.call("Page.navigate", {"url": url}, session=self.session)
+        return self._loaded(settle)
+
+    def evaluate(self, expression: str) -> Any:
+        result = self.pipe.call("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                                session=self.session)
+        assert "exceptionDetails" not in result, result["exceptionDetails"]
+        return result["result"].get("value")
+
+    def click(self, selector: str, settle: float = 0.5) -> list[str]:
+        """Click the element ``selector`` names (a link or a submit button) as a user would, and wait for the
+        page it leads to; the errors the browser reported for that page."""
+        self.pipe.events.clear()
+        found = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); "
+                              "if (!e) return false; e.click(); return true; })()")
+        assert found, f"nothing matches {selector!r} on {self.url()}"
+        return self._loaded(settle)
+
+    def url(self) -> str:
+        return str(self.evaluate("location.href"))
+
+    def dom(self) -> str:
+        return str(self.evaluate("document.documentElement.outerHTML"))
+
+    def screenshot(self, target: Path, full_page: bool = True) -> Path:
+        params: dict[str, Any] = {"format": "png", "captureBeyondViewport": full_page}
+        data = self.pipe.call("Page.captureScreenshot", params, session=self.session)["data"]
+        target.write_bytes(base64.b64decode(data))
+        return target
+
+    def close(self) -> None:
+        try:
+            self.pipe.call("Browser.close", timeout=10)
+        except (AssertionError, OSError):
+            pass
+        for fd in self._fds if hasattr(self, "_fds") else ():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # our own chromium, by its Popen handle
+            self.proc.wait(timeout=20)
 
 
 def page_errors(url: str, profile: Path, settle: float = 1.0) -> list[str]:

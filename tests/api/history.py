@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading
+from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading, TrialRecord
 from pipeline.core.documents import GateRules, HistoryEntry, TaskCounts
 from pipeline.core.history import compare
-from pipeline.core.scoring import score_interval
+from pipeline.core.scoring import count, grading_noise, score_interval, score_of
 from pipeline.infra.queue.records import ScoredRelease
 from pipeline.infra.queue.sql import Queue
 
@@ -106,3 +106,91 @@ def assert_refuses_queue_writes(queue: Any, correlation_id: str) -> None:
         queue.enqueue(payload, max_attempts=1)
     with pytest.raises(InfrastructureError, match="read-only"):
         queue.migrate()
+
+
+# --- runs of every end, with trial records: what the drill-down pages show -----------------------
+
+# A reason is the agent's text as much as the machinery's: it must come out as text.
+SCRIPT_REASON = "verifier exited 1: <script>alert('reason')</script> & more"
+CRASH_REASON = "runner container died: exit 137 <b>oom</b>"
+CANARY = "canary-contradiction"
+
+
+@dataclass(frozen=True)
+class Trial:
+    task: str
+    outcome: str  # resolved, unresolved, infra_error
+    reason: str | None = None
+    canary: bool = False
+    tokens: tuple[int, int, int] | None = None  # model calls, input, output
+
+
+def _trial_record(run_id: str, index: int, trial: Trial) -> TrialRecord:
+    calls, tokens_in, tokens_out = trial.tokens if trial.tokens is not None else (None, None, None)
+    return TrialRecord(task=trial.task, trial_name=f"{trial.task[:40]}__{run_id[-6:]}{index}", outcome=trial.outcome,  # type: ignore[arg-type]
+                       reward=1.0 if trial.outcome == "resolved" else 0.0 if trial.outcome == "unresolved" else None,
+                       agent_name="hello-agent", total_seconds=4.0 + index, agent_seconds=2.5, verifier_seconds=1.0,
+                       model_calls=calls, input_tokens=tokens_in, output_tokens=tokens_out, canary=trial.canary,
+                       reason=trial.reason if trial.outcome != "resolved" or trial.canary else None)
+
+
+def add_run(queue: Queue, tag: str, trials: list[Trial], *, status: str = "SUCCEEDED", reason: str | None = None,
+            attempt: str = "1", repository: str = REPOSITORY, day: int = 10) -> str:
+    """One run of ``tag`` (re-running a tag: the same commit, another correlation id) graded from ``trials``:
+    SUCCEEDED with its history entry and comparison (the worker's ``compare``), or FAILED / INFRA_ERROR with
+    ``reason`` and no score. Returns its run id."""
+    correlation = "outcome-" + hashlib.sha256(f"{repository} {tag} {attempt}".encode()).hexdigest()[:20]
+    payload = DispatchPayload.model_validate({
+        "schema": "benchseal.dispatch/v1", "correlation_id": correlation,
+        "source": {"repository": repository, "commit": commit_of(tag), "tag": tag},
+        "runner": RUNNER, "api": API, "suite": SUITE, "agent": "hello-agent"})
+    run_id, _ = queue.enqueue(payload, max_attempts=2)
+    record = queue.claim("history-worker", lease_seconds=60)
+    assert record is not None and record.run_id == run_id and record.lease_token
+    records = tuple(_trial_record(run_id, i, t) for i, t in enumerate(trials))
+    scored = count(t.outcome for t in records if not t.canary)
+    score = score_of(scored) if status == "SUCCEEDED" else None
+    finished = datetime(2026, 12, day, 12, 0, tzinfo=UTC)
+    grading = Grading(run_id=run_id, status=status, reason=reason, suite=SUITE, agent="hello-agent", counts=scored,  # type: ignore[arg-type]
+                      score=score, trials=records, runner_ref=RUNNER, api_ref=API, started_at="2026-12-10T11:00:00Z",
+                      finished_at=finished.isoformat())
+    release = None
+    if status == "SUCCEEDED":
+        assert score is not None
+        interval, tasks = grading_noise(grading)
+        previous = queue.previous_release(repository, SUITE, tag)
+        comparison = compare(score=score, interval=interval, tasks=tasks,
+                             previous=previous.as_previous() if previous is not None else None,
+                             gate=GateRules(interval_below_previous=True, resolved_task_fails=True))
+        release = ScoredRelease(entry=HistoryEntry(repository=repository, suite=SUITE, tag=tag, run_id=run_id,
+                                                   commit=commit_of(tag), score=score, interval=interval, tasks=tasks,
+                                                   gated=comparison.gated, finished_at=finished), comparison=comparison)
+    queue.complete(run_id, record.lease_token, grading, [], release=release)
+    if release is not None:
+        queue.record_summary(run_id, "sha256:" + hashlib.sha256(run_id.encode()).hexdigest())
+    return run_id
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    rerun: str  # the second run of v1.1.0
+    failed: str  # FAILED: the tamper canary passed
+    crashed: str  # INFRA_ERROR
+
+
+def seed_outcomes(queue: Queue) -> Outcomes:
+    """After ``seed``: v1.1.0 run again (the same commit), a FAILED v1.3.0 whose tamper canary passed and
+    whose trials carry reasons (one of them markup), and a v1.4.0 that ended in INFRA_ERROR."""
+    base = [Trial("hello", "resolved", tokens=(3, 1200, 340)), Trial("fail-me", "resolved", tokens=(5, 2100, 512)),
+            Trial(HOSTILE_TASK, "resolved"), Trial(CANARY, "unresolved", "canary held: tests contradict", canary=True)]
+    rerun = add_run(queue, "v1.1.0", base, attempt="2", day=11)
+    failed = add_run(queue, "v1.3.0", [
+        Trial("hello", "resolved", tokens=(2, 800, 100)),
+        Trial("fail-me", "unresolved", SCRIPT_REASON, tokens=(4, 1500, 400)),
+        Trial(HOSTILE_TASK, "unresolved", "agent raised KeyError: 'answer'"),
+        Trial(CANARY, "resolved", canary=True)], status="FAILED",
+        reason="tampered: the tamper canary canary-contradiction passed", day=12)
+    crashed = add_run(queue, "v1.4.0", [
+        Trial("hello", "infra_error", CRASH_REASON), Trial("fail-me", "infra_error", CRASH_REASON)],
+        status="INFRA_ERROR", reason="infrastructure: " + CRASH_REASON, day=13)
+    return Outcomes(rerun=rerun, failed=failed, crashed=crashed)

@@ -156,14 +156,15 @@ def test_results_page_is_html_with_no_external_asset_and_every_value_escaped(cli
             assert name not in element.attrs, (element.tag, name)
         if element.tag == "link":
             assert element.attrs["href"].startswith("data:"), element.attrs
-    assert [a.attrs["href"] for a in dom.find("table", "releases").find_all("a")] == [
-        f"https://github.com/acme/widget/releases/tag/{tag}" for tag in reversed(RELEASES)]
+    # Every run, newest first (the queued v2.0.0 too), links to its tag's evidence.
+    assert [a.attrs["href"] for a in dom.find("table", "releases").find_all("a", "evidence")] == [
+        f"https://github.com/acme/widget/releases/tag/{tag}" for tag in ["v2.0.0", *reversed(RELEASES)]]
 
 
 def test_release_links_follow_the_configured_base(db: Path, seeded: dict[str, str]) -> None:
     client = _client(db, release_url_base="https://ghe.example.com:8443/git")
     dom = parse(client.get("/repos/acme/other-repo").text)
-    assert [a.attrs["href"] for a in dom.find("table", "releases").find_all("a")] == [
+    assert [a.attrs["href"] for a in dom.find("table", "releases").find_all("a", "evidence")] == [
         "https://ghe.example.com:8443/git/acme/other-repo/releases/tag/release%2F2.0"]
     for bad in ("ftp://x", "https://x/", "https://x?y=1", "https://x#f", "javascript:alert(1)", "https://x y"):
         with pytest.raises(ValidationError, match="--release-url-base"):

@@ -19,7 +19,17 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.queue.sql import SqliteQueue
 from tests.api import chromium
 from tests.api.dom import Element, parse
-from tests.api.history import AMP_TASK, HOSTILE_TASK, RELEASES, REPOSITORY, seed
+from tests.api.history import (
+    AMP_TASK,
+    CANARY,
+    CRASH_REASON,
+    HOSTILE_TASK,
+    RELEASES,
+    REPOSITORY,
+    SCRIPT_REASON,
+    seed,
+    seed_outcomes,
+)
 from tests.registry.helpers import free_port, serve_http, wait_listening
 
 pytestmark = pytest.mark.skipif(chromium.CHROMIUM is None, reason="chromium is not installed (make setup installs it)")
@@ -122,8 +132,11 @@ def test_the_browser_shows_the_matrix_releases_and_escaped_text(served: tuple[st
     reasons = [li.text for li in gated.find_all("li")]
     assert reasons[1] == f"resolved in v1.1.0, failing now: {HOSTILE_TASK}"
     assert "lies below v1.1.0's score 1" in reasons[0]
-    links = [a.attrs["href"] for a in table.find_all("a")]
+    links = [a.attrs["href"] for a in table.find_all("a", "evidence")]
     assert links == [f"https://github.com/{REPOSITORY}/releases/tag/{tag}" for tag in tags]
+    runs = served[1]
+    assert [a.attrs["href"] for a in table.find_all("a", "drill")] == [
+        f"/repos/{REPOSITORY}/runs/{runs[tag]}" for tag in tags]
 
 
 def test_the_page_renders_and_the_browser_reports_no_error(served: tuple[str, dict[str, str]], tmp_path: Path) -> None:
@@ -139,3 +152,68 @@ def test_the_page_renders_and_the_browser_reports_no_error(served: tuple[str, di
     assert (width, height) == (1200, 900) and shot.stat().st_size > 20_000
     assert variety > 50, "the screenshot is (nearly) one colour: nothing rendered"
     print(f"screenshot: {shot}")
+
+
+def test_one_browser_session_reads_every_run_drills_into_one_and_compares_two(tmp_path: Path) -> None:
+    """A history with a FAILED run (the tamper canary passed, a trial reason holding <script>), a gated one,
+    an INFRA_ERROR one and two runs of one tag, served by the real ``api serve`` with its verify pins; one
+    chromium loads the page, follows the failed run's link, goes back and submits the comparison form.
+    No page reports an error (a form the CSP refused would); each step's screenshot is kept and printed."""
+    db = tmp_path / "infra" / "queue.sqlite3"
+    with SqliteQueue(db) as queue:
+        run_ids = seed(queue).run_ids
+        outcomes = seed_outcomes(queue)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "api", "serve", "--port", str(port), "--queue-db", str(db),
+                             "--infra-repo", "acme/bench-infra", "--builder", "benchseal/benchseal@refs/tags/v1.0.0"],
+                            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shots: list[Path] = []
+    try:
+        wait_listening(port, "api serve", alive=lambda: proc.poll() is None)
+        base = f"http://127.0.0.1:{port}"
+        with chromium.Session(tmp_path / "profile") as browser:
+            assert browser.navigate(f"{base}/repos/acme/widget") == []
+            dom = parse(browser.dom())
+            rows = {r.attrs["data-run"]: r for r in dom.find("table", "releases").find("tbody").find_all("tr")}
+            verdicts = {run: row.attrs["data-verdict"] for run, row in rows.items()}
+            assert verdicts[outcomes.failed] == "failed" and verdicts[outcomes.crashed] == "infra-error"
+            assert verdicts[run_ids["v1.2.0"]] == "gated" and len(rows) == 6
+            assert rows[outcomes.failed].attrs["data-reason"].startswith("tampered: ")
+            assert rows[outcomes.crashed].attrs["data-reason"] == "infrastructure: " + CRASH_REASON
+            assert [rows[r].find("a", "drill").text for r in (run_ids["v1.1.0"], outcomes.rerun)] == ["v1.1.0 #1",
+                                                                                                     "v1.1.0 #2"]
+            labels = [t.text for t in dom.find("svg", "chart").find_all("text", "tag")]
+            assert labels == ["v1.0.0", "v1.1.0 #1", "v1.2.0", "v1.1.0 #2"]
+            assert dom.find("pre", "verify").text == ("benchseal verify acme/widget@v1.4.0 --infra-repo acme/bench-infra "
+                                                      "--builder benchseal/benchseal@refs/tags/v1.0.0")
+            assert dom.find_all("script") == [] and dom.find_all("img") == [] and dom.find_all("b") == []
+            shots.append(browser.screenshot(tmp_path / "results.png"))
+
+            # Drill into the failed run by its link.
+            assert browser.click(f"a.drill[href$='/runs/{outcomes.failed}']") == []
+            assert browser.url() == f"{base}/repos/acme/widget/runs/{outcomes.failed}"
+            dom = parse(browser.dom())
+            trials = {r.attrs["data-task"]: r for r in dom.find("table", "trials").find("tbody").find_all("tr")}
+            assert trials["fail-me"].find("td", "reason").text == SCRIPT_REASON
+            assert "canary" in trials[CANARY].classes and "not counted" in trials[CANARY].text
+            assert dom.find_all("script") == [], "the reason's <script> is text in the browser's DOM too"
+            assert browser.evaluate("document.querySelectorAll('script').length") == 0
+            shots.append(browser.screenshot(tmp_path / "run.png"))
+
+            # Back, pick the two runs of v1.1.0 and submit the form (a GET back to this server: CSP form-action).
+            assert browser.navigate(f"{base}/repos/acme/widget") == []
+            browser.evaluate(f"document.querySelector('form.compare select[name=a]').value = {run_ids['v1.1.0']!r}; "
+                             f"document.querySelector('form.compare select[name=b]').value = {outcomes.rerun!r}; true")
+            assert browser.click("form.compare button[type=submit]") == []
+            assert browser.url() == f"{base}/repos/acme/widget?a={run_ids['v1.1.0']}&b={outcomes.rerun}"
+            dom = parse(browser.dom())
+            section = dom.find("section", "compare")
+            assert section.find("h2").text == "v1.1.0 #1 against v1.1.0 #2"
+            shots.append(browser.screenshot(tmp_path / "compare.png"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    for shot in shots:
+        width, height, variety = chromium.png_facts(shot)
+        assert width == 1200 and height >= 900 and variety > 50, (shot, width, height, variety)
+        print(f"screenshot: {shot}")
