@@ -14,13 +14,14 @@ PIPELINE = Path(__file__).resolve().parent.parent / "pipeline"
 # Each folder of pipeline/ is one stage or one concern (docs/architecture.md), with what it may import.
 # The chain runs one way; the local world (pipeline/local/) is imported by nothing but itself and the CLI.
 _PRODUCTION = {"core", "agent", "imaging", "attest", "dispatch", "infra.intake", "infra.queue", "infra.sandbox",
-               "infra.worker", "runner", "evidence", "publish", "verify", "api", "host"}
+               "infra.worker", "runner", "evidence", "publish", "verify", "api", "host", "datasets"}
 LAYERS: dict[str, set[str]] = {
     "core": set(),
     "agent": {"core"},
     "imaging": {"core", "agent"},
     "dispatch": {"core"},
     "evidence": {"core"},
+    "datasets": {"core"},  # importers of public datasets into Harbor tasks
     "verify": {"core", "dispatch"},  # the GitHub client (dispatch.client) fetches a release to verify
     "attest": {"core", "evidence", "verify"},
     "api": {"core", "infra.queue"},  # the queue database, opened read-only (infra.queue.reader)

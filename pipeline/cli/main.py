@@ -11,6 +11,7 @@ from pipeline.cli import (
     attest,
     base,
     build,
+    dataset,
     dispatch,
     evidence,
     host,
@@ -43,6 +44,7 @@ app = new_app(
     host.register,
     sandbox.register,
     local.register,
+    dataset.register,
 )
 
 

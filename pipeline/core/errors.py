@@ -112,14 +112,18 @@ class DatasetRefused(CheckFailed):
     """A dataset directory breaks a rule of ``pipeline.core.datasets`` (a link, a special file, a name,
     no task): one line naming the path and the rule, and nothing of it is run."""
 
+    what = "dataset file"
+
     def __init__(self, path: str, rule: str) -> None:
         self.path = path
         self.rule = rule
-        super().__init__(f"dataset file {path}: {rule}")
+        super().__init__(f"{self.what} {path}: {rule}")
 
 
 class DatasetDigestMismatch(DatasetRefused):
     """A staged dataset's bytes are not the ones its pinned digest names."""
+
+    what = "dataset"
 
 
 class InfrastructureError(Error):

@@ -1,0 +1,1 @@
+"""Public datasets converted into Harbor-format task directories (importers; the digest is core's)."""
