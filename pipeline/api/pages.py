@@ -379,6 +379,10 @@ class RunView:
         return self.record.state if self.record is not None else "SUCCEEDED"
 
     @property
+    def finished(self) -> bool:
+        return self.state in ("SUCCEEDED", "FAILED", "INFRA_ERROR")
+
+    @property
     def verdict(self) -> str:
         """One word for the run's end: passed, first, gated, succeeded (scored, not in the history),
         failed, infra-error, queued or running."""
@@ -616,7 +620,8 @@ def results_page(repository: str, views: Sequence[RunView], release_base: str, *
     compare = (f"<section class=\"pick\"><h2>Compare two runs</h2>"
                f"{compare_form(views, compared[0].run_id if compared else None, compared[1].run_id if compared else None)}"
                "</section>" if len(views) > 1 else "")
-    newest_tag = views[-1].tag if views else "TAG"
+    # The newest run that ended: a queued or running one has published nothing yet.
+    newest_tag = next((v.tag for v in reversed(views) if v.finished), "TAG")
     body = (f"<header><p class=\"crumbs\"><a href=\"/\">benchseal results</a></p><h1>{_e(repository)}</h1>"
             f"<p class=\"lead\">{len(views)} run{'s' if len(views) != 1 else ''}, {count} scored "
             f"release{'s' if count != 1 else ''} in {len(suites)} suite{'s' if len(suites) != 1 else ''}. "
@@ -731,6 +736,7 @@ def run_page(repository: str, view: RunView, release_base: str, *, pins: VerifyP
             f"{_e(repository)}</a></p><h1>{_e(view.label)} <span class=\"muted\">{_e(view.run_id)}</span></h1>"
             f"<p class=\"lead\">{' · '.join(links)}</p></header>\n"
             f"<main><dl class=\"facts\">{listing}</dl>"
-            f"{verify_hint(repository, pins, release_base, view.tag)}"
-            f"<h2>Tasks</h2>{tasks_table(view)}<h2>Trials</h2>{trials}</main>")
+            + (verify_hint(repository, pins, release_base, view.tag) if view.finished else
+               "<p class=\"verify muted\">This run has not ended: nothing of it is published yet.</p>")
+            + f"<h2>Tasks</h2>{tasks_table(view)}<h2>Trials</h2>{trials}</main>")
     return _page(f"{view.label} · {repository} · benchseal results", body)

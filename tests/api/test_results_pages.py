@@ -7,7 +7,11 @@ task and trial name escaped (a ``<script>`` in a trial's reason stays text)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,9 +20,10 @@ from fastapi.testclient import TestClient
 
 from pipeline.api import pages
 from pipeline.api.app import QueueSource, create_app
-from pipeline.core.contracts import validate_repository
+from pipeline.core.contracts import DispatchPayload, validate_repository
 from pipeline.core.digests import parse_ref
 from pipeline.core.errors import ValidationError
+from pipeline.core.paths import REPO_ROOT
 from pipeline.host.api import ApiContainer, docker_argv
 from pipeline.infra.queue.reader import open_reader
 from pipeline.infra.queue.sql import SqliteQueue
@@ -29,6 +34,7 @@ from tests.api.history import (
     CANARY,
     CRASH_REASON,
     HOSTILE_TASK,
+    RUNNER,
     SCRIPT_REASON,
     Outcomes,
     seed,
@@ -46,6 +52,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
         outcomes = seed_outcomes(queue)
         # Another repository's run: never on acme/widget's pages.
         run_ids["other"] = seed(queue, "acme/other", {"v9.0.0": {"hello": (1, 1, 1)}}).run_ids["v9.0.0"]
+        # Last (seeding claims the oldest queued run): a run still queued: listed, published nothing yet.
+        run_ids["queued"], _ = queue.enqueue(DispatchPayload.model_validate({
+            "schema": "benchseal.dispatch/v1", "correlation_id": "pages-queued-0001",
+            "source": {"repository": "acme/widget", "commit": "f" * 40, "tag": "v2.0.0"},
+            "runner": RUNNER, "api": API, "suite": "smoke", "agent": "oracle"}), max_attempts=2)
     return db, run_ids, outcomes
 
 
@@ -78,14 +89,14 @@ def test_every_run_is_listed_with_its_verdict_and_one_line_reason(client: TestCl
     text, dom = _dom(client, "/repos/acme/widget")
     rows = dom.find("table", "releases").find("tbody").find_all("tr")
     listed = [(r.attrs["data-run"], r.attrs["data-verdict"]) for r in rows]
-    assert listed == [(outcomes.crashed, "infra-error"), (outcomes.failed, "failed"), (outcomes.rerun, "passed"),
+    assert listed == [(run_ids["queued"], "queued"), (outcomes.crashed, "infra-error"), (outcomes.failed, "failed"), (outcomes.rerun, "passed"),
                       (run_ids["v1.2.0"], "gated"), (run_ids["v1.1.0"], "passed"), (run_ids["v1.0.0"], "first")]
     reasons = {r.attrs["data-run"]: r.attrs.get("data-reason") for r in rows}
     assert reasons[outcomes.failed] == "tampered: the tamper canary canary-contradiction passed"
     assert reasons[outcomes.crashed] == "infrastructure: " + CRASH_REASON
     gated = reasons[run_ids["v1.2.0"]]
     assert gated is not None and f"failing now: {HOSTILE_TASK}" in gated
-    assert reasons[run_ids["v1.1.0"]] is None and reasons[outcomes.rerun] is None
+    assert reasons[run_ids["v1.1.0"]] is None and reasons[outcomes.rerun] is None and reasons[run_ids["queued"]] is None
     by_run = {r.attrs["data-run"]: r for r in rows}
     # The reason is on the row itself, as text (the markup in it escaped).
     assert "infrastructure: " + CRASH_REASON in by_run[outcomes.crashed].text
@@ -167,9 +178,9 @@ def test_any_two_runs_side_by_side(client: TestClient, world: tuple[Path, dict[s
     form = dom.find("form", "compare")
     assert form.attrs["method"] == "get" and "action" not in form.attrs
     selects = {s.attrs["name"]: s for s in form.find_all("select")}
-    assert len(selects["a"].find_all("option")) == 6
-    assert [o.attrs["value"] for o in selects["b"].find_all("option") if "selected" in o.attrs] == [outcomes.crashed]
-    assert [o.attrs["value"] for o in selects["a"].find_all("option") if "selected" in o.attrs] == [outcomes.failed]
+    assert len(selects["a"].find_all("option")) == 7
+    assert [o.attrs["value"] for o in selects["b"].find_all("option") if "selected" in o.attrs] == [run_ids["queued"]]
+    assert [o.attrs["value"] for o in selects["a"].find_all("option") if "selected" in o.attrs] == [outcomes.crashed]
     # v1.0.0 against the FAILED v1.3.0: any two, not only the newest and its previous.
     _, dom = _dom(client, f"/repos/acme/widget?a={run_ids['v1.0.0']}&b={outcomes.failed}")
     section = dom.find("section", "compare")
@@ -222,7 +233,7 @@ def _verify_argv(line: str) -> list[str]:
 
 def test_the_verify_hint_is_a_command_benchseal_verify_accepts_as_pasted(
         client: TestClient, world: tuple[Path, dict[str, str], Outcomes]) -> None:
-    _, _, outcomes = world
+    _, run_ids, outcomes = world
     from pipeline.cli.verify import verify
 
     app = typer.Typer()
@@ -239,6 +250,10 @@ def test_the_verify_hint_is_a_command_benchseal_verify_accepts_as_pasted(
         assert context.params["infra_repo"] == PINS.infra_repository and context.params["builder"] == PINS.builder
         assert str(parse_builder(context.params["builder"])) == PINS.builder
         validate_repository(context.params["infra_repo"], "--infra-repo")
+    # The newest run ended nowhere yet: the page's command names the newest that ended (v1.4.0, above), and the
+    # queued run's own page prints none.
+    _, dom = _dom(client, f"/repos/acme/widget/runs/{run_ids['queued']}")
+    assert not dom.find_all("pre", "verify") and "has not ended" in dom.find("p", "verify").text
     # GitHub Enterprise: the API URL the fetch needs comes first.
     ghe = _client(world[0], verify_pins=PINS, release_url_base="https://ghe.example.com")
     line = parse(ghe.get("/repos/acme/widget").text).find("pre", "verify").text
@@ -305,3 +320,32 @@ def test_the_index_lists_a_repository_whose_runs_all_failed(tmp_path: Path) -> N
     assert "No scored release in this suite yet." in text
     text, dom = _dom(client, f"/repos/acme/never-scored/runs/{failed}")
     assert dom.find("table", "trials").find("td", "reason").text == "<i>no</i> answer" and "<i>" not in text
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("BENCHSEAL_QUEUE_URL", "BENCHSEAL_INFRA_REPO",
+                                                                      "BENCHSEAL_BUILDER"))}
+    return subprocess.run([sys.executable, "-m", "pipeline", "api", *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=60, check=False, env=clean | (env or {}))
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    (["--infra-repo", "acme/infra"], "--builder"), (["--builder", PINS.builder], "--infra-repo"),
+    (["--infra-repo", "acme/infra", "--builder", "acme/benchseal@main"], "--builder"),
+    (["--infra-repo", "acme", "--builder", PINS.builder], "--infra-repo")])
+def test_api_serve_and_container_refuse_a_bad_pin_in_one_line(world: tuple[Path, dict[str, str], Outcomes],
+                                                               args: list[str], field: str) -> None:
+    for verb in (["serve", "--port", "1", "--queue-db", str(world[0])], ["container", API, "--print"]):
+        done = _cli(*verb, *args)
+        assert done.returncode == 2, (verb, done.stdout, done.stderr)
+        assert field in done.stderr and len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def test_api_container_takes_the_pins_from_the_unit_s_environment(tmp_path: Path) -> None:
+    done = _cli("container", API, "--print", "--queue-db", str(tmp_path / "q.sqlite3"),
+                env={"BENCHSEAL_INFRA_REPOSITORY": PINS.infra_repository, "BENCHSEAL_BUILDER": PINS.builder})
+    assert done.returncode == 0, done.stderr
+    serve = json.loads(done.stdout)
+    serve = serve[serve.index(API) + 1:]
+    assert serve[serve.index("--infra-repo") + 1:serve.index("--infra-repo") + 4] == [
+        PINS.infra_repository, "--builder", PINS.builder]
