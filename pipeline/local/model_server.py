@@ -8,15 +8,19 @@ message (``pipeline/local/scripts/<suite>.json``). The commands really run in
 the task container through the agent's tmux session and the verifier grades
 the result; the ``wrong`` script makes a plausible but incorrect change.
 
-Agents that call tools (Qwen Code, ``examples/hello-agent``) get the same
-trajectories as OpenAI tool calls: a request whose ``tools`` offer
-``run_shell_command`` is answered, for a step with commands, with ONE call of that
-tool whose ``command`` is the step's keystrokes joined into one bash script
-(``finish_reason: "tool_calls"``), and for the ``task_complete`` step with a plain
-message (``finish_reason: "stop"``). A request that offers other tools only and
-requires a call (Qwen Code's JSON side queries, e.g. its ``respond_in_schema``
-next-speaker check) gets a call of that tool with arguments built from its
-schema. ``"stream": true`` is answered with Server-Sent Events
+Agents that call tools (Qwen Code, ``examples/hello-agent``, an adopter's own) get the
+same trajectories as OpenAI tool calls. The shell tool is found by its schema, not its
+name (``find_shell_tools``: a function whose parameters require exactly one string
+property, and that property is named ``command``, ``cmd``, ``script``, ``keystrokes``,
+``shell_command`` or ``bash_command``). A request offering exactly one such tool is
+answered, for a step with commands, with ONE call of it whose command property is the
+step's keystrokes joined into one bash script (``finish_reason: "tool_calls"``), and for
+the ``task_complete`` step with a plain message (``finish_reason: "stop"``). A request
+that requires a call of another tool (Qwen Code's JSON side queries, e.g. its
+``respond_in_schema`` next-speaker check) gets a call of that tool with arguments built
+from its schema. A request that offers tools but no shell tool, or several, and requires
+no other call, is refused with HTTP 400 naming the tools and the rule (the agent's log
+shows it; the request log says ``error``). ``"stream": true`` is answered with Server-Sent Events
 (``chat.completion.chunk`` objects, ``data: [DONE]`` last) in a body that ends
 when the connection closes (HTTP/1.0, ``Connection: close``), so a byte relay
 passes it unchanged.
@@ -43,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 from pipeline.core.errors import CheckFailed, UsageError, ValidationError
 from pipeline.core.fsutil import atomic_write_json
@@ -53,7 +57,10 @@ DEFAULT_MODEL = "benchseal-scripted"
 Mode = Literal["right", "wrong"]
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 _MAX_BODY = 4 * 1024 * 1024
-SHELL_TOOL = "run_shell_command"  # Qwen Code's and hello-agent's shell tool
+SHELL_TOOL = "run_shell_command"  # Qwen Code's and hello-agent's shell tool (found by its schema like any other)
+# A shell tool's command property is named one of these (compared in lower case): the names agents use
+# for "the shell text to run". "code" and "input" are left out: they name Python or free text too often.
+COMMAND_PROPERTIES = ("command", "cmd", "script", "keystrokes", "shell_command", "bash_command")
 _ARGUMENT_PIECE = 256  # a streamed tool call's arguments come in pieces of at most this many characters
 
 
@@ -106,6 +113,7 @@ class _State:
     scripts: tuple[TaskScript, ...]
     model: str
     log_path: Path | None
+    errors: TextIO | None = None  # one line per refused request; None: stderr (the terminal, or model-server.log)
     lock: threading.Lock = field(default_factory=threading.Lock)
     requests: int = 0
 
@@ -184,17 +192,86 @@ class _Answer:
         return [first, *({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces)]
 
 
-def _tool_answer(script: TaskScript | None, step: int) -> _Answer:
-    """The answer to a request that offers ``run_shell_command``."""
+def _is_string(schema: Any) -> bool:
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    return kind == "string" or (isinstance(kind, list) and "string" in kind)
+
+
+@dataclass(frozen=True)
+class ShellTool:
+    """An offered function tool the scripted model drives as the agent's shell."""
+
+    name: str
+    command: str  # the property that carries the script
+    properties: dict[str, Any]
+    required: tuple[str, ...]
+
+    def arguments(self, command: str, plan: str) -> dict[str, Any]:
+        """The call's arguments: the script, a ``description`` and ``is_background: false`` where the schema
+        declares them (Qwen Code's and hello-agent's), and any other required property from its schema."""
+        arguments: dict[str, Any] = {self.command: command}
+        if _is_string(self.properties.get("description")):
+            arguments["description"] = plan
+        if "is_background" in self.properties:
+            arguments["is_background"] = False  # the step's next command needs this one finished
+        for name in self.required:
+            if name not in arguments:
+                schema = self.properties.get(name)
+                arguments[name] = schema["default"] if isinstance(schema, dict) and "default" in schema \
+                    else _example(schema)
+        return arguments
+
+
+def find_shell_tools(tools: Sequence[Any]) -> list[ShellTool]:
+    """The offered tools that qualify as the agent's shell: a function whose parameters (an object schema)
+    require exactly ONE string property, named one of COMMAND_PROPERTIES. Other required properties may be
+    of other types (a boolean, a number): the model can fill those without inventing text."""
+    found = []
+    for tool in tools:
+        function = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" \
+            else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        parameters = function.get("parameters")
+        parameters = parameters if isinstance(parameters, dict) else {}
+        properties = parameters["properties"] if isinstance(parameters.get("properties"), dict) else {}
+        required = parameters["required"] if isinstance(parameters.get("required"), list) else []
+        required = [name for name in required if isinstance(name, str)]
+        strings = [name for name in required if _is_string(properties.get(name))]
+        if len(strings) == 1 and strings[0].lower() in COMMAND_PROPERTIES:
+            found.append(ShellTool(function["name"], strings[0], properties, tuple(required)))
+    return found
+
+
+def _names(names: Sequence[str]) -> str:
+    """Agent-chosen tool names for an error line: each cut to 64 characters, at most 20."""
+    shown = [name[:64] for name in names[:20]]
+    return ", ".join(shown) + (f" and {len(names) - 20} more" if len(names) > 20 else "")
+
+
+def _refusal(names: list[str], shells: list[ShellTool], forced: str | None) -> tuple[str, str]:
+    """(code, message) of a request the scripted model cannot answer with a tool call."""
+    rule = ("the scripted model drives the one offered function whose parameters require exactly one string "
+            f"property, named {', '.join(COMMAND_PROPERTIES)} (docs/infra.md, the scripted model's tool contract)")
+    if forced is not None:
+        return "unknown_tool_choice", f"scripted model: tool_choice names {forced[:64]!r}, which is not offered " \
+                                      f"(offered: {_names(names)})"
+    if shells:
+        return "ambiguous_shell_tool", (f"scripted model: several offered tools qualify as the shell tool "
+                                        f"({_names([s.name for s in shells])}): {rule}")
+    return "no_shell_tool", f"scripted model: no offered tool qualifies as the shell tool (offered: {_names(names)}): {rule}"
+
+
+def _tool_answer(script: TaskScript | None, step: int, shell: ShellTool) -> _Answer:
+    """The answer to a request that offers one shell tool: a call of it, or the final plain message."""
     if script is None:
         return _Answer(content="No script covers this task.")
     current = script.steps[min(step, len(script.steps) - 1)]
     command = shell_command(current)
     if current.get("task_complete") or not command:
         return _Answer(content=str(current.get("analysis") or "Done."))
-    arguments = {"command": command, "description": str(current.get("plan") or "Run the next step."),
-                 "is_background": False}
-    return _Answer(tool=SHELL_TOOL, arguments=json.dumps(arguments), call_id=f"call_benchseal_{step}")
+    arguments = shell.arguments(command, str(current.get("plan") or "Run the next step."))
+    return _Answer(tool=shell.name, arguments=json.dumps(arguments), call_id=f"call_benchseal_{step}")
 
 
 def _side_answer(tools: list[Any], tool_choice: Any) -> _Answer | None:
@@ -235,6 +312,17 @@ class _Handler(BaseHTTPRequestHandler):
             if state.log_path is not None:
                 with state.log_path.open("a", encoding="utf-8") as handle:
                     handle.write(json.dumps(entry, sort_keys=True) + "\n")
+
+    def _refuse(self, code: str, message: str, *, task: str | None, step: int, tools: int,
+                shells: list[ShellTool]) -> None:
+        """HTTP 400 the agent's log shows (an OpenAI error object: not retried by OpenAI clients), one line on
+        the server's error stream, and the request's log line with the code."""
+        self._log({"status": 400, "error": code, "task": task, "step": step, "tools": tools,
+                   "shell_tools": [s.name[:64] for s in shells[:20]]})
+        stream = self.state.errors or sys.stderr  # looked up now: a test's or the CLI's current stderr
+        stream.write(" ".join(message.split()) + "\n")
+        stream.flush()
+        self._send(400, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
 
     def _authorized(self) -> bool:
         header = self.headers.get("Authorization") or ""
@@ -284,12 +372,24 @@ class _Handler(BaseHTTPRequestHandler):
         script = _find_script(self.state.scripts, messages)
         names = _function_names(tools)
         answer: _Answer | None = None
-        if SHELL_TOOL in names:
-            answer = _tool_answer(script, step)
-        elif names:
-            answer = _side_answer(tools, body.get("tool_choice"))
-            script = None if answer is not None else script
-        if answer is None:  # terminus-2: the step's JSON as the message content
+        if names:
+            choice = body.get("tool_choice")
+            shells = find_shell_tools(tools)
+            forced = choice["function"].get("name") if isinstance(choice, dict) and isinstance(
+                choice.get("function"), dict) else None
+            if forced is not None:  # a forced call: of the shell tool it names, else of that other tool
+                shells = [s for s in shells if s.name == forced]
+            if len(shells) == 1:
+                answer = _tool_answer(script, step, shells[0])
+            elif not shells and (forced is not None or choice == "required"):
+                answer = _side_answer(tools, choice)
+                script = None if answer is not None else script  # a side query is no step of the task
+            if answer is None:
+                missing = forced if forced is not None and not shells else None
+                self._refuse(*_refusal(names, shells, missing), task=script.name if script else None, step=step,
+                             tools=len(tools), shells=shells)
+                return
+        if answer is None:  # terminus-2 (no tools): the step's JSON as the message content
             if script is None:
                 reply: dict[str, Any] = {"analysis": "No script covers this task.", "plan": "Stop.", "commands": [],
                                          "task_complete": True}
@@ -346,12 +446,13 @@ class ModelServer:
 
     def __init__(self, *, key: str, suite: str = "smoke", mode: Mode = "right", model: str = DEFAULT_MODEL,
                  host: str = "127.0.0.1", port: int = 0, log_path: Path | None = None,
-                 scripts: Sequence[TaskScript] | None = None) -> None:
-        """``scripts`` replaces the suite's script (tests); otherwise ``suite``'s ``mode`` trajectories are served."""
+                 scripts: Sequence[TaskScript] | None = None, errors: TextIO | None = None) -> None:
+        """``scripts`` replaces the suite's script (tests); otherwise ``suite``'s ``mode`` trajectories are served.
+        ``errors`` gets one line per refused request (default: this process's stderr)."""
         if host != "127.0.0.1":
             raise ValidationError("host", "the scripted model server binds 127.0.0.1 only", host)
         state = _State(key=key, scripts=tuple(scripts) if scripts is not None else load_script(suite, mode),
-                       model=model, log_path=log_path)
+                       model=model, log_path=log_path, errors=errors)
         handler = type("Handler", (_Handler,), {"state": state})
         self.state = state
         self.httpd = ThreadingHTTPServer((host, port), handler)

@@ -300,9 +300,12 @@ def test_complete_step_unknown_task_and_no_shell_tool() -> None:
         events = _events(raw)
         assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == "No script covers this task."
         assert events[-2]["choices"][0]["finish_reason"] == "stop"
-        # Tools without the shell and no required call: the terminus-2 answer, as before.
-        _, raw = _post(server.port, {"messages": [{"role": "user", "content": _instruction("write-answer")}],
-                                     "tools": [OTHER]})
+        # Tools without a shell tool and no required call: refused, naming the tools (issue 38.5; terminus-2
+        # offers no tools and still gets its JSON step).
+        response, raw = _post(server.port, {"messages": [{"role": "user", "content": _instruction("write-answer")}],
+                                            "tools": [OTHER]})
+        assert response.status == 400 and json.loads(raw)["error"]["code"] == "no_shell_tool"
+        _, raw = _post(server.port, {"messages": [{"role": "user", "content": _instruction("write-answer")}]})
         assert "wc -l" in json.loads(json.loads(raw)["choices"][0]["message"]["content"])["commands"][0]["keystrokes"]
 
 
