@@ -20,7 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, 
 from pydantic import ValidationError as PydanticValidationError
 
 from pipeline.core.digests import parse_ref, validate_digest, validate_name
-from pipeline.core.errors import ValidationError
+from pipeline.core.errors import TagIsARef, ValidationError
 
 COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
 CORRELATION_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]{7,127}\Z")
@@ -265,7 +265,14 @@ GIT_TAG_RULE = ("must be a git tag name: at most 128 characters of [A-Za-z0-9._/
                 "no '..', no empty or '.'-led component, no trailing '/' or '.', no '.lock' component")
 
 
+GIT_TAG_REF_RULE = "must be a tag name such as v1.2.3, not a ref (drop refs/tags/)"
+
+
 def _git_tag(value: str) -> str:
+    # A ref passes the character class, but 'refs/tags/v1' as a tag would name refs/tags/refs/tags/v1:
+    # never the release the caller means.
+    if value.startswith("refs/"):
+        raise ValueError(GIT_TAG_REF_RULE)
     # git check-ref-format's rules that the character class alone does not give: the tag
     # names a ref path in API URLs and a directory name, so '..', empty or dot-led
     # components and '.lock' never pass.
@@ -280,13 +287,15 @@ def _git_tag(value: str) -> str:
 def validate_git_tag(value: object, field: str = "tag") -> str:
     """The git tag rule (the one home: payloads, tag resolution, verify's expectation); ValidationError names ``field``.
 
-    A ref (``refs/tags/v1``) is not a tag name: callers that accept one strip the prefix first.
+    A ref (``refs/tags/v1``) is not a tag name (``TagIsARef``): callers that accept one strip the prefix first.
     """
     if not isinstance(value, str):
         raise ValidationError(field, GIT_TAG_RULE, value)
     try:
         return _git_tag(value)
-    except ValueError:
+    except ValueError as exc:
+        if str(exc) == GIT_TAG_REF_RULE:
+            raise TagIsARef(field, GIT_TAG_REF_RULE, value) from None
         raise ValidationError(field, GIT_TAG_RULE, value) from None
 
 

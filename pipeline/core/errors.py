@@ -96,6 +96,12 @@ class ValidationError(UsageError):
         return f"invalid {self.field}: {self.rule}{shown}"
 
 
+class TagIsARef(ValidationError):
+    """A git ref (``refs/tags/v1``) where a tag name (``v1``) is required: its own class, so the git tag
+    rule's refusal of refs is told apart from its character and component rules
+    (``pipeline.core.contracts.validate_git_tag``)."""
+
+
 class CheckFailed(Error):
     """A check that guards the chain did not pass: exit 1."""
 
@@ -106,6 +112,86 @@ class NotAQueue(CheckFailed):
     """The file or database named as the queue holds no benchseal queue (absent, empty, not SQLite, none
     of the queue's tables): a reader never creates one. A verb whose option named it says so as a
     usage error (``api serve``: exit 2); elsewhere it is a failed check like any unopenable queue."""
+
+
+class ReleaseRefused(CheckFailed):
+    """``benchseal verify`` refused a release: each subclass is one rule, so a caller (and a test) tells the
+    rules apart by class, never by message text. ``subject`` names the file (or option) it failed on; the
+    message is the one line the CLI prints."""
+
+    def __init__(self, message: str, *, subject: str) -> None:
+        self.subject = subject
+        super().__init__(message)
+
+
+class TrustedRootUnavailable(ReleaseRefused):
+    """The public-good trusted root could not be loaded (no TUF cache offline, no network online)."""
+
+
+class EntryNotPlain(ReleaseRefused):
+    """An entry of the release is a symbolic link, a FIFO, a device, or a directory where a file must be."""
+
+
+class EvidenceMissing(ReleaseRefused):
+    """A file the release must carry (summary.json, SHA256SUMS and its bundle, a required bundle, the file a
+    bundle signs) is absent."""
+
+
+class NotValidJson(ReleaseRefused):
+    """A JSON document of the release is not strict JSON (duplicate keys, NaN/Infinity, bad syntax)."""
+
+
+class BundleInvalid(ReleaseRefused):
+    """A ``*.sigstore.json`` file is not a Sigstore bundle sigstore-python can load."""
+
+
+class BundleKindWrong(ReleaseRefused):
+    """An in-toto statement signed as a message signature, or any other file signed as a DSSE envelope."""
+
+
+class SignatureRefused(ReleaseRefused):
+    """A bundle does not verify for its file against the expected signer (sigstore's VerificationError:
+    certificate chain, transparency log, identity, issuer, workflow repository and ref)."""
+
+
+class SignedStatementMismatch(ReleaseRefused):
+    """A verified DSSE envelope carries another payload type than in-toto, or other bytes than its file."""
+
+
+class ChecksumMismatch(ReleaseRefused):
+    """SHA256SUMS (or evidence-SHA256SUMS) is malformed, lists a missing file or another hash, or leaves a
+    file of the release uncovered."""
+
+
+class SummaryInvalid(ReleaseRefused):
+    """summary.json breaks its model (``pipeline.core.documents.ReleaseSummary``)."""
+
+
+class SourceMismatch(ReleaseRefused):
+    """summary.json is for another repository or tag than the consumer expects."""
+
+
+class ProvenanceMismatch(ReleaseRefused):
+    """A provenance statement breaks its model or does not bind summary.json, its images and its source."""
+
+
+class ImageEvidenceMismatch(ReleaseRefused):
+    """An image manifest or SBOM of the release is not the one of the digest summary.json names."""
+
+
+class TrialEvidenceMismatch(ReleaseRefused):
+    """trial-results.json does not carry exactly the plan and result.json files evidence-SHA256SUMS lists."""
+
+
+class ClaimNotSupported(ReleaseRefused):
+    """summary.json's trials, counts, score, interval, per-task counts or comparison are not what the trial
+    evidence gives when graded again."""
+
+
+class TestResultMismatch(ReleaseRefused):
+    """test-result.intoto.json is not the in-toto test-result statement summary.json gives."""
+
+    __test__ = False  # a name pytest would otherwise collect
 
 
 class DatasetRefused(CheckFailed):

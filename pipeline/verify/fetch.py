@@ -31,12 +31,11 @@ import github
 import requests
 from github import GithubException, UnknownObjectException
 
-from pipeline.core.contracts import validate_repository
+from pipeline.core.contracts import validate_git_tag, validate_repository
 from pipeline.core.errors import CheckFailed, UsageError
 from pipeline.core.fsutil import name_problem
 from pipeline.core.layout import CHECKSUMS, CHECKSUMS_BUNDLE, SUMMARY, bundle_name, parse_checksums
 from pipeline.dispatch.client import api_url_from_env, classify, make_client, make_retry
-from pipeline.verify.policy import validate_tag
 
 __all__ = ["MAX_ASSET_BYTES", "MAX_TOTAL_BYTES", "ReleaseRef", "fetched_release", "parse_reference", "read_token"]
 
@@ -61,7 +60,7 @@ def parse_reference(text: str) -> ReleaseRef:
     """``OWNER/REPO@TAG``, each part by the one rule it has (ValidationError: usage, exit 2)."""
     repository, _, tag = text.partition("@")
     return ReleaseRef(validate_repository(repository, "OWNER/REPO@TAG: OWNER/REPO"),
-                      validate_tag(tag, "OWNER/REPO@TAG: TAG"))
+                      validate_git_tag(tag, "OWNER/REPO@TAG: TAG"))
 
 
 def read_token(token_file: Path | None, env: Mapping[str, str] | None = None) -> str | None:

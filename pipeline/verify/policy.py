@@ -123,12 +123,6 @@ class VerifyPolicy:
     expect_builder: Builder | None = None
 
 
-def validate_tag(value: object, field: str = "--tag") -> str:
-    if not isinstance(value, str) or value.startswith("refs/"):
-        raise ValidationError(field, "must be a tag name such as v1.2.3, not a ref (drop refs/tags/)", value)
-    return validate_git_tag(value, field)
-
-
 def _check_template(value: str, field: str) -> None:
     for match in _PLACEHOLDER.finditer(value):
         if match.group(1) not in PLACEHOLDERS:
@@ -166,7 +160,7 @@ def load_policy(path: Path | None = None) -> VerifyPolicy:
     return VerifyPolicy(
         path, out,
         expect_repository=None if repository is None else validate_repository(repository, f"{path}: expect.repository"),
-        expect_tag=None if tag is None else validate_tag(tag, f"{path}: expect.tag"),
+        expect_tag=None if tag is None else validate_git_tag(tag, f"{path}: expect.tag"),
         expect_infra_repository=None if infra is None else validate_repository(
             infra, f"{path}: expect.infra_repository"),
         expect_builder=None if builder is None else parse_builder(builder, f"{path}: expect.builder"),
@@ -214,7 +208,7 @@ def expected(policy: VerifyPolicy, repository: str | None, tag: str | None,
     if repository is not None:
         validate_repository(repository, "--repo")
     if tag is not None:
-        validate_tag(tag, "--tag")
+        validate_git_tag(tag, "--tag")
     if infra_repository is not None:
         validate_repository(infra_repository, "--infra-repo")
     stated = parse_builder(builder) if isinstance(builder, str) else builder

@@ -12,7 +12,8 @@ dataset digest, agent and its integrity) and benchseal's extension (status, gate
 counts, per-task counts, run id, source). ``url``, the one field summary.json cannot give, must be an
 Actions run of the infra repository when the consumer pinned one.
 
-The first disagreement raises CheckFailed in one line naming the field and both values.
+The first disagreement raises ``TestResultMismatch`` in one line naming the field and both values
+(``EvidenceMissing`` / ``NotValidJson`` when the file is absent or not JSON).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pipeline.core.documents import (
     ResultStatement,
     parse_document,
 )
-from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.errors import EvidenceMissing, NotValidJson, TestResultMismatch, ValidationError
 from pipeline.core.fsutil import sha256_file
 from pipeline.core.layout import SUMMARY, TEST_RESULT
 
@@ -41,19 +42,19 @@ _TESTS = ("passedTests", "warnedTests", "failedTests")
 
 
 def load_test_result(directory: Path) -> ResultStatement:
-    """``test-result.intoto.json`` through its model (strict JSON first); CheckFailed names the field."""
+    """``test-result.intoto.json`` through its model (strict JSON first); TestResultMismatch names the field."""
     try:
         data = strictjson.loads((directory / TEST_RESULT).read_bytes())
     except FileNotFoundError:
-        raise CheckFailed(f"{TEST_RESULT}: missing (a release carries its result as an in-toto test-result "
-                          "attestation)") from None
+        raise EvidenceMissing(f"{TEST_RESULT}: missing (a release carries its result as an in-toto test-result "
+                              "attestation)", subject=TEST_RESULT) from None
     except (ValueError, RecursionError) as exc:
-        raise CheckFailed(f"{TEST_RESULT}: not valid JSON ({exc})") from None
+        raise NotValidJson(f"{TEST_RESULT}: not valid JSON ({exc})", subject=TEST_RESULT) from None
     try:
         return parse_document(ResultStatement, data, TEST_RESULT)
     except ValidationError as exc:
-        raise CheckFailed(f"{exc.field}: {exc.rule} (got {repr(exc.value)[:200]}); not an in-toto test-result "
-                          "v0.1 statement as benchseal writes it") from None
+        raise TestResultMismatch(f"{exc.field}: {exc.rule} (got {repr(exc.value)[:200]}); not an in-toto "
+                                 "test-result v0.1 statement as benchseal writes it", subject=TEST_RESULT) from None
 
 
 def _check_url(url: str | None, infra_repository: str | None) -> None:
@@ -64,8 +65,8 @@ def _check_url(url: str | None, infra_repository: str | None) -> None:
     server = r"(?:https://[A-Za-z0-9.-]+(?::[0-9]+)?|http://(?:127\.0\.0\.1|localhost)(?::[0-9]+)?)"
     pattern = rf"{server}/{re.escape(infra_repository)}/actions/runs/[0-9]+(?:/attempts/[0-9]+)?"
     if not re.fullmatch(pattern, url):
-        raise CheckFailed(f"{TEST_RESULT}: predicate.url {url!r} is not an Actions run of the infra repository "
-                          f"{infra_repository}")
+        raise TestResultMismatch(f"{TEST_RESULT}: predicate.url {url!r} is not an Actions run of the infra "
+                                 f"repository {infra_repository}", subject=TEST_RESULT)
 
 
 def _shown(value: object) -> object:
@@ -95,21 +96,24 @@ def _first_difference(got: ResultPredicate, want: ResultPredicate, summary: Rele
 
 def check_test_result(directory: Path, summary: ReleaseSummary, *, infra_repository: str | None = None
                       ) -> ResultStatement:
-    """The release's test-result statement, checked against its (verified) summary.json; CheckFailed
+    """The release's test-result statement, checked against its (verified) summary.json; TestResultMismatch
     (one line) on the first disagreement."""
     statement = load_test_result(directory)
     runner = summary.images.runner
     summary_digest = sha256_file(directory / SUMMARY)
     subjects = [(s.name, s.digest.sha256) for s in statement.subject]
     if (runner.name, runner.digest.removeprefix("sha256:")) not in subjects:
-        raise CheckFailed(f"{TEST_RESULT}: subject does not name the runner image of summary.json ({runner.ref})")
+        raise TestResultMismatch(f"{TEST_RESULT}: subject does not name the runner image of summary.json "
+                                 f"({runner.ref})", subject=TEST_RESULT)
     if (SUMMARY, summary_digest) not in subjects:
-        raise CheckFailed(f"{TEST_RESULT}: subject is not this summary.json (sha256 {summary_digest})")
+        raise TestResultMismatch(f"{TEST_RESULT}: subject is not this summary.json (sha256 {summary_digest})",
+                                 subject=TEST_RESULT)
     if len(subjects) != 2:
-        raise CheckFailed(f"{TEST_RESULT}: subject must be exactly the runner image and summary.json "
-                          f"(got {len(subjects)} subjects)")
+        raise TestResultMismatch(f"{TEST_RESULT}: subject must be exactly the runner image and summary.json "
+                                 f"(got {len(subjects)} subjects)", subject=TEST_RESULT)
     _check_url(statement.predicate.url, infra_repository)
     expected = ResultStatement.for_summary(summary, summary_digest, url=statement.predicate.url)
     if statement.predicate != expected.predicate:
-        raise CheckFailed(_first_difference(statement.predicate, expected.predicate, summary))
+        raise TestResultMismatch(_first_difference(statement.predicate, expected.predicate, summary),
+                                 subject=TEST_RESULT)
     return statement

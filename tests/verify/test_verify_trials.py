@@ -17,21 +17,15 @@ from typing import Any
 
 import pytest
 
-from pipeline.core.errors import CheckFailed
+from pipeline.core.errors import ClaimNotSupported, EvidenceMissing, ReleaseRefused, TrialEvidenceMismatch
 from pipeline.evidence.writer import reseal
-from pipeline.verify.release import verify_release
+from pipeline.verify.release import VerifiedRelease
 from tests.fixtures.trials import flat_release, grader_rewards
 from tests.verify.test_verify_consistency import _resign
 
 pytestmark = pytest.mark.slow
-SOURCE_REPO, SOURCE_TAG = "acme/widget", "v9.9.9"
 HELLO, FAIL = "hello__evidence0001", "fail__evidence0001"
 RESULT = "evidence/harbor/{}/result.json"
-
-
-@pytest.fixture()
-def root(sigstore_instance: object) -> Path:
-    return sigstore_instance.trusted_root  # type: ignore[attr-defined,no-any-return]
 
 
 @pytest.fixture()
@@ -39,18 +33,19 @@ def flat(tmp_path: Path, signed_release: Path) -> Path:
     return flat_release(signed_release, tmp_path / "flat")
 
 
-def _verify(release: Path, root: Path) -> None:
-    verify_release(release, repository=SOURCE_REPO, tag=SOURCE_TAG, trusted_root=root, offline=True)
+Verify = Callable[[Path], VerifiedRelease]
 
 
-def _refused(release: Path, root: Path, rule: str) -> None:
-    with pytest.raises(CheckFailed) as caught:
-        _verify(release, root)
-    assert rule in str(caught.value) and "\n" not in str(caught.value), caught.value
+def _refused(release: Path, verify: Verify, rule: type[ReleaseRefused], subject: str) -> None:
+    """Refused by exactly ``rule`` (its class, not its wording), on ``subject``, in one line."""
+    with pytest.raises(ReleaseRefused) as caught:
+        verify(release)
+    assert type(caught.value) is rule and caught.value.subject == subject, repr(caught.value)
+    assert "\n" not in str(caught.value)
 
 
-def test_the_untampered_flat_release_verifies(flat: Path, root: Path) -> None:
-    _verify(flat, root)
+def test_the_untampered_flat_release_verifies(flat: Path, verify: Verify) -> None:
+    verify(flat)
 
 
 # --- summary.json re-signed with a score the trials do not support ---------------------------------
@@ -78,33 +73,30 @@ def _twice(s: dict[str, Any]) -> None:
     s.update(counts={"total": 2, "completed": 2, "resolved": 2, "unresolved": 0, "infra_errors": 0}, score=1.0)
 
 
-SUMMARY_CASES: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
-    "every trial and count forged": (_all_resolved, f"summary.trials[{FAIL}].outcome: 'resolved' in summary.json, "
-                                                    "'unresolved' from the trial evidence"),
-    "counts and score only": (lambda s: s.update(counts={**s["counts"], "resolved": 2, "unresolved": 0}, score=1.0),
-                              "summary.resolved: 2 in summary.json, 1 from the trial evidence"),
-    "a trial renamed": (_rename, "summary.trials: fail__otherrun0001 is in summary.json, but no such trial is planned"),
-    "a trial dropped": (_drop, f"summary.trials: {FAIL} is planned in the trial evidence, but summary.json does not"),
-    "a trial twice": (_twice, f"summary.trials: {HELLO} is listed twice in summary.json"),
-    "a reward changed": (lambda s: _trial(s, FAIL).update(reward=0.5),
-                         f"summary.trials[{FAIL}].reward: 0.5 in summary.json, 0.0 from the trial evidence"),
-    "a task changed": (lambda s: _trial(s, FAIL).update(task="hello"),
-                       f"summary.trials[{FAIL}].task: 'hello' in summary.json, 'fail' from the trial evidence"),
-    "an infra error on SUCCEEDED": (
-        lambda s: (_trial(s, FAIL).update(outcome="infra_error", reward=None),
-                   s.update(counts={"total": 2, "completed": 1, "resolved": 1, "unresolved": 0, "infra_errors": 1},
-                            score=1.0)),
-        f"summary.trials[{FAIL}].outcome: 'infra_error' in summary.json, 'unresolved' from the trial evidence"),
+def _infra_error(s: dict[str, Any]) -> None:
+    _trial(s, FAIL).update(outcome="infra_error", reward=None)
+    s.update(counts={"total": 2, "completed": 1, "resolved": 1, "unresolved": 0, "infra_errors": 1}, score=1.0)
+
+
+# What each forgery changes in summary.json (every one is refused by the re-grade: ClaimNotSupported).
+SUMMARY_CASES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "every trial and count forged": _all_resolved,
+    "counts and score only": lambda s: s.update(counts={**s["counts"], "resolved": 2, "unresolved": 0}, score=1.0),
+    "a trial renamed": _rename,
+    "a trial dropped": _drop,
+    "a trial twice": _twice,
+    "a reward changed": lambda s: _trial(s, FAIL).update(reward=0.5),
+    "a task changed": lambda s: _trial(s, FAIL).update(task="hello"),
+    "an infra error on SUCCEEDED": _infra_error,
 }
 
 
 @pytest.mark.parametrize("case", list(SUMMARY_CASES))
 def test_a_resigned_summary_the_trials_do_not_support_is_refused(case: str, release_copy: Path, tmp_path: Path,
-                                                                 signer_v1: object, root: Path) -> None:
-    change, rule = SUMMARY_CASES[case]
-    _resign(release_copy, signer_v1, summary=change)
-    _refused(release_copy, root, rule)  # in the run dir
-    _refused(flat_release(release_copy, tmp_path / "flat"), root, rule)  # and as published
+                                                                 signer_v1: object, verify: Verify) -> None:
+    _resign(release_copy, signer_v1, summary=SUMMARY_CASES[case])
+    _refused(release_copy, verify, ClaimNotSupported, "summary.json")  # in the run dir
+    _refused(flat_release(release_copy, tmp_path / "flat"), verify, ClaimNotSupported, "summary.json")  # as published
 
 
 # --- trial-results.json / evidence-SHA256SUMS tampered, SHA256SUMS re-signed -----------------------
@@ -185,32 +177,33 @@ def _no_plan(release: Path) -> None:
     (release / "evidence" / "trials.json").unlink()
 
 
-RESULTS_CASES: dict[str, tuple[Callable[[Path], None], str]] = {
-    "a result replaced": (_swap_result, f"trial-results.json: {RESULT.format(FAIL)}: its bytes"),
-    "the result and its listing replaced": (_swap_result_and_listing, f"summary.trials[{FAIL}].outcome: 'unresolved' "
-                                                                      "in summary.json, 'resolved' from the trial"),
-    "a result left out": (_drop_result, f"evidence-SHA256SUMS: lists {RESULT.format(FAIL)}, but trial-results.json "
-                                        "does not carry it"),
-    "a result twice": (_duplicate, f"trial-results.json: {RESULT.format(HELLO)} is carried twice"),
-    "a file deeper in a trial dir": (_foreign(f"evidence/harbor/{HELLO}/agent/result.json"), "is neither"),
-    "a name outside the evidence": (_foreign("../result.json"), "is neither"),
-    "content not base64": (_field("content", "not base64!"), "content is not base64"),
-    "another run's results": (_field("run_id", "run-other"), "trial-results.json: run_id 'run-other'"),
-    "an unknown key": (_field("extra", 1), "trial-results.json: extra"),
+# Each case and the rule that refuses it: the carried bytes against their listing, the carried names, the
+# model and the plan are TrialEvidenceMismatch; a result whose listing was replaced too is caught by the re-grade.
+TR = "trial-results.json"
+RESULTS_CASES: dict[str, tuple[Callable[[Path], None], type[ReleaseRefused], str]] = {
+    "a result replaced": (_swap_result, TrialEvidenceMismatch, TR),
+    "the result and its listing replaced": (_swap_result_and_listing, ClaimNotSupported, "summary.json"),
+    "a result left out": (_drop_result, TrialEvidenceMismatch, TR),
+    "a result twice": (_duplicate, TrialEvidenceMismatch, TR),
+    "a file deeper in a trial dir": (_foreign(f"evidence/harbor/{HELLO}/agent/result.json"), TrialEvidenceMismatch, TR),
+    "a name outside the evidence": (_foreign("../result.json"), TrialEvidenceMismatch, TR),
+    "content not base64": (_field("content", "not base64!"), TrialEvidenceMismatch, TR),
+    "another run's results": (_field("run_id", "run-other"), TrialEvidenceMismatch, TR),
+    "an unknown key": (_field("extra", 1), TrialEvidenceMismatch, TR),
     "no schema": (lambda r: _write(r, {k: v for k, v in _results(r).items() if k != "schema"}),
-                  "trial-results.json: schema"),
-    "trial-results.json deleted": (_delete("trial-results.json"), "trial-results.json: missing"),
-    "evidence-SHA256SUMS deleted": (_delete("evidence-SHA256SUMS"), "are not what evidence-SHA256SUMS lists (nothing)"),
-    "the plan removed": (_no_plan, "evidence/trials.json: missing from the trial evidence"),
+                  TrialEvidenceMismatch, TR),
+    "trial-results.json deleted": (_delete("trial-results.json"), EvidenceMissing, TR),
+    "evidence-SHA256SUMS deleted": (_delete("evidence-SHA256SUMS"), TrialEvidenceMismatch, TR),
+    "the plan removed": (_no_plan, TrialEvidenceMismatch, TR),
 }
 
 
 @pytest.mark.parametrize("case", list(RESULTS_CASES))
 def test_tampered_trial_results_are_refused(case: str, release_copy: Path, tmp_path: Path, signer_v1: object,
-                                            root: Path) -> None:
+                                            verify: Verify) -> None:
     """Tampered in the run dir and resealed there (evidence-SHA256SUMS is re-made from the trial dirs);
     refused as published. Resealing a flat release drops evidence-SHA256SUMS: that is the last case."""
-    change, rule = RESULTS_CASES[case]
+    change, rule, subject = RESULTS_CASES[case]
     if case == "evidence-SHA256SUMS deleted":
         flat = flat_release(release_copy, tmp_path / "flat")
         change(flat)
@@ -219,4 +212,4 @@ def test_tampered_trial_results_are_refused(case: str, release_copy: Path, tmp_p
         change(release_copy)
         reseal(release_copy, signer=signer_v1)  # type: ignore[arg-type]
         flat = flat_release(release_copy, tmp_path / "flat")
-    _refused(flat, root, rule)
+    _refused(flat, verify, rule, subject)
