@@ -4,7 +4,8 @@
 
 1. polls the package's packument (``GET <registry>/<@scope%2fname>``, ``Accept: application/json``)
    until ``versions[<version>]`` is there, for at most ``wait_seconds`` (a 404 means "not yet";
-   a registry that does not answer or answers 5xx is retried within the same bound);
+   a registry that does not answer or answers 5xx is retried within the same bound); while it waits,
+   ``progress`` (``pipeline.core.waiting``) hears what it waits for about once a second;
 2. takes that version's ``dist.integrity``, which must be one SRI sha512 (a sha1 ``shasum`` alone
    is refused), and ``dist.tarball``, which must be on the registry's own origin (scheme, host, port);
 3. downloads the tarball (at most ``MAX_TARBALL_BYTES``) into a temporary file beside the final
@@ -49,6 +50,7 @@ from pipeline.core.contracts import VERSION_RE, VERSION_RULE, sri_hex, sri_probl
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
 from pipeline.core.fsutil import NameTree, name_problem
 from pipeline.core.project import NPM_PACKAGE_PATTERN
+from pipeline.core.waiting import WaitReporter, current_reporter
 
 REGISTRY_ENV = "BENCHSEAL_NPM_REGISTRY"
 MAX_TARBALL_BYTES = 512 * 1024 * 1024
@@ -56,6 +58,7 @@ MAX_PACKUMENT_BYTES = 128 * 1024 * 1024  # a packument lists every version ever 
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024  # package/package.json inside the tarball
 MAX_UNPACKED_BYTES = 4 * 1024 * 1024 * 1024
 MAX_MEMBERS = 200_000
+_REPORT_SECONDS = 1.0  # how often a waiting fetch tells ``progress`` (the polls stay ``poll_seconds`` apart)
 REQUEST_TIMEOUT = 30.0  # seconds, per connection attempt and per read
 NPM_MTIME = 499162500  # 1985-10-26T08:15:00Z: the mtime npm pack writes, given to every unpacked entry
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -193,8 +196,8 @@ def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     return document
 
 
-def _wait_for_version(registry: str, package: str, version: str, token: str | None, *,
-                      wait_seconds: float, poll_seconds: float) -> dict[str, Any]:
+def _wait_for_version(registry: str, package: str, version: str, token: str | None, *, wait_seconds: float,
+                      poll_seconds: float, progress: WaitReporter | None = None) -> dict[str, Any]:
     last: list[_Transient] = []
 
     def attempt() -> dict[str, Any] | None:
@@ -214,12 +217,22 @@ def _wait_for_version(registry: str, package: str, version: str, token: str | No
             raise CheckFailed(f"npm: versions[{version}] of {package} on {registry} is not an object")
         return entry
 
-    deadline = time.monotonic() + wait_seconds
+    started = time.monotonic()
+    deadline = started + wait_seconds
+    what = f"{package}@{version} on {registry}"  # the configured URL: a forgotten publish is named, not silent
+    waited = False
     while (entry := attempt()) is None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        now = time.monotonic()
+        if now >= deadline:
             break
-        time.sleep(min(poll_seconds, remaining))  # the last attempt falls on the deadline, not after it
+        next_poll = min(now + poll_seconds, deadline)  # the last attempt falls on the deadline, not after it
+        while (now := time.monotonic()) < next_poll:  # a report about once a second between the polls
+            if progress is not None:
+                progress.update(what, now - started, wait_seconds)
+            waited = True
+            time.sleep(min(_REPORT_SECONDS, next_poll - now))
+    if progress is not None and waited:
+        progress.done(what, time.monotonic() - started, entry is not None)
     if entry is not None:
         return entry
     if last:
@@ -305,7 +318,8 @@ def _check_manifest(path: Path, package: str, version: str) -> None:
 
 
 def fetch_release(registry: str, package: str, version: str, dest: Path, *, wait_seconds: float,
-                  poll_seconds: float = 5.0, token: str | None = None) -> NpmTarball:
+                  poll_seconds: float = 5.0, token: str | None = None,
+                  progress: WaitReporter | None = None) -> NpmTarball:
     """Wait for ``package@version`` on ``registry``, download its tarball into ``dest`` and check it.
 
     ValidationError (exit 2) for a bad registry URL, package name, version or wait; CheckFailed
@@ -320,7 +334,8 @@ def fetch_release(registry: str, package: str, version: str, dest: Path, *, wait
         raise ValidationError("wait_seconds", "must be a finite number of seconds, at least 0", wait_seconds)
     if not math.isfinite(poll_seconds) or poll_seconds <= 0:
         raise ValidationError("poll_seconds", "must be a finite number of seconds, more than 0", poll_seconds)
-    entry = _wait_for_version(registry, package, version, token, wait_seconds=wait_seconds, poll_seconds=poll_seconds)
+    entry = _wait_for_version(registry, package, version, token, wait_seconds=wait_seconds, poll_seconds=poll_seconds,
+                              progress=progress if progress is not None else current_reporter())
     integrity, url = _dist(entry, registry, package, version)
     what = f"{package}@{version}"
     dest.mkdir(parents=True, exist_ok=True)

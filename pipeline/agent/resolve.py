@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline.agent import npm, wheel
 from pipeline.core.errors import ValidationError
 from pipeline.core.project import AgentArtifact, NpmAgent, PythonAgent, load_project, version_for_tag
+from pipeline.core.waiting import WaitReporter
 
 NPM_REGISTRY_ENV = "BENCHSEAL_NPM_REGISTRY"
 NPM_TOKEN_ENV = "BENCHSEAL_NPM_TOKEN"  # noqa: S105 -- a variable name; its value goes into a header, never argv
@@ -46,8 +47,9 @@ def _project_subdir(repo_root: Path, project_file: Path) -> str:
 
 
 def resolve_agent(project_file: Path, *, tag: str, commit: str, repo_root: Path, cache_dir: Path,
-                  npm_registry: str | None = None) -> ResolvedAgent:
-    """Resolve and check the agent ``project_file`` declares, at the version ``tag`` stands for."""
+                  npm_registry: str | None = None, progress: WaitReporter | None = None) -> ResolvedAgent:
+    """Resolve and check the agent ``project_file`` declares, at the version ``tag`` stands for;
+    ``progress`` hears what a wait for the npm release waits for."""
     project = load_project(project_file)
     version = version_for_tag(tag)
     spec = project.agent
@@ -55,7 +57,7 @@ def resolve_agent(project_file: Path, *, tag: str, commit: str, repo_root: Path,
     if isinstance(spec, NpmAgent):
         registry = npm_registry or npm.default_registry()
         tarball = npm.fetch_release(registry, spec.package, version, cache_dir, wait_seconds=spec.publish_wait_seconds,
-                                    token=os.environ.get(NPM_TOKEN_ENV) or None)
+                                    token=os.environ.get(NPM_TOKEN_ENV) or None, progress=progress)
         artifact = AgentArtifact(name=spec.name, kind="npm", package=spec.package, version=tarball.version,
                                  integrity=tarball.integrity, source_commit=commit)
         return ResolvedAgent(spec=spec, artifact=artifact, file=tarball.path)

@@ -3,7 +3,9 @@
 With ``--project``, the project file's own images (``[images.<name>]``: Dockerfiles) are built
 too, with BuildKit (pipeline.imaging.buildkit), pushed as PREFIX + name and recorded under
 ``project_images`` in the digests file; one line per image on stderr says how it was made
-reproducible. The project file's paths are checked before anything is built.
+reproducible. The project file's paths are checked before anything is built. While the build waits
+for the agent's npm release to appear on the registry, stderr says what it waits for and how long of
+how long (``pipeline.core.waiting``: an updating line on a terminal, a plain line every 10 s in a log).
 
 Exit codes: 0 built and confirmed; 1 a check failed (registry digest mismatch, a failing
 Dockerfile build, infrastructure); 2 bad arguments.
@@ -11,6 +13,7 @@ Dockerfile build, infrastructure); 2 bad arguments.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -36,6 +39,7 @@ def build(
 ) -> None:
     """Build the images, push them, and print/write the digests file."""
     # lazy: pipeline.imaging.build (docker, installer) costs 96 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.core.waiting import WaitLines
     from pipeline.imaging.build import build_images, resolve_image_names
 
     names = resolve_image_names(image_prefix, registry)
@@ -52,7 +56,7 @@ def build(
             builder = buildkit.probe()  # no BuildKit here: exit 1 before anything is built
     with_images = plan is not None and bool(plan.images)
     result = build_images(image or [], names, None if with_images else out, tag or [], use_cache=not no_cache,
-                          project=project, release_tag=release_tag)
+                          project=project, release_tag=release_tag, progress=WaitLines(sys.stderr))
     if plan is not None and with_images:
         built = buildkit.build_project_images(plan, names, result.source, tag or [], no_cache=no_cache, builder=builder)
         result = buildkit.with_project_images(result, built)

@@ -25,6 +25,7 @@ from pipeline.core.digests import parse_ref
 from pipeline.core.errors import UsageError
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.core.project import load_project
+from pipeline.core.waiting import WaitReporter
 from pipeline.imaging.base import ensure_base, ensure_local
 from pipeline.imaging.images import (
     BuildResult,
@@ -51,6 +52,7 @@ def build_images(
     use_cache: bool = True,
     project: Path | None = None,
     release_tag: str | None = None,
+    progress: WaitReporter | None = None,
 ) -> DigestsFile:
     """Build and push ``images`` (roles: runner, api) under their configured names; write ``out`` atomically.
 
@@ -58,7 +60,8 @@ def build_images(
     digests recorded are the ones the registry confirmed for the exact
     manifest bytes pushed.
     """
-    return build_images_with_results(images, target, out, tags, use_cache, project, release_tag)[0]
+    return build_images_with_results(images, target, out, tags, use_cache, project, release_tag,
+                                     progress=progress)[0]
 
 
 def build_images_with_results(
@@ -70,12 +73,14 @@ def build_images_with_results(
     project: Path | None = None,
     release_tag: str | None = None,
     npm_registry: str | None = None,
+    progress: WaitReporter | None = None,
 ) -> tuple[DigestsFile, list[BuildResult]]:
     """``build_images`` plus each image's BuildResult (build/push seconds, bytes uploaded).
 
     ``project``: the source repository's project file (``benchseal.toml``): its agent, at the version
     ``release_tag`` (default: the checkout's tag) stands for, is resolved and checked first
-    (``pipeline.agent.resolve``), then baked into the runner and named in the digests file.
+    (``pipeline.agent.resolve``), then baked into the runner and named in the digests file. ``progress``
+    hears what a wait for the agent's npm release waits for (``pipeline.core.waiting``).
     """
 
     roles = list(dict.fromkeys(images)) or ["runner", "api"]
@@ -97,7 +102,8 @@ def build_images_with_results(
                              "(the checkout is not at a tag)")
         agent = resolve_agent(project, tag=tag, commit=source.commit, repo_root=checkout or paths.REPO_ROOT,
                               cache_dir=paths.state_dir("cache", "agents"),
-                              npm_registry=npm_registry or os.environ.get(NPM_REGISTRY_ENV) or None)
+                              npm_registry=npm_registry or os.environ.get(NPM_REGISTRY_ENV) or None,
+                              progress=progress)
     # The wheel downloads (network) run while the bases are made (mmdebstrap); then the images are
     # assembled side by side (the runner's bytecode and gzip beside the api's layers).
     with ThreadPoolExecutor(max_workers=max(2, len(roles)), thread_name_prefix="build") as pool:

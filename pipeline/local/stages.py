@@ -8,7 +8,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+
+from pipeline.core.waiting import WaitLines, WaitReporter, reporting, wait_text
 
 
 @dataclass
@@ -34,10 +37,17 @@ class StageClock:
 
     @contextmanager
     def stage(self, name: str, description: str) -> Iterator[None]:
+        """Time ``name``; a wait inside it (the agent's npm release) is said on the stage's line, or in
+        plain lines when the console is no terminal (a CI log)."""
         task = self._progress.add_task(description, total=1) if self._progress is not None else None
+        waits: WaitReporter | None = None
+        if self.console is not None and self._progress is not None and task is not None:
+            waits = _StageWaits(self._progress, task, description) if self.console.is_terminal \
+                else WaitLines(self.console.file, tty=False)
         started = time.monotonic()
         try:
-            yield
+            with reporting(waits):
+                yield
         finally:
             elapsed = time.monotonic() - started
             self.seconds[name] = self.seconds.get(name, 0.0) + elapsed
@@ -47,3 +57,16 @@ class StageClock:
     def add(self, name: str, seconds: float) -> None:
         """A stage measured inside another one (e.g. signing inside evidence)."""
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+
+class _StageWaits:
+    """On a terminal: the running stage's own line says what it waits for (rich redraws it)."""
+
+    def __init__(self, progress: Progress, task: TaskID, description: str) -> None:
+        self.progress, self.task, self.description = progress, task, description
+
+    def update(self, what: str, elapsed: float, limit: float) -> None:
+        self.progress.update(self.task, description=f"{self.description} [dim]({escape(wait_text(what, elapsed, limit))})[/dim]")
+
+    def done(self, what: str, elapsed: float, found: bool) -> None:
+        self.progress.update(self.task, description=self.description)
