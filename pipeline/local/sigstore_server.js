@@ -682,6 +682,8 @@ async function main() {
 
   const file = (name) => path.join(opts.state, name);
   writeAtomic(file('trusted_root.json'), JSON.stringify(ctx.trust.trustedRoot, null, 2) + '\n');
+  // The same root as JSON Lines: the form `gh attestation verify --custom-trusted-root` reads.
+  writeAtomic(file('trusted_root.jsonl'), JSON.stringify(ctx.trust.trustedRoot) + '\n');
   writeAtomic(file('client_trust_config.json'), JSON.stringify(ctx.trust.clientConfig(1), null, 2) + '\n');
   writeAtomic(file('client_trust_config_rekor2.json'), JSON.stringify(ctx.trust.clientConfig(2), null, 2) + '\n');
   writeAtomic(

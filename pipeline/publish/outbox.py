@@ -41,6 +41,7 @@ from pipeline.publish.targets import (
     github_repo,
 )
 from pipeline.verify.external import cosign_commands, image_command_lines
+from pipeline.verify.gh import gh_commands
 from pipeline.verify.policy import Builder, parse_builder
 
 log = logging.getLogger(__name__)
@@ -115,13 +116,16 @@ def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_r
     publisher's statement of who sealed it, required for GitHub-identity bundles, never read
     from them).
 
-    They name plain ``cosign`` and ``benchseal``: the consumer's own, not this machine's tools path.
+    They name plain ``cosign``, ``gh`` and ``benchseal``: the consumer's own, not this machine's tools path.
     ``trusted_root`` (``options.trusted_root`` of a local publication) is the private instance's
     root a consumer of that release needs; public-good releases need none.
     """
-    return list(cosign_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
-                                cosign="cosign", benchseal="benchseal", infra_repository=infra_repository,
-                                builder=builder))
+    cosign = cosign_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
+                             cosign="cosign", benchseal="benchseal", infra_repository=infra_repository, builder=builder)
+    # The same attestations for gh users: `gh attestation verify` with the same signer pinned.
+    gh = gh_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
+                     infra_repository=infra_repository, builder=builder)
+    return [*cosign, *gh]
 
 
 def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None,

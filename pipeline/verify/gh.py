@@ -8,7 +8,9 @@ gh verifies with sigstore-go. Two things differ from the other verifiers and are
   (the workflow that signed: benchseal's reusable workflow), ``--source-ref`` and ``--repo``/``--owner``
   (the repository whose workflow *ran*: for a reusable workflow that is the caller, the infra
   repository for the score's evidence), ``--predicate-type``, and its OIDC issuer
-  (``--cert-oidc-issuer``, Actions' by default).
+  (``--cert-oidc-issuer``, Actions' by default). The body's lines pin the exact identity
+  (``--cert-identity``: benchseal's benchmark.yml at the builder's ref) rather than gh's
+  ``--signer-workflow`` prefix, which would accept any ref of the builder.
 
 gh's own output names only the issuer when a check fails (``verifying with issuer "…"``); the outcome
 carries that line.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -26,8 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.contracts import GITHUB_ISSUER
+from pipeline.core.documents import TEST_RESULT as TEST_RESULT_TYPE
 from pipeline.core.errors import InfrastructureError
 from pipeline.core.fsutil import atomic_write_bytes
+from pipeline.core.layout import MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SUMMARY, TEST_RESULT, bundle_name
+from pipeline.verify.external import SLSA_PROVENANCE, command_profile, printed_root
+from pipeline.verify.policy import Builder, Expectation, expectation
 
 # gh got ``attestation verify`` in 2.49; Debian 12's 2.23 has none.
 MIN_VERSION = (2, 49)
@@ -43,16 +50,24 @@ class GhOutcome:
 class GhPins:
     """What ``gh attestation verify`` is told to require: each field one flag, all of them required."""
 
-    repository: str  # --repo OWNER/NAME: the repository whose workflow run signed (the caller's)
-    signer_workflow: str  # --signer-workflow OWNER/NAME/.github/workflows/FILE: the workflow that signed
+    repository: str  # --repo OWNER/NAME: the repository whose workflow run signed (a reusable workflow's caller)
+    identity: str  # --cert-identity: the exact certificate identity (the signing workflow at its ref)
     source_ref: str  # --source-ref refs/...: the ref the run was for
     predicate_type: str  # --predicate-type URI
     issuer: str = GITHUB_ISSUER  # --cert-oidc-issuer
 
     def flags(self) -> list[str]:
-        return ["--repo", self.repository, "--signer-workflow", self.signer_workflow,
-                "--source-ref", self.source_ref, "--predicate-type", self.predicate_type,
-                "--cert-oidc-issuer", self.issuer]
+        return ["--repo", self.repository, "--cert-identity", self.identity, "--source-ref", self.source_ref,
+                "--predicate-type", self.predicate_type, "--cert-oidc-issuer", self.issuer]
+
+
+def pins_for(expect: Expectation, predicate_type: str) -> GhPins | None:
+    """gh's pins for the signer ``expect`` states; None where gh cannot state it (a signer that is not a
+    GitHub Actions workflow run for a caller: the local profile's own identity)."""
+    if expect.issuer != GITHUB_ISSUER or expect.workflow_repository is None or expect.workflow_ref is None:
+        return None
+    return GhPins(repository=expect.workflow_repository, identity=expect.identity, source_ref=expect.workflow_ref,
+                  predicate_type=predicate_type, issuer=expect.issuer)
 
 
 def _version(binary: Path) -> tuple[int, int] | None:
@@ -107,3 +122,36 @@ def gh_attestation_verify(artifact: Path, bundle: Path, pins: GhPins, *, trusted
                "GH_CONFIG_DIR": home, "XDG_CACHE_HOME": home, "GH_NO_UPDATE_NOTIFIER": "1", "NO_COLOR": "1"}
         done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120, env=env)
     return GhOutcome(done.returncode == 0, (done.stderr + done.stdout).strip())
+
+
+# Each attestation of a release and what its statement is about, with the predicate type it must carry
+# (stated here, never read from the statement being checked).
+_ATTESTED = ((PROVENANCE_SUMMARY, SLSA_PROVENANCE), (TEST_RESULT, TEST_RESULT_TYPE))
+
+
+def gh_commands(directory: Path, *, repository: str, tag: str, infra_repository: str | None,
+                builder: Builder | None, trusted_root: Path | None = None, profile: str | None = None,
+                gh: str = "gh") -> list[str]:
+    """The ``gh attestation verify`` lines for a release directory (run inside it), beside the cosign
+    lines of :func:`pipeline.verify.external.cosign_commands` and with the same expectation: the
+    evidence's provenance and test result of summary.json, and the images' provenance of each published
+    manifest. ``trusted_root``: the private instance's root; the lines name its JSON Lines form beside
+    it (the instance writes both). Public-good releases need none. No GitHub signer to pin: no lines."""
+    chosen = command_profile(directory, profile)
+    expect = expectation(None, chosen, repository=repository, tag=tag, infra_repository=infra_repository,
+                         builder=builder)
+    root = printed_root(directory, trusted_root, profile)
+    trust = ["--custom-trusted-root", str(root.with_suffix(".jsonl"))] if root is not None else []
+    lines: list[str] = []
+    for statement, predicate_type in _ATTESTED:
+        pins = pins_for(expect, predicate_type)
+        if pins is not None and (directory / bundle_name(statement)).is_file():
+            lines.append(shlex.join([gh, "attestation", "verify", SUMMARY, "--bundle", bundle_name(statement),
+                                     *pins.flags(), *trust]))
+    pins = pins_for(expect, SLSA_PROVENANCE)
+    if pins is not None and (directory / bundle_name(PROVENANCE_IMAGES)).is_file():
+        for manifest in sorted(MANIFESTS.values()):
+            if (directory / manifest).is_file():
+                lines.append(shlex.join([gh, "attestation", "verify", manifest, "--bundle",
+                                         bundle_name(PROVENANCE_IMAGES), *pins.flags(), *trust]))
+    return lines

@@ -190,16 +190,20 @@ def test_gh_attestation_verify_accepts_the_instance_s_entries_and_refuses_each_w
         bundle = signer.sign_statement(statement)
     finally:
         signer.close()
+    # The instance writes gh's form beside its root; trusted_root_lines makes it from any root.
+    written = sigstore_instance.trusted_root.with_suffix(".jsonl")  # type: ignore[attr-defined]
     root = trusted_root_lines(sigstore_instance.trusted_root, tmp_path / "trusted_root.jsonl")  # type: ignore[attr-defined]
     assert len(root.read_text().splitlines()) == 1
-    pins = GhPins(repository="acme/bench-infra", signer_workflow="acme/benchseal/.github/workflows/benchmark.yml",
-                  source_ref="refs/heads/main", predicate_type="https://slsa.dev/provenance/v1")
+    assert json.loads(written.read_text()) == json.loads(root.read_text())
+    pins = GhPins(repository="acme/bench-infra", identity=job.identity, source_ref="refs/heads/main",
+                  predicate_type="https://slsa.dev/provenance/v1")
+    assert job.identity == "https://github.com/acme/benchseal/.github/workflows/benchmark.yml@refs/heads/main"
     right = gh_attestation_verify(artifact, bundle, pins, trusted_root_jsonl=root)
     assert right.ok, right.output
     from dataclasses import replace
     wrong = {
         "repository": replace(pins, repository="acme/agent"),  # the source repository is not the one that ran it
-        "signer_workflow": replace(pins, signer_workflow="acme/bench-infra/.github/workflows/benchmark.yml"),
+        "identity": replace(pins, identity=job.identity.replace("@refs/heads/main", "@refs/heads/dev")),
         "source_ref": replace(pins, source_ref="refs/heads/evil"),
         "predicate_type": replace(pins, predicate_type="https://cyclonedx.org/bom"),
         "issuer": replace(pins, issuer="https://oidc.benchseal.invalid"),
