@@ -14,6 +14,7 @@ import binascii
 import hashlib
 import re
 from collections.abc import Callable
+from enum import StrEnum
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, model_validator
@@ -347,7 +348,20 @@ class DispatchPayload(_Frozen):
 # (pipeline.runner.cli_agent writes it, pipeline.infra.worker.grading reads it).
 MODEL_CALLS_KEY = "model_calls"
 
-RunState = Literal["QUEUED", "CLAIMED", "RUNNING", "SUCCEEDED", "FAILED", "INFRA_ERROR"]
+
+class RunState(StrEnum):
+    """A queued run's state: the one definition that the queue's schema (its CHECK), its SQL and its code
+    read (pipeline.infra.queue.schema; tests/infra/test_queue_states.py ties them). The values are stored
+    in queue databases and run.json: never rename one; a new one needs a schema migration."""
+
+    QUEUED = "QUEUED"
+    CLAIMED = "CLAIMED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    INFRA_ERROR = "INFRA_ERROR"
+
+
 TrialOutcome = Literal["resolved", "unresolved", "infra_error"]
 
 

@@ -89,7 +89,7 @@ def check_sealable(run_dir: Path, policy: InfraPolicy | None = None
         raise CheckFailed(f"{field}: {exc.rule} (got {exc.value!r}); the infra policy does not admit this run, "
                           "so it is not sealed") from None
     if status.state != grading.status:
-        raise CheckFailed(f"run.state: {status.state!r} in run.json, but grading.json says {grading.status!r}")
+        raise CheckFailed(f"run.state: {str(status.state)!r} in run.json, but grading.json says {grading.status!r}")
     _, _, counts = check_grading(run_dir / ARTIFACTS_DIR, grading)
     check_counts(Claim(document="run.json", label="run", run_id=status.run_id, status=status.state,
                        counts=status.counts, score=status.score), counts)

@@ -20,7 +20,7 @@ import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import pydantic
@@ -186,7 +186,7 @@ def open_reader(db: Path | None = None, url: str | None = None) -> SqlQueue:
 # --- rows as the API shows them: one unreadable row is marked, never the whole answer refused ------
 
 _RUN_INDEX = {name.strip(): index for index, name in enumerate(RUN_COLUMNS.split(","))}
-_RUN_STATES = frozenset(get_args(RunState))
+_RUN_STATES = frozenset(RunState)
 MAX_REASON_CHARS = 300
 
 

@@ -9,16 +9,31 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from enum import StrEnum
+from typing import Literal, get_args
 
-from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunState, RunStatus
+from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunOutcome, RunState, RunStatus
 from pipeline.core.documents import Comparison, HistoryEntry
 
-TERMINAL_STATES: frozenset[str] = frozenset({"SUCCEEDED", "FAILED", "INFRA_ERROR"})
-ACTIVE_STATES: frozenset[str] = frozenset({"CLAIMED", "RUNNING"})
-PublicationState = Literal["PENDING", "DELIVERED"]
+# A run's states are pipeline.core.contracts.RunState; the terminal ones are the grader's outcomes.
+TERMINAL_STATES: frozenset[RunState] = frozenset(RunState(outcome) for outcome in get_args(RunOutcome))
+ACTIVE_STATES: frozenset[RunState] = frozenset({RunState.CLAIMED, RunState.RUNNING})
 RunPhase = Literal["run", "finalize"]
-TrialState = Literal["QUEUED", "RUNNING", "DONE"]
+
+
+class TrialState(StrEnum):
+    """A trial row's state (stored: the schema's CHECK is generated from this, pipeline.infra.queue.schema)."""
+
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+
+
+class PublicationState(StrEnum):
+    """An outbox row's state (stored, like TrialState)."""
+
+    PENDING = "PENDING"
+    DELIVERED = "DELIVERED"
 
 # The packed evidence of one trial (pipeline.infra.worker.trial_evidence) may not exceed this.
 MAX_TRIAL_EVIDENCE_BYTES = 64 * 1024 * 1024

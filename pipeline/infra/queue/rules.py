@@ -26,16 +26,25 @@ from pipeline.infra.queue.helpers import Cursor, epoch, iso, one_line
 from pipeline.infra.queue.records import (
     ACTIVE_STATES,
     MAX_TRIAL_EVIDENCE_BYTES,
+    PublicationState,
     RunRecord,
     ScoredRelease,
     TrialBatch,
     TrialClaim,
     TrialRow,
+    TrialState,
     batch_label,
     canonical_payload,
 )
-from pipeline.infra.queue.schema import RUN_COLUMNS
+from pipeline.infra.queue.schema import RUN_COLUMNS, sql_list, sql_text
 from pipeline.infra.queue.sqlbase import SqlBase
+
+# The states as the statements below write them, generated from their enums (never spelled out here);
+# the S608 noqa on those statements: what they interpolate is these constants, never input.
+_QUEUED, _CLAIMED, _RUNNING = (sql_text(s) for s in (RunState.QUEUED, RunState.CLAIMED, RunState.RUNNING))
+_ACTIVE = sql_list(ACTIVE_STATES)
+_TRIAL_QUEUED, _TRIAL_RUNNING, _TRIAL_DONE = (sql_text(s) for s in (TrialState.QUEUED, TrialState.RUNNING, TrialState.DONE))
+_PENDING = sql_text(PublicationState.PENDING)
 
 
 class SqlQueue(SqlBase):
@@ -53,8 +62,8 @@ class SqlQueue(SqlBase):
 
         def work(cur: Cursor) -> tuple[str, bool, bool]:
             cur.execute(
-                "INSERT INTO runs (run_id, correlation_id, payload, state, attempts, max_attempts, created_at, updated_at)"
-                " VALUES (?, ?, ?, 'QUEUED', 0, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING run_id",
+                "INSERT INTO runs (run_id, correlation_id, payload, state, attempts, max_attempts, created_at, updated_at)"  # noqa: S608
+                f" VALUES (?, ?, ?, {_QUEUED}, 0, ?, ?, ?) ON CONFLICT DO NOTHING RETURNING run_id",
                 (run_id, payload.correlation_id, encoded, max_attempts, iso(now), iso(now)),
             )
             if cur.fetchone() is not None:
@@ -63,7 +72,7 @@ class SqlQueue(SqlBase):
                 refusal = self._bind_tag(cur, payload, run_id, now)
                 if refusal is not None:
                     raise ValidationError("payload.source.tag", refusal, payload.source.tag)
-                self._event(cur, run_id, "accepted", None, "QUEUED", None, now)
+                self._event(cur, run_id, "accepted", None, RunState.QUEUED, None, now)
                 return run_id, True, True
             cur.execute("SELECT run_id, payload FROM runs WHERE correlation_id = ?", (payload.correlation_id,))
             existing = cur.fetchone()
@@ -93,10 +102,10 @@ class SqlQueue(SqlBase):
             # results are already in), skipping rows other claimers hold, and claim it; the outer
             # state guard is the contract.
             cur.execute(
-                "UPDATE runs SET state = 'CLAIMED', lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
+                f"UPDATE runs SET state = {_CLAIMED}, lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
                 " attempts = attempts + CASE WHEN phase = 'run' THEN 1 ELSE 0 END,"
                 " finalize_attempts = finalize_attempts + CASE WHEN phase = 'finalize' THEN 1 ELSE 0 END,"
-                " updated_at = ? WHERE state = 'QUEUED' AND run_id = (SELECT run_id FROM runs WHERE state = 'QUEUED'"
+                f" updated_at = ? WHERE state = {_QUEUED} AND run_id = (SELECT run_id FROM runs WHERE state = {_QUEUED}"
                 " ORDER BY phase, created_at, run_id LIMIT 1" + self._claim_lock + f") RETURNING {RUN_COLUMNS}",
                 (token, at + lease_seconds, worker, iso(at)),
             )
@@ -105,7 +114,7 @@ class SqlQueue(SqlBase):
                 self._beat(cur, worker, None, at)
                 return None
             run_id = str(row[0])
-            self._event(cur, run_id, "claimed", "QUEUED", "CLAIMED", f"worker={worker}", at)
+            self._event(cur, run_id, "claimed", RunState.QUEUED, RunState.CLAIMED, f"worker={worker}", at)
             self._beat(cur, worker, run_id, at)
             return row
 
@@ -117,7 +126,7 @@ class SqlQueue(SqlBase):
         return record
 
     def start(self, run_id: str, lease_token: str) -> None:
-        self._transition(run_id, lease_token, from_states=("CLAIMED",), event="started", to_state="RUNNING", detail=None)
+        self._transition(run_id, lease_token, from_states=(RunState.CLAIMED,), event="started", to_state=RunState.RUNNING, detail=None)
 
     def heartbeat(self, run_id: str, lease_token: str, lease_seconds: float, now: datetime | None = None) -> bool:
         at = epoch(now)
@@ -126,7 +135,7 @@ class SqlQueue(SqlBase):
             if self._relaxed_commit:
                 cur.execute(self._relaxed_commit)
             cur.execute(
-                "UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN ('CLAIMED','RUNNING')"
+                f"UPDATE runs SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state IN {_ACTIVE}"  # noqa: S608
                 " RETURNING worker",
                 (at + lease_seconds, run_id, lease_token),
             )
@@ -142,7 +151,7 @@ class SqlQueue(SqlBase):
     def release(self, run_id: str, lease_token: str, reason: str) -> None:
         # A voluntary release (SIGTERM) does not use up an attempt (of either phase).
         self._transition(
-            run_id, lease_token, from_states=tuple(ACTIVE_STATES), event="released", to_state="QUEUED", detail=reason,
+            run_id, lease_token, from_states=tuple(ACTIVE_STATES), event="released", to_state=RunState.QUEUED, detail=reason,
             sets=", lease_token = NULL, lease_expires_at = NULL, worker = NULL,"
                  " phase = CASE WHEN trials_planned > 0 THEN 'finalize' ELSE phase END,"
                  " attempts = CASE WHEN phase = 'run' AND trials_planned = 0 AND attempts > 0 THEN attempts - 1 ELSE attempts END,"
@@ -160,16 +169,16 @@ class SqlQueue(SqlBase):
         exhausted = record.phase == "finalize" or record.attempts >= record.max_attempts or record.trials_planned > 0
         self._transition(
             run_id, lease_token, from_states=tuple(ACTIVE_STATES),
-            event="finalize_pending" if exhausted else "requeued", to_state="QUEUED", detail=reason,
+            event="finalize_pending" if exhausted else "requeued", to_state=RunState.QUEUED, detail=reason,
             sets=", lease_token = NULL, lease_expires_at = NULL, reason = ?, phase = ?",
             params=(reason, "finalize" if exhausted else "run"),
         )
-        return "QUEUED"
+        return RunState.QUEUED
 
     def begin_finalize(self, run_id: str, lease_token: str, reason: str) -> None:
         """The attempts are used up: keep the lease and switch the run to its finalize phase."""
         self._transition(
-            run_id, lease_token, from_states=tuple(ACTIVE_STATES), event="finalizing", to_state="RUNNING", detail=reason,
+            run_id, lease_token, from_states=tuple(ACTIVE_STATES), event="finalizing", to_state=RunState.RUNNING, detail=reason,
             sets=", reason = ?, phase = 'finalize'", params=(reason,),
         )
 
@@ -183,7 +192,7 @@ class SqlQueue(SqlBase):
         Returns the ids of the run's outbox rows (so a caller can deliver them without a lookup)."""
         if grading.run_id != run_id:
             raise ValidationError("grading.run_id", f"must equal the run id {run_id}", grading.run_id)
-        if release is not None and (release.entry.run_id != run_id or grading.status != "SUCCEEDED"
+        if release is not None and (release.entry.run_id != run_id or grading.status != RunState.SUCCEEDED
                                     or release.entry.score != grading.score):
             raise ValidationError("release", f"must be the history entry of run {run_id}'s SUCCEEDED grading",
                                   release.entry.run_id)
@@ -194,14 +203,14 @@ class SqlQueue(SqlBase):
 
         def work(cur: Cursor) -> tuple[tuple[object, ...] | None, list[int]]:
             ended: tuple[object, ...] | None = None
-            current = ""
+            current: RunState | None = None
             # RUNNING first (the usual case: no read before the update), then CLAIMED.
-            for current in ("RUNNING", "CLAIMED"):
+            for current in (RunState.RUNNING, RunState.CLAIMED):
                 cur.execute(
                     "UPDATE runs SET state = ?, grading = ?, reason = ?, lease_token = NULL, lease_expires_at = NULL,"  # noqa: S608
                     " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ?"
                     # A planned run ends only once every one of its trials has ended.
-                    " AND NOT EXISTS (SELECT 1 FROM trials WHERE trials.run_id = runs.run_id AND trials.state <> 'DONE')"
+                    f" AND NOT EXISTS (SELECT 1 FROM trials WHERE trials.run_id = runs.run_id AND trials.state <> {_TRIAL_DONE})"
                     f" RETURNING {RUN_COLUMNS}",
                     (grading.status, grading.model_dump_json(), grading.reason, iso(now), run_id, lease_token, current),
                 )
@@ -219,8 +228,8 @@ class SqlQueue(SqlBase):
             ids: list[int] = []
             for request in publications:
                 cur.execute(
-                    "INSERT INTO publications (run_id, target, tag, request, state, attempts, next_attempt_at, created_at, updated_at)"
-                    " VALUES (?, ?, ?, ?, 'PENDING', 0, ?, ?, ?) ON CONFLICT (run_id, target, tag) DO NOTHING RETURNING id",
+                    "INSERT INTO publications (run_id, target, tag, request, state, attempts, next_attempt_at, created_at, updated_at)"  # noqa: S608
+                    f" VALUES (?, ?, ?, ?, {_PENDING}, 0, ?, ?, ?) ON CONFLICT (run_id, target, tag) DO NOTHING RETURNING id",
                     (run_id, request.target, request.tag, request.model_dump_json(), now, iso(now), iso(now)),
                 )
                 inserted = cur.fetchone()
@@ -334,7 +343,7 @@ class SqlQueue(SqlBase):
         at = epoch(now)
 
         def expired(cur: Cursor) -> bool:
-            cur.execute("SELECT 1 FROM runs WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ? LIMIT 1", (at,))
+            cur.execute(f"SELECT 1 FROM runs WHERE state IN {_ACTIVE} AND lease_expires_at < ? LIMIT 1", (at,))  # noqa: S608
             return cur.fetchone() is not None
 
         # Trials first: a run whose last trial expires here is queued for grading in the same pass.
@@ -347,7 +356,7 @@ class SqlQueue(SqlBase):
             changed: list[str] = []
             cur.execute(
                 "SELECT run_id, state, attempts, max_attempts, lease_token, phase, trials_planned FROM runs"  # noqa: S608
-                " WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ?" + self._claim_lock,
+                f" WHERE state IN {_ACTIVE} AND lease_expires_at < ?" + self._claim_lock,
                 (at,),
             )
             for run_id, state, attempts, max_attempts, token, phase, planned in cur.fetchall():
@@ -361,12 +370,12 @@ class SqlQueue(SqlBase):
                 else:
                     reason = "lease expired"
                 cur.execute(
-                    "UPDATE runs SET state = 'QUEUED', lease_token = NULL, lease_expires_at = NULL, reason = ?, phase = ?,"
+                    f"UPDATE runs SET state = {_QUEUED}, lease_token = NULL, lease_expires_at = NULL, reason = ?, phase = ?,"  # noqa: S608
                     " updated_at = ? WHERE run_id = ? AND lease_token = ? AND state = ? RETURNING run_id",
                     (reason, "finalize" if exhausted else "run", iso(at), run_id, token, state),
                 )
                 if cur.fetchone() is not None:
-                    self._event(cur, run_id, "lease_expired", state, "QUEUED", reason, at)
+                    self._event(cur, run_id, "lease_expired", state, RunState.QUEUED, reason, at)
                     changed.append(str(run_id))
             return changed
 
@@ -394,13 +403,13 @@ class SqlQueue(SqlBase):
             raise ValidationError("limit", "must be >= 1", limit)
         target = run_id
         if target is None:
-            cur.execute("SELECT run_id FROM trials WHERE state = 'QUEUED'"  # noqa: S608
+            cur.execute(f"SELECT run_id FROM trials WHERE state = {_TRIAL_QUEUED}"  # noqa: S608
                         " ORDER BY created_at, run_id, idx LIMIT 1" + self._claim_lock)
             first = cur.fetchone()
             if first is None:
                 return None
             target = str(first[0])
-        cur.execute("SELECT idx FROM trials WHERE run_id = ? AND state = 'QUEUED' ORDER BY idx LIMIT ?"  # noqa: S608
+        cur.execute(f"SELECT idx FROM trials WHERE run_id = ? AND state = {_TRIAL_QUEUED} ORDER BY idx LIMIT ?"  # noqa: S608
                     + self._claim_lock, (target, int(limit)))
         picked = [int(r[0]) for r in cur.fetchall()]
         if not picked:
@@ -408,8 +417,8 @@ class SqlQueue(SqlBase):
         token = secrets.token_hex(16)
         marks = ",".join("?" for _ in picked)
         cur.execute(
-            "UPDATE trials SET state = 'RUNNING', lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
-            f" attempts = attempts + 1, updated_at = ? WHERE run_id = ? AND state = 'QUEUED' AND idx IN ({marks})"
+            f"UPDATE trials SET state = {_TRIAL_RUNNING}, lease_token = ?, lease_expires_at = ?, worker = ?,"  # noqa: S608
+            f" attempts = attempts + 1, updated_at = ? WHERE run_id = ? AND state = {_TRIAL_QUEUED} AND idx IN ({marks})"
             " RETURNING idx, task, trial_name, attempts, max_attempts",
             (token, at + lease_seconds, worker, iso(at), target, *picked),
         )
@@ -440,19 +449,19 @@ class SqlQueue(SqlBase):
         def work(cur: Cursor) -> tuple[tuple[object, ...] | None, TrialBatch | None]:
             current = str(self._lock_run(cur, run_id)[3])
             cur.execute(
-                "UPDATE runs SET state = 'RUNNING', lease_token = NULL, lease_expires_at = NULL, worker = NULL,"
+                f"UPDATE runs SET state = {_RUNNING}, lease_token = NULL, lease_expires_at = NULL, worker = NULL,"  # noqa: S608
                 " trials_planned = ?, updated_at = ? WHERE run_id = ? AND lease_token = ?"
-                " AND state IN ('CLAIMED','RUNNING') AND phase = 'run' AND trials_planned = 0 RETURNING run_id",
+                f" AND state IN {_ACTIVE} AND phase = 'run' AND trials_planned = 0 RETURNING run_id",
                 (len(trials), iso(at), run_id, lease_token),
             )
             if cur.fetchone() is None:
                 raise CheckFailed(f"run {run_id}: lease not held, or already planned (state {current}); refusing to plan trials")
-            self._event(cur, run_id, "trials_planned", current, "RUNNING", f"{len(trials)} trials", at)
+            self._event(cur, run_id, "trials_planned", current, RunState.RUNNING, f"{len(trials)} trials", at)
             for first in range(0, len(trials), 100):  # one statement per 100 trials
                 chunk = list(enumerate(trials))[first:first + 100]
                 cur.execute(
                     "INSERT INTO trials (run_id, idx, task, trial_name, state, attempts, max_attempts, created_at, updated_at)"  # noqa: S608
-                    " VALUES " + ",".join("(?, ?, ?, ?, 'QUEUED', 0, ?, ?, ?)" for _ in chunk),
+                    " VALUES " + ",".join(f"(?, ?, ?, ?, {_TRIAL_QUEUED}, 0, ?, ?, ?)" for _ in chunk),
                     [v for idx, trial in chunk for v in (run_id, idx, trial.task, trial.trial_name, max_attempts,
                                                           iso(at), iso(at))],
                 )
@@ -472,9 +481,9 @@ class SqlQueue(SqlBase):
 
         def any_queued(cur: Cursor) -> bool:
             if run_id is None:
-                cur.execute("SELECT 1 FROM trials WHERE state = 'QUEUED' LIMIT 1")
+                cur.execute(f"SELECT 1 FROM trials WHERE state = {_TRIAL_QUEUED} LIMIT 1")  # noqa: S608
             else:
-                cur.execute("SELECT 1 FROM trials WHERE run_id = ? AND state = 'QUEUED' LIMIT 1", (run_id,))
+                cur.execute(f"SELECT 1 FROM trials WHERE run_id = ? AND state = {_TRIAL_QUEUED} LIMIT 1", (run_id,))  # noqa: S608
             return cur.fetchone() is not None
 
         # The common case for an idle worker or one-trial runs (nothing queued) takes no write lock.
@@ -488,7 +497,7 @@ class SqlQueue(SqlBase):
         def work(cur: Cursor) -> bool:
             if self._relaxed_commit:
                 cur.execute(self._relaxed_commit)
-            cur.execute("UPDATE trials SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'"
+            cur.execute(f"UPDATE trials SET lease_expires_at = ? WHERE run_id = ? AND lease_token = ? AND state = {_TRIAL_RUNNING}"  # noqa: S608
                         " RETURNING worker", (at + lease_seconds, run_id, lease_token))
             rows = cur.fetchall()
             if not rows:
@@ -501,7 +510,7 @@ class SqlQueue(SqlBase):
         return self._transaction(work)
 
     def _held_trials(self, cur: Cursor, run_id: str, lease_token: str, what: str) -> tuple[list[int], str]:
-        cur.execute("SELECT idx, worker FROM trials WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING' ORDER BY idx",
+        cur.execute(f"SELECT idx, worker FROM trials WHERE run_id = ? AND lease_token = ? AND state = {_TRIAL_RUNNING} ORDER BY idx",  # noqa: S608
                     (run_id, lease_token))
         rows = cur.fetchall()
         if not rows:
@@ -512,21 +521,21 @@ class SqlQueue(SqlBase):
                           at: float) -> tuple[object, ...] | None:
         """When no trial of ``run_id`` is left, hand the run to ``worker`` under a fresh lease (it grades
         and completes it), or with no worker (lease expiry) queue it to be graded by the next claim."""
-        cur.execute("SELECT COUNT(*) FROM trials WHERE run_id = ? AND state <> 'DONE'", (run_id,))
+        cur.execute(f"SELECT COUNT(*) FROM trials WHERE run_id = ? AND state <> {_TRIAL_DONE}", (run_id,))  # noqa: S608
         if int(cur.fetchone()[0]) != 0:
             return None
         if worker is None:
             cur.execute(
-                "UPDATE runs SET state = 'QUEUED', phase = 'finalize', lease_token = NULL, lease_expires_at = NULL,"
-                " worker = NULL, updated_at = ? WHERE run_id = ? AND state = 'RUNNING' AND lease_token IS NULL"
+                f"UPDATE runs SET state = {_QUEUED}, phase = 'finalize', lease_token = NULL, lease_expires_at = NULL,"  # noqa: S608
+                f" worker = NULL, updated_at = ? WHERE run_id = ? AND state = {_RUNNING} AND lease_token IS NULL"
                 " AND trials_planned > 0 RETURNING run_id", (iso(at), run_id))
             if cur.fetchone() is not None:
-                self._event(cur, run_id, "trials_done", "RUNNING", "QUEUED", "the last trial ended by lease expiry: queued for grading", at)
+                self._event(cur, run_id, "trials_done", RunState.RUNNING, RunState.QUEUED, "the last trial ended by lease expiry: queued for grading", at)
             return None
         token = secrets.token_hex(16)
         cur.execute(
             "UPDATE runs SET lease_token = ?, lease_expires_at = ?, worker = ?, updated_at = ?"  # noqa: S608
-            " WHERE run_id = ? AND state = 'RUNNING' AND lease_token IS NULL AND trials_planned > 0"
+            f" WHERE run_id = ? AND state = {_RUNNING} AND lease_token IS NULL AND trials_planned > 0"
             f" RETURNING {RUN_COLUMNS}",
             (token, at + lease_seconds, worker, iso(at), run_id))
         row: tuple[object, ...] | None = cur.fetchone()
@@ -557,9 +566,9 @@ class SqlQueue(SqlBase):
                 raise ValidationError("results", "must hold at least one trial result", run_id)
             for idx in sorted(results):
                 cur.execute(
-                    "UPDATE trials SET state = 'DONE', result = ?, evidence = ?, reason = NULL, lease_token = NULL,"
+                    f"UPDATE trials SET state = {_TRIAL_DONE}, result = ?, evidence = ?, reason = NULL, lease_token = NULL,"  # noqa: S608
                     " lease_expires_at = NULL, updated_at = ? WHERE run_id = ? AND idx = ? AND lease_token = ?"
-                    " AND state = 'RUNNING' RETURNING idx",
+                    f" AND state = {_TRIAL_RUNNING} RETURNING idx",
                     (results[idx], packed.get(idx), iso(at), run_id, idx, lease_token))
                 if cur.fetchone() is None:
                     raise CheckFailed(f"run {run_id}: trial {idx} changed under its lease; refusing to complete it")
@@ -578,9 +587,9 @@ class SqlQueue(SqlBase):
             self._lock_run(cur, run_id)
             held, worker = self._held_trials(cur, run_id, lease_token, "to fail trials")
             cur.execute(
-                "UPDATE trials SET state = CASE WHEN attempts >= max_attempts THEN 'DONE' ELSE 'QUEUED' END,"
+                f"UPDATE trials SET state = CASE WHEN attempts >= max_attempts THEN {_TRIAL_DONE} ELSE {_TRIAL_QUEUED} END,"  # noqa: S608
                 " reason = ?, result = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = ?"
-                " WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'",
+                f" WHERE run_id = ? AND lease_token = ? AND state = {_TRIAL_RUNNING}",
                 (reason, iso(at), run_id, lease_token))
             self._event(cur, run_id, "trials_failed", None, None, f"worker={worker} trials={held}: {reason[:300]}", at)
             return self._after_trials_end(cur, run_id, worker, lease_seconds, at)
@@ -598,9 +607,9 @@ class SqlQueue(SqlBase):
             self._lock_run(cur, run_id)
             held, worker = self._held_trials(cur, run_id, lease_token, "to release trials")
             cur.execute(
-                "UPDATE trials SET state = 'QUEUED', attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,"
+                f"UPDATE trials SET state = {_TRIAL_QUEUED}, attempts = CASE WHEN attempts > 0 THEN attempts - 1 ELSE 0 END,"  # noqa: S608
                 " lease_token = NULL, lease_expires_at = NULL, worker = NULL, updated_at = ?"
-                " WHERE run_id = ? AND lease_token = ? AND state = 'RUNNING'",
+                f" WHERE run_id = ? AND lease_token = ? AND state = {_TRIAL_RUNNING}",
                 (iso(at), run_id, lease_token))
             self._event(cur, run_id, "trials_released", None, None, f"worker={worker} trials={held}: {reason[:300]}", at)
 
@@ -612,7 +621,7 @@ class SqlQueue(SqlBase):
                         " FROM trials WHERE run_id = ? ORDER BY idx", (run_id,))
             return cur.fetchall()
 
-        return [TrialRow(run_id=str(r), idx=int(i), task=str(t), trial_name=str(n), state=str(st),  # type: ignore[arg-type]
+        return [TrialRow(run_id=str(r), idx=int(i), task=str(t), trial_name=str(n), state=TrialState(str(st)),
                          attempts=int(a), max_attempts=int(m), worker=None if w is None else str(w),
                          reason=None if why is None else str(why), result=None if res is None else str(res))
                 for r, i, t, n, st, a, m, w, why, res in self._read(work)]
@@ -629,14 +638,14 @@ class SqlQueue(SqlBase):
 
     def held_batches(self, run_id: str) -> set[str]:
         def work(cur: Cursor) -> list[Any]:
-            cur.execute("SELECT DISTINCT lease_token FROM trials WHERE run_id = ? AND state = 'RUNNING'", (run_id,))
+            cur.execute(f"SELECT DISTINCT lease_token FROM trials WHERE run_id = ? AND state = {_TRIAL_RUNNING}", (run_id,))  # noqa: S608
             return cur.fetchall()
 
         return {batch_label(str(r[0])) for r in self._read(work) if r[0] is not None}
 
     def _requeue_expired_trials(self, at: float) -> list[str]:
         def expired(cur: Cursor) -> list[str]:
-            cur.execute("SELECT DISTINCT run_id FROM trials WHERE state = 'RUNNING' AND lease_expires_at < ?", (at,))
+            cur.execute(f"SELECT DISTINCT run_id FROM trials WHERE state = {_TRIAL_RUNNING} AND lease_expires_at < ?", (at,))  # noqa: S608
             return sorted(str(r[0]) for r in cur.fetchall())
 
         changed: list[str] = []
@@ -644,10 +653,10 @@ class SqlQueue(SqlBase):
             def work(cur: Cursor, run_id: str = run_id) -> bool:
                 self._lock_run(cur, run_id)
                 cur.execute(
-                    "UPDATE trials SET state = CASE WHEN attempts >= max_attempts THEN 'DONE' ELSE 'QUEUED' END,"
+                    f"UPDATE trials SET state = CASE WHEN attempts >= max_attempts THEN {_TRIAL_DONE} ELSE {_TRIAL_QUEUED} END,"  # noqa: S608
                     " reason = CASE WHEN attempts >= max_attempts THEN 'lease expired on the final attempt' ELSE 'lease expired' END,"
                     " lease_token = NULL, lease_expires_at = NULL, updated_at = ?"
-                    " WHERE run_id = ? AND state = 'RUNNING' AND lease_expires_at < ? RETURNING idx",
+                    f" WHERE run_id = ? AND state = {_TRIAL_RUNNING} AND lease_expires_at < ? RETURNING idx",
                     (iso(at), run_id, at))
                 ended = cur.fetchall()
                 if not ended:

@@ -8,9 +8,32 @@ Both backends apply the statements of a version in one transaction and record it
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 
+from pipeline.core.contracts import RunState
 from pipeline.core.errors import CheckFailed
+from pipeline.infra.queue.records import PublicationState, TrialState
+
+
+# The queue's SQL names every state through these, from its enum (RunState, TrialState,
+# PublicationState): no state is written out as an SQL literal by hand.
+def sql_text(state: StrEnum) -> str:
+    """``state`` as an SQL string literal (a state is an upper-case word: nothing to escape)."""
+    if not re.fullmatch(r"[A-Z_]+", state.value):
+        raise ValueError(f"state {state.value!r} is not an upper-case word")
+    return f"'{state.value}'"
+
+
+def sql_list(states: Iterable[StrEnum]) -> str:
+    """``(...)`` of SQL literals for ``IN``, in the enum's order (so the text is the same in every process)."""
+    chosen = list(states)
+    if not chosen:
+        raise ValueError("no states")
+    order = list(type(chosen[0]))
+    return "(" + ",".join(sql_text(state) for state in sorted(set(chosen), key=order.index)) + ")"
 
 
 @dataclass(frozen=True)
@@ -48,7 +71,7 @@ CREATE TABLE{if_not_exists} runs (
     run_id TEXT PRIMARY KEY,
     correlation_id TEXT NOT NULL UNIQUE,
     payload TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('QUEUED','CLAIMED','RUNNING','SUCCEEDED','FAILED','INFRA_ERROR')),
+    state TEXT NOT NULL CHECK (state IN {run_states}),
     attempts INTEGER NOT NULL DEFAULT 0,
     max_attempts INTEGER NOT NULL,
     lease_token TEXT,
@@ -76,7 +99,7 @@ CREATE TABLE{if_not_exists} publications (
     target TEXT NOT NULL,
     tag TEXT NOT NULL,
     request TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('PENDING','DELIVERED')),
+    state TEXT NOT NULL CHECK (state IN {publication_states}),
     attempts INTEGER NOT NULL DEFAULT 0,
     next_attempt_at {real} NOT NULL,
     lease_expires_at {real},
@@ -106,7 +129,7 @@ CREATE TABLE trials (
     idx INTEGER NOT NULL,
     task TEXT NOT NULL,
     trial_name TEXT NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('QUEUED','RUNNING','DONE')),
+    state TEXT NOT NULL CHECK (state IN {trial_states}),
     attempts INTEGER NOT NULL DEFAULT 0,
     max_attempts INTEGER NOT NULL,
     lease_token TEXT,
@@ -182,9 +205,13 @@ def migration(dialect: Dialect, version: int) -> list[str]:
     transaction (SQLite's executescript would COMMIT)."""
     if not 1 <= version <= SCHEMA_VERSION:
         raise ValueError(f"no schema version {version} (1 .. {SCHEMA_VERSION})")
+    # The CHECKs' state lists come from the enums but are stored in each database's schema as written at
+    # its version: a state added to an enum needs a new migration (tests/infra/test_queue_states.py pins the text).
     text = _MIGRATIONS[version - 1].format(real=dialect.real, blob=dialect.blob, serial_key=dialect.serial_key,
                                            if_not_exists=dialect.if_not_exists, src_repository=dialect.source("repository"),
-                                           src_tag=dialect.source("tag"), src_commit=dialect.source("commit"))
+                                           src_tag=dialect.source("tag"), src_commit=dialect.source("commit"),
+                                           run_states=sql_list(RunState), trial_states=sql_list(TrialState),
+                                           publication_states=sql_list(PublicationState))
     return [statement for statement in text.split(";") if statement.strip()]
 
 

@@ -13,13 +13,29 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from pipeline.core.contracts import Grading, PublicationRequest
+from pipeline.core.contracts import Grading, PublicationRequest, RunState
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import canonical_json
 from pipeline.infra.queue.helpers import Cursor, T, epoch, iso, log
 from pipeline.infra.queue.interface import Queue
-from pipeline.infra.queue.records import Event, Publication, QueueStats, RunRecord, WorkerBeat, parse_payload
-from pipeline.infra.queue.schema import PUB_COLUMNS, RUN_COLUMNS
+from pipeline.infra.queue.records import (
+    ACTIVE_STATES,
+    Event,
+    Publication,
+    PublicationState,
+    QueueStats,
+    RunRecord,
+    TrialState,
+    WorkerBeat,
+    parse_payload,
+)
+from pipeline.infra.queue.schema import PUB_COLUMNS, RUN_COLUMNS, sql_list, sql_text
+
+# The states as the statements below write them, generated from their enums (never spelled out here);
+# the S608 noqa on those statements: what they interpolate is these constants, never input.
+_QUEUED, _ACTIVE = sql_text(RunState.QUEUED), sql_list(ACTIVE_STATES)
+_TRIAL_RUNNING = sql_text(TrialState.RUNNING)
+_PENDING, _DELIVERED = sql_text(PublicationState.PENDING), sql_text(PublicationState.DELIVERED)
 
 
 class SqlBase(Queue):
@@ -74,7 +90,7 @@ class SqlBase(Queue):
             run_id=str(run_id),
             correlation_id=str(correlation_id),
             payload=parse_payload(str(payload)),
-            state=str(state),  # type: ignore[arg-type]
+            state=RunState(str(state)),
             attempts=int(str(attempts)),
             max_attempts=int(str(max_attempts)),
             lease_token=None if token is None else str(token),
@@ -183,26 +199,26 @@ class SqlBase(Queue):
         def work(cur: Cursor) -> tuple[dict[str, int], dict[str, int], int, int, int, list[Any]]:
             cur.execute("SELECT state, COUNT(*) FROM runs GROUP BY state")
             by_state = {str(s): int(n) for s, n in cur.fetchall()}
-            cur.execute("SELECT COUNT(*) FROM runs WHERE state = 'QUEUED' AND phase = 'finalize'")
+            cur.execute(f"SELECT COUNT(*) FROM runs WHERE state = {_QUEUED} AND phase = 'finalize'")  # noqa: S608
             finalize = int(cur.fetchone()[0])
-            cur.execute("SELECT COUNT(*) FROM runs WHERE state IN ('CLAIMED','RUNNING') AND lease_expires_at < ?", (at,))
+            cur.execute(f"SELECT COUNT(*) FROM runs WHERE state IN {_ACTIVE} AND lease_expires_at < ?", (at,))  # noqa: S608
             expired = int(cur.fetchone()[0])
-            cur.execute("SELECT COUNT(*) FROM publications WHERE state = 'PENDING'")
+            cur.execute(f"SELECT COUNT(*) FROM publications WHERE state = {_PENDING}")  # noqa: S608
             outbox = int(cur.fetchone()[0])
             cur.execute("SELECT worker, last_seen, run_id FROM workers ORDER BY worker")
             workers = cur.fetchall()
             cur.execute("SELECT state, COUNT(*) FROM trials GROUP BY state")
             trials = {str(s): int(n) for s, n in cur.fetchall()}
-            cur.execute("SELECT COUNT(*) FROM trials WHERE state = 'RUNNING' AND lease_expires_at < ?", (at,))
+            cur.execute(f"SELECT COUNT(*) FROM trials WHERE state = {_TRIAL_RUNNING} AND lease_expires_at < ?", (at,))  # noqa: S608
             expired += int(cur.fetchone()[0])
             return by_state, trials, finalize, expired, outbox, workers
 
         by_state, trials, finalize, expired, outbox, workers = self._read(work)
         return QueueStats(
             backend=self.backend, location=self.location, schema_version=self.schema_version(),
-            by_state=by_state, depth=by_state.get("QUEUED", 0), finalize_pending=finalize,
-            in_flight=by_state.get("CLAIMED", 0) + by_state.get("RUNNING", 0), expired_leases=expired,
-            outbox_pending=outbox, trials_queued=trials.get("QUEUED", 0), trials_in_flight=trials.get("RUNNING", 0),
+            by_state=by_state, depth=by_state.get(RunState.QUEUED, 0), finalize_pending=finalize,
+            in_flight=sum(by_state.get(state, 0) for state in ACTIVE_STATES), expired_leases=expired,
+            outbox_pending=outbox, trials_queued=trials.get(TrialState.QUEUED, 0), trials_in_flight=trials.get(TrialState.RUNNING, 0),
             workers=tuple(WorkerBeat(worker=str(w), last_seen=datetime.fromtimestamp(float(s), UTC),
                                      run_id=None if r is None else str(r)) for w, s, r in workers),
         )
@@ -218,7 +234,7 @@ class SqlBase(Queue):
             attempts=int(str(attempts)),
             next_attempt_at=datetime.fromtimestamp(float(str(next_at)), UTC),
             last_error=None if last_error is None else str(last_error),
-            state=str(state),  # type: ignore[arg-type]
+            state=PublicationState(str(state)),
             result=None if result is None else json.loads(str(result)),
         )
 
@@ -228,7 +244,7 @@ class SqlBase(Queue):
         def work(cur: Cursor) -> list[Any]:
             cur.execute(
                 f"SELECT {PUB_COLUMNS} FROM publications"  # noqa: S608
-                " WHERE state = 'PENDING' AND next_attempt_at <= ? AND (lease_expires_at IS NULL OR lease_expires_at < ?)"
+                f" WHERE state = {_PENDING} AND next_attempt_at <= ? AND (lease_expires_at IS NULL OR lease_expires_at < ?)"
                 " ORDER BY next_attempt_at, id LIMIT ?",
                 (at, at, int(limit)),
             )
@@ -261,8 +277,8 @@ class SqlBase(Queue):
 
         def work(cur: Cursor) -> bool:
             cur.execute(
-                "UPDATE publications SET lease_expires_at = ?, attempts = attempts + 1, updated_at = ?"
-                " WHERE id = ? AND state = 'PENDING' AND next_attempt_at <= ?"
+                "UPDATE publications SET lease_expires_at = ?, attempts = attempts + 1, updated_at = ?"  # noqa: S608
+                f" WHERE id = ? AND state = {_PENDING} AND next_attempt_at <= ?"
                 " AND (lease_expires_at IS NULL OR lease_expires_at < ?) RETURNING run_id",
                 (now + lease_seconds, iso(now), pub_id, now, now),
             )
@@ -280,8 +296,8 @@ class SqlBase(Queue):
 
         def work(cur: Cursor) -> None:
             cur.execute(
-                "UPDATE publications SET state = 'DELIVERED', result = ?, lease_expires_at = NULL, last_error = NULL,"
-                " updated_at = ? WHERE id = ? AND state = 'PENDING' RETURNING run_id",
+                f"UPDATE publications SET state = {_DELIVERED}, result = ?, lease_expires_at = NULL, last_error = NULL,"  # noqa: S608
+                f" updated_at = ? WHERE id = ? AND state = {_PENDING} RETURNING run_id",
                 (encoded, iso(now), pub_id),
             )
             delivered = cur.fetchone()
@@ -299,8 +315,8 @@ class SqlBase(Queue):
         def work(cur: Cursor) -> None:
             run_id = self._publication_run(cur, pub_id)
             cur.execute(
-                "UPDATE publications SET last_error = ?, next_attempt_at = ?, lease_expires_at = NULL, updated_at = ?"
-                " WHERE id = ? AND state = 'PENDING'",
+                "UPDATE publications SET last_error = ?, next_attempt_at = ?, lease_expires_at = NULL, updated_at = ?"  # noqa: S608
+                f" WHERE id = ? AND state = {_PENDING}",
                 (error[:4000], epoch(retry_at), iso(now), pub_id),
             )
             self._event(cur, run_id, "publication_failed", None, None, f"publication={pub_id}: {error[:200]}", now)

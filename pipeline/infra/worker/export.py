@@ -42,7 +42,7 @@ from pipeline.core.contracts import Grading, RunStatus, load_model, validate_run
 from pipeline.core.documents import Comparison, load_document
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.fsutil import NameTree, NotRegularFile, canonical_json, name_problem, open_regular, staged_dir
-from pipeline.infra.queue.sql import Queue, RunRecord
+from pipeline.infra.queue.sql import TERMINAL_STATES, Queue, RunRecord
 from pipeline.infra.worker.trial_evidence import check_trial_name, read_trial_pack
 
 MAX_EXPORT_BYTES = 512 * 1024 * 1024
@@ -50,7 +50,7 @@ MAX_MEMBERS = 100_000
 TOP_FILES = ("run.json", "grading.json")
 COMPARISON = "comparison.json"  # optional: only a scored run recorded in the history has one
 EVIDENCE = "artifacts/evidence"
-TERMINAL = ("SUCCEEDED", "FAILED", "INFRA_ERROR")
+TERMINAL = TERMINAL_STATES  # the run states an export may hold (pipeline.infra.queue.records)
 log = logging.getLogger("benchseal.export")
 
 

@@ -15,7 +15,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.contracts import Grading, PublicationRequest, TrialRecord
+from pipeline.core.contracts import Grading, PublicationRequest, RunState, TrialRecord
 from pipeline.core.digests import parse_ref
 from pipeline.core.errors import CheckFailed
 from pipeline.core.fsutil import atomic_write_json, sha256_file
@@ -54,7 +54,7 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
     then evidence, finalizer and ONE terminal transaction with the outbox rows."""
     run_id, payload = record.run_id, record.payload
     run_dir = queue.run_dir(run_id)
-    if record.state == "CLAIMED":
+    if record.state == RunState.CLAIMED:
         queue.start(run_id, token)
     _remove_run_leftovers(run_id)
     trials: list[TrialRecord] = []
@@ -108,7 +108,7 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
             log.exception("run %s: finalize failed", run_id)
             if record.finalize_attempts < finalize_claims(record):
                 queue.fail_infra(run_id, token, f"finalize failed: {type(exc).__name__}: {exc}")
-                return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="finalize failed; queued for grading")
+                return RunOutcome(run_id=run_id, state=RunState.QUEUED, grading=None, reason="finalize failed; queued for grading")
             log.error("run %s: finalization tried %d times; completing without publications", run_id,
                       record.finalize_attempts)
     queue.complete(run_id, token, grading, publications, release=release)
@@ -117,7 +117,7 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
         # A finalizer sealed the evidence here: the release joins the history now (else the seal job records it).
         queue.record_summary(run_id, f"sha256:{sha256_file(sealed)}")
     digests = sorted({t.runner_digest for t in trials if t.runner_digest})
-    return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason,
+    return RunOutcome(run_id=run_id, state=RunState(grading.status), grading=grading, reason=grading.reason,
                       runner_digest=digests[0] if digests else None)
 
 
@@ -173,14 +173,14 @@ def _finalize(
             if record.finalize_attempts < allowed:
                 # Retried by the next claim (phase finalize); the terminal state waits for its publication.
                 queue.fail_infra(record.run_id, token, f"finalize failed: {type(exc).__name__}: {exc}")
-                return RunOutcome(run_id=record.run_id, state="QUEUED", grading=None, reason=reason)
+                return RunOutcome(run_id=record.run_id, state=RunState.QUEUED, grading=None, reason=reason)
             publications = []
     elif finalize is not None:
         # Workers died finalizing this run more often than it has attempts: end it without running the hook again.
         log.error("run %s: finalization tried %d times; completing without publications", record.run_id,
                   record.finalize_attempts)
     queue.complete(record.run_id, token, grading, publications)
-    return RunOutcome(run_id=record.run_id, state=grading.status, grading=grading, reason=grading.reason,
+    return RunOutcome(run_id=record.run_id, state=RunState(grading.status), grading=grading, reason=grading.reason,
                       runner_digest=runner.digest if runner else None)
 
 
@@ -214,7 +214,7 @@ def _finalize_abandoned(
             reason = f"finalize: cannot stop the earlier attempt's containers: {type(exc).__name__}: {exc}"
             log.error("run %s: %s", run_id, reason)
             queue.fail_infra(run_id, token, reason)
-            return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason=reason)
+            return RunOutcome(run_id=run_id, state=RunState.QUEUED, grading=None, reason=reason)
         log.error("run %s: cannot stop the earlier attempt's containers (%s); grading what is there", run_id, exc)
     finally:
         if client is not None:

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.attest.images import ImageIdentityPolicy, SigstoreEndpoints, image_identity, verify_image
-from pipeline.core.contracts import DispatchPayload, trial_attempt
+from pipeline.core.contracts import DispatchPayload, RunState, trial_attempt
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.core.fsutil import atomic_write_json
@@ -338,7 +338,7 @@ def _plan(
             return _infra(queue, record, token, f"finalize failed: {type(exc).__name__}: {exc}", started, finalize,
                           run_dir, policy)
         queue.complete(run_id, token, grading, publications)
-        return RunOutcome(run_id=run_id, state=grading.status, grading=grading, reason=grading.reason)
+        return RunOutcome(run_id=run_id, state=RunState(grading.status), grading=grading, reason=grading.reason)
     batch = queue.plan_trials(
         run_id, token, [PlannedTrial(task=s.task, trial_name=s.trial_name) for s in specs],
         max_attempts=record.max_attempts, claim=_batch_size(config, policy, payload.suite),
@@ -357,7 +357,7 @@ def _work_batches(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy:
     while current is not None:
         ended = _run_batch(queue, current, config, policy)
         if ended == "released":
-            return RunOutcome(run_id=run_id, state="QUEUED", grading=None, reason="released on SIGTERM")
+            return RunOutcome(run_id=run_id, state=RunState.QUEUED, grading=None, reason="released on SIGTERM")
         if isinstance(ended, RunRecord):
             grader_token = ended.lease_token or ""
             beat = _Heartbeat(queue, run_id, grader_token, policy.lease_seconds,
@@ -372,7 +372,7 @@ def _work_batches(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy:
             break
         current = queue.claim_trials(config.worker_id, policy.lease_seconds,
                                      _batch_size(config, policy, batch.run.payload.suite), run_id=run_id)
-    return RunOutcome(run_id=run_id, state="RUNNING", grading=None, reason="other workers hold the run's remaining trials")
+    return RunOutcome(run_id=run_id, state=RunState.RUNNING, grading=None, reason="other workers hold the run's remaining trials")
 
 
 def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: InfraPolicy) -> RunRecord | str | None:
