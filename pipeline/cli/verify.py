@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from pipeline.core.errors import CLI_ERROR_PREFIX, Error, UsageError, ValidationError, escape_text
+
+if TYPE_CHECKING:  # the verdict's types, not imported at run time (pipeline.verify.release costs 224 ms)
+    from pipeline.core.documents import Comparison, ReleaseSummary
+    from pipeline.verify.release import VerifiedRelease
 
 _TARGET = typer.Argument(..., metavar="DIR|OWNER/REPO@TAG",
                          help="A release or artifacts directory (a path that exists), or OWNER/REPO@TAG: the GitHub "
@@ -81,7 +85,8 @@ def verify(
     # lazy: pipeline.verify.release (sigstore) costs 224 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.verify.release import load_summary, verify_release
 
-    def check(directory: Path, repository: str | None, release_tag: str | None) -> tuple[Any, str | None, Any]:
+    def check(directory: Path, repository: str | None,
+              release_tag: str | None) -> tuple[VerifiedRelease, str | None, ReleaseSummary]:
         done = verify_release(directory, repository=repository, tag=release_tag, policy=policy,
                               trusted_root=trusted_root, offline=offline, profile=profile,
                               infra_repository=infra_repo, builder=builder)
@@ -135,7 +140,7 @@ def verify(
     typer.echo(_score_table(summary))
 
 
-def _score_json(summary: Any) -> dict[str, Any]:
+def _score_json(summary: ReleaseSummary) -> dict[str, object]:
     return {"status": summary.status, "score": summary.score, "counts": _plain(summary.counts),
             **{key: _plain(getattr(summary, key, None)) for key in _EXTRA}}
 
@@ -145,11 +150,11 @@ def _score_json(summary: Any) -> dict[str, Any]:
 _EXTRA = ("interval", "comparison")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     return value.model_dump(mode="json", by_alias=True) if hasattr(value, "model_dump") else value
 
 
-def _score_table(summary: Any) -> str:
+def _score_table(summary: ReleaseSummary) -> str:
     """The verified summary.json's score, one table (and its comparison with a previous release, if any)."""
     counts = summary.counts
     score = "-" if summary.score is None else str(summary.score)
@@ -168,7 +173,7 @@ def _score_table(summary: Any) -> str:
     return "\n".join(escape_text(line) for line in lines)
 
 
-def _comparison_lines(comparison: Any) -> list[str]:
+def _comparison_lines(comparison: Comparison) -> list[str]:
     previous = comparison.previous
     if previous is None:
         return ["compared with: nothing (the repository's first scored release of this suite)"]
@@ -185,7 +190,7 @@ def _comparison_lines(comparison: Any) -> list[str]:
     return lines
 
 
-def _verify_images(done: Any, trusted_root: Path | None, workflow: str | None, ref: str) -> str:
+def _verify_images(done: VerifiedRelease, trusted_root: Path | None, workflow: str | None, ref: str) -> str:
     """The release's two images, by the identity built from the consumer's --repo/--tag (and
     --builder) and the commit the verified, signed summary is bound to (never from the images);
     returns that identity, described."""

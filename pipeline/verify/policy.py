@@ -22,7 +22,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from pipeline.core.contracts import builder_problem, validate_git_tag, validate_repository
 from pipeline.core.errors import ValidationError
@@ -137,7 +136,7 @@ def _check_template(value: str, field: str) -> None:
 def load_policy(path: Path | None = None) -> VerifyPolicy:
 
     path = path or DEFAULT_POLICY
-    data: Any = load_yaml(path, what="--policy")
+    data: object = load_yaml(path, what="--policy")
     if not isinstance(data, dict) or data.get("schema") != POLICY_SCHEMA:
         raise ValidationError(f"{path}: schema", f"must be {POLICY_SCHEMA!r}", data.get("schema") if isinstance(data, dict) else data)
     unknown = sorted(str(k) for k in data if k not in _POLICY_KEYS)
