@@ -256,6 +256,8 @@ def test_publication_through_faults_is_exactly_one(world: World, tmp_path: Path)
     # Exactly the artifacts, each once, byte for byte; the body is the notes plus one section.
     artifacts = world.artifacts
     expected = {p.name: p.read_bytes() for p in artifacts.iterdir() if p.is_file()}
+    # Among them the exports for the charting tools (issue 37.7), which only a scored run has.
+    assert {"bencher.bmf.json", "github-action-benchmark.json"} <= set(expected), sorted(expected)
     downloaded = _download(emu, SOURCE, TAG, tmp_path / "downloaded")
     assert downloaded == expected
     assert sorted(a.name for a in emu.release(SOURCE, TAG).assets) == sorted(expected)
