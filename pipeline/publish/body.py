@@ -10,6 +10,7 @@ A body over GitHub's 125,000-character limit is refused before anything is sent.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -258,17 +259,50 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
     ]
     lines = [f"### Benchmark ({markdown_cell(facts.tag)})", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
-    lines += ["", "How to verify (download the release assets into one directory, then):", "", "```sh"]
     commands = [" ".join(c.split("\n")) for c in verify_commands] or ["sha256sum -c SHA256SUMS"]
+    # The short form first (one benchseal line, one gh line, who signed), every check folded below it.
+    lines += ["", *_short_form(commands)]
+    lines += ["", "<details><summary>Every check: sha256sum, cosign, gh and benchseal (download the release assets "
+              "into one directory, then)</summary>", "", "```sh"]
     lines += [_code_line(c) for c in commands]
-    lines += ["```"]
+    lines += ["```", "", "</details>"]
     if image_commands:
         # Online, against the images' registry: the identity, issuer and the workflow repository, ref
         # and commit pins benchseal verify-image checks (pipeline.verify.external.image_check_args).
-        lines += ["", "The runner and API images (cosign, from their registry):", "", "```sh"]
+        lines += ["", "<details><summary>The runner and API images (cosign, from their registry)</summary>", "",
+                  "```sh"]
         lines += [_code_line(" ".join(c.split("\n"))) for c in image_commands]
-        lines += ["```"]
+        lines += ["```", "", "</details>"]
     return "\n".join(lines)
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv[:-1] else None
+
+
+def _inline(command: str) -> str:
+    """A command as inline code on one line (benchseal's own command lines: no backtick, no line break)."""
+    return f"`{_code_line(command)}`" if "`" not in command else _code_line(command)
+
+
+def _short_form(commands: Sequence[str]) -> list[str]:
+    """How to verify in brief: the ``benchseal verify`` line and the first ``gh attestation verify`` line
+    of ``commands`` (the body's own), and the signer they pin, read from those lines."""
+    found = {"benchseal": next((c for c in commands if " verify " in f" {c} " and "benchseal" in c.split()[0]), None),
+             "gh": next((c for c in commands if c.split()[1:3] == ["attestation", "verify"]), None)}
+    lines = ["How to verify (download the release assets into one directory):", ""]
+    if found["benchseal"]:
+        lines.append(f"- {_inline(found['benchseal'])}")
+    if found["gh"]:
+        lines.append(f"- with the GitHub CLI: {_inline(found['gh'])}")
+        argv = shlex.split(found["gh"])
+        identity, repo, ref = _flag(argv, "--cert-identity"), _flag(argv, "--repo"), _flag(argv, "--source-ref")
+        if identity and repo and ref:
+            lines.append(f"- signed by {_inline(identity)} running for {_inline(repo)} at {_inline(ref)} "
+                         f"(issuer {_inline(_flag(argv, '--cert-oidc-issuer') or '')})")
+    if len(lines) == 2:
+        lines.append(f"- {_inline(commands[0])}")
+    return lines
 
 
 def asset_record(assets: Iterable[tuple[str, str]]) -> str:
