@@ -188,6 +188,22 @@ class ClaimNotSupported(ReleaseRefused):
     evidence gives when graded again."""
 
 
+class ReleaseUnavailable(ReleaseRefused):
+    """``verify OWNER/REPO@TAG``: the GitHub release cannot be had as benchseal evidence (no such repository
+    or release, none of its evidence published, GitHub unreachable, refusing or rate-limiting, a download
+    failing); ``subject`` is the reference."""
+
+
+class AssetRefused(ReleaseRefused):
+    """``verify OWNER/REPO@TAG``: an asset is not one plain file name, is listed twice, or is missing while
+    SHA256SUMS lists it."""
+
+
+class AssetTooLarge(AssetRefused):
+    """``verify OWNER/REPO@TAG``: an asset above the per-asset bound (``subject`` the asset), or all of them
+    above the total bound (``subject`` the reference)."""
+
+
 class TestResultMismatch(ReleaseRefused):
     """test-result.intoto.json is not the in-toto test-result statement summary.json gives."""
 

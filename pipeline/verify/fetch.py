@@ -10,9 +10,11 @@ is streamed to a new file (``O_EXCL``, ``O_NOFOLLOW``) in a fresh 0700 temporary
 which ``fetched_release`` removes when the caller is done. Nothing here decides what is
 trusted: the caller runs ``verify_release`` on the directory with its own expectation.
 
-Every failure is one ``CheckFailed`` line (exit 1): no such repository or release, a release
-without benchseal evidence, an asset missing or failing to download, a rate-limited answer
-(when it resets; no retry beyond the client's own for 5xx), an asset too large.
+Every failure is one line (exit 1), a ``ReleaseRefused`` of its rule (``pipeline.core.errors``):
+``ReleaseUnavailable`` for no such repository or release, a release without benchseal evidence, an asset
+failing to download, a refused or rate-limited answer (when it resets; no retry beyond the client's own for
+5xx); ``AssetRefused`` for an asset name that is not one plain file name, listed twice, or missing;
+``AssetTooLarge``; ``ChecksumMismatch`` for a malformed SHA256SUMS.
 """
 
 from __future__ import annotations
@@ -20,19 +22,26 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import github
 import requests
 from github import GithubException, UnknownObjectException
+from github.GitReleaseAsset import GitReleaseAsset
 
 from pipeline.core.contracts import validate_git_tag, validate_repository
-from pipeline.core.errors import CheckFailed, UsageError
+from pipeline.core.errors import (
+    AssetRefused,
+    AssetTooLarge,
+    CheckFailed,
+    ChecksumMismatch,
+    ReleaseUnavailable,
+    UsageError,
+)
 from pipeline.core.fsutil import name_problem
 from pipeline.core.layout import CHECKSUMS, CHECKSUMS_BUNDLE, SUMMARY, bundle_name, parse_checksums
 from pipeline.dispatch.client import api_url_from_env, classify, make_client, make_retry
@@ -105,20 +114,24 @@ def _download(ref: ReleaseRef, directory: Path, token: str | None, max_asset: in
                         token, where)
         assets = _call(lambda: list(release.get_assets()), f"{where}: the release's assets are gone", token, where)
     except requests.RequestException as exc:
-        raise CheckFailed(f"{where}: cannot reach GitHub at {api_url_from_env()}: {exc.__class__.__name__}") from None
-    by_name: dict[str, Any] = {}
+        raise ReleaseUnavailable(f"{where}: cannot reach GitHub at {api_url_from_env()}: {exc.__class__.__name__}",
+                                 subject=where) from None
+    by_name: dict[str, GitReleaseAsset] = {}
     for asset in assets:
         _check_name(asset.name, where)
         if asset.name in by_name:
-            raise CheckFailed(f"{where}: the release lists the asset {asset.name!r} twice")
+            raise AssetRefused(f"{where}: the release lists the asset {asset.name!r} twice", subject=asset.name)
         by_name[asset.name] = asset
     if CHECKSUMS not in by_name or SUMMARY not in by_name:
-        raise CheckFailed(f"{where}: the release carries no benchseal evidence (no {CHECKSUMS} or {SUMMARY} asset): "
-                          "it was never scored, or its evidence is not published yet")
+        raise ReleaseUnavailable(f"{where}: the release carries no benchseal evidence (no {CHECKSUMS} or {SUMMARY} "
+                                 "asset): it was never scored, or its evidence is not published yet", subject=where)
     fetched = _Budget(max_asset, max_total)
     for name in (CHECKSUMS, CHECKSUMS_BUNDLE):
         _fetch(by_name, name, directory, fetched, token, where)
-    listed = parse_checksums((directory / CHECKSUMS).read_bytes())  # flat names: the parser's rule
+    try:
+        listed = parse_checksums((directory / CHECKSUMS).read_bytes())  # flat names: the parser's rule
+    except CheckFailed as exc:
+        raise ChecksumMismatch(str(exc), subject=CHECKSUMS) from None
     # The files SHA256SUMS lists and the bundles of those; a bundle of anything else is not evidence.
     for name in sorted((set(listed) | {bundle_name(n) for n in listed if bundle_name(n) in by_name})
                        - {CHECKSUMS, CHECKSUMS_BUNDLE}):
@@ -128,7 +141,8 @@ def _download(ref: ReleaseRef, directory: Path, token: str | None, max_asset: in
 def _check_name(name: str, where: str) -> None:
     problem = name_problem(name) or ("has a '/'" if "/" in name else "has '..'" if ".." in name else None)
     if problem:
-        raise CheckFailed(f"{where}: refusing the asset name {name!r}: it {problem} (an asset is one plain file name)")
+        raise AssetRefused(f"{where}: refusing the asset name {name!r}: it {problem} (an asset is one plain file "
+                           "name)", subject=name)
 
 
 @dataclass
@@ -139,21 +153,27 @@ class _Budget:
 
     def take(self, name: str, size: int, where: str) -> None:
         if size > self.max_asset:
-            raise CheckFailed(f"{where}: the asset {name} is too large ({size} bytes; at most {self.max_asset})")
+            raise AssetTooLarge(f"{where}: the asset {name} is too large ({size} bytes; at most {self.max_asset})",
+                                subject=name)
         if self.total + size > self.max_total:
-            raise CheckFailed(f"{where}: the release's assets are too large (more than {self.max_total} bytes)")
+            raise AssetTooLarge(f"{where}: the release's assets are too large (more than {self.max_total} bytes)",
+                                subject=where)
         self.total += size
 
 
-def _fetch(by_name: Mapping[str, Any], name: str, directory: Path, budget: _Budget, token: str | None,
+def _fetch(by_name: Mapping[str, GitReleaseAsset], name: str, directory: Path, budget: _Budget, token: str | None,
            where: str) -> None:
     asset = by_name.get(name)
     if asset is None:
-        raise CheckFailed(f"{where}: the asset {name} is missing from the release ({CHECKSUMS} lists it)")
+        raise AssetRefused(f"{where}: the asset {name} is missing from the release ({CHECKSUMS} lists it)",
+                           subject=name)
     budget.take(name, asset.size, where)  # the declared size, before a byte is read
     declared, written = asset.size, 0
     try:
-        _, _, chunks = asset.download_asset(chunk_size=_CHUNK)
+        download = asset.download_asset(chunk_size=_CHUNK)
+        if download is None:  # PyGithub answers None only when given a path to write to
+            raise ReleaseUnavailable(f"{where}: downloading the asset {name} failed: no content", subject=where)
+        _, _, chunks = download
         fd = os.open(directory / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
             for chunk in chunks:
@@ -169,7 +189,8 @@ def _fetch(by_name: Mapping[str, Any], name: str, directory: Path, budget: _Budg
                                        dict(response.headers) if response is not None else {}),
                        f"{where}: downloading the asset {name} failed", token, where) from None
     except requests.RequestException as exc:
-        raise CheckFailed(f"{where}: downloading the asset {name} failed: {exc.__class__.__name__}") from None
+        raise ReleaseUnavailable(f"{where}: downloading the asset {name} failed: {exc.__class__.__name__}",
+                                 subject=where) from None
 
 
 def _message(response: requests.Response | None) -> str:
@@ -180,30 +201,34 @@ def _message(response: requests.Response | None) -> str:
     return str(data.get("message", "")) if isinstance(data, dict) else ""
 
 
-def _call(fetch: Any, not_found: str, token: str | None, where: str) -> Any:
+def _call[T](fetch: Callable[[], T], not_found: str, token: str | None, where: str) -> T:
     try:
         return fetch()
     except UnknownObjectException:
-        raise CheckFailed(not_found + ("" if token is not None else f" (or it is private: {_TOKEN_HINT})")) from None
+        raise ReleaseUnavailable(not_found + ("" if token is not None else f" (or it is private: {_TOKEN_HINT})"),
+                                 subject=where) from None
     except GithubException as exc:
         raise _failure(exc, f"{where}: GitHub refused the request", token, where) from None
 
 
-def _failure(exc: GithubException, what: str, token: str | None, where: str) -> CheckFailed:
+def _failure(exc: GithubException, what: str, token: str | None, where: str) -> ReleaseUnavailable:
     """One line for a GitHub error answer: when a rate limit resets, what a 401/403/404 means."""
     headers = {k.lower(): v for k, v in (exc.headers or {}).items()}
     message = str((exc.data or {}).get("message", "")) if isinstance(exc.data, dict) else ""
     transient = classify(exc)
     if transient is not None and transient.rate_limited:
-        return CheckFailed(f"{where}: GitHub rate-limited the request (HTTP {exc.status}{_reset(headers)}); "
-                           + ("retry then" if token is not None else f"retry then, or with a token ({_TOKEN_HINT})"))
+        return ReleaseUnavailable(f"{where}: GitHub rate-limited the request (HTTP {exc.status}{_reset(headers)}); "
+                                  + ("retry then" if token is not None else f"retry then, or with a token ({_TOKEN_HINT})"),
+                                  subject=where)
     if exc.status == 404:
-        return CheckFailed(f"{what}: HTTP 404 (gone since it was listed, or not visible to this token)")
+        return ReleaseUnavailable(f"{what}: HTTP 404 (gone since it was listed, or not visible to this token)",
+                                  subject=where)
     if exc.status == 401:
-        return CheckFailed(f"{where}: GitHub refused the token (HTTP 401{': ' + message if message else ''})"
-                           if token is not None else f"{where}: GitHub asks for a token (HTTP 401): {_TOKEN_HINT}")
+        return ReleaseUnavailable(f"{where}: GitHub refused the token (HTTP 401{': ' + message if message else ''})"
+                                  if token is not None else f"{where}: GitHub asks for a token (HTTP 401): {_TOKEN_HINT}",
+                                  subject=where)
     hint = f" ({_TOKEN_HINT})" if token is None and exc.status == 403 else ""
-    return CheckFailed(f"{what}: HTTP {exc.status}{': ' + message[:200] if message else ''}{hint}")
+    return ReleaseUnavailable(f"{what}: HTTP {exc.status}{': ' + message[:200] if message else ''}{hint}", subject=where)
 
 
 def _reset(headers: Mapping[str, str]) -> str:

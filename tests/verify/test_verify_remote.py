@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 from pipeline.core.contracts import PublicationRequest
-from pipeline.core.errors import CLI_ERROR_PREFIX, CheckFailed
+from pipeline.core.errors import CLI_ERROR_PREFIX, AssetTooLarge
 from pipeline.dispatch.client import make_client
 from pipeline.publish.outbox import default_target_factory, publish_request
 from pipeline.verify.fetch import fetched_release, parse_reference
@@ -187,12 +186,14 @@ def test_an_asset_name_that_is_not_one_plain_file_name(published: Any, sigstore_
 def test_too_large(published: Any) -> None:
     sizes = {a.name: len(a.data) for a in _release(published).assets}
     largest = max(sizes, key=lambda name: sizes[name])
-    with pytest.raises(CheckFailed, match=rf"the asset {re.escape(largest)} is too large \({sizes[largest]} bytes"), \
+    with pytest.raises(AssetTooLarge) as one, \
             fetched_release(parse_reference(REFERENCE), token=published.token, max_asset=sizes[largest] - 1):
         pass
-    with pytest.raises(CheckFailed, match=r"the release's assets are too large \(more than 10000 bytes\)"), \
+    assert one.value.subject == largest  # the asset over the per-asset bound
+    with pytest.raises(AssetTooLarge) as together, \
             fetched_release(parse_reference(REFERENCE), token=published.token, max_total=10000):
         pass
+    assert together.value.subject == REFERENCE  # all of them over the total bound
     with fetched_release(parse_reference(REFERENCE), token=published.token) as directory:
         fetched = {p.name: p.stat().st_mode & 0o777 for p in directory.iterdir()}
         assert oct(directory.parent.stat().st_mode & 0o777) == "0o700"
