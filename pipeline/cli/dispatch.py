@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -103,6 +104,7 @@ def dispatch(
     cid = correlation
     try:
         # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
+        from pipeline.core.waiting import WaitLines
         from pipeline.dispatch.client import make_client
         from pipeline.dispatch.correlate import PollConfig, validate_workflow_file
         from pipeline.dispatch.dispatch import build_payload, dispatch_and_wait, load_digests, new_correlation_id
@@ -121,6 +123,7 @@ def dispatch(
         result = dispatch_and_wait(
             make_client(), repo, payload, workflow_file=workflow_file, workflow_dispatch=workflow_dispatch,
             event_type=event_type, timeout_s=timeout, poll=PollConfig(attempts=poll_attempts, interval_s=poll_interval),
+            progress=WaitLines(sys.stderr),  # what it waits for, on stderr: stdout stays the result (--json)
         )
     except Error as exc:
         _fail(exc, cid, as_json)

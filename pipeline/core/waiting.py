@@ -4,7 +4,9 @@ A waiting loop calls ``WaitReporter.update(what, elapsed, limit)`` about once a 
 and ``done`` when the wait ends; a wait that ends at its first look reports nothing. ``WaitLines``
 writes them: on a terminal ONE line rewritten in place, elsewhere (a CI log, a file) a plain line at
 the start and then every ``every`` seconds, with no control characters. The text is the same for
-both: ``waiting for tern-cli@1.0.1 on <the configured registry URL> (12 s of 600 s)``.
+both: ``waiting for tern-cli@1.0.1 on <the configured registry URL> (12 s of 600 s)``, and at the end
+``waited 14 s for …: done`` (or ``gave up``). A plain line is also written at once when ``what``
+changes (a workflow run's status).
 
 A caller several layers up (``release --local``'s stages) installs its reporter for the waits under
 it with ``reporting(reporter)``; a waiting function given no reporter uses ``current_reporter()``.
@@ -54,7 +56,7 @@ def wait_text(what: str, elapsed: float, limit: float) -> str:
 
 
 def done_text(what: str, elapsed: float, found: bool) -> str:
-    return escape_text(f"{'found' if found else 'gave up waiting for'} {what} after {max(0.0, elapsed):.0f} s")
+    return escape_text(f"waited {max(0.0, elapsed):.0f} s for {what}: {'done' if found else 'gave up'}")
 
 
 class WaitLines:
@@ -64,33 +66,30 @@ class WaitLines:
         self.stream = stream
         self.tty = _isatty(stream) if tty is None else tty
         self.every = every
-        self._last: dict[str, float] = {}  # what -> elapsed at its last plain line
-        self._open = False  # a TTY line is being rewritten
-        self._lock = threading.Lock()  # the build resolves on one thread, but a reporter may be shared
+        self._what: str | None = None  # what the last plain line said (a new what is said at once)
+        self._last = 0.0  # elapsed at the last plain line
+        self._said = False  # a line about the current wait was written (done closes it)
+        self._lock = threading.Lock()  # one wait at a time, but a reporter may be shared between threads
 
     def update(self, what: str, elapsed: float, limit: float) -> None:
         text = wait_text(what, elapsed, limit)
         with self._lock:
             if self.tty:
                 self.stream.write("\r\x1b[K" + text)  # back to the line's start, erase it, write the new text
-                self._open = True
             else:
-                last = self._last.get(what)
-                if last is not None and elapsed - last < self.every:
+                if what == self._what and elapsed - self._last < self.every:
                     return
-                self._last[what] = elapsed
+                self._what, self._last = what, elapsed
                 self.stream.write(text + "\n")
+            self._said = True
             self.stream.flush()
 
     def done(self, what: str, elapsed: float, found: bool) -> None:
         with self._lock:
-            if self.tty and self._open:
-                self.stream.write("\r\x1b[K" + done_text(what, elapsed, found) + "\n")
-                self._open = False
-            elif not self.tty and self._last.pop(what, None) is not None:
-                self.stream.write(done_text(what, elapsed, found) + "\n")
-            else:
+            if not self._said:
                 return  # nothing was said about this wait: nothing to close
+            self.stream.write(("\r\x1b[K" if self.tty else "") + done_text(what, elapsed, found) + "\n")
+            self._said, self._what = False, None
             self.stream.flush()
 
 

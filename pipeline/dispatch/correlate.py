@@ -44,6 +44,7 @@ import github
 from github import GithubException, UnknownObjectException
 
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
+from pipeline.core.waiting import WaitReporter
 from pipeline.dispatch.client import Transient, classify
 
 DEFAULT_WORKFLOW_FILE = "benchmark.yml"
@@ -261,6 +262,7 @@ class Correlator:
         poll: PollConfig | None = None,
         clock: Clock | None = None,
         on_poll: Callable[[int, str], None] | None = None,
+        progress: WaitReporter | None = None,
     ) -> None:
         self.gh = gh
         self.target = target
@@ -269,6 +271,9 @@ class Correlator:
         self.poll = poll or PollConfig()
         self.clock = clock or SystemClock()
         self.on_poll = on_poll  # observers (bench); never logs
+        self.progress = progress  # what the wait waits for, how long of how long (pipeline.core.waiting)
+        self._started: datetime | None = None
+        self._reported: str | None = None  # the last wait reported, to close when the wait ends
         self.polls = 0
         self.list_requests = 0
         self._transient_streak = 0
@@ -358,6 +363,26 @@ class Correlator:
 
     # --- the state machine ---------------------------------------------------------------
 
+    def _elapsed(self) -> float:
+        return (self.clock.now() - (self._started or self.clock.now())).total_seconds()
+
+    def _report(self, what: str, limit: float) -> None:
+        if self.progress is not None:
+            self._reported = what
+            self.progress.update(what, self._elapsed(), limit)
+
+    def _close(self, what: str | None, found: bool) -> None:
+        if self.progress is not None and self._reported is not None:
+            self.progress.done(what or self._reported, self._elapsed(), found)
+            self._reported = None
+
+    def _looking_for(self) -> str:
+        return f"the run of {self.target.workflow_path} in {self.target.repo} titled '... {self.correlation}'"
+
+    @staticmethod
+    def _following(run: WorkflowRunState) -> str:
+        return f"workflow run {run.run_id} to complete ({run.html_url}, {run.status})"
+
     def find(self) -> WorkflowRunState:
         """Discovery: exactly one match within ``attempts`` polls."""
         for attempt in range(1, self.poll.attempts + 1):
@@ -365,6 +390,7 @@ class Correlator:
             if transient is None and len(found) == 1:
                 return found[0]
             if attempt < self.poll.attempts:
+                self._report(self._looking_for(), self.poll.attempts * self.poll.interval_s)
                 self._wait(transient)
         raise CheckFailed(
             f"no run of {self.target.describe()} has a title ending in {self.correlation!r} "
@@ -382,6 +408,7 @@ class Correlator:
         current = run
         sightings = 1  # listings that showed exactly this run and nothing else
         transient: Transient | None = None
+        limit = (deadline - (self._started or self.clock.now())).total_seconds()
         while current.status != "completed" or sightings < 2:
             if current.status == "completed" and current.conclusion != "success":
                 return current  # a failure needs no confirmation: it fails either way
@@ -390,6 +417,7 @@ class Correlator:
                     f"workflow run {current.run_id} ({current.html_url}) did not complete before the timeout "
                     f"(status {current.status})")
             # A completed run gets exactly one confirming poll, even past the deadline (bounded).
+            self._report(self._following(current), limit)
             self._wait(transient)
             found, transient = self._poll()
             if transient is not None:
@@ -404,11 +432,18 @@ class Correlator:
 
     def wait(self, deadline: datetime, expected_id: int | None = None) -> WorkflowRunState:
         """Find exactly one match (``expected_id`` if GitHub named the run), then follow it to the end."""
-        found = self.find()
-        if expected_id is not None and found.run_id != expected_id:
-            raise CheckFailed(f"the only run of {self.target.describe()} matching {self.correlation!r} is "
-                              f"{found.run_id}, but the dispatch returned run {expected_id}; refusing both")
-        return self.follow(found, deadline)
+        self._started = self.clock.now()
+        try:
+            found = self.find()
+            if expected_id is not None and found.run_id != expected_id:
+                raise CheckFailed(f"the only run of {self.target.describe()} matching {self.correlation!r} is "
+                                  f"{found.run_id}, but the dispatch returned run {expected_id}; refusing both")
+            state = self.follow(found, deadline)
+        except BaseException:
+            self._close(None, False)  # the line a terminal was rewriting ends before the error is printed
+            raise
+        self._close(self._following(state), True)
+        return state
 
     # --- a run GitHub named ------------------------------------------------------------
 

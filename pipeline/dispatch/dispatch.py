@@ -42,6 +42,7 @@ from pipeline.core.contracts import (
     validate_repository,
 )
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError, ValidationError
+from pipeline.core.waiting import WaitReporter, current_reporter
 from pipeline.dispatch.client import classify
 from pipeline.dispatch.correlate import (
     DEFAULT_WORKFLOW_FILE,
@@ -286,13 +287,15 @@ def dispatch_and_wait(
     timeout_s: float = 3600.0,
     poll: PollConfig | None = None,
     clock: Clock | None = None,
+    progress: WaitReporter | None = None,
 ) -> DispatchResult:
     """Dispatch once, find exactly one run of ``workflow_file``, wait for it; CheckFailed unless it
     concludes ``success``.
 
     ``workflow_dispatch=True`` dispatches the workflow directly; otherwise a repository_dispatch
     is sent and only ``workflow_file``'s runs count. ``workflow=FILE`` is the older spelling of
-    ``workflow_file=FILE, workflow_dispatch=True``.
+    ``workflow_file=FILE, workflow_dispatch=True``. ``progress`` (default: ``current_reporter()``) hears
+    what the wait waits for: the run's discovery, then the run until it completes.
     """
 
     poll = poll or PollConfig()
@@ -307,7 +310,8 @@ def dispatch_and_wait(
     mode, run_id, since, ambiguous = _send(gh, full_name, branch, wf, payload, workflow_dispatch=workflow_dispatch,
                                            event_type=event_type, clock=clock, poll=poll)
     target = Target(full_name, wf.id, WORKFLOWS_DIR + workflow_file, mode.partition("+")[0], branch, correlation)
-    correlator = Correlator(gh, target, since=since, poll=poll, clock=clock)
+    correlator = Correlator(gh, target, since=since, poll=poll, clock=clock,
+                            progress=progress if progress is not None else current_reporter())
     if run_id is not None:
         correlator.verify_returned(run_id)
     try:

@@ -105,7 +105,7 @@ class _PublishAfter:
 
 
 WAITING = re.compile(r"waiting for @bs-wait/tern-cli@1\.0\.1 on http://127\.0\.0\.1:[0-9]+/ \(([0-9]+) s of 60 s\)")
-FOUND = re.compile(r"found @bs-wait/tern-cli@1\.0\.1 on http://127\.0\.0\.1:[0-9]+/ after [0-9]+ s")
+FOUND = re.compile(r"waited [0-9]+ s for @bs-wait/tern-cli@1\.0\.1 on http://127\.0\.0\.1:[0-9]+/: done")
 
 
 def _fetch(registry: _Registry, tmp_path: Path, progress: Any = None, wait: float = 60) -> npm.NpmTarball:
@@ -145,7 +145,7 @@ def test_a_log_line_every_ten_seconds_not_every_poll() -> None:
         lines.update("x@1 on R", elapsed, 600)
     lines.done("x@1 on R", 21.2, found=False)
     assert out.getvalue().splitlines() == ["waiting for x@1 on R (0 s of 600 s)", "waiting for x@1 on R (10 s of 600 s)",
-                                           "waiting for x@1 on R (20 s of 600 s)", "gave up waiting for x@1 on R after 21 s"]
+                                           "waiting for x@1 on R (20 s of 600 s)", "waited 21 s for x@1 on R: gave up"]
 
 
 def test_no_wait_no_line_and_a_stream_is_a_tty_only_if_it_says_so(registry: _Registry, tmp_path: Path) -> None:
@@ -163,8 +163,23 @@ def test_a_wait_that_ends_unfound_says_it_gave_up(registry: _Registry, tmp_path:
         _fetch(registry, tmp_path, WaitLines(out, tty=False, every=0), wait=0.3)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith(f"waiting for {PACKAGE}@{VERSION} on {registry.url} (0 s of 0.3 s)")
-    assert lines[-1].startswith(f"gave up waiting for {PACKAGE}@{VERSION} on {registry.url} after ")
+    assert re.fullmatch(rf"waited 0 s for {re.escape(PACKAGE)}@1\.0\.1 on {re.escape(registry.url)}: gave up", lines[-1])
     assert not (tmp_path / "dl").exists() or not any((tmp_path / "dl").iterdir())
+
+
+def test_a_new_what_is_said_at_once_in_a_log() -> None:
+    """A workflow run's status changing is news: said at once, not after the next 10 s."""
+    out = io.StringIO()
+    lines = WaitLines(out, tty=False)
+    for elapsed, what in ((0.0, "run 1 (queued)"), (5.0, "run 1 (queued)"), (6.0, "run 1 (in_progress)"),
+                          (11.0, "run 1 (in_progress)"), (16.0, "run 1 (in_progress)")):
+        lines.update(what, elapsed, 60)
+    lines.done("run 1 (completed)", 17.0, found=True)
+    lines.done("run 1 (completed)", 17.0, found=True)  # closed once
+    assert out.getvalue().splitlines() == ["waiting for run 1 (queued) (0 s of 60 s)",
+                                           "waiting for run 1 (in_progress) (6 s of 60 s)",
+                                           "waiting for run 1 (in_progress) (16 s of 60 s)",
+                                           "waited 17 s for run 1 (completed): done"]
 
 
 def test_escaped_what_cannot_move_the_cursor() -> None:
