@@ -281,15 +281,17 @@ def _flag(argv: Sequence[str], name: str) -> str | None:
 
 
 def _inline(command: str) -> str:
-    """A command as inline code on one line (benchseal's own command lines: no backtick, no line break)."""
-    return f"`{_code_line(command)}`" if "`" not in command else _code_line(command)
+    """A command as inline code on one line (callers pass only commands without a backtick)."""
+    return f"`{_code_line(command)}`"
 
 
 def _short_form(commands: Sequence[str]) -> list[str]:
     """How to verify in brief: the ``benchseal verify`` line and the first ``gh attestation verify`` line
     of ``commands`` (the body's own), and the signer they pin, read from those lines."""
-    found = {"benchseal": next((c for c in commands if " verify " in f" {c} " and "benchseal" in c.split()[0]), None),
-             "gh": next((c for c in commands if c.split()[1:3] == ["attestation", "verify"]), None)}
+    plain = [c for c in commands if "`" not in c and c.split()]
+    found = {"benchseal": next((c for c in plain if c.split()[0].endswith("benchseal") and c.split()[1:2] == ["verify"]),
+                               None),
+             "gh": next((c for c in plain if c.split()[1:3] == ["attestation", "verify"]), None)}
     lines = ["How to verify (download the release assets into one directory):", ""]
     if found["benchseal"]:
         lines.append(f"- {_inline(found['benchseal'])}")
@@ -301,7 +303,7 @@ def _short_form(commands: Sequence[str]) -> list[str]:
             lines.append(f"- signed by {_inline(identity)} running for {_inline(repo)} at {_inline(ref)} "
                          f"(issuer {_inline(_flag(argv, '--cert-oidc-issuer') or '')})")
     if len(lines) == 2:
-        lines.append(f"- {_inline(commands[0])}")
+        lines.append("- every check is below")
     return lines
 
 
