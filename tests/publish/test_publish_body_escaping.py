@@ -106,12 +106,12 @@ def test_every_field_of_the_section_stays_in_its_cell_and_section(value: str) ->
     # The release's own agent gets its own row ("Agent package") whenever the summary names one.
     package = ["Agent package"] if value else []
     assert [len(r) for r in rows] == [2] * (16 + len(package)), rendered
-    labels = ["Status", "Score", "Suite", "Dataset / revision", "Evaluation method", "Completed / total", "Resolved",
+    labels = ["Status", "Score", "Suite", "Dataset / content digest", "Evaluation method", "Completed / total", "Resolved",
               "Unresolved", "Infrastructure errors", "Runner image", "API image", "Harbor version", "Agent", *package,
               "Source", "Infra run id", "Correlation id"]
     assert [r[0] for r in rows] == labels
     # Every cell of a plain value (the Source row joins two with " @ "; the agent package is one value).
-    for label in ("Status", "Suite", "Dataset / revision", "Evaluation method", "Runner image", "API image",
+    for label in ("Status", "Suite", "Dataset / content digest", "Evaluation method", "Runner image", "API image",
                   "Harbor version", "Agent", *package, "Infra run id", "Correlation id"):
         _check_inert(rows[labels.index(label)][1], value)
     # The heading holds the tag and nothing else; the commands stay in their one fenced block.
@@ -119,7 +119,8 @@ def test_every_field_of_the_section_stays_in_its_cell_and_section(value: str) ->
     assert heading is not None
     assert html.unescape(_TAG_RE.sub("", heading.group(1))) == f"Benchmark ({_visible(value)})"
     blocks = re.findall(r"<pre.*?</pre>", rendered, re.DOTALL)
-    assert len(blocks) == 1 and rendered.rstrip().endswith("</pre>"), rendered
+    assert len(blocks) == 1 and rendered.rstrip().endswith("</details>"), rendered
+    assert rendered.index("</pre>") > rendered.index("<details>"), rendered  # folded below the short form
     assert html.unescape(_TAG_RE.sub("", blocks[0])).count("\n") == 1  # one command line
 
 
