@@ -15,6 +15,9 @@ one cold release to warm the caches, then the warm release that is measured. Pri
 * the trials counted: this side's smoke suite has a fourth, never-scored tamper canary, whose trial the
   worker runs too (its cost is part of the warm wall).
 
+It needs the machine to itself: the two sides' sandbox engines live at one place, so it stops the running
+one (``benchseal sandbox stop``) before each side; nothing else may use the sandbox engine meanwhile.
+
 Usage: .venv/bin/python bench/isolation.py [--baseline COMMIT] [--keep]
 """
 
@@ -89,6 +92,12 @@ def _per_trial(home: Path, run_id: str) -> dict[str, float]:
     return medians
 
 
+def _stop_sandbox(tree: Path) -> None:
+    """``benchseal sandbox stop`` of the checkout at ``tree`` (the engine that checkout's code started)."""
+    subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "pipeline", "sandbox", "stop"],
+                   env=dict(os.environ, PYTHONPATH=str(tree)), cwd=tree, check=False, capture_output=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", default=BASELINE)
@@ -100,7 +109,13 @@ def main() -> None:
     try:
         sides = {"baseline": snapshot(args.baseline, scratch / "tree-baseline"),
                  "current": snapshot("HEAD", scratch / "tree-current", own_commit=True)}
+        # The two sides run different sandbox engines at the same place (a6aee64: rootless dockerd; now:
+        # dockerd in a rootlesskit user namespace with delegated cgroups): each side gets its own, started by
+        # its first release, the other side's stopped first (by the code that started it).
+        previous = sides["current"]
         for label, tree in sides.items():
+            _stop_sandbox(previous)
+            previous = tree
             home, dist = scratch / label / "home", scratch / label / "dist"
             home.mkdir(parents=True)
             _release(f"{label} cold", tree, home, dist)
