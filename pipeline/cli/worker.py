@@ -55,6 +55,7 @@ def worker(
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     # lazy: pipeline.infra.worker.loop (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.intake.policy import load_policy
+    from pipeline.infra.worker.dataset import check_policy_datasets
     from pipeline.infra.worker.loop import WorkerConfig, run_forever, run_once
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -62,11 +63,13 @@ def worker(
     runs_dir = _open_queue_first(db, queue_url_file)
     engine = _checked_sandbox_engine(sandbox_engine, runs_dir)
 
-    config = WorkerConfig(db=db, policy=load_policy(policy_path), base_ref=base_ref, term_grace_seconds=term_grace,
+    policy = load_policy(policy_path)
+    config = WorkerConfig(db=db, policy=policy, base_ref=base_ref, term_grace_seconds=term_grace,
                           image_trust=sigstore_endpoints(sigstore_url, trusted_root), trial_batch=trial_batch,
                           sandbox_engine=engine)
     if suites_dir is not None:
         config = dataclasses.replace(config, suites_dir=suites_dir)
+    check_policy_datasets(policy, config.suites_dir)  # each suite's dataset is the bytes its digest pins, or no work
     finalize = _finalizer(publish, signer, local_root=local_root, api_url=api_url)
 
     def _stop(signum: int, _frame: object) -> None:

@@ -539,6 +539,9 @@ class Grading(_Frozen):
     # The policy's version pin for the agent (None for Harbor's test agents) and the model it called.
     agent_version_pin: str | None = None
     model: str | None = None
+    # The content digest of the dataset every trial ran from (pipeline.core.datasets); None when no trial
+    # ran from a staged dataset (a run refused or failed before any batch).
+    dataset_digest: Digest | None = None
     runner_ref: PinnedRef
     api_ref: PinnedRef
     started_at: str

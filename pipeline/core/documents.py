@@ -82,8 +82,16 @@ class _Document(BaseModel):
 
 class Dataset(_Document):
     name: str
-    # sha256:<hex> over the suite directory's files; None when the suite dir is not at hand.
-    revision: str | None
+    # The content digest of the dataset the run's trials ran from (pipeline.core.datasets: the staged copy the
+    # worker verified); None when no trial ran from a staged dataset (a run refused before any batch).
+    digest: Digest | None = None
+    # Summaries sealed before datasets were pinned: sha256 over the suite directory's files (read, never written).
+    revision: str | None = None
+
+    @property
+    def pinned(self) -> str | None:
+        """What names the dataset's bytes: its content digest, else an old summary's directory revision."""
+        return self.digest or self.revision
 
 
 class ImageDescriptor(_Document):
@@ -246,6 +254,9 @@ class HistoryEntry(_Document):
     gated: StrictBool
     finished_at: AwareDatetime
     summary_digest: Sha256Hex | None = None  # recorded once the evidence is sealed
+    # The dataset's content digest (summary.json's dataset.digest): part of the history key, so two datasets
+    # never compare as one (pipeline.core.history.baseline). None: recorded before datasets were pinned.
+    dataset_digest: Sha256Hex | None = None
 
     def as_previous(self) -> PreviousRelease:
         if self.summary_digest is None:
@@ -603,7 +614,7 @@ def result_configuration(summary: ReleaseSummary) -> tuple[ResultDescriptor, ...
     suite_notes = {"evaluationMethod": summary.evaluation_method}
     if summary.harbor_version:
         suite_notes["harborVersion"] = summary.harbor_version
-    revision = summary.dataset.revision
+    revision = summary.dataset.pinned
     dataset_digest = ({"sha256": revision.removeprefix("sha256:")}
                       if revision is not None and revision.startswith("sha256:") else None)
     agent = summary.agent

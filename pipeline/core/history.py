@@ -73,15 +73,24 @@ def tag_refusal(*, repository: str, tag: str, commit: str, released_tag: str, re
     return None
 
 
-def baseline(history: Sequence[HistoryEntry], tag: str) -> HistoryEntry | None:
+ANY_DATASET = "any"  # baseline's default: not a digest, so no entry's dataset is excluded
+
+
+def baseline(history: Sequence[HistoryEntry], tag: str, *, dataset_digest: str | None = ANY_DATASET) -> HistoryEntry | None:
     """The entry a release of ``tag`` is compared with, from its repository and suite's ``history``
     (oldest first): among the tags recorded before ``tag``'s first entry, newest first, the first whose
     standing entry (its latest) was sealed and not gated. A gated or superseded entry, and ``tag``
-    itself, are never a baseline; a re-run of ``tag`` sees what its first scoring saw."""
+    itself, are never a baseline; a re-run of ``tag`` sees what its first scoring saw.
+
+    With ``dataset_digest`` (the release's dataset content digest) only entries of that same dataset
+    count: the dataset is part of the history key, and two datasets never compare as one (an entry
+    recorded before datasets were pinned, with no digest, matches only a release without one)."""
     key = tag_key(tag)
     first = next((index for index, entry in enumerate(history) if tag_key(entry.tag) == key), len(history))
     standing: dict[str, HistoryEntry] = {}  # insertion order: each tag's first entry; the value: its latest
     for entry in history[:first]:
+        if dataset_digest != ANY_DATASET and entry.dataset_digest != dataset_digest:
+            continue
         standing[tag_key(entry.tag)] = entry
     for entry in reversed(standing.values()):
         if not entry.gated and entry.summary_digest is not None:

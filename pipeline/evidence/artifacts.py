@@ -7,10 +7,8 @@ SHA256SUMS itself and its own bundle (which signs it). Hashing is streamed.
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from pipeline.core import paths
 from pipeline.core.contracts import DispatchPayload, Grading
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import (
@@ -26,8 +24,17 @@ from pipeline.core.documents import (
     dump_document,
 )
 from pipeline.core.errors import CheckFailed
+from pipeline.core.evidence_archive import write_archive
 from pipeline.core.fsutil import atomic_write_text, sha256_file
-from pipeline.core.layout import CHECKSUMS, NESTED_SUMS, SUMMARY, checksummed_files, nested_files, render_checksums
+from pipeline.core.layout import (
+    CHECKSUMS,
+    EVIDENCE_ARCHIVE,
+    NESTED_SUMS,
+    SUMMARY,
+    checksummed_files,
+    nested_files,
+    render_checksums,
+)
 from pipeline.core.scoring import grading_noise
 from pipeline.evidence.signing import Signer
 
@@ -35,20 +42,8 @@ EVALUATION_METHOD = ("harbor-verifier-reward: a trial is resolved when its verif
                      "a number in [0, 1] is an infrastructure error); score = resolved / completed")
 
 
-def suite_revision(suite: str, suites_root: Path | None = None) -> str | None:
-    """``sha256:<hex>`` over the suite directory's files (relative path + content hash), or None."""
-    root = (suites_root or paths.REPO_ROOT / "suites") / suite
-    if not root.is_dir():
-        return None
-    digest = hashlib.sha256()
-    for file in sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
-        rel = file.relative_to(root).as_posix()
-        digest.update(f"{sha256_file(file)}  {rel}\n".encode())
-    return f"sha256:{digest.hexdigest()}"
-
-
 def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version: str | None = None,
-                  suites_root: Path | None = None, comparison: Comparison | None = None) -> ReleaseSummary:
+                  comparison: Comparison | None = None) -> ReleaseSummary:
     """The benchseal.summary/v1 document for a graded run (``comparison``: the checked comparison.json)."""
     runner = parse_ref(grading.runner_ref, "grading.runner_ref")
     api = parse_ref(grading.api_ref, "grading.api_ref")
@@ -59,7 +54,8 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
     harbor_versions = sorted({t.harbor_version for t in grading.trials if t.harbor_version})
     return ReleaseSummary(
         suite=grading.suite,
-        dataset=Dataset(name=grading.suite, revision=suite_revision(grading.suite, suites_root)),
+        # The digest the worker staged and verified for every trial (never a hash of whatever directory is here now).
+        dataset=Dataset(name=grading.suite, digest=grading.dataset_digest),
         evaluation_method=EVALUATION_METHOD,
         status=grading.status,
         reason=grading.reason,
@@ -114,12 +110,17 @@ def write_summary(artifacts: Path, summary: ReleaseSummary) -> Path:
 
 
 def write_checksums(artifacts: Path) -> Path:
+    """evidence-SHA256SUMS over the nested evidence and its archive (every file it lists, one asset),
+    then SHA256SUMS over every top-level file, the archive included (so SHA256SUMS's bundle signs it)."""
     nested = nested_files(artifacts)
     if nested:
-        text = render_checksums([(sha256_file(p), p.relative_to(artifacts).as_posix()) for p in nested])
+        names = [p.relative_to(artifacts).as_posix() for p in nested]
+        text = render_checksums([(sha256_file(p), name) for p, name in zip(nested, names, strict=True)])
         atomic_write_text(artifacts / NESTED_SUMS, text)
+        write_archive(artifacts, names, artifacts / EVIDENCE_ARCHIVE)
     else:
         (artifacts / NESTED_SUMS).unlink(missing_ok=True)
+        (artifacts / EVIDENCE_ARCHIVE).unlink(missing_ok=True)
     path = artifacts / CHECKSUMS
     atomic_write_text(path, render_checksums([(sha256_file(p), p.name) for p in checksummed_files(artifacts)]))
     return path

@@ -87,7 +87,7 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
     release = summary.agent.release
     agent_release = (f"{release.kind} {release.package}@{release.version}, {release.integrity}, "
                      f"built from {release.source_commit}") if release is not None else None
-    revision = summary.dataset.revision
+    revision = summary.dataset.pinned  # the content digest (an old summary: its directory revision)
     return SectionFacts(
         tag=tag,
         status=summary.status,
@@ -239,7 +239,7 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
           if facts.status == "SUCCEEDED" and any(attempts > 1 for _, _, attempts in facts.task_passes) else []),
         *(_comparison_rows(facts.comparison) if facts.status == "SUCCEEDED" and facts.comparison is not None else []),
         ("Suite", markdown_cell(facts.suite)),
-        ("Dataset / revision", markdown_cell(facts.dataset)),
+        ("Dataset / content digest", markdown_cell(facts.dataset)),
         ("Evaluation method", markdown_cell(facts.evaluation)),
         ("Completed / total", f"{facts.completed} / {facts.total}"),
         ("Resolved", str(facts.resolved)),

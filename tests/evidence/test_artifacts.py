@@ -8,8 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError as PydanticValidationError
 
 from pipeline.core import layout
+from pipeline.core.documents import Dataset
 from pipeline.core.errors import CheckFailed
 from pipeline.evidence import artifacts
 from pipeline.evidence.writer import reseal
@@ -20,16 +22,16 @@ RUNNER = "127.0.0.1:5055/benchseal/runner@sha256:" + "1" * 64
 API = "127.0.0.1:5055/benchseal/api@sha256:" + "2" * 64
 
 
-def test_summary_fields(tmp_path: Path) -> None:
-    suites = tmp_path / "suites"
-    (suites / "smoke" / "t1").mkdir(parents=True)
-    (suites / "smoke" / "t1" / "task.toml").write_text("x = 1\n")
+def test_summary_fields() -> None:
     grading, payload = make_inputs({"runner": RUNNER, "api": API})
-    summary = artifacts.build_summary(grading, payload, suites_root=suites).to_json_dict()
+    digest = "sha256:" + "d" * 64
+    grading = grading.model_copy(update={"dataset_digest": digest})
+    summary = artifacts.build_summary(grading, payload).to_json_dict()
     assert summary["schema"] == "benchseal.summary/v1"
     assert summary["images"]["runner"] == {"name": "127.0.0.1:5055/benchseal/runner", "digest": "sha256:" + "1" * 64,
                                            "ref": RUNNER}
-    assert summary["dataset"]["name"] == "smoke" and summary["dataset"]["revision"].startswith("sha256:")
+    # The dataset is named by the content digest the worker staged and verified for the run's trials.
+    assert summary["dataset"] == {"name": "smoke", "digest": digest, "revision": None}
     assert summary["score"] == 0.5 and summary["status"] == "SUCCEEDED"
     assert summary["counts"]["resolved"] == 1
     assert summary["source"]["commit"] == payload.source.commit and summary["source"]["tag"] == "v9.9.9"
@@ -38,10 +40,15 @@ def test_summary_fields(tmp_path: Path) -> None:
                                                                          "release": None}
     assert summary["run_id"] == "run-evidence-0001" and "infra_run_id" not in summary and summary["correlation_id"] == "evidence-test-0001"
     assert summary["timings"]["started_at"] == "2026-12-02T10:00:00Z" and len(summary["timings"]["trials"]) == 2
-    # the revision changes with the suite's content
-    before = summary["dataset"]["revision"]
-    (suites / "smoke" / "t1" / "task.toml").write_text("x = 2\n")
-    assert artifacts.build_summary(grading, payload, suites_root=suites).dataset.revision != before
+
+
+def test_old_summary_dataset_revision_still_reads() -> None:
+    """Summaries sealed before datasets were pinned carry only a directory revision: still read, shown as such."""
+    old = Dataset.model_validate({"name": "smoke", "revision": "sha256:" + "e" * 64})
+    assert old.digest is None and old.pinned == "sha256:" + "e" * 64
+    assert Dataset.model_validate({"name": "smoke", "digest": "sha256:" + "f" * 64}).pinned == "sha256:" + "f" * 64
+    with pytest.raises(PydanticValidationError):
+        Dataset.model_validate({"name": "smoke", "digest": "sha256:abc"})
 
 
 def test_summary_refuses_images_other_than_dispatched() -> None:

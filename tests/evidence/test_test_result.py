@@ -81,9 +81,9 @@ def test_the_release_statement_has_the_spec_shape(signed_release: Path) -> None:
     for key in ("status", "score", "interval", "counts", "tasks", "run_id", "source"):
         assert extension[key] == summary[key], key
     assert extension["gated"] is False
-    # The dataset's digest is summary.json's revision of the suite.
+    # The dataset's digest is summary.json's: the content digest of the dataset the trials ran from.
     dataset = predicate["configuration"][1]
-    assert "sha256:" + dataset["digest"]["sha256"] == summary["dataset"]["revision"]
+    assert "sha256:" + dataset["digest"]["sha256"] == summary["dataset"]["digest"]
     # Subjects: the runner image by manifest digest, and summary.json by its sha256.
     runner = summary["images"]["runner"]
     assert data["subject"] == [

@@ -23,6 +23,7 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.accept import accept_payload, validate_payload
 from pipeline.infra.intake.policy import SCHEMA_PATH, load_policy
 from pipeline.verify.policy import load_policy as load_verify_policy
+from tests.fixtures.datasets import shipped_smoke
 
 HEX = "0123456789abcdef" * 4
 RUNNER = "127.0.0.1:5055/benchseal/runner"
@@ -371,7 +372,7 @@ def test_cli_refuses_unlisted_repository_with_exit_2(make_payload, tmp_path, que
 ])
 def test_policy_is_strictly_validated(tmp_path, case, mutate, needle):
     data = {"schema": "benchseal.infra-policy/v2", "max_payload_bytes": 16384, "agents": ["oracle"],
-            "suites": {"smoke": {"timeout_seconds": 60}}, "max_attempts": 1, "lease_seconds": 10,
+            "suites": {"smoke": {"timeout_seconds": 60, "dataset": shipped_smoke()}}, "max_attempts": 1, "lease_seconds": 10,
             "infra_error_threshold_percent": 10,
             "sources": [{"repository": "acme/widget", "images": _images()}]}
     load_policy_from = tmp_path / "policy.yaml"

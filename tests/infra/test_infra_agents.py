@@ -85,7 +85,7 @@ def test_agent_policy_is_strictly_validated(tmp_path: Path, case: str, mutate: A
 
 def test_accept_admits_model_agents_only_for_suites_with_a_model(tmp_path: Path, make_payload: Any) -> None:
     data = _policy_data()
-    data["suites"]["nomodel"] = {"timeout_seconds": 60}
+    data["suites"]["nomodel"] = {"timeout_seconds": 60, "dataset": data["suites"]["smoke"]["dataset"]}
     policy = load_policy(_write_policy(tmp_path, data))
     accept_payload(make_payload(agent="terminus-2"), db=tmp_path / "q.sqlite3", policy=policy)
     with pytest.raises(ValidationError) as info:

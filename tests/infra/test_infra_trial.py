@@ -38,7 +38,7 @@ def test_an_unknown_tuning_name_is_a_usage_error_naming_the_variable(value: str)
 
 def _policy_with(tmp_path: Path, suite: dict[str, object]) -> Path:
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
-    data["suites"] = {"smoke": suite}
+    data["suites"] = {"smoke": {"dataset": data["suites"]["smoke"]["dataset"], **suite}}
     path = tmp_path / "infra.yaml"
     path.write_text(yaml.safe_dump(data))
     return path

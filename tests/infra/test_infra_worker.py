@@ -40,6 +40,7 @@ from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
 from pipeline.runner.envshared import TIMINGS_FILE
 from pipeline.runner.plan import discover_tasks
 from pipeline.verify.external import cosign_path
+from tests.fixtures.datasets import pinned
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -58,17 +59,18 @@ def infra_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     data["sources"] = [built_images_source("acme/benchseal", built_images)]
-    data["suites"] = {"smoke": {"timeout_seconds": 300}, "probe": {"timeout_seconds": 300},
-                      "twice": {"timeout_seconds": 300, "attempts": 2}}
-    data["lease_seconds"] = 4
-    data["secret_env"] = ["BENCHSEAL_AGENT_API_KEY"]
-    policy_path = root / "infra.yaml"
-    policy_path.write_text(yaml.safe_dump(data))
     suites = root / "suites"
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "probe")
     shutil.copytree(PROBE, suites / "probe" / "secret-probe")
     shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "twice")
+    data["suites"] = {"smoke": {"timeout_seconds": 300, "dataset": pinned(suites, "smoke")},
+                      "probe": {"timeout_seconds": 300, "dataset": pinned(suites, "probe")},
+                      "twice": {"timeout_seconds": 300, "attempts": 2, "dataset": pinned(suites, "twice")}}
+    data["lease_seconds"] = 4
+    data["secret_env"] = ["BENCHSEAL_AGENT_API_KEY"]
+    policy_path = root / "infra.yaml"
+    policy_path.write_text(yaml.safe_dump(data))
     return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
             "runner": runner.ref, "runner_name": runner.name, "api": api.ref, "trust": trust}
 
@@ -384,7 +386,7 @@ def _blocking_setup(infra_setup: dict[str, Any], tmp_path: Path) -> dict[str, An
     shutil.copytree(infra_setup["suites"], suites)
     shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "blocking" / "blocking")
     data = yaml.safe_load(infra_setup["policy_path"].read_text())
-    data["suites"]["blocking"] = {"timeout_seconds": 600}
+    data["suites"]["blocking"] = {"timeout_seconds": 600, "dataset": pinned(suites, "blocking")}
     policy_path = tmp_path / "blocking.yaml"
     policy_path.write_text(yaml.safe_dump(data))
     return {**infra_setup, "suites": suites, "policy_path": policy_path, "policy": load_policy(policy_path)}
@@ -422,11 +424,13 @@ def test_sigterm_releases_the_lease(infra_setup, tmp_path):
 def test_suite_timeout_kills_runner_and_trial_containers(infra_setup, tmp_path):
     """A task that blocks until told (never, here): the run can only end by the suite timeout,
     on any machine; the test sees the blocked trial container before the timeout fires."""
-    from pipeline.infra.intake.policy import SuitePolicy
+    from pipeline.infra.intake.policy import DatasetPolicy, SuitePolicy
 
     suites = tmp_path / "suites"
     shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "blocking" / "blocking")
-    policy = infra_setup["policy"].model_copy(update={"suites": {"blocking": SuitePolicy(timeout_seconds=45)}})
+    dataset = DatasetPolicy.model_validate(pinned(suites, "blocking"))
+    policy = infra_setup["policy"].model_copy(update={"suites": {"blocking": SuitePolicy(timeout_seconds=45,
+                                                                                      dataset=dataset)}})
     db = infra_setup["root"] / "timeout" / "queue.sqlite3"
     accepted = accept_payload(_payload(infra_setup, f"timeout-run-{SESSION}", suite="blocking"), db=db, policy=policy)
     outcome: list[Any] = []

@@ -28,6 +28,7 @@ from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
 from pipeline.runner.plan import TRIALS_FILE, plan_trials
+from tests.fixtures.datasets import pinned
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
 from tests.fixtures.trials import grader_rewards
 
@@ -200,14 +201,14 @@ def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     # All five trials (smoke's four, its tamper canary among them, and the blocking task) in one batch (one
     # runner container), one of which never finishes: the kill certainly lands mid-batch, after the others
     # were recorded.
-    data["suites"] = {"smoke": {"timeout_seconds": 300, "trial_concurrency": 5}}
+    suites = root / "suites"
+    shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
+    shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "smoke" / "blocking")
+    data["suites"] = {"smoke": {"timeout_seconds": 300, "trial_concurrency": 5, "dataset": pinned(suites, "smoke")}}
     data["lease_seconds"] = 4
     data["max_attempts"] = 1
     policy_path = root / "infra.yaml"
     policy_path.write_text(yaml.safe_dump(data))
-    suites = root / "suites"
-    shutil.copytree(REPO_ROOT / "suites" / "smoke", suites / "smoke")
-    shutil.copytree(Path(__file__).parent / "data" / "blocking", suites / "smoke" / "blocking")
     return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
             "runner": runner.ref, "api": api.ref, "trust": trust}
 

@@ -154,7 +154,7 @@ def unit_worker(built_images: DigestsFile, sign_release_images: Any) -> Iterator
         trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
         data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
         data["sources"] = [built_images_source("acme/benchseal", built_images)]
-        data["suites"] = {"smoke": {"timeout_seconds": 300}}
+        data["suites"] = {"smoke": {"timeout_seconds": 300, "dataset": data["suites"]["smoke"]["dataset"]}}
         (state / "etc").mkdir()
         (state / "etc" / "infra.yaml").write_text(yaml.safe_dump(data))
         shutil.copytree(REPO_ROOT / "suites", state / "suites")

@@ -121,7 +121,7 @@ def test_summary_is_read_through_its_model(change: dict[str, Any], field: str) -
 def test_render_succeeded_table() -> None:
     text = render_section(facts_from_summary(SUMMARY, "v1.2.3"), ["cosign verify-blob --bundle x.sigstore.json x"])
     assert "| Score | **0.667** (2/3 resolved) |" in text
-    assert "| Dataset / revision | benchseal\\-smoke`@`abc123 |" in text  # inert: no mention, no link
+    assert "| Dataset / content digest | benchseal\\-smoke`@`abc123 |" in text  # inert: no mention, no link
     assert "| Infrastructure errors | 0 |" in text
     assert "`127.0.0.1:5055/benchseal/runner@sha256:" + "a" * 64 + "`" in text
     assert "| Agent | oracle 1\\.0 |" in text

@@ -32,9 +32,10 @@ from pipeline.core.contracts import (
     canonical_repository,
     load_model,
 )
-from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.digests import ImageRef, parse_ref, validate_digest
 from pipeline.core.documents import GateRules
 from pipeline.core.errors import ValidationError
+from pipeline.core.fsutil import name_problem
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.project import version_for_tag
 from pipeline.core.yamlfile import load_yaml
@@ -195,7 +196,32 @@ AgentEntry = Annotated[
 ]
 
 
+def _dataset_path(value: str) -> str:
+    problem = name_problem(value)
+    if problem is not None:
+        raise ValueError(f"must be a plain name relative to the worker's suites root: the name {problem}")
+    return value
+
+
+def _dataset_digest(value: str) -> str:
+    try:
+        return validate_digest(value, "digest")
+    except ValidationError as exc:
+        raise ValueError(exc.rule) from None
+
+
+class DatasetPolicy(_Strict):
+    """The dataset a suite runs: a directory under the worker's suites root (``--suites-dir``) pinned by its
+    content digest (``pipeline.core.datasets``). The worker stages a copy by that digest for every run and
+    runs nothing the digest does not cover; a directory whose bytes differ is refused before anything runs."""
+
+    path: Annotated[str, StringConstraints(min_length=1, max_length=255), AfterValidator(_dataset_path)]
+    digest: Annotated[str, AfterValidator(_dataset_digest)]
+
+
 class SuitePolicy(_Strict):
+    # The suite's tasks, pinned (required: a suite is never an unpinned directory).
+    dataset: DatasetPolicy
     timeout_seconds: float = Field(gt=0, le=86400)
     # Trials of one run that run at once inside the run's one runner container.
     trial_concurrency: int = Field(default=3, ge=1, le=16, strict=True)
@@ -337,6 +363,12 @@ class InfraPolicy(_Strict):
             raise ValidationError("payload.agent_artifact.version",
                                   f"must be {expected}, the version of the release's tag {payload.source.tag}",
                                   artifact.version)
+
+    def dataset(self, suite: str, field: str = "payload.suite") -> DatasetPolicy:
+        """The pinned dataset of ``suite``; ValidationError naming ``field`` when the policy has no such suite."""
+        if suite not in self.suites:
+            raise ValidationError(field, f"suite not in the infra policy (suites: {', '.join(sorted(self.suites))})", suite)
+        return self.suites[suite].dataset
 
     def suite_timeout(self, suite: str) -> float:
         return self.suites[suite].timeout_seconds

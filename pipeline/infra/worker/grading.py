@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from pipeline.core.contracts import MODEL_CALLS_KEY, GradeCounts, Grading, TrialRecord
+from pipeline.core.contracts import MODEL_CALLS_KEY, Digest, GradeCounts, Grading, TrialRecord
 from pipeline.core.documents import TrialsPlan, load_document
 from pipeline.core.errors import ValidationError
 from pipeline.core.scoring import AGENT_EXCEPTIONS, count, grade_result, score_of
@@ -87,6 +87,8 @@ class RecordedTrial(BaseModel):
     model: str | None = None
     host: str = Field(min_length=1, max_length=255)
     batch_dir: str = Field(min_length=1, max_length=4096)
+    # The content digest of the staged dataset copy the trial's task came from (pipeline.infra.worker.dataset).
+    dataset_digest: Digest | None = None
 
     def to_json(self) -> str:
         return self.model_dump_json(by_alias=True)
@@ -182,8 +184,10 @@ def grade_trials(
     harbor_version: str | None = None,
     agent_version_pin: str | None = None,
     model: str | None = None,
+    dataset_digest: str | None = None,
 ) -> Grading:
-    """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score."""
+    """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score.
+    ``dataset_digest``: the one content digest of the dataset every trial ran from."""
     payload = record.payload
     scored = [t for t in trials if not t.canary]  # a tamper canary never counts (scoring.scored_outcomes)
     counts = count(t.outcome for t in scored)
@@ -213,6 +217,7 @@ def grade_trials(
         harbor_version=harbor_version,
         agent_version_pin=agent_version_pin,
         model=model,
+        dataset_digest=dataset_digest,
         runner_ref=payload.runner,
         api_ref=payload.api,
         started_at=started_at,

@@ -8,7 +8,7 @@ from datetime import datetime
 
 from pipeline.core.contracts import Grading
 from pipeline.core.documents import HistoryEntry
-from pipeline.core.history import compare
+from pipeline.core.history import baseline, compare
 from pipeline.core.scoring import grading_noise
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.queue.records import RunRecord, ScoredRelease
@@ -24,12 +24,15 @@ def scored_release(queue: Queue, record: RunRecord, grading: Grading, policy: In
     # The same functions summary.json's interval and tasks come from, so the seal job and verify
     # recompute the comparison from the summary alone.
     interval, tasks = grading_noise(grading)
-    previous = queue.previous_release(source.repository, grading.suite, source.tag)
+    # The history key is (repository, suite, dataset digest): a release is never compared with one on other tasks.
+    previous = baseline(queue.history(source.repository, grading.suite), source.tag,
+                        dataset_digest=grading.dataset_digest)
     suite = policy.suites.get(grading.suite)
     comparison = compare(score=grading.score, interval=interval, tasks=tasks,
                          previous=previous.as_previous() if previous is not None else None,
                          gate=suite.gate if suite is not None else None)
     entry = HistoryEntry(repository=source.repository, suite=grading.suite, tag=source.tag, run_id=record.run_id,
                          commit=source.commit, score=grading.score, interval=interval, tasks=tasks,
-                         gated=comparison.gated, finished_at=datetime.fromisoformat(grading.finished_at))
+                         gated=comparison.gated, finished_at=datetime.fromisoformat(grading.finished_at),
+                         dataset_digest=grading.dataset_digest)
     return ScoredRelease(entry=entry, comparison=comparison)

@@ -77,6 +77,7 @@ from pipeline.infra.worker.containers import (
     sandbox_url,
     sweep_orphan_batches,
 )
+from pipeline.infra.worker.dataset import stage_dataset
 from pipeline.infra.worker.finalize import (
     _adopt_trial_dir,
     _copy_evidence,
@@ -308,11 +309,10 @@ def _plan(
         pull_by_digest(client, runner_ref)  # a missing runner stays an infrastructure error (retried)
         require_signed_images(payload, source, config.image_trust)  # before anything pulled is used
         check_runner_agent(client, runner_ref, payload)  # the release's agent, as the payload and policy name it
-        suite_src = config.suites_dir / payload.suite
-        if not suite_src.is_dir():
-            raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
-        tasks = discover_tasks(suite_src)
-        suite_grading(suite_src, tasks)  # every task graded by exit status; not only canaries (ValidationError)
+        # The run's tasks are the staged, re-hashed copy's: nothing the pinned digest does not cover is planned.
+        staged = stage_dataset(policy, payload.suite, config.suites_dir, run_dir)
+        tasks = discover_tasks(staged.path)
+        suite_grading(staged.path, tasks)  # every task graded by exit status; not only canaries (ValidationError)
         specs = plan_trials(run_id, tasks, policy.task_attempts(payload.suite))
     except ValidationError as exc:
         failure = f"rejected: {exc.diagnostics()}"  # the payload no longer passes the policy: retrying cannot help
@@ -386,9 +386,9 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     run_dir = queue.run_dir(run_id)
     names = tuple(t.trial_name for t in batch.trials)
     out = run_dir / "batches" / f"{min(t.idx for t in batch.trials):04d}-{token[:12]}"
+    # Its canaries and dataset digest are set once the batch's dataset is staged (_prepare_batch).
     recorder = _BatchRecorder(queue, batch, out, policy.lease_seconds,
-                              expected_digest=parse_ref(payload.runner, "payload.runner").digest,
-                              canaries=_canaries(config.suites_dir / payload.suite, batch.trials))
+                              expected_digest=parse_ref(payload.runner, "payload.runner").digest)
     beat = _TrialHeartbeat(queue, run_id, token, policy.lease_seconds, config.heartbeat_seconds or policy.lease_seconds / 3)
     beat.start()
     client: Any = None
@@ -399,7 +399,8 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
             source = policy.check_payload(payload)
             client = _docker()
             sandboxed = _sandbox(config)
-            engines = _prepare_batch(client, sandboxed, batch, out, runner_ref, source, config)
+            engines = _prepare_batch(client, sandboxed, batch, out, runner_ref, source, config, policy, recorder,
+                                     run_dir)
             concurrency = min(len(batch.trials), config.trial_concurrency or policy.trial_concurrency(payload.suite))
             runner, failure, released = _run_container(
                 engines, record, runner_ref, run_dir, config, policy,
@@ -455,10 +456,12 @@ def batch_attempts(run_id: str, trials: Sequence[TrialClaim]) -> int:
 
 
 def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, runner_ref: ImageRef,
-                   source: SourcePolicy, config: WorkerConfig) -> _Engines:
+                   source: SourcePolicy, config: WorkerConfig, policy: InfraPolicy, recorder: _BatchRecorder,
+                   run_dir: Path) -> _Engines:
     """Ready the batch's runner container: leftovers of earlier batches of its trials removed, the runner pulled by
     digest and the images' signatures checked (on every host, before it runs anything), the runner and the base
-    in the sandbox by id, the batch's tasks rendered onto that base (and prebuilt) in ``out/suite``."""
+    in the sandbox by id, the run's dataset staged by its digest and the batch's tasks rendered from that copy onto
+    the base (and prebuilt) in ``out/suite``."""
     run_id, payload = batch.run.run_id, batch.run.payload
     for name in kill_trial_leftovers(sandboxed, run_id, tuple(t.trial_name for t in batch.trials)):
         log.warning("run %s: removed leftover container %s", run_id, name)
@@ -467,10 +470,11 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
     runner_id = sandbox_image(client, sandboxed, runner_ref)
     base = resolve_base_ref(config, runner_ref)
     base_id = sandbox_image(client, sandboxed, base)
-    suite_src = config.suites_dir / payload.suite
-    if not suite_src.is_dir():
-        raise CheckFailed(f"suite {payload.suite!r} not found under {config.suites_dir}")
-    render_suite(suite_src, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id)
+    staged = stage_dataset(policy, payload.suite, config.suites_dir, run_dir)
+    recorder.canaries = _canaries(staged.path, batch.trials)
+    recorder.dataset_digest = staged.digest
+    # A planned task that is not in the staged copy is refused here (render_suite): never run.
+    render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id)
     if config.prebuild_task_images:
         prebuild_task_images(sandboxed, out / "suite")
     # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's.
@@ -490,8 +494,10 @@ class _BatchRecorder:
     expected_digest: str  # the payload's runner's: another runner's trials are recorded at the end only
     recorded: set[int] = field(default_factory=set)
     handed: list[RunRecord] = field(default_factory=list)
-    # The batch's tamper canaries, from the worker's own copy of the suite (never from what the runner wrote).
+    # The batch's tamper canaries, from the worker's staged copy of the dataset (never from what the runner wrote).
     canaries: frozenset[str] = frozenset()
+    # The content digest of the dataset copy the batch's tasks were rendered from (pipeline.infra.worker.dataset).
+    dataset_digest: str | None = None
 
     def handed_run(self) -> RunRecord | None:
         return self.handed[0] if self.handed else None
@@ -510,7 +516,8 @@ class _BatchRecorder:
                                  plan.harbor_version if plan else None, canary=trial.task in self.canaries)
             todo[trial.idx] = RecordedTrial(
                 trial=graded, failure=failure if final else None, agent_version=plan.agent_version if plan else None,
-                model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(self.out)).to_json()
+                model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(self.out),
+                dataset_digest=self.dataset_digest).to_json()
             if self.queue.spans_hosts:
                 evidence = _pack_evidence(run_id, path.parent)
                 if evidence is not None:
