@@ -13,7 +13,10 @@ import base64
 import hashlib
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 import tarfile
 import threading
 from collections.abc import Callable, Iterator
@@ -26,6 +29,7 @@ from rich.console import Console
 
 from pipeline.agent import npm
 from pipeline.core.errors import CheckFailed
+from pipeline.core.paths import REPO_ROOT
 from pipeline.core.waiting import WaitLines, current_reporter, reporting
 from pipeline.local.stages import StageClock
 
@@ -120,7 +124,8 @@ def test_a_log_gets_plain_lines_naming_the_package_the_registry_and_the_seconds(
     assert got.version == VERSION and registry.misses >= 3
     *waiting, found = out.getvalue().splitlines()
     assert len(waiting) >= 3 and all(WAITING.fullmatch(line) for line in waiting), waiting
-    assert WAITING.fullmatch(waiting[0])[1] == "0"  # type: ignore[index]
+    seconds = [int(WAITING.fullmatch(line)[1]) for line in waiting]  # type: ignore[index]
+    assert seconds == sorted(seconds)  # how long so far, never backwards
     assert FOUND.fullmatch(found), found
     assert registry.url in found
     assert all(line.isprintable() for line in out.getvalue().splitlines())  # no \r, no ESC in a log
@@ -163,7 +168,7 @@ def test_a_wait_that_ends_unfound_says_it_gave_up(registry: _Registry, tmp_path:
         _fetch(registry, tmp_path, WaitLines(out, tty=False, every=0), wait=0.3)
     lines = out.getvalue().splitlines()
     assert lines[0].startswith(f"waiting for {PACKAGE}@{VERSION} on {registry.url} (0 s of 0.3 s)")
-    assert re.fullmatch(rf"waited 0 s for {re.escape(PACKAGE)}@1\.0\.1 on {re.escape(registry.url)}: gave up", lines[-1])
+    assert re.fullmatch(rf"waited [0-9]+ s for {re.escape(PACKAGE)}@1\.0\.1 on {re.escape(registry.url)}: gave up", lines[-1])
     assert not (tmp_path / "dl").exists() or not any((tmp_path / "dl").iterdir())
 
 
@@ -230,3 +235,32 @@ def test_a_stage_on_a_terminal_says_it_on_its_own_line(registry: _Registry, tmp_
     assert seen and re.fullmatch(r"Building runner and api images \[dim\]\(" + WAITING.pattern + r"\)\[/dim\]",
                                  seen[0]), seen
     assert final == "Building runner and api images [dim]done[/dim]"  # the wait's text is gone once found
+
+
+# --- the CLI: benchseal build says it on stderr ---------------------------------------------------------
+
+
+def test_benchseal_build_says_what_it_waits_for_on_stderr(registry: _Registry, tmp_path: Path) -> None:
+    """A forgotten npm publish (issue 38): the build names the package, the registry it was given and the
+    seconds, then gives up in one line (exit 1) before anything is built. stderr is a pipe: plain lines."""
+    source = tmp_path / "adopter"
+    source.mkdir()
+    (source / "benchseal.toml").write_text(
+        'schema = "benchseal.project/v1"\n\n[agent]\nname = "tern"\nkind = "npm"\n'
+        f'package = "{PACKAGE}"\nbin = "cli.js"\nargs = ["{{instruction}}"]\npublish_wait_seconds = 1\n')
+    git = ["git", "-C", str(source), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    for args in (["init", "-q"], ["add", "benchseal.toml"], ["commit", "-q", "-m", "adopter"], ["tag", "v1.0.1"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("GITHUB_", "SOURCE_DATE"))}
+    env["BENCHSEAL_NPM_REGISTRY"] = registry.url
+    proc = subprocess.run([sys.executable, "-m", "pipeline", "build", "--project", str(source / "benchseal.toml"),
+                           "--release-tag", "v1.0.1", "--image", "runner", "--registry", "127.0.0.1:9"],
+                          env=env, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert re.fullmatch(rf"waiting for {re.escape(PACKAGE)}@1\.0\.1 on {re.escape(registry.url)} \([0-9]+ s of 1 s\)",
+                        lines[0]), lines
+    assert re.fullmatch(rf"waited [0-9]+ s for {re.escape(PACKAGE)}@1\.0\.1 on {re.escape(registry.url)}: gave up",
+                        lines[1]), lines
+    assert "was not published on" in lines[2] and len(lines) == 3, lines
+    assert all(line.isprintable() for line in lines) and registry.misses >= 2
