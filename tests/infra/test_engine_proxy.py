@@ -152,6 +152,41 @@ def test_dangerous_creates_are_refused(proxy: Any, case: str, host_config: dict[
     assert engine.requests == []
 
 
+def _refusal(data: bytes) -> str:
+    return str(json.loads(data.partition(b"\r\n\r\n")[2])["message"])
+
+
+@pytest.mark.parametrize("mode", ["rshared", "shared", "ro,rshared", "rw,shared", "rslave", "slave", "z", "Z"])
+def test_bind_modes_outside_the_allow_list_are_refused(proxy: Any, mode: str) -> None:
+    """``Binds`` modes: shared propagation would let a mount made in the container appear on the host (slave: the
+    reverse), z/Z make the engine relabel the host directory. The same bind with allowed modes passes first, so
+    the refusal is the mode's."""
+    p, engine, run_dir = proxy
+    (run_dir / "data").mkdir()
+    status, _ = _send(p, _post("/containers/create", {"Image": "x", "HostConfig": {
+        "Binds": [f"{run_dir}/data:/data:ro,rprivate"]}}))
+    assert status == 200 and len(engine.requests) == 1
+    status, data = _send(p, _post("/containers/create", {"Image": "x", "HostConfig": {
+        "Binds": [f"{run_dir}/data:/data:{mode}"]}}))
+    assert status == 403 and f"mode {mode!r} is not allowed" in _refusal(data), data
+    assert len(engine.requests) == 1
+
+
+@pytest.mark.parametrize("propagation", ["rshared", "shared", "rslave", "slave"])
+def test_mount_propagation_outside_the_allow_list_is_refused(proxy: Any, propagation: str) -> None:
+    """The same rule for ``Mounts`` (``BindOptions.Propagation``), with the same positive control."""
+    p, engine, run_dir = proxy
+
+    def create(value: str) -> tuple[int, bytes]:
+        return _send(p, _post("/containers/create", {"Image": "x", "HostConfig": {"Mounts": [
+            {"Type": "bind", "Source": str(run_dir), "Target": "/x", "BindOptions": {"Propagation": value}}]}}))
+
+    assert create("rprivate")[0] == 200 and len(engine.requests) == 1
+    status, data = create(propagation)
+    assert status == 403 and f"Propagation={propagation!r} is not allowed" in _refusal(data), data
+    assert len(engine.requests) == 1
+
+
 def test_allowed_create_is_labelled_and_forwarded_alone(proxy: Any) -> None:
     p, engine, run_dir = proxy
     (run_dir / "logs").mkdir()

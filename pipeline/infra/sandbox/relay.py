@@ -15,11 +15,11 @@ puts the trial container into the gateway's network namespace, so the model is
 ``http://127.0.0.1:GATEWAY_PORT`` there and there is no other interface.
 
 The host side is where the untrusted side ends, so it forwards HTTP, not bytes: one request per
-connection, parsed by the standard library's request-head parser (``BaseHTTPRequestHandler``),
+connection, parsed and re-serialised by ``h11`` as the engine proxy's are (no hand-written parser),
 admitted only as ``POST <the policy's model path>/chat/completions`` (origin-form target, a
 loopback or the upstream's own ``Host``, a ``Content-Length`` body of bounded size, no
-``Upgrade``, no ``Transfer-Encoding``, no bytes after the body, a head of bounded size read
-within a deadline) and re-serialised for the one upstream the policy names. Anything else gets a
+``Upgrade``, no ``Transfer-Encoding``, nothing already sent after the body, a head of bounded size, head
+and body read within one deadline) and sent to the one upstream the policy names. Anything else gets a
 4xx JSON answer from the relay and the upstream sees no connection at all. The answer (e.g. a
 streamed, chunked chat completion) is passed back byte for byte.
 
@@ -30,18 +30,18 @@ header the request carries and adds the real one (``UnixToTcpRelay(api_key=...)`
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
-import re
 import socket
 import ssl
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+import h11
 
 from pipeline.core.fsutil import bind_unix
 
@@ -50,9 +50,8 @@ _BUF = 65536
 MAX_HEAD_BYTES = 32 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 HEAD_TIMEOUT = 30.0  # seconds to send the head and the body (a model's answer may take longer)
-_REQUEST_LINE = re.compile(rb"(?P<method>[A-Z]{1,16}) (?P<target>[!-~]{1,8000}) HTTP/1\.[01]\r?\n\Z")
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]{1,256}\Z")
-_LOOPBACK_HOST = re.compile(r"(127\.0\.0\.1|localhost|\[::1\])(:[0-9]{1,5})?\Z", re.IGNORECASE)
+MAX_HEADERS = 100  # header fields in one head (what the standard library's parser allowed before h11)
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "[::1]"})
 # Hop-by-hop or re-written by the relay: never forwarded as the client sent them.
 _NOT_FORWARDED = frozenset({"host", "content-length", "connection", "keep-alive", "proxy-connection", "te",
                             "trailer", "expect", "proxy-authorization", "proxy-authenticate"})
@@ -128,122 +127,154 @@ class _Refused(Exception):
         self.rule = rule
 
 
-class _BoundedHead(io.RawIOBase):
-    """The client's stream while its head is read: more than MAX_HEAD_BYTES is refused, not buffered."""
-
-    def __init__(self, stream: Any) -> None:
-        super().__init__()
-        self._stream = stream
-        self.used = 0
-
-    def readline(self, size: int | None = -1) -> bytes:
-        limit = MAX_HEAD_BYTES - self.used + 1
-        line: bytes = self._stream.readline(limit if size is None or size < 0 else min(size, limit))
-        self.used += len(line)
-        if self.used > MAX_HEAD_BYTES:
-            raise _Refused(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
-        return line
+_REQUEST_LINE_RULE = "not an HTTP/1.0 or HTTP/1.1 request line (METHOD SP TARGET SP HTTP/1.x)"
+# What h11 refuses, as the relay words it (h11 is pinned; an unknown refusal is still a 400 with h11's words).
+_H11_REFUSALS: tuple[tuple[str, int, str], ...] = (
+    ("illegal request line", 400, _REQUEST_LINE_RULE),
+    ("peer unexpectedly closed", 400, "the connection ended inside the request head (request line and headers)"),
+    ("illegal header line", 400, "malformed header line (a name that is not an HTTP token, or control characters)"),
+    ("Found multiple Host", 400, "header Host given twice"),
+    ("Missing mandatory Host", 400, "a Host header is required"),
+    ("conflicting Content-Length", 400, "header Content-Length given twice"),
+    ("bad Content-Length", 400, "Content-Length must be a decimal number"),
+    ("Only Transfer-Encoding", 411, "Transfer-Encoding is not forwarded: send a Content-Length body"),
+    ("Receive buffer too long", 431, f"request head larger than {MAX_HEAD_BYTES} bytes"),
+)
 
 
-class _Gate(BaseHTTPRequestHandler):
-    """Reads ONE request from the runner and forwards it re-serialised, or refuses it (module docstring)."""
+def _model_host(host: str, authority: str) -> bool:
+    """``Host`` names the model endpoint: the upstream's own authority, or a loopback name with a port or none."""
+    if host.lower() == authority.lower():
+        return True
+    name, colon, port = host.rpartition(":")
+    if not colon or host.endswith("]"):  # no port (an IPv6 literal's colons are inside [])
+        name, port = host, "0"
+    return name.lower() in _LOOPBACK and port.isascii() and port.isdigit() and len(port) <= 5
 
-    protocol_version = "HTTP/1.1"
-    timeout = HEAD_TIMEOUT
-    server: Any  # the UnixToTcpRelay (BaseHTTPRequestHandler calls its owner "server")
 
-    def setup(self) -> None:
-        super().setup()
-        self._body = self.rfile
-        self.rfile = _BoundedHead(self.rfile)  # type: ignore[assignment]
-        self._error: tuple[int, str] | None = None
+def _h11_refusal(exc: h11.RemoteProtocolError) -> _Refused:
+    text = str(exc)
+    for prefix, status, rule in _H11_REFUSALS:
+        if text.startswith(prefix):
+            return _Refused(status, rule)
+    return _Refused(400, f"malformed request ({text[:120]})")
 
-    # The standard parser reports what it refuses through send_error: keep it, answer once below.
-    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        self._error = (code, message or explain or "bad request")
 
-    def handle_expect_100(self) -> bool:
-        return True  # "100 Continue" is sent once the head is admitted, not before
+class _Gate:
+    """Reads ONE request from the runner with h11 and forwards it re-serialised, or refuses it (module docstring)."""
 
-    def finish(self) -> None:
-        super().finish()
-        self._body.close()  # the socket closes only once its last file object is closed
+    timeout = HEAD_TIMEOUT  # the whole head and body, not each read
 
-    def log_message(self, format: str, *args: Any) -> None:
-        pass  # refusals are kept on the relay (``refused``); nothing of a request is logged
+    def __init__(self, sock: socket.socket, relay: UnixToTcpRelay) -> None:
+        self.sock = sock
+        self.relay = relay
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.received = bytearray()  # what h11 was given before the head was parsed (its size, folded lines)
+        self.deadline = time.monotonic() + self.timeout
 
     def handle(self) -> None:
-        self.close_connection = True
         try:
             request = self._admit()
         except _Refused as refusal:
-            self.server.refused.append(refusal.rule)
+            self.relay.refused.append(refusal.rule)
             self._answer(refusal.status, refusal.rule)
             return
         except TimeoutError:
-            self.server.refused.append("request not received in time")
-            self._answer(408, f"the request head and body must arrive within {HEAD_TIMEOUT:g} s")
+            self.relay.refused.append("request not received in time")
+            self._answer(408, f"the request head and body must arrive within {self.timeout:g} s")
             return
-        except (OSError, ValueError):
+        except OSError:
             return  # the client went away
         if request is not None:
-            self.server.forward(self.connection, request)
+            self.relay.forward(self.sock, request)
+
+    def _next(self) -> Any:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise _h11_refusal(exc) from None
+            if event is not h11.NEED_DATA:
+                return event
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            self.sock.settimeout(left)
+            data = self.sock.recv(_BUF)
+            if self.conn.their_state is h11.IDLE:
+                self.received += data
+            self.conn.receive_data(data)
 
     def _admit(self) -> bytes | None:
-        line = self.rfile.readline(8192 + 1)
-        if not line:
+        event = self._next()
+        if isinstance(event, h11.ConnectionClosed):
             return None  # connected and closed: nothing to forward
-        match = _REQUEST_LINE.match(line)
-        if match is None:
-            raise _Refused(400, "not an HTTP/1.0 or HTTP/1.1 request line (METHOD SP TARGET SP HTTP/1.x)")
-        self.raw_requestline = line
-        if not self.parse_request():
-            code, message = self._error or (400, "bad request")
-            raise _Refused(code if 400 <= code < 500 else 400, message)
-        method, target = match["method"].decode(), match["target"].decode()
+        if not isinstance(event, h11.Request):
+            raise _Refused(400, _REQUEST_LINE_RULE)
+        head = bytes(self.received[:len(self.received) - len(self.conn.trailing_data[0])])
+        if len(head) > MAX_HEAD_BYTES:
+            raise _Refused(431, f"request head larger than {MAX_HEAD_BYTES} bytes")
+        method, target = event.method.decode("latin-1"), event.target.decode("latin-1")
+        # h11 takes any token as a method and any HTTP/x.y: the relay speaks HTTP/1.x with an upper-case method.
+        if not (method.isalpha() and method.isupper()) or event.http_version not in (b"1.0", b"1.1"):
+            raise _Refused(400, _REQUEST_LINE_RULE)
         if method != "POST":
-            raise _Refused(405, f"method {method} is not forwarded (only POST {self.server.model_target})")
+            raise _Refused(405, f"method {method} is not forwarded (only POST {self.relay.model_target})")
         if not target.startswith("/"):
             raise _Refused(400, "only an origin-form target (/path) is forwarded, not an absolute URI or authority")
-        if target != self.server.model_target:
-            raise _Refused(404, f"only POST {self.server.model_target} is forwarded")
-        headers = self._checked_headers()
-        length = headers.get("content-length")
+        if target != self.relay.model_target:
+            raise _Refused(404, f"only POST {self.relay.model_target} is forwarded")
+        # h11 unfolds an obsolete folded line into the header before it; RFC 9112 lets a server refuse it.
+        if b"\n " in head or b"\n\t" in head:
+            raise _Refused(400, "a folded header line (obs-fold) is not allowed")
+        headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers.raw_items()]
+        seen = self._checked_headers(headers)
+        length = seen.get("content-length")
         if length is None:
             raise _Refused(411, "a Content-Length is required")
-        if not re.fullmatch(r"[0-9]{1,10}", length):
-            raise _Refused(400, "Content-Length must be a decimal number")
-        size = int(length)
+        size = int(length)  # h11 admitted it as decimal digits, and only one value
         if size > MAX_BODY_BYTES:
             raise _Refused(413, f"request body larger than {MAX_BODY_BYTES} bytes")
-        if headers.get("expect", "").lower() == "100-continue":
-            self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        body = self._body.read(size)
-        if len(body) != size:
-            return None  # the client closed before its body was complete
-        if self._more_bytes():
+        if self.conn.they_are_waiting_for_100_continue:  # sent once the head is admitted, not before
+            self.sock.sendall(self.conn.send(h11.InformationalResponse(status_code=100, headers=[],
+                                                                       reason=b"Continue")) or b"")
+        body = bytearray()
+        while not isinstance(event := self._next_or_none(), h11.EndOfMessage):
+            if event is None:
+                return None  # the client closed before its body was complete
+            body += event.data
+        # Bytes already here after the body: a pipelined or smuggled second request. Whatever comes later is
+        # never read (``forward`` only passes the upstream's answer back), so never forwarded either.
+        if self.conn.trailing_data[0]:
             raise _Refused(400, "one request per connection: bytes after the request body are not forwarded")
-        head = [f"POST {target} HTTP/1.1", f"Host: {self.server.authority}"]
-        head += [f"{name}: {value}" for name, value in self.headers.items()
-                 if name.lower() not in _NOT_FORWARDED and name.lower() not in _CREDENTIAL_HEADERS]
-        if self.server.api_key is not None:
-            head.append(f"Authorization: Bearer {self.server.api_key}")
-        head += [f"Content-Length: {size}", "Connection: close"]
-        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        out = [("Host", self.relay.authority)]
+        out += [(name, value) for name, value in headers
+                if name.lower() not in _NOT_FORWARDED and name.lower() not in _CREDENTIAL_HEADERS]
+        if self.relay.api_key is not None:
+            out.append(("Authorization", f"Bearer {self.relay.api_key}"))
+        out += [("Content-Length", str(size)), ("Connection", "close")]
+        raw = [(name.encode("latin-1"), value.encode("latin-1")) for name, value in out]  # h11 encodes str as ASCII
+        upstream = h11.Connection(h11.CLIENT)  # re-serialised by h11 too: nothing of the client's framing stays
+        return b"".join(upstream.send(part) or b"" for part in (
+            h11.Request(method="POST", target=target, headers=raw), h11.Data(data=bytes(body)), h11.EndOfMessage()))
 
-    def _checked_headers(self) -> dict[str, str]:
-        if self.headers.defects or self.headers.get_payload():
-            raise _Refused(400, "malformed header section")
+    def _next_or_none(self) -> h11.Data | h11.EndOfMessage | None:
+        try:
+            event = self._next()
+        except _Refused:
+            return None  # h11: the peer closed inside the body
+        return event if isinstance(event, (h11.Data, h11.EndOfMessage)) else None
+
+    def _checked_headers(self, headers: list[tuple[str, str]]) -> dict[str, str]:
+        """The relay's rules over what h11 parsed (names are tokens and values free of controls already)."""
+        if len(headers) > MAX_HEADERS:
+            raise _Refused(431, f"more than {MAX_HEADERS} header fields")
         seen: dict[str, str] = {}
-        for name, value in self.headers.items():
+        for name, value in headers:
             lower = name.lower()
-            if not _TOKEN.match(name):
-                raise _Refused(400, f"header name {name[:40]!r} is not an HTTP token")
-            if any((ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F for c in value):
-                raise _Refused(400, f"header {name}: control characters (or a folded line) are not allowed")
             if lower in seen:
                 raise _Refused(400, f"header {name} given twice")
-            seen[lower] = value.strip()
+            seen[lower] = value
         if "upgrade" in seen or "http2-settings" in seen:
             raise _Refused(400, "Upgrade is not forwarded (one HTTP/1.1 request per connection)")
         options = {token.strip().lower() for token in seen.get("connection", "").split(",") if token.strip()}
@@ -257,30 +288,27 @@ class _Gate(BaseHTTPRequestHandler):
         host = seen.get("host")
         if host is None:
             raise _Refused(400, "a Host header is required")
-        if not (_LOOPBACK_HOST.match(host) or host.lower() == self.server.authority.lower()):
-            raise _Refused(400, f"Host {host[:80]!r} is not the model endpoint (loopback or {self.server.authority})")
+        if not _model_host(host, self.relay.authority):
+            raise _Refused(400, f"Host {host[:80]!r} is not the model endpoint (loopback or {self.relay.authority})")
         return seen
-
-    def _more_bytes(self) -> bool:
-        """Whether the client already sent more than its one request (a pipelined or smuggled second one)."""
-        self.connection.settimeout(0)
-        try:
-            return bool(self._body.peek(1))  # type: ignore[attr-defined]  # a BufferedReader
-        except OSError:
-            return False
-        finally:
-            self.connection.settimeout(HEAD_TIMEOUT)
 
     def _answer(self, status: int, rule: str) -> None:
         body = json.dumps({"error": {"message": f"benchseal model relay: {rule}", "type": "invalid_request_error",
                                      "code": "relay_refused"}}).encode()
         reason = {400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 408: "Request Timeout",
-                  411: "Length Required", 413: "Content Too Large", 414: "URI Too Long", 417: "Expectation Failed",
+                  411: "Length Required", 413: "Content Too Large", 417: "Expectation Failed",
                   431: "Request Header Fields Too Large"}.get(status, "Bad Request")
         head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n")
         with contextlib.suppress(OSError):
-            self.wfile.write(head.encode() + body)
+            self.sock.sendall(head.encode() + body)
+            # Drop what the client is still sending, briefly: closing on unread bytes would reset the
+            # connection and could lose the answer. Nothing read here is parsed or forwarded.
+            self.sock.shutdown(socket.SHUT_WR)
+            self.sock.settimeout(0.5)
+            drained, until = 0, time.monotonic() + 2
+            while drained < MAX_BODY_BYTES and time.monotonic() < until and (chunk := self.sock.recv(_BUF)):
+                drained += len(chunk)
 
 
 class UnixToTcpRelay(_Relay):
@@ -319,7 +347,7 @@ class UnixToTcpRelay(_Relay):
 
     def _handle(self, client: socket.socket) -> None:
         try:
-            _Gate(client, ("runner", 0), self)  # type: ignore[arg-type]  # the relay is the gate's "server"
+            _Gate(client, self).handle()
         except Exception:  # noqa: S110 -- one connection's failure never stops the relay
             pass
         finally:
