@@ -21,6 +21,7 @@ from pipeline.core.history import baseline
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
 from pipeline.infra.worker.dataset import STAGED, check_policy_datasets, stage_dataset
+from pipeline.infra.worker.grading import run_dataset
 from pipeline.infra.worker.images import render_suite
 from tests.fixtures.datasets import pinned
 from tests.fixtures.sigstore import make_inputs
@@ -210,3 +211,12 @@ def test_the_grading_carries_a_valid_dataset_digest() -> None:
     assert grading.dataset_digest == "sha256:" + "5" * 64
     with pytest.raises(PydanticValidationError):
         grading.model_validate({**grading.model_dump(mode="json"), "dataset_digest": "sha256:short"})
+
+
+def test_a_run_whose_trials_ran_on_two_datasets_is_failed() -> None:
+    one, other = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    assert run_dataset([one, one, one]) == (one, None)
+    assert run_dataset([]) == (None, None)
+    for mixed in ([one, other], [one, None]):
+        digest, failure = run_dataset(mixed)
+        assert digest is None and failure is not None and "different datasets" in failure

@@ -28,6 +28,7 @@ from pipeline.core.contracts import (
     task_trial_names,
     trial_short_id,
 )
+from pipeline.core.datasets import dataset_digest
 from pipeline.core.documents import TaskCounts
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.scoring import task_counts
@@ -36,6 +37,7 @@ from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.containers import CONTAINER_PREFIX, LABEL_BATCH
+from pipeline.infra.worker.dataset import STAGED
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
 from pipeline.runner.envshared import TIMINGS_FILE
 from pipeline.runner.plan import discover_tasks
@@ -190,6 +192,9 @@ def test_oracle_run_succeeds_with_score_one(oracle_probe_run, infra_setup):
     status = json.loads((run_dir / "run.json").read_text())
     assert status["state"] == "SUCCEEDED" and status["score"] == 1.0
     assert Grading.model_validate_json((run_dir / "grading.json").read_text()) == grading
+    # Every trial ran from the staged copy of the dataset the policy pins (issue 36), and the grading says so.
+    pinned_digest = infra_setup["policy"].suites["probe"].dataset.digest
+    assert grading.dataset_digest == pinned_digest and dataset_digest(run_dir / STAGED) == pinned_digest
     # Evidence in artifacts/, and the finalize hook ran before the terminal transition.
     assert (run_dir / "artifacts" / "evidence" / "harbor").is_dir()
     assert (run_dir / "artifacts" / "evidence" / "grading.json").is_file()
@@ -285,6 +290,34 @@ def test_broken_runner_digest_ends_in_infra_error_without_score(infra_setup):
     assert "pull" in (record.reason or "")
     status = json.loads((run_dir / "run.json").read_text())
     assert status["state"] == "INFRA_ERROR" and status["score"] is None
+
+
+def test_a_dataset_that_differs_from_its_digest_is_refused_with_nothing_run(infra_setup, tmp_path):
+    """The policy pins smoke's digest; the suites root holds smoke with one changed byte in a verifier: the
+    run ends in INFRA_ERROR naming the dataset rule, no dataset is staged, no batch, no container; and a
+    worker does not even start on such a suites root."""
+    suites = tmp_path / "suites"
+    shutil.copytree(infra_setup["suites"], suites)  # every suite of the policy, smoke then changed
+    verifier = suites / "smoke" / "write-answer" / "tests" / "test.sh"
+    verifier.write_bytes(verifier.read_bytes().replace(b'exit "$status"', b"exit 0"))  # a verifier that passes anything
+    db = infra_setup["root"] / "tampered-dataset" / "queue.sqlite3"
+    accepted = accept_payload(_payload(infra_setup, "tampered-dataset-01"), db=db, policy=infra_setup["policy"])
+    config = WorkerConfig(db=db, policy=infra_setup["policy"], suites_dir=suites, image_trust=infra_setup["trust"])
+    states = [outcome.state for outcome in (run_once(config) for _ in range(infra_setup["policy"].max_attempts))
+              if outcome is not None]
+    assert states == ["QUEUED"] * (infra_setup["policy"].max_attempts - 1) + ["INFRA_ERROR"]
+    with SqliteQueue(db) as q:
+        record = q.get_run(accepted.run_id)
+        run_dir = q.run_dir(accepted.run_id)
+        assert q.trials(accepted.run_id) == []  # nothing was planned
+    assert record.grading is not None and record.grading.score is None and record.grading.dataset_digest is None
+    assert "suites.smoke.dataset" in (record.reason or "") and "not the pinned" in (record.reason or "")
+    assert not (run_dir / STAGED).exists() and not (run_dir / "batches").exists()
+    assert _runner_containers(accepted.run_id) == [] and _trial_containers(accepted.run_id) == []
+    started = subprocess.run([*_worker_cmd({**infra_setup, "suites": suites}, db)], capture_output=True, text=True,
+                             timeout=120, check=False)
+    assert started.returncode == 1 and "suites.smoke.dataset" in started.stderr, started.stderr
+    assert len([line for line in started.stderr.splitlines() if "suites.smoke.dataset" in line]) == 1
 
 
 def _worker_cmd(setup: dict[str, Any], db: Path, *extra: str) -> list[str]:

@@ -44,7 +44,8 @@ def check_source(suite: str, dataset: DatasetPolicy, suites_root: Path) -> Path:
     try:
         actual = digest_entries(dataset_entries(source))
     except DatasetRefused as exc:
-        raise DatasetRefused(f"{_field(suite)}: {source}: {exc.path}", exc.rule) from None
+        inside = "" if exc.path == str(source) else f": {exc.path}"
+        raise DatasetRefused(f"{_field(suite)}: {source}{inside}", exc.rule) from None
     if actual != dataset.digest:
         raise DatasetDigestMismatch(_field(suite), f"the directory {source} has content digest {actual}, not the "
                                     f"pinned {dataset.digest} (the policy's digest must be what `benchseal dataset "

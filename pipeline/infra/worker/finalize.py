@@ -41,6 +41,7 @@ from pipeline.infra.worker.grading import (
     grade_trials,
     infra_error_grading,
     read_plan,
+    run_dataset,
 )
 from pipeline.infra.worker.history import scored_release
 from pipeline.infra.worker.trial_evidence import check_trial_name, evidence_copy_ignore, unpack_trial_dir
@@ -81,14 +82,10 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
         meta["model"] = meta.get("model") or recorded.model
         datasets.add(recorded.dataset_digest)
     versions = sorted({t.harbor_version for t in trials if t.harbor_version})
-    # One run, one dataset: trials rendered from different dataset bytes (the policy's digest edited
-    # mid-run) are no one score.
-    ran_on = sorted(d for d in datasets if d is not None)
-    if len(ran_on) > 1 or (ran_on and None in datasets):
-        failure = failure or f"the run's trials ran on different datasets ({', '.join(map(str, sorted(datasets, key=str)))})"
-    grading = grade_trials(record, policy, tuple(trials), started_at=started, finished_at=now_utc(), failure=failure,
-                           harbor_version=versions[0] if versions else None, agent_version_pin=meta.get("agent_version"),
-                           model=meta.get("model"), dataset_digest=ran_on[0] if len(ran_on) == 1 else None)
+    dataset, mixed = run_dataset(datasets)
+    grading = grade_trials(record, policy, tuple(trials), started_at=started, finished_at=now_utc(),
+                           failure=failure or mixed, harbor_version=versions[0] if versions else None,
+                           agent_version_pin=meta.get("agent_version"), model=meta.get("model"), dataset_digest=dataset)
     if exhausted:
         # The attempt rules, per trial: a trial whose attempts ran out on infrastructure errors ends the
         # run as INFRA_ERROR with no score; the trials that completed are graded as they are.

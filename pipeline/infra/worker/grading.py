@@ -12,6 +12,7 @@ no score; otherwise score = resolved / completed.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -171,6 +172,16 @@ def grade_run(
     return grade_trials(record, policy, trials, started_at=started_at, finished_at=finished_at, failure=failure,
                         harbor_version=harbor_version, agent_version_pin=plan.agent_version if plan else None,
                         model=plan.model if plan else None)
+
+
+def run_dataset(recorded: Iterable[str | None]) -> tuple[str | None, str | None]:
+    """(the run's one dataset digest, None) from its recorded trials' digests; (None, the failure) when they
+    differ: trials rendered from different dataset bytes (the policy's digest edited mid-run, a trial
+    recorded without one) are no one score."""
+    found = set(recorded)
+    if len(found) > 1:
+        return None, f"the run's trials ran on different datasets ({', '.join(sorted(map(str, found)))})"
+    return next(iter(found), None), None
 
 
 def grade_trials(
