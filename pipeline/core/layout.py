@@ -26,6 +26,17 @@ CHECKSUMS = "SHA256SUMS"
 # published (release assets are flat); its files are listed in this top-level file, which
 # SHA256SUMS covers and so signs transitively.
 NESTED_SUMS = "evidence-SHA256SUMS"
+# Every file NESTED_SUMS lists, as one deterministic tar.gz (pipeline.core.evidence_archive): a release
+# is flat, so this asset carries the logs behind the score; SHA256SUMS lists (and so signs) it.
+EVIDENCE_ARCHIVE = "evidence-logs.tar.gz"
+# A release signed by a private Sigstore instance carries its trust material, one file per tool's form
+# (pipeline.evidence.trust): the trusted root as JSON (cosign, benchseal), as JSON Lines (gh's
+# --custom-trusted-root) and as a ClientTrustConfig (sigstore-python's --trust-config). Public-good
+# releases carry none.
+TRUSTED_ROOT = "trusted_root.json"
+TRUSTED_ROOT_LINES = "trusted_root.jsonl"
+CLIENT_TRUST_CONFIG = "client_trust_config.json"
+TRUST_FILES = (TRUSTED_ROOT, TRUSTED_ROOT_LINES, CLIENT_TRUST_CONFIG)
 # The plan and every trial's result.json, byte for byte (a release is flat): verify re-grades them.
 TRIAL_RESULTS = "trial-results.json"
 PUBLISHER_ERROR = "publisher-error.json"

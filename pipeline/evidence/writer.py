@@ -1,15 +1,18 @@
 """Evidence of a run: summary, SBOMs, provenance, checksums, Sigstore bundles.
 
 ``write_evidence`` writes ``<run_dir>/artifacts/`` completely. Order matters:
-the trial evidence first (``evidence.trials``: grading.json must be what the trials say, or nothing
-is written), then content (trial-results.json, summary, its exports for the charting tools, SBOMs,
-provenance and test-result statements), then its bundles, then SHA256SUMS over every file so far
-(bundles included), then SHA256SUMS's own bundle.
+the trial evidence is scrubbed first (``evidence.scrub``: host paths made run-relative, secrets
+redacted, so every sum below is over what is published), then checked (``evidence.trials``:
+grading.json must be what the trials say, or nothing is signed), then content (a private instance's
+trust files, ``evidence.trust``; trial-results.json, summary, its exports for the charting tools, SBOMs,
+provenance and test-result statements), then its bundles, then evidence-SHA256SUMS and the evidence
+archive, then SHA256SUMS over every file so far (bundles and archive included), then SHA256SUMS's own bundle.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +22,10 @@ from pipeline.core.documents import Comparison
 from pipeline.core.layout import ARTIFACTS_DIR, MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SBOMS
 from pipeline.evidence import artifacts, exports, provenance, sbom, testresult
 from pipeline.evidence.artifacts import recheck_and_resign
+from pipeline.evidence.scrub import scrub_evidence
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading, write_trial_results
+from pipeline.evidence.trust import write_trust_files
 
 __all__ = ["EvidenceResult", "reseal", "write_evidence"]
 
@@ -40,16 +45,19 @@ class EvidenceResult:
 
 
 def write_evidence(run_dir: Path, grading: Grading, payload: DispatchPayload, *, signer: Signer,
-                   comparison: Comparison | None = None) -> EvidenceResult:
+                   comparison: Comparison | None = None, secrets: Sequence[str] = ()) -> EvidenceResult:
     """Write and sign every artifact of a terminal run into ``run_dir/artifacts``.
 
     Idempotent: a retry rewrites every file atomically with the same content
     (bundles differ: each signature gets a new certificate and log entry). Refused (CheckFailed naming
-    the field) before anything is written when grading.json is not what the trial evidence says.
+    the field) before anything is signed when grading.json is not what the trial evidence says.
+    ``secrets``: values no published byte may hold (the infra policy's secret_env values), redacted.
     """
     out = run_dir / ARTIFACTS_DIR
+    scrub_evidence(out, grading.run_id, secrets)
     evidence, _, _ = check_grading(out, grading)
     out.mkdir(parents=True, exist_ok=True)
+    write_trust_files(out, signer)
     write_trial_results(out, grading.run_id, evidence)
     summary_document = artifacts.build_summary(grading, payload, comparison=comparison)
     summary = artifacts.write_summary(out, summary_document)

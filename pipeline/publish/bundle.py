@@ -9,14 +9,25 @@ how a later publication tells benchseal's assets from the maintainers'.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core.documents import ReleaseSummary, load_document
 from pipeline.core.errors import CheckFailed
 from pipeline.core.fsutil import sha256_file
-from pipeline.core.layout import CHECKSUMS, SUMMARY, bundle_name, parse_checksums
+from pipeline.core.layout import (
+    CHECKSUMS,
+    CLIENT_TRUST_CONFIG,
+    EVIDENCE_ARCHIVE,
+    NESTED_SUMS,
+    SUMMARY,
+    TRUST_FILES,
+    TRUSTED_ROOT,
+    TRUSTED_ROOT_LINES,
+    bundle_name,
+    parse_checksums,
+)
 from pipeline.publish.body import (
     END,
     START,
@@ -53,6 +64,23 @@ class ReleaseBundle:
     assets: tuple[Asset, ...]
 
 
+def asset_notes(names: Collection[str]) -> list[str]:
+    """Body lines naming the logs behind the score (the evidence archive) and a private instance's trust
+    files, when the release carries them (after the verify commands)."""
+    lines: list[str] = []
+    if EVIDENCE_ARCHIVE in names and NESTED_SUMS in names:
+        lines += ["", f"The logs behind the score (each trial's result.json, verifier output, agent log and trajectory) "
+                  f"are in `{EVIDENCE_ARCHIVE}`, which SHA256SUMS signs; check every file against `{NESTED_SUMS}`:",
+                  "", "```sh", f"tar -xzf {EVIDENCE_ARCHIVE} && sha256sum -c {NESTED_SUMS}", "```"]
+    if all(name in names for name in TRUST_FILES):
+        lines += ["", "Signed by a private Sigstore instance, not public-good: its trusted root is published in each "
+                  f"tool's form: `{TRUSTED_ROOT}` (cosign `--trusted-root`, `benchseal verify --trusted-root`), "
+                  f"`{TRUSTED_ROOT_LINES}` (`gh attestation verify --custom-trusted-root`), `{CLIENT_TRUST_CONFIG}` "
+                  f"(sigstore-python: `sigstore --trust-config {CLIENT_TRUST_CONFIG} verify identity ...`). "
+                  "Trust it only as far as you trust that instance."]
+    return lines
+
+
 def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = (),
                 image_commands: Sequence[str] = ()) -> ReleaseBundle:
     """Read and check a run's artifacts; raise CheckFailed when they are not publishable."""
@@ -79,7 +107,8 @@ def load_bundle(artifacts_dir: Path, tag: str, verify_commands: Sequence[str] = 
             assets.append(Asset(path.name, path, sha256_file(path), path.stat().st_size))
     facts = facts_from_summary(load_document(ReleaseSummary, summary_path), tag)
     # The section records the assets by digest: a target later replaces or removes only those.
-    section = with_asset_record(render_section(facts, verify_commands, image_commands), ((a.name, a.sha256) for a in assets))
+    section = "\n".join([render_section(facts, verify_commands, image_commands), *asset_notes({a.name for a in assets})])
+    section = with_asset_record(section, ((a.name, a.sha256) for a in assets))
     # The smallest body the section can be in: over GitHub's limit, refuse before any request.
     check_body_length(f"{START}\n{section}\n{END}\n", f"release body for {tag} (the benchmark section alone)")
     return ReleaseBundle(

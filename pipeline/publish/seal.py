@@ -32,6 +32,7 @@ from pipeline.core.fsutil import sha256_file, staged_dir
 from pipeline.core.history import check_graded_comparison
 from pipeline.core.layout import ARTIFACTS_DIR
 from pipeline.core.scoring import Claim, check_counts
+from pipeline.evidence.scrub import secret_values
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trials import check_grading
 from pipeline.evidence.writer import EvidenceResult, write_evidence
@@ -124,10 +125,13 @@ def seal_run(run_dir: Path, *, signer: Signer | Callable[[], Signer], policy: In
     """Check (``check_sealable``), then write and sign the evidence of the graded run in ``run_dir``.
     ``signer`` may be a factory, called only once the run is accepted (no credential is asked for a
     run that is refused)."""
+    policy = policy if policy is not None else load_policy()
     status, grading, payload, comparison = check_sealable(run_dir, policy)
     chosen = signer if isinstance(signer, Signer) else signer()
-    return Sealed(status, grading, write_evidence(run_dir, grading, payload, signer=chosen, comparison=comparison),
-                  comparison)
+    # The policy's secret values this process holds never reach a published byte (evidence.scrub).
+    secrets = secret_values(policy.secret_env)
+    return Sealed(status, grading, write_evidence(run_dir, grading, payload, signer=chosen, comparison=comparison,
+                                                  secrets=secrets), comparison)
 
 
 def seal_export(source: IO[bytes], run_dir: Path, run_id: str, signer: Callable[[], Signer],

@@ -44,6 +44,7 @@ from pipeline.core.layout import (
     PROVENANCE_SUMMARY,
     SUMMARY,
     TEST_RESULT,
+    TRUSTED_ROOT,
     bundle_name,
 )
 from pipeline.core.node import node_binary, node_env
@@ -364,13 +365,24 @@ def command_profile(directory: Path, profile: str | None) -> str:
     return "local"
 
 
-def printed_root(directory: Path, trusted_root: Path | None, profile: str | None = None) -> Path | None:
-    """The trusted root the printed commands name: the one given, else for a local-profile release
-    the private instance's own (when there is one), else none (public-good)."""
+def instance_root(directory: Path, trusted_root: Path | None, profile: str | None = None) -> Path | None:
+    """The private instance's trusted root file on this machine: the one given, else for a local-profile
+    release the instance's own (when there is one), else none (public-good)."""
     if trusted_root is None and command_profile(directory, profile) == "local":
         default_root = paths.local_trusted_root()
         return default_root if default_root.is_file() else None
     return trusted_root
+
+
+def printed_root(directory: Path, trusted_root: Path | None, profile: str | None = None) -> Path | None:
+    """The trusted root the printed commands name: when a root is needed (``instance_root``) and the
+    release carries its signer's root (``trusted_root.json``, pipeline.evidence.trust), that asset by
+    its name (the commands run inside the release; its JSON Lines twin is ``trusted_root.jsonl``), so
+    the body names no path of the publishing host; else the instance's file; else none (public-good)."""
+    root = instance_root(directory, trusted_root, profile)
+    if root is not None and (directory / TRUSTED_ROOT).is_file():
+        return Path(TRUSTED_ROOT)
+    return root
 
 
 def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path | None = None,
@@ -454,7 +466,8 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     if not summary_path.is_file():
         return []
     summary = load_document(ReleaseSummary, summary_path)
-    trusted_root = printed_root(directory, trusted_root, profile)
+    # The PEM files cosign reads are written beside the instance's root file (not a release asset).
+    trusted_root = instance_root(directory, trusted_root, profile)
     policy = (image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
               if builder is None else builder_image_identity(builder, repository, tag, summary.source.commit, ref=ref))
     binary = binary or ("cosign" if shutil.which("cosign") else str(cosign_path() or "cosign"))

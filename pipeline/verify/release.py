@@ -98,6 +98,7 @@ from pipeline.core.scoring import (
     evidence_trials,
     is_result_name,
 )
+from pipeline.verify.archive import verify_evidence_archive
 from pipeline.verify.policy import Builder, Expectation, expectation
 from pipeline.verify.testresult import check_test_result
 
@@ -494,6 +495,7 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
 
     verify_bundle(verifier, directory / CHECKSUMS, directory / CHECKSUMS_BUNDLE, expect)
     verify_checksums(directory)
+    verify_evidence_archive(directory)  # the logs behind the score: exactly what evidence-SHA256SUMS lists
     for name in REQUIRED_SIGNED:
         if not (directory / bundle_name(name)).is_file():
             raise EvidenceMissing(f"{bundle_name(name)}: missing ({name} must be signed)", subject=bundle_name(name))

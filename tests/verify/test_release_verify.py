@@ -103,8 +103,11 @@ def test_release_verifies_everywhere(signed_release: Path, verifiers, sigstore_i
         "provenance-summary.intoto.json", "provenance-summary.intoto.json.sigstore.json",
         "sbom-api.cdx.json", "sbom-api.cdx.json.sigstore.json", "sbom-runner.cdx.json",
         "sbom-runner.cdx.json.sigstore.json", "summary.json", "summary.json.sigstore.json",
-        # the trial evidence: its listing, and the plan and result.json files the score is graded from
-        "evidence-SHA256SUMS", "trial-results.json",
+        # the trial evidence: its listing, every file it lists (one archive), and the plan and result.json
+        # files the score is graded from
+        "evidence-SHA256SUMS", "evidence-logs.tar.gz", "trial-results.json",
+        # the private instance's root in each tool's form (a public-good release carries none)
+        "trusted_root.json", "trusted_root.jsonl", "client_trust_config.json",
         # the result as in-toto's test-result attestation (DSSE; attached to the runner image too)
         "test-result.intoto.json", "test-result.intoto.json.sigstore.json",
         # the exports for the charting tools (Bencher, github-action-benchmark), signed through SHA256SUMS
