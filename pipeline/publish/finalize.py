@@ -16,8 +16,10 @@ from typing import Any, Literal
 from pipeline.core.contracts import Grading, PublicationRequest
 from pipeline.core.documents import Comparison, load_document
 from pipeline.core.history import check_graded_comparison
+from pipeline.evidence.scrub import secret_values
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.writer import write_evidence
+from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord
 from pipeline.infra.worker.export import COMPARISON
 
@@ -50,7 +52,10 @@ def evidence_finalizer(
         # The worker's comparison with the repository's previous release (comparison.json), checked
         # as the seal job checks an export's: the finalizer signs only what the rule gives.
         comparison = _comparison(run_dir, grading)
-        result = write_evidence(run_dir, grading, record.payload, signer=get_signer(), comparison=comparison)
+        # The worker holds the policy's secret_env values: none of them reaches a published byte (evidence.scrub).
+        secrets = secret_values(load_policy().secret_env)
+        result = write_evidence(run_dir, grading, record.payload, signer=get_signer(), comparison=comparison,
+                                secrets=secrets)
         if timings is not None:
             timings["evidence"] = timings.get("evidence", 0.0) + time.monotonic() - started - result.signing_seconds
             timings["signing"] = timings.get("signing", 0.0) + result.signing_seconds

@@ -11,6 +11,7 @@ sha256sum, cosign and sigstore-python's CLI, benchseal verify.
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import shlex
 import shutil
@@ -39,12 +40,14 @@ from pipeline.core.layout import (
 )
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.writer import write_evidence
+from pipeline.infra.intake.policy import load_policy
 from pipeline.publish.outbox import prepare_bundle
+from pipeline.publish.seal import seal_run
 from pipeline.publish.targets import LocalTarget
 from pipeline.verify.external import cosign_verify
 from pipeline.verify.release import verify_release
 from tests.fixtures.sigstore import make_inputs
-from tests.fixtures.trials import evidence_for
+from tests.fixtures.trials import evidence_for, policy_file, write_comparison
 
 pytestmark = pytest.mark.slow
 HOST = "/srv/canary-host-5e1d/benchseal"  # the infra host's state dir: must appear nowhere published
@@ -179,3 +182,32 @@ def test_verify_accepts_it_and_refuses_an_archive_evidence_sha256sums_does_not_d
     with pytest.raises(ChecksumMismatch) as caught:
         verify_release(forged, repository="acme/widget", tag="v9.9.9", trusted_root=root, offline=True)
     assert caught.value.subject == EVIDENCE_ARCHIVE and "lacks evidence/" in str(caught.value)
+
+
+def test_the_seal_job_redacts_the_policy_secret_values_it_holds(tmp_path: Path, evidence_images: dict[str, str],
+                                                                 signer_v1: Signer,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """seal_run takes the values of the infra policy's secret_env from its own environment (the local release
+    and the worker's finalizer run where the agent's key is set): without that wiring the canary is signed."""
+    policy = load_policy(policy_file(tmp_path / "infra.yaml", {"acme/widget": {
+        "runner": evidence_images["runner"], "api": evidence_images["api"]}}))
+    assert policy.secret_env, "the shipped policy names the agent's key"
+    monkeypatch.setenv(policy.secret_env[0], SECRET)
+    grading, payload = make_inputs(evidence_images)
+    run_dir = tmp_path / "run"
+    evidence_for(grading, run_dir / "artifacts" / "evidence")
+    _seed(run_dir / "artifacts" / "evidence", grading.run_id, [t.trial_name for t in grading.trials])
+    status = {"run_id": grading.run_id, "correlation_id": payload.correlation_id, "state": grading.status,
+              "attempts": 1, "suite": payload.suite, "agent": payload.agent,
+              "source": payload.source.model_dump(mode="json"), "runner": payload.runner, "api": payload.api,
+              "created_at": grading.started_at, "updated_at": grading.finished_at, "score": grading.score,
+              "counts": grading.counts.model_dump(mode="json")}
+    (run_dir / "run.json").write_text(json.dumps(status))
+    (run_dir / "grading.json").write_text(grading.model_dump_json())
+    write_comparison(run_dir, grading, policy)
+    artifacts = seal_run(run_dir, signer=signer_v1, policy=policy).evidence.artifacts
+    published = [p for p in artifacts.iterdir() if p.is_file()]
+    assert EVIDENCE_ARCHIVE in {p.name for p in published}
+    for path in published:
+        data = gzip.decompress(path.read_bytes()) if path.name == EVIDENCE_ARCHIVE else path.read_bytes()
+        assert not _leaks(data), (path.name, _leaks(data))
