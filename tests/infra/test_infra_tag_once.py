@@ -132,7 +132,8 @@ def test_a_tag_is_never_accepted_again_from_another_commit(make_payload, queue_s
                                   {"gated": WRONG, "failed": None, "scored": RIGHT}[first])
             assert (release is not None and release.entry.gated) == (first == "gated")
         before = q.list_runs()
-        for n, tag in ((3, "v1.1.0"), (4, "V1.1.0"), (5, "refs/tags/v1.1.0")):
+        # (A ref spelling, refs/tags/v1.1.0, never reaches the queue: the payload model refuses it, TagIsARef.)
+        for n, tag in ((3, "v1.1.0"), (4, "V1.1.0")):
             with pytest.raises(ValidationError) as info:
                 q.enqueue(_payload(make_payload, n, tag, B), max_attempts=3)
             assert info.value.field == "payload.source.tag"
@@ -146,7 +147,7 @@ def test_a_tag_is_never_accepted_again_from_another_commit(make_payload, queue_s
 def test_the_same_tag_spelled_differently_is_refused_even_from_the_same_commit(make_payload, queue_spec) -> None:
     with queue_spec.open() as q:
         q.enqueue(_payload(make_payload, 1, "v2.0.0", A), max_attempts=3)
-        for n, tag in ((2, "V2.0.0"), (3, "refs/tags/v2.0.0")):
+        for n, tag in ((2, "V2.0.0"),):
             with pytest.raises(ValidationError, match=r"already released as v2\.0\.0"):
                 q.enqueue(_payload(make_payload, n, tag, A), max_attempts=3)
         # Another repository's tag of the same name is its own; a redelivery is still the same run.
