@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 
 from pipeline.core.errors import CLI_ERROR_PREFIX, UsageError, escape_text
-from pipeline.core.project import load_project
+from pipeline.core.project import PROJECT_FILE, load_project
 from pipeline.imaging.names import resolve_image_names
 
 
@@ -38,10 +38,16 @@ def release(
     agent: str | None = typer.Option(None, "--agent", help="The agent to score (default: the project's agent "
                                      "with --project, else oracle)."),
     project: Annotated[Path | None, typer.Option("--project", help="The source project's benchseal.toml: its agent, "
-                                                 "at the tag's version, is baked into the runner. A project of "
+                                                 "at the tag's version, is baked into the runner (default: "
+                                                 "./benchseal.toml when there is one and no --agent). A project of "
                                                  "benchseal's checkout (or of no checkout) is released as its own "
                                                  "repository, benchseal-examples/<directory>, made under the state "
-                                                 "dir from the tree HEAD holds.")] = None,
+                                                 "dir from the tree HEAD holds; a project in a git checkout of "
+                                                 "its own is released from that checkout, whose tag must exist "
+                                                 "and name HEAD.")] = None,
+    repository: str | None = typer.Option(None, "--repository", help="OWNER/NAME of the --project's own checkout "
+                                          "(default: $GITHUB_REPOSITORY, else its git remote origin, else "
+                                          "local/<directory name>); stated before anything runs."),
     dist: Annotated[Path | None, typer.Option("--dist", help="Local release root (default dist/releases).")] = None,
     as_json: bool = typer.Option(False, "--json", help="Print a machine-readable report only."),
     scripted_model: str | None = typer.Option(None, "--scripted-model", help="right|wrong: serve the suite's "
@@ -56,6 +62,8 @@ def release(
     if not local:
         raise UsageError("only --local is available from the command line; GitHub releases run in the workflows")
     names = resolve_image_names(image_prefix, registry)
+    if project is None and agent is None and (Path.cwd() / PROJECT_FILE).is_file():
+        project = Path(PROJECT_FILE)  # run in an adopter's repository: its own project file
     if agent is None:
         agent = load_project(project).agent.name if project is not None else "oracle"
     console = Console(stderr=True)
@@ -69,6 +77,7 @@ def release(
         console=None if as_json else console,
         scripted_model=scripted_model,
         project=project,
+        repository=repository,
     )
     if as_json:
         typer.echo(json.dumps(report.to_json_dict(), indent=2, sort_keys=True))

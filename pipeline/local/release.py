@@ -55,7 +55,7 @@ from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
 from pipeline.core.fsutil import atomic_write_json, sha256_file
 from pipeline.core.layout import SUMMARY
 from pipeline.core.paths import REPO_ROOT, state_dir
-from pipeline.core.project import version_for_tag
+from pipeline.core.project import load_project, version_for_tag
 from pipeline.dispatch.dispatch import build_payload, new_correlation_id
 from pipeline.imaging.build import build_images_with_results
 from pipeline.imaging.names import ImageNames, as_names, resolve_image_names
@@ -68,6 +68,7 @@ from pipeline.infra.worker.loop import WorkerConfig, run_once
 from pipeline.local import sigstore as sigstore_local
 from pipeline.local.agents import local_npm_registry
 from pipeline.local.model import scripted_model_for
+from pipeline.local.precheck import check_admitted, check_project
 from pipeline.local.signing import local_signer
 from pipeline.local.sources import (
     BUILDER,
@@ -77,7 +78,9 @@ from pipeline.local.sources import (
     SOURCE_CALLER_WORKFLOW,
     LocalSource,
     builder_commit,
-    release_repository,
+    example_repository_name,
+    local_source,
+    release_repository_origin,
     release_source,
     releasing,
 )
@@ -265,11 +268,13 @@ def release_local(
     scripted_model: str | None = None,
     policy: Path | None = None,
     project: Path | None = None,
+    repository: str | None = None,
 ) -> ReleaseReport:
     """``names``: the image names (default: the configured ones, pipeline.imaging.names, whose
     local default is 127.0.0.1:5055/benchseal/); ``policy``: the infra policy that must admit
     them (default policies/infra.yaml); ``project``: the source project's benchseal.toml, whose
-    agent (at the tag's version) the runner carries and, by default, the run scores."""
+    agent (at the tag's version) the runner carries and, by default, the run scores;
+    ``repository``: the name of a project's own checkout (default: pipeline.local.sources)."""
     if not TAG_RE.match(tag):
         raise UsageError(f"invalid tag: must look like vX.Y.Z (got {tag!r})")
     if project is not None:
@@ -277,14 +282,21 @@ def release_local(
 
     resolved = resolve_image_names() if names is None else as_names(names)
     infra_policy = load_policy(policy)
-    # Before anything is built: the policy must admit these names for this source repository.
-    repository = release_repository(project)
+    # Everything checkable before the build is checked before it, each one line (pipeline.local.precheck).
+    repository, origin = release_repository_origin(project, repository)
+    if console is not None:
+        console.print(f"Releasing {repository} {tag} (repository name from {origin})", markup=False, highlight=False)
+    if project is not None:
+        adopter = local_source(project, repository).checkout if example_repository_name(project) is None else None
+        check_project(project, load_project(project), tag, adopter_checkout=adopter)
+    check_admitted(infra_policy, repository, origin, agent, suite,
+                   f"{project.name}: agent.name" if project is not None else "--agent")
     for role in ("runner", "api"):
         infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
     with scripted_model_for(agent, suite, scripted_model, infra_policy):
         return _release_local(tag, names=resolved, dist=dist, suite=suite, agent=agent, console=console,
-                              policy=infra_policy, project=project)
+                              policy=infra_policy, project=project, repository=repository)
 
 
 def _release_local(
@@ -297,6 +309,7 @@ def _release_local(
     console: Console | None,
     policy: InfraPolicy,
     project: Path | None = None,
+    repository: str | None = None,
 ) -> ReleaseReport:
 
 
@@ -306,7 +319,7 @@ def _release_local(
         with clock.stage("setup", "Private Sigstore instance"):
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
         with clock.stage("setup", "Source repository"):
-            source_repo = release_source(project, tag)
+            source_repo = release_source(project, tag, repository)
         built = _build_and_attest(clock, tag, names, work, instance, source_repo)
 
         # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.

@@ -10,8 +10,11 @@ adopter path has them:
   of this checkout, the tree HEAD holds: never the work tree, as the wheel is built from the
   commit), tagged with the release tag. Same tree, same commit (fixed author, committer, dates and
   message), so a re-run reuses it and the images. A project in another git checkout is released
-  from that checkout as it is (build's rule). Without ``--project``, benchseal's own checkout is
-  the source (``$GITHUB_REPOSITORY`` or ``local/benchseal``);
+  from that checkout as it is (build's rule), named by ``--repository``, else ``$GITHUB_REPOSITORY``,
+  else its git remote ``origin`` (``https://HOST/OWNER/NAME(.git)`` or ``git@HOST:OWNER/NAME(.git)``),
+  else ``local/<its directory's name>``: the name and where it came from are stated before anything
+  runs (``adopter_repository``). Without ``--project``, benchseal's own checkout is the source
+  (``$GITHUB_REPOSITORY`` or ``local/benchseal``);
 * the **builder**: benchseal's reusable workflows, ``local/benchseal`` at ``refs/heads/main``
   (release.yml signs the images, benchmark.yml seals the evidence) run at this checkout's HEAD.
   An exact branch ref, not a commit, because the infra policy that pins it (policies/infra.yaml)
@@ -27,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import io
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -109,19 +113,68 @@ def example_repository_name(project: Path) -> str | None:
     return validate_repository(f"{EXAMPLES_OWNER}/{directory.name}", "--project (its directory's name)")
 
 
-def release_repository(project: Path | None) -> str:
+def release_repository(project: Path | None, repository: str | None = None) -> str:
     """The repository ``release --local`` releases, without making anything (checked against the
     infra policy before any work)."""
-    if project is not None:
-        name = example_repository_name(project)
-        if name is not None:
-            return name
-    return local_source(project).repository
+    return release_repository_origin(project, repository)[0]
 
 
-def local_source(project: Path | None) -> LocalSource:
+def release_repository_origin(project: Path | None, repository: str | None = None) -> tuple[str, str]:
+    """(OWNER/NAME, where the name came from) of what ``release --local`` releases, without making
+    anything. ``repository`` (``--repository``) names an adopter's checkout only: an example's name and
+    benchseal's own are fixed."""
+    example = example_repository_name(project) if project is not None else None
+    top = _toplevel(project.resolve().parent) if project is not None and example is None else None
+    if repository is not None and top is None:
+        of = example or "benchseal's own checkout"
+        raise UsageError(f"--repository: names the repository of a --project in a git checkout of its own; "
+                         f"this release is of {of}")
+    if example is not None:
+        return example, "an example released as its own repository"
+    if top is None:
+        return local_source(project).repository, "$GITHUB_REPOSITORY" if os.environ.get("GITHUB_REPOSITORY") \
+            else "benchseal's own checkout"
+    return adopter_repository(top, repository)
+
+
+def adopter_repository(checkout: Path, repository: str | None = None) -> tuple[str, str]:
+    """(OWNER/NAME, where it came from) of an adopter's checkout: ``--repository``, else
+    ``$GITHUB_REPOSITORY`` (what a workflow run has), else the git remote ``origin``, else
+    ``local/<the directory's name>``."""
+    if repository is not None:
+        return validate_repository(repository, "--repository"), "--repository"
+    environ = os.environ.get("GITHUB_REPOSITORY")
+    if environ:
+        return validate_repository(environ, "$GITHUB_REPOSITORY"), "$GITHUB_REPOSITORY"
+    remote = remote_repository(_git(checkout, "remote", "get-url", "origin", check=False))
+    if remote is not None:
+        return remote, "git remote origin"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", checkout.name).strip("-.") or "repository"
+    return validate_repository(f"local/{name[:100]}", "the checkout's directory name"), "the directory's name"
+
+
+_REMOTE_RE = re.compile(r"\A(?:[a-z][a-z0-9+.-]*://[^/]+/|[^/:@]+@[^/:]+:)(?P<path>[^?#]+?)(?:\.git)?/?\Z")
+
+
+def remote_repository(url: str) -> str | None:
+    """OWNER/NAME of a git remote URL (``https://github.com/acme/widget.git``, ``git@github.com:acme/widget``);
+    None when the URL names no such pair (a local path, a deeper path)."""
+    match = _REMOTE_RE.match(url.strip())
+    if match is None:
+        return None
+    path = match.group("path")
+    if path.count("/") != 1:
+        return None
+    try:
+        return validate_repository(path)
+    except UsageError:
+        return None
+
+
+def local_source(project: Path | None, repository: str | None = None) -> LocalSource:
     """What a local release without making anything is of: benchseal's checkout, or the checkout
-    holding ``project`` (another repository). For an example use :func:`example_repository`."""
+    holding ``project`` (another repository, named by :func:`adopter_repository`). For an example
+    use :func:`example_repository`."""
     if project is None:
         info = source_info()
         return LocalSource(repository=info.repository, checkout=REPO_ROOT, project=None, commit=info.commit)
@@ -129,14 +182,15 @@ def local_source(project: Path | None) -> LocalSource:
     if top is None:
         raise UsageError(f"--project: {project} is in no git checkout")
     info = source_info(top)
-    return LocalSource(repository=info.repository, checkout=top, project=project.resolve(), commit=info.commit)
+    return LocalSource(repository=adopter_repository(top, repository)[0], checkout=top, project=project.resolve(),
+                       commit=info.commit)
 
 
-def release_source(project: Path | None, tag: str) -> LocalSource:
+def release_source(project: Path | None, tag: str, repository: str | None = None) -> LocalSource:
     """The source of ``release --local``: an example as its own repository (made, idempotently),
     another checkout as it is, or benchseal's own checkout."""
     if project is None or example_repository_name(project) is None:
-        return local_source(project)
+        return local_source(project, repository)
     return example_repository(project, tag)
 
 
