@@ -55,8 +55,10 @@ from pipeline.imaging.push import PushStats, Registry, validate_oci_tag
 IMAGES_DIR = paths.REPO_ROOT / "images"
 BUILDER_VERSION = "benchseal-build/1"
 APP_ROOT = "/opt/benchseal"
-# Copied into the image beside the package, so pipeline.core.paths.REPO_ROOT/<dir> works there too.
-APP_DIRS = ("pipeline", "suites", "policies")
+# Copied into the image beside the package, so pipeline.core.paths.REPO_ROOT/<dir> works there too. No suites:
+# datasets are the infra's, staged by the worker by their digest (pipeline.infra.worker.dataset), so a new or
+# edited suite needs no new runner image.
+APP_DIRS = ("pipeline", "policies")
 _EXCLUDE_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache"})
 _EXCLUDE_SUFFIXES = (".pyc", ".pyo", ".tmp", ".swp")
 # Layers with ``bytecode = true`` keep the __pycache__ dirs that bytecode.compile_tree wrote.

@@ -12,7 +12,7 @@ task's ``solution/`` and ``tests/`` in the run dir, and the engine socket). For 
    ``agent_host.BOX_MOUNT``), network none, or for a model-backed agent the trial's model gateway
    the proxy gives every container it creates (``127.0.0.1:GATEWAY_PORT``, nothing else), all
    capabilities dropped, no-new-privileges, a read-only root with a tmpfs ``/tmp``, a process bound,
-   and the suites the image carries (``IMAGE_SUITES``) hidden under an empty read-only tmpfs;
+   and the place an older runner image kept the suites (``IMAGE_SUITES``) hidden under an empty read-only tmpfs;
 3. serves the channel (``agent_host``): the agent's exec, upload, download, is_dir and is_file are
    performed on THIS trial's environment (the one Harbor passed in) and nothing else; files travel
    as bytes, bounded (``MAX_TRANSFER_BYTES``; a download is sized in the container first);
@@ -73,8 +73,8 @@ MAX_CONTAINER_LOG = 2_000_000
 MAX_CALLS_IN_FLIGHT = 16
 PIDS_LIMIT = 1024
 BOX_TMP = "/tmp"  # noqa: S108 -- the box's own tmpfs (its root is read-only), not this process's
-# The runner image carries the suites (the app layer's APP_ROOT/suites: every task's solution/ and tests/):
-# a box sees an empty read-only tmpfs there instead.
+# A runner image carries no suites (the worker stages the dataset outside it); one built before did (the app
+# layer's APP_ROOT/suites: every task's solution/ and tests/): a box sees an empty read-only tmpfs there instead.
 IMAGE_SUITES = "/opt/benchseal/suites"
 _MASKED = {IMAGE_SUITES: "ro,size=4k,mode=0555"}
 

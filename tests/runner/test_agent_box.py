@@ -48,8 +48,8 @@ def test_the_probe_reports_the_distribution_or_why_not() -> None:
     assert _probe("pydantic", "no_such_module:Agent")["import_error"].startswith("ModuleNotFoundError")
 
 
-def test_the_box_hides_the_suites_the_runner_image_carries() -> None:
-    assert "suites" in APP_DIRS and agent_box.IMAGE_SUITES == f"{APP_ROOT}/suites"
+def test_the_runner_image_carries_no_suites_and_a_box_hides_where_older_ones_did() -> None:
+    assert "suites" not in APP_DIRS and agent_box.IMAGE_SUITES == f"{APP_ROOT}/suites"
 
 
 def _frames(data: bytes) -> list[Any]:
@@ -146,7 +146,7 @@ def test_a_box_sees_no_suite_no_capability_and_cannot_write_its_root(runner_imag
         lines = api.logs(created["Id"]).decode().split()
     finally:
         api.remove_container(created["Id"], force=True)
-    # The image has the suites (the app layer); a box sees an empty directory there.
-    assert lines[0] == "0" and {"pipeline", "policies", "suites"} <= set(lines)
+    # The image carries no suites (issue 36); where older images had them a box sees an empty mount.
+    assert lines[0] == "0" and {"pipeline", "policies"} <= set(lines)
     assert "CapEff:" in lines and lines[lines.index("CapEff:") + 1] == "0000000000000000"
     assert "root-writable" not in lines and lines[-2:] == ["tmp", "1"]

@@ -72,7 +72,12 @@ def stage_dataset(policy: InfraPolicy, suite: str, suites_root: Path, run_dir: P
             for entry in entries:
                 _copy_file(source / entry.path, scratch / entry.path, entry.executable)
             verify_staged(scratch, dataset.digest)
-            os.rename(scratch, target)
+            try:
+                os.rename(scratch, target)
+            except OSError:
+                if not os.path.lexists(target):
+                    raise
+                # Another batch of the run staged it first (two workers sharing this run dir): re-hashed below.
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
     try:
