@@ -285,12 +285,15 @@ def release_local(
     # Everything checkable before the build is checked before it, each one line (pipeline.local.precheck).
     repository, origin = release_repository_origin(project, repository)
     if console is not None:
-        console.print(f"Releasing {repository} {tag} (repository name from {origin})", markup=False, highlight=False)
+        console.print(f"Releasing {repository} {tag} (repository name from {origin})", markup=False, highlight=False,
+                      soft_wrap=True)
+    field = "--agent"
     if project is not None:
         adopter = local_source(project, repository).checkout if example_repository_name(project) is None else None
-        check_project(project, load_project(project), tag, adopter_checkout=adopter)
-    check_admitted(infra_policy, repository, origin, agent, suite,
-                   f"{project.name}: agent.name" if project is not None else "--agent")
+        project_file = load_project(project)
+        check_project(project, project_file, tag, adopter_checkout=adopter)
+        field = f"{project.name}: agent.name" if agent == project_file.agent.name else field
+    check_admitted(infra_policy, repository, origin, agent, suite, field)
     for role in ("runner", "api"):
         infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).

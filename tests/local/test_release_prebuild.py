@@ -143,7 +143,7 @@ def test_a_missing_tag_is_reported_missing_not_as_a_version_mismatch(tmp_path: P
 
 
 def test_a_tag_on_another_commit_is_refused(tmp_path: Path, home: Path,
-        release: Callable[..., Done]) -> None:
+                                            release: Callable[..., Done]) -> None:
     repo = _adopter(tmp_path)
     tagged = _git(repo, "rev-parse", "HEAD")
     _git(repo, "tag", "v0.1.0")
@@ -157,7 +157,7 @@ def test_a_tag_on_another_commit_is_refused(tmp_path: Path, home: Path,
 
 
 def test_a_package_version_other_than_the_tags_is_refused(tmp_path: Path, home: Path,
-        release: Callable[..., Done]) -> None:
+                                                          release: Callable[..., Done]) -> None:
     repo = _adopter(tmp_path)
     _git(repo, "tag", "v0.2.0")
     _refused(release(repo, "v0.2.0", home), home, "pyproject.toml: project.version: must be 0.2.0",
@@ -165,7 +165,7 @@ def test_a_package_version_other_than_the_tags_is_refused(tmp_path: Path, home: 
 
 
 def test_an_npm_package_json_with_another_version_is_refused(tmp_path: Path, home: Path,
-        release: Callable[..., Done]) -> None:
+                                                             release: Callable[..., Done]) -> None:
     repo = _adopter(tmp_path, "qwen-code")
     (repo / "package.json").write_text(json.dumps({"name": "@qwen-code/qwen-code", "version": "0.24.3"}))
     _commit(repo, "the package")
@@ -174,23 +174,24 @@ def test_an_npm_package_json_with_another_version_is_refused(tmp_path: Path, hom
 
 
 def test_a_repository_the_policy_does_not_admit_is_refused_and_named(tmp_path: Path, home: Path,
-        release: Callable[..., Done]) -> None:
-    repo = _adopter(tmp_path, origin=None, name="my-agent")
+                                                                     release: Callable[..., Done]) -> None:
+    name = "my-agent-with-a-long-directory-name"  # the stated line is longer than a terminal: one line still
+    repo = _adopter(tmp_path, origin=None, name=name)
     _git(repo, "tag", "v0.1.0")
     done = release(repo, "v0.1.0", home)
-    _refused(done, home, "repository local/my-agent (from the directory's name) is not a source of the infra "
-             "policy", "--policy")
-    assert "Releasing local/my-agent v0.1.0 (repository name from the directory's name)" in done.stderr
+    _refused(done, home, f"repository local/{name} (from the directory's name) is not a source of the infra policy",
+             "--policy")
+    assert f"Releasing local/{name} v0.1.0 (repository name from the directory's name)" in done.stderr.splitlines()
     policy = load_policy()
     with pytest.raises(UsageError, match=r"repository acme/unlisted \(from --repository\) is not a source"):
         precheck.check_admitted(policy, "acme/unlisted", "--repository", "hello-agent", "smoke", "agent.name")
     # Admitted as a source, but its agent is admitted for other repositories only.
-    with pytest.raises(UsageError, match=r"agent hello-agent is admitted by the infra policy for .*not local/benchseal"):
+    with pytest.raises(UsageError, match=r"agent hello-agent is admitted by the infra policy for .*not local/bench"):
         precheck.check_admitted(policy, "local/benchseal", "--repository", "hello-agent", "smoke", "agent.name")
 
 
 def test_an_import_path_the_package_does_not_hold_is_refused(tmp_path: Path, home: Path,
-        release: Callable[..., Done]) -> None:
+                                                             release: Callable[..., Done]) -> None:
     repo = _adopter(tmp_path)
     project = repo / "benchseal.toml"
     text = project.read_text()
@@ -207,7 +208,7 @@ def test_an_import_path_the_package_does_not_hold_is_refused(tmp_path: Path, hom
 
 
 def test_the_model_key_or_the_scripted_model_is_required(tmp_path: Path, home: Path,
-        release: Callable[..., Done]) -> None:
+                                                         release: Callable[..., Done]) -> None:
     repo = _adopter(tmp_path)
     _git(repo, "tag", "v0.1.0")
     # Every other check passes; a tripwire where the first stage makes its directory stops a release that
@@ -266,3 +267,16 @@ def test_the_repository_name_precedence(tmp_path: Path, monkeypatch: pytest.Monk
         sources.release_repository_origin(REPO_ROOT / "examples" / "hello-agent" / "benchseal.toml", "acme/x")
     with pytest.raises(UsageError, match="--repository"):
         sources.release_repository_origin(None, "acme/x")
+
+
+def test_an_agent_the_policy_does_not_know_is_named_by_the_project_file(tmp_path: Path, home: Path,
+                                                                        release: Callable[..., Done]) -> None:
+    """The refusal names the key the user wrote (benchseal.toml's agent.name), never an --agent not passed."""
+    repo = _adopter(tmp_path)
+    project = repo / "benchseal.toml"
+    project.write_text(project.read_text().replace('name = "hello-agent"', 'name = "widget-agent"'))
+    _commit(repo, "our own agent's name")
+    _git(repo, "tag", "v0.1.0")
+    line = _refused(release(repo, "v0.1.0", home), home, "invalid benchseal.toml: agent.name: agent not allowed by "
+                    "policy", "(got 'widget-agent')")
+    assert "--agent" not in line
