@@ -215,6 +215,9 @@ class PreviousRelease(_Document):
     summary_digest: Sha256Hex
     score: StrictFloat = Field(ge=0, le=1, allow_inf_nan=False)
     tasks: dict[TaskName, TaskCounts]
+    # Its dataset's content digest: a comparison is only ever with a release of the same dataset
+    # (pipeline.core.history.check_comparison). None: recorded before datasets were pinned.
+    dataset_digest: Sha256Hex | None = None
 
 
 class TaskChange(_Document):
@@ -262,7 +265,7 @@ class HistoryEntry(_Document):
         if self.summary_digest is None:
             raise ValueError(f"release {self.tag} (run {self.run_id}) was never sealed: no summary digest")
         return PreviousRelease(tag=self.tag, run_id=self.run_id, commit=self.commit, summary_digest=self.summary_digest,
-                               score=self.score, tasks=self.tasks)
+                               score=self.score, tasks=self.tasks, dataset_digest=self.dataset_digest)
 
 
 class ReleaseSummary(_Document):

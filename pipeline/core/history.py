@@ -163,15 +163,22 @@ def compare(*, score: float, interval: ScoreInterval | None, tasks: Mapping[str,
 def check_graded_comparison(comparison: Comparison, grading: Grading, where: str) -> None:
     """``check_comparison`` for a graded run (the seal job's and the worker's finalizer's check)."""
     interval, tasks = grading_noise(grading)
-    check_comparison(comparison, score=grading.score, interval=interval, tasks=tasks, where=where)
+    check_comparison(comparison, score=grading.score, interval=interval, tasks=tasks, where=where,
+                     dataset_digest=grading.dataset_digest)
 
 
 def check_comparison(comparison: Comparison, *, score: float | None, interval: ScoreInterval | None,
-                     tasks: Mapping[str, TaskCounts] | None, where: str) -> None:
+                     tasks: Mapping[str, TaskCounts] | None, where: str,
+                     dataset_digest: str | None = ANY_DATASET) -> None:
     """CheckFailed unless ``comparison`` is what ``compare`` gives for this release against the previous
-    release and gate rules it names (the consumer's recomputation; the field that differs is named)."""
+    release and gate rules it names (the consumer's recomputation; the field that differs is named), and
+    (with ``dataset_digest``, the release's) the previous release ran the same dataset."""
     if score is None or tasks is None:
         raise CheckFailed(f"{where}: a comparison needs a scored release with per-task counts")
+    previous = comparison.previous
+    if dataset_digest != ANY_DATASET and previous is not None and previous.dataset_digest != dataset_digest:
+        raise CheckFailed(f"{where}.previous.dataset_digest: says {previous.dataset_digest}, but this release ran "
+                          f"{dataset_digest}: two datasets never compare as one")
     expected = compare(score=score, interval=interval, tasks=tasks, previous=comparison.previous, gate=comparison.gate)
     for name in ("score_delta", "changed", "gated", "reasons"):
         claimed, actual = getattr(comparison, name), getattr(expected, name)

@@ -16,8 +16,8 @@ from pydantic import ValidationError as PydanticValidationError
 from pipeline.core.datasets import dataset_digest
 from pipeline.core.digests import ImageRef
 from pipeline.core.documents import HistoryEntry, TaskCounts
-from pipeline.core.errors import DatasetDigestMismatch, DatasetRefused, ValidationError
-from pipeline.core.history import baseline
+from pipeline.core.errors import CheckFailed, DatasetDigestMismatch, DatasetRefused, ValidationError
+from pipeline.core.history import baseline, check_comparison, compare
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
 from pipeline.infra.worker.dataset import STAGED, check_policy_datasets, stage_dataset
@@ -220,3 +220,16 @@ def test_a_run_whose_trials_ran_on_two_datasets_is_failed() -> None:
     for mixed in ([one, other], [one, None]):
         digest, failure = run_dataset(mixed)
         assert digest is None and failure is not None and "different datasets" in failure
+
+
+def test_a_comparison_with_a_release_of_another_dataset_is_refused() -> None:
+    """The seal job, the worker's finalizer and verify recompute the comparison: its previous release must
+    have run the same dataset as this one."""
+    one, other = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    tasks = {"a": TaskCounts(attempts=1, completed=1, resolved=1)}
+    previous = _release(1, "v1", one).as_previous()
+    assert previous.dataset_digest == one
+    comparison = compare(score=1.0, interval=None, tasks=tasks, previous=previous, gate=None)
+    check_comparison(comparison, score=1.0, interval=None, tasks=tasks, where="comparison", dataset_digest=one)
+    with pytest.raises(CheckFailed, match=r"comparison\.previous\.dataset_digest"):
+        check_comparison(comparison, score=1.0, interval=None, tasks=tasks, where="comparison", dataset_digest=other)
