@@ -69,7 +69,11 @@ def _write_policy(tmp: Path, data: dict[str, Any]) -> Path:
     ("test agent listed twice", lambda d: d["agents"].append("oracle"), "listed once"),
     ("key not a secret", lambda d: d.update(secret_env=[]), "must be listed in secret_env"),
     ("endpoint not http", lambda d: d["suites"]["smoke"]["model"].update(endpoint="file:///etc/passwd"), "endpoint"),
-    ("endpoint without port", lambda d: d["suites"]["smoke"]["model"].update(endpoint="http://127.0.0.1/v1"), "endpoint"),
+    ("endpoint port out of range", lambda d: d["suites"]["smoke"]["model"].update(endpoint="http://127.0.0.1:70000/v1"),
+     "endpoint"),
+    ("endpoint port zero", lambda d: d["suites"]["smoke"]["model"].update(endpoint="http://127.0.0.1:0/v1"), "endpoint"),
+    ("endpoint with a query", lambda d: d["suites"]["smoke"]["model"].update(endpoint="https://h/v1?x=1"), "endpoint"),
+    ("endpoint host not plain", lambda d: d["suites"]["smoke"]["model"].update(endpoint="https://h_x/v1"), "endpoint"),
     ("endpoint with credentials", lambda d: d["suites"]["smoke"]["model"].update(endpoint="http://u:p@h:1/v1"), "endpoint"),
     ("unknown model key", lambda d: d["suites"]["smoke"]["model"].update(api_key="x"), "api_key"),
     ("bad version", lambda d: d["agents"][2].update(version="latest; rm"), "version"),
@@ -81,6 +85,30 @@ def test_agent_policy_is_strictly_validated(tmp_path: Path, case: str, mutate: A
     with pytest.raises(ValidationError) as info:
         load_policy(_write_policy(tmp_path, data))
     assert needle in info.value.diagnostics(), (case, info.value.diagnostics())
+
+
+@pytest.mark.parametrize(("endpoint", "expected"), [
+    ("https://api.openai.com/v1", ("api.openai.com", 443, True, "/v1")),
+    ("http://127.0.0.1/v1", ("127.0.0.1", 80, False, "/v1")),
+    ("http://127.0.0.1:18431/v1/", ("127.0.0.1", 18431, False, "/v1")),
+])
+def test_a_model_endpoint_is_taken_as_its_provider_writes_it(tmp_path: Path, endpoint: str,
+                                                            expected: tuple[str, int, bool, str]) -> None:
+    """The port is implied by the scheme (issue 38: https://api.openai.com/v1 was refused with a regex)."""
+    data = _policy_data()
+    data["suites"]["smoke"]["model"]["endpoint"] = endpoint
+    model = load_policy(_write_policy(tmp_path, data)).suites["smoke"].model
+    assert model is not None and (*model.host_port, model.path) == expected
+
+
+def test_a_bad_model_endpoint_is_one_line_naming_the_rule_not_a_pattern(tmp_path: Path) -> None:
+    data = _policy_data()
+    data["suites"]["smoke"]["model"]["endpoint"] = "ftp://api.openai.com/v1"
+    with pytest.raises(ValidationError) as info:
+        load_policy(_write_policy(tmp_path, data))
+    said = info.value.diagnostics()
+    assert len(said.splitlines()) == 1 and "suites.smoke.model.endpoint" in said, said
+    assert "http(s)://HOST[:PORT][/PATH]" in said and "^https" not in said and "pattern" not in said, said
 
 
 def test_accept_admits_model_agents_only_for_suites_with_a_model(tmp_path: Path, make_payload: Any) -> None:

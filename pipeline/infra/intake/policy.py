@@ -9,6 +9,7 @@ whose release is written nor, beyond that repository's list, the images that run
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -64,6 +65,28 @@ class ImagePolicy(_Strict):
 
 def _source_repository(value: str) -> str:
     canonical_repository(value)  # ValueError names the rule
+    return value
+
+
+_ENDPOINT_RULE = ("must be http(s)://HOST[:PORT][/PATH] with no user, query or fragment (the port defaults to the "
+                  "scheme's), e.g. https://api.openai.com/v1")
+_ENDPOINT_HOST = r"^[A-Za-z0-9.\-]+$"
+_ENDPOINT_PATH = r"^(/[A-Za-z0-9._~/\-]*)?$"
+
+
+def _model_endpoint(value: str) -> str:
+    """An OpenAI-compatible endpoint as its provider writes it (``https://api.openai.com/v1``): the port is
+    implied by the scheme when absent (ModelPolicy.host_port)."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port  # ValueError outside 0-65535
+    except ValueError:
+        raise ValueError(_ENDPOINT_RULE) from None
+    if (len(value) > 255 or parts.scheme not in ("http", "https") or parts.username is not None
+            or parts.password is not None or parts.query or parts.fragment or "?" in value or "#" in value
+            or not re.match(_ENDPOINT_HOST, parts.hostname or "") or port == 0
+            or not re.match(_ENDPOINT_PATH, parts.path)):
+        raise ValueError(_ENDPOINT_RULE)
     return value
 
 
@@ -137,8 +160,7 @@ class SourcePolicy(_Strict):
 class ModelPolicy(_Strict):
     """The model endpoint a suite's model-backed agents call (the runner's only way out)."""
 
-    endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9.\-]+:[0-9]{1,5}(/[A-Za-z0-9._~/\-]*)?$",
-                                               max_length=255)]
+    endpoint: Annotated[str, AfterValidator(_model_endpoint)]
     # LiteLLM model name, e.g. openai/<name> for an OpenAI-compatible endpoint.
     name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$")]
     # The worker environment variable holding the key (must be listed in secret_env).
