@@ -75,7 +75,7 @@ def asset_notes(names: Collection[str]) -> list[str]:
     if all(name in names for name in TRUST_FILES):
         lines += ["", "Signed by a private Sigstore instance, not public-good: its trusted root is published in each "
                   f"tool's form: `{TRUSTED_ROOT}` (cosign `--trusted-root`, `benchseal verify --trusted-root`), "
-                  f"`{TRUSTED_ROOT_LINES}` (`gh attestation verify --custom-trusted-root`), `{CLIENT_TRUST_CONFIG}` "
+                  f"`{TRUSTED_ROOT_LINES}` (gh's `--custom-trusted-root`), `{CLIENT_TRUST_CONFIG}` "
                   f"(sigstore-python: `sigstore --trust-config {CLIENT_TRUST_CONFIG} verify identity ...`). "
                   "Trust it only as far as you trust that instance."]
     return lines

@@ -466,7 +466,9 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     if not summary_path.is_file():
         return []
     summary = load_document(ReleaseSummary, summary_path)
-    # The PEM files cosign reads are written beside the instance's root file (not a release asset).
+    # The bundle-format line names the published root (printed_root); the legacy image signatures need the
+    # PEM files cosign reads, written beside the instance's root file (not a release asset).
+    bundle_root = printed_root(directory, trusted_root, profile)
     trusted_root = instance_root(directory, trusted_root, profile)
     policy = (image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
               if builder is None else builder_image_identity(builder, repository, tag, summary.source.commit, ref=ref))
@@ -485,6 +487,6 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
                                infra_repository=infra_repository, builder=builder)
         except ValidationError:
             return lines  # the production profile without the infra repository and builder: no signer to pin
-        args = result_attestation_args(summary.images.runner.ref, seal, trusted_root=trusted_root)
+        args = result_attestation_args(summary.images.runner.ref, seal, trusted_root=bundle_root)
         lines.append(shlex.join([*prefix, binary, *args]))
     return lines

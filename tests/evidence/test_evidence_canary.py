@@ -145,6 +145,8 @@ def test_the_body_names_the_published_trust_files_and_each_tool_takes_its_form(p
     commands = [line for line in body.splitlines() if line.startswith(("cosign verify-blob", "benchseal verify"))]
     assert commands and all(f"--trusted-root {TRUSTED_ROOT} " in line for line in commands)
     assert not any(state in line for line in commands)  # no path of the publishing host in them
+    # Only the legacy image-signature lines still name the instance's PEM files (cosign reads no root for them).
+    assert [line for line in body.splitlines() if state in line and not line.startswith("env SIGSTORE_")] == []
     for name in (TRUSTED_ROOT, TRUSTED_ROOT_LINES, CLIENT_TRUST_CONFIG):
         assert f"`{name}`" in body
     root = json.loads((release / TRUSTED_ROOT).read_text())
