@@ -13,6 +13,7 @@ from pipeline.cli import (
     build,
     dataset,
     dispatch,
+    doctor,
     evidence,
     host,
     infra,
@@ -47,6 +48,7 @@ app = new_app(
     sandbox.register,
     local.register,
     dataset.register,
+    doctor.register,
 )
 
 

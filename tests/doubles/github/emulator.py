@@ -174,6 +174,14 @@ class CheckRun:
 
 
 @dataclass
+class SelfHostedRunner:
+    id: int
+    name: str
+    labels: tuple[str, ...]  # custom labels; self-hosted, Linux, X64 are added as GitHub does
+    status: str = "online"  # online | offline
+
+
+@dataclass
 class Repo:
     id: int
     owner: str
@@ -189,6 +197,11 @@ class Repo:
     workflows: dict[int, Workflow] = field(default_factory=dict)
     runs: dict[int, Run] = field(default_factory=dict)
     check_runs: dict[int, CheckRun] = field(default_factory=dict)
+    # Actions settings: variables (name -> value), secret names (GitHub never returns a value),
+    # self-hosted runners (set_variable, set_secret, add_runner).
+    variables: dict[str, tuple[str, datetime]] = field(default_factory=dict)
+    secrets: dict[str, datetime] = field(default_factory=dict)
+    runners: list[SelfHostedRunner] = field(default_factory=list)
 
     @property
     def full_name(self) -> str:
@@ -321,6 +334,9 @@ ROUTES: tuple[_Route, ...] = (
     _route("GET", R + "/commits/{ref}", "repos/get-commit", "get_commit", multi=("ref",)),
     _route("POST", R + "/check-runs", "checks/create", "create_check_run"),
     _route("GET", R + "/check-runs/{check_run_id}", "checks/get", "get_check_run"),
+    _route("GET", R + "/actions/variables", "actions/list-repo-variables", "list_variables"),
+    _route("GET", R + "/actions/secrets", "actions/list-repo-secrets", "list_secrets"),
+    _route("GET", R + "/actions/runners", "actions/list-self-hosted-runners-for-repo", "list_runners"),
     _route("PATCH", R + "/check-runs/{check_run_id}", "checks/update", "update_check_run"),
 )
 
@@ -356,9 +372,13 @@ OPERATION_PERMISSIONS: dict[str, tuple[str, str] | None] = {
     "checks/create": ("checks", "write"),
     "checks/get": ("checks", "read"),
     "checks/update": ("checks", "write"),
+    "actions/list-repo-variables": ("variables", "read"),
+    "actions/list-repo-secrets": ("secrets", "read"),
+    "actions/list-self-hosted-runners-for-repo": ("administration", "read"),
 }
 PERMISSION_NAMES = frozenset({"actions", "checks", "contents", "metadata", "packages", "pull-requests",
-                              "statuses", "id-token", "attestations", "deployments", "issues"})
+                              "statuses", "id-token", "attestations", "deployments", "issues",
+                              "variables", "secrets", "administration"})
 TOKEN_KINDS = {"fine-grained": "personal access token", "github-token": "integration"}
 
 
@@ -446,6 +466,9 @@ class GitHubEmulator:
         self._server: BaseWSGIServer | None = None
         self._serve_thread: threading.Thread | None = None
         self.callback_errors: list[BaseException] = []
+        # A classic token's scopes, sent as X-OAuth-Scopes on every answer when set (GitHub sends
+        # the header for classic tokens only; fine-grained and job tokens get none).
+        self.oauth_scopes: str | None = None
 
     # --- lifecycle ---------------------------------------------------------------
 
@@ -584,6 +607,22 @@ class GitHubEmulator:
                           self.clock.now(), render)
             repo.workflows[wf.id] = wf
             return wf
+
+    def set_variable(self, full_name: str, name: str, value: str) -> None:
+        with self._lock:
+            self.repo(full_name).variables[name.upper()] = (value, self.clock.now())
+
+    def set_secret(self, full_name: str, name: str) -> None:
+        """A repository secret; only its name is ever listed, so no value is kept."""
+        with self._lock:
+            self.repo(full_name).secrets[name.upper()] = self.clock.now()
+
+    def add_runner(self, full_name: str, name: str, labels: tuple[str, ...] = (), *,
+                   status: str = "online") -> SelfHostedRunner:
+        with self._lock:
+            runner = SelfHostedRunner(self._next_id(), name, tuple(labels), status)
+            self.repo(full_name).runners.append(runner)
+            return runner
 
     def on_dispatch(self, callback: DispatchCallback) -> None:
         self._callbacks.append(callback)
@@ -775,7 +814,7 @@ class GitHubEmulator:
             "x-ratelimit-resource": "core",
             "x-github-api-version-selected": "2022-11-28",
             "date": format_datetime(now.astimezone(UTC), usegmt=True),
-        }
+        } | ({"x-oauth-scopes": self.oauth_scopes} if self.oauth_scopes is not None else {})
 
     def _make_response(self, status: int, body: object, extra: Mapping[str, str]) -> Response:
         headers = Headers(self._rate_headers())
@@ -1271,6 +1310,31 @@ class GitHubEmulator:
         items = sorted(repo.workflows.values(), key=lambda w: w.id)
         page = self._paginate(ctx, items)
         return {"total_count": len(items), "workflows": [self._workflow_json(ctx, repo, w) for w in page]}
+
+    # Actions settings
+
+    def _h_list_variables(self, ctx: _Ctx) -> object:
+        repo = self._repo_of(ctx)
+        items = sorted(repo.variables.items())
+        return {"total_count": len(items), "variables": [
+            {"name": name, "value": value, "created_at": _iso(at), "updated_at": _iso(at)}
+            for name, (value, at) in self._paginate(ctx, items)]}
+
+    def _h_list_secrets(self, ctx: _Ctx) -> object:
+        repo = self._repo_of(ctx)
+        items = sorted(repo.secrets.items())
+        return {"total_count": len(items), "secrets": [
+            {"name": name, "created_at": _iso(at), "updated_at": _iso(at)} for name, at in self._paginate(ctx, items)]}
+
+    def _h_list_runners(self, ctx: _Ctx) -> object:
+        repo = self._repo_of(ctx)
+        wanted = ctx.request.args.get("name")
+        items = [r for r in repo.runners if wanted is None or r.name == wanted]
+        return {"total_count": len(items), "runners": [
+            {"id": r.id, "name": r.name, "os": "linux", "status": r.status, "busy": False, "ephemeral": False,
+             "labels": [{"id": i, "name": n, "type": "read-only"} for i, n in enumerate(("self-hosted", "Linux", "X64"))]
+             + [{"id": 10 + i, "name": n, "type": "custom"} for i, n in enumerate(r.labels)]}
+            for r in self._paginate(ctx, items)]}
 
     def _h_get_workflow(self, ctx: _Ctx) -> object:
         repo = self._repo_of(ctx)

@@ -1,0 +1,174 @@
+"""``benchseal doctor host``: an installed infra host (or a root under ``--prefix``) checked against what
+the worker needs, one finding a line with its fix (``pipeline.core.doctor``).
+
+The paths are the installer's (``pipeline.host.install``) and the shipped worker unit's: the policy
+``/etc/benchseal/infra.yaml`` (parsed with the same ``load_policy`` the worker uses), the suites the
+worker reads (``/opt/benchseal/suites``: the unit runs in ``/opt/benchseal`` with no ``--suites-dir``),
+each suite's dataset hashed with ``pipeline.core.datasets`` against its pinned digest, the units, the
+SQLite queue's directory writable by the service user, and Sigstore reachable (``--offline``: skipped).
+"""
+
+from __future__ import annotations
+
+import shutil
+import stat
+import subprocess
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.datasets import dataset_entries, digest_entries
+from pipeline.core.doctor import Finding, missing, ok, unknown
+from pipeline.core.errors import Error
+from pipeline.host.install import API_UNIT, APP_DIR, POLICY_FILE, STATE_DIR, UNIT_DIR, UNITS
+from pipeline.infra.intake.policy import InfraPolicy, load_policy
+
+SUITES_DIR = APP_DIR + "/suites"
+QUEUE_DIR = STATE_DIR + "/infra"  # the SQLite queue (queue.sqlite3) the worker creates there
+QUEUE_URL_FILE = QUEUE_DIR + "/queue-url"  # a PostgreSQL queue instead (deploy/benchseal-worker.service)
+# Where cosign's public-good signatures are logged: reachable, or the worker cannot check an image.
+PUBLIC_GOOD_REKOR = "https://rekor.sigstore.dev"
+_INSTALL = "run `benchseal host install --runner-user RUNNER` (docs/host.md step 2)"
+
+
+@dataclass(frozen=True)
+class HostOptions:
+    prefix: Path = Path("/")
+    service_user: str = "benchseal"
+    suites_dir: str = SUITES_DIR
+    sigstore_url: str = PUBLIC_GOOD_REKOR
+    offline: bool = False
+    timeout: float = 5.0
+
+
+def _under(prefix: Path, path: str) -> Path:
+    return prefix / path.lstrip("/")
+
+
+def _policy(prefix: Path) -> tuple[list[Finding], InfraPolicy | None]:
+    path = _under(prefix, POLICY_FILE)
+    if not path.is_file():
+        return [missing("host", "policy", f"{POLICY_FILE} is missing", _INSTALL + ", then edit it")], None
+    try:
+        policy = load_policy(path)
+    except Error as exc:
+        return [missing("host", "policy", exc.diagnostics(), f"correct {POLICY_FILE} (docs/infra.md)")], None
+    agents = ", ".join(policy.agent_names)
+    return [ok("host", "policy", POLICY_FILE), ok("host", "policy agents", agents)], policy
+
+
+def _suites(prefix: Path, suites_dir: str, policy: InfraPolicy) -> list[Finding]:
+    root = _under(prefix, suites_dir)
+    if not root.is_dir():
+        return [missing("host", "suites directory", f"{suites_dir} is missing",
+                        f"copy the infra repository's suites/ to {suites_dir}")]
+    out = [ok("host", "suites directory", suites_dir)]
+    for name, suite in sorted(policy.suites.items()):
+        check = f"suite {name} dataset"
+        where = f"{suites_dir}/{suite.dataset.path}"
+        try:
+            actual = digest_entries(dataset_entries(root / suite.dataset.path))
+        except Error as exc:
+            out.append(missing("host", check, f"{where}: {exc.diagnostics()}",
+                               f"copy the infra repository's suites/{suite.dataset.path} to {where}"))
+            continue
+        out.append(ok("host", check, f"{where} {actual}") if actual == suite.dataset.digest else
+                   missing("host", check, f"{where} has digest {actual}, the policy pins {suite.dataset.digest}",
+                           f"copy the suite at the infra repository's commit, or pin `benchseal dataset digest {where}`"))
+    return out
+
+
+def _units(prefix: Path) -> list[Finding]:
+    out = []
+    live = str(prefix) == "/" and shutil.which("systemctl") is not None
+    for unit in (*UNITS, API_UNIT):
+        path = _under(prefix, f"{UNIT_DIR}/{unit}")
+        if not path.is_file():
+            if unit == API_UNIT:
+                continue  # optional: installed with --api-image only
+            out.append(missing("host", f"unit {unit}", "not installed", _INSTALL))
+            continue
+        out.append(ok("host", f"unit {unit}", "installed"))
+        if not live:
+            continue
+        state = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, check=False,
+                               timeout=30).stdout.strip()
+        out.append(ok("host", f"service {unit}", state) if state == "active" else
+                   missing("host", f"service {unit}", state or "not running",
+                           f"systemctl enable --now {unit}; journalctl -u {unit} says why it stopped"))
+    if not live:
+        out.append(unknown("host", "services running", "not checked (no systemctl here, or --prefix)"))
+    return out
+
+
+def _account(prefix: Path, user: str) -> tuple[int, set[int]] | None:
+    """(uid, gids) of ``user`` from the root's own /etc/passwd and /etc/group."""
+    uid = gid = None
+    for line in _under(prefix, "/etc/passwd").read_text(encoding="utf-8").splitlines():
+        fields = line.split(":")
+        if len(fields) > 3 and fields[0] == user:
+            uid, gid = int(fields[2]), int(fields[3])
+    if uid is None or gid is None:
+        return None
+    gids = {gid}
+    for line in _under(prefix, "/etc/group").read_text(encoding="utf-8").splitlines():
+        fields = line.split(":")
+        if len(fields) > 3 and user in fields[3].split(","):
+            gids.add(int(fields[2]))
+    return uid, gids
+
+
+def _writable(st_mode: int, st_uid: int, st_gid: int, uid: int, gids: set[int]) -> bool:
+    if st_uid == uid:
+        return bool(st_mode & stat.S_IWUSR)
+    if st_gid in gids:
+        return bool(st_mode & stat.S_IWGRP)
+    return bool(st_mode & stat.S_IWOTH)
+
+
+def _queue(prefix: Path, user: str) -> Finding:
+    check = f"queue writable by {user}"
+    if _under(prefix, QUEUE_URL_FILE).is_file():
+        return unknown("host", check, f"PostgreSQL queue ({QUEUE_URL_FILE}): not checked here",
+                       "run `benchseal infra migrate` as the worker's role to check it")
+    account = _account(prefix, user) if _under(prefix, "/etc/passwd").is_file() else None
+    if account is None:
+        return missing("host", check, f"no user {user} in /etc/passwd", _INSTALL)
+    uid, gids = account
+    # The worker creates infra/ and the database in it: the nearest existing of them must be writable.
+    for path in (QUEUE_DIR + "/queue.sqlite3", QUEUE_DIR, STATE_DIR):
+        target = _under(prefix, path)
+        if target.exists():
+            st = target.stat()
+            if _writable(st.st_mode, st.st_uid, st.st_gid, uid, gids):
+                return ok("host", check, path)
+            return missing("host", check, f"{path} (owner {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})",
+                           f"chown -R {user}:{user} {STATE_DIR}, or {_INSTALL}")
+    return missing("host", check, f"{STATE_DIR} is missing", _INSTALL)
+
+
+def _sigstore(url: str, timeout: float, offline: bool) -> Finding:
+    check = "Sigstore reachable"
+    if offline:
+        return Finding(side="host", check=check, status="skipped", detail="--offline")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 - an http(s) URL the operator names
+            pass
+    except urllib.error.HTTPError:
+        pass  # it answered: reachable
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return missing("host", check, f"{url}: {reason}",
+                       "allow the host HTTPS to Sigstore (the worker checks every image's signature there)")
+    return ok("host", check, url)
+
+
+def check_host(options: HostOptions) -> list[Finding]:
+    found, policy = _policy(options.prefix)
+    if policy is not None:
+        found += _suites(options.prefix, options.suites_dir, policy)
+    found += _units(options.prefix)
+    found.append(_queue(options.prefix, options.service_user))
+    found.append(_sigstore(options.sigstore_url, options.timeout, options.offline))
+    return found
