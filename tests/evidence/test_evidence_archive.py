@@ -1,6 +1,6 @@
 """Issue 37.5: the logs behind the score as one archive asset, and no host path or secret in them.
 
-Fast, no signer: ``evidence-logs.tar.gz`` (pipeline.core.evidence_archive) is byte-identical for the same
+Fast, no signer (and a public-good release carries no trust files): ``evidence-logs.tar.gz`` (pipeline.core.evidence_archive) is byte-identical for the same
 files whatever their mtimes, modes or creation order; it holds exactly what evidence-SHA256SUMS lists,
 relative, regular files only, so the real ``tar`` + ``sha256sum -c`` check it after extraction; SHA256SUMS
 lists it; the reader refuses every other shape. The rewrite (pipeline.evidence.scrub): absolute paths
@@ -16,14 +16,18 @@ import shutil
 import subprocess
 import tarfile
 from pathlib import Path
+from typing import cast
 
 import pytest
+from sigstore.models import ClientTrustConfig
 
 from pipeline.core.errors import CheckFailed, ChecksumMismatch
 from pipeline.core.evidence_archive import archive_bytes, check_archive
-from pipeline.core.layout import CHECKSUMS, EVIDENCE_ARCHIVE, NESTED_SUMS, parse_checksums
+from pipeline.core.layout import CHECKSUMS, EVIDENCE_ARCHIVE, NESTED_SUMS, TRUST_FILES, parse_checksums
 from pipeline.evidence.artifacts import write_checksums
 from pipeline.evidence.scrub import REDACTED, scrub_bytes, scrub_evidence, secret_values
+from pipeline.evidence.signing import Signer
+from pipeline.evidence.trust import write_trust_files
 from pipeline.verify.archive import verify_evidence_archive
 
 RUN_ID = "run-0123456789abcdef0123"
@@ -209,3 +213,12 @@ def test_scrub_evidence_rewrites_in_place_and_refuses_leftovers(tmp_path: Path) 
     left = _artifacts(tmp_path / "b", {"evidence/x.log": f"see infra/runs/{RUN_ID}/x\n".encode()}, mtime=1, mode=0o644)
     with pytest.raises(CheckFailed, match=r"^evidence/x\.log: still names the run directory"):
         scrub_evidence(left, RUN_ID)
+
+
+def test_a_public_good_release_carries_no_trust_files(tmp_path: Path) -> None:
+    """No private root (the production signer): none written, and a re-seal removes any an earlier seal left."""
+    for name in TRUST_FILES:
+        (tmp_path / name).write_text("{}\n")
+    public_good = Signer(trust_config=cast(ClientTrustConfig, None), token=lambda: "", identity="x", issuer="y")
+    assert write_trust_files(tmp_path, public_good) == ()
+    assert not any((tmp_path / name).exists() for name in TRUST_FILES)
