@@ -1,0 +1,121 @@
+"""``benchseal doctor host`` on a host installed by ``pipeline.host.install`` into a --prefix root, with
+the shipped suites where the worker reads them: it passes, then each piece removed is found, one line
+each with its fix."""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import doctor as cli_doctor
+from pipeline.core.doctor import Finding, exit_code
+from pipeline.core.errors import ValidationError
+from pipeline.host import install as hi
+from pipeline.host.doctor import SUITES_DIR, HostOptions, check_host
+
+REPO = Path(__file__).resolve().parents[2]
+RUNNER = "actions-ci"
+
+
+def _root_fs(tmp_path: Path) -> Path:
+    """A minimal root filesystem (as tests/host/test_host_install.py makes it)."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    root.chmod(0o755)
+    (root / "etc" / "passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\n{RUNNER}:x:1001:1001::/home/{RUNNER}:/bin/sh\n")
+    (root / "etc" / "group").write_text(f"root:x:0:\n{RUNNER}:x:1001:\ndocker:x:998:\n")
+    for name in ("shadow", "gshadow"):
+        (root / "etc" / name).write_text("")
+        (root / "etc" / name).chmod(0o640)
+    (root / "etc" / "sudoers").write_text("@includedir /etc/sudoers.d\n")
+    return root
+
+
+@pytest.fixture
+def host(tmp_path: Path) -> Path:
+    root = _root_fs(tmp_path)
+    hi.install(hi.InstallOptions(runner_user=RUNNER, prefix=root))
+    shutil.copytree(REPO / "suites", root / "opt/benchseal/suites")
+    return root
+
+
+@pytest.fixture
+def sigstore() -> Iterator[str]:
+    """Something answering HTTP on 127.0.0.1, as a Sigstore service would (any answer is reachable)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/"
+    server.shutdown()
+    server.server_close()
+
+
+def _failed(found: list[Finding]) -> list[str]:
+    return [f.line() for f in found if f.status == "missing"]
+
+
+@pytest.mark.needs_root("host install creates users and root-owned files")
+def test_an_installed_host_passes_and_each_removed_piece_is_found(host: Path, sigstore: str) -> None:
+    found = check_host(HostOptions(prefix=host, sigstore_url=sigstore))
+    assert exit_code(found) == 0, _failed(found)
+    assert {f.check for f in found if f.status == "ok"} >= {
+        "policy", "policy agents", "suites directory", "suite smoke dataset", "unit benchseal-worker.service",
+        "queue writable by benchseal", "Sigstore reachable"}
+    assert [f.line() for f in found if f.status == "unknown"] == [
+        "UNKNOWN host: services running: not checked (no systemctl here, or --prefix)"]
+
+    # A suite whose bytes are not the pinned ones, a unit removed, the queue not writable: one line each.
+    task = next(p for p in sorted((host / "opt/benchseal/suites/smoke").rglob("*")) if p.is_file())
+    task.write_text(task.read_text() + "\n# edited\n")
+    (host / "etc/systemd/system/benchseal-worker.service").unlink()
+    (host / "var/lib/benchseal").chmod(0o550)
+    found = check_host(HostOptions(prefix=host, offline=True))
+    failed = _failed(found)
+    assert len(failed) == 3, failed
+    assert failed[0].startswith("MISSING host: suite smoke dataset: /opt/benchseal/suites/smoke has digest sha256:")
+    assert "the policy pins sha256:a2585" in failed[0] and "-> fix: copy the suite at the infra repository's" in failed[0]
+    assert failed[1] == ("MISSING host: unit benchseal-worker.service: not installed -> fix: run `benchseal host install "
+                         "--runner-user RUNNER` (docs/host.md step 2)")
+    assert failed[2].startswith("MISSING host: queue writable by benchseal: /var/lib/benchseal (owner ")
+    assert "mode 0550" in failed[2]
+    assert [f.line() for f in found if f.status == "skipped"] == ["SKIPPED host: Sigstore reachable: --offline"]
+
+    # No suites where the worker reads them; a policy that does not parse.
+    shutil.rmtree(host / "opt/benchseal/suites")
+    assert "MISSING host: suites directory: /opt/benchseal/suites is missing -> fix: copy the infra repository's " \
+           "suites/ to /opt/benchseal/suites" in _failed(check_host(HostOptions(prefix=host, offline=True)))
+    (host / "etc/benchseal/infra.yaml").write_text("schema: benchseal.infra-policy/v2\nagents: []\n")
+    policy = _failed(check_host(HostOptions(prefix=host, offline=True)))[0]
+    assert policy.startswith("MISSING host: policy: ") and "-> fix: correct /etc/benchseal/infra.yaml" in policy
+
+
+def test_an_empty_root_and_an_unreachable_sigstore_exit_1_and_usage_errors_exit_2(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/"
+
+    def doctor(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "pipeline", "doctor", "host", *args], cwd=REPO,
+                              capture_output=True, text=True, check=False, timeout=120)
+
+    done = doctor("--prefix", str(tmp_path), "--sigstore-url", closed)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "MISSING host: policy: /etc/benchseal/infra.yaml is missing" in done.stdout
+    assert f"MISSING host: Sigstore reachable: {closed}: " in done.stdout
+    assert "-> fix: allow the host HTTPS to Sigstore" in done.stdout
+    bad = doctor("--prefix", "relative", "--offline")
+    assert bad.returncode == 2 and bad.stderr == "benchseal: error: invalid --prefix: must be an absolute path (got 'relative')\n"
+    # The other bad inputs, refused by the verb before any check (in-process: each CLI start costs ~2.5 s).
+    for user, url, field in (("Root!", "https://x", "--service-user"), ("benchseal", "ftp://x", "--sigstore-url")):
+        with pytest.raises(ValidationError) as refused:
+            cli_doctor.host(prefix=tmp_path, service_user=user, suites_dir=SUITES_DIR, sigstore_url=url,
+                            offline=True, as_json=False)
+        assert refused.value.exit_code == 2 and refused.value.diagnostics().startswith(f"invalid {field}:")
