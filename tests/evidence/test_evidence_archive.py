@@ -25,7 +25,7 @@ from pipeline.core.errors import CheckFailed, ChecksumMismatch
 from pipeline.core.evidence_archive import archive_bytes, check_archive
 from pipeline.core.layout import CHECKSUMS, EVIDENCE_ARCHIVE, NESTED_SUMS, TRUST_FILES, parse_checksums
 from pipeline.evidence.artifacts import write_checksums
-from pipeline.evidence.scrub import REDACTED, scrub_bytes, scrub_evidence, secret_values
+from pipeline.evidence.scrub import REDACTED, host_ancestors, scrub_bytes, scrub_evidence, secret_values
 from pipeline.evidence.signing import Signer
 from pipeline.evidence.trust import write_trust_files
 from pipeline.verify.archive import verify_evidence_archive
@@ -187,6 +187,17 @@ def test_paths_into_the_run_dir_become_run_relative(before: str, after: str) -> 
     assert scrub_bytes(before.encode(), RUN_ID) == after.encode()
 
 
+def test_the_run_dir_s_ancestors_become_host() -> None:
+    """An engine's error names a directory above the run dir (pytest's base dir, the host's state dir): any
+    path from one the evidence reveals, two components deep at least, starts at [HOST]."""
+    data = (f"into {HOST_RUN}/batches/0/harbor\n"
+            'mkdir /srv/infra-host: permission denied; "/srv/infra-host/infra/sandbox/x" /srv /srv/infra-hostile\n')
+    ancestors = host_ancestors(data.encode(), RUN_ID)
+    assert ancestors == {b"/srv/infra-host", b"/srv/infra-host/infra", b"/srv/infra-host/infra/runs"}
+    assert scrub_bytes(data.encode(), RUN_ID, ancestors=ancestors) == (
+        b'into batches/0/harbor\nmkdir [HOST]: permission denied; "[HOST]/infra/sandbox/x" /srv /srv/infra-hostile\n')
+
+
 def test_secrets_are_redacted_and_taken_from_the_policy_names() -> None:
     assert scrub_bytes(b"key=sk-canary-1234 and sk-canary-1234-longer", RUN_ID,
                        ["sk-canary-1234", "sk-canary-1234-longer"]) == b"key=" + REDACTED + b" and " + REDACTED
@@ -200,6 +211,8 @@ def test_scrub_evidence_rewrites_in_place_and_refuses_leftovers(tmp_path: Path) 
         "evidence/harbor/alpha__0123/agent/agent.log": f"using key {secret}\n".encode(),
         "evidence/harbor/alpha__0123/app/__pycache__/x.pyc": b"\x00\x01" + HOST_RUN.encode() + b"/x.py\x00",
         "evidence/trials.json": b"{}\n",
+        # Another file than the one revealing the run dir's path: the ancestors are collected over all of them.
+        "evidence/harbor/alpha__0123/exception.txt": b"mkdir /srv/infra-host: permission denied",
     }
     artifacts = _artifacts(tmp_path / "a", files, mtime=1, mode=0o644)
     changed = scrub_evidence(artifacts, RUN_ID, [secret])
@@ -208,6 +221,7 @@ def test_scrub_evidence_rewrites_in_place_and_refuses_leftovers(tmp_path: Path) 
         if path.is_file():
             assert HOST_RUN.encode() not in path.read_bytes() and secret.encode() not in path.read_bytes()
     assert (artifacts / "evidence/harbor/alpha__0123/result.json").read_bytes() == b'{"trials_dir": "batches/0/harbor"}'
+    assert (artifacts / "evidence/harbor/alpha__0123/exception.txt").read_bytes() == b"mkdir [HOST]: permission denied"
     assert scrub_evidence(artifacts, RUN_ID, [secret]) == []  # idempotent
     # A path the rewrite cannot take (relative, so no absolute prefix to strip) is refused, naming the file.
     left = _artifacts(tmp_path / "b", {"evidence/x.log": f"see infra/runs/{RUN_ID}/x\n".encode()}, mtime=1, mode=0o644)

@@ -70,13 +70,17 @@ def _seed(evidence: Path, run_id: str, trials: list[str]) -> None:
         (evidence / "harbor" / trial / "agent" / "trajectory.json").write_text(
             json.dumps([{"role": "tool", "content": f"OPENAI_API_KEY={SECRET}"}]))
         (evidence / "harbor" / trial / "agent" / "agent.log").write_text(f"auth: Bearer {SECRET}\ncwd {run}\n")
+        # The rootless engine's error names a directory above the run dir, not the run dir itself.
+        (evidence / "harbor" / trial / "exception.txt").write_text(
+            f"could not start the agent's container: mkdir {HOST.rpartition('/')[0]}: permission denied\n")
     logs = evidence / "batches" / "0000-aa" / "logs"
     logs.mkdir(parents=True)
     (logs / "runner.log").write_text(f"ran {len(trials)} trials into {run}/batches/0000-aa/harbor\n")
 
 
 def _leaks(data: bytes) -> list[str]:
-    return [what for what, needle in (("host path", HOST.encode()), ("secret", SECRET.encode())) if needle in data]
+    return [what for what, needle in (("host path", HOST.rpartition("/")[0].encode()), ("secret", SECRET.encode()))
+            if needle in data]
 
 
 @pytest.fixture(scope="module")
@@ -116,6 +120,8 @@ def test_nothing_published_carries_the_host_path_or_the_secret(published: tuple[
     assert log == "ran 2 trials into batches/0000-aa/harbor\n"
     agent_log = (artifacts / "evidence/harbor/hello__evidence0001/agent/agent.log").read_text()
     assert agent_log == "auth: Bearer [REDACTED]\ncwd .\n"
+    exception = (artifacts / "evidence/harbor/hello__evidence0001/exception.txt").read_text()
+    assert exception == "could not start the agent's container: mkdir [HOST]: permission denied\n"
     # trial-results.json carries the rewritten result.json, byte for byte (what verify grades).
     embedded = {f["name"]: base64.b64decode(f["content"])
                 for f in json.loads((release / "trial-results.json").read_text())["files"]}
