@@ -16,8 +16,6 @@ import typer
 from pipeline.core.contracts import validate_repository
 from pipeline.core.doctor import Finding, Side, exit_code
 from pipeline.core.errors import ValidationError
-from pipeline.dispatch.client import make_client
-from pipeline.dispatch.doctor import check_repository
 from pipeline.host.doctor import PUBLIC_GOOD_REKOR, SUITES_DIR, HostOptions, check_host
 from pipeline.host.install import validate_user_name
 
@@ -44,6 +42,10 @@ def _report(findings: Sequence[Finding], as_json: bool) -> None:
 
 def _repository(side: Side, repository: str, checkout: Path, as_json: bool) -> None:
     validate_repository(repository, "repository")
+    # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
+    from pipeline.dispatch.client import make_client
+    from pipeline.dispatch.doctor import check_repository
+
     _report(check_repository(side, repository, checkout, make_client()), as_json)
 
 

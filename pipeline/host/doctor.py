@@ -13,16 +13,17 @@ from __future__ import annotations
 import shutil
 import stat
 import subprocess
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.datasets import dataset_entries, digest_entries
 from pipeline.core.doctor import Finding, missing, ok, unknown
 from pipeline.core.errors import Error
 from pipeline.host.install import API_UNIT, APP_DIR, POLICY_FILE, STATE_DIR, UNIT_DIR, UNITS
-from pipeline.infra.intake.policy import InfraPolicy, load_policy
+
+if TYPE_CHECKING:
+    from pipeline.infra.intake.policy import InfraPolicy
 
 SUITES_DIR = APP_DIR + "/suites"
 QUEUE_DIR = STATE_DIR + "/infra"  # the SQLite queue (queue.sqlite3) the worker creates there
@@ -47,6 +48,9 @@ def _under(prefix: Path, path: str) -> Path:
 
 
 def _policy(prefix: Path) -> tuple[list[Finding], InfraPolicy | None]:
+    # lazy: the policy model (and yaml) cost ~110 ms at every CLI start (python -X importtime, 2026-12-07)
+    from pipeline.infra.intake.policy import load_policy
+
     path = _under(prefix, POLICY_FILE)
     if not path.is_file():
         return [missing("host", "policy", f"{POLICY_FILE} is missing", _INSTALL + ", then edit it")], None
@@ -152,6 +156,10 @@ def _sigstore(url: str, timeout: float, offline: bool) -> Finding:
     check = "Sigstore reachable"
     if offline:
         return Finding(side="host", check=check, status="skipped", detail="--offline")
+    # lazy: urllib.request (http.client, ssl) costs ~20 ms at every CLI start (python -X importtime, 2026-12-07)
+    import urllib.error
+    import urllib.request
+
     try:
         with urllib.request.urlopen(url, timeout=timeout):  # noqa: S310 - an http(s) URL the operator names
             pass
