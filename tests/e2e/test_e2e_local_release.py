@@ -156,7 +156,7 @@ def test_release_local_of_the_example_as_its_own_repository(local_home: Path, tm
     gh_lines = [c for c in report["verified"]["cosign_commands"] if " attestation verify " in c]
     assert len(gh_lines) == 4 and all(f"--repo {INFRA} --cert-identity {SEAL_IDENTITY} --source-ref refs/heads/main "
                                       in c for c in gh_lines), gh_lines
-    assert body.count("gh attestation verify ") == 4
+    assert body.count("gh attestation verify ") == 5  # the four checks, and the first again in the short form
     verified = verify_release(release, repository="benchseal-examples/hello-agent", tag="v0.1.0", profile="production",
                               infra_repository=INFRA, builder=BUILDER, offline=True,
                               trusted_root=local_home / "sigstore" / "trusted_root.json")
