@@ -10,6 +10,7 @@ SQLite queue's directory writable by the service user, and Sigstore reachable (`
 
 from __future__ import annotations
 
+import json
 import shutil
 import stat
 import subprocess
@@ -27,7 +28,8 @@ if TYPE_CHECKING:
 
 SUITES_DIR = APP_DIR + "/suites"
 QUEUE_DIR = STATE_DIR + "/infra"  # the SQLite queue (queue.sqlite3) the worker creates there
-QUEUE_URL_FILE = QUEUE_DIR + "/queue-url"  # a PostgreSQL queue instead (deploy/benchseal-worker.service)
+QUEUE_URL_FILE = QUEUE_DIR + "/queue-url"
+DOCKER_CONFIG = STATE_DIR + "/.docker/config.json"  # the service user's (its home is the state dir)  # a PostgreSQL queue instead (deploy/benchseal-worker.service)
 # Where cosign's public-good signatures are logged: reachable, or the worker cannot check an image.
 PUBLIC_GOOD_REKOR = "https://rekor.sigstore.dev"
 _INSTALL = "run `benchseal host install --runner-user RUNNER` (docs/host.md step 2)"
@@ -152,6 +154,43 @@ def _queue(prefix: Path, user: str) -> Finding:
     return missing("host", check, f"{STATE_DIR} is missing", _INSTALL)
 
 
+def _registry_auth(prefix: Path, user: str, policy: InfraPolicy) -> list[Finding]:
+    """The worker pulls by digest with its own Docker config: credentials for each registry the policy names
+    (public packages need none: then UNKNOWN, not a failure), in a file no one else can read."""
+    account = _account(prefix, user) if _under(prefix, "/etc/passwd").is_file() else None
+    registries = sorted({image.registry for source in policy.sources
+                         for image in (*source.images.runner, *source.images.api)})
+    config = DOCKER_CONFIG
+    path = _under(prefix, config)
+    auths: dict[str, object] = {}
+    out = []
+    if path.is_file():
+        st = path.stat()
+        if account is not None and (st.st_uid != account[0] or stat.S_IMODE(st.st_mode) & 0o077):
+            out.append(missing("host", "registry credentials file", f"{config} (owner {st.st_uid}, mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}) is readable by others than {user}",
+                               f"chown {user} {config} && chmod 0600 {config}"))
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return [*out, missing("host", "registry credentials file", f"{config}: not JSON ({exc})",
+                                  f"log in again as {user} (docs/host.md step 3.2)")]
+        if isinstance(data, dict):
+            for key in ("auths", "credHelpers"):
+                if isinstance(data.get(key), dict):
+                    auths.update(data[key])
+            store = data.get("credsStore")
+            if isinstance(store, str) and store:
+                auths.update(dict.fromkeys(registries, store))
+    for registry in registries:
+        check = f"registry credentials for {registry}"
+        out.append(ok("host", check, config) if registry in auths else
+                   unknown("host", check, f"none in {config}: fine when the packages are public",
+                           f"for private packages: `sudo -u {user} -g docker -H docker login {registry} "
+                           "--password-stdin` (docs/host.md step 3.2)"))
+    return out
+
+
 def _sigstore(url: str, timeout: float, offline: bool) -> Finding:
     check = "Sigstore reachable"
     if offline:
@@ -176,6 +215,7 @@ def check_host(options: HostOptions) -> list[Finding]:
     found, policy = _policy(options.prefix)
     if policy is not None:
         found += _suites(options.prefix, options.suites_dir, policy)
+        found += _registry_auth(options.prefix, options.service_user, policy)
     found += _units(options.prefix)
     found.append(_queue(options.prefix, options.service_user))
     found.append(_sigstore(options.sigstore_url, options.timeout, options.offline))

@@ -5,6 +5,8 @@ each with its fix."""
 from __future__ import annotations
 
 import http.server
+import json
+import os
 import shutil
 import socket
 import subprocess
@@ -50,7 +52,11 @@ def host(tmp_path: Path) -> Path:
 @pytest.fixture
 def sigstore() -> Iterator[str]:
     """Something answering HTTP on 127.0.0.1, as a Sigstore service would (any answer is reachable)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}/"
@@ -66,6 +72,18 @@ def _failed(found: list[Finding]) -> list[str]:
 def test_an_installed_host_passes_and_each_removed_piece_is_found(host: Path, sigstore: str) -> None:
     found = check_host(HostOptions(prefix=host, sigstore_url=sigstore))
     assert exit_code(found) == 0, _failed(found)
+    # No Docker config yet: the packages may be public, so that is not a failure, but it says how to log in.
+    assert "UNKNOWN host: registry credentials for 127.0.0.1:5055: none in /var/lib/benchseal/.docker/config.json: " \
+           "fine when the packages are public -> fix: for private packages: `sudo -u benchseal -g docker -H docker " \
+           "login 127.0.0.1:5055 --password-stdin` (docs/host.md step 3.2)" in [f.line() for f in found]
+    st = (host / "var/lib/benchseal").stat()
+    config = host / "var/lib/benchseal/.docker/config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps({"auths": {"127.0.0.1:5055": {"auth": "dXNlcjpwYXNz"}}}))
+    config.chmod(0o600)
+    os.chown(config, st.st_uid, st.st_gid)
+    found = check_host(HostOptions(prefix=host, sigstore_url=sigstore))
+    assert exit_code(found) == 0, _failed(found)
     assert {f.check for f in found if f.status == "ok"} >= {
         "policy", "policy agents", "suites directory", "suite smoke dataset", "unit benchseal-worker.service",
         "queue writable by benchseal", "Sigstore reachable"}
@@ -77,15 +95,19 @@ def test_an_installed_host_passes_and_each_removed_piece_is_found(host: Path, si
     task.write_text(task.read_text() + "\n# edited\n")
     (host / "etc/systemd/system/benchseal-worker.service").unlink()
     (host / "var/lib/benchseal").chmod(0o550)
+    config.chmod(0o644)  # the pull token readable by every user of the host
     found = check_host(HostOptions(prefix=host, offline=True))
     failed = _failed(found)
-    assert len(failed) == 3, failed
+    assert len(failed) == 4, failed
     assert failed[0].startswith("MISSING host: suite smoke dataset: /opt/benchseal/suites/smoke has digest sha256:")
     assert "the policy pins sha256:a2585" in failed[0] and "-> fix: copy the suite at the infra repository's" in failed[0]
-    assert failed[1] == ("MISSING host: unit benchseal-worker.service: not installed -> fix: run `benchseal host install "
+    assert failed[1] == (f"MISSING host: registry credentials file: /var/lib/benchseal/.docker/config.json (owner "
+                         f"{st.st_uid}, mode 0644) is readable by others than benchseal -> fix: chown benchseal "
+                         "/var/lib/benchseal/.docker/config.json && chmod 0600 /var/lib/benchseal/.docker/config.json")
+    assert failed[2] == ("MISSING host: unit benchseal-worker.service: not installed -> fix: run `benchseal host install "
                          "--runner-user RUNNER` (docs/host.md step 2)")
-    assert failed[2].startswith("MISSING host: queue writable by benchseal: /var/lib/benchseal (owner ")
-    assert "mode 0550" in failed[2]
+    assert failed[3].startswith("MISSING host: queue writable by benchseal: /var/lib/benchseal (owner ")
+    assert "mode 0550" in failed[3]
     assert [f.line() for f in found if f.status == "skipped"] == ["SKIPPED host: Sigstore reachable: --offline"]
 
     # No suites where the worker reads them; a policy that does not parse.
