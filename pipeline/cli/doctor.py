@@ -16,7 +16,15 @@ import typer
 from pipeline.core.contracts import validate_repository
 from pipeline.core.doctor import Finding, Side, exit_code
 from pipeline.core.errors import ValidationError
-from pipeline.host.doctor import PUBLIC_GOOD_REKOR, SUITES_DIR, HostOptions, check_host
+from pipeline.host.doctor import (
+    PUBLIC_GOOD_REKOR,
+    SUITES_DIR,
+    HostOptions,
+    check_host,
+    checkout_place,
+    policy_findings,
+    suites_findings,
+)
 from pipeline.host.install import validate_user_name
 
 doctor_app = typer.Typer(help="Check a production setup against what the chain needs (docs/github.md, docs/host.md).",
@@ -40,13 +48,23 @@ def _report(findings: Sequence[Finding], as_json: bool) -> None:
     raise typer.Exit(code)
 
 
-def _repository(side: Side, repository: str, checkout: Path, as_json: bool) -> None:
+_SOURCE = typer.Option("--source", help="An adopter repository (OWNER/NAME) the policy must list, with an agent for it.")
+
+
+def _repository(side: Side, repository: str, checkout: Path, as_json: bool, source: str | None = None) -> None:
     validate_repository(repository, "repository")
+    if source is not None:
+        validate_repository(source, "--source")
     # lazy: pipeline.dispatch (PyGithub) costs 120 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.dispatch.client import make_client
     from pipeline.dispatch.doctor import check_repository
 
-    _report(check_repository(side, repository, checkout, make_client()), as_json)
+    found = check_repository(side, repository, checkout, make_client())
+    if side == "infra":  # the policy and suites the infra repository holds, checked as the host's are
+        place = checkout_place(checkout)
+        policy_found, policy = policy_findings(place, source)
+        found += policy_found + (suites_findings(place, policy) if policy is not None else [])
+    _report(found, as_json)
 
 
 @doctor_app.command("adopter")
@@ -63,10 +81,12 @@ def adopter(
 def infra(
     repository: Annotated[str, typer.Argument(help="The infra repository, OWNER/NAME.")],
     checkout: Annotated[Path, _DIR] = Path("."),
+    source: Annotated[str | None, _SOURCE] = None,
     as_json: Annotated[bool, _JSON] = False,
 ) -> None:
-    """The caller of benchseal's benchmark.yml (pinned), the publish secret, a runner with the label its jobs need."""
-    _repository("infra", repository, checkout, as_json)
+    """The caller of benchseal's benchmark.yml (pinned), the publish secret, a runner with the label its jobs need,
+    policies/infra.yaml and suites/ (each dataset by its pinned digest)."""
+    _repository("infra", repository, checkout, as_json, source)
 
 
 @doctor_app.command("host")
@@ -76,16 +96,19 @@ def host(
     suites_dir: Annotated[str, typer.Option("--suites-dir", help="Where the worker reads suites.")] = SUITES_DIR,
     sigstore_url: Annotated[str, typer.Option("--sigstore-url", help="The Sigstore service to reach.")] = PUBLIC_GOOD_REKOR,
     offline: Annotated[bool, typer.Option("--offline", help="Skip the network check (reported SKIPPED).")] = False,
+    source: Annotated[str | None, _SOURCE] = None,
     as_json: Annotated[bool, _JSON] = False,
 ) -> None:
     """The policy and its agents, each suite's dataset by digest, the units, the queue, Sigstore."""
     if not prefix.is_absolute():
         raise ValidationError("--prefix", "must be an absolute path", str(prefix))
     validate_user_name("--service-user", service_user)
+    if source is not None:
+        validate_repository(source, "--source")
     if not sigstore_url.startswith(("https://", "http://")):
         raise ValidationError("--sigstore-url", "must be an http(s) URL", sigstore_url)
     _report(check_host(HostOptions(prefix=prefix, service_user=service_user, suites_dir=suites_dir,
-                                   sigstore_url=sigstore_url, offline=offline)), as_json)
+                                   sigstore_url=sigstore_url, offline=offline, source=source)), as_json)
 
 
 def register(app: typer.Typer) -> None:

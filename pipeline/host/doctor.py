@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.core.contracts import canonical_repository
 from pipeline.core.datasets import dataset_entries, digest_entries
-from pipeline.core.doctor import Finding, missing, ok, unknown
+from pipeline.core.doctor import Finding, Side, missing, ok, unknown
 from pipeline.core.errors import Error
 from pipeline.host.install import API_UNIT, APP_DIR, POLICY_FILE, STATE_DIR, UNIT_DIR, UNITS
 
@@ -43,44 +44,81 @@ class HostOptions:
     sigstore_url: str = PUBLIC_GOOD_REKOR
     offline: bool = False
     timeout: float = 5.0
+    source: str | None = None  # an adopter repository the policy must admit, with its agent
 
 
 def _under(prefix: Path, path: str) -> Path:
     return prefix / path.lstrip("/")
 
 
-def _policy(prefix: Path) -> tuple[list[Finding], InfraPolicy | None]:
-    # lazy: the policy model (and yaml) cost ~110 ms at every CLI start (python -X importtime, 2026-12-07)
-    from pipeline.infra.intake.policy import load_policy
+@dataclass(frozen=True)
+class PolicyPlace:
+    """Where a policy and its suites are (the host's paths, or an infra repository's checkout) and how to fix them."""
 
-    path = _under(prefix, POLICY_FILE)
+    side: Side
+    root: Path  # what the shown paths are under
+    policy: str  # shown path of the policy file
+    suites: str  # shown path of the suites root
+    fix_policy: str
+    fix_suites: str
+
+
+def host_place(prefix: Path, suites_dir: str) -> PolicyPlace:
+    return PolicyPlace("host", prefix, POLICY_FILE, suites_dir, _INSTALL + ", then edit it",
+                       f"copy the infra repository's suites/ to {suites_dir}")
+
+
+def checkout_place(checkout: Path) -> PolicyPlace:
+    """An infra repository's checkout: policies/infra.yaml and suites/ (docs/github.md step 1)."""
+    return PolicyPlace("infra", checkout, "policies/infra.yaml", "suites",
+                       "copy examples/bench-infra/policies/infra.yaml there and edit it (docs/github.md step 7)",
+                       "copy benchseal's suites/smoke into suites/, or write your own")
+
+
+def policy_findings(place: PolicyPlace, source: str | None = None) -> tuple[list[Finding], InfraPolicy | None]:
+    """The policy parses as the worker parses it, its agents; with ``source``: that repository is a
+    source with an agent admitted for it (its release's agent)."""
+    # lazy: the policy model (and yaml) cost ~110 ms at every CLI start (python -X importtime, 2026-12-07)
+    from pipeline.infra.intake.policy import ReleaseAgentPolicy, load_policy
+
+    side, path = place.side, _under(place.root, place.policy)
     if not path.is_file():
-        return [missing("host", "policy", f"{POLICY_FILE} is missing", _INSTALL + ", then edit it")], None
+        return [missing(side, "policy", f"{place.policy} is missing", place.fix_policy)], None
     try:
         policy = load_policy(path)
     except Error as exc:
-        return [missing("host", "policy", exc.diagnostics(), f"correct {POLICY_FILE} (docs/infra.md)")], None
-    agents = ", ".join(policy.agent_names)
-    return [ok("host", "policy", POLICY_FILE), ok("host", "policy agents", agents)], policy
+        return [missing(side, "policy", exc.diagnostics(), f"correct {place.policy} (docs/infra.md)")], None
+    out = [ok(side, "policy", place.policy), ok(side, "policy agents", ", ".join(policy.agent_names))]
+    if source is not None:
+        wanted = canonical_repository(source)
+        listed = any(canonical_repository(s.repository) == wanted for s in policy.sources)
+        out.append(ok(side, f"policy source {source}") if listed else
+                   missing(side, f"policy source {source}", f"not in {place.policy}'s sources",
+                           f"add a sources entry for {source} with its signer and images (docs/github.md step 7)"))
+        agents = [a.name for a in policy.agents if isinstance(a, ReleaseAgentPolicy) and a.admits(source)]
+        out.append(ok(side, f"policy agent for {source}", ", ".join(agents)) if agents else
+                   missing(side, f"policy agent for {source}", f"no agents entry of {place.policy} lists {source}",
+                           f"add an agents entry {{name, kind, package, repositories: [{source}]}} "
+                           "(`benchseal init` prints it)"))
+    return out, policy
 
 
-def _suites(prefix: Path, suites_dir: str, policy: InfraPolicy) -> list[Finding]:
-    root = _under(prefix, suites_dir)
+def suites_findings(place: PolicyPlace, policy: InfraPolicy) -> list[Finding]:
+    """Each policy suite's dataset under the suites root, hashed as the worker hashes it, against its pinned digest."""
+    side, root = place.side, _under(place.root, place.suites)
     if not root.is_dir():
-        return [missing("host", "suites directory", f"{suites_dir} is missing",
-                        f"copy the infra repository's suites/ to {suites_dir}")]
-    out = [ok("host", "suites directory", suites_dir)]
+        return [missing(side, "suites directory", f"{place.suites} is missing", place.fix_suites)]
+    out = [ok(side, "suites directory", place.suites)]
     for name, suite in sorted(policy.suites.items()):
         check = f"suite {name} dataset"
-        where = f"{suites_dir}/{suite.dataset.path}"
+        where = f"{place.suites}/{suite.dataset.path}"
         try:
             actual = digest_entries(dataset_entries(root / suite.dataset.path))
         except Error as exc:
-            out.append(missing("host", check, f"{where}: {exc.diagnostics()}",
-                               f"copy the infra repository's suites/{suite.dataset.path} to {where}"))
+            out.append(missing(side, check, f"{where}: {exc.diagnostics()}", place.fix_suites))
             continue
-        out.append(ok("host", check, f"{where} {actual}") if actual == suite.dataset.digest else
-                   missing("host", check, f"{where} has digest {actual}, the policy pins {suite.dataset.digest}",
+        out.append(ok(side, check, f"{where} {actual}") if actual == suite.dataset.digest else
+                   missing(side, check, f"{where} has digest {actual}, the policy pins {suite.dataset.digest}",
                            f"copy the suite at the infra repository's commit, or pin `benchseal dataset digest {where}`"))
     return out
 
@@ -212,9 +250,10 @@ def _sigstore(url: str, timeout: float, offline: bool) -> Finding:
 
 
 def check_host(options: HostOptions) -> list[Finding]:
-    found, policy = _policy(options.prefix)
+    place = host_place(options.prefix, options.suites_dir)
+    found, policy = policy_findings(place, options.source)
     if policy is not None:
-        found += _suites(options.prefix, options.suites_dir, policy)
+        found += suites_findings(place, policy)
         found += _registry_auth(options.prefix, options.service_user, policy)
     found += _units(options.prefix)
     found.append(_queue(options.prefix, options.service_user))

@@ -97,13 +97,17 @@ def test_a_complete_adopter_setup_passes(github_emulator: GitHubEmulator, tmp_pa
             "you run doctor with Secrets: Read on acme/widget") in partly.stdout
 
 
-def test_the_infra_side_runner_label_and_publish_secret(github_emulator: GitHubEmulator, tmp_path: Path) -> None:
+def test_the_infra_side_runner_label_publish_secret_policy_and_suites(github_emulator: GitHubEmulator,
+                                                                        tmp_path: Path) -> None:
     em = github_emulator
     em.add_repo(INFRA)
     checkout = _checkout(tmp_path, "infra", COMMIT)
+    policy = (REPO / "examples/bench-infra/policies/infra.yaml").read_text(encoding="utf-8")
+    (checkout / "policies").mkdir()
+    (checkout / "policies/infra.yaml").write_text(policy.replace("BENCHSEAL_COMMIT", COMMIT), encoding="utf-8")
     em.add_workflow(INFRA, ".github/workflows/benchmark.yml", (checkout / ".github/workflows/benchmark.yml").read_text())
     em.add_runner(INFRA, "build-box", ("gpu",))  # a runner, but not the label benchmark.yml's jobs ask for
-    done = _doctor(em, "infra", INFRA, "--dir", str(checkout))
+    done = _doctor(em, "infra", INFRA, "--dir", str(checkout), "--source", "acme/gadget")
     assert done.returncode == 1, done.stdout + done.stderr
     assert _lines(done, "MISSING") == [
         "MISSING infra: secret BENCHSEAL_PUBLISH_TOKEN: not set on acme/bench-infra -> fix: set the repository secret "
@@ -111,17 +115,28 @@ def test_the_infra_side_runner_label_and_publish_secret(github_emulator: GitHubE
         "MISSING infra: self-hosted runner labelled benchseal-infra: none of the 1 runners of acme/bench-infra has the "
         "label -> fix: register a runner on acme/bench-infra as the runner user with `./config.sh --labels "
         "benchseal-infra` (docs/host.md step 3.1)",
+        "MISSING infra: policy source acme/gadget: not in policies/infra.yaml's sources -> fix: add a sources entry "
+        "for acme/gadget with its signer and images (docs/github.md step 7)",
+        "MISSING infra: policy agent for acme/gadget: no agents entry of policies/infra.yaml lists acme/gadget -> fix: "
+        "add an agents entry {name, kind, package, repositories: [acme/gadget]} (`benchseal init` prints it)",
+        "MISSING infra: suites directory: suites is missing -> fix: copy benchseal's suites/smoke into suites/, or "
+        "write your own",
     ], done.stdout
 
     em.set_secret(INFRA, "BENCHSEAL_PUBLISH_TOKEN")
     em.add_runner(INFRA, "infra-1", ("benchseal-infra",), status="offline")
+    shutil.copytree(REPO / "suites/smoke", checkout / "suites/smoke")
     offline = _doctor(em, "infra", INFRA, "--dir", str(checkout))
-    assert offline.returncode == 1 and "1 registered, none online" in offline.stdout
+    assert offline.returncode == 1 and _lines(offline, "MISSING") == [
+        "MISSING infra: self-hosted runner labelled benchseal-infra: 1 registered, none online -> fix: start it on the "
+        "infra host (`./svc.sh start` in the runner's directory)"], offline.stdout
 
     em.add_runner(INFRA, "infra-2", ("benchseal-infra",))
-    passed = _doctor(em, "infra", INFRA, "--dir", str(checkout))
+    passed = _doctor(em, "infra", INFRA, "--dir", str(checkout), "--source", ADOPTER)
     assert passed.returncode == 0, passed.stdout
     assert "OK      infra: self-hosted runner labelled benchseal-infra: infra-2" in passed.stdout
+    assert "OK      infra: policy agent for acme/widget: hello-agent" in passed.stdout
+    assert "OK      infra: suite smoke dataset: suites/smoke sha256:" in passed.stdout
 
 
 def test_usage_errors_exit_2(github_emulator: GitHubEmulator, tmp_path: Path) -> None:
@@ -131,4 +146,3 @@ def test_usage_errors_exit_2(github_emulator: GitHubEmulator, tmp_path: Path) ->
     no_token = subprocess.run([sys.executable, "-m", "pipeline", "doctor", "infra", INFRA, "--dir", str(tmp_path)],
                               cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=120)
     assert no_token.returncode == 2 and "no GitHub token" in no_token.stderr
-    shutil.rmtree(tmp_path, ignore_errors=True)
