@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import github
+import requests
 
 from pipeline.core.doctor import Finding, Side, missing, ok, unknown
 from pipeline.core.errors import Error
@@ -174,4 +175,8 @@ def _runner_finding(api: _Api, repository: str) -> Finding:
 
 def check_repository(side: Side, repository: str, checkout: Path, client: github.Github) -> list[Finding]:
     found, caller = caller_findings(side, checkout)
-    return found + api_findings(side, repository, client, caller)
+    try:
+        return found + api_findings(side, repository, client, caller)
+    except requests.exceptions.RequestException as exc:  # no answer at all (after the transport's retries)
+        return [*found, missing(side, "GitHub API", f"{client.requester.base_url}: no answer ({type(exc).__name__})",
+                                "check GITHUB_API_URL (GitHub Enterprise: https://HOST/api/v3) and the network")]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -146,3 +147,12 @@ def test_usage_errors_exit_2(github_emulator: GitHubEmulator, tmp_path: Path) ->
     no_token = subprocess.run([sys.executable, "-m", "pipeline", "doctor", "infra", INFRA, "--dir", str(tmp_path)],
                               cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=120)
     assert no_token.returncode == 2 and "no GitHub token" in no_token.stderr
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{probe.getsockname()[1]}/api/v3"
+    env = {**env, "GITHUB_TOKEN": "x", "GITHUB_API_URL": nowhere, "NO_PROXY": "127.0.0.1,localhost"}
+    unreachable = subprocess.run([sys.executable, "-m", "pipeline", "doctor", "adopter", ADOPTER, "--dir", str(tmp_path)],
+                                 cwd=REPO, env=env, capture_output=True, text=True, check=False, timeout=120)
+    assert unreachable.returncode == 1 and unreachable.stderr == "", unreachable.stderr
+    assert f"MISSING adopter: GitHub API: {nowhere}: no answer (ConnectionError) -> fix: check GITHUB_API_URL" \
+        in unreachable.stdout
