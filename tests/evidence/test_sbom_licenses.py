@@ -302,6 +302,9 @@ def test_app_layer_carries_benchseal_dist_info(tmp_path: Path) -> None:
     app = tmp_path / "app"
     (app / "pipeline").mkdir(parents=True)
     (app / "pipeline" / "__init__.py").write_text("x = 1\n")
+    (app / "policies").mkdir(parents=True)
+    (app / "policies" / "infra.yaml").write_text("sources: []\n")
+    # The benchmark is not the runner's (issue 36.4): suites/ stays out of the image.
     (app / "suites" / "s" / "tests").mkdir(parents=True)
     (app / "suites" / "s" / "tests" / "test.sh").write_text("#!/bin/sh\n")
     (app / "pyproject.toml").write_text('[project]\nname = "benchseal"\nlicense = { text = "Apache-2.0" }\n')
@@ -312,7 +315,8 @@ def test_app_layer_carries_benchseal_dist_info(tmp_path: Path) -> None:
     assert meta["Name"] == "benchseal" and meta["License-Expression"] == "Apache-2.0"
     rows = {r[0]: r for r in csv.reader(io.StringIO((files[f"{info}/RECORD"].data or b"").decode()))}
     site = images.APP_SITE
-    for path in ("/usr/local/bin/benchseal", f"{images.APP_ROOT}/suites/s/tests/test.sh",
+    assert not any(p.startswith(f"{images.APP_ROOT}/suites/") for p in files)
+    for path in ("/usr/local/bin/benchseal", f"{images.APP_ROOT}/policies/infra.yaml",
                  f"{images.APP_ROOT}/pipeline/__init__.py"):
         entry = files[path]
         data = entry.data if entry.data is not None else entry.source.read_bytes()  # type: ignore[union-attr]
