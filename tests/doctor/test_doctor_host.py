@@ -22,23 +22,14 @@ from pipeline.core.doctor import Finding, exit_code
 from pipeline.core.errors import ValidationError
 from pipeline.host import install as hi
 from pipeline.host.doctor import SUITES_DIR, HostOptions, check_host
+from tests.fixtures.hostfs import root_fs
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = "actions-ci"
 
 
 def _root_fs(tmp_path: Path) -> Path:
-    """A minimal root filesystem (as tests/host/test_host_install.py makes it)."""
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
-    root.chmod(0o755)
-    (root / "etc" / "passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\n{RUNNER}:x:1001:1001::/home/{RUNNER}:/bin/sh\n")
-    (root / "etc" / "group").write_text(f"root:x:0:\n{RUNNER}:x:1001:\ndocker:x:998:\n")
-    for name in ("shadow", "gshadow"):
-        (root / "etc" / name).write_text("")
-        (root / "etc" / name).chmod(0o640)
-    (root / "etc" / "sudoers").write_text("@includedir /etc/sudoers.d\n")
-    return root
+    return root_fs(tmp_path, RUNNER)
 
 
 @pytest.fixture

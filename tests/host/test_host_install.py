@@ -22,6 +22,7 @@ import pytest
 
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.host import install as hi
+from tests.fixtures.hostfs import root_fs
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = "actions-ci"  # deliberately not the shipped example name (github-runner)
@@ -36,17 +37,7 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 
 
 def _root_fs(tmp_path: Path) -> Path:
-    """A minimal root filesystem: account databases with root and the runner user."""
-    root = tmp_path / "root"
-    (root / "etc").mkdir(parents=True)
-    root.chmod(0o755)
-    (root / "etc" / "passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\n{RUNNER}:x:1001:1001::/home/{RUNNER}:/bin/sh\n")
-    (root / "etc" / "group").write_text(f"root:x:0:\n{RUNNER}:x:1001:\ndocker:x:998:\n")
-    for name in ("shadow", "gshadow"):
-        (root / "etc" / name).write_text("")
-        (root / "etc" / name).chmod(0o640)
-    (root / "etc" / "sudoers").write_text("@includedir /etc/sudoers.d\n")
-    return root
+    return root_fs(tmp_path, RUNNER)
 
 
 def _snapshot(root: Path) -> dict[str, tuple[int, int, int, int, bytes]]:
