@@ -68,3 +68,12 @@ def test_verify_refuses_a_ref_by_the_same_rule(tmp_path: Path) -> None:
     with pytest.raises(TagIsARef) as reference:
         parse_reference("acme/widget@refs/tags/v1")
     assert reference.value.field == "OWNER/REPO@TAG: TAG"
+
+
+@pytest.mark.parametrize("value", ["v1..2", 5, ["v1"]])
+def test_a_refusal_names_the_default_field_the_rule_and_the_value(value: object) -> None:
+    # Mutation testing (issue 39.3): the one line a user reads names the field, the rule and what was given,
+    # for a non-string as for a bad string (a refusal that lost any of them passed before).
+    with pytest.raises(ValidationError) as caught:
+        validate_git_tag(value)
+    assert (caught.value.field, caught.value.rule, caught.value.value) == ("tag", GIT_TAG_RULE, value)

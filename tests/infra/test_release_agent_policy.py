@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from pipeline.core.contracts import DispatchPayload
 from pipeline.core.errors import ValidationError
 from pipeline.infra.intake.accept import validate_payload
-from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.intake.policy import POLICY_PATH, AgentPolicy, InfraPolicy, load_policy
 
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -64,7 +65,7 @@ def test_a_calibration_agent_carries_no_artifact(make_payload: Callable[..., dic
 
 def test_a_release_agent_is_admitted_only_for_its_repositories(tmp_path: Path,
                                                               make_payload: Callable[..., dict[str, Any]]) -> None:
-    policy_text = Path(load_policy.__globals__["POLICY_PATH"]).read_text(encoding="utf-8")
+    policy_text = POLICY_PATH.read_text(encoding="utf-8")
     narrowed = policy_text.replace("  - name: qwen-code\n    kind: npm\n    package: \"@qwen-code/qwen-code\"\n"
                                    "    repositories: [benchseal-examples/qwen-code, acme/widget]",
                                    "  - name: qwen-code\n    kind: npm\n    package: \"@qwen-code/qwen-code\"\n"
@@ -83,7 +84,7 @@ def test_a_release_agent_is_admitted_only_for_its_repositories(tmp_path: Path,
     ("  - name: mine\n    kind: npm\n    package: x\n    repositories: [acme/widget]\n    version: \"1\"\n", "version"),
 ])
 def test_release_agent_entries_are_strict(tmp_path: Path, entry: str, needle: str) -> None:
-    text = Path(load_policy.__globals__["POLICY_PATH"]).read_text(encoding="utf-8")
+    text = POLICY_PATH.read_text(encoding="utf-8")
     path = tmp_path / "infra.yaml"
     path.write_text(text.replace("agents:\n", "agents:\n" + entry, 1), encoding="utf-8")
     with pytest.raises(ValidationError) as caught:
@@ -108,3 +109,44 @@ def test_infra_accept_refuses_a_wrong_version_in_one_line(tmp_path: Path,
     assert done.returncode == 2, done.stderr
     assert "payload.agent_artifact.version" in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "q.sqlite3").exists() or "run-" not in done.stdout
+
+
+def _policy_with(**changes: Any) -> InfraPolicy:
+    # The shipped policy, changed in memory (no file: the model's own rules are under test).
+    data = yaml.safe_load(POLICY_PATH.read_text(encoding="utf-8"))
+    data.update(changes)
+    return InfraPolicy.model_validate(data)
+
+
+def test_only_a_model_agent_gets_the_suites_model() -> None:
+    # Mutation testing (issue 39.3): a model-backed agent is given the suite's endpoint and key, an agent
+    # without `model: true` never is, and a test agent is no entry at all.
+    policy = _policy_with(agents=["oracle", {"name": "plain", "version": "1.0"},
+                                  {"name": "terminus-2", "version": "0.26.0", "model": True}])
+    plain, no_model = policy.agent("plain", "smoke")
+    assert isinstance(plain, AgentPolicy) and plain.name == "plain" and no_model is None
+    entry, model = policy.agent("terminus-2", "smoke")
+    assert isinstance(entry, AgentPolicy) and model is not None and model == policy.suites["smoke"].model
+    assert policy.agent("oracle", "smoke") == (None, None)
+
+
+@pytest.mark.parametrize("suite", ["smoke", "absent"])
+def test_a_model_agent_without_a_suite_model_is_refused_naming_the_rule(suite: str) -> None:
+    shipped = load_policy()
+    suites = {name: s.model_dump(mode="json", exclude_none=True) for name, s in shipped.suites.items()}
+    suites["smoke"].pop("model")
+    policy = _policy_with(suites=suites)
+    with pytest.raises(ValidationError) as caught:
+        policy.agent("terminus-2", suite, "payload.agent")
+    assert (caught.value.field, caught.value.value) == ("payload.agent", "terminus-2")
+    assert caught.value.rule == (f"agent terminus-2 needs a model, and suite {suite!r} configures none "
+                                 "(suites.<suite>.model in policies/infra.yaml)")
+
+
+def test_an_unlisted_agent_is_refused_naming_field_rule_and_value() -> None:
+    policy = load_policy()
+    with pytest.raises(ValidationError) as caught:
+        policy.agent("ghost", "smoke")
+    assert (caught.value.field, caught.value.value) == ("payload.agent", "ghost")
+    assert caught.value.rule == f"agent not allowed by policy (allowed: {', '.join(policy.agent_names)})"
+    assert ", oracle" not in caught.value.rule and "oracle, nop" in caught.value.rule
