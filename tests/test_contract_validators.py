@@ -58,6 +58,7 @@ def _b64(raw: bytes) -> str:
     "sha256",
     "sha256-",
     "sha256-" + _b64(b"\0" * 32)[:-1],  # padding cut: not valid base64
+    "sha256-" + _b64(b"\1" * 32) + "=",  # excess padding: only strict decoding refuses it (32 bytes otherwise)
 ])
 def test_sri_refuses_a_wrong_algorithm_length_or_encoding(value: str) -> None:
     assert sri_problem(value) == SRI_RULE

@@ -643,3 +643,25 @@ def test_error_hierarchy_escapes_every_message():
         assert exc.diagnostics().isprintable() and str(exc).isprintable(), type(exc)
     assert Custom(hostile).diagnostics().startswith("custom: a\\x0ab")
     assert ValidationError("f", "r", 10**5000).diagnostics().isprintable()  # repr of a huge int cannot fail
+
+
+@pytest.mark.parametrize("repository", ["ACME/Unlisted", "not a repository"])
+def test_a_source_refusal_names_the_field_the_rule_and_the_repository(repository: str) -> None:
+    # Mutation testing (issue 39.3): the refusal's one line keeps its field, its rule and what was given.
+    with pytest.raises(ValidationError) as caught:
+        load_policy().source(repository)
+    assert (caught.value.field, caught.value.value) == ("payload.source.repository", repository)
+    assert caught.value.rule.startswith(("repository is not allowed by the infra policy (not listed in "
+                                         "policies/infra.yaml sources; owner/name compared case-insensitively)",
+                                         "must be OWNER/NAME, a GitHub owner/name"))
+
+
+def test_an_image_name_is_checked_against_every_source_without_a_repository() -> None:
+    policy = load_policy()
+    allowed = [f"{i.registry}/{i.repository}" for s in policy.sources for i in s.images.runner]
+    policy.check_name("runner", allowed[-1])  # allowed for some listed source: no repository needed
+    with pytest.raises(ValidationError) as caught:
+        policy.check_name("runner", "127.0.0.1:1/evil/runner", "f")
+    assert (caught.value.field, caught.value.value) == ("f", "127.0.0.1:1/evil/runner")
+    assert caught.value.rule == ("image '127.0.0.1:1/evil/runner' is not an allowed runner image (allowed: "
+                                 f"{', '.join(dict.fromkeys(allowed))})")

@@ -51,16 +51,21 @@ def test_an_artifact_that_is_not_the_policys_is_refused(make_payload: Callable[.
         validate_payload(_qwen(make_payload, **artifact), load_policy())
     assert caught.value.field.startswith(field), caught.value.diagnostics()
     assert needle in caught.value.diagnostics()
+    if field in ("payload.agent_artifact.version", "payload.agent_artifact.kind", "payload.agent_artifact.package"):
+        assert caught.value.value == next(iter(artifact.values()))  # the one line shows what was given
 
 
 def test_a_release_agent_needs_its_artifact(make_payload: Callable[..., dict[str, Any]]) -> None:
-    with pytest.raises(ValidationError, match="is required: qwen-code is a release's agent"):
+    with pytest.raises(ValidationError, match="is required: qwen-code is a release's agent") as caught:
         validate_payload(make_payload(agent="qwen-code"), load_policy())
+    assert caught.value.field == "payload.agent_artifact"
 
 
 def test_a_calibration_agent_carries_no_artifact(make_payload: Callable[..., dict[str, Any]]) -> None:
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError) as caught:
         validate_payload(make_payload(agent="oracle", agent_artifact={**QWEN, "name": "oracle"}), load_policy())
+    assert (caught.value.field, caught.value.rule) == (
+        "payload.agent_artifact", "agent oracle is not a release's agent in the policy: it carries no artifact")
 
 
 def test_a_release_agent_is_admitted_only_for_its_repositories(tmp_path: Path,
@@ -69,12 +74,14 @@ def test_a_release_agent_is_admitted_only_for_its_repositories(tmp_path: Path,
     narrowed = policy_text.replace("  - name: qwen-code\n    kind: npm\n    package: \"@qwen-code/qwen-code\"\n"
                                    "    repositories: [benchseal-examples/qwen-code, acme/widget]",
                                    "  - name: qwen-code\n    kind: npm\n    package: \"@qwen-code/qwen-code\"\n"
-                                   "    repositories: [benchseal-examples/qwen-code]")
+                                   "    repositories: [benchseal-examples/qwen-code, acme/other]")
     assert narrowed != policy_text
     path = tmp_path / "infra.yaml"
     path.write_text(narrowed, encoding="utf-8")
-    with pytest.raises(ValidationError, match="admitted for benchseal-examples/qwen-code, not acme/widget"):
+    with pytest.raises(ValidationError,
+                       match="admitted for benchseal-examples/qwen-code, acme/other, not acme/widget") as caught:
         validate_payload(_qwen(make_payload), load_policy(path))
+    assert (caught.value.field, caught.value.value) == ("payload.agent", "qwen-code")
 
 
 @pytest.mark.parametrize(("entry", "needle"), [
