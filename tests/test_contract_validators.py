@@ -15,14 +15,19 @@ from pipeline.core.contracts import (
     CORRELATION_RULE,
     MAX_TASK_ATTEMPTS,
     REPOSITORY_RULE,
+    RUN_ID_RULE,
     SRI_RULE,
     AgentArtifact,
+    pep503_name,
+    run_id_for,
+    run_id_problem,
     sri_of,
     sri_problem,
     trial_attempt,
     trial_name,
     validate_correlation,
     validate_repository,
+    validate_run_id,
 )
 from pipeline.core.errors import ValidationError
 
@@ -80,3 +85,21 @@ def test_trial_names_cover_every_attempt_up_to_the_limit() -> None:
     assert trial_attempt(last, "t", RUN) == (MAX_TASK_ATTEMPTS, MAX_TASK_ATTEMPTS)
     with pytest.raises(ValueError, match="attempt"):
         trial_name("t", RUN, 1, MAX_TASK_ATTEMPTS + 1)
+
+
+@pytest.mark.parametrize("value", ["run-0123", "run-0123456789ABCDEF0123", "job-0123456789abcdef0123", 5,
+                                   "run-0123456789abcdef0123\n"])
+def test_a_bad_run_id_is_refused_naming_field_rule_and_value(value: object) -> None:
+    assert run_id_problem(value) == RUN_ID_RULE
+    with pytest.raises(ValidationError) as caught:
+        validate_run_id(value)  # type: ignore[arg-type]  # a non-string is refused too
+    assert (caught.value.field, caught.value.rule, caught.value.value) == ("RUN_ID", RUN_ID_RULE, value)
+
+
+def test_a_run_id_the_queue_issues_passes() -> None:
+    assert run_id_problem(RUN) is None and validate_run_id(RUN, "--run") == RUN
+    assert run_id_problem(run_id_for("corr-1234")) is None
+
+
+def test_pep503_folds_runs_of_separators_and_case() -> None:
+    assert pep503_name("Hello__Agent.-.Core") == "hello-agent-core"

@@ -16,12 +16,13 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError as PydanticValidationError
 
 from pipeline.core.contracts import DispatchPayload
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.accept import accept_payload, validate_payload
-from pipeline.infra.intake.policy import SCHEMA_PATH, load_policy
+from pipeline.infra.intake.policy import SCHEMA_PATH, InfraPolicy, SignerPolicy, load_policy
 from pipeline.verify.policy import load_policy as load_verify_policy
 from tests.fixtures.datasets import shipped_smoke
 
@@ -665,3 +666,33 @@ def test_an_image_name_is_checked_against_every_source_without_a_repository() ->
     assert (caught.value.field, caught.value.value) == ("f", "127.0.0.1:1/evil/runner")
     assert caught.value.rule == ("image '127.0.0.1:1/evil/runner' is not an allowed runner image (allowed: "
                                  f"{', '.join(dict.fromkeys(allowed))})")
+
+
+def test_a_suite_outside_the_policy_is_refused_naming_the_suites() -> None:
+    policy = load_policy()
+    assert policy.dataset("smoke") == policy.suites["smoke"].dataset
+    with pytest.raises(ValidationError) as caught:
+        policy.dataset("ghost")
+    assert (caught.value.field, caught.value.value) == ("payload.suite", "ghost")
+    assert caught.value.rule == f"suite not in the infra policy (suites: {', '.join(sorted(policy.suites))})"
+
+
+def test_the_infra_error_threshold_is_a_strict_percentage_and_no_trial_exceeds_it() -> None:
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text(encoding="utf-8"))
+    policy = InfraPolicy.model_validate({**data, "infra_error_threshold_percent": 25})
+    assert not policy.infra_errors_exceed_threshold(1, 4)  # 25 % is the threshold, not over it
+    assert policy.infra_errors_exceed_threshold(2, 4)
+    assert not policy.infra_errors_exceed_threshold(0, 1)
+    assert policy.infra_errors_exceed_threshold(0, 0)  # a run with no trial never passes as healthy
+
+
+@pytest.mark.parametrize("ref", ["refs/heads/a..b", "refs/tags/x//y", "refs/heads/x/", "refs/heads/x.",
+                                 "refs/tags/v1.lock", "refs/pull/1/merge", "main"])
+def test_a_signer_ref_is_tag_or_one_exact_ref(ref: str) -> None:
+    with pytest.raises(PydanticValidationError):
+        SignerPolicy(ref=ref)
+
+
+@pytest.mark.parametrize("ref", ["tag", "refs/heads/main", "refs/tags/v1.2.3", "refs/heads/release/v1"])
+def test_exact_signer_refs_pass(ref: str) -> None:
+    assert SignerPolicy(ref=ref).ref == ref
