@@ -689,8 +689,11 @@ def test_the_infra_error_threshold_is_a_strict_percentage_and_no_trial_exceeds_i
 @pytest.mark.parametrize("ref", ["refs/heads/a..b", "refs/tags/x//y", "refs/heads/x/", "refs/heads/x.",
                                  "refs/tags/v1.lock", "refs/pull/1/merge", "main"])
 def test_a_signer_ref_is_tag_or_one_exact_ref(ref: str) -> None:
-    with pytest.raises(PydanticValidationError):
+    with pytest.raises(PydanticValidationError) as caught:
         SignerPolicy(ref=ref)
+    if ref.startswith("refs/") and "/pull/" not in ref:  # the pattern admits it: the rule's own check names itself
+        assert ("must be 'tag' or one exact refs/heads/NAME or refs/tags/NAME (no '..', '//', and not ending in "
+                "'/', '.' or '.lock')") in str(caught.value)
 
 
 @pytest.mark.parametrize("ref", ["tag", "refs/heads/main", "refs/tags/v1.2.3", "refs/heads/release/v1"])
