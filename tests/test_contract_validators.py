@@ -18,6 +18,8 @@ from pipeline.core.contracts import (
     RUN_ID_RULE,
     SRI_RULE,
     AgentArtifact,
+    GradeCounts,
+    check_score,
     pep503_name,
     run_id_for,
     run_id_problem,
@@ -103,3 +105,13 @@ def test_a_run_id_the_queue_issues_passes() -> None:
 
 def test_pep503_folds_runs_of_separators_and_case() -> None:
     assert pep503_name("Hello__Agent.-.Core") == "hello-agent-core"
+
+
+def test_the_score_rule_refuses_a_succeeded_run_without_completed_trials_or_score() -> None:
+    one = GradeCounts(total=1, completed=1, resolved=1, unresolved=0, infra_errors=0)
+    check_score("SUCCEEDED", one, 1.0)  # one completed trial is a scored run
+    none = GradeCounts(total=1, completed=0, resolved=0, unresolved=0, infra_errors=1)
+    with pytest.raises(ValueError, match=r"^a SUCCEEDED run must have counts.completed > 0$"):
+        check_score("SUCCEEDED", none, 0.0)
+    with pytest.raises(ValueError, match=r"^score of a SUCCEEDED run must be a finite number \(got None\)$"):
+        check_score("SUCCEEDED", one, None)
