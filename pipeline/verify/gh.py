@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.core import paths
 from pipeline.core.contracts import GITHUB_ISSUER
 from pipeline.core.documents import TEST_RESULT as TEST_RESULT_TYPE
 from pipeline.core.errors import InfrastructureError
@@ -86,8 +87,9 @@ def _version(binary: Path) -> tuple[int, int] | None:
 
 
 def gh_path() -> Path | None:
-    """A gh that has ``attestation verify``: the project venv's (setup installs it) before the PATH's."""
-    candidates = [Path(sys.executable).with_name("gh")]
+    """A gh that has ``attestation verify``: the one setup links into the state dir's tools (as cosign's:
+    an installed benchseal in another venv finds it there), this venv's, then the PATH's."""
+    candidates = [paths.home() / "tools" / "bin" / "gh", Path(sys.executable).with_name("gh")]
     found = shutil.which("gh")
     if found:
         candidates.append(Path(found))

@@ -60,20 +60,25 @@ def _publish(artifacts: Path, dist: Path) -> Path:
     return dist / TAG
 
 
+def _images_section(body: str) -> list[str]:
+    """The lines of the body's image block: the ```sh block under "The runner and API images" (the evidence
+    logs' line follows in a block of its own)."""
+    section = body.split("The runner and API images", 1)[1].split("</details>", 1)[0]
+    blocks = [part.split("\n```", 1)[0] for part in section.split("```sh\n")[1:]]
+    assert len(blocks) == 1, body
+    return blocks[0].splitlines()
+
+
 def _image_block(body: str) -> list[str]:
-    """The lines of the body's image block (the second ```sh block, after the evidence's) that check the
-    images' own signatures and attestations (the last line, the runner's test-result attestation, is
-    _result_line's)."""
-    blocks = [part.split("\n```", 1)[0] for part in body.split("```sh\n")[1:]]
-    assert len(blocks) == 2, body
-    lines = blocks[1].splitlines()
+    """The lines of the body's image block that check the images' own signatures and attestations (the
+    last line, the runner's test-result attestation, is _result_line's)."""
+    lines = _images_section(body)
     assert TEST_RESULT in lines[-1] and not any(TEST_RESULT in line for line in lines[:-1]), lines
     return lines[:-1]
 
 
 def _result_line(body: str) -> str:
-    blocks = [part.split("\n```", 1)[0] for part in body.split("```sh\n")[1:]]
-    return blocks[1].splitlines()[-1]
+    return _images_section(body)[-1]
 
 
 def _images(release: Path) -> dict[str, str]:
@@ -174,8 +179,11 @@ def test_the_test_result_line_runs_as_printed_once_attached(published: Path, sig
     runner = _images(published)["runner"]
     argv = shlex.split(line)
     assert argv[0] == "env" and all(a.startswith("SIGSTORE_") for a in argv[1:4]) and argv[4] == "cosign"
-    root = Path(argv[argv.index("--trusted-root") + 1])  # the publisher's home's root: the instance's
-    assert root.resolve() == Path(sigstore_instance.trusted_root).resolve()
+    # The root the release publishes beside it (issue 37.4), the instance's own bytes, named relative to the
+    # release directory the line runs in.
+    root = Path(argv[argv.index("--trusted-root") + 1])
+    assert root == Path("trusted_root.json")
+    assert (published / root).read_bytes() == Path(sigstore_instance.trusted_root).read_bytes()
     assert argv[5:] == result_attestation_args(runner, seal, trusted_root=root)
     attach_test_result(published, runner)
     assert run_commands([line], published) == [line]

@@ -555,7 +555,10 @@ def test_a_hostile_npm_release_is_refused_before_any_image(hostile: dict[str, An
     assert done.returncode in (1, 2), (done.returncode, done.stderr[-2000:])
     assert "Traceback" not in done.stderr and done.stdout == ""
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(expected), done.stderr
+    # One error line; a wait first says what it waits for (issue 38.4: "waiting for PKG@VER on URL (N s of M s)").
+    waits = [line for line in lines[:-1] if line.startswith(("waiting for ", "waited "))]
+    assert lines[-1].startswith(expected) and len(waits) == len(lines) - 1, done.stderr
+    assert (len(waits) > 0) == (package == "agent"), done.stderr  # only the never-published package was waited for
     # Nothing built, pushed or written: no digests file, no runner in the registry, no release state,
     # and no tarball left in the agents cache.
     assert not out.exists()

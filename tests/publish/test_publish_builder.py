@@ -52,8 +52,13 @@ def test_the_body_pins_the_builder_and_the_infra_repository(published: Path) -> 
         assert (f"--certificate-identity {identity} --certificate-oidc-issuer https://token.actions.githubusercontent.com"
                 f" --certificate-github-workflow-repository {INFRA} --certificate-github-workflow-ref refs/heads/main"
                 in line), line
-    assert commands[-1].startswith(f"benchseal verify . --repo {SOURCE} --tag {TAG} --infra-repo {INFRA} "
-                                   f"--builder {BUILDER} --trusted-root ")
+    verify_line = next(c for c in commands if c.startswith("benchseal verify "))
+    assert verify_line.startswith(f"benchseal verify . --repo {SOURCE} --tag {TAG} --infra-repo {INFRA} "
+                                  f"--builder {BUILDER} --trusted-root ")
+    # gh's lines, after it, pin the same signer in gh's terms (pipeline.verify.gh).
+    gh = [c for c in commands if c.startswith("gh attestation verify ")]
+    assert len(gh) == 4 and all(f"--repo {INFRA} --cert-identity {identity} --source-ref refs/heads/main " in c
+                                for c in gh), gh
     # The images' block: the builder's release.yml for the source at the tag and its commit.
     images = body.split("The runner and API images", 1)[1]
     release_identity = f"https://github.com/{BUILDER.workflow('release.yml')}"

@@ -235,8 +235,10 @@ def test_the_builders_seal_for_the_infra_repository_verifies_everywhere(builder_
     lines = cosign_commands(builder_release, repository=SOURCE_REPO, tag=SOURCE_TAG,
                             trusted_root=sigstore_instance.trusted_root, profile="production", cosign=str(cosign_bin),
                             benchseal=local_benchseal(), infra_repository=INFRA, builder=BUILDER)
-    assert lines[-1].endswith(f"--infra-repo {INFRA} --builder {BUILDER} --trusted-root "
-                              f"{sigstore_instance.trusted_root} --offline --profile production")
+    # The release carries its trusted root (issue 37.4): the lines name the published file.
+    assert (builder_release / "trusted_root.json").is_file()
+    assert lines[-1].endswith(f"--infra-repo {INFRA} --builder {BUILDER} --trusted-root trusted_root.json "
+                              "--offline --profile production")
     assert all(f"--certificate-github-workflow-repository {INFRA} --certificate-github-workflow-ref refs/heads/main"
                in line for line in lines[1:-1])
     assert run_commands(lines, builder_release) == lines

@@ -149,7 +149,9 @@ def test_the_bodys_test_result_line_runs_as_printed_once_attached(tmp_path: Path
                        builder=BUILDER)
     argv = shlex.split(line)
     assert argv[0] == "env" and argv[4] == "cosign"
-    assert argv[5:] == result_attestation_args(runner, seal, trusted_root=sigstore_instance.trusted_root)
+    # The line names the root the release publishes beside it (issue 37.4), run inside the release directory.
+    assert (published / "trusted_root.json").is_file()
+    assert argv[5:] == result_attestation_args(runner, seal, trusted_root=Path("trusted_root.json"))
     for pin in (f"--type {TEST_RESULT}", f"--certificate-identity https://github.com/{BUILDER.workflow('benchmark.yml')}",
                 f"--certificate-github-workflow-repository {INFRA}", "--certificate-github-workflow-ref refs/heads/main",
                 f" {runner}"):
