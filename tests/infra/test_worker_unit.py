@@ -219,7 +219,7 @@ def test_an_oracle_run_under_the_unit_succeeds_and_leaves_nothing_it_cannot_remo
     with SqliteQueue(worker.state / "infra" / "queue.sqlite3") as q:
         record = q.get_run(info["run_id"])
         run_dir = q.run_dir(info["run_id"])
-    assert record.state == "SUCCEEDED", record.reason
+    assert record.state == "SUCCEEDED", f"{record.reason}\n{done.stderr[-4000:]}"
     assert record.grading is not None and record.grading.score == 1.0 and record.grading.counts.resolved == 3
     # Everything the sandbox wrote (as its user and sub-uids) is the worker's again: nothing the
     # worker's user cannot read or remove, and its temp dir is empty again.

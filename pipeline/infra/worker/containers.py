@@ -375,5 +375,6 @@ def _run_started_container(
         if exit_code == 2:
             failure = "trial run rejected its input (exit 2)" + _runner_error(out / "logs" / "runner.log")
         elif not (out / "trials.json").is_file():
-            raise InfraFailure(f"runner container exited {exit_code} before planning trials")
+            raise InfraFailure(f"runner container exited {exit_code} before planning trials"
+                               + _runner_error(out / "logs" / "runner.log"))
     return runner, failure, released

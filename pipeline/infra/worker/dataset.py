@@ -71,6 +71,10 @@ def stage_dataset(policy: InfraPolicy, suite: str, suites_root: Path, run_dir: P
         try:
             for entry in entries:
                 _copy_file(source / entry.path, scratch / entry.path, entry.executable)
+            # Readable by the runner (another uid in the sandbox) whatever the worker's umask (its unit's is 077):
+            # directories as files are, 755, set explicitly.
+            for directory in (scratch, *(p for p in scratch.rglob("*") if p.is_dir() and not p.is_symlink())):
+                os.chmod(directory, 0o755)  # noqa: S103 - read by the runner's uid, as the files are
             verify_staged(scratch, dataset.digest)
             try:
                 os.rename(scratch, target)
