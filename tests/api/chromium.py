@@ -24,6 +24,7 @@ import struct
 import subprocess
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -134,18 +135,26 @@ def _describe(event: dict[str, Any]) -> str | None:
     return None
 
 
+def _devtools_pipes() -> tuple[int, int, int, int, Callable[[], None]]:
+    """The DevTools pipe pair and the child's pre-exec step that puts them where chromium reads them: its
+    commands on fd 3, its answers on fd 4."""
+    to_browser_r, to_browser_w = os.pipe()
+    from_browser_r, from_browser_w = os.pipe()
+
+    def fds() -> None:
+        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser_r, from_browser_w)]  # never 3 or 4 itself
+        os.dup2(high[0], 3)
+        os.dup2(high[1], 4)
+
+    return to_browser_r, to_browser_w, from_browser_r, from_browser_w, fds
+
+
 class Session:
     """One headless chromium for a whole test, driven over the DevTools pipe: navigate, click a link, read
     the DOM the browser built, take screenshots, and collect each page's errors (as ``page_errors``)."""
 
     def __init__(self, profile: Path, size: tuple[int, int] = (1200, 900)) -> None:
-        to_browser_r, to_browser_w = os.pipe()
-        from_browser_r, from_browser_w = os.pipe()
-
-        def fds() -> None:  # chromium reads commands on fd 3 and writes answers on fd 4
-            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser_r, from_browser_w)]  # never 3 or 4 itself
-            os.dup2(high[0], 3)
-            os.dup2(high[1], 4)
+        to_browser_r, to_browser_w, from_browser_r, from_browser_w, fds = _devtools_pipes()
 
         self.proc = subprocess.Popen(_argv(profile, "--remote-debugging-pipe", "--hide-scrollbars", "about:blank"),
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=fds, pass_fds=(3, 4))
@@ -230,13 +239,7 @@ class Session:
 
 def page_errors(url: str, profile: Path, settle: float = 1.0) -> list[str]:
     """Every error the browser reports while it loads ``url`` (and ``settle`` seconds after the load event)."""
-    to_browser_r, to_browser_w = os.pipe()
-    from_browser_r, from_browser_w = os.pipe()
-
-    def fds() -> None:  # chromium reads commands on fd 3 and writes answers on fd 4
-        high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser_r, from_browser_w)]  # never 3 or 4 itself
-        os.dup2(high[0], 3)
-        os.dup2(high[1], 4)
+    to_browser_r, to_browser_w, from_browser_r, from_browser_w, fds = _devtools_pipes()
 
     proc = subprocess.Popen(_argv(profile, "--remote-debugging-pipe", "about:blank"), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, preexec_fn=fds, pass_fds=(3, 4))
