@@ -145,6 +145,30 @@ if [ ! -f "$qwen_tgz" ]; then
   fi
 fi
 
+# --- generated suites --------------------------------------------------------------------
+# suites/humaneval is `benchseal dataset import humaneval`'s output (gitignored): imported again whenever it is not
+# the bytes policies/infra.yaml pins (the import is reproducible, so the pin holds on every machine).
+"$VENV/bin/python" - <<'PY'
+import shutil, sys
+from pipeline.core import paths
+from pipeline.core.datasets import dataset_digest
+from pipeline.core.errors import Error
+from pipeline.datasets.humaneval import import_humaneval
+from pipeline.infra.intake.policy import load_policy
+pinned = load_policy().suites["humaneval"].dataset
+target = paths.REPO_ROOT / "suites" / pinned.path
+try:
+    if target.is_dir() and dataset_digest(target) == pinned.digest:
+        sys.exit(0)
+    shutil.rmtree(target, ignore_errors=True)
+    print(f"[setup] importing HumanEval into {target}", file=sys.stderr)
+    count, digest = import_humaneval(target)
+except Error as exc:
+    sys.exit(f"[setup] error: importing HumanEval: {exc}")
+if digest != pinned.digest:
+    sys.exit(f"[setup] error: the imported {target} has digest {digest}, not the {pinned.digest} policies/infra.yaml pins")
+PY
+
 # --- the local queue's schema ---------------------------------------------------------
 # An existing SQLite queue written by an older benchseal is refused until migrated; migrating
 # is explicit (`benchseal infra migrate`), and setup is where this machine's operator asks for it.

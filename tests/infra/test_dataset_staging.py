@@ -32,6 +32,7 @@ BASE = ImageRef(name="127.0.0.1:5055/benchseal/base", digest="sha256:" + "b" * 6
 
 def _policy(tmp_path: Path, suites: Path, mutate: Any = None) -> InfraPolicy:
     data = yaml.safe_load(SHIPPED[0].read_text())
+    data["suites"] = {"smoke": data["suites"]["smoke"]}  # the fixture's suites root holds smoke only
     data["suites"]["smoke"]["dataset"] = pinned(suites, "smoke")
     if mutate is not None:
         mutate(data)
