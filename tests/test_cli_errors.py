@@ -43,3 +43,55 @@ def test_a_defect_shows_its_traceback_only_when_asked(monkeypatch: pytest.Monkey
     monkeypatch.setattr("sys.argv", ["benchseal"])
     with pytest.raises(KeyError):
         run(_app(KeyError("boom")))
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["release"], "benchseal: error: benchseal release: Missing argument 'tag'. (see benchseal release --help)"),
+    (["release", "v1.0.0", "--nope"], "benchseal: error: benchseal release: No such option: --nope "
+                                      "(see benchseal release --help)"),
+    (["dataset", "import", "humaneval"], "benchseal: error: benchseal dataset import: Missing option '--out'. "
+                                         "(see benchseal dataset import --help)"),
+    (["worker", "--trial-batch", "0"], "benchseal: error: benchseal worker: Invalid value for '--trial-batch': Input "
+                                       "should be greater than or equal to 1 (see benchseal worker --help)"),
+])
+def test_a_usage_error_is_one_line_naming_the_command_and_exit_2(argv: list[str], line: str,
+                                                                 capsys: pytest.CaptureFixture[str],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Click's own report is a usage block and a framed message over several lines; the installed app's is one."""
+    from pipeline.cli.main import app
+
+    monkeypatch.setattr("sys.argv", ["benchseal", *argv])
+    with pytest.raises(SystemExit) as ended:
+        run(app)
+    assert ended.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [line] and captured.out == ""
+
+
+def test_typer_exit_codes_and_success_pass_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = typer.Typer()
+
+    @app.command()
+    def ends(code: int) -> None:
+        if code:
+            raise typer.Exit(code)
+
+    for code in (0, 3):
+        monkeypatch.setattr("sys.argv", ["benchseal", str(code)])
+        if code == 0:
+            run(app)  # no SystemExit: a verb that returns is a success
+            continue
+        with pytest.raises(SystemExit) as ended:
+            run(app)
+        assert ended.value.code == code
+
+
+def test_a_bare_group_prints_its_help_and_exits_2(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.cli.main import app
+
+    monkeypatch.setattr("sys.argv", ["benchseal", "dataset"])
+    with pytest.raises(SystemExit) as ended:
+        run(app)
+    captured = capsys.readouterr()
+    assert ended.value.code == 2 and "import" in captured.out and captured.err == ""

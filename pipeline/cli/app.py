@@ -16,6 +16,9 @@ from pathlib import Path
 
 import typer
 
+# Typer 0.29 vendors Click as typer._click (pinned in requirements/): its usage errors are only there.
+from typer._click.exceptions import ClickException, NoArgsIsHelpError, UsageError
+
 from pipeline import __version__
 from pipeline.core import paths
 from pipeline.core.errors import CLI_ERROR_PREFIX, Error, ValidationError, escape_text
@@ -63,9 +66,27 @@ def new_app(*verbs: Register) -> typer.Typer:
 
 
 def run(app: typer.Typer) -> None:
-    """Run ``app``; a benchseal error becomes one diagnostic line and its exit code."""
+    """Run ``app``; a benchseal error or a usage error becomes one diagnostic line and its exit code."""
     try:
-        app()
+        code = app(prog_name="benchseal", standalone_mode=False)
+    except NoArgsIsHelpError as exc:  # a bare group: its help, as before
+        text = exc.ctx.get_help() if exc.ctx is not None else exc.format_message()  # rich help prints itself
+        if text:
+            typer.echo(text)
+        sys.exit(2)
+    except UsageError as exc:
+        # Click's own report is a usage block and a framed message; ours is one line naming the
+        # command and the rule, with where to read more (the developers' guide: one line, exit 2).
+        command = exc.ctx.command_path if exc.ctx is not None else "benchseal"
+        message = " ".join(exc.format_message().split())
+        typer.echo(CLI_ERROR_PREFIX + escape_text(f"{command}: {message} (see {command} --help)"), err=True)
+        sys.exit(2)
+    except typer.Abort:
+        typer.echo(CLI_ERROR_PREFIX + "aborted", err=True)
+        sys.exit(130)
+    except ClickException as exc:
+        typer.echo(CLI_ERROR_PREFIX + escape_text(" ".join(exc.format_message().split())), err=True)
+        sys.exit(exc.exit_code)
     except Error as exc:
         typer.echo(CLI_ERROR_PREFIX + f"{exc.diagnostics()}", err=True)
         sys.exit(exc.exit_code)
@@ -77,3 +98,6 @@ def run(app: typer.Typer) -> None:
         typer.echo(CLI_ERROR_PREFIX + escape_text(f"unexpected {type(exc).__name__}: {first} (a benchseal defect: "
                                                   "rerun with BENCHSEAL_TRACEBACK=1 and report it)"), err=True)
         sys.exit(1)
+    # Under standalone_mode=False a typer.Exit(n) comes back as n; verbs return None otherwise.
+    if type(code) is int and code != 0:
+        sys.exit(code)
