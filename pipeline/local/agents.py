@@ -15,9 +15,9 @@ from pathlib import Path
 from pipeline.agent.npm import tarball_name
 from pipeline.agent.resolve import NPM_REGISTRY_ENV
 from pipeline.core.errors import UsageError
-from pipeline.core.paths import state_dir
-from pipeline.core.project import NpmAgent, load_project, version_for_tag
-from pipeline.local.npmregistry import has_version, publish_to, start_background
+from pipeline.core.paths import home, state_dir
+from pipeline.core.project import NpmAgent, ProjectFile, load_project, version_for_tag
+from pipeline.local.npmregistry import has_version, publish_to, running, start_background
 
 
 def npm_cache() -> Path:
@@ -43,3 +43,34 @@ def local_npm_registry(project_file: Path, tag: str) -> str | None:
                              "(make setup fetches the demo's release with npm pack)")
         publish_to(url, tarball)
     return url
+
+
+def check_npm_resolvable(project_file: ProjectFile, tag: str) -> None:
+    """Before the build: the project's npm agent is on the registry the release will resolve it on, at the tag's
+    version (one line, exit 2). A rehearsal does not wait for a publish (production's build does, saying so):
+    on a configured registry the version must be there; on the local one, there or in the cache it is published
+    from."""
+    agent = project_file.agent
+    if not isinstance(agent, NpmAgent):
+        return
+    version = version_for_tag(tag)
+    configured = os.environ.get(NPM_REGISTRY_ENV)
+    if configured:
+        url = configured if configured.endswith("/") else configured + "/"
+        try:
+            found = has_version(url, agent.package, version)
+        except (OSError, ValueError, AttributeError) as exc:
+            raise UsageError(f"npm: {agent.package}@{version}: the registry {configured} (${NPM_REGISTRY_ENV}) does "
+                             f"not answer with its packument ({type(exc).__name__}): check the URL") from None
+        if not found:
+            raise UsageError(f"npm: {agent.package}@{version} is not published on {configured} (${NPM_REGISTRY_ENV}): "
+                             "publish it (npm publish), then release again; release --local does not wait for it")
+        return
+    local = running(home() / "npm-registry")
+    if local is not None and has_version(str(local["url"]), agent.package, version):
+        return
+    tarball = npm_cache() / tarball_name(agent.package, version)
+    if not tarball.is_file():
+        raise UsageError(f"npm: {agent.package}@{version} is not in the local npm registry and {tarball} is missing: "
+                         f"set ${NPM_REGISTRY_ENV} to the registry you published it on (make setup fetches the "
+                         "demo's release only)")

@@ -11,7 +11,8 @@ so they run first, in this order:
    wheel, pipeline.agent.wheel), an npm agent's package.json beside the project file when it names the
    package (else only the registry has it: pipeline.agent.npm checks it at the build);
 3. the repository (stated by the caller with where its name came from) is a source of the infra
-   policy, and the agent scored is admitted for it;
+   policy, and the agent scored is admitted for it (an adopter's checkout without ``--policy``:
+   the local world's policy admits it, pipeline.local.admission);
 4. a python agent's import path names a module file of the package at that commit and a name that
    module defines at its top level.
 
@@ -215,8 +216,9 @@ def _check_import_path(tree: _Tree, package_dir: str, spec: PythonAgent, pyproje
         raise ValidationError(field, f"{found} defines no {attribute} at its top level", spec.import_path)
 
 
-def check_project(project: Path, project_file: ProjectFile, tag: str, *, adopter_checkout: Path | None) -> None:
-    """Checks 1, 2 and 4 of the module's list for ``project`` (a benchseal.toml) at ``tag``.
+def check_project(project: Path, project_file: ProjectFile, tag: str, *, adopter_checkout: Path | None) -> str | None:
+    """Checks 1, 2 and 4 of the module's list for ``project`` (a benchseal.toml) at ``tag``; the commit checked
+    (None: a directory in no checkout).
 
     ``adopter_checkout``: the top of the adopter's own git checkout holding ``project`` (released as it
     is: its tag must exist and name HEAD), or None for an example (benchseal's checkout at HEAD, or a
@@ -232,20 +234,38 @@ def check_project(project: Path, project_file: ProjectFile, tag: str, *, adopter
     spec = project_file.agent
     if isinstance(spec, NpmAgent):
         _check_npm_version(tree, project_dir, spec, expected, tag)
-        return
+        return tree.commit
     package_dir = posixpath.normpath(posixpath.join(project_dir, spec.path))
     pyproject = _check_python_version(tree, package_dir, expected, tag)
     _check_import_path(tree, package_dir, spec, pyproject, f"{project.name}: agent.import_path")
+    return tree.commit
 
 
-def check_admitted(policy: InfraPolicy, repository: str, origin: str, agent: str, suite: str, field: str) -> None:
-    """Check 3: ``repository`` is a source of ``policy`` and ``agent`` is admitted for it."""
+def python_distribution(checkout: Path, commit: str, package_dir: str) -> str:
+    """``[project] name`` of the pyproject.toml in ``package_dir`` at ``commit`` (``check_project`` has checked it is
+    there): the distribution the wheel built from that commit is named by."""
+    raw = _Tree(checkout, commit).read(posixpath.join(package_dir, "pyproject.toml"))
+    try:
+        project = tomllib.loads(raw.decode("utf-8")).get("project") if raw is not None else None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError):
+        project = None
+    name = project.get("name") if isinstance(project, dict) else None
+    if not isinstance(name, str) or not name:
+        where = posixpath.normpath(posixpath.join(package_dir, "pyproject.toml"))
+        raise ValidationError(f"{where}: project.name", "is required (the agent's distribution name)")
+    return name
+
+
+def check_admitted(policy: InfraPolicy, repository: str, origin: str, agent: str, suite: str, field: str,
+                   policy_file: str = "the infra policy") -> None:
+    """Check 3: ``repository`` is a source of ``policy`` (read from ``policy_file``) and ``agent`` is admitted for
+    it. An adopter's checkout released without ``--policy`` is admitted by pipeline.local.admission first; this
+    refuses what an explicit ``--policy`` (or benchseal's own examples) does not list."""
     try:
         policy.source(repository)
     except ValidationError:
-        raise UsageError(f"repository {repository} (from {origin}) is not a source of the infra policy: add it "
-                         "under sources in a copy of policies/infra.yaml and pass --policy, or name another "
-                         "with --repository") from None
+        raise UsageError(f"repository {repository} (from {origin}) is not a source of {policy_file}: add it under "
+                         "sources there, or name another with --repository") from None
     entry, _ = policy.agent(agent, suite, field=field)
     if isinstance(entry, ReleaseAgentPolicy) and not entry.admits(repository):
         raise UsageError(f"agent {agent} is admitted by the infra policy for {', '.join(entry.repositories)}, "

@@ -66,7 +66,8 @@ from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.worker.export import export_run, import_run
 from pipeline.infra.worker.loop import WorkerConfig, run_once
 from pipeline.local import sigstore as sigstore_local
-from pipeline.local.agents import local_npm_registry
+from pipeline.local.admission import LocalAdmission, admit_adopter
+from pipeline.local.agents import check_npm_resolvable, local_npm_registry
 from pipeline.local.model import scripted_model_for
 from pipeline.local.precheck import check_admitted, check_project
 from pipeline.local.signing import local_signer
@@ -132,6 +133,9 @@ class ReleaseReport:
     # (the grading rule's one line; canaries marked): what the terminal shows of a failure.
     reason: str | None = None
     failed_trials: list[dict[str, Any]] = field(default_factory=list)
+    # The local world's policy for an adopter's repository (pipeline.local.admission): its base, what was added,
+    # its sha256 and where it was written; None when the run used a policy file as it is.
+    policy: dict[str, Any] | None = None
 
     @property
     def gated(self) -> bool:
@@ -282,24 +286,38 @@ def release_local(
 
     resolved = resolve_image_names() if names is None else as_names(names)
     infra_policy = load_policy(policy)
+    policy_file = str(policy) if policy is not None else "the infra policy"
     # Everything checkable before the build is checked before it, each one line (pipeline.local.precheck).
     repository, origin = release_repository_origin(project, repository)
-    if console is not None:
-        console.print(f"Releasing {repository} {tag} (repository name from {origin})", markup=False, highlight=False,
-                      soft_wrap=True)
+    _say(console, f"Releasing {repository} {tag} (repository name from {origin})")
     field = "--agent"
+    admission: LocalAdmission | None = None
     if project is not None:
         adopter = local_source(project, repository).checkout if example_repository_name(project) is None else None
         project_file = load_project(project)
-        check_project(project, project_file, tag, adopter_checkout=adopter)
+        commit = check_project(project, project_file, tag, adopter_checkout=adopter)
         field = f"{project.name}: agent.name" if agent == project_file.agent.name else field
-    check_admitted(infra_policy, repository, origin, agent, suite, field)
+        if adopter is not None and commit is not None and policy is None and agent == project_file.agent.name:
+            # The adopter's own repository and agent, admitted as the local infra would admit them: no file to write.
+            admission = admit_adopter(repository, origin, project, project_file, adopter, commit, resolved)
+            infra_policy = admission.policy
+            for line in admission.added or ("nothing: it already admits them",):
+                _say(console, f"Local infra policy ({admission.base} + {repository}): added {line}")
+        check_npm_resolvable(project_file, tag)
+    check_admitted(infra_policy, repository, origin, agent, suite, field, policy_file)
     for role in ("runner", "api"):
         infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
     with scripted_model_for(agent, suite, scripted_model, infra_policy):
         return _release_local(tag, names=resolved, dist=dist, suite=suite, agent=agent, console=console,
-                              policy=infra_policy, project=project, repository=repository)
+                              policy=infra_policy, project=project, repository=repository,
+                              admission=admission)
+
+
+def _say(console: Console | None, line: str) -> None:
+    """One line on the terminal (never wrapped: a test and a user read it whole)."""
+    if console is not None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _release_local(
@@ -313,11 +331,14 @@ def _release_local(
     policy: InfraPolicy,
     project: Path | None = None,
     repository: str | None = None,
+    admission: LocalAdmission | None = None,
 ) -> ReleaseReport:
-
-
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)
+    # The policy this run is accepted, graded, sealed and published under, where the report points at it.
+    policy_record = admission.to_json_dict(admission.write(work)) if admission is not None else None
+    if policy_record is not None:
+        _say(console, f"Local infra policy written to {policy_record['path']} (sha256 {policy_record['sha256']})")
     with StageClock(console) as clock, ExitStack() as stack:
         with clock.stage("setup", "Private Sigstore instance"):
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
@@ -383,6 +404,7 @@ def _release_local(
         reason=grading.reason,
         failed_trials=[{"task": t.task, "trial": t.trial_name, "outcome": t.outcome, "canary": t.canary,
                         "reason": t.reason} for t in grading.trials if t.outcome != "resolved"],
+        policy=policy_record,
     )
 
 

@@ -28,6 +28,10 @@ def render_report(report: ReleaseReport, console: Console) -> None:
         console.print(f"{role:7} {ref}", soft_wrap=True, highlight=False)
     console.print(f"images  {'reused (same digests as the last release run)' if report.images_reused else 'new digests (changed since the last release run)'}")
     console.print(f"run     {report.run_id}")
+    if report.policy is not None:
+        console.print(f"policy  {report.policy['path']} (the local infra policy: {report.policy['base']} + "
+                      f"{len(report.policy['added'])} entries; sha256 {report.policy['sha256']})", soft_wrap=True,
+                      highlight=False, markup=False)
     comparison = report.comparison
     if comparison is not None:
         previous = comparison.get("previous")

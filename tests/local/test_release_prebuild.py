@@ -25,7 +25,7 @@ import pytest
 
 from pipeline.cli.app import run
 from pipeline.cli.main import app
-from pipeline.core.errors import UsageError
+from pipeline.core.errors import UsageError, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.project import load_project
 from pipeline.infra.intake.policy import load_policy
@@ -105,13 +105,21 @@ def _refused(done: Done, home: Path, *expected: str) -> str:
     errors = [line for line in done.stderr.splitlines() if line.startswith("benchseal: error: ")]
     others = [line for line in done.stderr.splitlines() if not line.startswith("benchseal: error: ")]
     assert len(errors) == 1, done.stderr
-    assert all(line.startswith("Releasing ") for line in others), done.stderr  # no stage ran ("Building ...")
+    # no stage ran ("Building ..."): only the stated repository and what the local policy added to admit it
+    assert all(line.startswith(("Releasing ", "Local infra policy (")) for line in others), done.stderr
     assert "Building" not in done.stderr
     for part in expected:
         assert part in errors[0], errors[0]
     # Nothing was made: the release's state dir (the first stage's), the Sigstore instance, the dist dir.
     assert not (home / "release").is_dir() and not (home / "sigstore").exists() and not (home / "dist").exists()
     return errors[0]
+
+
+def _tripwire(home: Path) -> None:
+    """A file where the first stage makes its directory: a release that got past every check (the key given) stops
+    there (exit 1, another message) before it could start or build anything."""
+    home.mkdir(exist_ok=True)
+    (home / "release").write_text("tripwire\n")
 
 
 @pytest.fixture()
@@ -173,15 +181,17 @@ def test_an_npm_package_json_with_another_version_is_refused(tmp_path: Path, hom
     _refused(release(repo, "v0.24.4", home), home, "package.json: version: must be 0.24.4", "(got '0.24.3')")
 
 
-def test_a_repository_the_policy_does_not_admit_is_refused_and_named(tmp_path: Path, home: Path,
-                                                                     release: Callable[..., Done]) -> None:
+def test_a_repository_an_explicit_policy_does_not_admit_is_refused_and_named(tmp_path: Path, home: Path,
+                                                                              release: Callable[..., Done]) -> None:
+    """``--policy FILE`` is taken as it is (the adopter rehearses its infra's own policy): nothing is admitted."""
     name = "my-agent-with-a-long-directory-name"  # the stated line is longer than a terminal: one line still
     repo = _adopter(tmp_path, origin=None, name=name)
     _git(repo, "tag", "v0.1.0")
-    done = release(repo, "v0.1.0", home)
-    _refused(done, home, f"repository local/{name} (from the directory's name) is not a source of the infra policy",
-             "--policy")
+    shipped = REPO_ROOT / "policies" / "infra.yaml"
+    done = release(repo, "v0.1.0", home, "--policy", str(shipped))
+    _refused(done, home, f"repository local/{name} (from the directory's name) is not a source of {shipped}")
     assert f"Releasing local/{name} v0.1.0 (repository name from the directory's name)" in done.stderr.splitlines()
+    assert "Local infra policy" not in done.stderr
     policy = load_policy()
     with pytest.raises(UsageError, match=r"repository acme/unlisted \(from --repository\) is not a source"):
         precheck.check_admitted(policy, "acme/unlisted", "--repository", "hello-agent", "smoke", "agent.name")
@@ -277,6 +287,81 @@ def test_an_agent_the_policy_does_not_know_is_named_by_the_project_file(tmp_path
     project.write_text(project.read_text().replace('name = "hello-agent"', 'name = "widget-agent"'))
     _commit(repo, "our own agent's name")
     _git(repo, "tag", "v0.1.0")
-    line = _refused(release(repo, "v0.1.0", home), home, "invalid benchseal.toml: agent.name: agent not allowed by "
-                    "policy", "(got 'widget-agent')")
+    line = _refused(release(repo, "v0.1.0", home, "--policy", str(REPO_ROOT / "policies" / "infra.yaml")), home,
+                    "invalid benchseal.toml: agent.name: agent not allowed by policy", "(got 'widget-agent')")
     assert "--agent" not in line
+
+
+def test_an_adopter_repository_is_admitted_by_the_local_policy_with_nothing_copied(
+        tmp_path: Path, home: Path, release: Callable[..., Done]) -> None:
+    """Without --policy, the local world admits the checkout's own repository and benchseal.toml's agent (issue
+    38.2): stated line by line, under the embedded policy plus those two entries, which is written where the
+    release report points; production's policy is not changed by it."""
+    from pipeline.imaging.names import resolve_image_names
+    from pipeline.local.admission import POLICY_FILE, admit_adopter
+
+    repo = _adopter(tmp_path, origin=None, name="newcomer")
+    project = repo / "benchseal.toml"
+    project.write_text(project.read_text().replace('name = "hello-agent"', 'name = "widget-agent"'))
+    pyproject = repo / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('name = "hello-agent"', 'name = "widget-dist"'))
+    commit = _commit(repo, "our own agent")
+    _git(repo, "tag", "v0.1.0")
+    # Every check passes up to the model key (this agent is model-backed): admitted, not refused as unlisted.
+    done = release(repo, "v0.1.0", home)
+    _refused(done, home, f"set {KEY_ENV}, or pass --scripted-model")
+    stated = [line for line in done.stderr.splitlines() if line.startswith("Local infra policy (")]
+    assert len(stated) == 2, done.stderr
+    assert stated[0].endswith("added sources: local/newcomer (from the directory's name), images "
+                              "127.0.0.1:5055/benchseal/runner and 127.0.0.1:5055/benchseal/api signed by "
+                              "local/benchseal/.github/workflows/release.yml@refs/heads/main"), stated
+    assert stated[1].endswith("added agents: widget-agent (python package widget-dist, from benchseal.toml's agent) "
+                              "for local/newcomer, model-backed"), stated
+
+    admission = admit_adopter("local/newcomer", "the directory's name", project, load_project(project), repo.resolve(),
+                              commit, resolve_image_names())
+    entry, model = admission.policy.agent("widget-agent", "smoke")
+    assert entry is not None and model is not None and entry.package == "widget-dist"  # the wheel's distribution
+    assert admission.policy.source("local/newcomer").repository == "local/newcomer"
+    # The written document is the policy the run uses, loaded as any policy file is.
+    written = admission.write(tmp_path)
+    assert written.name == POLICY_FILE and load_policy(written) == admission.policy
+    assert admission.to_json_dict(written)["sha256"] == admission.sha256
+    # The embedded policy itself admits neither (production admission is not loosened).
+    with pytest.raises(ValidationError, match="not allowed by the infra policy"):
+        load_policy().source("local/newcomer")
+    with pytest.raises(ValidationError, match="agent not allowed by policy"):
+        load_policy().agent("widget-agent", "smoke")
+
+
+def test_an_agent_name_the_policy_gives_another_agent_is_refused(tmp_path: Path, home: Path,
+                                                                 release: Callable[..., Done]) -> None:
+    """The local policy adds to an entry of the same kind and package only; another agent's name is never taken over."""
+    repo = _adopter(tmp_path, origin=None, name="newcomer")
+    project = repo / "benchseal.toml"
+    project.write_text(project.read_text().replace('name = "hello-agent"', 'name = "terminus-2"'))
+    _commit(repo, "a name Harbor's agent has")
+    _git(repo, "tag", "v0.1.0")
+    _tripwire(home)
+    _refused(release(repo, "v0.1.0", home, key=True), home,
+             "benchseal.toml: agent.name terminus-2 is the infra policy's name for another agent",
+             "give your agent a name of its own")
+
+
+def test_an_npm_agent_the_release_cannot_resolve_is_refused_before_the_build(
+        tmp_path: Path, home: Path, release: Callable[..., Done], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No registry holds the version: refused in one line, never a wait (a rehearsal does not wait for a publish)."""
+    monkeypatch.delenv("BENCHSEAL_NPM_REGISTRY", raising=False)
+    repo = _adopter(tmp_path, "qwen-code", origin=None, name="cli-agent")
+    _git(repo, "tag", "v0.24.4")
+    _tripwire(home)
+    # The local registry: neither running in this home nor fed from its cache.
+    done = release(repo, "v0.24.4", home, key=True)
+    _refused(done, home, "npm: @qwen-code/qwen-code@0.24.4 is not in the local npm registry",
+             "set $BENCHSEAL_NPM_REGISTRY")
+    assert "added agents: qwen-code (npm package @qwen-code/qwen-code) also for local/cli-agent" in done.stderr
+    # A configured registry that does not answer.
+    monkeypatch.setenv("BENCHSEAL_NPM_REGISTRY", "http://127.0.0.1:9/")
+    _refused(release(repo, "v0.24.4", home, key=True), home,
+             "npm: @qwen-code/qwen-code@0.24.4: the registry http://127.0.0.1:9/ ($BENCHSEAL_NPM_REGISTRY) does not "
+             "answer")
