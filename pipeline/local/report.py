@@ -7,6 +7,7 @@ from rich.table import Table
 
 from pipeline.core.errors import escape_text
 from pipeline.local.release import ReleaseReport
+from pipeline.publish.body import INLINE_TASKS
 
 
 def render_report(report: ReleaseReport, console: Console) -> None:
@@ -20,9 +21,13 @@ def render_report(report: ReleaseReport, console: Console) -> None:
     console.print(table)
     if report.reason:
         console.print(escape_text(f"why     {report.reason}"), soft_wrap=True, highlight=False, markup=False)
-    for trial in report.failed_trials:
+    for trial in report.failed_trials[:INLINE_TASKS]:
         what = "canary (not scored)" if trial.get("canary") else str(trial.get("outcome"))
         console.print(escape_text(f"trial   {trial.get('task')} {what}: {trial.get('reason') or 'no reason recorded'}"),
+                      soft_wrap=True, highlight=False, markup=False)
+    if len(report.failed_trials) > INLINE_TASKS:
+        console.print(f"trial   and {len(report.failed_trials) - INLINE_TASKS} more not resolved (every trial: "
+                      f"{report.release_dir}/trial-results.json, per task: body.md and summary.json)",
                       soft_wrap=True, highlight=False, markup=False)
     for role, ref in sorted(report.images.items()):
         console.print(f"{role:7} {ref}", soft_wrap=True, highlight=False)
@@ -38,7 +43,10 @@ def render_report(report: ReleaseReport, console: Console) -> None:
         if previous is None:
             console.print("history the repository's first scored release: nothing to compare with", highlight=False)
         else:
-            changed = ", ".join(f"{c['task']} {c['change']}" for c in comparison.get("changed", ())) or "no task changed"
+            changes = [f"{c['task']} {c['change']}" for c in comparison.get("changed", ())]
+            more = len(changes) - INLINE_TASKS
+            changed = (", ".join(changes[:INLINE_TASKS]) + (f", and {more} more (summary.json comparison)"
+                                                            if more > 0 else "")) or "no task changed"
             console.print(escape_text(f"history vs {previous['tag']} (run {previous['run_id']}, score "
                                       f"{previous['score']:.3f}): delta {comparison['score_delta']:+.3f}; {changed}"),
                           soft_wrap=True, highlight=False, markup=False)
