@@ -20,6 +20,12 @@ Refused, one line naming the path and the rule (``DatasetRefused``): a symlink, 
 (FIFO, socket, device), a name that is not UTF-8 or not a plain relative name, and a dataset with
 no task (no ``<task>/task.toml``). Nothing is followed or opened through a link: a walk sees
 what is on disk, a file is opened with ``O_NOFOLLOW`` and checked to be regular after it is open.
+
+A task may name a prebuilt image instead of building ``environment/Dockerfile``: its task.toml's
+``[environment] docker_image`` must then be ``<registry>/<repository>@sha256:<64 hex>``
+(``pipeline.core.digests.parse_ref``), so the dataset's digest also pins the images its tasks run in;
+``task_images`` reads them, refusing a tag or anything else in one line naming the task and the field
+(``[verifier.environment] docker_image`` is refused outright: the verifier runs in the task's environment).
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ import hashlib
 import itertools
 import os
 import stat
+import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pipeline.core.digests import validate_digest
-from pipeline.core.errors import DatasetDigestMismatch, DatasetRefused
+from pipeline.core.digests import ImageRef, parse_ref, validate_digest
+from pipeline.core.errors import DatasetDigestMismatch, DatasetRefused, ValidationError
 from pipeline.core.fsutil import name_problem
 
 MANIFEST_HEADER = "benchseal.dataset/1"
@@ -146,3 +154,34 @@ def verify_staged(root: Path, expected: str) -> str:
     if actual != expected:
         raise DatasetDigestMismatch(str(root), f"its content digest is {actual}, not the pinned {expected}")
     return actual
+
+
+def task_image_field(task: str, section: str = "[environment]") -> str:
+    """The field a task image refusal names: the task and its task.toml key."""
+    return f"task {task}: task.toml {section} docker_image"
+
+
+def task_images(dataset: Path, tasks: Iterable[str] | None = None) -> dict[str, ImageRef]:
+    """{task: image} for every task (of ``tasks``, when given) whose task.toml names a prebuilt image;
+    ValidationError naming the task and the field unless it is pinned by digest."""
+    wanted = None if tasks is None else set(tasks)
+    found: dict[str, ImageRef] = {}
+    for task_toml in sorted(dataset.glob("*/task.toml")):
+        task = task_toml.parent.name
+        if wanted is not None and task not in wanted:
+            continue
+        try:
+            config: Any = tomllib.loads(task_toml.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ValidationError(f"task {task}: task.toml", f"must be readable TOML ({exc})") from None
+        verifier = config.get("verifier")
+        verifier_env = verifier.get("environment") if isinstance(verifier, dict) else None
+        if isinstance(verifier_env, dict) and "docker_image" in verifier_env:
+            raise ValidationError(task_image_field(task, "[verifier.environment]"), "is not supported: the verifier runs in "
+                                  "the task's own environment ([environment] docker_image, pinned by digest)",
+                                  verifier_env["docker_image"])
+        environment = config.get("environment")
+        if not isinstance(environment, dict) or "docker_image" not in environment:
+            continue
+        found[task] = parse_ref(environment["docker_image"], task_image_field(task))
+    return found

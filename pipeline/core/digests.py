@@ -86,6 +86,15 @@ def validate_name(value: object, field: str = "name") -> str:
     return value
 
 
+def validate_registry(value: object, field: str = "registry") -> str:
+    """Return ``value`` when it is a registry host as image names spell it (``host[:port]``, lowercase, no
+    scheme or path): the host part of ``validate_name``, for lists of admitted registries."""
+    if not isinstance(value, str) or not _HOST_RE.match(value):
+        raise ValidationError(field, "must be a registry host as image names spell it: a lowercase DNS name, IPv4 "
+                              "address or localhost, with an optional :port (no scheme, path or tag)", value)
+    return value
+
+
 # What may end an image-name prefix, so the image's own name stays a distinct part of it.
 NAME_PREFIX_ENDINGS = ("/", "-", "_", ".")
 

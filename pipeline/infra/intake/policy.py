@@ -33,7 +33,7 @@ from pipeline.core.contracts import (
     canonical_repository,
     load_model,
 )
-from pipeline.core.digests import ImageRef, parse_ref, validate_digest
+from pipeline.core.digests import ImageRef, parse_ref, validate_digest, validate_registry
 from pipeline.core.documents import GateRules
 from pipeline.core.errors import ValidationError
 from pipeline.core.fsutil import name_problem
@@ -241,9 +241,20 @@ class DatasetPolicy(_Strict):
     digest: Annotated[str, AfterValidator(_dataset_digest)]
 
 
+def _task_image_registry(value: str) -> str:
+    try:
+        return validate_registry(value, "registry")
+    except ValidationError as exc:
+        raise ValueError(exc.rule) from None
+
+
 class SuitePolicy(_Strict):
     # The suite's tasks, pinned (required: a suite is never an unpinned directory).
     dataset: DatasetPolicy
+    # The registries a task's prebuilt image (task.toml ``[environment] docker_image``, by digest) may come
+    # from; empty: every task of the suite is built from its Dockerfile (``check_task_image``).
+    task_image_registries: tuple[Annotated[str, AfterValidator(_task_image_registry)], ...] = Field(
+        default=(), max_length=16)
     timeout_seconds: float = Field(gt=0, le=86400)
     # Trials of one run that run at once inside the run's one runner container.
     trial_concurrency: int = Field(default=3, ge=1, le=16, strict=True)
@@ -391,6 +402,15 @@ class InfraPolicy(_Strict):
         if suite not in self.suites:
             raise ValidationError(field, f"suite not in the infra policy (suites: {', '.join(sorted(self.suites))})", suite)
         return self.suites[suite].dataset
+
+    def check_task_image(self, suite: str, task: str, ref: ImageRef, field: str) -> None:
+        """A task's prebuilt image comes from a registry ``suites.<suite>.task_image_registries`` admits;
+        ValidationError naming the task, the registry and that field otherwise."""
+        admitted = self.suites[suite].task_image_registries
+        if ref.registry not in admitted:
+            raise ValidationError(field, f"task {task}: registry {ref.registry} is not admitted by "
+                                  f"suites.{suite}.task_image_registries (admitted: {', '.join(admitted) or 'none'})",
+                                  ref.ref)
 
     def suite_timeout(self, suite: str) -> float:
         return self.suites[suite].timeout_seconds

@@ -113,6 +113,8 @@ def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] 
         for task in sorted(tasks):
             shutil.copytree(source / task, target / task, symlinks=False)
     for dockerfile in sorted(target.glob("*/environment/Dockerfile")) + sorted(target.glob("*/tests/Dockerfile")):
+        if dockerfile.parent.name == "environment" and _names_prebuilt_image(dockerfile.parent.parent / "task.toml"):
+            continue  # never built: the task runs on its image pinned by digest (pipeline.infra.worker.task_images)
         lines = dockerfile.read_text(encoding="utf-8").splitlines(keepends=True)
         out = []
         for line in lines:
@@ -123,6 +125,16 @@ def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] 
                 line = f"FROM {from_image or base.ref}{match.group(2)}\n"
             out.append(line)
         dockerfile.write_text("".join(out), encoding="utf-8")
+
+
+def _names_prebuilt_image(task_toml: Path) -> bool:
+    """The task.toml sets ``[environment] docker_image`` (its grammar and registry are checked on the staged
+    dataset before any rendering: ``task_images.check_task_images``)."""
+    try:
+        environment = tomllib.loads(task_toml.read_text(encoding="utf-8")).get("environment")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return False  # rendered as before; planning already refused an unreadable task.toml
+    return isinstance(environment, dict) and "docker_image" in environment
 
 
 TASK_IMAGE_LABEL = "benchseal.task.hash"  # for operators (prune); never read back: anyone's build could carry it

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -euo pipefail
+tac /app/data.txt > /app/reversed.txt
