@@ -182,14 +182,45 @@ def _interval(bounds: tuple[float, float]) -> str:
     return f"\\[{bounds[0]:.3f}, {bounds[1]:.3f}\\]"
 
 
-# A release body has a length limit: a suite of many tasks lists its first ones (summary.json has all).
-MAX_TASKS_SHOWN = 100
+# A release body has a length limit: the folded per-task table lists a suite's first tasks (summary.json has all).
+MAX_TASKS_SHOWN = 250
+# The facts table is the body's first screen: a cell names at most this many tasks (a 164-task suite's every
+# failure or change is in the folded per-task table below it, summary.json and trial-results.json).
+INLINE_TASKS = 10
+# A reason in the folded per-task table is cut to this many characters (trial-results.json has it whole).
+REASON_CHARS = 100
+
+
+def _first(items: Sequence[str], where: str, sep: str = ", ") -> str:
+    """``items`` joined by ``sep``, at most INLINE_TASKS of them; how many more and ``where`` they are."""
+    more = len(items) - INLINE_TASKS
+    return sep.join(items[:INLINE_TASKS]) + (f"{sep}and {more} more ({where})" if more > 0 else "")
 
 
 def _task_passes(passes: Sequence[tuple[str, int, int]]) -> str:
-    shown = ", ".join(f"{markdown_cell(task)} {resolved}/{attempts}" for task, resolved, attempts in passes[:MAX_TASKS_SHOWN])
-    more = len(passes) - MAX_TASKS_SHOWN
-    return shown + (f", and {more} more (summary.json tasks)" if more > 0 else "")
+    return _first([f"{markdown_cell(task)} {resolved}/{attempts}" for task, resolved, attempts in passes],
+                  "per-task results below, summary.json tasks")
+
+
+def _per_task_table(facts: SectionFacts) -> list[str]:
+    """The folded per-task results of a suite too large for the facts table (empty for a small one)."""
+    if len(facts.task_passes) <= INLINE_TASKS and len(facts.failed_trials) <= INLINE_TASKS:
+        return []
+    why: dict[str, str] = {}
+    for task, what, reason in facts.failed_trials:
+        why.setdefault(task, f"{what}: {reason}")
+    passed = sum(1 for _, resolved, attempts in facts.task_passes if resolved == attempts)
+    lines = ["", f"<details><summary>Per-task results: {len(facts.task_passes)} tasks, {passed} resolved in every "
+             "attempt (all of them in summary.json, every trial in trial-results.json)</summary>", "",
+             "| Task | Resolved / attempts | First trial not resolved |", "|---|---|---|"]
+    for task, resolved, attempts in facts.task_passes[:MAX_TASKS_SHOWN]:
+        reason = why.get(task, "")
+        cut = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
+        lines.append(f"| {markdown_cell(task)} | {resolved}/{attempts} | {markdown_cell(cut) if cut else ''} |")
+    more = len(facts.task_passes) - MAX_TASKS_SHOWN
+    if more > 0:
+        lines.append(f"| and {more} more | | summary.json tasks |")
+    return [*lines, "", "</details>"]
 
 
 def _counts(counts: TaskCounts | None) -> str:
@@ -204,10 +235,7 @@ def _comparison_rows(comparison: Comparison) -> list[tuple[str, str]]:
                 ("Regression gate", "not applied (no previous release)")]
     delta = comparison.score_delta if comparison.score_delta is not None else 0.0
     changes = [f"{markdown_cell(c.task)} {markdown_cell(c.change)} ({_counts(c.previous)} → {_counts(c.current)})"
-               for c in comparison.changed[:MAX_TASKS_SHOWN]]
-    more = len(comparison.changed) - MAX_TASKS_SHOWN
-    if more > 0:
-        changes.append(f"and {more} more (summary.json comparison)")
+               for c in comparison.changed]
     if comparison.gate is None:
         gate = "none set for this suite"
     elif comparison.gated:
@@ -218,7 +246,7 @@ def _comparison_rows(comparison: Comparison) -> list[tuple[str, str]]:
         ("Compared with", f"{markdown_cell(previous.tag)} (score {previous.score:.3f}; infra run {_code(previous.run_id)}; "
                           f"summary.json {_code(previous.summary_digest)})"),
         ("Score change", f"{delta:+.3f}"),
-        ("Tasks changed", ", ".join(changes) if changes else "none"),
+        ("Tasks changed", _first(changes, "summary.json comparison") if changes else "none"),
         ("Regression gate", gate),
     ]
 
@@ -245,8 +273,9 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
         ("Resolved", str(facts.resolved)),
         ("Unresolved", str(facts.unresolved)),
         ("Infrastructure errors", str(facts.infra_errors)),
-        *([("Trials not resolved", "; ".join(f"{markdown_cell(task)} ({markdown_cell(what)}): {markdown_cell(why)}"
-                                               for task, what, why in facts.failed_trials))]
+        *([("Trials not resolved", _first([f"{markdown_cell(task)} ({markdown_cell(what)}): {markdown_cell(why)}"
+                                             for task, what, why in facts.failed_trials],
+                                            "per-task results below, trial-results.json", "; "))]
           if facts.failed_trials else []),
         ("Runner image", _code(facts.runner_ref)),
         ("API image", _code(facts.api_ref)),
@@ -259,6 +288,7 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
     ]
     lines = [f"### Benchmark ({markdown_cell(facts.tag)})", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]
+    lines += _per_task_table(facts)
     commands = [" ".join(c.split("\n")) for c in verify_commands] or ["sha256sum -c SHA256SUMS"]
     # The short form first (one benchseal line, one gh line, who signed), every check folded below it.
     lines += ["", *_short_form(commands)]
