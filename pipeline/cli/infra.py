@@ -38,21 +38,29 @@ def accept(
     payload: Annotated[str, typer.Option("--payload", help="Payload JSON file, or '-' for stdin.")],
     db: Annotated[Path | None, typer.Option("--db", help="Queue database (default: state dir infra/queue.sqlite3).")] = None,
     policy_path: Annotated[Path | None, typer.Option("--policy", help="Infra policy (default: policies/infra.yaml).")] = None,
+    policy_digest: Annotated[str | None, typer.Option(
+        "--policy-digest", help="sha256:HEX of the infra repository's policies/infra.yaml at the dispatching commit: "
+                                "the policy read must have it (required under sudo).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print {run_id, created} as JSON.")] = False,
 ) -> None:
     """Validate a dispatch payload and enqueue it exactly once; print the run id.
 
     Meant to be callable through a narrow sudo rule: under sudo (SUDO_UID set)
-    the caller may not choose another database or policy.
+    the caller may not choose another database or policy, and must name the
+    dispatching commit's policy digest (the host's policy is that file, or nothing runs).
     """
-
-
     if os.environ.get("SUDO_UID") and (db is not None or policy_path is not None):
         raise UsageError("--db and --policy are not accepted under sudo")
+    if os.environ.get("SUDO_UID") and not policy_digest:
+        raise ValidationError("--policy-digest", "is required under sudo (the dispatching commit's "
+                              "policies/infra.yaml, as benchmark.yml's accept step sends it)", policy_digest or "")
     # lazy: pipeline.infra.intake.accept (jsonschema, yaml) costs 62 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.intake.accept import accept_payload
     from pipeline.infra.intake.policy import load_policy
+    from pipeline.infra.intake.policy_home import check_policy_home
 
+    if policy_digest is not None:
+        policy_path = check_policy_home(policy_path, policy_digest)
     policy = load_policy(policy_path)
     result = accept_payload(_read_payload(payload, policy.max_payload_bytes), db=db, policy=policy)
     if as_json:

@@ -6,6 +6,7 @@ idempotence, and an operator-edited policy that is kept and then used."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -413,10 +414,13 @@ def first_install(box: Box) -> dict[str, Any]:
     return report
 
 
-def _payload(correlation: str) -> str:
+def _payload(correlation: str, policy: bytes | None = None) -> str:
+    """The accept wrapper's stdin as benchmark.yml sends it: the dispatching commit's policy digest (by
+    default the shipped policy's, which a first install puts on the host), then the payload."""
     from tests.fixtures.infra import _BASE_PAYLOAD
 
-    return json.dumps({**_BASE_PAYLOAD, "correlation_id": correlation})
+    policy = (REPO / "policies" / "infra.yaml").read_bytes() if policy is None else policy
+    return f"sha256:{hashlib.sha256(policy).hexdigest()}\n" + json.dumps({**_BASE_PAYLOAD, "correlation_id": correlation})
 
 
 def test_container_accounts_modes_and_owners(box: Box, first_install: dict[str, Any]) -> None:
@@ -529,9 +533,15 @@ def test_container_operator_policy_is_kept_and_is_what_accept_reads(box: Box, fi
     assert box.sh("sha256sum /etc/benchseal/infra.yaml").stdout == edited
     side = box.sh("cat /etc/benchseal/infra.yaml.benchseal-new").stdout
     assert side == (REPO / "policies" / "infra.yaml").read_text()
-    # The wrapper reads the operator's policy: acme/widget is now refused.
-    refused = box.sh("sudo -n -u benchseal /usr/local/libexec/benchseal-accept", user=RUNNER,
+    # A policy edited on the host alone is never used: the dispatching commit's (the shipped one) is not it.
+    drifted = box.sh("sudo -n -u benchseal /usr/local/libexec/benchseal-accept", user=RUNNER,
                      stdin=_payload("host-install-0003"))
+    assert drifted.returncode == 1 and "not the infra repository's policies/infra.yaml at the dispatching commit" \
+        in drifted.stderr, drifted.stderr
+    # The same edit committed to the infra repository: the wrapper reads it, and acme/widget is now refused.
+    committed = box.sh("cat /etc/benchseal/infra.yaml").stdout.encode()
+    refused = box.sh("sudo -n -u benchseal /usr/local/libexec/benchseal-accept", user=RUNNER,
+                     stdin=_payload("host-install-0003", committed))
     assert refused.returncode == 2 and "not allowed by the infra policy" in refused.stderr, refused.stderr
     # And a third install still keeps it and changes nothing more.
     third = box.install("--runner-user", RUNNER, "--json")

@@ -5,7 +5,9 @@ service grades and never signs."""
 from __future__ import annotations
 
 import configparser
+import hashlib
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -25,6 +27,11 @@ UNITS = ["benchseal-worker.service", "benchseal-publisher.service"]
 def _local(text: str) -> str:
     return (text.replace("/opt/benchseal/.venv/bin/", f"{VENV_BIN}/").replace("/opt/benchseal", str(REPO))
             .replace("/etc/benchseal/infra.yaml", str(REPO / "policies" / "infra.yaml")))
+
+
+def _stdin(payload: str, policy: Path = REPO / "policies" / "infra.yaml") -> str:
+    """What benchmark.yml's accept step sends the wrapper: the dispatching commit's policy digest, then the payload."""
+    return f"sha256:{hashlib.sha256(policy.read_bytes()).hexdigest()}\n{payload}"
 
 
 def _unit(name: str) -> configparser.ConfigParser:
@@ -119,15 +126,64 @@ def test_accept_wrapper_reads_stdin_only(tmp_path: Path, make_payload) -> None: 
     refused = subprocess.run([str(wrapper), "--db", "/tmp/other.sqlite3"], capture_output=True, text=True,
                              check=False, input="{}")
     assert refused.returncode == 2 and "takes no arguments" in refused.stderr
-    payload = json.dumps(make_payload(correlation_id="deploy-wrapper-0001"))
-    first = subprocess.run([str(wrapper)], input=payload, capture_output=True, text=True, check=False, timeout=60)
-    again = subprocess.run([str(wrapper)], input=payload, capture_output=True, text=True, check=False, timeout=60)
+    payload = json.dumps(make_payload(correlation_id="deploy-wrapper-0001"), indent=1)  # several lines
+    first = subprocess.run([str(wrapper)], input=_stdin(payload), capture_output=True, text=True, check=False,
+                           timeout=60)
+    again = subprocess.run([str(wrapper)], input=_stdin(payload), capture_output=True, text=True, check=False,
+                           timeout=60)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["created"] is True and json.loads(again.stdout)["created"] is False
     assert (home / "infra" / "queue.sqlite3").is_file()
-    bad = subprocess.run([str(wrapper)], input=payload.replace("sha256:", "sha256:X"), capture_output=True,
+    bad = subprocess.run([str(wrapper)], input=_stdin(payload.replace("sha256:", "sha256:X")), capture_output=True,
                          text=True, check=False, timeout=60)
     assert bad.returncode == 2 and "invalid payload." in bad.stderr
+
+
+@pytest.mark.parametrize("case", ["edited on the host", "no digest line", "not a digest", "under sudo without"])
+def test_accept_refuses_a_host_policy_that_is_not_the_dispatching_commits(
+        tmp_path: Path, make_payload, case: str) -> None:  # type: ignore[no-untyped-def]
+    """One home for the policy: the host's /etc/benchseal/infra.yaml must be, byte for byte, the infra
+    repository's policies/infra.yaml at the dispatching commit (its digest is the wrapper's first line);
+    anything else is refused before a run is queued."""
+    home = tmp_path / "home"
+    repository_policy = REPO / "policies" / "infra.yaml"
+    host_policy = tmp_path / "infra.yaml"
+    host_policy.write_bytes(repository_policy.read_bytes())
+    wrapper = tmp_path / "benchseal-accept"
+    wrapper.write_text(_local((DEPLOY / "benchseal-accept").read_text()).replace("/var/lib/benchseal", str(home))
+                       .replace(str(repository_policy), str(host_policy)))
+    wrapper.chmod(0o755)
+    payload = json.dumps(make_payload(correlation_id="deploy-policy-0001"))
+    env = dict(os.environ)
+    stdin = _stdin(payload)
+    if case == "edited on the host":  # a comment only: still another file than the repository's
+        host_policy.write_text(host_policy.read_text() + "# edited on the host\n")
+    elif case == "no digest line":
+        stdin = payload
+    elif case == "not a digest":
+        stdin = "sha256:" + "0" * 63 + "\n" + payload
+    else:
+        env["SUDO_UID"] = "1000"
+        stdin = "\n" + payload
+    done = subprocess.run([str(wrapper)], input=stdin, capture_output=True, text=True, check=False, timeout=60, env=env)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    if case == "edited on the host":
+        assert done.returncode == 1
+        assert f"policy: {host_policy} has digest sha256:" in lines[0]
+        assert f"not the infra repository's policies/infra.yaml at the dispatching commit ({stdin.splitlines()[0]})" \
+            in lines[0]
+    elif case == "under sudo without":
+        assert done.returncode == 2 and "invalid --policy-digest: is required under sudo" in lines[0]
+    else:
+        assert done.returncode == 2 and "invalid --policy-digest:" in lines[0]
+    assert not (home / "infra" / "queue.sqlite3").exists()  # nothing queued
+    # The same file as the repository's is accepted.
+    host_policy.write_bytes(repository_policy.read_bytes())
+    env.pop("SUDO_UID", None)
+    done = subprocess.run([str(wrapper)], input=_stdin(payload), capture_output=True, text=True, check=False,
+                          timeout=60, env=env)
+    assert done.returncode == 0 and json.loads(done.stdout)["created"] is True, done.stderr
 
 
 def test_status_wrapper_reads_one_run_id_from_stdin(tmp_path: Path, make_payload) -> None:  # type: ignore[no-untyped-def]
@@ -138,7 +194,8 @@ def test_status_wrapper_reads_one_run_id_from_stdin(tmp_path: Path, make_payload
         path.write_text(_local((DEPLOY / name).read_text()).replace("/var/lib/benchseal", str(home)))
         path.chmod(0o755)
     payload = json.dumps(make_payload(correlation_id="deploy-status-0001"))
-    accepted = subprocess.run([str(accept)], input=payload, capture_output=True, text=True, check=False, timeout=60)
+    accepted = subprocess.run([str(accept)], input=_stdin(payload), capture_output=True, text=True, check=False,
+                              timeout=60)
     assert accepted.returncode == 0, accepted.stderr
     run_id = json.loads(accepted.stdout)["run_id"]
     shown = subprocess.run([str(status)], input=run_id + "\n", capture_output=True, text=True, check=False, timeout=60)
@@ -187,8 +244,8 @@ def _wrappers(tmp: Path, home: Path, *names: str) -> dict[str, Path]:
 
 def _accepted(wrappers: dict[str, Path], payload: dict[str, Any]) -> str:
     """The run id the accept wrapper gives ``payload``."""
-    accepted = subprocess.run([str(wrappers["benchseal-accept"])], input=json.dumps(payload), capture_output=True,
-                              text=True, check=False, timeout=60)
+    accepted = subprocess.run([str(wrappers["benchseal-accept"])], input=_stdin(json.dumps(payload)),
+                              capture_output=True, text=True, check=False, timeout=60)
     assert accepted.returncode == 0, accepted.stderr
     return str(json.loads(accepted.stdout)["run_id"])
 

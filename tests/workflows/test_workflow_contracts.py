@@ -435,7 +435,10 @@ def test_benchmark_hands_the_payload_to_infra_accept_from_a_file() -> None:
     [infra] = [s["with"] for s in steps(accept) if s.get("with", {}).get("path") == "infra"]
     assert "repository" not in infra, "the policy is the infra repository's own (the caller's)"
     # The queue is the benchseal user's: only the sudo-admitted wrappers reach it.
-    assert 'sudo -n -u benchseal /usr/local/libexec/benchseal-accept < "$RUNNER_TEMP/payload.json"' in enqueue["run"]
+    # Its first line is the digest of the checked-out policy (one home: the host refuses another file).
+    assert 'policy_digest="sha256:$(sha256sum infra/policies/infra.yaml | cut -d\' \' -f1)"' in enqueue["run"]
+    assert ('{ printf \'%s\\n\' "$policy_digest"; cat "$RUNNER_TEMP/payload.json"; } \\\n'
+            '  | sudo -n -u benchseal /usr/local/libexec/benchseal-accept > "$RUNNER_TEMP/accept.json"') in enqueue["run"]
     wait = load("benchmark.yml")["jobs"]["wait"]
     assert needs(wait) == ["accept"]
     [poll] = [s for s in steps(wait) if "INFRA_RUN_ID" in (s.get("env") or {})]
