@@ -117,9 +117,10 @@ def read_plan(run_dir: Path) -> TrialsPlan | None:
 
 
 def grade_trial(result_path: Path, task: str, trial_name: str, agent: str, runner: RunnerInfo, harbor_version: str | None,
-                *, canary: bool = False) -> TrialRecord:
+                *, canary: bool = False, task_image: str | None = None) -> TrialRecord:
     base: dict[str, Any] = {"task": task, "trial_name": trial_name, "agent_name": agent,
-                            "runner_digest": runner.digest, "harbor_version": harbor_version, "canary": canary}
+                            "runner_digest": runner.digest, "harbor_version": harbor_version, "canary": canary,
+                            "task_image": task_image}
     try:
         raw: bytes | None = result_path.read_bytes()
     except FileNotFoundError:

@@ -99,6 +99,7 @@ from pipeline.infra.worker.images import (
     resolve_base_ref,
     sandbox_image,
 )
+from pipeline.infra.worker.task_images import load_task_images
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
 from pipeline.runner.plan import discover_tasks, plan_trials, suite_grading, task_grading
 
@@ -476,6 +477,9 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
     # A planned task that is not in the staged copy is refused here (render_suite): never run.
     render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id)
     if config.prebuild_task_images:
+    # Prebuilt task images: pulled by digest, checked, moved into the sandbox by id (pipeline.infra.worker.task_images).
+    recorder.task_images = {task: loaded.ref.ref for task, loaded in load_task_images(
+        client, sandboxed, out / "suite", {t: r for t, r in staged.task_images.items() if t in recorder.tasks}).items()}
         prebuild_task_images(sandboxed, out / "suite")
     # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's.
     sandbox.grant(out)
@@ -499,6 +503,12 @@ class _BatchRecorder:
     # The content digest of the dataset copy the batch's tasks were rendered from (pipeline.infra.worker.dataset).
     dataset_digest: str | None = None
 
+    # {task: name@sha256} of the batch's tasks that ran on a prebuilt image (recorded with each trial).
+    task_images: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tasks(self) -> set[str]:
+        return {t.task for t in self.batch.trials}
     def handed_run(self) -> RunRecord | None:
         return self.handed[0] if self.handed else None
 
@@ -513,7 +523,8 @@ class _BatchRecorder:
             if trial.idx in self.recorded or not (final or _finished(path)):
                 continue
             graded = grade_trial(path, trial.task, trial.trial_name, agent, runner,
-                                 plan.harbor_version if plan else None, canary=trial.task in self.canaries)
+                                 plan.harbor_version if plan else None, canary=trial.task in self.canaries,
+                                 task_image=self.task_images.get(trial.task))
             todo[trial.idx] = RecordedTrial(
                 trial=graded, failure=failure if final else None, agent_version=plan.agent_version if plan else None,
                 model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(self.out),

@@ -1,0 +1,79 @@
+"""A second dataset in Harbor's format (issue 36.3), Terminal-Bench style: two tasks that name a prebuilt
+image by digest (tests/datasets/data/tb-mini). The image is built here from the tasks' own
+environment/Dockerfile on benchseal's base, pushed to the local registry and removed from the engine;
+the worker stages the dataset by its content digest, pulls the image by that digest, checks it, moves
+it into the sandbox by id and runs the oracle on it through a real runner: 1.0, each trial recording
+the image it ran on. The tasks' data file exists only in that image."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+import yaml
+
+from pipeline.core.contracts import DigestsFile
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.paths import REPO_ROOT
+from pipeline.imaging.base import ensure_local
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.worker.loop import WorkerConfig, run_once
+from tests.fixtures.datasets import pinned
+from tests.fixtures.infra import built_images_source
+from tests.fixtures.tb_mini import TASKS, TEMPLATE, write_tb_mini
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+
+def _push_task_image(registry: str, base: ImageRef) -> ImageRef:
+    """The tasks' image, built from their Dockerfile on the base, pushed, and then removed from the engine so
+    the worker has to pull it by digest."""
+    ensure_local(base)
+    client = docker.from_env(timeout=600)
+    repository, tag = f"{registry}/benchseal-tests/tb-mini", f"t{uuid.uuid4().hex[:12]}"
+    try:
+        image, _ = client.images.build(path=str(TEMPLATE / "count-lines" / "environment"), buildargs={"BASE": base.ref},
+                                       tag=f"{repository}:{tag}", rm=True, pull=False)
+        for chunk in client.api.push(repository, tag=tag, stream=True, decode=True):
+            assert "error" not in chunk, chunk
+        image.reload()
+        pushed = [d for d in image.attrs.get("RepoDigests") or [] if d.partition("@")[0] == repository]
+        assert len(pushed) == 1, image.attrs.get("RepoDigests")
+        client.images.remove(image.id, force=True)
+    finally:
+        client.close()
+    return parse_ref(pushed[0], "pushed task image")
+
+
+def test_a_terminal_bench_style_dataset_runs_on_its_images_pulled_by_digest(
+        tmp_path: Path, built_images: DigestsFile, sign_release_images: Any, base_refs: dict[str, ImageRef],
+        image_registry: str) -> None:
+    image = _push_task_image(image_registry, base_refs["base"])
+    suites = tmp_path / "suites"
+    write_tb_mini(suites / "tb", image.ref)
+    runner, api = built_images.images["runner"], built_images.images["api"]
+    trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data["sources"] = [built_images_source("acme/benchseal", built_images)]
+    data["suites"] = {"tb": {"dataset": pinned(suites, "tb"), "timeout_seconds": 300, "trial_concurrency": 2,
+                             "task_image_registries": [image.registry]}}
+    (tmp_path / "infra.yaml").write_text(yaml.safe_dump(data))
+    policy = load_policy(tmp_path / "infra.yaml")
+    db = tmp_path / "queue.sqlite3"
+    accepted = accept_payload({
+        "schema": "benchseal.dispatch/v1", "correlation_id": f"tb-mini-{uuid.uuid4().hex[:12]}",
+        "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
+                   "tag": "v9.9.9"},
+        "runner": runner.ref, "api": api.ref, "suite": "tb", "agent": "oracle"}, db=db, policy=policy)
+    outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=suites, image_trust=trust))
+    assert outcome is not None and outcome.run_id == accepted.run_id
+    assert outcome.state == "SUCCEEDED", outcome.reason
+    grading = outcome.grading
+    assert grading is not None and grading.score == 1.0 and grading.counts.resolved == len(TASKS)
+    assert grading.dataset_digest == policy.suites["tb"].dataset.digest
+    assert sorted(t.task for t in grading.trials) == list(TASKS)
+    assert {t.task_image for t in grading.trials} == {image.ref}  # the evidence names the image by digest
