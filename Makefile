@@ -10,7 +10,12 @@ BENCHSEAL := $(VENV)/bin/benchseal
 # is Harbor's model-backed agent. Model-backed agents run against the scripted model
 # (MODEL_SCRIPT=right scores 1.0, wrong scores 0; MODEL_SCRIPT= uses $$BENCHSEAL_AGENT_API_KEY
 # and the policy's endpoint as they are).
-AGENT ?= hello-agent
+# SUITE: a suite of policies/infra.yaml (default smoke). SUITE=humaneval runs HumanEval's 164 tasks (imported into
+# suites/humaneval by make setup) with the oracle unless AGENT says otherwise (AGENT=nop scores 0), each agent
+# under a tag of its own.
+SUITE ?= smoke
+AGENT_humaneval := oracle
+AGENT ?= $(or $(AGENT_$(SUITE)),hello-agent)
 MODEL_SCRIPT ?= right
 MODEL_AGENTS := terminus-2 hello-agent qwen-code
 PROJECT_hello-agent := examples/hello-agent/benchseal.toml
@@ -21,7 +26,9 @@ TAG_qwen-code := v0.24.4
 # scoring (a tag is released once), so AGENT=nop after AGENT=oracle is compared with oracle's release.
 TAG_nop := v0.0.1-demo
 PROJECT ?= $(PROJECT_$(AGENT))
-TAG ?= $(or $(TAG_$(AGENT)),v0.0.0-demo)
+TAG_humaneval_oracle := v0.0.2-humaneval
+TAG_humaneval_nop := v0.0.3-humaneval
+TAG ?= $(or $(TAG_$(SUITE)_$(AGENT)),$(TAG_$(AGENT)),v0.0.0-demo)
 
 .PHONY: setup demo test lint bench mutate clean-state
 
@@ -29,7 +36,7 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(BENCHSEAL) release $(TAG) --local --agent $(AGENT) $(if $(PROJECT),--project $(PROJECT)) \
+	$(BENCHSEAL) release $(TAG) --local --suite $(SUITE) --agent $(AGENT) $(if $(PROJECT),--project $(PROJECT)) \
 	  $(if $(and $(filter $(MODEL_AGENTS),$(AGENT)),$(MODEL_SCRIPT)),--scripted-model $(MODEL_SCRIPT))
 
 # pytest exits 5 when it collected no test: that is a failure here, not a pass.

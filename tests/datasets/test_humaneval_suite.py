@@ -5,6 +5,7 @@ any machine, whatever the importing process's umask."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 from pipeline.core.datasets import dataset_digest
@@ -29,3 +30,16 @@ def test_setup_leaves_the_pinned_bytes_in_the_suites_root() -> None:
     pinned = load_policy().suites["humaneval"].dataset
     assert dataset_digest(REPO_ROOT / "suites" / pinned.path) == pinned.digest
     assert "/suites/humaneval/" in (REPO_ROOT / ".gitignore").read_text(encoding="utf-8").splitlines()
+
+
+def test_make_demo_suite_humaneval_releases_the_oracle_and_nop_under_tags_of_their_own() -> None:
+    """`make demo SUITE=humaneval` (the Makefile's demo target, expanded with -n: nothing runs)."""
+    def line(*args: str) -> str:
+        done = subprocess.run(["make", "-n", "demo", "BENCHSEAL=benchseal", *args], cwd=REPO_ROOT,
+                              capture_output=True, text=True, check=True)
+        return " ".join(next(x for x in done.stdout.splitlines() if x.startswith("benchseal release")).split())
+    assert line("SUITE=humaneval") == "benchseal release v0.0.2-humaneval --local --suite humaneval --agent oracle \\"
+    assert line("SUITE=humaneval", "AGENT=nop") == ("benchseal release v0.0.3-humaneval --local --suite humaneval "
+                                                   "--agent nop \\")
+    # Plain `make demo` is unchanged: the example adopter's agent on smoke.
+    assert line().startswith("benchseal release v0.1.0 --local --suite smoke --agent hello-agent --project ")
