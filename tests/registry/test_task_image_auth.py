@@ -6,6 +6,7 @@ by id and points the rendered task at that id. Without the credentials: one line
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import docker
 import docker.errors
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.docker
 
 
 def test_a_task_image_is_pulled_with_registry_credentials_and_checked(
-        tmp_path: Path, htpasswd_registry: AuthRegistry, docker_login) -> None:  # type: ignore[no-untyped-def]
+        tmp_path: Path, htpasswd_registry: AuthRegistry, docker_login: Any) -> None:
     docker_login(htpasswd_registry.address, "alice", htpasswd_registry.users["alice"])
     image = tiny_image()
     ref = ImageRef(f"{htpasswd_registry.address}/tasks/tb", push_tiny(Registry(htpasswd_registry.address),
