@@ -31,7 +31,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 from typer.core import TyperCommand
 
-from pipeline.core.contracts import validate_correlation
+from pipeline.core.contracts import parse_subset, validate_correlation
 from pipeline.core.errors import CLI_ERROR_PREFIX, Error, InfrastructureError, UsageError, escape_text
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.dispatch.merge import merge_digests as merge
@@ -94,6 +94,8 @@ def dispatch(
     source_repo: str | None = typer.Option(
         None, "--source-repo", help="OWNER/NAME of the source (default: the digests file's source.repository)."),
     suite: str = typer.Option("smoke", "--suite", help="Benchmark suite name."),
+    tasks: str = typer.Option("", "--tasks", help="A subset of the suite's tasks, comma-separated (default: every "
+                              "task); the infra refuses a name its dataset lacks."),
     agent: str | None = typer.Option(
         None, "--agent", help="Agent name (default: the release's own agent the runner carries, else oracle)."),
     poll_attempts: int = typer.Option(30, "--poll-attempts", min=1, help="Polls before giving up finding the run."),
@@ -119,7 +121,8 @@ def dispatch(
         loaded = load_digests(digests)
         if agent is None:
             agent = loaded.agent.name if loaded.agent is not None else "oracle"
-        payload = build_payload(loaded, correlation_id=cid, tag=tag, repository=source_repo, suite=suite, agent=agent)
+        payload = build_payload(loaded, correlation_id=cid, tag=tag, repository=source_repo, suite=suite, agent=agent,
+                                tasks=parse_subset(tasks))
         result = dispatch_and_wait(
             make_client(), repo, payload, workflow_file=workflow_file, workflow_dispatch=workflow_dispatch,
             event_type=event_type, timeout_s=timeout, poll=PollConfig(attempts=poll_attempts, interval_s=poll_interval),

@@ -19,6 +19,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from pipeline.core.contracts import parse_subset
 from pipeline.core.errors import CLI_ERROR_PREFIX, UsageError, escape_text
 from pipeline.core.project import PROJECT_FILE, load_project
 from pipeline.imaging.names import resolve_image_names
@@ -35,6 +36,8 @@ def release(
     policy: Annotated[Path | None, typer.Option("--policy", help="Infra policy that admits the images "
                                                 "(default policies/infra.yaml).")] = None,
     suite: str = typer.Option("smoke", "--suite"),
+    tasks: str = typer.Option("", "--tasks", help="A subset of the suite's tasks, comma-separated (default: every "
+                              "task): only these run; summary.json records the subset and the history keeps it apart."),
     agent: str | None = typer.Option(None, "--agent", help="The agent to score (default: the project's agent "
                                      "with --project, else oracle)."),
     project: Annotated[Path | None, typer.Option("--project", help="The source project's benchseal.toml: its agent, "
@@ -78,6 +81,7 @@ def release(
         scripted_model=scripted_model,
         project=project,
         repository=repository,
+        tasks=parse_subset(tasks),
     )
     if as_json:
         typer.echo(json.dumps(report.to_json_dict(), indent=2, sort_keys=True))

@@ -309,6 +309,36 @@ class PayloadSource(_Frozen):
     tag: GitTag
 
 
+# A task of a run's subset: a task directory's name (pipeline.runner.plan.TASK_NAME_RE), at most this many.
+SubsetTask = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")]
+MAX_SUBSET_TASKS = 1000
+
+
+def _subset(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """A run's task subset in its one spelling: sorted, each name once; empty is None (the whole suite), so
+    neither order nor an empty list ever makes a history key of its own."""
+    if not value:
+        return None
+    twice = sorted({name for name in value if value.count(name) > 1})
+    if twice:
+        raise ValueError(f"names task {twice[0]!r} twice")
+    return tuple(sorted(value))
+
+
+def parse_subset(text: str | None, field: str = "--tasks") -> tuple[str, ...] | None:
+    """A comma-separated task list as the CLI and the workflows take it (``a,b``; empty: the whole suite)."""
+    names = tuple(name.strip() for name in (text or "").split(",") if name.strip())
+    for name in names:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", name):
+            raise ValidationError(field, "each task must be a task directory name ([a-z0-9][a-z0-9_-]{0,63})", name)
+    if len(names) > MAX_SUBSET_TASKS:
+        raise ValidationError(field, f"names at most {MAX_SUBSET_TASKS} tasks", len(names))
+    try:
+        return _subset(names)
+    except ValueError as exc:
+        raise ValidationError(field, str(exc)) from None
+
+
 class DispatchPayload(_Frozen):
     """``benchseal.dispatch/v1``: the ``client_payload`` / workflow inputs sent to infra.
 
@@ -322,6 +352,10 @@ class DispatchPayload(_Frozen):
     api: PinnedRef
     suite: str = Field(default="smoke", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     agent: str = Field(default="oracle", pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    # A subset of the suite's tasks (their directory names): the run plans only these; absent (or empty) means
+    # every task. The worker refuses a name its staged dataset lacks (pipeline.runner.plan.select_tasks).
+    tasks: Annotated[tuple[SubsetTask, ...] | None, AfterValidator(_subset)] = Field(default=None,
+                                                                                    max_length=MAX_SUBSET_TASKS)
     # The release's agent as the build resolved it (absent for calibration agents such as oracle):
     # infra admits it by repository, name and kind, and the worker compares it with what the runner carries.
     agent_artifact: AgentArtifact | None = None
@@ -546,6 +580,8 @@ class Grading(_Frozen):
     # The content digest of the dataset every trial ran from (pipeline.core.datasets); None when no trial
     # ran from a staged dataset (a run refused or failed before any batch).
     dataset_digest: Digest | None = None
+    # The payload's subset of the dataset's tasks (None: every task), recorded in summary.json and the history key.
+    subset: tuple[str, ...] | None = None
     runner_ref: PinnedRef
     api_ref: PinnedRef
     started_at: str

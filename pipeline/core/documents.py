@@ -80,6 +80,10 @@ class _Document(BaseModel):
 
 # --- summary.json -------------------------------------------------------------------------
 
+# A run's task subset as documents record it (pipeline.core.contracts.DispatchPayload.tasks): sorted names.
+TaskSubset = tuple[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")], ...]
+
+
 class Dataset(_Document):
     name: str
     # The content digest of the dataset the run's trials ran from (pipeline.core.datasets: the staged copy the
@@ -87,6 +91,8 @@ class Dataset(_Document):
     digest: Digest | None = None
     # Summaries sealed before datasets were pinned: sha256 over the suite directory's files (read, never written).
     revision: str | None = None
+    # The run's subset of the dataset's tasks (the payload's ``tasks``, sorted); absent: every task ran.
+    subset: TaskSubset | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @property
     def pinned(self) -> str | None:
@@ -218,6 +224,8 @@ class PreviousRelease(_Document):
     # Its dataset's content digest: a comparison is only ever with a release of the same dataset
     # (pipeline.core.history.check_comparison). None: recorded before datasets were pinned.
     dataset_digest: Sha256Hex | None = None
+    # Its task subset (None: the whole suite): a subset run compares only with runs of the same subset.
+    subset: TaskSubset | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TaskChange(_Document):
@@ -260,12 +268,15 @@ class HistoryEntry(_Document):
     # The dataset's content digest (summary.json's dataset.digest): part of the history key, so two datasets
     # never compare as one (pipeline.core.history.baseline). None: recorded before datasets were pinned.
     dataset_digest: Sha256Hex | None = None
+    # The run's task subset (summary.json's dataset.subset; None: every task): part of the history key too.
+    subset: TaskSubset | None = Field(default=None, exclude_if=lambda v: v is None)
 
     def as_previous(self) -> PreviousRelease:
         if self.summary_digest is None:
             raise ValueError(f"release {self.tag} (run {self.run_id}) was never sealed: no summary digest")
         return PreviousRelease(tag=self.tag, run_id=self.run_id, commit=self.commit, summary_digest=self.summary_digest,
-                               score=self.score, tasks=self.tasks, dataset_digest=self.dataset_digest)
+                               score=self.score, tasks=self.tasks, dataset_digest=self.dataset_digest,
+                               subset=self.subset)
 
 
 class ReleaseSummary(_Document):

@@ -76,7 +76,8 @@ def tag_refusal(*, repository: str, tag: str, commit: str, released_tag: str, re
 ANY_DATASET = "any"  # baseline's default: not a digest, so no entry's dataset is excluded
 
 
-def baseline(history: Sequence[HistoryEntry], tag: str, *, dataset_digest: str | None = ANY_DATASET) -> HistoryEntry | None:
+def baseline(history: Sequence[HistoryEntry], tag: str, *, dataset_digest: str | None = ANY_DATASET,
+             subset: tuple[str, ...] | str | None = ANY_DATASET) -> HistoryEntry | None:
     """The entry a release of ``tag`` is compared with, from its repository and suite's ``history``
     (oldest first): among the tags recorded before ``tag``'s first entry, newest first, the first whose
     standing entry (its latest) was sealed and not gated. A gated or superseded entry, and ``tag``
@@ -84,12 +85,16 @@ def baseline(history: Sequence[HistoryEntry], tag: str, *, dataset_digest: str |
 
     With ``dataset_digest`` (the release's dataset content digest) only entries of that same dataset
     count: the dataset is part of the history key, and two datasets never compare as one (an entry
-    recorded before datasets were pinned, with no digest, matches only a release without one)."""
+    recorded before datasets were pinned, with no digest, matches only a release without one). With
+    ``subset`` (the release's task subset, None for the whole suite) likewise: a subset run is compared only
+    with runs of exactly that subset, a full-suite run only with full-suite runs."""
     key = tag_key(tag)
     first = next((index for index, entry in enumerate(history) if tag_key(entry.tag) == key), len(history))
     standing: dict[str, HistoryEntry] = {}  # insertion order: each tag's first entry; the value: its latest
     for entry in history[:first]:
         if dataset_digest != ANY_DATASET and entry.dataset_digest != dataset_digest:
+            continue
+        if subset != ANY_DATASET and entry.subset != subset:
             continue
         standing[tag_key(entry.tag)] = entry
     for entry in reversed(standing.values()):
@@ -164,26 +169,36 @@ def check_graded_comparison(comparison: Comparison, grading: Grading, where: str
     """``check_comparison`` for a graded run (the seal job's and the worker's finalizer's check)."""
     interval, tasks = grading_noise(grading)
     check_comparison(comparison, score=grading.score, interval=interval, tasks=tasks, where=where,
-                     dataset_digest=grading.dataset_digest)
+                     dataset_digest=grading.dataset_digest, subset=grading.subset)
 
 
 def check_comparison(comparison: Comparison, *, score: float | None, interval: ScoreInterval | None,
                      tasks: Mapping[str, TaskCounts] | None, where: str,
-                     dataset_digest: str | None = ANY_DATASET) -> None:
+                     dataset_digest: str | None = ANY_DATASET,
+                     subset: tuple[str, ...] | str | None = ANY_DATASET) -> None:
     """CheckFailed unless ``comparison`` is what ``compare`` gives for this release against the previous
     release and gate rules it names (the consumer's recomputation; the field that differs is named), and
-    (with ``dataset_digest``, the release's) the previous release ran the same dataset."""
+    (with ``dataset_digest`` and ``subset``, the release's) the previous release ran the same dataset and the
+    same subset of its tasks."""
     if score is None or tasks is None:
         raise CheckFailed(f"{where}: a comparison needs a scored release with per-task counts")
     previous = comparison.previous
     if dataset_digest != ANY_DATASET and previous is not None and previous.dataset_digest != dataset_digest:
         raise CheckFailed(f"{where}.previous.dataset_digest: says {previous.dataset_digest}, but this release ran "
                           f"{dataset_digest}: two datasets never compare as one")
+    if subset != ANY_DATASET and previous is not None and previous.subset != subset:
+        raise CheckFailed(f"{where}.previous.subset: says {_subset(previous.subset)}, but this release ran "
+                          f"{_subset(subset)}: a subset of the tasks never compares with another subset or the whole")
     expected = compare(score=score, interval=interval, tasks=tasks, previous=comparison.previous, gate=comparison.gate)
     for name in ("score_delta", "changed", "gated", "reasons"):
         claimed, actual = getattr(comparison, name), getattr(expected, name)
         if claimed != actual:
             raise CheckFailed(f"{where}.{name}: says {_shown(claimed)}, but the release's own scores give {_shown(actual)}")
+
+
+def _subset(subset: object) -> str:
+    return "the whole suite" if subset is None else "tasks " + ",".join(map(str, subset)) if isinstance(
+        subset, tuple) else str(subset)
 
 
 def _shown(value: object) -> str:

@@ -110,8 +110,10 @@ def build_payload(
     repository: str | None = None,
     suite: str = "smoke",
     agent: str = "oracle",
+    tasks: tuple[str, ...] | None = None,
 ) -> DispatchPayload:
-    """The payload: the digests file's refs only (each re-validated) plus source commit, tag, correlation."""
+    """The payload: the digests file's refs only (each re-validated) plus source commit, tag, correlation
+    (and ``tasks``, a subset of the suite's tasks; None: every task)."""
     refs: dict[str, str] = {}
     for role in ("runner", "api"):
         entry = digests.images.get(role)
@@ -130,6 +132,8 @@ def build_payload(
         "suite": suite,
         "agent": agent,
     }
+    if tasks:
+        data["tasks"] = list(tasks)
     if digests.agent is not None and digests.agent.name == agent:
         # The release's own agent: named with what the build checked (calibration agents carry none).
         data["agent_artifact"] = digests.agent.model_dump(mode="json")

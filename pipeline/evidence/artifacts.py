@@ -55,7 +55,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
     return ReleaseSummary(
         suite=grading.suite,
         # The digest the worker staged and verified for every trial (never a hash of whatever directory is here now).
-        dataset=Dataset(name=grading.suite, digest=grading.dataset_digest),
+        dataset=Dataset(name=grading.suite, digest=grading.dataset_digest, subset=grading.subset),
         evaluation_method=EVALUATION_METHOD,
         status=grading.status,
         reason=grading.reason,

@@ -89,6 +89,7 @@ from pipeline.local.stages import StageClock
 from pipeline.publish.outbox import publish_request
 from pipeline.publish.seal import Sealed, seal_run
 from pipeline.publish.targets import LocalTarget, PublishError
+from pipeline.runner.plan import discover_tasks, select_tasks
 from pipeline.verify.external import builder_image_identity, cosign_commands, image_command_lines, local_benchseal
 from pipeline.verify.gh import gh_commands, gh_path
 from pipeline.verify.policy import BENCHMARK_WORKFLOW, RELEASE_WORKFLOW, Builder
@@ -273,6 +274,7 @@ def release_local(
     policy: Path | None = None,
     project: Path | None = None,
     repository: str | None = None,
+    tasks: tuple[str, ...] | None = None,
 ) -> ReleaseReport:
     """``names``: the image names (default: the configured ones, pipeline.imaging.names, whose
     local default is 127.0.0.1:5055/benchseal/); ``policy``: the infra policy that must admit
@@ -305,12 +307,15 @@ def release_local(
                 _say(console, f"Local infra policy ({admission.base} + {repository}): added {line}")
         check_npm_resolvable(project_file, tag)
     check_admitted(infra_policy, repository, origin, agent, suite, field, policy_file)
+    if tasks:
+        # The worker refuses a subset its staged dataset lacks a task of; here it is refused before anything is built.
+        select_tasks(discover_tasks(REPO_ROOT / "suites" / infra_policy.dataset(suite, "--suite").path), tasks, "--tasks")
     for role in ("runner", "api"):
         infra_policy.check_name(role, resolved.name(role), f"{resolved.origin} ({role} image)", repository=repository)
     # Checked before anything is built: a model-backed agent needs its key (or the scripted model, asked for).
     with scripted_model_for(agent, suite, scripted_model, infra_policy):
         return _release_local(tag, names=resolved, dist=dist, suite=suite, agent=agent, console=console,
-                              policy=infra_policy, project=project, repository=repository,
+                              policy=infra_policy, project=project, repository=repository, tasks=tasks,
                               admission=admission)
 
 
@@ -331,6 +336,7 @@ def _release_local(
     policy: InfraPolicy,
     project: Path | None = None,
     repository: str | None = None,
+    tasks: tuple[str, ...] | None = None,
     admission: LocalAdmission | None = None,
 ) -> ReleaseReport:
     dist = dist or REPO_ROOT / "dist" / "releases"
@@ -349,7 +355,8 @@ def _release_local(
         # The dispatch stage's payload builder: the same refs, re-validated, as a workflow sends.
         # A new correlation id per invocation: a re-run benchmarks again instead of being
         # folded into the earlier run by accept's idempotency key.
-        payload = build_payload(built.digests, correlation_id=new_correlation_id(), tag=tag, suite=suite, agent=agent)
+        payload = build_payload(built.digests, correlation_id=new_correlation_id(), tag=tag, suite=suite, agent=agent,
+                                tasks=tasks)
         source = payload.source.model_dump()
         with clock.stage("dispatch", "Dispatching to infra accept"):
             accepted = accept_payload(payload.to_json_dict(), policy=policy)

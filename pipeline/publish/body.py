@@ -91,7 +91,8 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
     return SectionFacts(
         tag=tag,
         status=summary.status,
-        suite=summary.suite,
+        # A subset run says so where the suite is named: its score is not the whole suite's.
+        suite=summary.suite + (f" (a subset: {len(summary.dataset.subset)} tasks)" if summary.dataset.subset else ""),
         dataset=f"{summary.dataset.name}@{revision}" if revision else summary.dataset.name,
         evaluation=summary.evaluation_method,
         total=summary.counts.total,

@@ -44,6 +44,19 @@ def discover_tasks(suite_dir: Path) -> list[str]:
     return tasks
 
 
+def select_tasks(tasks: list[str], subset: tuple[str, ...] | None, field: str = "payload.tasks") -> list[str]:
+    """The tasks a run plans: every one of ``tasks`` (the staged dataset's), or only those ``subset`` names
+    (the payload's ``tasks``); a name the dataset does not hold is refused naming it, before anything runs."""
+    if not subset:
+        return tasks
+    held = set(tasks)
+    for name in subset:
+        if name not in held:
+            raise ValidationError(field, "is not a task of the suite's dataset (its task directories)", name)
+    wanted = set(subset)
+    return [task for task in tasks if task in wanted]
+
+
 def plan_trials(run_id: str, tasks: list[str], attempts: int = 1) -> list[TrialSpec]:
     """``attempts`` trials of each task, task by task (``contracts.trial_name``: with one attempt the
     names are ``<task>__<short>`` as they always were; with n > 1, ``<task>__a<k>of<n>__<short>``)."""

@@ -465,7 +465,7 @@ def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
                 raise CheckFailed(f"{SUMMARY} comparison: present for a {summary.status} run; only a scored run is "
                                   "compared")
             check_comparison(summary.comparison, score=summary.score, interval=summary.interval, tasks=summary.tasks,
-                             dataset_digest=summary.dataset.digest,
+                             dataset_digest=summary.dataset.digest, subset=summary.dataset.subset,
                              where=f"{SUMMARY} comparison")
     except CheckFailed as exc:
         raise ClaimNotSupported(str(exc), subject=SUMMARY) from None

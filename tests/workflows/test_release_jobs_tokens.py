@@ -153,10 +153,16 @@ class World:
         self.claims.append(dict(claims))
         return _unsigned_token(audience, claims)
 
-    def run(self, event: str, tmp_path: Path, dispatch_token: str, strip: str | None = None) -> RunResult:
+    def run(self, event: str, tmp_path: Path, dispatch_token: str, strip: str | None = None,
+            extra_with: Mapping[str, str] | None = None) -> RunResult:
         pinned = _after_the_build(self.benchseal, self.commit, tmp_path, strip)
         caller = tmp_path / "release.yml"
-        caller.write_text(CALLER.read_text().replace("BENCHSEAL_COMMIT", pinned))
+        text = CALLER.read_text().replace("BENCHSEAL_COMMIT", pinned)
+        if extra_with:  # more inputs of release.yml, as a caller passes them (under its `with:`)
+            anchor = "    with:\n"
+            assert text.count(anchor) == 1
+            text = text.replace(anchor, anchor + "".join(f"      {k}: {json.dumps(v)}\n" for k, v in extra_with.items()))
+        caller.write_text(text)
         if event == "push":
             trigger = Trigger("push", SOURCE, self.commit, f"refs/tags/{TAG}")
         else:
@@ -247,6 +253,19 @@ def test_each_job_runs_on_its_own_permissions_and_dispatch_needs_only_actions_wr
     [check] = emu.repo(SOURCE).check_runs.values()
     assert (check.name, check.head_sha, check.conclusion) == ("benchseal/benchmark", world.commit, "success")
     assert f"infra run {outputs['run_url']}" in run.summary
+    assert (payload["suite"], "tasks" in payload) == ("smoke", False)  # the inputs' defaults: every task of smoke
+
+
+def test_the_caller_names_the_suite_and_a_subset_of_its_tasks_and_the_payload_carries_them(
+        world: World, tmp_path: Path) -> None:
+    """release.yml's ``suite`` and ``tasks`` inputs reach the dispatched payload (the infra admits the suite by its
+    policy and the tasks by its staged dataset: tests/infra/test_subset.py); the subset in its one spelling."""
+    run = world.run("push", tmp_path, world.emulator.add_token([INFRA], {"actions": "write"}),
+                    extra_with={"suite": "humaneval", "tasks": "humaneval-32, humaneval-0"})
+    assert run.conclusion == "success", _explain(world, run)
+    [event] = world.events
+    payload = event.benchseal_payload()
+    assert payload is not None and (payload["suite"], payload["tasks"]) == ("humaneval", ["humaneval-0", "humaneval-32"])
 
 
 def test_a_dispatch_token_without_actions_write_is_refused_and_nothing_is_promoted(

@@ -24,9 +24,10 @@ def scored_release(queue: Queue, record: RunRecord, grading: Grading, policy: In
     # The same functions summary.json's interval and tasks come from, so the seal job and verify
     # recompute the comparison from the summary alone.
     interval, tasks = grading_noise(grading)
-    # The history key is (repository, suite, dataset digest): a release is never compared with one on other tasks.
+    # The history key is (repository, suite, dataset digest, task subset): a release is never compared with one on
+    # other tasks.
     previous = baseline(queue.history(source.repository, grading.suite), source.tag,
-                        dataset_digest=grading.dataset_digest)
+                        dataset_digest=grading.dataset_digest, subset=grading.subset)
     suite = policy.suites.get(grading.suite)
     comparison = compare(score=grading.score, interval=interval, tasks=tasks,
                          previous=previous.as_previous() if previous is not None else None,
@@ -34,5 +35,5 @@ def scored_release(queue: Queue, record: RunRecord, grading: Grading, policy: In
     entry = HistoryEntry(repository=source.repository, suite=grading.suite, tag=source.tag, run_id=record.run_id,
                          commit=source.commit, score=grading.score, interval=interval, tasks=tasks,
                          gated=comparison.gated, finished_at=datetime.fromisoformat(grading.finished_at),
-                         dataset_digest=grading.dataset_digest)
+                         dataset_digest=grading.dataset_digest, subset=grading.subset)
     return ScoredRelease(entry=entry, comparison=comparison)

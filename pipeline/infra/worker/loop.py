@@ -101,7 +101,7 @@ from pipeline.infra.worker.images import (
 )
 from pipeline.infra.worker.task_images import load_task_images
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
-from pipeline.runner.plan import discover_tasks, plan_trials, suite_grading, task_grading
+from pipeline.runner.plan import discover_tasks, plan_trials, select_tasks, suite_grading, task_grading
 
 # What callers and tests import from here: the worker's names from before it was split into
 # config.py, images.py, containers.py and finalize.py.
@@ -312,7 +312,7 @@ def _plan(
         check_runner_agent(client, runner_ref, payload)  # the release's agent, as the payload and policy name it
         # The run's tasks are the staged, re-hashed copy's: nothing the pinned digest does not cover is planned.
         staged = stage_dataset(policy, payload.suite, config.suites_dir, run_dir)
-        tasks = discover_tasks(staged.path)
+        tasks = select_tasks(discover_tasks(staged.path), payload.tasks)  # the payload's subset, if it names one
         suite_grading(staged.path, tasks)  # every task graded by exit status; not only canaries (ValidationError)
         specs = plan_trials(run_id, tasks, policy.task_attempts(payload.suite))
     except ValidationError as exc:
