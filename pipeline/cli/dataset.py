@@ -1,4 +1,5 @@
-"""``benchseal dataset import|digest|verify``: Harbor-format datasets and their content digest."""
+"""``benchseal dataset import|digest|verify|images``: Harbor-format datasets, their content digest and the
+prebuilt task images they pin."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from pipeline.core.datasets import dataset_digest, verify_staged
+from pipeline.core.datasets import dataset_digest, dataset_entries, task_images, verify_staged
 from pipeline.core.errors import UsageError
 from pipeline.datasets import humaneval
 
@@ -47,6 +48,15 @@ def verify(
 ) -> None:
     """Re-hash a staged dataset; exit 1 unless it is exactly the pinned digest."""
     typer.echo(verify_staged(directory, expected))
+
+
+@dataset_app.command("images")
+def images(directory: Annotated[Path, typer.Argument(help="A Harbor-format dataset directory.")]) -> None:
+    """Print each task's prebuilt image (``<task> <registry>/<repository>@sha256:<hex>``), the registries a suite
+    must admit for it (``task_image_registries``); exit 2 naming the task when one is not pinned by digest."""
+    dataset_entries(directory)  # the dataset rules first (no link, special file or non-plain name; a task)
+    for task, ref in task_images(directory).items():
+        typer.echo(f"{task} {ref.ref}")
 
 
 def register(app: typer.Typer) -> None:

@@ -5,6 +5,8 @@ image's id. Everything here but the registry test runs without Docker."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -180,3 +182,19 @@ def test_a_digest_the_registry_does_not_have_is_an_infrastructure_error(tmp_path
     line = str(info.value)
     assert line.startswith("task count-lines: ") and "has no manifest" in line and ref.digest in line, line
     assert "\n" not in line
+
+
+def test_the_dataset_images_verb_lists_pinned_images_and_refuses_a_tag_in_one_line(tmp_path: Path) -> None:
+    """``benchseal dataset images``: what an operator admits in ``task_image_registries``, read with the same rule."""
+    root = write_tb_mini(tmp_path / "tb", IMAGE)
+    cli = [sys.executable, "-m", "pipeline", "dataset", "images"]
+    listed = subprocess.run([*cli, str(root)], capture_output=True, text=True, check=False, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == [f"{task} {IMAGE}" for task in TASKS]
+    toml = root / "reverse-lines" / "task.toml"
+    toml.write_text(toml.read_text().replace(IMAGE, f"{REGISTRY}/benchseal-tests/tb-mini:latest"))
+    refused = subprocess.run([*cli, str(root)], capture_output=True, text=True, check=False, timeout=60)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert "task reverse-lines: task.toml [environment] docker_image" in refused.stderr
+    assert "tags are not accepted" in refused.stderr
