@@ -30,6 +30,7 @@ from typing import Annotated, Any
 import typer
 
 from pipeline.core.contracts import COMMIT_RE
+from pipeline.core.doctor import setting_lines
 from pipeline.core.errors import UsageError, ValidationError
 from pipeline.core.fsutil import atomic_write_text
 from pipeline.core.paths import REPO_ROOT
@@ -278,14 +279,12 @@ def github_list(detected: Detected, repository: str | None, commit: str) -> list
     owner_name = repository or "OWNER/NAME"
     prefix = f"ghcr.io/{owner_name.lower()}-"
     return [
-        f"variable BENCHSEAL_INFRA_REPOSITORY = the infra repository that benchmarks {owner_name} (e.g. acme/bench-infra)",
-        f"variable BENCHSEAL_IMAGE_PREFIX = {prefix} (the images are {prefix}runner and {prefix}api)",
-        "secret BENCHSEAL_INFRA_DISPATCH_TOKEN = a fine-grained token for the infra repository only, "
-        "Actions: Read and write (docs/github.md step 5)",
+        *setting_lines("adopter", owner_name),  # the names doctor checks (one home)
         f"infra policy (the infra repository's policies/infra.yaml): sources entry {owner_name} with signer builder "
         f"benchseal/benchseal/.github/workflows/release.yml@{commit} and images {prefix}runner, {prefix}api; agents "
         f"entry {{name: {detected.name}, kind: {detected.kind}, package: {detected.package}, "
-        f"repositories: [{owner_name}]}} (docs/github.md step 7)",
+        f"repositories: [{owner_name}]}} (docs/github.md step 7; `benchseal init --infra --source {owner_name}` "
+        "in the infra repository writes both)",
         *detected.todo,
     ]
 
@@ -296,8 +295,21 @@ def init(
     force: bool = typer.Option(False, "--force", help="Overwrite benchseal.toml and the workflow if they exist."),
     commit: str | None = typer.Option(None, "--benchseal-commit", help="The 40-hex benchseal commit the workflow "
                                       "pins (default: the HEAD of the checkout this benchseal runs from)."),
+    infra: bool = typer.Option(False, "--infra", help="In the infra repository: write its benchmark.yml caller, "
+                               "policies/infra.yaml and suites/smoke instead (docs/github.md step 3)."),
+    source: Annotated[list[str] | None, typer.Option("--source", help="With --infra: an adopter repository "
+                      "OWNER/NAME the policy admits, with its agent (repeatable).")] = None,
+    source_dir: Annotated[list[Path] | None, typer.Option("--source-dir", help="With --infra: each --source's "
+                          "checkout, where its agent package is detected, in the same order.")] = None,
 ) -> None:
     """Write benchseal.toml and .github/workflows/benchseal.yml for this repository's agent; print what to set on GitHub."""
+    if infra or source or source_dir:
+        # lazy: pipeline.cli.init_infra imports this module (detect): a top-level import would be circular
+        from pipeline.cli.init_infra import init_infra
+
+        init_infra(directory, infra=infra, sources=source or [], source_dirs=source_dir or [], kind=kind, force=force,
+                   commit=benchseal_commit(commit))
+        return
     if kind is not None and kind not in ("python", "npm"):
         raise ValidationError("--kind", "must be python or npm", kind)
     directory = directory.resolve()

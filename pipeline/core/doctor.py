@@ -18,6 +18,42 @@ Side = Literal["adopter", "infra", "host"]
 Status = Literal["ok", "missing", "unknown", "skipped"]
 
 
+class Setting(BaseModel):
+    """A repository variable or secret the chain reads (docs/github.md step 6)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["variable", "secret"]
+    name: str
+    value: str  # what to set it to; {repository} and {prefix} (ghcr.io/<owner/name>-) filled in by `init`
+
+
+# One home for what each repository defines on GitHub: `benchseal init` prints it, `benchseal doctor`
+# checks it (names only: GitHub never returns a secret). The optional Sigstore overrides are for tests only.
+SETTINGS: dict[str, tuple[Setting, ...]] = {
+    "adopter": (
+        Setting(kind="variable", name="BENCHSEAL_INFRA_REPOSITORY",
+                value="the infra repository that benchmarks {repository} (e.g. acme/bench-infra)"),
+        Setting(kind="variable", name="BENCHSEAL_IMAGE_PREFIX",
+                value="{prefix} (the images are {prefix}runner and {prefix}api)"),
+        Setting(kind="secret", name="BENCHSEAL_INFRA_DISPATCH_TOKEN",
+                value="a fine-grained token for the infra repository only, Actions: Read and write "
+                      "(docs/github.md step 5)"),
+    ),
+    "infra": (
+        Setting(kind="secret", name="BENCHSEAL_PUBLISH_TOKEN",
+                value="a fine-grained token for the adopters' repositories only, Contents: Read and write "
+                      "(docs/github.md step 5)"),
+    ),
+}
+
+
+def setting_lines(side: str, repository: str) -> list[str]:
+    """``variable NAME = value`` / ``secret NAME = value`` for ``side``, as `init` prints them."""
+    prefix = f"ghcr.io/{repository.lower()}-"
+    return [f"{s.kind} {s.name} = {s.value.format(repository=repository, prefix=prefix)}" for s in SETTINGS[side]]
+
+
 class Finding(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

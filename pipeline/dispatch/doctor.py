@@ -18,20 +18,17 @@ from typing import Any
 import github
 import requests
 
-from pipeline.core.doctor import Finding, Side, missing, ok, unknown
+from pipeline.core.doctor import SETTINGS, Finding, Side, missing, ok, unknown
 from pipeline.core.errors import Error
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.yamlfile import load_yaml
 
-# docs/github.md step 6: what each repository must define (the optional Sigstore overrides are for tests only).
-REQUIRED = {
-    "adopter": {"variables": ("BENCHSEAL_INFRA_REPOSITORY", "BENCHSEAL_IMAGE_PREFIX"),
-                "secrets": ("BENCHSEAL_INFRA_DISPATCH_TOKEN",)},
-    "infra": {"variables": (), "secrets": ("BENCHSEAL_PUBLISH_TOKEN",)},
-}
+# docs/github.md step 6: what each repository must define (one home: pipeline.core.doctor.SETTINGS, which init prints).
+REQUIRED = {side: {kind + "s": tuple(s.name for s in settings if s.kind == kind) for kind in ("variable", "secret")}
+            for side, settings in SETTINGS.items()}
 REUSABLE = {"adopter": "release.yml", "infra": "benchmark.yml"}
 FIX_CALLER = {"adopter": "write .github/workflows/benchseal.yml with `benchseal init` (docs/github.md step 2)",
-              "infra": "write .github/workflows/benchmark.yml as docs/github.md step 3 shows"}
+              "infra": "write .github/workflows/benchmark.yml with `benchseal init --infra` (docs/github.md step 3)"}
 # What each listing needs from the doctor's own token, for the fix of an unreadable one.
 _NEEDS = {"variables": "Variables: Read", "secrets": "Secrets: Read", "runners": "Administration: Read"}
 _COMMIT = re.compile(r"\A[0-9a-f]{40}\Z")
