@@ -258,6 +258,10 @@ class SuitePolicy(_Strict):
     timeout_seconds: float = Field(gt=0, le=86400)
     # Trials of one run that run at once inside the run's one runner container.
     trial_concurrency: int = Field(default=3, ge=1, le=16, strict=True)
+    # Trials one runner container takes under one lease (default: trial_concurrency). Harbor runs them
+    # trial_concurrency at a time and starts the next whenever a slot frees, so a batch larger than that keeps every
+    # slot busy and pays one container start for many trials; timeout_seconds bounds the whole batch.
+    trial_batch: int | None = Field(default=None, ge=1, le=1000, strict=True)
     # Trials per task (Harbor's n_attempts): the score is the mean pass rate over all of them, with its
     # Wilson interval and each task's passes in summary.json. Not ``max_attempts`` (infrastructure retries).
     attempts: int = Field(default=1, ge=1, le=MAX_TASK_ATTEMPTS, strict=True)
@@ -417,6 +421,11 @@ class InfraPolicy(_Strict):
 
     def trial_concurrency(self, suite: str) -> int:
         return self.suites[suite].trial_concurrency
+
+    def trial_batch(self, suite: str) -> int:
+        """Trials one runner container of ``suite`` takes: its ``trial_batch``, else its ``trial_concurrency``."""
+        chosen = self.suites[suite]
+        return chosen.trial_batch or chosen.trial_concurrency
 
     def task_attempts(self, suite: str) -> int:
         """Trials per task of ``suite`` (its ``attempts``)."""

@@ -279,14 +279,15 @@ def _sweep(queue: Queue, config: WorkerConfig | None = None) -> None:
 
 
 def _batch_size(config: WorkerConfig, policy: InfraPolicy, suite: str | None) -> int:
-    """Trials one runner container takes at once: --trial-batch, else the suite's trial_concurrency."""
+    """Trials one runner container takes at once: --trial-batch, else --trial-concurrency, else the suite's
+    trial_batch (its trial_concurrency unless the policy sets one)."""
     if config.trial_batch is not None:
         return config.trial_batch
     if config.trial_concurrency is not None:
         return config.trial_concurrency
     if suite is not None and suite in policy.suites:
-        return policy.trial_concurrency(suite)
-    return max((policy.trial_concurrency(name) for name in policy.suites), default=1)
+        return policy.trial_batch(suite)
+    return max((policy.trial_batch(name) for name in policy.suites), default=1)
 
 
 def _plan(
