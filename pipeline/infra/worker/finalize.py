@@ -274,8 +274,8 @@ def _adopt_trial_dir(queue: Queue, run_id: str, run_dir: Path, idx: int, recorde
     except CheckFailed as exc:
         log.error("run %s: trial %s: the dir packed on %s is refused: %s", run_id, trial_name, recorded.host, exc)
         return
-    atomic_write_json(origin, {"trial_name": trial_name, "host": recorded.host, "batch_dir": recorded.batch_dir,
-                               "sha256": digest})
+    atomic_write_json(origin, {"trial_name": trial_name, "host": recorded.host, "worker": recorded.worker,
+                               "batch_dir": recorded.batch_dir, "sha256": digest})
 
 
 def _copy_evidence(run_dir: Path) -> None:

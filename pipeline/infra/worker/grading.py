@@ -88,6 +88,8 @@ class RecordedTrial(BaseModel):
     model: str | None = None
     host: str = Field(min_length=1, max_length=255)
     batch_dir: str = Field(min_length=1, max_length=4096)
+    # The worker that ran the trial (WorkerConfig.worker_id): with a queue shared by several workers, who ran what.
+    worker: str | None = Field(default=None, min_length=1, max_length=255)
     # The content digest of the staged dataset copy the trial's task came from (pipeline.infra.worker.dataset).
     dataset_digest: Digest | None = None
 

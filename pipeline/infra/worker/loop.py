@@ -390,7 +390,8 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     out = run_dir / "batches" / f"{min(t.idx for t in batch.trials):04d}-{token[:12]}"
     # Its canaries and dataset digest are set once the batch's dataset is staged (_prepare_batch).
     recorder = _BatchRecorder(queue, batch, out, policy.lease_seconds,
-                              expected_digest=parse_ref(payload.runner, "payload.runner").digest)
+                              expected_digest=parse_ref(payload.runner, "payload.runner").digest,
+                              worker=config.worker_id)
     beat = _TrialHeartbeat(queue, run_id, token, policy.lease_seconds, config.heartbeat_seconds or policy.lease_seconds / 3)
     beat.start()
     client: Any = None
@@ -497,6 +498,7 @@ class _BatchRecorder:
     out: Path  # the batch's dir: harbor/<trial>/result.json
     lease_seconds: float
     expected_digest: str  # the payload's runner's: another runner's trials are recorded at the end only
+    worker: str | None = None  # this worker's id, recorded with each trial it ran
     recorded: set[int] = field(default_factory=set)
     handed: list[RunRecord] = field(default_factory=list)
     # The batch's tamper canaries, from the worker's staged copy of the dataset (never from what the runner wrote).
@@ -529,7 +531,7 @@ class _BatchRecorder:
             todo[trial.idx] = RecordedTrial(
                 trial=graded, failure=failure if final else None, agent_version=plan.agent_version if plan else None,
                 model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(self.out),
-                dataset_digest=self.dataset_digest).to_json()
+                dataset_digest=self.dataset_digest, worker=self.worker).to_json()
             if self.queue.spans_hosts:
                 evidence = _pack_evidence(run_id, path.parent)
                 if evidence is not None:
