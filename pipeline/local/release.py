@@ -78,9 +78,9 @@ from pipeline.local.sources import (
     INFRA_REPOSITORY,
     SOURCE_CALLER_WORKFLOW,
     LocalSource,
+    adopter_checkout,
     builder_commit,
     example_repository_name,
-    local_source,
     release_repository_origin,
     release_source,
     releasing,
@@ -295,7 +295,7 @@ def release_local(
     field = "--agent"
     admission: LocalAdmission | None = None
     if project is not None:
-        adopter = local_source(project, repository).checkout if example_repository_name(project) is None else None
+        adopter = adopter_checkout(project) if example_repository_name(project) is None else None
         project_file = load_project(project)
         commit = check_project(project, project_file, tag, adopter_checkout=adopter)
         field = f"{project.name}: agent.name" if agent == project_file.agent.name else field

@@ -171,6 +171,15 @@ def remote_repository(url: str) -> str | None:
         return None
 
 
+def adopter_checkout(project: Path) -> Path:
+    """The top of the git checkout holding ``project`` (released from it as it is), without reading its commit:
+    a checkout with none yet is refused by the pre-build checks in one line (pipeline.local.precheck)."""
+    top = _toplevel(project.resolve().parent)
+    if top is None:
+        raise UsageError(f"--project: {project} is in no git checkout")
+    return top
+
+
 def local_source(project: Path | None, repository: str | None = None) -> LocalSource:
     """What a local release without making anything is of: benchseal's checkout, or the checkout
     holding ``project`` (another repository, named by :func:`adopter_repository`). For an example

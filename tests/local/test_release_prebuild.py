@@ -365,3 +365,13 @@ def test_an_npm_agent_the_release_cannot_resolve_is_refused_before_the_build(
     _refused(release(repo, "v0.24.4", home, key=True), home,
              "npm: @qwen-code/qwen-code@0.24.4: the registry http://127.0.0.1:9/ ($BENCHSEAL_NPM_REGISTRY) does not "
              "answer")
+
+
+def test_a_checkout_without_a_commit_is_told_to_commit(tmp_path: Path, home: Path,
+                                                       release: Callable[..., Done]) -> None:
+    """A newcomer's first try: ``git init``, files written, nothing committed yet: one line saying what to do."""
+    repo = tmp_path / "fresh"
+    shutil.copytree(REPO_ROOT / "examples" / "hello-agent", repo, ignore=shutil.ignore_patterns("__pycache__", ".github"))
+    _git(repo, "init", "-q", "-b", "main")
+    _refused(release(repo, "v0.1.0", home, key=True), home, f"{repo.resolve()} has no commit: commit the agent, "
+             "tag that commit v0.1.0, then release")
