@@ -406,6 +406,10 @@ class TrialRecord(_Frozen):
     reward: float | None
     exception_type: str | None = None
     runner_digest: Digest | None = None
+    task_image: PinnedRef | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="the prebuilt image the trial's task ran on, as its task.toml pinned it (name@sha256:...); "
+                    "absent for a task built from its Dockerfile (pipeline.infra.worker.task_images)")
     agent_name: str
     agent_version: str | None = None
     harbor_version: str | None = None
@@ -440,10 +444,6 @@ def run_id_for(correlation_id: str) -> str:
     (the shape ``RUN_ID_RE`` checks)."""
     return "run-" + hashlib.sha256(correlation_id.encode("ascii")).hexdigest()[:20]
 
-    task_image: PinnedRef | None = Field(
-        default=None, exclude_if=lambda v: v is None,
-        description="the prebuilt image the trial's task ran on, as its task.toml pinned it (name@sha256:...); "
-                    "absent for a task built from its Dockerfile (pipeline.infra.worker.task_images)")
 
 def run_id_problem(value: object) -> str | None:
     """Why ``value`` is not a run id the queue issues, or None (the one home of the run id's shape:

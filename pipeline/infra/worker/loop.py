@@ -478,10 +478,10 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
     recorder.dataset_digest = staged.digest
     # A planned task that is not in the staged copy is refused here (render_suite): never run.
     render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id)
-    if config.prebuild_task_images:
     # Prebuilt task images: pulled by digest, checked, moved into the sandbox by id (pipeline.infra.worker.task_images).
     recorder.task_images = {task: loaded.ref.ref for task, loaded in load_task_images(
         client, sandboxed, out / "suite", {t: r for t, r in staged.task_images.items() if t in recorder.tasks}).items()}
+    if config.prebuild_task_images:
         prebuild_task_images(sandboxed, out / "suite")
     # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's.
     sandbox.grant(out)
@@ -505,13 +505,13 @@ class _BatchRecorder:
     canaries: frozenset[str] = frozenset()
     # The content digest of the dataset copy the batch's tasks were rendered from (pipeline.infra.worker.dataset).
     dataset_digest: str | None = None
-
     # {task: name@sha256} of the batch's tasks that ran on a prebuilt image (recorded with each trial).
     task_images: dict[str, str] = field(default_factory=dict)
 
     @property
     def tasks(self) -> set[str]:
         return {t.task for t in self.batch.trials}
+
     def handed_run(self) -> RunRecord | None:
         return self.handed[0] if self.handed else None
 
