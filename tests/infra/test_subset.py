@@ -65,6 +65,25 @@ def test_the_model_refuses_what_the_schema_refuses(make_payload: Any) -> None:
         jsonschema.validate(make_payload(tasks=["a", "a"]), schema)
 
 
+@pytest.mark.parametrize(("override", "line"), [
+    ({"suite": "ghost"}, "benchseal: error: invalid payload.suite: suite not allowed by policy (allowed: "),
+    ({"tasks": ["cli-flag", "cli-flag"]}, "benchseal: error: invalid payload.tasks: schema rule 'uniqueItems'"),
+])
+def test_infra_validate_refuses_a_suite_its_policy_does_not_name_in_one_line(
+        make_payload: Any, tmp_path: Path, override: dict[str, Any], line: str) -> None:
+    """What benchmark.yml's accept job runs on the dispatched payload (its suite comes from release.yml's input)."""
+    payload = tmp_path / "payload.json"
+    payload.write_text(json.dumps(make_payload(**override)))
+    argv = [sys.executable, "-m", "pipeline", "infra", "validate", "--payload", str(payload), "--policy",
+            str(REPO_ROOT / "policies" / "infra.yaml")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == "", (done.stdout, done.stderr)
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith(line), done.stderr
+    payload.write_text(json.dumps(make_payload(tasks=["fix-mean", "cli-flag"])))
+    admitted = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert admitted.returncode == 0, admitted.stderr
+
+
 def test_the_cli_list_is_parsed_into_the_same_spelling() -> None:
     assert parse_subset("fix-mean, cli-flag,") == ("cli-flag", "fix-mean")
     assert parse_subset("") is None and parse_subset(" , ") is None
