@@ -8,29 +8,42 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from pipeline.core.contracts import (
+    BUILDER_RULE,
     CORRELATION_RULE,
     MAX_TASK_ATTEMPTS,
     REPOSITORY_RULE,
     RUN_ID_RULE,
     SRI_RULE,
     AgentArtifact,
+    DigestsFile,
     GradeCounts,
+    ImageEntry,
+    PayloadSource,
+    RunStatus,
+    builder_problem,
     check_score,
+    load_model,
     pep503_name,
     run_id_for,
     run_id_problem,
+    sri_hex,
     sri_of,
     sri_problem,
+    task_trial_names,
     trial_attempt,
     trial_name,
     validate_correlation,
     validate_repository,
     validate_run_id,
 )
+from pipeline.core.digests import parse_ref, validate_digest, validate_name
 from pipeline.core.errors import ValidationError
 
 RUN = "run-0123456789abcdef0123"
@@ -115,3 +128,107 @@ def test_the_score_rule_refuses_a_succeeded_run_without_completed_trials_or_scor
         check_score("SUCCEEDED", none, 0.0)
     with pytest.raises(ValueError, match=r"^score of a SUCCEEDED run must be a finite number \(got None\)$"):
         check_score("SUCCEEDED", one, None)
+
+
+# --- second mutation run (2026-12-07): refusals keep their rule's words; sri_hex, task_trial_names and
+# DigestsFile.to_json_dict had no selected test; builder_problem's ref checks were each unguarded.
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+NAME = "127.0.0.1:5055/benchseal/runner"
+DIGEST = "sha256:" + "a" * 64
+
+
+def _refusal(model: type[BaseModel], data: dict[str, Any]) -> ValidationError:
+    with pytest.raises(ValidationError) as caught:
+        load_model(model, data, "doc")
+    return caught.value
+
+
+@pytest.mark.parametrize("commit", ["0123456789ABCDEF0123456789abcdef01234567", COMMIT[:39], "main"])
+def test_a_commit_refusal_states_the_commit_rule(commit: str) -> None:
+    refused = _refusal(PayloadSource, {"repository": "acme/widget", "commit": commit, "tag": "v1"})
+    assert (refused.field, refused.rule, refused.value) == (
+        "doc: commit", "must be a full 40-character lowercase hex commit SHA", commit)
+
+
+def test_a_correlation_refusal_in_a_document_states_the_correlation_rule() -> None:
+    source = {"repository": "acme/widget", "commit": COMMIT, "tag": "v1"}
+    status = {"run_id": RUN, "correlation_id": "no spaces allowed", "state": "QUEUED", "attempts": 0,
+              "suite": "smoke", "agent": "oracle", "source": source, "runner": f"{NAME}@{DIGEST}",
+              "api": f"{NAME}@{DIGEST}", "created_at": "t", "updated_at": "t"}
+    refused = _refusal(RunStatus, status)
+    assert (refused.field, refused.rule) == ("doc: correlation_id", CORRELATION_RULE)
+
+
+@pytest.mark.parametrize(("key", "value", "check"), [
+    ("digest", "sha256:" + "A" * 64, validate_digest),
+    ("name", "127.0.0.1:5055/Bench", validate_name),
+    ("ref", f"{NAME}:latest", parse_ref),
+])
+def test_an_image_entry_refusal_carries_the_shared_validators_rule(key: str, value: str,
+                                                                    check: Callable[[str], object]) -> None:
+    with pytest.raises(ValidationError) as shared:
+        check(value)
+    refused = _refusal(ImageEntry, {"name": NAME, "digest": DIGEST, "ref": f"{NAME}@{DIGEST}", key: value})
+    assert (refused.field, refused.rule, refused.value) == (f"doc: {key}", shared.value.rule, value)
+
+
+def test_an_image_entry_whose_ref_is_another_image_is_refused_saying_so() -> None:
+    other = "sha256:" + "b" * 64
+    assert ImageEntry(name=NAME, digest=DIGEST, ref=f"{NAME}@{DIGEST}").ref == f"{NAME}@{DIGEST}"
+    refused = _refusal(ImageEntry, {"name": NAME, "digest": DIGEST, "ref": f"{NAME}@{other}"})
+    assert (refused.field, refused.rule) == ("doc: (root)", "ref must equal '<name>@<digest>' of the same entry")
+
+
+def test_sri_hex_gives_the_algorithm_and_the_hex_of_its_digest() -> None:
+    raw = hashlib.sha512(b"agent").digest()
+    assert sri_hex(sri_of("sha512", raw)) == ("sha512", raw.hex())
+    assert sri_hex(sri_of("sha256", hashlib.sha256(b"x").digest())) == ("sha256", hashlib.sha256(b"x").hexdigest())
+
+
+@pytest.mark.parametrize("value", ["sha512-" + base64.b64encode(b"\0" * 32).decode(), "md5-AAAA", "sha256"])
+def test_sri_hex_refuses_what_the_sri_rule_refuses(value: str) -> None:
+    with pytest.raises(ValueError, match=f"^{SRI_RULE}$"):
+        sri_hex(value)
+
+
+def test_a_task_runs_once_unless_asked_for_more_attempts() -> None:
+    assert task_trial_names("t", RUN) == ("t__89abcdef0123",)
+    assert task_trial_names("t", RUN, 2) == ("t__a1of2__89abcdef0123", "t__a2of2__89abcdef0123")
+
+
+def _digests(**extra: Any) -> DigestsFile:
+    entry = {"name": NAME, "digest": DIGEST, "ref": f"{NAME}@{DIGEST}"}
+    return DigestsFile.model_validate({"schema": "benchseal.digests/v1",
+                                       "source": {"commit": COMMIT, "ref": "refs/tags/v1", "repository": "acme/w"},
+                                       "images": {"runner": entry, "api": entry}, **extra})
+
+
+def test_a_digests_file_without_agent_or_project_images_is_written_as_before_they_existed() -> None:
+    data = _digests().to_json_dict()
+    assert data == {"schema": "benchseal.digests/v1",
+                    "source": {"commit": COMMIT, "ref": "refs/tags/v1", "repository": "acme/w"},
+                    "images": {role: {"name": NAME, "digest": DIGEST, "ref": f"{NAME}@{DIGEST}", "tags": []}
+                               for role in ("runner", "api")}}
+    assert DigestsFile.model_validate(data) == _digests()
+
+
+def test_a_digests_file_keeps_its_project_images() -> None:
+    entry = {"name": NAME, "digest": DIGEST, "ref": f"{NAME}@{DIGEST}", "tags": ["v1"]}
+    written = _digests(project_images={"tool": entry}).to_json_dict()
+    assert written["project_images"] == {"tool": entry}  # JSON data: the tags tuple is a list
+    assert DigestsFile.model_validate(written).project_images["tool"].tags == ("v1",)
+
+
+_WORKFLOW = "benchseal/benchseal/.github/workflows/benchmark.yml@"
+
+
+@pytest.mark.parametrize("ref", ["refs/heads/a..b", "refs/tags/v1//x", "refs/heads/main/", "refs/heads/main.",
+                                 "refs/tags/v1.lock"])
+def test_a_builder_ref_that_git_refuses_is_refused(ref: str) -> None:
+    assert builder_problem(_WORKFLOW + ref) == BUILDER_RULE
+
+
+@pytest.mark.parametrize("ref", ["refs/heads/main", "refs/tags/v1.2.3", "refs/heads/release/v1", "ab" * 20])
+def test_a_builder_at_one_exact_ref_passes(ref: str) -> None:
+    assert builder_problem(_WORKFLOW + ref) is None

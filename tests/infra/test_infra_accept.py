@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import sqlite3
@@ -699,3 +700,45 @@ def test_a_signer_ref_is_tag_or_one_exact_ref(ref: str) -> None:
 @pytest.mark.parametrize("ref", ["tag", "refs/heads/main", "refs/tags/v1.2.3", "refs/heads/release/v1"])
 def test_exact_signer_refs_pass(ref: str) -> None:
     assert SignerPolicy(ref=ref).ref == ref
+
+
+# --- second mutation run (2026-12-07): the refusals list every allowed image and suite (the shipped policy
+# has one of some, where a join of one item cannot tell its separator).
+
+REGISTRY = "127.0.0.1:5055"
+
+
+def _policy_with(**changes: Any) -> InfraPolicy:
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text(encoding="utf-8"))
+    data.update(copy.deepcopy(changes))
+    return InfraPolicy.model_validate(data)
+
+
+def _source_entry(repository: str, *runners: str) -> dict[str, Any]:
+    return {"repository": repository,
+            "images": {"runner": [{"registry": REGISTRY, "repository": r} for r in runners],
+                       "api": [{"registry": REGISTRY, "repository": "benchseal/api"}]}}
+
+
+def test_an_image_refusal_names_every_allowed_image_once() -> None:
+    policy = _policy_with(sources=[_source_entry("acme/one", "a/runner", "b/runner"), _source_entry("acme/two", "b/runner", "c/runner")])
+    with pytest.raises(ValidationError) as caught:
+        policy.check_name("runner", f"{REGISTRY}/evil/runner", "payload.runner")
+    assert (caught.value.field, caught.value.value) == ("payload.runner", f"{REGISTRY}/evil/runner")
+    assert caught.value.rule == (f"image '{REGISTRY}/evil/runner' is not an allowed runner image (allowed: "
+                                 f"{REGISTRY}/a/runner, {REGISTRY}/b/runner, {REGISTRY}/c/runner)")
+    # For one source: only that source's images, and the refusal says whose list it is.
+    with pytest.raises(ValidationError) as caught:
+        policy.check_name("runner", f"{REGISTRY}/c/runner", repository="acme/one")
+    assert caught.value.rule == (f"image '{REGISTRY}/c/runner' is not an allowed runner image for source acme/one "
+                                 f"(allowed: {REGISTRY}/a/runner, {REGISTRY}/b/runner)")
+
+
+def test_a_suite_refusal_names_every_suite_in_order() -> None:
+    shipped = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text(encoding="utf-8"))["suites"]
+    smoke = shipped["smoke"]
+    policy = _policy_with(suites={"zeta": smoke, "alpha": smoke})
+    with pytest.raises(ValidationError) as caught:
+        policy.dataset("smoke")
+    assert (caught.value.field, caught.value.value) == ("payload.suite", "smoke")
+    assert caught.value.rule == "suite not in the infra policy (suites: alpha, zeta)"
