@@ -89,20 +89,25 @@ def validate_repository(value: object, field: str = "repo") -> str:
     return value
 
 
-def _as_value_error(check: Callable[[str], str]) -> Callable[[str], str]:
+def _as_value_error(check: Callable[[str], str], value: str) -> str:
     # pydantic reports ValueError with the field's location; keep the validator's rule text.
-    def run(value: str) -> str:
-        try:
-            return check(value)
-        except ValidationError as exc:
-            raise ValueError(exc.rule) from None
-
-    return run
+    try:
+        return check(value)
+    except ValidationError as exc:
+        raise ValueError(exc.rule) from None
 
 
-_digest = _as_value_error(validate_digest)
-_name = _as_value_error(validate_name)
-_ref = _as_value_error(lambda value: parse_ref(value).ref)
+# Plain functions, not closures built at import: mutation testing (docs/architecture.md) mutates call-time code only.
+def _digest(value: str) -> str:
+    return _as_value_error(validate_digest, value)
+
+
+def _name(value: str) -> str:
+    return _as_value_error(validate_name, value)
+
+
+def _ref(value: str) -> str:
+    return _as_value_error(lambda v: parse_ref(v).ref, value)
 
 
 CommitSha = Annotated[str, AfterValidator(_commit)]
