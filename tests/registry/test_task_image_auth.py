@@ -26,7 +26,6 @@ pytestmark = pytest.mark.docker
 INDEX_TYPE = "application/vnd.oci.image.index.v1+json"
 
 
-
 def test_a_task_image_is_pulled_with_registry_credentials_and_checked(
         tmp_path: Path, htpasswd_registry: AuthRegistry, docker_login: Any) -> None:
     docker_login(htpasswd_registry.address, "alice", htpasswd_registry.users["alice"])
