@@ -22,6 +22,7 @@ from pipeline.core.history import baseline, check_comparison, compare
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evidence.artifacts import build_summary
 from pipeline.infra.intake.accept import validate_payload
+from pipeline.publish.body import facts_from_summary
 from pipeline.runner.plan import discover_tasks, select_tasks
 from tests.fixtures.sigstore import make_inputs
 
@@ -161,3 +162,10 @@ def test_a_comparison_with_a_run_of_another_subset_is_refused() -> None:
     for other in (None, ("a", "b")):
         with pytest.raises(CheckFailed, match=r"comparison\.previous\.subset: says tasks a, but this release ran"):
             check_comparison(comparison, score=1.0, interval=None, tasks=tasks, where="comparison", subset=other)
+
+
+def test_the_release_body_says_a_subset_run_is_a_subset() -> None:
+    grading, payload = make_inputs(IMAGES)
+    assert facts_from_summary(build_summary(grading, payload), "v9.9.9").suite == "smoke"
+    subset = build_summary(grading.model_copy(update={"subset": ("fail", "hello")}), payload)
+    assert facts_from_summary(subset, "v9.9.9").suite == "smoke (a subset: 2 tasks)"
