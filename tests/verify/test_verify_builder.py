@@ -332,3 +332,137 @@ def test_the_legacy_and_the_source_repository_extensions_must_both_match(case: s
         return
     with pytest.raises(VerificationError):
         signer_policy(expect).verify(certificate)
+
+
+# --- the consumer's policy file and options (pipeline/verify/policy.py): fast, in-process tests written against
+# the mutation run (issue 39.3, docs/architecture.md "Mutation testing"); each refusal names its field and rule.
+
+_LOCAL = "profiles:\n  local:\n    identity: https://x.invalid/{repository}@{tag}\n    issuer: https://oidc.invalid\n"
+
+
+def _refused(call: Any, *args: Any, **kwargs: Any) -> ValidationError:
+    with pytest.raises(ValidationError) as caught:
+        call(*args, **kwargs)
+    return caught.value
+
+
+@pytest.mark.parametrize(("text", "value"), [("schema: benchseal.verify-policy/v2\n", "benchseal.verify-policy/v2"),
+                                              ("version: 1\n", None), ("- schema\n", ["schema"])])
+def test_a_policy_file_of_another_schema_is_refused(tmp_path: Path, text: str, value: object) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(text + ("" if text.startswith("-") else _LOCAL))
+    refused = _refused(load_policy, path)
+    assert (refused.field, refused.rule, refused.value) == (f"{path}: schema", "must be 'benchseal.verify-policy/v1'",
+                                                            value)
+
+
+def test_a_policy_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    path = _policy(tmp_path / "p.yaml", _LOCAL + "trust_everyone: true\n")
+    refused = _refused(load_policy, path)
+    assert (refused.field, refused.rule) == (str(path), "unknown keys ['trust_everyone'] (allowed: ['expect', "
+                                                        "'profiles', 'schema'])")
+
+
+@pytest.mark.parametrize("profiles", ["", "profiles: {}\n", "profiles: [local]\n"])
+def test_a_policy_file_needs_its_profiles(tmp_path: Path, profiles: str) -> None:
+    path = _policy(tmp_path / "p.yaml", profiles)
+    refused = _refused(load_policy, path)
+    assert (refused.field, refused.rule) == (f"{path}: profiles", "must map profile names to {identity, issuer}")
+
+
+@pytest.mark.parametrize("expect", ["expect: acme/widget\n", "expect: {}\n", "expect:\n  commit: abc\n"])
+def test_expect_is_a_mapping_of_the_known_keys(tmp_path: Path, expect: str) -> None:
+    path = _policy(tmp_path / "p.yaml", _LOCAL + expect)
+    refused = _refused(load_policy, path)
+    assert refused.field == f"{path}: expect"
+    assert refused.rule == "must be a mapping with repository, tag, infra_repository and/or builder"
+
+
+@pytest.mark.parametrize(("key", "value"), [("repository", "acme"), ("tag", "v1..2"), ("infra_repository", "a/b/c")])
+def test_each_pinned_expectation_is_held_to_its_rule(tmp_path: Path, key: str, value: str) -> None:
+    path = _policy(tmp_path / "p.yaml", _LOCAL + f"expect:\n  {key}: '{value}'\n")
+    refused = _refused(load_policy, path)
+    assert (refused.field, refused.value) == (f"{path}: expect.{key}", value)
+
+
+def test_a_policy_file_pins_the_whole_expectation(tmp_path: Path) -> None:
+    path = _policy(tmp_path / "p.yaml", _LOCAL + f"expect:\n  repository: acme/widget\n  tag: v1.2.3\n"
+                                                 f"  infra_repository: {INFRA}\n")
+    loaded = load_policy(path)
+    assert (loaded.expect_repository, loaded.expect_tag, loaded.expect_infra_repository, loaded.expect_builder) == (
+        "acme/widget", "v1.2.3", INFRA, None)
+    assert set(loaded.profiles) == {"local"}
+    assert load_policy(_policy(tmp_path / "q.yaml", _LOCAL)).expect_repository is None
+
+
+@pytest.mark.parametrize(("entry", "field", "rule"), [
+    ("    - identity\n", "", "must be a mapping"),
+    ("    issuer: https://oidc.invalid\n", ".identity", "must be a non-empty string without surrounding spaces"),
+    ("    identity: ' x'\n    issuer: https://oidc.invalid\n", ".identity",
+     "must be a non-empty string without surrounding spaces"),
+    ("    identity: x\n    issuer: 7\n", ".issuer", "must be a non-empty string without surrounding spaces"),
+    ("    identity: 'x{tag'\n    issuer: y\n", ".identity", "has an unbalanced '{' or '}'"),
+    ("    identity: 'x}'\n    issuer: y\n", ".identity", "has an unbalanced '{' or '}'"),
+    ("    identity: 'https://github.com/{owner}'\n    issuer: y\n", ".identity",
+     "may use only the placeholders {repository}, {tag}, {infra_repository}, {builder_repository} and {builder_ref} "
+     "(values the consumer states), not {owner}"),
+    ("    identity: x\n    issuer: y\n    audience: z\n", "", "unknown keys ['audience'] (allowed: identity, issuer, "
+                                                                "workflow_repository, workflow_ref)"),
+])
+def test_a_profile_entry_is_refused_naming_its_key(tmp_path: Path, entry: str, field: str, rule: str) -> None:
+    path = _policy(tmp_path / "p.yaml", f"profiles:\n  p:\n{entry}")
+    refused = _refused(load_policy, path)
+    assert (refused.field, refused.rule) == (f"{path}: profiles.p{field}", rule)
+
+
+def test_options_must_agree_with_what_the_policy_pins(tmp_path: Path) -> None:
+    path = _policy(tmp_path / "p.yaml", _LOCAL + f"expect:\n  repository: acme/widget\n  tag: v1\n"
+                                                 f"  infra_repository: {INFRA}\n")
+    refused = _refused(expectation, path, "local", repository="acme/other", tag=None)
+    assert (refused.field, refused.rule, refused.value) == (
+        "--repo", f"differs from expect.repository 'acme/widget' pinned in {path}", "acme/other")
+    refused = _refused(expectation, path, "local", repository=None, tag="v2")
+    assert (refused.field, refused.rule, refused.value) == ("--tag", f"differs from expect.tag 'v1' pinned in {path}",
+                                                            "v2")
+    refused = _refused(expectation, path, "local", repository=None, tag=None, infra_repository="acme/other")
+    assert (refused.field, refused.rule, refused.value) == (
+        "--infra-repo", f"differs from expect.infra_repository {INFRA!r} pinned in {path}", "acme/other")
+    same = expectation(path, "local", repository="acme/widget", tag="v1", infra_repository=INFRA)
+    assert same == expectation(path, "local", repository=None, tag=None)
+    assert (same.identity, same.issuer, same.repository, same.tag, same.infra_repository) == (
+        "https://x.invalid/acme/widget@v1", "https://oidc.invalid", "acme/widget", "v1", INFRA)
+
+
+def test_the_release_expected_is_stated_never_taken_from_it(tmp_path: Path) -> None:
+    path = _policy(tmp_path / "p.yaml", _LOCAL)
+    for kwargs, field in (({"repository": None, "tag": "v1"}, "--repo"), ({"repository": "acme/w", "tag": None}, "--tag")):
+        refused = _refused(expectation, path, "local", **kwargs)
+        assert (refused.field, refused.rule) == (field, "is required: state the release you expect (or pin it under "
+                                                        "expect: in --policy FILE); benchseal verify never takes it "
+                                                        "from the release it checks")
+    for bad, field in (({"repository": "acme"}, "--repo"), ({"tag": "v1..2"}, "--tag"),
+                       ({"infra_repository": "a/b/c"}, "--infra-repo")):
+        stated: dict[str, str] = {"repository": "acme/w", "tag": "v1", **bad}
+        assert _refused(expectation, path, "local", **stated).field == field
+
+
+def test_a_profile_is_one_of_the_policys_and_gets_what_it_names(tmp_path: Path) -> None:
+    refused = _refused(expectation, None, "staging", repository=SOURCE_REPO, tag=SOURCE_TAG)
+    assert (refused.field, refused.rule, refused.value) == ("--profile", "must be one of ['local', 'production']",
+                                                            "staging")
+    refused = _refused(expectation, None, "production", repository=SOURCE_REPO, tag=SOURCE_TAG, builder=BUILDER)
+    assert refused.field == "--infra-repo" and refused.rule.startswith("is required by the production profile")
+    refused = _refused(expectation, None, "production", repository=SOURCE_REPO, tag=SOURCE_TAG, infra_repository=INFRA)
+    assert refused.field == "--builder" and refused.rule.startswith("is required by the production profile")
+    local = expectation(None, "local", repository=SOURCE_REPO, tag=SOURCE_TAG)
+    assert (local.workflow_repository, local.workflow_ref, local.infra_repository, local.builder) == (None,) * 4
+    assert local.describe() == f"{local.identity} (issuer {local.issuer})"
+
+
+def test_a_profile_pinning_only_the_callers_ref_admits_any_repository_and_says_so(tmp_path: Path) -> None:
+    path = _policy(tmp_path / "p.yaml", "profiles:\n  p:\n    identity: 'https://x.invalid/{repository}'\n"
+                                        "    issuer: y\n    workflow_ref: 'refs/tags/{tag}'\n")
+    want = expectation(path, "p", repository="acme/w", tag="v1")
+    assert (want.identity, want.workflow_repository, want.workflow_ref) == ("https://x.invalid/acme/w", None,
+                                                                            "refs/tags/v1")
+    assert want.describe() == "https://x.invalid/acme/w for any repository at refs/tags/v1 (issuer y)"
