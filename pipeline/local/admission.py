@@ -41,8 +41,7 @@ from pipeline.core.yamlfile import load_yaml
 from pipeline.imaging.names import ImageNames
 from pipeline.infra.intake.policy import POLICY_PATH, InfraPolicy, ReleaseAgentPolicy
 from pipeline.local.precheck import python_distribution
-from pipeline.local.sources import BUILDER
-from pipeline.verify.policy import RELEASE_WORKFLOW
+from pipeline.local.sources import LOCAL_BUILDER_SIGNER
 
 POLICY_FILE = "infra-policy.yaml"  # in the release's state directory
 _MODEL_PLACEHOLDERS = tuple("{" + p + "}" for p in sorted(PLACEHOLDERS) if p.startswith("model_"))
@@ -101,7 +100,7 @@ def admit_adopter(repository: str, origin: str, project: Path, project_file: Pro
     canonical = canonical_repository(repository)
     if not any(isinstance(s, dict) and isinstance(s.get("repository"), str)
                and canonical_repository(s["repository"]) == canonical for s in data["sources"]):
-        builder = f"{BUILDER.repository}/.github/workflows/{RELEASE_WORKFLOW}@{BUILDER.ref}"
+        builder = LOCAL_BUILDER_SIGNER
         images = {role: [{"registry": names.registry, "repository": names.repository(role)}] for role in ("runner", "api")}
         data["sources"].append({"repository": repository, "signer": {"builder": builder}, "images": images})
         added.append(f"sources: {repository} (from {origin}), images {names.name('runner')} and {names.name('api')} "

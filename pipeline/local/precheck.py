@@ -11,8 +11,9 @@ so they run first, in this order:
    wheel, pipeline.agent.wheel), an npm agent's package.json beside the project file when it names the
    package (else only the registry has it: pipeline.agent.npm checks it at the build);
 3. the repository (stated by the caller with where its name came from) is a source of the infra
-   policy, and the agent scored is admitted for it (an adopter's checkout without ``--policy``:
-   the local world's policy admits it, pipeline.local.admission);
+   policy whose signers admit the local builder (which signs every local release's images), and the
+   agent scored is admitted for it (an adopter's checkout without ``--policy``: the local world's
+   policy admits it, pipeline.local.admission);
 4. a python agent's import path names a module file of the package at that commit and a name that
    module defines at its top level.
 
@@ -44,6 +45,7 @@ from pipeline.core.errors import UsageError, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.project import NpmAgent, ProjectFile, PythonAgent, version_for_tag
 from pipeline.infra.intake.policy import InfraPolicy, ReleaseAgentPolicy
+from pipeline.local.sources import LOCAL_BUILDER_SIGNER
 
 _GIT_ENV = {"GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1", "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"}
 _MAX_SOURCE = 4 * 1024 * 1024  # a module or package file larger than this is not parsed
@@ -266,6 +268,13 @@ def check_admitted(policy: InfraPolicy, repository: str, origin: str, agent: str
     except ValidationError:
         raise UsageError(f"repository {repository} (from {origin}) is not a source of {policy_file}: add it under "
                          "sources there, or name another with --repository") from None
+    signers = policy.source(repository).signer
+    if not any(s.builder == LOCAL_BUILDER_SIGNER and s.ref == "tag" for s in signers):
+        # The worker would refuse the images as signed by no admitted identity, after a build of minutes.
+        listed = ", ".join(s.builder or f"{s.workflow}@{s.ref}" for s in signers)
+        raise UsageError(f"repository {repository}'s sources entry in {policy_file} admits images signed by {listed} "
+                         f"only; release --local signs them as {LOCAL_BUILDER_SIGNER} at the tag: add that builder "
+                         "to its signer list")
     entry, _ = policy.agent(agent, suite, field=field)
     if isinstance(entry, ReleaseAgentPolicy) and not entry.admits(repository):
         raise UsageError(f"agent {agent} is admitted by the infra policy for {', '.join(entry.repositories)}, "

@@ -49,6 +49,8 @@ from pipeline.verify.policy import BENCHMARK_WORKFLOW, RELEASE_WORKFLOW, Builder
 EXAMPLES_OWNER = "benchseal-examples"
 BUILDER = Builder(repository="local/benchseal", ref="refs/heads/main")
 INFRA_REPOSITORY = "local/bench-infra"
+# The identity the local chain signs every source's images with (a policy's ``signer: {builder: ...}``).
+LOCAL_BUILDER_SIGNER = f"{BUILDER.repository}/.github/workflows/{RELEASE_WORKFLOW}@{BUILDER.ref}"
 INFRA_REF = "refs/heads/main"
 # The callers' own workflow files (the adopter's `uses: .../release.yml@REF`, the infra's
 # `uses: .../benchmark.yml@REF`): the certificates' Build Config URI.

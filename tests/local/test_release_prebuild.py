@@ -3,7 +3,7 @@ built or started, each mistake it can see in the repository and the policy: one 
 within seconds (pipeline/local/precheck.py). The repository's name is stated, with where it came from.
 
 The adopter is a copy of examples/hello-agent (and of examples/qwen-code for npm) in a git checkout of its
-own whose origin is acme/widget, which the shipped policy admits with both agents. "Before anything":
+own whose origin is newcomer/widget, which the local world's policy admits (pipeline/local/admission.py). "Before anything":
 the release's state directory (made by the first stage), the private Sigstore instance's directory and
 the dist directory do not exist afterwards, and no stage line ("Building ...") was printed.
 """
@@ -41,7 +41,7 @@ def _git(root: Path, *args: str) -> str:
                           check=True).stdout.strip()
 
 
-def _adopter(tmp_path: Path, example: str = "hello-agent", origin: str | None = "https://github.com/acme/widget.git",
+def _adopter(tmp_path: Path, example: str = "hello-agent", origin: str | None = "https://github.com/newcomer/widget.git",
              name: str = "widget") -> Path:
     repo = tmp_path / name
     shutil.copytree(REPO_ROOT / "examples" / example, repo,
@@ -143,7 +143,7 @@ def test_a_missing_tag_is_reported_missing_not_as_a_version_mismatch(tmp_path: P
     assert "version" not in line
     assert time.monotonic() - started < 30
     # The repository is stated, with where its name came from.
-    assert "Releasing acme/widget v0.1.0 (repository name from git remote origin)" in done.stderr
+    assert "Releasing newcomer/widget v0.1.0 (repository name from git remote origin)" in done.stderr
     # A tag of a version the package does not carry, also missing: still reported as missing.
     with pytest.raises(UsageError, match=re.escape("tag v7.0.0 does not exist")):
         precheck.check_project(repo / "benchseal.toml", load_project(repo / "benchseal.toml"), "v7.0.0",
@@ -236,7 +236,7 @@ def test_the_checks_read_the_commit_never_the_work_tree(tmp_path: Path) -> None:
     project = repo / "benchseal.toml"
     good = load_project(project)
     precheck.check_project(project, good, "v0.1.0", adopter_checkout=repo.resolve())
-    precheck.check_admitted(load_policy(), "acme/widget", "git remote origin", "hello-agent", "smoke", "agent.name")
+    precheck.check_admitted(load_policy(), "benchseal-examples/hello-agent", "an example", "hello-agent", "smoke", "agent.name")
     (repo / "hello_agent" / "agent.py").unlink()  # removed in the work tree only: the commit still has it
     precheck.check_project(project, good, "v0.1.0", adopter_checkout=repo.resolve())
     pyproject = repo / "pyproject.toml"
@@ -282,7 +282,7 @@ def test_the_repository_name_precedence(tmp_path: Path, monkeypatch: pytest.Monk
 def test_an_agent_the_policy_does_not_know_is_named_by_the_project_file(tmp_path: Path, home: Path,
                                                                         release: Callable[..., Done]) -> None:
     """The refusal names the key the user wrote (benchseal.toml's agent.name), never an --agent not passed."""
-    repo = _adopter(tmp_path)
+    repo = _adopter(tmp_path, origin="https://github.com/benchseal-examples/hello-agent.git")  # a listed source
     project = repo / "benchseal.toml"
     project.write_text(project.read_text().replace('name = "hello-agent"', 'name = "widget-agent"'))
     _commit(repo, "our own agent's name")
@@ -375,3 +375,15 @@ def test_a_checkout_without_a_commit_is_told_to_commit(tmp_path: Path, home: Pat
     _git(repo, "init", "-q", "-b", "main")
     _refused(release(repo, "v0.1.0", home, key=True), home, f"{repo.resolve()} has no commit: commit the agent, "
              "tag that commit v0.1.0, then release")
+
+
+def test_a_source_whose_signers_the_local_builder_is_not_among_is_refused(tmp_path: Path, home: Path,
+                                                                         release: Callable[..., Done]) -> None:
+    """acme/widget is listed for the GitHub emulator, signed by its own tag.yml: the local chain's images (signed by
+    the local builder) would be refused by the worker after the build; refused before it, naming the fix."""
+    repo = _adopter(tmp_path, origin="https://github.com/acme/widget.git")
+    _git(repo, "tag", "v0.1.0")
+    _tripwire(home)
+    _refused(release(repo, "v0.1.0", home, key=True), home,
+             "repository acme/widget's sources entry in the infra policy admits images signed by tag.yml@tag only",
+             "release --local signs them as local/benchseal/.github/workflows/release.yml@refs/heads/main at the tag")
