@@ -1,28 +1,35 @@
 """Image signatures and attestations, made in the build job and checked by the worker.
 
-For every image digest the release workflow's keyless identity makes, with the real cosign:
+For every image digest the release workflow's keyless identity makes:
 
-* a Sigstore signature (``cosign sign``);
-* an SLSA v1 build provenance attestation (``cosign attest --type slsaprovenance1``) whose
+* a Sigstore signature (``cosign sign``, in cosign's tag scheme ``sha256-<hex>.sig``);
+* an SLSA v1 build provenance attestation (in-toto Statement v1, predicate
+  ``https://slsa.dev/provenance/v1``, build type ``IMAGE_BUILD_TYPE``, docs/build-types.md) whose
   builder and invocation are the workflow run that built the image;
-* the CycloneDX SBOM as an attestation (``cosign attest --type cyclonedx``).
+* the CycloneDX SBOM as an attestation (predicate ``https://cyclonedx.org/bom``).
 
-They live in the registry beside the image, in cosign's tag scheme (``sha256-<hex>.sig`` and
-``.att``: the registry has no OCI referrers API). A consumer checks each with
-``cosign verify`` / ``cosign verify-attestation`` and the exact identity; the worker does the
-same through :func:`verify_image` before it runs a runner.
+The two attestations are signed with sigstore-python as DSSE Sigstore bundles (v0.3), as every other
+benchseal attestation is, and attached to the image as OCI referrers (pipeline.attest.referrers: the
+referrers API where the registry has one, the tag schema's fallback index otherwise). The statement's
+bytes are ours: nothing re-serialises the predicate (cosign's ``attest`` wrote ``invocationID`` and a
+v0.1 statement). ``cosign verify-attestation --new-bundle-format``, ``gh attestation verify
+oci://... --bundle-from-oci`` and ``cosign tree`` find them; the worker checks them through
+:func:`verify_image` before it runs a runner. cosign's legacy ``.att`` attachments are no longer made
+(docs/evidence.md "Image attestations").
 
 Who must have signed an image is ``image_identity`` (pipeline.verify.external, re-exported here):
 the source's workflow at its ref AND the payload's commit, for every signer kind.
 
 The OIDC token is always ambient, as GitHub Actions serves it (``ACTIONS_ID_TOKEN_REQUEST_URL``
-and ``_TOKEN``, read by cosign's ``github-actions`` provider), so no token is ever in argv. A local
-release gets the same from the private instance's Actions token endpoint; only the Sigstore
-endpoints and the trust root differ (:class:`SigstoreEndpoints`).
+and ``_TOKEN``: cosign's ``github-actions`` provider reads them, and the bundles' signer asks the same
+endpoint with audience ``sigstore``), so no token is ever in argv. A local release gets the same from
+the private instance's Actions token endpoint; only the Sigstore endpoints and the trust root differ
+(:class:`SigstoreEndpoints`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -31,17 +38,25 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
+
+import requests
+from sigstore.models import ClientTrustConfig
 
 from pipeline.attest.passed import check_key, passed_before, record_pass
+from pipeline.attest.referrers import attach_bundle
 from pipeline.attest.taglock import digest_tags_locked
 from pipeline.core.contracts import AgentArtifact, builder_problem, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
-from pipeline.core.documents import agent_purl
+from pipeline.core.documents import STATEMENT_TYPE, agent_purl
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.core.fsutil import atomic_write_text, canonical_json
+from pipeline.core.fsutil import atomic_write_bytes, canonical_json
+from pipeline.evidence.provenance import BUILD_TYPE as IMAGE_BUILD_TYPE
 from pipeline.evidence.sbom import write_sbom
+from pipeline.evidence.signing import Signer, certificate_identity, private_trust_config
 from pipeline.verify.external import (
     ATTESTATION_TYPES,
+    CYCLONEDX,
     SLSA_PROVENANCE,
     ImageIdentityPolicy,
     cosign_environment,
@@ -51,10 +66,9 @@ from pipeline.verify.external import (
     image_identity,
 )
 
-__all__ = ["ATTESTATION_TYPES", "SLSA_PROVENANCE", "BuildInvocation", "ImageIdentityPolicy", "ImageSigner", "SigstoreEndpoints",
-           "attest_images", "image_identity", "provenance_predicate", "verify_image", "verify_images"]
+__all__ = ["ATTESTATION_TYPES", "IMAGE_BUILD_TYPE", "SLSA_PROVENANCE", "BuildInvocation", "ImageIdentityPolicy", "ImageSigner", "SigstoreEndpoints",
+           "attest_images", "image_identity", "image_statement", "provenance_predicate", "verify_image", "verify_images"]
 
-BUILD_TYPE = "https://github.com/benchseal/benchseal/build-types/image/v1"
 _COSIGN_TIMEOUT = 180
 
 
@@ -155,7 +169,8 @@ def agent_dependency(agent: AgentArtifact) -> dict[str, Any]:
 def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation, *,
                          base: str | None = None, reproducible: bool | None = None,
                          agent: AgentArtifact | None = None) -> dict[str, Any]:
-    """An SLSA v1 provenance predicate for one image, from the actual build's invocation.
+    """An SLSA v1 provenance predicate for one image, from the actual build's invocation, of the image
+    build type (``IMAGE_BUILD_TYPE``: the same parameters as the release's provenance-images.intoto.json).
 
     ``reproducible`` is recorded only when a rebuild was compared (True/False), never assumed.
     ``agent``: the release's agent the runner carries, a resolved dependency with its digest.
@@ -170,16 +185,15 @@ def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation
                              "digest": {"sha256": base_ref.digest.removeprefix("sha256:")}})
     if agent is not None:
         dependencies.append(agent_dependency(agent))
-    internal: dict[str, Any] = {"role": role, "image": image.name}
+    internal: dict[str, Any] = {"images": [role]}
     if reproducible is not None:
-        internal["reproducible_rebuild_matched"] = reproducible
+        internal["reproducible"] = reproducible
     return {
         "buildDefinition": {
-            "buildType": BUILD_TYPE,
+            "buildType": IMAGE_BUILD_TYPE,
             "externalParameters": {
-                "workflow": {"repository": f"{invocation.server}/{invocation.repository}",
-                             "ref": invocation.ref, "path": invocation.workflow_ref.split("@", 1)[0].split("/", 2)[2]},
-                "image": role,
+                "source": {"repository": invocation.repository, "ref": invocation.ref},
+                "workflow": invocation.workflow_ref,
             },
             "internalParameters": internal,
             "resolvedDependencies": dependencies,
@@ -191,16 +205,27 @@ def provenance_predicate(image: ImageRef, role: str, invocation: BuildInvocation
     }
 
 
+def image_statement(image: ImageRef, predicate_type: str, predicate: Mapping[str, Any]) -> bytes:
+    """The in-toto Statement v1 about ``image`` (its repository and manifest digest), as signed: canonical JSON."""
+    return canonical_json({
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": image.name, "digest": {"sha256": image.digest.removeprefix("sha256:")}}],
+        "predicateType": predicate_type,
+        "predicate": dict(predicate),
+    }).encode()
+
+
 _ACTIONS_TOKEN_ENV = ("ACTIONS_ID_TOKEN_REQUEST_URL", "ACTIONS_ID_TOKEN_REQUEST_TOKEN")
 BUILDER_REF_ENV = "BENCHSEAL_BUILDER_REF"
 
 
 @dataclass(frozen=True)
 class ImageSigner:
-    """Signs and attests images with cosign as the ambient Actions identity.
+    """Signs images with cosign and attests them with sigstore-python, as the ambient Actions identity.
 
     ``actions_env`` is the job's token-request environment; default: this process's own
-    (what GitHub Actions gives a job). Only cosign's environment receives it, never argv.
+    (what GitHub Actions gives a job). Only cosign's environment and the token request receive it,
+    never argv.
     """
 
     endpoints: SigstoreEndpoints
@@ -219,20 +244,57 @@ class ImageSigner:
         credential = self._credential_env()
         with tempfile.TemporaryDirectory(prefix="benchseal-attest-") as tmp:
             work = Path(tmp)
-            predicate = work / "provenance.json"
-            atomic_write_text(predicate, canonical_json(dict(provenance)))
             common = ["--yes", "--oidc-provider", "github-actions", *self.endpoints.sign_flags(), *self._registry_flags()]
             env = {**self.endpoints.environ(work), **credential}
-            # cosign rewrites the digest's .sig / .att tags whole: one writer at a time (pipeline.attest.taglock).
+            # cosign rewrites the digest's .sig tag whole: one writer at a time (pipeline.attest.taglock).
             with digest_tags_locked(image):
                 _cosign(["sign", *common, image.ref], env, f"signing {image.ref}")
-                _cosign(["attest", *common, "--type", "slsaprovenance1", "--predicate", str(predicate), image.ref], env,
-                        f"attesting the provenance of {image.ref}")
-                _cosign(["attest", *common, "--type", "cyclonedx", "--predicate", str(sbom), image.ref], env,
-                        f"attesting the SBOM of {image.ref}")
+            try:
+                sbom_document = json.loads(sbom.read_text("utf-8"))
+            except (OSError, ValueError) as exc:
+                raise InfrastructureError(f"{sbom}: not a readable CycloneDX JSON document ({exc})") from None
+            signer = self._bundle_signer(credential)
+            try:
+                for name, predicate_type, predicate in (("provenance", SLSA_PROVENANCE, provenance),
+                                                        ("sbom", CYCLONEDX, sbom_document)):
+                    statement = work / f"{name}.intoto.json"
+                    atomic_write_bytes(statement, image_statement(image, predicate_type, predicate))
+                    bundle = signer.sign_statement(statement)
+                    attach_bundle(image, bundle.read_bytes(), predicate_type)
+            finally:
+                signer.close()
+
+    def _bundle_signer(self, credential: Mapping[str, str]) -> Signer:
+        """sigstore-python's signer (pipeline.evidence.signing) for the job's ambient token: public-good,
+        or the private instance the endpoints name (Rekor v1: cosign 2.5 verifies no Rekor v2 entry)."""
+        first = actions_token(credential)
+        identity, issuer = certificate_identity(first)
+        tokens = iter([first])
+        endpoints = self.endpoints
+        trust = (private_trust_config(endpoints.fulcio_url, endpoints.trusted_root)
+                 if endpoints.fulcio_url is not None and endpoints.trusted_root is not None
+                 else ClientTrustConfig.production())
+        return Signer(trust_config=trust, token=lambda: next(tokens, None) or actions_token(credential),
+                      identity=identity, issuer=issuer, trusted_root=endpoints.trusted_root, rekor_version=1)
 
     def _registry_flags(self) -> list[str]:
         return ["--allow-http-registry"] if self.allow_http_registry else []
+
+
+def actions_token(credential: Mapping[str, str], audience: str = "sigstore") -> str:
+    """An OIDC token from the Actions job's token endpoint (``ACTIONS_ID_TOKEN_REQUEST_URL`` with the
+    bearer ``ACTIONS_ID_TOKEN_REQUEST_TOKEN``), as GitHub serves it: ``{"value": JWT}``."""
+    url = credential["ACTIONS_ID_TOKEN_REQUEST_URL"]
+    url += ("&" if "?" in url else "?") + urlencode({"audience": audience})
+    try:
+        answer = requests.get(url, headers={"Authorization": f"bearer {credential['ACTIONS_ID_TOKEN_REQUEST_TOKEN']}"},
+                              timeout=30)
+        value = answer.json().get("value") if answer.status_code == 200 else None
+    except (requests.RequestException, ValueError, AttributeError) as exc:
+        raise InfrastructureError(f"the Actions OIDC token endpoint did not answer: {type(exc).__name__}") from None
+    if not isinstance(value, str) or not value:
+        raise InfrastructureError(f"the Actions OIDC token endpoint gave no token (HTTP {answer.status_code})")
+    return value
 
 
 def attest_images(images: Mapping[str, str], signer: ImageSigner, invocation: BuildInvocation, sbom_dir: Path,
@@ -257,7 +319,7 @@ def verify_image(ref: str, policy: ImageIdentityPolicy, endpoints: SigstoreEndpo
     identity at its commit: the argv of ``image_check_args``, the same the release body prints."""
     image = parse_ref(ref, "image")
     checks = image_check_args(image.ref, policy, offline=endpoints.is_private, attestations=tuple(attestations),
-                              allow_http_registry=allow_http_registry)
+                              allow_http_registry=allow_http_registry, trusted_root=endpoints.trusted_root)
     # A check that passed for this digest, identity, trust root and cosign passes again (pipeline.attest.passed).
     cosign = _cosign_binary()
     keys = [check_key(args, cosign, endpoints.trusted_root) for args in checks]
@@ -267,7 +329,7 @@ def verify_image(ref: str, policy: ImageIdentityPolicy, endpoints: SigstoreEndpo
     with tempfile.TemporaryDirectory(prefix="benchseal-verify-image-") as tmp:
         env = endpoints.environ(Path(tmp))
         for args, key in pending:
-            what = "signature" if args[0] == "verify" else f"{args[2]} attestation"
+            what = "signature" if args[0] == "verify" else f"{args[args.index('--type') + 1]} attestation"
             _check(args, env, f"{image.ref}: {what} by {policy.describe()}")
             record_pass(key)
 

@@ -85,7 +85,8 @@ def cosign_environment(endpoint_env: Mapping[str, str], inherited: Mapping[str, 
 # --- images: who must have signed them, and the cosign argv that checks it -------------------------
 
 # cosign's --type names and the predicate types they stand for.
-ATTESTATION_TYPES = {"slsaprovenance1": SLSA_PROVENANCE, "cyclonedx": "https://cyclonedx.org/bom"}
+CYCLONEDX = "https://cyclonedx.org/bom"
+ATTESTATION_TYPES = {"slsaprovenance1": SLSA_PROVENANCE, "cyclonedx": CYCLONEDX}
 _WORKFLOW_RE = re.compile(r"\A[A-Za-z0-9_.-]{1,100}\.ya?ml\Z")
 _REF_RE = re.compile(r"\Arefs/(heads|tags)/[A-Za-z0-9][A-Za-z0-9._/-]{0,199}\Z")
 _LOOPBACK = ("127.0.0.1", "localhost")
@@ -163,18 +164,25 @@ def is_loopback_registry(ref: str) -> bool:
 
 def image_check_args(ref: str, policy: ImageIdentityPolicy, *, offline: bool,
                      attestations: tuple[str, ...] = tuple(ATTESTATION_TYPES),
-                     allow_http_registry: bool = False) -> list[list[str]]:
+                     allow_http_registry: bool = False, trusted_root: Path | None = None) -> list[list[str]]:
     """cosign's argv (without the binary) for the signature and each attestation of the image
     ``ref`` by ``policy``: what ``benchseal verify-image`` and the worker run, and what the release
-    body prints. A loopback registry is plain HTTP."""
+    body prints. A loopback registry is plain HTTP.
+
+    The signature is cosign's own (``cosign sign``, its tag scheme); the attestations are Sigstore
+    bundles attached as OCI referrers (pipeline.attest.images), checked in cosign's new bundle format
+    with their predicate type's URI and, for a private instance, its ``trusted_root`` (public-good:
+    cosign's TUF root). The legacy ``.att`` attestations are not read: no fallback between the two."""
     image = parse_ref(ref, "image")
     unknown = [a for a in attestations if a not in ATTESTATION_TYPES]
     if unknown:
         raise ValidationError("attestations", f"must be among {sorted(ATTESTATION_TYPES)}", unknown)
-    common = [*policy.flags(), *(["--offline"] if offline else []),
-              *(["--allow-http-registry"] if allow_http_registry or is_loopback_registry(image.ref) else [])]
-    return [["verify", *common, image.ref],
-            *(["verify-attestation", "--type", kind, *common, image.ref] for kind in attestations)]
+    http = ["--allow-http-registry"] if allow_http_registry or is_loopback_registry(image.ref) else []
+    offline_flag = ["--offline"] if offline else []
+    trust = ["--trusted-root", str(trusted_root)] if trusted_root is not None else []
+    return [["verify", *policy.flags(), *offline_flag, *http, image.ref],
+            *(["verify-attestation", "--new-bundle-format", "--type", ATTESTATION_TYPES[kind], *policy.flags(),
+               *trust, *offline_flag, *http, image.ref] for kind in attestations)]
 
 
 def result_attestation_args(ref: str, expect: Expectation, *, trusted_root: Path | None) -> list[str]:
@@ -448,13 +456,14 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
                         trusted_root: Path | None = None, profile: str | None = None, workflow: str = "tag.yml",
                         ref: str = "tag", builder: Builder | None = None,
                         infra_repository: str | None = None) -> list[str]:
-    """``cosign verify`` and ``verify-attestation`` for the release's runner and api digests, with
+    """``cosign verify`` and ``verify-attestation --new-bundle-format`` for the release's runner and api digests, with
     the identity ``image_identity`` builds for ``repository`` at ``tag`` and the commit the
     release's summary.json is bound to: exactly the argv ``benchseal verify-image`` runs
     (``image_check_args``). With ``builder``, the images were signed by its reusable release.yml
     for the source (:func:`builder_image_identity`); else by the source's own ``workflow``. A
     private instance's root reaches cosign as PEM files written beside ``trusted_root`` and named
-    through ``env`` (cosign has no --trusted-root for image signatures in the old format);
+    through ``env`` (cosign has no --trusted-root for image signatures in the old format) and, for the
+    attestations (Sigstore bundles as OCI referrers), as the published root (``printed_root``);
     public-good needs none. No summary.json: no image lines.
 
     Then, when the result is PASSED (a run that SUCCEEDED and passed its regression gate), the runner's
@@ -479,7 +488,7 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
         prefix = ["env", *(f"{name}={value}" for name, value in sorted(env.items()))]
     lines = []
     for image in (summary.images.runner.ref, summary.images.api.ref):
-        for args in image_check_args(image, policy, offline=trusted_root is not None):
+        for args in image_check_args(image, policy, offline=trusted_root is not None, trusted_root=bundle_root):
             lines.append(shlex.join([*prefix, binary, *args]))
     if result_verdict(summary) == "PASSED" and (directory / TEST_RESULT).is_file():
         try:

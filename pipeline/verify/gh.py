@@ -30,11 +30,12 @@ from pathlib import Path
 
 from pipeline.core import paths
 from pipeline.core.contracts import GITHUB_ISSUER
+from pipeline.core.digests import parse_ref
 from pipeline.core.documents import TEST_RESULT as TEST_RESULT_TYPE
 from pipeline.core.errors import InfrastructureError
 from pipeline.core.fsutil import atomic_write_bytes
 from pipeline.core.layout import MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SUMMARY, TEST_RESULT, bundle_name
-from pipeline.verify.external import SLSA_PROVENANCE, command_profile, printed_root
+from pipeline.verify.external import SLSA_PROVENANCE, ImageIdentityPolicy, command_profile, printed_root
 from pipeline.verify.policy import Builder, Expectation, expectation
 
 # gh got ``attestation verify`` in 2.49; Debian 12's 2.23 has none.
@@ -110,15 +111,43 @@ def trusted_root_lines(trusted_root: Path, out: Path) -> Path:
 def gh_attestation_verify(artifact: Path, bundle: Path, pins: GhPins, *, trusted_root_jsonl: Path | None) -> GhOutcome:
     """Run the real gh offline against one bundle; ok when it exits 0. ``trusted_root_jsonl``: the
     private instance's root (``trusted_root_lines``); None for public-good Sigstore and GitHub's own."""
+    return _run_gh(["attestation", "verify", str(artifact), "--bundle", str(bundle), *pins.flags()], trusted_root_jsonl)
+
+
+def image_pins(policy: ImageIdentityPolicy, predicate_type: str) -> list[str]:
+    """gh's pins for an image attestation by ``policy`` (pipeline.verify.external.image_identity): the same
+    identity, issuer, source repository, ref and commit cosign's flags pin, and the predicate type."""
+    return ["--repo", policy.repository, "--cert-identity", policy.identity, "--source-ref", policy.ref,
+            "--source-digest", policy.sha, "--predicate-type", predicate_type, "--cert-oidc-issuer", policy.issuer]
+
+
+def gh_image_args(ref: str, policy: ImageIdentityPolicy, predicate_type: str, *,
+                  trusted_root_jsonl: Path | None) -> list[str]:
+    """gh's argv (without the binary) that checks one attestation of the image ``ref``: the Sigstore bundles
+    attached to it as OCI referrers (pipeline.attest.referrers), read from the registry."""
+    image = parse_ref(ref, "image")
+    trust = ["--custom-trusted-root", str(trusted_root_jsonl)] if trusted_root_jsonl is not None else []
+    return ["attestation", "verify", f"oci://{image.ref}", "--bundle-from-oci", *image_pins(policy, predicate_type),
+            *trust]
+
+
+def gh_verify_image(ref: str, policy: ImageIdentityPolicy, predicate_type: str, *,
+                    trusted_root_jsonl: Path | None) -> GhOutcome:
+    """Run the real gh against the image's attestations in its registry (a loopback registry is plain
+    HTTP to gh's registry client); ok when it exits 0."""
+    return _run_gh(gh_image_args(ref, policy, predicate_type, trusted_root_jsonl=None), trusted_root_jsonl)
+
+
+def _run_gh(args: list[str], trusted_root_jsonl: Path | None) -> GhOutcome:
     gh = gh_path()
     if gh is None:
         raise InfrastructureError(f"no gh >= {MIN_VERSION[0]}.{MIN_VERSION[1]} with 'attestation verify' found "
                                   "(make setup installs one into the project's venv)")
-    argv = [str(gh), "attestation", "verify", str(artifact), "--bundle", str(bundle), *pins.flags()]
+    argv = [str(gh), *args]
     if trusted_root_jsonl is not None:
         argv += ["--custom-trusted-root", str(trusted_root_jsonl)]
-    # Offline: no GitHub API call is made with --bundle, but gh insists on a token being set; it is never
-    # sent anywhere. Its config and caches go to a directory of their own, removed afterwards.
+    # Offline: no GitHub API call is made with --bundle / --bundle-from-oci, but gh insists on a token being
+    # set; it is never sent anywhere. Its config and caches go to a directory of their own, removed afterwards.
     with tempfile.TemporaryDirectory(prefix="benchseal-gh-") as home:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GH_TOKEN": "unused-offline", "HOME": home,
                "GH_CONFIG_DIR": home, "XDG_CACHE_HOME": home, "GH_NO_UPDATE_NOTIFIER": "1", "NO_COLOR": "1"}

@@ -1,4 +1,4 @@
-"""Images signed and attested with the real cosign as a GitHub Actions job (the private
+"""Images signed (cosign) and attested (sigstore-python bundles as OCI referrers) as a GitHub Actions job (the private
 instance's Actions token endpoint and GitHub-shaped Fulcio), and checked with exact identities."""
 
 from __future__ import annotations
@@ -146,11 +146,13 @@ def test_explicit_actions_environment_and_no_token_in_argv(sigstore_instance: ob
 
 def test_cosign_cli_as_a_consumer_runs_it(signed_image: str, endpoints: SigstoreEndpoints, cosign_bin: Path,
                                           tmp_path: Path) -> None:
-    """The consumer's own commands, with the provenance's builder checked from the attestation."""
+    """The consumer's own command (the attestations are Sigstore bundles attached as OCI referrers: cosign's
+    new bundle format), with the provenance's builder checked from the attestation."""
     env = {**os.environ, **endpoints.environ(tmp_path)}
     identity = ["--certificate-identity", JOB.identity, "--certificate-oidc-issuer", GITHUB_ISSUER,
-                "--offline", "--allow-http-registry"]
-    done = subprocess.run([str(cosign_bin), "verify-attestation", "--type", "slsaprovenance1", *identity, signed_image],
+                "--trusted-root", str(endpoints.trusted_root), "--offline", "--allow-http-registry"]
+    done = subprocess.run([str(cosign_bin), "verify-attestation", "--new-bundle-format", "--type",
+                           "https://slsa.dev/provenance/v1", *identity, signed_image],
                           env=env, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     import base64

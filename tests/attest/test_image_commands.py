@@ -1,6 +1,7 @@
 """The release body prints how to verify the images (issue 22, point 8), and ``benchseal verify
---images`` checks them: ``cosign verify`` and ``cosign verify-attestation --type slsaprovenance1``
-/ ``--type cyclonedx`` for the runner and the api digest, with the identity, issuer and the
+--images`` checks them: ``cosign verify`` and ``cosign verify-attestation --new-bundle-format --type
+https://slsa.dev/provenance/v1`` / ``https://cyclonedx.org/bom`` (the Sigstore bundles attached as OCI
+referrers, issue 37.2) for the runner and the api digest, with the identity, issuer and the
 workflow repository, ref and SHA pins ``benchseal verify-image`` uses (one home:
 ``image_identity`` + ``image_check_args``).
 
@@ -97,8 +98,10 @@ def published(release_copy: Path, tmp_path: Path, consumer_env: None, sign_relea
 def test_body_prints_the_image_commands_verify_image_runs(published: Path) -> None:
     lines = _image_block((published / "body.md").read_text())
     policy = image_identity(REPOSITORY, TAG, RELEASE_COMMIT)
-    expected = [args for ref in _images(published).values() for args in image_check_args(ref, policy, offline=True)]
-    assert len(lines) == len(expected) == 6  # 2 images x (signature, slsaprovenance1, cyclonedx)
+    # The attestation lines name the root the release publishes (trusted_root.json), as the test-result line does.
+    expected = [args for ref in _images(published).values()
+                for args in image_check_args(ref, policy, offline=True, trusted_root=Path("trusted_root.json"))]
+    assert len(lines) == len(expected) == 6  # 2 images x (signature, SLSA provenance, CycloneDX SBOM)
     for line, args in zip(lines, expected, strict=True):
         argv = shlex.split(line)
         # env SIGSTORE_*=<the private root as PEM> cosign <exactly verify-image's argv>
@@ -111,8 +114,9 @@ def test_body_prints_the_image_commands_verify_image_runs(published: Path) -> No
                 f"--certificate-github-workflow-ref refs/tags/{TAG}",
                 f"--certificate-github-workflow-sha {RELEASE_COMMIT}"):
         assert text.count(pin) == 6, pin
-    assert sum("verify-attestation --type slsaprovenance1" in line for line in lines) == 2
-    assert sum("verify-attestation --type cyclonedx" in line for line in lines) == 2
+    assert sum("verify-attestation --new-bundle-format --type https://slsa.dev/provenance/v1" in line
+               for line in lines) == 2
+    assert sum("verify-attestation --new-bundle-format --type https://cyclonedx.org/bom" in line for line in lines) == 2
 
 
 def test_image_commands_run_as_printed(published: Path) -> None:

@@ -181,7 +181,7 @@ def test_a_signature_of_the_commit_with_attestations_of_another_is_refused(
         run_cosign(["sign", "--yes", "--oidc-provider", "github-actions", *endpoints.sign_flags(), "--allow-http-registry",
                  image], env, f"signing {image}")
     sign_as(sigstore_instance, endpoints, tmp_path, images, ref=f"refs/tags/{TAG}", sha=OTHER)
-    with pytest.raises(ImageRefused, match=r"slsaprovenance1 attestation by .* at commit " + COMMIT):
+    with pytest.raises(ImageRefused, match=r"https://slsa.dev/provenance/v1 attestation by .* at commit " + COMMIT):
         require_signed_images(_payload(images), _source(tmp_path, KINDS["tag"][0]), endpoints)
 
 

@@ -400,11 +400,12 @@ def test_the_runner_sbom_and_provenance_name_the_agent_package(qwen_right: dict[
     runner = report["images"]["runner"]
     source = report["source"]
     identity = builder_image_identity(LOCAL_BUILDER, source["repository"], QWEN_TAG, source["commit"])
+    endpoints = SigstoreEndpoints.verifying(home / "sigstore" / "trusted_root.json")
     (args,) = [a for a in image_check_args(runner, identity, offline=True, attestations=("slsaprovenance1",),
-                                           allow_http_registry=True) if a[0] == "verify-attestation"]
+                                           allow_http_registry=True, trusted_root=endpoints.trusted_root)
+               if a[0] == "verify-attestation"]
     cosign = cosign_path()
     assert cosign is not None
-    endpoints = SigstoreEndpoints.verifying(home / "sigstore" / "trusted_root.json")
     done = subprocess.run([str(cosign), *args], env=cosign_environment(endpoints.environ(tmp_path)),
                           capture_output=True, text=True, check=False, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
