@@ -93,6 +93,10 @@ class Dataset(_Document):
     revision: str | None = None
     # The run's subset of the dataset's tasks (the payload's ``tasks``, sorted); absent: every task ran.
     subset: TaskSubset | None = Field(default=None, exclude_if=lambda v: v is None)
+    task_images: dict[Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")], PinnedRef] | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="each task that ran on a prebuilt image and that image as its task.toml pinned it "
+                    "(name@sha256:..., the trials' task_image); absent: every task was built from its Dockerfile")
 
     @property
     def pinned(self) -> str | None:

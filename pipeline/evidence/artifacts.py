@@ -42,6 +42,15 @@ EVALUATION_METHOD = ("harbor-verifier-reward: a trial is resolved when its verif
                      "a number in [0, 1] is an infrastructure error); score = resolved / completed")
 
 
+def _task_images(grading: Grading) -> dict[str, str] | None:
+    """{task: name@sha256} of the trials that ran on a prebuilt image (pipeline.infra.worker.task_images)."""
+    found: dict[str, str] = {}
+    for trial in grading.trials:
+        if trial.task_image is not None and found.setdefault(trial.task, trial.task_image) != trial.task_image:
+            raise CheckFailed(f"grading.trials: task {trial.task} ran on {found[trial.task]} and {trial.task_image}")
+    return dict(sorted(found.items())) or None
+
+
 def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version: str | None = None,
                   comparison: Comparison | None = None) -> ReleaseSummary:
     """The benchseal.summary/v1 document for a graded run (``comparison``: the checked comparison.json)."""
@@ -55,7 +64,8 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
     return ReleaseSummary(
         suite=grading.suite,
         # The digest the worker staged and verified for every trial (never a hash of whatever directory is here now).
-        dataset=Dataset(name=grading.suite, digest=grading.dataset_digest, subset=grading.subset),
+        dataset=Dataset(name=grading.suite, digest=grading.dataset_digest, subset=grading.subset,
+                        task_images=_task_images(grading)),
         evaluation_method=EVALUATION_METHOD,
         status=grading.status,
         reason=grading.reason,

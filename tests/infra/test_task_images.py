@@ -5,6 +5,7 @@ image's id. Everything here but the registry test runs without Docker."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,17 +13,22 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError as PydanticValidationError
 
+from pipeline.core.contracts import TrialRecord
 from pipeline.core.datasets import task_images
 from pipeline.core.digests import ImageRef
+from pipeline.core.documents import Dataset
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.paths import REPO_ROOT
+from pipeline.evidence.artifacts import build_summary
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
 from pipeline.infra.worker.config import InfraFailure
 from pipeline.infra.worker.dataset import check_policy_datasets, stage_dataset
 from pipeline.infra.worker.images import render_suite
 from pipeline.infra.worker.task_images import load_task_images, set_docker_image
 from tests.fixtures.datasets import pinned
+from tests.fixtures.sigstore import make_inputs
 from tests.fixtures.tb_mini import TASKS, write_tb_mini
 
 REGISTRY = "127.0.0.1:5055"
@@ -198,3 +204,32 @@ def test_the_dataset_images_verb_lists_pinned_images_and_refuses_a_tag_in_one_li
     assert len(refused.stderr.splitlines()) == 1, refused.stderr
     assert "task reverse-lines: task.toml [environment] docker_image" in refused.stderr
     assert "tags are not accepted" in refused.stderr
+
+
+# --- the evidence: each trial's record and summary.json ------------------------------------------------
+
+IMAGES = {"runner": f"{REGISTRY}/benchseal/runner@sha256:" + "1" * 64, "api": f"{REGISTRY}/benchseal/api@sha256:" + "2" * 64}
+
+
+def test_summary_json_names_each_tasks_image_by_digest_and_refuses_two_for_one_task() -> None:
+    grading, payload = make_inputs(IMAGES)
+    assert build_summary(grading, payload).dataset.task_images is None  # built from Dockerfiles: nothing added
+    assert "task_images" not in build_summary(grading, payload).dataset.to_json_dict()
+    trials = tuple(t.model_copy(update={"task_image": IMAGE}) for t in grading.trials)
+    summary = build_summary(grading.model_copy(update={"trials": trials}), payload)
+    assert summary.dataset.task_images == {t.task: IMAGE for t in grading.trials}
+    assert json.loads(json.dumps(summary.to_json_dict()))["dataset"]["task_images"] == summary.dataset.task_images
+    other = f"{REGISTRY}/benchseal-tests/tb-mini@sha256:" + "cd" * 32
+    twice = (*trials, trials[0].model_copy(update={"trial_name": trials[0].trial_name + "x", "task_image": other}))
+    with pytest.raises(CheckFailed, match=f"task {trials[0].task} ran on"):
+        build_summary(grading.model_copy(update={"trials": twice}), payload)
+
+
+def test_a_recorded_task_image_must_be_pinned_by_digest() -> None:
+    grading, _ = make_inputs(IMAGES)
+    record = grading.trials[0].model_dump(mode="json")
+    assert TrialRecord.model_validate({**record, "task_image": IMAGE}).task_image == IMAGE
+    with pytest.raises(PydanticValidationError):
+        TrialRecord.model_validate({**record, "task_image": f"{REGISTRY}/benchseal-tests/tb-mini:latest"})
+    with pytest.raises(PydanticValidationError):
+        Dataset.model_validate({"name": "tb", "task_images": {"count-lines": "ubuntu:24.04"}})
