@@ -6,7 +6,9 @@
 * ``provenance-summary.intoto.json``: the subject is summary.json; the predicate
   binds it to the image digests the run used (resolvedDependencies).
 
-The files hold the exact bytes that the DSSE bundles sign.
+The files hold the exact bytes that the DSSE bundles sign. One build type per kind of build, each
+documented in docs/build-types.md: ``BUILD_TYPE`` (the images; their own attached provenance,
+pipeline.attest.images, carries it too, with the same parameters) and ``RUN_TYPE`` (a benchmark run).
 """
 
 from __future__ import annotations
