@@ -92,7 +92,7 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         tag=tag,
         status=summary.status,
         # A subset run says so where the suite is named: its score is not the whole suite's.
-        suite=summary.suite + (f" (a subset: {len(summary.dataset.subset)} tasks)" if summary.dataset.subset else ""),
+        suite=summary.suite + (f" (subset of {len(summary.dataset.subset)} tasks)" if summary.dataset.subset else ""),
         dataset=f"{summary.dataset.name}@{revision}" if revision else summary.dataset.name,
         evaluation=summary.evaluation_method,
         total=summary.counts.total,
@@ -203,6 +203,11 @@ def _task_passes(passes: Sequence[tuple[str, int, int]]) -> str:
                   "per-task results below, summary.json tasks")
 
 
+def _natural(passes: tuple[str, int, int]) -> list[tuple[int, int | str]]:
+    """Task names in natural order (humaneval-2 before humaneval-10)."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", passes[0])]
+
+
 def _per_task_table(facts: SectionFacts) -> list[str]:
     """The folded per-task results of a suite too large for the facts table (empty for a small one)."""
     if len(facts.task_passes) <= INLINE_TASKS and len(facts.failed_trials) <= INLINE_TASKS:
@@ -214,7 +219,7 @@ def _per_task_table(facts: SectionFacts) -> list[str]:
     lines = ["", f"<details><summary>Per-task results: {len(facts.task_passes)} tasks, {passed} resolved in every "
              "attempt (all of them in summary.json, every trial in trial-results.json)</summary>", "",
              "| Task | Resolved / attempts | First trial not resolved |", "|---|---|---|"]
-    for task, resolved, attempts in facts.task_passes[:MAX_TASKS_SHOWN]:
+    for task, resolved, attempts in sorted(facts.task_passes, key=_natural)[:MAX_TASKS_SHOWN]:
         reason = why.get(task, "")
         cut = reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
         lines.append(f"| {markdown_cell(task)} | {resolved}/{attempts} | {markdown_cell(cut) if cut else ''} |")

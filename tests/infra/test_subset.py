@@ -168,4 +168,4 @@ def test_the_release_body_says_a_subset_run_is_a_subset() -> None:
     grading, payload = make_inputs(IMAGES)
     assert facts_from_summary(build_summary(grading, payload), "v9.9.9").suite == "smoke"
     subset = build_summary(grading.model_copy(update={"subset": ("fail", "hello")}), payload)
-    assert facts_from_summary(subset, "v9.9.9").suite == "smoke (a subset: 2 tasks)"
+    assert facts_from_summary(subset, "v9.9.9").suite == "smoke (subset of 2 tasks)"
