@@ -47,6 +47,7 @@ def test_a_failing_164_task_run_keeps_the_first_screen_short_and_folds_every_tas
     rows = [line for line in folded.splitlines() if line.startswith("| humaneval")]
     assert len(rows) == N
     assert rows[0].startswith("| humaneval\\-0 | 1/1 |  |")  # resolved: no reason
+    assert [row.split(" | ")[0] for row in rows[:3]] == ["| humaneval\\-0", "| humaneval\\-1", "| humaneval\\-2"]
     cut = rows[-1].split(" | ")[2]
     assert cut.startswith("unresolved`:` FAILED`:` CandidateError") and cut.endswith("… |")
     assert len(cut) < REASON_CHARS + 40  # cut before escaping; the escapes add a few characters
