@@ -1,7 +1,8 @@
 """``benchseal attest`` and ``benchseal verify-image``: image signatures and attestations.
 
-``attest --digests FILE`` signs each image of a digests file and attests its SLSA provenance
-and CycloneDX SBOM with cosign, as the ambient GitHub Actions identity (the build job needs
+``attest --digests FILE`` signs each image of a digests file (cosign) and attests its SLSA provenance
+and CycloneDX SBOM (Sigstore bundles attached as OCI referrers, pipeline.attest.images), as the
+ambient GitHub Actions identity (the build job needs
 ``permissions: id-token: write`` and ``packages: write``). ``verify-image REF --repo --tag --commit``
 checks them with the exact release-workflow identity, at that ref and that commit
 (``pipeline.verify.external.image_identity``, the same expectation the worker and the release
