@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pipeline.core.contracts import DigestsFile, load_model
+from pipeline.core.contracts import DigestsFile, load_model, parse_subset
 from pipeline.dispatch.dispatch import build_payload, workflow_inputs
 from tests.doubles.github.actions import render_run_name
 from tests.fixtures.github import digests_data
@@ -353,6 +354,25 @@ def test_dispatch_uses_workflow_dispatch_with_the_dispatch_token() -> None:
         "on"]["workflow_dispatch"]["inputs"]
     assert set(sent) == set(declared)
     assert all(spec["required"] is True and spec["type"] == "string" for spec in declared.values())
+
+
+def test_the_suite_and_a_subset_of_its_tasks_are_inputs_that_reach_the_dispatch_through_the_environment() -> None:
+    """release.yml's suite and tasks inputs (issue 36.4): optional strings whose defaults are every task of smoke,
+    handed to `benchseal dispatch` as environment variables, never interpolated into the script; the payload they
+    make carries them (the subset in its one spelling), and the same payload sent as workflow inputs too."""
+    wf = load("release.yml")
+    inputs = wf["on"]["workflow_call"]["inputs"]
+    assert {name: (inputs[name]["type"], inputs[name]["required"], inputs[name]["default"])
+            for name in ("suite", "tasks")} == {"suite": ("string", False, "smoke"), "tasks": ("string", False, "")}
+    [step] = [s for s in steps(wf["jobs"]["dispatch_infra"]) if s.get("id") == "dispatch"]
+    assert (step["env"]["SUITE"], step["env"]["TASKS"]) == ("${{ inputs.suite }}", "${{ inputs.tasks }}")
+    assert '--suite "$SUITE" --tasks "$TASKS"' in " ".join(step["run"].replace("\\\n", " ").split())
+    digests = load_model(DigestsFile, digests_data(), "digests")
+    payload = build_payload(digests, correlation_id="c-12345678", tag="v1.2.3", suite="humaneval",
+                            tasks=parse_subset("humaneval-32,humaneval-0"))
+    assert json.loads(workflow_inputs(payload)["payload"])["tasks"] == ["humaneval-0", "humaneval-32"]
+    whole = build_payload(digests, correlation_id="c-12345678", tag="v1.2.3", tasks=parse_subset(""))
+    assert "tasks" not in json.loads(workflow_inputs(whole)["payload"])
 
 
 @pytest.mark.parametrize("caller", sorted(CALLERS), ids=lambda p: p.parent.parent.parent.name)
