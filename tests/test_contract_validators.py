@@ -60,7 +60,7 @@ def test_a_good_correlation_id_passes_unchanged() -> None:
     assert validate_correlation("abc-123_x.y", "--correlation") == "abc-123_x.y"
 
 
-@pytest.mark.parametrize("value", ["a/b/c", "owner", "owner/..", "ow ner/name", "\u212aey/name", 7])
+@pytest.mark.parametrize("value", ["a/b/c", "owner", "owner/..", "owner/.", "ow ner/name", "\u212aey/name", 7])
 def test_a_bad_repository_is_refused_naming_field_rule_and_value(value: object) -> None:
     with pytest.raises(ValidationError) as caught:
         validate_repository(value)
