@@ -31,7 +31,7 @@ LAYERS: dict[str, set[str]] = {
     "runner": {"core", "infra.sandbox"},
     "infra.worker": {"core", "attest", "imaging", "infra.intake", "infra.queue", "infra.sandbox", "runner"},
     "publish": {"core", "dispatch", "evidence", "verify", "infra.intake", "infra.queue", "infra.worker"},
-    "host": {"core", "infra.sandbox", "infra.intake"},  # doctor: the policy, parsed as the worker parses it
+    "host": {"core", "infra.sandbox", "infra.intake", "infra.queue"},  # doctor: the policy as the worker parses it, the workers' heartbeats
     "local": _PRODUCTION,
     "cli": _PRODUCTION | {"local"},
 }

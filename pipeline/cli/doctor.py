@@ -18,14 +18,13 @@ from pipeline.core.doctor import Finding, Side, exit_code
 from pipeline.core.errors import ValidationError
 from pipeline.host.doctor import (
     PUBLIC_GOOD_REKOR,
-    SUITES_DIR,
     HostOptions,
     check_host,
     checkout_place,
     policy_findings,
     suites_findings,
 )
-from pipeline.host.install import validate_user_name
+from pipeline.host.install import SUITES_DIR, validate_user_name
 
 doctor_app = typer.Typer(help="Check a production setup against what the chain needs (docs/github.md, docs/host.md).",
                          no_args_is_help=True)

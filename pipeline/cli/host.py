@@ -28,12 +28,16 @@ def install(
     api_image: Annotated[str | None, typer.Option("--api-image", help="The API image by digest "
                                                   "(REGISTRY/REPOSITORY@sha256:<64 hex>): installs "
                                                   "benchseal-api.service, which runs it read-only on 127.0.0.1.")] = None,
+    infra_checkout: Annotated[Path | None, typer.Option("--infra-checkout", help="A checkout of the infra "
+                                                        "repository: install its policies/infra.yaml and suites/ "
+                                                        "(their one home; docs/host.md).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable report.")] = False,
 ) -> None:
     """Create the service user and directories, install units, wrappers, sudo rule and policy; idempotent."""
 
     report = run_install(InstallOptions(runner_user=runner_user, service_user=service_user, prefix=prefix,
-                                        dry_run=dry_run, api_image=api_image))
+                                        dry_run=dry_run, api_image=api_image,
+                                        infra_checkout=infra_checkout.resolve() if infra_checkout else None))
     if as_json:
         typer.echo(json.dumps(report.to_json_dict(), indent=2))
         return

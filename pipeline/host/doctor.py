@@ -14,6 +14,7 @@ import json
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,18 +23,19 @@ from pipeline.core.contracts import canonical_repository
 from pipeline.core.datasets import dataset_entries, digest_entries
 from pipeline.core.doctor import Finding, Side, missing, ok, unknown
 from pipeline.core.errors import Error
-from pipeline.host.install import API_UNIT, APP_DIR, POLICY_FILE, STATE_DIR, UNIT_DIR, UNITS
+from pipeline.host.install import API_UNIT, POLICY_FILE, STATE_DIR, SUITES_DIR, UNIT_DIR, UNITS
 
 if TYPE_CHECKING:
     from pipeline.infra.intake.policy import InfraPolicy
 
-SUITES_DIR = APP_DIR + "/suites"
 QUEUE_DIR = STATE_DIR + "/infra"  # the SQLite queue (queue.sqlite3) the worker creates there
 QUEUE_URL_FILE = QUEUE_DIR + "/queue-url"
 DOCKER_CONFIG = STATE_DIR + "/.docker/config.json"  # the service user's (its home is the state dir)  # a PostgreSQL queue instead (deploy/benchseal-worker.service)
 # Where cosign's public-good signatures are logged: reachable, or the worker cannot check an image.
 PUBLIC_GOOD_REKOR = "https://rekor.sigstore.dev"
 _INSTALL = "run `benchseal host install --runner-user RUNNER` (docs/host.md step 2)"
+_INSTALL_INFRA = ("run `benchseal host install --runner-user RUNNER --infra-checkout DIR` with a checkout of the infra "
+                  "repository (docs/host.md step 2)")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class HostOptions:
     offline: bool = False
     timeout: float = 5.0
     source: str | None = None  # an adopter repository the policy must admit, with its agent
+    now: float | None = None  # the clock the worker's heartbeat is judged by (None: time.time())
 
 
 def _under(prefix: Path, path: str) -> Path:
@@ -64,8 +67,8 @@ class PolicyPlace:
 
 
 def host_place(prefix: Path, suites_dir: str) -> PolicyPlace:
-    return PolicyPlace("host", prefix, POLICY_FILE, suites_dir, _INSTALL + ", then edit it",
-                       f"copy the infra repository's suites/ to {suites_dir}")
+    return PolicyPlace("host", prefix, POLICY_FILE, suites_dir, _INSTALL_INFRA,
+                       _INSTALL_INFRA if suites_dir == SUITES_DIR else f"copy the infra repository's suites/ to {suites_dir}")
 
 
 def checkout_place(checkout: Path) -> PolicyPlace:
@@ -119,7 +122,8 @@ def suites_findings(place: PolicyPlace, policy: InfraPolicy) -> list[Finding]:
             continue
         out.append(ok(side, check, f"{where} {actual}") if actual == suite.dataset.digest else
                    missing(side, check, f"{where} has digest {actual}, the policy pins {suite.dataset.digest}",
-                           f"copy the suite at the infra repository's commit, or pin `benchseal dataset digest {where}`"))
+                           place.fix_suites if side == "host" else  # the host's policy is the repository's
+                           f"commit the suite the policy pins, or pin `benchseal dataset digest {where}` in it"))
     return out
 
 
@@ -192,9 +196,30 @@ def _queue(prefix: Path, user: str) -> Finding:
     return missing("host", check, f"{STATE_DIR} is missing", _INSTALL)
 
 
-def _registry_auth(prefix: Path, user: str, policy: InfraPolicy) -> list[Finding]:
-    """The worker pulls by digest with its own Docker config: credentials for each registry the policy names
-    (public packages need none: then UNKNOWN, not a failure), in a file no one else can read."""
+def _registry_answer(registry: str, timeout: float) -> tuple[int | None, str]:
+    """(HTTP status of the registry's ``GET /v2/``, its WWW-Authenticate scheme), or (None, why it did not answer).
+    Plain HTTP for a loopback registry (as the Docker Engine treats 127.0.0.0/8), HTTPS otherwise."""
+    # lazy: urllib.request (http.client, ssl) costs ~20 ms at every CLI start (python -X importtime, 2026-12-07)
+    import urllib.error
+    import urllib.request
+
+    host = registry.rsplit(":", 1)[0] if registry.count(":") == 1 else registry
+    scheme = "http" if host in ("localhost", "::1", "[::1]") or host.startswith("127.") else "https"
+    try:
+        with urllib.request.urlopen(f"{scheme}://{registry}/v2/", timeout=timeout) as answer:  # noqa: S310
+            return int(answer.status), ""
+    except urllib.error.HTTPError as exc:
+        return exc.code, (exc.headers.get("WWW-Authenticate") or "").split(" ", 1)[0].lower()
+    except (urllib.error.URLError, OSError) as exc:
+        return None, str(getattr(exc, "reason", exc))
+
+
+def _registry_auth(prefix: Path, user: str, policy: InfraPolicy, offline: bool = True,
+                   timeout: float = 5.0) -> list[Finding]:
+    """The worker pulls by digest with its own Docker config: credentials for each registry the policy names,
+    in a file no one else can read. Without credentials the registry is asked (not ``--offline``): one that
+    answers ``/v2/`` anonymously needs none (OK), one that asks for a password (HTTP 401, Basic) is MISSING,
+    a token service (Bearer: public packages get anonymous tokens) stays UNKNOWN, no answer is MISSING."""
     account = _account(prefix, user) if _under(prefix, "/etc/passwd").is_file() else None
     registries = sorted({image.registry for source in policy.sources
                          for image in (*source.images.runner, *source.images.api)})
@@ -222,11 +247,56 @@ def _registry_auth(prefix: Path, user: str, policy: InfraPolicy) -> list[Finding
                 auths.update(dict.fromkeys(registries, store))
     for registry in registries:
         check = f"registry credentials for {registry}"
-        out.append(ok("host", check, config) if registry in auths else
-                   unknown("host", check, f"none in {config}: fine when the packages are public",
-                           f"for private packages: `sudo -u {user} -g docker -H docker login {registry} "
-                           "--password-stdin` (docs/host.md step 3.2)"))
+        login = f"`sudo -u {user} -g docker -H docker login {registry} --password-stdin` (docs/host.md step 3.2)"
+        if registry in auths:
+            out.append(ok("host", check, config))
+            continue
+        status, scheme = (None, "offline") if offline else _registry_answer(registry, timeout)
+        if status is None and scheme != "offline":
+            out.append(missing("host", check, f"{registry} does not answer ({scheme})",
+                               f"allow the host to reach {registry} (the worker pulls every image from it)"))
+        elif status == 200:
+            out.append(ok("host", check, f"none needed: {registry}/v2/ answers anonymously"))
+        elif status == 401 and scheme == "basic":
+            out.append(missing("host", check, f"{registry} asks for a password (HTTP 401) and {config} has none",
+                               login))
+        else:
+            out.append(unknown("host", check, f"none in {config}: fine when the packages are public",
+                               f"for private packages: {login}"))
     return out
+
+
+# A polling worker records a heartbeat at every claim attempt (every 2 s idle; at least every lease/3 while it
+# runs trials): one older than this means no worker is running against this queue.
+WORKER_SILENT_SECONDS = 300.0
+
+
+def _worker_heartbeat(prefix: Path, now: float | None = None) -> Finding:
+    """A worker is running: the queue's newest worker heartbeat is recent (what the worker itself writes, so it
+    holds under --prefix and without systemd)."""
+    check = "worker polling the queue"
+    fix = ("systemctl enable --now benchseal-sandbox benchseal-worker; `journalctl -u benchseal-worker` says why it "
+           "stopped")
+    if _under(prefix, QUEUE_URL_FILE).is_file():
+        return unknown("host", check, "PostgreSQL queue: `benchseal infra status` lists the workers' heartbeats")
+    db = _under(prefix, QUEUE_DIR + "/queue.sqlite3")
+    if not db.is_file():
+        return missing("host", check, f"no worker has opened the queue ({QUEUE_DIR}/queue.sqlite3 is missing)", fix)
+    # lazy: the queue package (sqlite3, the schema) costs ~40 ms at every CLI start; only doctor host reads it
+    from pipeline.infra.queue.reader import open_reader
+
+    try:
+        with open_reader(db) as queue:
+            workers = queue.stats().workers
+    except Error as exc:
+        return missing("host", check, exc.diagnostics(), fix)
+    if not workers:
+        return missing("host", check, "no worker has ever polled the queue", fix)
+    newest = max(workers, key=lambda w: w.last_seen)
+    age = (time.time() if now is None else now) - newest.last_seen.timestamp()
+    if age > WORKER_SILENT_SECONDS:
+        return missing("host", check, f"the newest heartbeat ({newest.worker}) is {age:.0f} s old", fix)
+    return ok("host", check, f"{newest.worker}, {max(age, 0):.0f} s ago")
 
 
 def _sigstore(url: str, timeout: float, offline: bool) -> Finding:
@@ -254,8 +324,9 @@ def check_host(options: HostOptions) -> list[Finding]:
     found, policy = policy_findings(place, options.source)
     if policy is not None:
         found += suites_findings(place, policy)
-        found += _registry_auth(options.prefix, options.service_user, policy)
+        found += _registry_auth(options.prefix, options.service_user, policy, options.offline, options.timeout)
     found += _units(options.prefix)
     found.append(_queue(options.prefix, options.service_user))
+    found.append(_worker_heartbeat(options.prefix, options.now))
     found.append(_sigstore(options.sigstore_url, options.timeout, options.offline))
     return found

@@ -11,6 +11,10 @@ chroot or an image being prepared):
   ``/etc/sudoers.d/benchseal`` (root 0440, rendered with the runner user and checked with
   ``visudo -cf`` before it is moved into place) and the policy ``/etc/benchseal/infra.yaml``
   (root:service 0640, first copied from the shipped ``policies/infra.yaml``);
+* with ``--infra-checkout DIR`` (a checkout of the infra repository, the policy's one home): its
+  ``policies/infra.yaml`` as ``/etc/benchseal/infra.yaml`` (replacing whatever is there: the host never
+  keeps an edit of its own, and accept refuses a policy that is not the dispatching commit's) and each
+  ``suites/<name>`` as ``/opt/benchseal/suites/<name>``, where the worker reads suites (root 0755/0644);
 * the credential files ``/etc/benchseal/{worker,publisher}.env`` (root 0600): created empty
   with comments, never rewritten; only their mode and owner are enforced;
 * with ``--api-image REF@sha256:...``: ``benchseal-api.service`` naming that image by digest
@@ -62,6 +66,9 @@ POLICY_FILE = "/etc/benchseal/infra.yaml"
 MANIFEST_FILE = "/etc/benchseal/installed.json"
 APP_DIR = "/opt/benchseal"
 APP_ENTRY = "/opt/benchseal/.venv/bin/benchseal"
+# Where the shipped worker unit reads suites (it runs in APP_DIR with no --suites-dir).
+SUITES_DIR = APP_DIR + "/suites"
+INFRA_POLICY = "policies/infra.yaml"  # in an infra repository's checkout
 WRAPPERS = ("benchseal-accept", "benchseal-status", "benchseal-export", "benchseal-record")
 # The label the reusable benchmark.yml's jobs ask for (`runs-on: [self-hosted, benchseal-infra]`).
 RUNNER_LABEL = "benchseal-infra"
@@ -114,6 +121,8 @@ class InstallOptions:
     dry_run: bool = False
     # The API image by digest (REGISTRY/REPOSITORY@sha256:<64 hex>): installs benchseal-api.service.
     api_image: str | None = None
+    # A checkout of the infra repository: its policy and suites are installed (the policy's one home).
+    infra_checkout: Path | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,6 +296,7 @@ class _Managed:
     uid: int
     gid: int
     sudoers: bool = False
+    authoritative: str = ""  # where the content comes from when it replaces an operator's edit (never kept)
 
 
 class _Installer:
@@ -506,7 +516,12 @@ class _Installer:
         sudoers = render_sudoers(_read_source(DEPLOY_DIR / "benchseal.sudoers").decode("utf-8"),
                                  self.o.runner_user, self.o.service_user).encode()
         check_visudo(sudoers)  # also in --dry-run: a rule that would not pass is reported now
-        files.append(_Managed(POLICY_FILE, _read_source(SHIPPED_POLICY), 0o640, 0, gid))
+        if self.o.infra_checkout is None:
+            files.append(_Managed(POLICY_FILE, _read_source(SHIPPED_POLICY), 0o640, 0, gid))
+        else:
+            source = self.o.infra_checkout / INFRA_POLICY
+            files.append(_Managed(POLICY_FILE, _read_source(source), 0o640, 0, gid,
+                                  authoritative=f"{source} (sha256:{_sha256(_read_source(source))})"))
         # Last: the rule that opens the door comes after everything behind the door is in place.
         files.append(_Managed(SUDOERS_FILE, sudoers, 0o440, 0, 0, sudoers=True))
         return files
@@ -538,10 +553,11 @@ class _Installer:
                     self._act(item.dest, "unchanged")
                 manifest[item.dest] = new_hash
                 self._stale_new(item.dest)
-            elif recorded.get(item.dest) == current_hash:
+            elif recorded.get(item.dest) == current_hash or item.authoritative:
                 if not self.o.dry_run:
                     self._write_atomic(item.dest, item.data, item.mode, item.uid, item.gid, sudoers=item.sudoers)
-                self._act(item.dest, self._would("updated"), "was as installed; now the new version")
+                self._act(item.dest, self._would("updated"), f"from {item.authoritative}" if item.authoritative
+                          else "was as installed; now the new version")
                 manifest[item.dest] = new_hash
                 self._stale_new(item.dest)
             else:
@@ -562,6 +578,50 @@ class _Installer:
             if not self.o.dry_run:
                 self._write_atomic(MANIFEST_FILE, data, 0o644, 0, 0)
             self._act(MANIFEST_FILE, self._would("updated" if recorded else "created"), "sha256 of installed files")
+
+    def install_suites(self) -> None:
+        """Each ``suites/<name>`` of the infra checkout as ``/opt/benchseal/suites/<name>``, replaced only when its
+        files differ (a second run changes nothing). The policy pins each dataset by digest: the worker refuses a
+        suite that is not those bytes, so a copy here is checked, never trusted."""
+        if self.o.infra_checkout is None:
+            return
+        top = self.o.infra_checkout / "suites"
+        if not top.is_dir() or top.is_symlink():
+            raise CheckFailed(f"--infra-checkout: {top} is not a directory (the infra repository's suites)")
+        self._ensure_dir(SUITES_DIR, 0o755, 0, 0, enforce=False)
+        for suite in sorted(top.iterdir()):
+            if suite.name.startswith("."):
+                continue
+            if suite.is_symlink() or not suite.is_dir():
+                raise CheckFailed(f"--infra-checkout: {suite} is not a directory (each suite is one)")
+            dest = f"{SUITES_DIR}/{suite.name}"
+            target = self.host.path(dest)
+            if target.is_symlink() or (target.exists() and not target.is_dir()):
+                raise CheckFailed(f"{dest} exists and is not a directory: refusing to replace it")
+            wanted = _tree(suite)
+            existed = target.exists()
+            if existed and _tree(target) == wanted:
+                self._act(dest, "unchanged")
+                continue
+            if not self.o.dry_run:
+                staged = Path(tempfile.mkdtemp(prefix=f".{suite.name}.", dir=target.parent))
+                try:
+                    for relative, entry in wanted.items():
+                        path = staged / relative
+                        if entry is None:
+                            path.mkdir()
+                            path.chmod(0o755)
+                        else:
+                            path.write_bytes((suite / relative).read_bytes())
+                            path.chmod(0o755 if entry[0] else 0o644)
+                    staged.chmod(0o755)
+                    if target.exists():
+                        shutil.rmtree(target)
+                    os.replace(staged, target)
+                except BaseException:
+                    shutil.rmtree(staged, ignore_errors=True)
+                    raise
+            self._act(dest, self._would("updated" if existed else "created"), f"from {suite}")
 
     def _stale_new(self, dest: str) -> None:
         side = self.host.path(dest + NEW_SUFFIX)
@@ -599,10 +659,7 @@ class _Installer:
             f"(BENCHSEAL_AGENT_API_KEY=...); keep them root:root 0600. Registry credentials for the worker's "
             f"pull: `sudo -u {service} -g docker -H docker login REGISTRY --username USER --password-stdin` "
             f"(writes {STATE_DIR}/.docker/config.json).",
-            f"Edit the policy {POLICY_FILE}: list your source repositories and the image repositories each may "
-            "use (sources), agents and suites; `benchseal infra validate --policy "
-            f"{POLICY_FILE} --payload FILE` checks a payload against it. Re-running host install keeps your "
-            "edits.",
+            self._policy_step(),
             f"Install the sandbox engine's apt packages ({' '.join(sandbox.PACKAGES)}): benchseal-sandbox.service "
             f"runs a rootless dockerd as {sandbox.SERVICE_USER} that the runner and every trial container run on, "
             f"sharing {STATE_DIR} (the worker's TMPDIR is {TMP_DIR}) and letting {service} use its socket; the "
@@ -614,6 +671,16 @@ class _Installer:
             f"run as {service}.",
         ])
         self.manual.extend(self._api_steps())
+
+    def _policy_step(self) -> str:
+        if self.o.infra_checkout is not None:
+            return (f"The policy {POLICY_FILE} and {SUITES_DIR} are the infra repository's ({self.o.infra_checkout}): "
+                    "after each change to policies/infra.yaml or suites/ there, pull and run host install again with "
+                    "--infra-checkout (until then accept refuses every run, naming both policy digests). Never edit "
+                    "the host's copy.")
+        return (f"Install the infra repository's policy and suites (their one home; accept refuses a policy at "
+                f"{POLICY_FILE} that is not the dispatching commit's): clone the infra repository on this host and "
+                "run host install again with --infra-checkout DIR.")
 
     def _api_steps(self) -> list[str]:
         service = self.o.service_user
@@ -652,6 +719,25 @@ def _unsafe_paths(top: Path) -> list[str]:
     return sorted(found)
 
 
+def _tree(top: Path) -> dict[str, tuple[bool, str] | None]:
+    """Relative path -> (executable, sha256) of each file, None for a directory; a symbolic link or anything
+    else is refused (a suite is plain files, as its dataset digest covers them)."""
+    found: dict[str, tuple[bool, str] | None] = {}
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for name in (*dirnames, *sorted(filenames)):
+            path = Path(dirpath) / name
+            relative = path.relative_to(top).as_posix()
+            st = path.lstat()
+            if stat.S_ISDIR(st.st_mode):
+                found[relative] = None
+            elif stat.S_ISREG(st.st_mode):
+                found[relative] = (bool(st.st_mode & stat.S_IXUSR), _sha256(path.read_bytes()))
+            else:
+                raise CheckFailed(f"--infra-checkout: {path} is not a plain file or directory")
+    return found
+
+
 def _run_tool(argv: list[str]) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
     if done.returncode != 0:
@@ -666,6 +752,9 @@ def install(options: InstallOptions) -> InstallReport:
         parse_ref(options.api_image, "--api-image")
     if options.runner_user == options.service_user:
         raise ValidationError("--runner-user", "must differ from --service-user", options.runner_user)
+    if options.infra_checkout is not None and not (options.infra_checkout / INFRA_POLICY).is_file():
+        raise ValidationError("--infra-checkout", f"must be a checkout of the infra repository (no {INFRA_POLICY} in it)",
+                              str(options.infra_checkout))
     installer = _Installer(options)
     installer.check_prefix()
     lock_fd = os.open(installer.host.path("/etc"), os.O_RDONLY | os.O_DIRECTORY)
@@ -687,6 +776,7 @@ def _install_locked(installer: _Installer, options: InstallOptions) -> InstallRe
     installer.install_dirs(user)
     gid = user.gid if user else -1
     installer.install_files(installer.managed_files(gid))
+    installer.install_suites()
     installer.install_env_files(user)
     installer.finish_manual_steps()
     return InstallReport(dry_run=options.dry_run, actions=tuple(installer.actions),

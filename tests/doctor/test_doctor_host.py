@@ -21,7 +21,9 @@ from pipeline.cli import doctor as cli_doctor
 from pipeline.core.doctor import Finding, exit_code
 from pipeline.core.errors import ValidationError
 from pipeline.host import install as hi
-from pipeline.host.doctor import SUITES_DIR, HostOptions, check_host
+from pipeline.host.doctor import HostOptions, check_host
+from pipeline.host.install import SUITES_DIR
+from pipeline.infra.queue.sql import SqliteQueue
 from tests.fixtures.hostfs import root_fs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +39,16 @@ def host(tmp_path: Path) -> Path:
     root = _root_fs(tmp_path)
     hi.install(hi.InstallOptions(runner_user=RUNNER, prefix=root))
     shutil.copytree(REPO / "suites", root / "opt/benchseal/suites")
+    # A running worker's heartbeat, written by the queue code it polls with (claim: nothing queued).
+    state = root / "var/lib/benchseal"
+    (state / "infra").mkdir()
+    queue = SqliteQueue(state / "infra/queue.sqlite3")
+    try:
+        queue.claim("worker-1", 60)
+    finally:
+        queue.close()
+    for path in (state / "infra", *(state / "infra").iterdir()):
+        os.chown(path, state.stat().st_uid, state.stat().st_gid)
     return root
 
 
@@ -63,7 +75,12 @@ def _failed(found: list[Finding]) -> list[str]:
 def test_an_installed_host_passes_and_each_removed_piece_is_found(host: Path, sigstore: str) -> None:
     found = check_host(HostOptions(prefix=host, sigstore_url=sigstore))
     assert exit_code(found) == 0, _failed(found)
-    # No Docker config yet: the packages may be public, so that is not a failure, but it says how to log in.
+    # No Docker config yet, and the registry answers anonymously: no credentials needed.
+    assert "OK      host: registry credentials for 127.0.0.1:5055: none needed: 127.0.0.1:5055/v2/ answers " \
+        "anonymously" in [f.line() for f in found]
+    # Offline, the registry is not asked: the packages may be public, so that is not a failure, but it says how to
+    # log in.
+    found = check_host(HostOptions(prefix=host, offline=True))
     assert "UNKNOWN host: registry credentials for 127.0.0.1:5055: none in /var/lib/benchseal/.docker/config.json: " \
            "fine when the packages are public -> fix: for private packages: `sudo -u benchseal -g docker -H docker " \
            "login 127.0.0.1:5055 --password-stdin` (docs/host.md step 3.2)" in [f.line() for f in found]
@@ -85,26 +102,29 @@ def test_an_installed_host_passes_and_each_removed_piece_is_found(host: Path, si
     task = next(p for p in sorted((host / "opt/benchseal/suites/smoke").rglob("*")) if p.is_file())
     task.write_text(task.read_text() + "\n# edited\n")
     (host / "etc/systemd/system/benchseal-worker.service").unlink()
-    (host / "var/lib/benchseal").chmod(0o550)
+    (host / "var/lib/benchseal/infra/queue.sqlite3").chmod(0o440)
     config.chmod(0o644)  # the pull token readable by every user of the host
     found = check_host(HostOptions(prefix=host, offline=True))
     failed = _failed(found)
     assert len(failed) == 4, failed
     assert failed[0].startswith("MISSING host: suite smoke dataset: /opt/benchseal/suites/smoke has digest sha256:")
-    assert "the policy pins sha256:a2585" in failed[0] and "-> fix: copy the suite at the infra repository's" in failed[0]
+    assert "the policy pins sha256:a2585" in failed[0] and "-> fix: run `benchseal host install --runner-user RUNNER " \
+        "--infra-checkout DIR` with a checkout of the infra repository" in failed[0]
     assert failed[1] == (f"MISSING host: registry credentials file: /var/lib/benchseal/.docker/config.json (owner "
                          f"{st.st_uid}, mode 0644) is readable by others than benchseal -> fix: chown benchseal "
                          "/var/lib/benchseal/.docker/config.json && chmod 0600 /var/lib/benchseal/.docker/config.json")
     assert failed[2] == ("MISSING host: unit benchseal-worker.service: not installed -> fix: run `benchseal host install "
                          "--runner-user RUNNER` (docs/host.md step 2)")
-    assert failed[3].startswith("MISSING host: queue writable by benchseal: /var/lib/benchseal (owner ")
-    assert "mode 0550" in failed[3]
+    assert failed[3].startswith("MISSING host: queue writable by benchseal: /var/lib/benchseal/infra/queue.sqlite3 "
+                                "(owner ")
+    assert "mode 0440" in failed[3]
     assert [f.line() for f in found if f.status == "skipped"] == ["SKIPPED host: Sigstore reachable: --offline"]
 
     # No suites where the worker reads them; a policy that does not parse.
     shutil.rmtree(host / "opt/benchseal/suites")
-    assert "MISSING host: suites directory: /opt/benchseal/suites is missing -> fix: copy the infra repository's " \
-           "suites/ to /opt/benchseal/suites" in _failed(check_host(HostOptions(prefix=host, offline=True)))
+    assert "MISSING host: suites directory: /opt/benchseal/suites is missing -> fix: run `benchseal host install " \
+           "--runner-user RUNNER --infra-checkout DIR` with a checkout of the infra repository (docs/host.md step 2)" \
+           in _failed(check_host(HostOptions(prefix=host, offline=True)))
     (host / "etc/benchseal/infra.yaml").write_text("schema: benchseal.infra-policy/v2\nagents: []\n")
     policy = _failed(check_host(HostOptions(prefix=host, offline=True)))[0]
     assert policy.startswith("MISSING host: policy: ") and "-> fix: correct /etc/benchseal/infra.yaml" in policy
