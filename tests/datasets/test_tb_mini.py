@@ -3,7 +3,8 @@ image by digest (tests/datasets/data/tb-mini). The image is built here from the 
 environment/Dockerfile on benchseal's base, pushed to the local registry and removed from the engine;
 the worker stages the dataset by its content digest, pulls the image by that digest, checks it, moves
 it into the sandbox by id and runs the oracle on it through a real runner: 1.0, each trial recording
-the image it ran on. The tasks' data file exists only in that image."""
+the image it ran on. The tasks' data file exists only in that image. The same dataset naming the image
+by tag is refused when its run is planned: FAILED, nothing planned or run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import docker
+import docker.errors
 import pytest
 import yaml
 
@@ -21,9 +23,10 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.imaging.base import ensure_local
 from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
-from pipeline.infra.worker.loop import WorkerConfig, run_once
+from pipeline.infra.worker.loop import RunOutcome, WorkerConfig, run_once
+from pipeline.infra.worker.task_images import config_digest
 from tests.fixtures.datasets import pinned
-from tests.fixtures.infra import built_images_source
+from tests.fixtures.infra import built_images_source, sandbox_engine
 from tests.fixtures.tb_mini import TASKS, TEMPLATE, write_tb_mini
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -49,28 +52,50 @@ def _push_task_image(registry: str, base: ImageRef) -> ImageRef:
     return parse_ref(pushed[0], "pushed task image")
 
 
+def _remove_task_image(image: ImageRef) -> None:
+    """The engines as the test found them: the worker's pull (host) and its copy by id (sandbox) removed."""
+    for engine in (docker.from_env(timeout=120), sandbox_engine()):
+        try:
+            engine.images.remove(config_digest(image), force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        finally:
+            engine.close()
+
+
 def test_a_terminal_bench_style_dataset_runs_on_its_images_pulled_by_digest(
         tmp_path: Path, built_images: DigestsFile, sign_release_images: Any, base_refs: dict[str, ImageRef],
-        image_registry: str) -> None:
+        image_registry: str, request: pytest.FixtureRequest) -> None:
     image = _push_task_image(image_registry, base_refs["base"])
+    request.addfinalizer(lambda: _remove_task_image(image))
     suites = tmp_path / "suites"
     write_tb_mini(suites / "tb", image.ref)
+    write_tb_mini(suites / "tagged", f"{image.name}:latest")  # the same image by tag: refused before anything runs
     runner, api = built_images.images["runner"], built_images.images["api"]
     trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
     data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
     data["sources"] = [built_images_source("acme/benchseal", built_images)]
-    data["suites"] = {"tb": {"dataset": pinned(suites, "tb"), "timeout_seconds": 300, "trial_concurrency": 2,
-                             "task_image_registries": [image.registry]}}
+    data["suites"] = {name: {"dataset": pinned(suites, name), "timeout_seconds": 300, "trial_concurrency": 2,
+                             "task_image_registries": [image.registry]} for name in ("tb", "tagged")}
     (tmp_path / "infra.yaml").write_text(yaml.safe_dump(data))
     policy = load_policy(tmp_path / "infra.yaml")
     db = tmp_path / "queue.sqlite3"
-    accepted = accept_payload({
-        "schema": "benchseal.dispatch/v1", "correlation_id": f"tb-mini-{uuid.uuid4().hex[:12]}",
-        "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
-                   "tag": "v9.9.9"},
-        "runner": runner.ref, "api": api.ref, "suite": "tb", "agent": "oracle"}, db=db, policy=policy)
-    outcome = run_once(WorkerConfig(db=db, policy=policy, suites_dir=suites, image_trust=trust))
-    assert outcome is not None and outcome.run_id == accepted.run_id
+
+    def run(suite: str) -> RunOutcome | None:
+        accept_payload({
+            "schema": "benchseal.dispatch/v1", "correlation_id": f"tb-mini-{uuid.uuid4().hex[:12]}",
+            "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
+                       "tag": "v9.9.9"},
+            "runner": runner.ref, "api": api.ref, "suite": suite, "agent": "oracle"}, db=db, policy=policy)
+        return run_once(WorkerConfig(db=db, policy=policy, suites_dir=suites, image_trust=trust))
+
+    refused = run("tagged")
+    assert refused is not None and refused.state == "FAILED" and refused.grading is not None
+    assert refused.grading.counts.total == 0 and refused.grading.trials == ()  # nothing planned, nothing run
+    assert "task count-lines: task.toml [environment] docker_image" in str(refused.reason)
+    assert "tags are not accepted" in str(refused.reason) and "\n" not in str(refused.reason)
+    outcome = run("tb")
+    assert outcome is not None
     assert outcome.state == "SUCCEEDED", outcome.reason
     grading = outcome.grading
     assert grading is not None and grading.score == 1.0 and grading.counts.resolved == len(TASKS)
