@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from pipeline.core.errors import CLI_ERROR_PREFIX, Error, UsageError, ValidationError, escape_text
+from pipeline.core.errors import CLI_ERROR_PREFIX, CheckFailed, Error, UsageError, ValidationError, escape_text
 
 if TYPE_CHECKING:  # the verdict's types, not imported at run time (pipeline.verify.release costs 224 ms)
     from pipeline.core.documents import Comparison, ReleaseSummary
@@ -212,5 +212,40 @@ def _verify_images(done: VerifiedRelease, trusted_root: Path | None, workflow: s
     return identity.describe()
 
 
+_JS_DIR = typer.Argument(..., help="The release directory (its SHA256SUMS and every *.sigstore.json).")
+_JS_ROOT = typer.Option(..., "--trusted-root", help="The Sigstore trusted_root.json to verify against.")
+
+
+def sigstore_js(
+    directory: Path = _JS_DIR,
+    trusted_root: Path = _JS_ROOT,
+    identity: str = typer.Option(..., "--cert-identity", help="The exact certificate identity (SAN) every bundle "
+                                                               "must carry."),
+    issuer: str = typer.Option(..., "--cert-oidc-issuer", help="The exact OIDC issuer of the certificate."),
+    repository: str | None = typer.Option(None, "--repository", help="The GitHub workflow repository the signer "
+                                                                    "ran for (a reusable workflow's caller)."),
+    ref: str | None = typer.Option(None, "--ref", help="The ref that caller ran at (refs/heads/... or refs/tags/...)."),
+) -> None:
+    """Verify every bundle of DIR, and its SHA256SUMS, with sigstore-js (@sigstore/verify), offline: the body's
+    sigstore-js line (sigstore-js's own CLI reads trust from TUF only and pins no workflow repository or ref)."""
+    # lazy: pipeline.verify.external (cryptography, sigstore models) costs 795 ms at CLI start (2026-12-07)
+    from pipeline.verify.external import signer_jobs, sigstore_js_verify
+
+    if not directory.is_dir():
+        raise ValidationError("DIR", "must be an existing release directory", str(directory))
+    if not trusted_root.is_file():
+        raise ValidationError("--trusted-root", "must be an existing trusted_root.json", str(trusted_root))
+    # node runs in the project directory: absolute paths
+    jobs = signer_jobs(directory.resolve(), identity, issuer, repository, ref)
+    outcomes = sigstore_js_verify(trusted_root.resolve(), jobs)
+    refused = [f"{Path(str(job.get('bundle') or job.get('checksums'))).name}: {outcome.output}"
+               for job, outcome in zip(jobs, outcomes, strict=True) if not outcome.ok]
+    if refused:
+        raise CheckFailed("sigstore-js refused " + "; ".join(refused))
+    typer.echo(f"verified with sigstore-js: {len(jobs) - 1} bundles and SHA256SUMS, signed by {identity}"
+               + (f" for {repository} at {ref}" if repository or ref else ""))
+
+
 def register(app: typer.Typer) -> None:
     app.command(name="verify")(verify)
+    app.command(name="sigstore-js")(sigstore_js)

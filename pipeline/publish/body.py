@@ -298,8 +298,8 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
     commands = [" ".join(c.split("\n")) for c in verify_commands] or ["sha256sum -c SHA256SUMS"]
     # The short form first (one benchseal line, one gh line, who signed), every check folded below it.
     lines += ["", *_short_form(commands)]
-    lines += ["", "<details><summary>Every check: sha256sum, cosign, gh and benchseal (download the release assets "
-              "into one directory, then)</summary>", "", "```sh"]
+    lines += ["", "<details><summary>Every check: sha256sum, cosign, sigstore-python, sigstore-js, benchseal and gh "
+              "(download the release assets into one directory, then)</summary>", "", "```sh"]
     lines += [_code_line(c) for c in commands]
     lines += ["```", "", "</details>"]
     if image_commands:

@@ -40,7 +40,7 @@ from pipeline.publish.targets import (
     Target,
     github_repo,
 )
-from pipeline.verify.external import cosign_commands, image_command_lines
+from pipeline.verify.external import cosign_commands, image_command_lines, sigstore_commands
 from pipeline.verify.gh import gh_commands
 from pipeline.verify.policy import Builder, parse_builder
 
@@ -125,7 +125,10 @@ def verify_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_r
     # The same attestations for gh users: `gh attestation verify` with the same signer pinned.
     gh = gh_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
                      infra_repository=infra_repository, builder=builder)
-    return [*cosign, *gh]
+    # sigstore-python's and sigstore-js's, before the benchseal line (cosign_commands' last).
+    others = sigstore_commands(artifacts_dir, repository=repository, tag=tag, trusted_root=trusted_root,
+                               infra_repository=infra_repository, builder=builder)
+    return [*cosign[:-1], *others, cosign[-1], *gh]
 
 
 def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_root: Path | None = None,

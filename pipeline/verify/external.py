@@ -39,6 +39,7 @@ from pipeline.core.layout import (
     BUNDLE_SUFFIX,
     CHECKSUMS,
     CHECKSUMS_BUNDLE,
+    CLIENT_TRUST_CONFIG,
     MANIFESTS,
     PROVENANCE_IMAGES,
     PROVENANCE_SUMMARY,
@@ -290,12 +291,18 @@ def sigstore_js_jobs(directory: Path, expect: Expectation) -> list[dict[str, str
     """The sigstore-js jobs for every bundle of a release directory (and its SHA256SUMS), each held
     to the same signer as ``benchseal verify`` holds it: identity, issuer and, when the profile pins
     them, the caller's workflow repository and ref (both Fulcio forms of each)."""
+    return signer_jobs(directory, expect.identity, expect.issuer, expect.workflow_repository, expect.workflow_ref)
+
+
+def signer_jobs(directory: Path, identity: str, issuer: str, workflow_repository: str | None,
+                workflow_ref: str | None) -> list[dict[str, str | None]]:
+    """:func:`sigstore_js_jobs` with the signer stated flag by flag (``benchseal sigstore-js``)."""
     jobs: list[dict[str, str | None]] = [{"checksums": str(directory / CHECKSUMS)}]
     for bundle in sorted(directory.glob(bundle_name("*"))):
         target = directory / bundle.name.removesuffix(BUNDLE_SUFFIX)
         dsse = _is_dsse(bundle)
-        jobs.append({"bundle": str(bundle), "identity": expect.identity, "issuer": expect.issuer,
-                     "workflow_repository": expect.workflow_repository, "workflow_ref": expect.workflow_ref,
+        jobs.append({"bundle": str(bundle), "identity": identity, "issuer": issuer,
+                     "workflow_repository": workflow_repository, "workflow_ref": workflow_ref,
                      "artifact": None if dsse else str(target), "payload_file": str(target) if dsse else None})
     return jobs
 
@@ -449,6 +456,54 @@ def cosign_commands(directory: Path, *, repository: str, tag: str, policy: Path 
     if chosen != ("local" if root is not None else "production"):
         verify += ["--profile", chosen]
     lines.append(shlex.join(verify))
+    return lines
+
+
+def sigstore_commands(directory: Path, *, repository: str, tag: str, trusted_root: Path | None = None,
+                      profile: str | None = None, infra_repository: str | None = None,
+                      builder: Builder | None = None, python: str = "python",
+                      benchseal: str = "benchseal") -> list[str]:
+    """sigstore-python's and sigstore-js's lines for the release body, with the signer
+    :func:`cosign_commands` pins (run inside the release directory).
+
+    sigstore-python's own CLI (``python -m sigstore verify github|identity``): the message-signed files in one
+    line (each beside its ``FILE.sigstore.json``), then summary.json against its provenance (the file's digest
+    must be a subject). A private instance's release names its published ``client_trust_config.json``
+    (``--trust-config``, ``--offline``); without one no sigstore-python line. Its CLI pins no predicate type.
+
+    sigstore-js: ``benchseal sigstore-js``, every bundle through ``@sigstore/verify`` (sigstore-js's own CLI,
+    ``@sigstore/cli`` 0.10, reads trust from TUF only and pins no workflow repository or ref, so it can check
+    neither a private instance's release nor the caller). It takes a trusted root file: printed only when the
+    release names one (``trusted_root.json``)."""
+    directory = Path(directory)
+    expect = expectation(None, command_profile(directory, profile), repository=repository, tag=tag,
+                         infra_repository=infra_repository, builder=builder)
+    root = printed_root(directory, trusted_root, profile)
+    github = expect.issuer == GITHUB_ISSUER and expect.workflow_repository is not None and expect.workflow_ref is not None
+    pins = (["github", "--cert-identity", expect.identity, "--repository", str(expect.workflow_repository),
+             "--ref", str(expect.workflow_ref)] if github else
+            ["identity", "--cert-identity", expect.identity, "--cert-oidc-issuer", expect.issuer])
+    lines: list[str] = []
+    config = root is not None and (directory / CLIENT_TRUST_CONFIG).is_file()
+    if root is None or config:
+        head = [python, "-m", "sigstore", *(["--trust-config", CLIENT_TRUST_CONFIG] if config else []), "verify",
+                pins[0], *(["--offline"] if config else []), *pins[1:]]
+        blobs = [bundle.name.removesuffix(BUNDLE_SUFFIX) for bundle in sorted(directory.glob(bundle_name("*")))
+                 if not _is_dsse(bundle)]
+        # SHA256SUMS first: with `sha256sum -c` it covers every asset.
+        blobs.sort(key=lambda name: name != CHECKSUMS)
+        if blobs:
+            lines.append(shlex.join([*head, *blobs]))
+        if (directory / bundle_name(PROVENANCE_SUMMARY)).is_file():
+            lines.append(shlex.join([*head, "--bundle", bundle_name(PROVENANCE_SUMMARY), SUMMARY]))
+    if root is not None:
+        js = [benchseal, "sigstore-js", ".", "--trusted-root", str(root), "--cert-identity", expect.identity,
+              "--cert-oidc-issuer", expect.issuer]
+        if expect.workflow_repository is not None:
+            js += ["--repository", expect.workflow_repository]
+        if expect.workflow_ref is not None:
+            js += ["--ref", expect.workflow_ref]
+        lines.append(shlex.join(js))
     return lines
 
 
