@@ -2,9 +2,10 @@
 
 Real cosign, the private Sigstore instance and the local registry: four jobs (four identities) sign
 and attest ONE image digest at the same moment; afterwards every identity's signature and both of
-its attestations verify. cosign rewrites the digest's .sig / .att tags whole (read, append, write),
-so without the lock some of them are lost (seen in a parallel test run: "none of the attestations
-matched the predicate type: cyclonedx").
+its attestations verify. cosign rewrites the digest's .sig tag whole (read, append, write), and so does
+attaching a bundle the referrers fallback index (``sha256-<hex>``, pipeline.attest.referrers), so
+without the lock some of them are lost (seen in a parallel test run, when the attestations were
+cosign's .att: "none of the attestations matched the predicate type: cyclonedx").
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_the_bodys_image_lines_run_as_printed(tmp_path: Path, sigstore_instance:
     runner = _image(sigstore_instance, tmp_path / "runner")
     published = _published(tmp_path, _release(tmp_path / "run", runner, good_api, sigstore_instance), sigstore_instance)
     lines = _image_block((published / "body.md").read_text())
-    # 2 images x (signature, slsaprovenance1, cyclonedx), then the runner's test-result attestation
+    # 2 images x (signature, SLSA provenance, CycloneDX SBOM), then the runner's test-result attestation
     # (test_the_bodys_test_result_line_runs_as_printed_once_attached)
     assert len(lines) == 7 and all(" cosign verify" in line for line in lines)
     assert TEST_RESULT in lines[-1]
