@@ -26,6 +26,9 @@ A task may name a prebuilt image instead of building ``environment/Dockerfile``:
 (``pipeline.core.digests.parse_ref``), so the dataset's digest also pins the images its tasks run in;
 ``task_images`` reads them, refusing a tag or anything else in one line naming the task and the field
 (``[verifier.environment] docker_image`` is refused outright: the verifier runs in the task's environment).
+A task built from ``environment/Dockerfile`` names its base on each ``FROM`` line: ``benchseal-base``
+(benchseal's own base) or a registry image pinned the same way; ``task_bases`` reads those, refusing any
+other form (a tag, a stage name, a build argument, ``scratch``) in one line naming the task.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import re
 import stat
 import tomllib
 from collections.abc import Iterable
@@ -45,6 +49,8 @@ from pipeline.core.errors import DatasetDigestMismatch, DatasetRefused, Validati
 from pipeline.core.fsutil import name_problem
 
 MANIFEST_HEADER = "benchseal.dataset/1"
+BASE_PLACEHOLDER = "benchseal-base"  # a task Dockerfile's FROM for benchseal's own base (rendered onto it by id)
+FROM_RE = re.compile(r"^\s*FROM\s+(\S+)(.*)$", re.IGNORECASE)
 TASK_FILE = "task.toml"
 _READ_CHUNK = 1 << 20
 
@@ -161,19 +167,24 @@ def task_image_field(task: str, section: str = "[environment]") -> str:
     return f"task {task}: task.toml {section} docker_image"
 
 
-def task_images(dataset: Path, tasks: Iterable[str] | None = None) -> dict[str, ImageRef]:
-    """{task: image} for every task (of ``tasks``, when given) whose task.toml names a prebuilt image;
-    ValidationError naming the task and the field unless it is pinned by digest."""
+def _task_configs(dataset: Path, tasks: Iterable[str] | None) -> Iterable[tuple[str, Any]]:
+    """(task, its parsed task.toml) for every task (of ``tasks``, when given); ValidationError if unreadable."""
     wanted = None if tasks is None else set(tasks)
-    found: dict[str, ImageRef] = {}
     for task_toml in sorted(dataset.glob("*/task.toml")):
         task = task_toml.parent.name
         if wanted is not None and task not in wanted:
             continue
         try:
-            config: Any = tomllib.loads(task_toml.read_text(encoding="utf-8"))
+            yield task, tomllib.loads(task_toml.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ValidationError(f"task {task}: task.toml", f"must be readable TOML ({exc})") from None
+
+
+def task_images(dataset: Path, tasks: Iterable[str] | None = None) -> dict[str, ImageRef]:
+    """{task: image} for every task (of ``tasks``, when given) whose task.toml names a prebuilt image;
+    ValidationError naming the task and the field unless it is pinned by digest."""
+    found: dict[str, ImageRef] = {}
+    for task, config in _task_configs(dataset, tasks):
         verifier = config.get("verifier")
         verifier_env = verifier.get("environment") if isinstance(verifier, dict) else None
         if isinstance(verifier_env, dict) and "docker_image" in verifier_env:
@@ -184,4 +195,34 @@ def task_images(dataset: Path, tasks: Iterable[str] | None = None) -> dict[str, 
         if not isinstance(environment, dict) or "docker_image" not in environment:
             continue
         found[task] = parse_ref(environment["docker_image"], task_image_field(task))
+    return found
+
+
+def task_base_field(task: str) -> str:
+    """The field a task base refusal names: the task and its Dockerfile's FROM."""
+    return f"task {task}: environment/Dockerfile FROM"
+
+
+def task_bases(dataset: Path, tasks: Iterable[str] | None = None) -> dict[str, tuple[ImageRef, ...]]:
+    """{task: the registry images its environment/Dockerfile builds FROM} for every task (of ``tasks``) built
+    from its Dockerfile (not naming a prebuilt image). Each FROM must be ``benchseal-base`` or
+    ``<registry>/<repository>@sha256:<64 hex>``; ValidationError naming the task otherwise."""
+    found: dict[str, tuple[ImageRef, ...]] = {}
+    for task, config in _task_configs(dataset, tasks):
+        environment = config.get("environment")
+        dockerfile = dataset / task / "environment" / "Dockerfile"
+        if (isinstance(environment, dict) and "docker_image" in environment) or not dockerfile.is_file():
+            continue  # runs on its prebuilt image (task_images), or Harbor's own environment rules apply
+        try:
+            lines = dockerfile.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValidationError(f"task {task}: environment/Dockerfile", f"must be readable UTF-8 ({exc})") from None
+        refs: set[ImageRef] = set()
+        for line in lines:
+            match = FROM_RE.match(line)
+            if match and match.group(1) != BASE_PLACEHOLDER:
+                # parse_ref is the one grammar: a tag, an implied registry, ${ARG}, scratch or a stage name is refused.
+                refs.add(parse_ref(match.group(1), task_base_field(task)))
+        if refs:
+            found[task] = tuple(sorted(refs, key=lambda r: r.ref))
     return found

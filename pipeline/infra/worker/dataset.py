@@ -17,14 +17,14 @@ import os
 import shutil
 import stat
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.core.datasets import dataset_entries, digest_entries, verify_staged
 from pipeline.core.digests import ImageRef
 from pipeline.core.errors import DatasetDigestMismatch, DatasetRefused
 from pipeline.infra.intake.policy import DatasetPolicy, InfraPolicy
-from pipeline.infra.worker.task_images import check_task_images
+from pipeline.infra.worker.task_images import check_task_bases, check_task_images
 
 STAGED = "dataset"  # <run dir>/dataset: this host's verified copy of the run's dataset
 _CHUNK = 1 << 20
@@ -36,6 +36,8 @@ class StagedDataset:
     digest: str
     # {task: its prebuilt image}, each pinned by digest from a registry the suite admits (task_images).
     task_images: dict[str, ImageRef]
+    # {task: the registry images its Dockerfile builds FROM}, pinned and admitted the same way (task_bases).
+    task_bases: dict[str, tuple[ImageRef, ...]] = field(default_factory=dict)
 
 
 def _field(suite: str) -> str:
@@ -60,7 +62,9 @@ def check_source(suite: str, dataset: DatasetPolicy, suites_root: Path) -> Path:
 def check_policy_datasets(policy: InfraPolicy, suites_root: Path) -> None:
     """Every suite's dataset directory matches its pinned digest (the worker's check before it takes any work)."""
     for name, suite in sorted(policy.suites.items()):
-        check_task_images(policy, name, check_source(name, suite.dataset, suites_root))
+        source = check_source(name, suite.dataset, suites_root)
+        check_task_images(policy, name, source)
+        check_task_bases(policy, name, source)
 
 
 def stage_dataset(policy: InfraPolicy, suite: str, suites_root: Path, run_dir: Path) -> StagedDataset:
@@ -94,7 +98,8 @@ def stage_dataset(policy: InfraPolicy, suite: str, suites_root: Path, run_dir: P
         inside = "" if exc.path == str(target) else f": {exc.path}"
         raise type(exc)(f"{_field(suite)}: staged copy {target}{inside}", exc.rule) from None
     # A task image by tag, or from a registry the suite does not admit: refused before anything runs.
-    return StagedDataset(path=target, digest=dataset.digest, task_images=check_task_images(policy, suite, target))
+    return StagedDataset(path=target, digest=dataset.digest, task_images=check_task_images(policy, suite, target),
+                         task_bases=check_task_bases(policy, suite, target))
 
 
 def _copy_file(source: Path, target: Path, executable: bool) -> None:

@@ -15,6 +15,7 @@ import re
 import shutil
 import stat
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ import docker.errors
 
 from pipeline.core import paths, strictjson
 from pipeline.core.contracts import AgentArtifact, DispatchPayload, load_model
+from pipeline.core.datasets import BASE_PLACEHOLDER as BASE_PLACEHOLDER  # re-exported (the claim loop, tests)
+from pipeline.core.datasets import FROM_RE
 from pipeline.core.digests import ImageRef, parse_ref, require_repo_digest
 from pipeline.core.documents import base_lock_path, read_base_lock
 from pipeline.core.errors import CheckFailed, ValidationError, escape_text
@@ -33,9 +36,6 @@ from pipeline.imaging.base import ensure_base
 from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.worker.config import ImageRefused, InfraFailure, WorkerConfig
-
-BASE_PLACEHOLDER = "benchseal-base"
-_FROM_RE = re.compile(r"^\s*FROM\s+(\S+)(.*)$", re.IGNORECASE)
 
 
 def sandbox_image(host: Any, sandboxed: Any, ref: ImageRef) -> str:
@@ -98,9 +98,10 @@ def resolve_base_ref(config: WorkerConfig, runner: ImageRef) -> ImageRef:
 
 
 def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] | None = None,
-                 from_image: str | None = None) -> None:
+                 from_image: str | None = None, bases: Mapping[str, str] | None = None) -> None:
     """Copy a suite (only ``tasks``, when given) and point every task Dockerfile's placeholder FROM at ``base``
-    (by ``from_image``, its id in the sandbox engine, when given)."""
+    (by ``from_image``, its id in the sandbox engine, when given), and an environment Dockerfile's FROM of a
+    registry image pinned by digest at that image's id in ``bases`` (``task_images.load_task_bases``)."""
     if target.exists():
         shutil.rmtree(target)
     if tasks is None:
@@ -118,11 +119,16 @@ def render_suite(source: Path, target: Path, base: ImageRef, *, tasks: set[str] 
         lines = dockerfile.read_text(encoding="utf-8").splitlines(keepends=True)
         out = []
         for line in lines:
-            match = _FROM_RE.match(line)
+            match = FROM_RE.match(line)
             if match:
-                if match.group(1) != BASE_PLACEHOLDER:
-                    raise CheckFailed(f"{dockerfile}: FROM {match.group(1)} is not the {BASE_PLACEHOLDER} placeholder")
-                line = f"FROM {from_image or base.ref}{match.group(2)}\n"
+                image = match.group(1)
+                if image == BASE_PLACEHOLDER:
+                    line = f"FROM {from_image or base.ref}{match.group(2)}\n"
+                elif dockerfile.parent.name == "environment" and bases and image in bases:
+                    line = f"FROM {bases[image]}{match.group(2)}\n"  # loaded by digest and checked: by id
+                else:
+                    raise CheckFailed(f"{dockerfile}: FROM {image} is not the {BASE_PLACEHOLDER} placeholder "
+                                      "nor a base the worker loaded by digest")
             out.append(line)
         dockerfile.write_text("".join(out), encoding="utf-8")
 
@@ -204,11 +210,13 @@ def _image_present(client: Any, image_id: str) -> bool:
 
 
 def _build_task_image(client: Any, env_dir: Path, context_hash: str, task: str) -> str:
-    """Build ``env_dir`` without the build cache (no layer of an image someone else built) and return the
-    full id the engine reports for it (its ``aux`` message, not a line a build step could print)."""
+    """Build ``env_dir`` without the build cache (no layer of an image someone else built) and without a network
+    (its FROM names a base by id, so nothing is fetched: what the build makes is fixed by the context and that
+    base) and return the full id the engine reports for it (its ``aux`` message, not a line a step could print)."""
     image_id: str | None = None
     try:
         for chunk in client.api.build(path=str(env_dir), rm=True, forcerm=True, pull=False, nocache=True,
+                                      network_mode="none",
                                       labels={TASK_IMAGE_LABEL: context_hash}, decode=True):
             if "error" in chunk or "errorDetail" in chunk:
                 raise InfraFailure(f"building the environment image of task {task} failed: "

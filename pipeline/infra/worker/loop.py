@@ -99,7 +99,7 @@ from pipeline.infra.worker.images import (
     resolve_base_ref,
     sandbox_image,
 )
-from pipeline.infra.worker.task_images import load_task_images
+from pipeline.infra.worker.task_images import load_task_bases, load_task_images
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
 from pipeline.runner.plan import discover_tasks, plan_trials, select_tasks, suite_grading, task_grading
 
@@ -476,8 +476,11 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
     staged = stage_dataset(policy, payload.suite, config.suites_dir, run_dir)
     recorder.canaries = _canaries(staged.path, batch.trials)
     recorder.dataset_digest = staged.digest
+    # Registry bases of Dockerfile-built tasks: pulled by digest, checked, in the sandbox by id (task_images).
+    bases = load_task_bases(client, sandboxed, {t: r for t, r in staged.task_bases.items() if t in recorder.tasks})
     # A planned task that is not in the staged copy is refused here (render_suite): never run.
-    render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id)
+    render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id,
+                 bases=bases)
     # Prebuilt task images: pulled by digest, checked, moved into the sandbox by id (pipeline.infra.worker.task_images).
     recorder.task_images = {task: loaded.ref.ref for task, loaded in load_task_images(
         client, sandboxed, out / "suite", {t: r for t, r in staged.task_images.items() if t in recorder.tasks}).items()}

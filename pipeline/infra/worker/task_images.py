@@ -20,6 +20,11 @@ task files the digest covers are at hand: the policy names a dataset by digest, 
   (fetched and re-hashed here), and it is moved into the sandbox engine by id (``images.sandbox_image``,
   as the runner is). The rendered task.toml then names the image by that id, so the trial runs on
   exactly those bytes and nothing is ever pulled inside the sandbox.
+
+A task built from ``environment/Dockerfile`` may build FROM a registry image pinned the same way
+(``pipeline.core.datasets.task_bases``; its registry admitted by ``check_task_bases``): ``load_task_bases``
+brings each such base into the sandbox through the same pull-and-check, and the rendered Dockerfile's
+FROM names it by that id (``pipeline.infra.worker.images.render_suite``).
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.datasets import task_image_field, task_images
+from pipeline.core.datasets import task_base_field, task_bases, task_image_field, task_images
 from pipeline.core.digests import ImageRef, validate_digest
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
 from pipeline.core.registry_auth import AuthSession, registry_url, scope
@@ -66,6 +71,39 @@ def check_task_images(policy: InfraPolicy, suite: str, dataset: Path,
     return found
 
 
+def check_task_bases(policy: InfraPolicy, suite: str, dataset: Path,
+                     tasks: Iterable[str] | None = None) -> dict[str, tuple[ImageRef, ...]]:
+    """``pipeline.core.datasets.task_bases``, each from a registry the suite admits (ValidationError otherwise)."""
+    found = task_bases(dataset, tasks)
+    for task, refs in found.items():
+        for ref in refs:
+            policy.check_task_image(suite, task, ref, task_base_field(task))
+    return found
+
+
+def _load_checked(host: Any, sandboxed: Any, task: str, ref: ImageRef) -> str:
+    """``ref`` pulled by digest, its id checked against its manifest's config, moved into the sandbox: its id."""
+    try:
+        expected = config_digest(ref, host)
+        image_id = sandbox_image(host, sandboxed, ref)
+    except InfraFailure as exc:  # the registry lacks the digest, or cannot be reached: retried
+        raise InfraFailure(f"task {task}: {exc}") from None
+    if image_id != expected:
+        raise ImageRefused(f"task {task}: image {ref.ref} loaded as {image_id}, but its manifest names the "
+                           f"config {expected}")
+    return image_id
+
+
+def load_task_bases(host: Any, sandboxed: Any, refs: dict[str, tuple[ImageRef, ...]]) -> dict[str, str]:
+    """Each task's registry base (``check_task_bases``) in the sandbox by id: {name@sha256: image id}."""
+    ids: dict[str, str] = {}
+    for task, bases in sorted(refs.items()):
+        for ref in bases:
+            if ref.ref not in ids:
+                ids[ref.ref] = _load_checked(host, sandboxed, task, ref)
+    return ids
+
+
 def load_task_images(host: Any, sandboxed: Any, suite_dir: Path,
                      refs: dict[str, ImageRef]) -> dict[str, LoadedTaskImage]:
     """Pull each image by digest, check its id against its manifest, move it into the sandbox by id and
@@ -74,15 +112,7 @@ def load_task_images(host: Any, sandboxed: Any, suite_dir: Path,
     loaded: dict[str, LoadedTaskImage] = {}
     for task, ref in sorted(refs.items()):
         if ref not in ids:
-            try:
-                expected = config_digest(ref, host)
-                image_id = sandbox_image(host, sandboxed, ref)
-            except InfraFailure as exc:  # the registry lacks the digest, or cannot be reached: retried
-                raise InfraFailure(f"task {task}: {exc}") from None
-            if image_id != expected:
-                raise ImageRefused(f"task {task}: image {ref.ref} loaded as {image_id}, but its manifest names the "
-                                   f"config {expected}")
-            ids[ref] = image_id
+            ids[ref] = _load_checked(host, sandboxed, task, ref)
         set_docker_image(suite_dir / task / "task.toml", ids[ref])
         loaded[task] = LoadedTaskImage(ref=ref, image_id=ids[ref])
     return loaded
