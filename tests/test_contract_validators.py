@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pipeline.core.contracts import (
     BUILDER_RULE,
     CORRELATION_RULE,
+    GIT_TAG_RULE,
     MAX_TASK_ATTEMPTS,
     REPOSITORY_RULE,
     RUN_ID_RULE,
@@ -232,3 +233,16 @@ def test_a_builder_ref_that_git_refuses_is_refused(ref: str) -> None:
 @pytest.mark.parametrize("ref", ["refs/heads/main", "refs/tags/v1.2.3", "refs/heads/release/v1", "ab" * 20])
 def test_a_builder_at_one_exact_ref_passes(ref: str) -> None:
     assert builder_problem(_WORKFLOW + ref) is None
+
+
+@pytest.mark.parametrize("tag", ["v1.", "release/.hidden", "release//v1", "release/v1.lock/x", "v1..2"])
+def test_a_tag_git_refuses_is_refused_in_a_document_by_the_tag_rule(tag: str) -> None:
+    # Each of git check-ref-format's rules the character class does not give, through the model (the payload's
+    # and the run's source) as through validate_git_tag: the one line states the tag rule.
+    refused = _refusal(PayloadSource, {"repository": "acme/widget", "commit": COMMIT, "tag": tag})
+    assert (refused.field, refused.rule, refused.value) == ("doc: tag", GIT_TAG_RULE, tag)
+
+
+def test_the_builder_ref_rules_apply_to_the_ref_alone() -> None:
+    # '..' in a repository or workflow file name is the path pattern's business, not the ref's.
+    assert builder_problem("acme/widget..next/.github/workflows/seal..yml@refs/heads/main") is None
