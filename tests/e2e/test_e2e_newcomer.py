@@ -157,16 +157,17 @@ def _env(home: Path, **extra: str) -> dict[str, str]:
     return {**env, "BENCHSEAL_HOME": str(home), "HARBOR_TELEMETRY": "0", **extra}
 
 
-def _benchseal(repo: Path, home: Path, *args: str, timeout: float = 900, **env: str) -> subprocess.CompletedProcess[str]:
+def _benchseal(repo: Path, home: Path, *args: str, timeout: float = 900,
+               env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """The installed command, run by the newcomer in the repository's top directory."""
-    return subprocess.run([BENCHSEAL, *args], cwd=repo, capture_output=True, text=True, env=_env(home, **env),
+    return subprocess.run([BENCHSEAL, *args], cwd=repo, capture_output=True, text=True, env=_env(home, **(env or {})),
                           check=False, timeout=timeout)
 
 
-def _refused_before_the_build(repo: Path, home: Path, tag: str, *args: str, **env: str) -> str:
+def _refused_before_the_build(repo: Path, home: Path, tag: str, *args: str, env: dict[str, str] | None = None) -> str:
     """``release TAG --local``: one error line, exit 2, within seconds, and no stage started."""
     started = time.monotonic()
-    done = _benchseal(repo, home, "release", tag, "--local", "--dist", str(home / "dist"), *args, timeout=120, **env)
+    done = _benchseal(repo, home, "release", tag, "--local", "--dist", str(home / "dist"), *args, timeout=120, env=env)
     elapsed = time.monotonic() - started
     assert done.returncode == 2 and "Traceback" not in done.stderr and done.stdout == "", done.stderr[-2000:]
     lines = done.stderr.splitlines()
@@ -274,13 +275,13 @@ def test_a_newcomer_releases_an_npm_agent_and_a_forgotten_publish_is_refused(hom
 
     with LocalNpmRegistry(tmp_path / "npm") as registry:
         registry_env = {"BENCHSEAL_NPM_REGISTRY": registry.url}
-        line = _refused_before_the_build(repo, home, "v1.0.0", "--scripted-model", "right", **registry_env)
+        line = _refused_before_the_build(repo, home, "v1.0.0", "--scripted-model", "right", env=registry_env)
         assert f"npm: @newcomer/widget-cli@1.0.0 is not published on {registry.url}" in line, line
         tarball, _ = npm_pack(repo, tmp_path / "packed")
         registry.publish(tarball)
         dist = home / "dist-npm"
         done = _benchseal(repo, home, "release", "v1.0.0", "--local", "--scripted-model", "right", "--dist", str(dist),
-                          **registry_env)
+                          env=registry_env)
     assert done.returncode == 0, done.stderr[-3000:] + done.stdout[-3000:]
     assert "Releasing local/widget-cli v1.0.0 (repository name from the directory's name)" in done.stderr
     assert ("added agents: widget-cli (npm package @newcomer/widget-cli, from benchseal.toml's agent) for "

@@ -28,7 +28,7 @@ from pipeline.cli.main import app
 from pipeline.core.errors import UsageError, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.project import load_project
-from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.intake.policy import ReleaseAgentPolicy, load_policy
 from pipeline.local import precheck, sources
 
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
@@ -321,7 +321,8 @@ def test_an_adopter_repository_is_admitted_by_the_local_policy_with_nothing_copi
     admission = admit_adopter("local/newcomer", "the directory's name", project, load_project(project), repo.resolve(),
                               commit, resolve_image_names())
     entry, model = admission.policy.agent("widget-agent", "smoke")
-    assert entry is not None and model is not None and entry.package == "widget-dist"  # the wheel's distribution
+    assert isinstance(entry, ReleaseAgentPolicy) and model is not None
+    assert entry.package == "widget-dist"  # the wheel's distribution name
     assert admission.policy.source("local/newcomer").repository == "local/newcomer"
     # The written document is the policy the run uses, loaded as any policy file is.
     written = admission.write(tmp_path)
