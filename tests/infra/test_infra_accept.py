@@ -22,7 +22,13 @@ from pydantic import ValidationError as PydanticValidationError
 from pipeline.core.contracts import DispatchPayload
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
-from pipeline.infra.intake.accept import accept_payload, validate_payload
+from pipeline.infra.intake.accept import (
+    MAX_DEPTH,
+    MAX_NUMBER_CHARS,
+    accept_payload,
+    parse_payload_bytes,
+    validate_payload,
+)
 from pipeline.infra.intake.policy import SCHEMA_PATH, InfraPolicy, SignerPolicy, load_policy
 from pipeline.verify.policy import load_policy as load_verify_policy
 from tests.fixtures.datasets import shipped_smoke
@@ -742,3 +748,83 @@ def test_a_suite_refusal_names_every_suite_in_order() -> None:
         policy.dataset("smoke")
     assert (caught.value.field, caught.value.value) == ("payload.suite", "smoke")
     assert caught.value.rule == "suite not in the infra policy (suites: alpha, zeta)"
+
+
+# --- the payload parser's bounds, at their exact limits, each refusal naming the field, the rule and the value:
+# the hostile-JSON tests above look for the rule's words only (second mutation run, 2026-12-07).
+
+def _parse_refusal(raw: bytes, max_bytes: int = 65536) -> ValidationError:
+    with pytest.raises(ValidationError) as caught:
+        parse_payload_bytes(raw, max_bytes)
+    return caught.value
+
+
+def test_a_number_literal_is_bounded_at_exactly_its_limit() -> None:
+    n = MAX_NUMBER_CHARS
+    assert parse_payload_bytes(b'{"a": -' + b"1" * (n - 1) + b"}", 256) == {"a": -int("1" * (n - 1))}
+    assert parse_payload_bytes(b'{"a": 0.' + b"5" * (n - 2) + b"}", 256) == {"a": float("0." + "5" * (n - 2))}
+    for literal in ("-" + "1" * n, "0." + "5" * (n - 1)):
+        refused = _parse_refusal(b'{"a": ' + literal.encode() + b"}")
+        assert (refused.field, refused.rule, refused.value) == (
+            "payload", f"number literal longer than {n} characters", literal[:20] + "...")
+
+
+@pytest.mark.parametrize("literal", ["1e999", "-1e999"])
+def test_a_number_that_overflows_is_refused_as_infinity(literal: str) -> None:
+    refused = _parse_refusal(b'{"a": ' + literal.encode() + b"}")
+    assert (refused.field, refused.rule, refused.value) == (
+        "payload", "number literal out of range (overflows to infinity)", literal)
+
+
+@pytest.mark.parametrize("name", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_literals_are_refused_by_name(name: str) -> None:
+    refused = _parse_refusal(b'{"a": ' + name.encode() + b"}")
+    assert (refused.field, refused.rule) == ("payload", f"{name} is not valid JSON (NaN and Infinity literals are refused)")
+
+
+def test_the_payload_size_bound_is_exact() -> None:
+    raw = b'{"a": "' + b"x" * 20 + b'"}'
+    assert parse_payload_bytes(raw, len(raw)) == {"a": "x" * 20}
+    refused = _parse_refusal(raw, len(raw) - 1)
+    assert (refused.field, refused.rule) == ("payload", f"must be at most {len(raw) - 1} bytes (got {len(raw)})")
+
+
+@pytest.mark.parametrize(("raw", "rule"), [
+    (b"\xef\xbb\xbf{}", "must be ASCII JSON without a byte order mark (starts with a UTF-8 BOM)"),
+    (b"\xff\xfe{\x00}\x00", "must be ASCII JSON without a byte order mark (starts with a UTF-16 BOM)"),
+    (b"\xfe\xff\x00{\x00}", "must be ASCII JSON without a byte order mark (starts with a UTF-16 BOM)"),
+    (b'{"a": "\xc3\xa9"}', "must be ASCII JSON (non-ASCII byte at offset 7)"),
+    (b'{"a": }', "not valid JSON: Expecting value at line 1 column 7"),
+    (b'{"a": 1,\n"a": 2}', "duplicate key (each key may appear once per object)"),
+])
+def test_bytes_that_are_not_plain_json_are_refused_saying_where(raw: bytes, rule: str) -> None:
+    refused = _parse_refusal(raw)
+    assert refused.rule == rule
+    assert refused.field == ("payload.a" if b'"a": 2' in raw else "payload")
+
+
+def test_nesting_is_bounded_at_exactly_its_depth_and_names_where() -> None:
+    inner = b"[" * (MAX_DEPTH - 1) + b"]" * (MAX_DEPTH - 1)
+    assert parse_payload_bytes(b'{"a":' + inner + b"}", 256) == {"a": json.loads(inner)}
+    refused = _parse_refusal(b'{"a": [{"b": [[[[[[]]]]]]}]}')
+    assert (refused.field, refused.rule) == ("payload.a[0].b[0][0][0][0][0]", f"nested deeper than {MAX_DEPTH} levels")
+
+
+@pytest.mark.parametrize(("value", "where", "rule", "shown"), [
+    ({1: "x"}, "payload.extra", "object keys must be strings", "int"),
+    (10**MAX_NUMBER_CHARS, "payload.extra", f"integer longer than {MAX_NUMBER_CHARS} digits", None),
+    (-(10**MAX_NUMBER_CHARS), "payload.extra", f"integer longer than {MAX_NUMBER_CHARS} digits", None),
+    (float("nan"), "payload.extra", "NaN and Infinity are not valid JSON", None),
+    ([[[[[[[[1]]]]]]]], "payload.extra[0][0][0][0][0][0][0]", f"nested deeper than {MAX_DEPTH} levels", None),
+])
+def test_a_dict_payload_is_held_to_the_same_shape(make_payload, value, where, rule, shown):  # type: ignore[no-untyped-def]
+    with pytest.raises(ValidationError) as caught:
+        validate_payload(make_payload(extra=value), load_policy())
+    assert (caught.value.field, caught.value.rule, caught.value.value) == (where, rule, shown)
+
+
+def test_the_largest_integer_within_the_bound_is_left_to_the_schema(make_payload) -> None:  # type: ignore[no-untyped-def]
+    # 10**32 - 1 passes the shape check (the schema then refuses a number where a string belongs).
+    with pytest.raises(ValidationError) as caught:
+        validate_payload(make_payload(suite=10**MAX_NUMBER_CHARS - 1), load_policy())
+    assert caught.value.field == "payload.suite" and caught.value.rule.startswith("schema rule 'type'")
