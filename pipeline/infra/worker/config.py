@@ -21,6 +21,9 @@ from pipeline.infra.queue.sql import RunRecord
 Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
 
 
+KEEP_TASK_IMAGES = 200  # HumanEval's 164 task images stay warm between its runs
+
+
 class InfraFailure(Exception):
     """An infrastructure problem during an attempt: the run is requeued."""
 
@@ -51,6 +54,8 @@ class WorkerConfig:
     # Build each task's environment image once (cached by content) and hand it to Harbor by
     # image id, so no trial runs `compose build`; False leaves the builds to Harbor (bench ablation).
     prebuild_task_images: bool = True
+    # Task images of sealed runs kept in the sandbox engine, most recently used first (pipeline.infra.worker.prune).
+    keep_task_images: int = KEEP_TASK_IMAGES
     # Names of pipeline.runner.trial.TUNINGS to turn off in the runner (bench ablation only).
     harbor_disable: tuple[str, ...] = ()
     # Where the images' keyless signatures are checked: public-good unless a private instance

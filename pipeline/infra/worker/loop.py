@@ -58,7 +58,16 @@ from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.errors import CheckFailed, Error, InfrastructureError, ValidationError
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy, load_policy
-from pipeline.infra.queue.sql import PlannedTrial, Queue, RunRecord, TrialBatch, TrialClaim, batch_label, open_queue
+from pipeline.infra.queue.sql import (
+    TERMINAL_STATES,
+    PlannedTrial,
+    Queue,
+    RunRecord,
+    TrialBatch,
+    TrialClaim,
+    batch_label,
+    open_queue,
+)
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.sandbox.agents import reap_private_dirs
 from pipeline.infra.worker.config import Finalizer, ImageRefused, InfraFailure, RunOutcome, WorkerConfig, now_utc
@@ -99,6 +108,7 @@ from pipeline.infra.worker.images import (
     resolve_base_ref,
     sandbox_image,
 )
+from pipeline.infra.worker.prune import after_sealed, task_image_use
 from pipeline.infra.worker.task_images import load_task_bases, load_task_images
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
 from pipeline.runner.plan import discover_tasks, plan_trials, select_tasks, suite_grading, task_grading
@@ -219,6 +229,14 @@ class _TrialHeartbeat(_Heartbeat):
 # --- one attempt -----------------------------------------------------------------
 
 def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
+    """``_run_once``; a run it seals leaves the sandbox as the worker found it (``prune.after_sealed``)."""
+    outcome = _run_once(config, finalize)
+    if outcome is not None and outcome.state in TERMINAL_STATES:
+        after_sealed(config, outcome.run_id)
+    return outcome
+
+
+def _run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
     """Take one piece of work; None when nothing was claimable.
 
     First a batch of QUEUED trials of any planned run (this is how one run spreads over several
@@ -476,16 +494,23 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
     staged = stage_dataset(policy, payload.suite, config.suites_dir, run_dir)
     recorder.canaries = _canaries(staged.path, batch.trials)
     recorder.dataset_digest = staged.digest
-    # Registry bases of Dockerfile-built tasks: pulled by digest, checked, in the sandbox by id (task_images).
-    bases = load_task_bases(client, sandboxed, {t: r for t, r in staged.task_bases.items() if t in recorder.tasks})
-    # A planned task that is not in the staged copy is refused here (render_suite): never run.
-    render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id,
-                 bases=bases)
-    # Prebuilt task images: pulled by digest, checked, moved into the sandbox by id (pipeline.infra.worker.task_images).
-    recorder.task_images = {task: loaded.ref.ref for task, loaded in load_task_images(
-        client, sandboxed, out / "suite", {t: r for t, r in staged.task_images.items() if t in recorder.tasks}).items()}
-    if config.prebuild_task_images:
-        prebuild_task_images(sandboxed, out / "suite")
+    # Every task image the batch loads, reuses or builds is recorded under the run before it is used: a prune
+    # (after another run is sealed) waits for this and never removes what a run in flight uses (prune.py).
+    with task_image_use(run_id) as use:
+        use.bases([base_id])
+        # Registry bases of Dockerfile-built tasks: pulled by digest, checked, in the sandbox by id (task_images).
+        bases = load_task_bases(client, sandboxed, {t: r for t, r in staged.task_bases.items() if t in recorder.tasks})
+        use.images(bases.values())
+        # A planned task that is not in the staged copy is refused here (render_suite): never run.
+        render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id,
+                     bases=bases)
+        # Prebuilt task images: pulled by digest, checked, moved into the sandbox by id (task_images).
+        loaded = load_task_images(client, sandboxed, out / "suite",
+                                  {t: r for t, r in staged.task_images.items() if t in recorder.tasks})
+        use.images(image.image_id for image in loaded.values())
+        recorder.task_images = {task: image.ref.ref for task, image in loaded.items()}
+        if config.prebuild_task_images:
+            use.images(prebuild_task_images(sandboxed, out / "suite").values())
     # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's.
     sandbox.grant(out)
     return _Engines(client, sandboxed, runner_id)

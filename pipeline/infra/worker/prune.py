@@ -1,0 +1,268 @@
+"""Leaving the sandbox as the worker found it (issue 36.5): a sealed run's staged copies removed, and task
+images pruned by one rule, never an image a run in flight uses.
+
+The rule (docs/datasets.md "Pruning"), applied after every run this worker seals:
+
+1. The run's staged copies go: ``<run dir>/dataset`` and ``<run dir>/batches/*/suite`` (the evidence, the
+   trials' dirs and logs stay).
+2. Task images are the images the worker itself put into the sandbox engine for a run's tasks: each
+   task's prebuilt ``docker_image`` and registry base (pulled by digest, ``task_images``) and each image it
+   built from a task's Dockerfile (``images.prebuild_task_images``). Each batch records the ids it used in
+   ``<state>/cache/task-image-use/<run id>`` (``task_image_use``), with the time it last used each; the
+   worker's runner and benchseal base are not task images and are never pruned here.
+3. An image named by the record of a run that is not sealed in the queue (QUEUED, CLAIMED, RUNNING, or a run
+   the queue does not know) is kept, whatever else names it. Of the others, the ``keep`` most recently used
+   (``WorkerConfig.keep_task_images``, default ``KEEP_TASK_IMAGES``) are kept and the rest removed by id,
+   without force: an image a container still uses, or another image builds on, stays for a later prune.
+
+Nothing is found by name, tag or label (anything that can build through the sandbox can set those): only by
+the ids in the worker's own records, whose directory nobody else can write, read against the queue's states.
+A batch holds a shared lock on the records from before it loads or reuses an image until its record names
+it; a prune holds the lock exclusively, so it never sees a run in flight that has picked an image but not
+yet recorded it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import shutil
+import stat
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+
+from pipeline.core import paths
+from pipeline.core.contracts import RunState
+from pipeline.core.errors import CheckFailed, ValidationError
+from pipeline.core.fsutil import atomic_write_text
+from pipeline.infra.queue.interface import Queue
+from pipeline.infra.queue.records import TERMINAL_STATES
+from pipeline.infra.queue.sql import open_queue
+from pipeline.infra.worker.config import KEEP_TASK_IMAGES, WorkerConfig
+from pipeline.infra.worker.containers import _sandbox
+
+_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
+_RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_MAX_RECORD = 1 << 20
+_BASES = ".bases"  # {image id: first recorded}: benchseal's base(s) the worker built task images FROM
+
+log = logging.getLogger("benchseal.worker")
+
+
+def use_records() -> Path:
+    """``<state home>/cache/task-image-use``: one file per run, {image id: last used (epoch seconds)}."""
+    return paths.home() / "cache" / "task-image-use"
+
+
+def _private_dir(records: Path) -> Path:
+    """``records`` created if needed; CheckFailed unless this user owns it and nobody else can write it."""
+    records.mkdir(parents=True, exist_ok=True, mode=0o700)
+    info = records.stat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise CheckFailed(f"{records}: the task image use records must be a directory owned by uid {os.geteuid()} "
+                          f"and writable by nobody else (owner {info.st_uid}, mode {info.st_mode & 0o7777:o})")
+    return records
+
+
+@contextmanager
+def _locked(records: Path, how: int) -> Iterator[None]:
+    # flock locks an open file description: two opens conflict across threads of one process as across processes.
+    fd = os.open(records / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _record_path(records: Path, run_id: str) -> Path:
+    if not _RUN_RE.fullmatch(run_id):
+        raise CheckFailed(f"run id {run_id!r} cannot name a task image use record")
+    return records / run_id
+
+
+def _read(path: Path) -> dict[str, float]:
+    """A use record's {image id: last used}; CheckFailed unless it is a regular file of this user alone."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise CheckFailed(f"{path}: not a task image use record of this worker")
+        raw = handle.read(_MAX_RECORD + 1)
+    try:
+        data = json.loads(raw) if len(raw) <= _MAX_RECORD else None
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(isinstance(k, str) and _ID_RE.fullmatch(k)
+                                             and isinstance(v, int | float) for k, v in data.items()):
+        raise CheckFailed(f"{path}: not a task image use record ({{image id: last used}})")
+    return {k: float(v) for k, v in data.items()}
+
+
+def _write(path: Path, used: dict[str, float]) -> None:
+    atomic_write_text(path, json.dumps(used, sort_keys=True) + "\n", mode=0o600)
+
+
+class TaskImageUse:
+    """What a batch tells the records while it holds their shared lock (``task_image_use``)."""
+
+    def __init__(self, records: Path, run_id: str) -> None:
+        self._records = records
+        self._path = _record_path(records, run_id)
+        self._run_id = run_id
+
+    def images(self, image_ids: Iterable[str]) -> None:
+        """Add task image ids to the run's record, now as their last use, before the batch uses them."""
+        ids = self._checked(image_ids)
+        if ids:
+            current = _read(self._path) if os.path.lexists(self._path) else {}
+            current.update(dict.fromkeys(ids, time.time()))
+            _write(self._path, current)
+
+    def bases(self, image_ids: Iterable[str]) -> None:
+        """Ids a task image may be built FROM (benchseal's base): never pruned here, and where removing a built
+        image's intermediate images stops."""
+        ids = self._checked(image_ids)
+        path = self._records / _BASES
+        current = _read(path) if os.path.lexists(path) else {}
+        if not set(ids) <= set(current):
+            current.update(dict.fromkeys(ids, time.time()))
+            _write(path, current)
+
+    def _checked(self, image_ids: Iterable[str]) -> list[str]:
+        ids = sorted(set(image_ids))
+        bad = [i for i in ids if not _ID_RE.fullmatch(i)]
+        if bad:
+            raise CheckFailed(f"run {self._run_id}: image ids {bad} are not sha256:<64 hex>")
+        return ids
+
+
+@contextmanager
+def task_image_use(run_id: str, records: Path | None = None) -> Iterator[TaskImageUse]:
+    """Hold the records' shared lock while a batch loads, reuses or builds its task images (a prune waits)."""
+    root = _private_dir(records or use_records())
+    use = TaskImageUse(root, run_id)
+    with _locked(root, fcntl.LOCK_SH):
+        yield use
+
+
+def _in_flight(queue: Queue, run_id: str) -> bool:
+    """Not sealed: a run the queue holds in any state but a terminal one, or one it does not know (kept)."""
+    try:
+        state: RunState = queue.get_run(run_id).state
+    except ValidationError:
+        return True  # not this queue's run: nothing says it is done
+    return state not in TERMINAL_STATES
+
+
+def prune_task_images(queue: Queue, sandboxed: Any, keep: int = KEEP_TASK_IMAGES,
+                      records: Path | None = None) -> list[str]:
+    """Apply the rule (module docstring) once; returns the ids removed from ``sandboxed``."""
+    if keep < 0:
+        raise CheckFailed(f"keep_task_images must be 0 or more, not {keep}")
+    root = _private_dir(records or use_records())
+    with _locked(root, fcntl.LOCK_EX):
+        protected: set[str] = set()
+        sealed: dict[str, dict[str, float]] = {}
+        for path in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
+            used = _read(path)  # an untrusted record stops the prune: it could be protecting an image
+            if _in_flight(queue, path.name):
+                protected.update(used)
+            else:
+                sealed[path.name] = used
+        last: dict[str, float] = {}
+        for used in sealed.values():
+            for image_id, when in used.items():
+                if image_id not in protected:
+                    last[image_id] = max(when, last.get(image_id, 0.0))
+        ranked = sorted(last, key=lambda i: (-last[i], i))
+        bases = root / _BASES
+        stops = protected | set(last) | (set(_read(bases)) if os.path.lexists(bases) else set())
+        removed, gone = _remove(sandboxed, ranked[keep:], frozenset(stops))
+        for run_id, used in sealed.items():
+            left = {i: t for i, t in used.items() if i not in gone}
+            if not left:
+                os.unlink(root / run_id)
+            elif left != used:
+                _write(root / run_id, left)
+        return removed
+
+
+def _remove(client: Any, image_ids: list[str], stops: frozenset[str]) -> tuple[list[str], set[str]]:
+    """Remove each image by id (no force); returns (removed, removed or already absent). An image in use or
+    with children is kept; a second pass retries those (a removed task image frees its registry base)."""
+    removed: list[str] = []
+    gone: set[str] = set()
+    pending = list(image_ids)
+    for _ in range(2):
+        kept = []
+        for image_id in pending:
+            try:
+                parent = client.api.inspect_image(image_id).get("Parent") or ""
+                # noprune: the engine would also delete untagged parents, the loaded base among them.
+                client.images.remove(image_id, force=False, noprune=True)
+                removed.append(image_id)
+                gone.add(image_id)
+            except docker.errors.ImageNotFound:
+                gone.add(image_id)
+                continue
+            except docker.errors.APIError as exc:
+                kept.append(image_id)
+                log.info("task image %s kept: %s", image_id, exc.explanation or exc)
+                continue
+            _remove_build_steps(client, parent, stops)
+        if not kept or len(kept) == len(pending):
+            break
+        pending = kept
+    return removed, gone
+
+
+def _remove_build_steps(client: Any, parent: str, stops: frozenset[str]) -> None:
+    """The intermediate images the legacy builder left as a removed task image's parents, up to its base (an id
+    in ``stops``, or any image with a name, or one another image or container still uses: kept)."""
+    while parent and parent not in stops:
+        try:
+            info = client.api.inspect_image(parent)
+            if info.get("RepoTags") or info.get("RepoDigests"):
+                return
+            client.images.remove(parent, force=False, noprune=True)
+        except docker.errors.APIError:  # gone, or still a parent or in use: the rest of the chain stays
+            return
+        parent = info.get("Parent") or ""
+
+
+def remove_staged(run_dir: Path) -> list[Path]:
+    """A sealed run's staged copies: ``<run dir>/dataset`` and ``<run dir>/batches/*/suite``; returns those removed."""
+    targets = [run_dir / "dataset", *sorted((run_dir / "batches").glob("*/suite"))]
+    found = [t for t in targets if t.is_dir() and not t.is_symlink()]
+    for target in found:
+        shutil.rmtree(target)
+    return found
+
+
+def after_sealed(config: WorkerConfig, run_id: str) -> None:
+    """The rule, after this worker sealed ``run_id``: its staged copies removed, then one prune. Best effort: a
+    failure is logged and the next sealed run prunes again (nothing here changes the run's outcome)."""
+    try:
+        with open_queue(config.db, url_file=config.queue_url_file) as queue:
+            remove_staged(queue.run_dir(run_id))
+            records = use_records()
+            if not records.is_dir() or not any(not p.name.startswith(".") for p in records.iterdir()):
+                return  # no task image recorded: no engine to ask
+            client = _sandbox(config)
+            try:
+                removed = prune_task_images(queue, client, config.keep_task_images)
+            finally:
+                client.close()
+        if removed:
+            log.info("run %s sealed: pruned %d task images from the sandbox engine", run_id, len(removed))
+    except Exception as exc:
+        log.warning("run %s sealed: pruning failed: %s: %s", run_id, type(exc).__name__, exc)
