@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from pipeline.core.errors import CLI_ERROR_PREFIX, CheckFailed, Error, UsageError, ValidationError, escape_text
+from pipeline.core.layout import CHECKSUMS_BUNDLE
 
 if TYPE_CHECKING:  # the verdict's types, not imported at run time (pipeline.verify.release costs 224 ms)
     from pipeline.core.documents import Comparison, ReleaseSummary
@@ -235,6 +236,9 @@ def sigstore_js(
         raise ValidationError("DIR", "must be an existing release directory", str(directory))
     if not trusted_root.is_file():
         raise ValidationError("--trusted-root", "must be an existing trusted_root.json", str(trusted_root))
+    # Fail closed: a directory whose SHA256SUMS nothing signs would otherwise pass with zero bundles checked.
+    if not (directory / CHECKSUMS_BUNDLE).is_file():
+        raise CheckFailed(f"{directory}: {CHECKSUMS_BUNDLE} is missing: nothing signs the release's SHA256SUMS")
     # node runs in the project directory: absolute paths
     jobs = signer_jobs(directory.resolve(), identity, issuer, repository, ref)
     outcomes = sigstore_js_verify(trusted_root.resolve(), jobs)

@@ -15,6 +15,7 @@ directory, which is where the body says to download the assets). Without the ima
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -31,8 +32,6 @@ import pytest
 from tests.verify.test_verify_builder import BUILDER, INFRA, SOURCE_REPO, SOURCE_TAG, builder_release
 
 __all__ = ["builder_release"]  # a fixture, used by name
-
-pytestmark = pytest.mark.slow
 
 SLSA = "https://slsa.dev/provenance/v1"
 TEST_RESULT = "https://in-toto.io/attestation/test-result/v0.1"
@@ -85,6 +84,7 @@ def run(lines: list[str], cwd: Path, env: dict[str, str]) -> list[subprocess.Com
         return list(pool.map(one, lines))
 
 
+@pytest.mark.slow
 def test_the_body_prints_each_tool_with_the_published_trust_files(published: tuple[Path, dict[str, str]]) -> None:
     release, _ = published
     counts = {tool: len(tool_lines(release, tool)) for tool in TOOLS}
@@ -97,6 +97,7 @@ def test_the_body_prints_each_tool_with_the_published_trust_files(published: tup
         assert all(flag in line for line in tool_lines(release, tool)), tool
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tool", list(TOOLS))
 def test_each_tool_accepts_the_release_as_printed(published: tuple[Path, dict[str, str]], tool: str) -> None:
     release, env = published
@@ -168,6 +169,7 @@ def _edit(tool: str, pin: str, line: str) -> str:
     raise AssertionError(pin)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("tool", "pin"), [
     pytest.param(*case, marks=COSIGN_IGNORES_TYPE) if case == ("cosign", "predicate type") else case
     for case in sorted(REASONS)])
@@ -192,3 +194,33 @@ def test_each_tool_refuses_a_wrong_pin(published: tuple[Path, dict[str, str]], t
         output = done.stderr + done.stdout
         assert done.returncode != 0, f"accepted: {line}\n{output}"
         assert re.search(REASONS[tool, pin], output, re.DOTALL), f"{line}\n{output}"
+
+
+# --- benchseal sigstore-js: its usage errors, and no pass without the signature over SHA256SUMS --------------
+
+def _sigstore_js(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(Path(sys.executable).with_name("benchseal")), "sigstore-js", *args],
+                          capture_output=True, text=True, check=False, timeout=60)
+
+
+def test_sigstore_js_names_a_bad_argument_in_one_line(tmp_path: Path) -> None:
+    root = tmp_path / "trusted_root.json"
+    pins = ("--cert-identity", "https://example.com/x", "--cert-oidc-issuer", "https://example.com")
+    for args, named in (((str(tmp_path / "absent"), "--trusted-root", str(root), *pins), "invalid DIR:"),
+                        ((str(tmp_path), "--trusted-root", str(root), *pins), "invalid --trusted-root:"),
+                        ((str(tmp_path), "--trusted-root", str(root)), "Missing option '--cert-identity'")):
+        done = _sigstore_js(*args)
+        assert done.returncode == 2 and named in done.stderr and len(done.stderr.strip().splitlines()) == 1, done
+
+
+def test_sigstore_js_refuses_a_directory_nothing_signs(tmp_path: Path) -> None:
+    """A SHA256SUMS whose every listed file matches, and no bundle: zero bundles checked is not a pass."""
+    (tmp_path / "summary.json").write_bytes(b"{}\n")
+    digest = hashlib.sha256(b"{}\n").hexdigest()
+    (tmp_path / "SHA256SUMS").write_text(f"{digest}  summary.json\n")
+    (tmp_path / "trusted_root.json").write_text("{}\n")
+    done = _sigstore_js(str(tmp_path), "--trusted-root", str(tmp_path / "trusted_root.json"), "--cert-identity",
+                        "https://example.com/x", "--cert-oidc-issuer", "https://example.com")
+    assert done.returncode == 1, done
+    assert done.stderr.strip() == (f"benchseal: error: {tmp_path}: SHA256SUMS.sigstore.json is missing: nothing "
+                                   "signs the release's SHA256SUMS")
