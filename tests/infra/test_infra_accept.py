@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError as PydanticValidationError
 
 from pipeline.core.contracts import DispatchPayload
+from pipeline.core.digests import parse_ref
 from pipeline.core.errors import ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.accept import (
@@ -828,3 +829,18 @@ def test_the_largest_integer_within_the_bound_is_left_to_the_schema(make_payload
     with pytest.raises(ValidationError) as caught:
         validate_payload(make_payload(suite=10**MAX_NUMBER_CHARS - 1), load_policy())
     assert caught.value.field == "payload.suite" and caught.value.rule.startswith("schema rule 'type'")
+
+
+def test_a_schema_refusal_inside_a_list_names_the_item(make_payload) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValidationError) as caught:
+        validate_payload(make_payload(tasks=["ok", 5]), load_policy())
+    assert (caught.value.field, caught.value.rule, caught.value.value) == (
+        "payload.tasks[1]", "schema rule 'type': 5 is not of type 'string'", 5)
+
+
+def test_an_image_refusal_shows_the_whole_reference_given() -> None:
+    ref = parse_ref("127.0.0.1:1/evil/runner@sha256:" + "a" * 64)
+    with pytest.raises(ValidationError) as caught:
+        load_policy().check_image("runner", ref)
+    assert (caught.value.field, caught.value.value) == ("runner", ref.ref)
+    assert caught.value.rule.startswith("image '127.0.0.1:1/evil/runner' is not an allowed runner image (allowed: ")
