@@ -73,7 +73,7 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     assert any("cosign verify-blob" in c for c in report["verified"]["cosign_commands"])
     # The body's image lines ran too: signature and both attestations of each image, commit pinned.
     image_lines = [c for c in report["verified"]["cosign_commands"] if " --certificate-github-workflow-sha " in c]
-    assert len(image_lines) == 6 and sum(" verify-attestation --type " in c for c in image_lines) == 4
+    assert len(image_lines) == 6 and sum(" verify-attestation --new-bundle-format --type " in c for c in image_lines) == 4
     assert body.count("--certificate-github-workflow-sha") == 6
     assert set(report["stages"]) >= {"build", "push", "dispatch", "worker", "evidence", "signing", "publication",
                                      "verification"}
