@@ -227,12 +227,34 @@ exit "$status"
 """
 
 
-def solve_sh(problem: Problem) -> str:
-    code = problem.prompt + problem.canonical_solution
+def write_solution(problem: Problem, code: str) -> str:
+    """Shell lines that write ``code`` to the file the instruction names: the body of the oracle's solve.sh,
+    and what the scripted model's HumanEval steps run (``pipeline/local/model_server.py``)."""
     if _HEREDOC in code:
         raise CheckFailed(f"{problem.task_id}: the solution contains the heredoc delimiter {_HEREDOC}")
-    return (f"#!/bin/bash\nset -euo pipefail\nmkdir -p {os.path.dirname(SOLUTION_PATH)}\n"
+    return (f"mkdir -p {os.path.dirname(SOLUTION_PATH)}\n"
             f"cat > {SOLUTION_PATH} <<'{_HEREDOC}'\n{code.rstrip()}\n{_HEREDOC}\n")
+
+
+def right_solution(problem: Problem) -> str:
+    """The module the oracle writes: the prompt and the canonical body."""
+    return problem.prompt + problem.canonical_solution
+
+
+def wrong_solution(problem: Problem) -> str:
+    """A module that loads but fails the checks: the prompt and a body returning None (every one of the 164
+    problems' checks fails it: tests/local/test_model_server_humaneval.py)."""
+    return problem.prompt + "    return None\n"
+
+
+def instruction_marker(problem: Problem) -> str:
+    """Text of the problem's ``instruction.md`` that no other problem's holds (its prompt: no prompt is part of
+    another's): what the scripted model matches a request on, as a real model reads the instruction."""
+    return problem.prompt.rstrip()
+
+
+def solve_sh(problem: Problem) -> str:
+    return "#!/bin/bash\nset -euo pipefail\n" + write_solution(problem, right_solution(problem))
 
 
 def task_files(problem: Problem, source: str) -> dict[str, tuple[str, int]]:

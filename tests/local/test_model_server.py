@@ -101,9 +101,9 @@ def test_wrong_mode_and_unknown_task(tmp_path: Path) -> None:
     with ModelServer(key=KEY, mode="wrong") as server:
         _, body = _chat(server.base_url, [{"role": "user", "content": _instruction("write-answer")}])
         assert "wc -l" in body["choices"][0]["message"]["content"]
-        _, body = _chat(server.base_url, [{"role": "user", "content": "an unscripted task"}])
-        answer = json.loads(body["choices"][0]["message"]["content"])
-        assert answer["commands"] == [] and answer["task_complete"] is True
+        # An unscripted task: an error terminus-2's log shows, not a "done" step that would read as the agent's.
+        status, body = _chat(server.base_url, [{"role": "user", "content": "an unscripted task"}])
+        assert status == 400 and body["error"]["code"] == "no_script", body
     with pytest.raises(ValidationError, match=r"127\.0\.0\.1"):
         ModelServer(key=KEY, host="0.0.0.0")
 

@@ -295,11 +295,10 @@ def test_complete_step_unknown_task_and_no_shell_tool() -> None:
         _, raw = _post(server.port, {"messages": messages, "tools": [SHELL]})
         assert json.loads(raw)["choices"][0] == {"index": 0, "message": {"role": "assistant", "content": "Written."},
                                                  "finish_reason": "stop"}
-        _, raw = _post(server.port, {"messages": [{"role": "user", "content": "an unscripted task"}], "tools": [SHELL],
-                                     "stream": True})
-        events = _events(raw)
-        assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events[:-1]) == "No script covers this task."
-        assert events[-2]["choices"][0]["finish_reason"] == "stop"
+        # An unscripted task: refused (HTTP 400 the agent's log shows), never a silent plain answer.
+        response, raw = _post(server.port, {"messages": [{"role": "user", "content": "an unscripted task"}],
+                                            "tools": [SHELL], "stream": True})
+        assert response.status == 400 and json.loads(raw)["error"]["code"] == "no_script"
         # Tools without a shell tool and no required call: refused, naming the tools (issue 38.5; terminus-2
         # offers no tools and still gets its JSON step).
         response, raw = _post(server.port, {"messages": [{"role": "user", "content": _instruction("write-answer")}],
