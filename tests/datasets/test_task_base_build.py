@@ -1,0 +1,151 @@
+"""A task built from its environment/Dockerfile on a registry base pinned by digest (issue 36.2): tb-mini's
+count-lines without its prebuilt image, its Dockerfile saying ``FROM <local registry>/...@sha256:``. The base
+is made here (benchseal's base plus a unique label), pushed and removed from the engine; the worker pulls it
+by digest, checks it, moves it into the sandbox by id, builds the task image FROM that id without a network,
+and runs the oracle through a real runner: 1.0 (the data file exists only in the built image). The same task
+naming its base by tag is refused when its run is planned: FAILED, nothing run. Once the run is sealed its
+staged copies are gone and its record names both images (pipeline.infra.worker.prune)."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+import yaml
+
+from pipeline.core.contracts import DigestsFile
+from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.paths import REPO_ROOT
+from pipeline.imaging.base import ensure_local
+from pipeline.infra.intake.accept import accept_payload
+from pipeline.infra.intake.policy import load_policy
+from pipeline.infra.queue.sql import SqliteQueue
+from pipeline.infra.worker.loop import RunOutcome, WorkerConfig, run_once
+from pipeline.infra.worker.prune import use_records
+from pipeline.infra.worker.task_images import config_digest
+from tests.fixtures.datasets import pinned
+from tests.fixtures.infra import built_images_source, sandbox_engine
+from tests.fixtures.tb_mini import TEMPLATE
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+TASK = "count-lines"
+
+
+def _push_base(registry: str, base: ImageRef) -> ImageRef:
+    """A registry base of this test's own (a unique label: an id no other test has), pushed by digest and
+    removed from the engine so the worker has to pull it."""
+    ensure_local(base)
+    client = docker.from_env(timeout=600)
+    repository, tag = f"{registry}/benchseal-tests/task-base", f"t{uuid.uuid4().hex[:12]}"
+    dockerfile = f"FROM {base.ref}\nLABEL benchseal-tests.base={tag}\n".encode()
+    try:
+        image, _ = client.images.build(fileobj=io.BytesIO(dockerfile), tag=f"{repository}:{tag}", rm=True, pull=False)
+        for chunk in client.api.push(repository, tag=tag, stream=True, decode=True):
+            assert "error" not in chunk, chunk
+        image.reload()
+        pushed = [d for d in image.attrs.get("RepoDigests") or [] if d.partition("@")[0] == repository]
+        assert len(pushed) == 1, image.attrs.get("RepoDigests")
+        client.images.remove(image.id, force=True)
+    finally:
+        client.close()
+    return parse_ref(pushed[0], "pushed task base")
+
+
+def _write_suite(target: Path, base: str) -> None:
+    """count-lines built from its Dockerfile on ``base`` (its prebuilt image line removed)."""
+    shutil.copytree(TEMPLATE / TASK, target / TASK)
+    toml = target / TASK / "task.toml"
+    toml.write_text("".join(line for line in toml.read_text().splitlines(keepends=True)
+                            if not line.startswith("docker_image")))
+    (target / TASK / "environment" / "Dockerfile").write_text(
+        f"FROM {base}\nWORKDIR /app\nCOPY data.txt /app/data.txt\nSTOPSIGNAL SIGKILL\n")
+
+
+def _remove(base_id: str, built: list[str]) -> None:
+    """The engines as the test found them: the built task image and its build steps, then the base (host and
+    sandbox). Only ids this test made."""
+    sandboxed = sandbox_engine()
+    try:
+        for image_id in built:
+            parent = image_id
+            while parent and parent != base_id:
+                try:
+                    following = sandboxed.api.inspect_image(parent).get("Parent") or ""
+                    sandboxed.images.remove(parent, force=True, noprune=True)
+                except docker.errors.ImageNotFound:
+                    break
+                parent = following
+    finally:
+        sandboxed.close()
+    for engine in (docker.from_env(timeout=120), sandbox_engine()):
+        try:
+            engine.images.remove(base_id, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        finally:
+            engine.close()
+
+
+def test_a_task_builds_on_its_registry_base_pulled_by_digest(
+        tmp_path: Path, built_images: DigestsFile, sign_release_images: Any, base_refs: dict[str, ImageRef],
+        image_registry: str, request: pytest.FixtureRequest) -> None:
+    base = _push_base(image_registry, base_refs["base"])
+    base_id = config_digest(base)
+    built: list[str] = []
+    request.addfinalizer(lambda: _remove(base_id, built))
+    suites = tmp_path / "suites"
+    _write_suite(suites / "based", base.ref)
+    _write_suite(suites / "tagged", f"{base.name}:latest")  # the same base by tag: refused before anything runs
+    runner, api = built_images.images["runner"], built_images.images["api"]
+    trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
+    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
+    data["sources"] = [built_images_source("acme/benchseal", built_images)]
+    data["suites"] = {name: {"dataset": pinned(suites, name), "timeout_seconds": 300,
+                             "task_image_registries": [base.registry]} for name in ("based", "tagged")}
+    (tmp_path / "infra.yaml").write_text(yaml.safe_dump(data))
+    policy = load_policy(tmp_path / "infra.yaml")
+    db = tmp_path / "queue.sqlite3"
+
+    def run(suite: str) -> RunOutcome | None:
+        accept_payload({
+            "schema": "benchseal.dispatch/v1", "correlation_id": f"task-base-{uuid.uuid4().hex[:12]}",
+            "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
+                       "tag": "v9.9.9"},
+            "runner": runner.ref, "api": api.ref, "suite": suite, "agent": "oracle"}, db=db, policy=policy)
+        return run_once(WorkerConfig(db=db, policy=policy, suites_dir=suites, image_trust=trust))
+
+    refused = run("tagged")
+    assert refused is not None and refused.state == "FAILED" and refused.grading is not None
+    assert refused.grading.counts.total == 0 and refused.grading.trials == ()  # nothing planned, nothing run
+    assert f"task {TASK}: environment/Dockerfile FROM" in str(refused.reason)
+    assert "tags are not accepted" in str(refused.reason) and "\n" not in str(refused.reason)
+
+    outcome = run("based")
+    record = use_records() / outcome.run_id if outcome is not None else None
+    used = json.loads(record.read_text()) if record is not None and record.is_file() else {}
+    built.extend(i for i in used if i != base_id)
+    assert outcome is not None and outcome.state == "SUCCEEDED", outcome and outcome.reason
+    assert outcome.grading is not None and outcome.grading.score == 1.0 and outcome.grading.counts.resolved == 1
+    # The run's record names the base it pulled and the image built on it; that image's parent chain ends at
+    # the base's id (the FROM was rendered as that id), and the build's records hold it like any task image's.
+    assert base_id in used and len(built) == 1
+    sandboxed = sandbox_engine()
+    try:
+        parent = built[0]
+        while parent and parent != base_id:
+            parent = sandboxed.api.inspect_image(parent).get("Parent") or ""
+        assert parent == base_id
+    finally:
+        sandboxed.close()
+    records = use_records().parent / "task-images"
+    assert any(p.read_text().strip() == built[0] for p in records.iterdir() if p.is_file())
+    with SqliteQueue(db) as queue:
+        run_dir = queue.run_dir(outcome.run_id)
+    assert not (run_dir / "dataset").exists() and list(run_dir.glob("batches/*/suite")) == []  # sealed: staged copies gone
