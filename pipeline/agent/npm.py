@@ -185,6 +185,15 @@ def _packument(registry: str, package: str, token: str | None) -> dict[str, Any]
     return _json_object(raw, f"the packument of {package} on {registry}")
 
 
+def version_published(registry: str, package: str, version: str, token: str | None) -> bool:
+    """Whether ``registry`` (``check_registry``'s form) serves ``package@version`` now, read as the build reads it
+    (one request, never a wait): what ``release --local`` checks before the build. CheckFailed when the registry
+    refuses, InfrastructureError when it does not answer."""
+    packument = _packument(registry, package, token)
+    versions = packument.get("versions") if packument is not None else None
+    return isinstance(versions, dict) and version in versions
+
+
 def _json_object(raw: bytes, what: str) -> dict[str, Any]:
     """``raw`` as one strict JSON object (no duplicate keys, no NaN), else a one-line CheckFailed naming ``what``."""
     try:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pipeline.agent.npm import tarball_name
-from pipeline.agent.resolve import NPM_REGISTRY_ENV
-from pipeline.core.errors import UsageError
+from pipeline.agent.npm import check_registry, tarball_name, version_published
+from pipeline.agent.resolve import NPM_REGISTRY_ENV, NPM_TOKEN_ENV
+from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
 from pipeline.core.paths import home, state_dir
 from pipeline.core.project import NpmAgent, ProjectFile, load_project, version_for_tag
 from pipeline.local.npmregistry import has_version, publish_to, running, start_background
@@ -56,12 +56,12 @@ def check_npm_resolvable(project_file: ProjectFile, tag: str) -> None:
     version = version_for_tag(tag)
     configured = os.environ.get(NPM_REGISTRY_ENV)
     if configured:
-        url = configured if configured.endswith("/") else configured + "/"
+        # Read as the build reads it: the same URL rules, the same token, the same packument check.
         try:
-            found = has_version(url, agent.package, version)
-        except (OSError, ValueError, AttributeError) as exc:
-            raise UsageError(f"npm: {agent.package}@{version}: the registry {configured} (${NPM_REGISTRY_ENV}) does "
-                             f"not answer with its packument ({type(exc).__name__}): check the URL") from None
+            found = version_published(check_registry(configured), agent.package, version,
+                                      os.environ.get(NPM_TOKEN_ENV) or None)
+        except (CheckFailed, InfrastructureError) as exc:
+            raise UsageError(f"{exc} (${NPM_REGISTRY_ENV}; a private registry's read token: ${NPM_TOKEN_ENV})") from None
         if not found:
             raise UsageError(f"npm: {agent.package}@{version} is not published on {configured} (${NPM_REGISTRY_ENV}): "
                              "publish it (npm publish), then release again; release --local does not wait for it")
