@@ -28,7 +28,6 @@ from pipeline.core.contracts import (
     task_trial_names,
     trial_short_id,
 )
-from pipeline.core.datasets import dataset_digest
 from pipeline.core.documents import TaskCounts
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.scoring import task_counts
@@ -39,6 +38,7 @@ from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.containers import CONTAINER_PREFIX, LABEL_BATCH
 from pipeline.infra.worker.dataset import STAGED
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
+from pipeline.infra.worker.prune import use_records
 from pipeline.runner.envshared import TIMINGS_FILE
 from pipeline.runner.plan import discover_tasks
 from pipeline.verify.external import cosign_path
@@ -194,7 +194,8 @@ def test_oracle_run_succeeds_with_score_one(oracle_probe_run, infra_setup):
     assert Grading.model_validate_json((run_dir / "grading.json").read_text()) == grading
     # Every trial ran from the staged copy of the dataset the policy pins (issue 36), and the grading says so.
     pinned_digest = infra_setup["policy"].suites["probe"].dataset.digest
-    assert grading.dataset_digest == pinned_digest and dataset_digest(run_dir / STAGED) == pinned_digest
+    assert grading.dataset_digest == pinned_digest
+    assert not (run_dir / STAGED).exists()  # the staged copy went once the run was sealed (worker/prune.py)
     # Evidence in artifacts/, and the finalize hook ran before the terminal transition.
     assert (run_dir / "artifacts" / "evidence" / "harbor").is_dir()
     assert (run_dir / "artifacts" / "evidence" / "grading.json").is_file()
@@ -523,18 +524,18 @@ def _trial_dirs(run_dir: Path) -> list[Path]:
 
 def test_trials_use_prebuilt_images_run_concurrently_and_tear_down(oracle_probe_run, infra_setup):
     """No compose build at trial time, every environment stopped before the runner exited, trials overlapped."""
-    import tomllib
     from datetime import datetime
 
     run_id = oracle_probe_run["run_id"]
     with SqliteQueue(oracle_probe_run["db"]) as q:
         run_dir = q.run_dir(run_id)
     client = sandbox_engine()
-    task_tomls = sorted(run_dir.glob("batches/*/suite/*/task.toml"))  # each batch renders its own tasks
-    assert len(task_tomls) == 5  # smoke's four (the tamper canary too) and the secret probe
-    for task_toml in task_tomls:
-        image_id = tomllib.loads(task_toml.read_text())["environment"]["docker_image"]
-        assert image_id.startswith("sha256:") and len(image_id) == 71, task_toml
+    # The run's staged copies went when it was sealed (pipeline.infra.worker.prune); its batches recorded the
+    # task images they used by id: smoke's four (the tamper canary too) and the secret probe, each one built.
+    assert list(run_dir.glob("batches/*/suite")) == [] and not (run_dir / "dataset").exists()
+    used = json.loads((use_records() / run_id).read_text())
+    assert len(used) == 5
+    for image_id in used:
         assert "benchseal.task.hash" in client.images.get(image_id).labels
     trials = _trial_dirs(run_dir)
     assert len(trials) == 5
