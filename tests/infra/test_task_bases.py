@@ -126,3 +126,40 @@ def test_rendering_points_an_admitted_base_at_its_loaded_id_and_nothing_else(tmp
     (root / "t1" / "tests" / "Dockerfile").write_text(f"FROM {BASE_REF}\n")
     with pytest.raises(CheckFailed, match="tests/Dockerfile: FROM"):
         render_suite(root, tmp_path / "suite4", BASE, bases={BASE_REF: loaded})
+
+
+@pytest.mark.docker
+def test_a_task_image_is_built_without_a_network(tmp_path: Path, base_refs: dict[str, ImageRef]) -> None:
+    """The worker's build of a task image has no network (only the loopback interface): what it makes is fixed
+    by the context and the base it names by id, nothing fetched. The image built here is removed again."""
+    import docker
+    import docker.errors
+
+    from pipeline.imaging.base import ensure_local
+    from pipeline.infra.worker.images import prebuild_task_images, sandbox_image
+    from tests.fixtures.infra import sandbox_engine
+
+    base = base_refs["base"]
+    ensure_local(base)
+    host, sandboxed = docker.from_env(timeout=300), sandbox_engine()
+    built: dict[str, str] = {}
+    base_id = sandbox_image(host, sandboxed, base)
+    try:
+        # A unique context (its own image, never one another test built), failing wherever a network exists.
+        root = write_task(tmp_path / "ds", "FROM benchseal-base\n"
+                          f'RUN echo {tmp_path.name} > /marker && test "$(ls /sys/class/net)" = lo\n')
+        render_suite(root, tmp_path / "suite", base, from_image=base_id)
+        built = prebuild_task_images(sandboxed, tmp_path / "suite", records=tmp_path / "records")
+        assert list(built) == ["t1"]
+    finally:
+        for image_id in built.values():
+            parent = image_id
+            while parent and parent != base_id:
+                try:
+                    following = sandboxed.api.inspect_image(parent).get("Parent") or ""
+                    sandboxed.images.remove(parent, force=True, noprune=True)
+                except docker.errors.ImageNotFound:
+                    break
+                parent = following
+        host.close()
+        sandboxed.close()
