@@ -226,3 +226,25 @@ def test_a_sealed_runs_staged_copies_are_removed_and_its_evidence_kept(tmp_path:
                     "batches/0000-a/harbor/t1/f", "batches/0003-b", "grading.json", "harbor", "harbor/t1",
                     "harbor/t1/f", "logs", "logs/f"]
     assert remove_staged(run_dir) == []
+
+
+def test_a_prune_clears_the_staged_copies_of_runs_sealed_elsewhere_and_keeps_those_in_flight(
+        tmp_path: Path, make_payload: Callable[..., dict[str, Any]]) -> None:
+    """A run whose batches ran here but which another host sealed: its use record (written from its first batch,
+    even with no task image) lets this host's next prune find its staged copies; a running run's stay."""
+    records = tmp_path / "task-image-use"
+    queue = SqliteQueue(tmp_path / "queue.sqlite3", runs_dir=tmp_path / "runs")
+    running = _run(queue, make_payload, "RUNNING")
+    elsewhere = _run(queue, make_payload, "RUNNING")
+    for run_id in (running, elsewhere):
+        with task_image_use(run_id, records):
+            for sub in ("dataset", "batches/0000-a/suite"):
+                (queue.run_dir(run_id) / sub).mkdir(parents=True)
+        assert json.loads((records / run_id).read_text()) == {}
+    _seal(queue, elsewhere)  # by "another host": nothing here removed its copies yet
+    assert prune_task_images(queue, None, keep=0, records=records) == []
+    assert not (queue.run_dir(elsewhere) / "dataset").exists()
+    assert not (queue.run_dir(elsewhere) / "batches/0000-a/suite").exists()
+    assert not (records / elsewhere).exists()
+    assert (queue.run_dir(running) / "dataset").is_dir() and (queue.run_dir(running) / "batches/0000-a/suite").is_dir()
+    assert (records / running).is_file()

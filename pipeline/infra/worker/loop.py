@@ -108,7 +108,7 @@ from pipeline.infra.worker.images import (
     resolve_base_ref,
     sandbox_image,
 )
-from pipeline.infra.worker.prune import after_sealed, task_image_use
+from pipeline.infra.worker.prune import after_work, task_image_use
 from pipeline.infra.worker.task_images import load_task_bases, load_task_images
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
 from pipeline.runner.plan import discover_tasks, plan_trials, select_tasks, suite_grading, task_grading
@@ -229,10 +229,11 @@ class _TrialHeartbeat(_Heartbeat):
 # --- one attempt -----------------------------------------------------------------
 
 def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
-    """``_run_once``; a run it seals leaves the sandbox as the worker found it (``prune.after_sealed``)."""
+    """``_run_once``; then runs sealed (here or on another host) leave the sandbox as the worker found them
+    (``prune.after_work``)."""
     outcome = _run_once(config, finalize)
-    if outcome is not None and outcome.state in TERMINAL_STATES:
-        after_sealed(config, outcome.run_id)
+    if outcome is not None:
+        after_work(config, outcome.run_id if outcome.state in TERMINAL_STATES else None)
     return outcome
 
 

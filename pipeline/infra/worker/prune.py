@@ -1,10 +1,11 @@
 """Leaving the sandbox as the worker found it (issue 36.5): a sealed run's staged copies removed, and task
 images pruned by one rule, never an image a run in flight uses.
 
-The rule (docs/datasets.md "Pruning"), applied after every run this worker seals:
+The rule (docs/datasets.md "Pruning"), applied after each piece of work (``after_work``):
 
-1. The run's staged copies go: ``<run dir>/dataset`` and ``<run dir>/batches/*/suite`` (the evidence, the
-   trials' dirs and logs stay).
+1. A sealed run's staged copies on this host go: ``<run dir>/dataset`` and ``<run dir>/batches/*/suite`` (the
+   evidence, the trials' dirs and logs stay), whether this worker sealed it or another host did (the run's use
+   record, written from its first batch here, says this host holds copies of it).
 2. Task images are the images the worker itself put into the sandbox engine for a run's tasks: each
    task's prebuilt ``docker_image`` and registry base (pulled by digest, ``task_images``) and each image it
    built from a task's Dockerfile (``images.prebuild_task_images``). Each batch records the ids it used in
@@ -122,8 +123,9 @@ class TaskImageUse:
     def images(self, image_ids: Iterable[str]) -> None:
         """Add task image ids to the run's record, now as their last use, before the batch uses them."""
         ids = self._checked(image_ids)
-        if ids:
-            current = _read(self._path) if os.path.lexists(self._path) else {}
+        exists = os.path.lexists(self._path)
+        if ids or not exists:
+            current = _read(self._path) if exists else {}
             current.update(dict.fromkeys(ids, time.time()))
             _write(self._path, current)
 
@@ -151,6 +153,7 @@ def task_image_use(run_id: str, records: Path | None = None) -> Iterator[TaskIma
     root = _private_dir(records or use_records())
     use = TaskImageUse(root, run_id)
     with _locked(root, fcntl.LOCK_SH):
+        use.images([])  # the record exists from the first batch: this host holds staged copies of the run
         yield use
 
 
@@ -188,6 +191,11 @@ def prune_task_images(queue: Queue, sandboxed: Any, keep: int = KEEP_TASK_IMAGES
         stops = protected | set(last) | (set(_read(bases)) if os.path.lexists(bases) else set())
         removed, gone = _remove(sandboxed, ranked[keep:], frozenset(stops))
         for run_id, used in sealed.items():
+            try:
+                remove_staged(queue.run_dir(run_id))  # sealed, perhaps by another host: its copies here go
+            except OSError as exc:
+                log.warning("run %s: removing its staged copies failed: %s", run_id, exc)
+                continue  # its record stays: tried again by the next prune
             left = {i: t for i, t in used.items() if i not in gone}
             if not left:
                 os.unlink(root / run_id)
@@ -248,12 +256,14 @@ def remove_staged(run_dir: Path) -> list[Path]:
     return found
 
 
-def after_sealed(config: WorkerConfig, run_id: str) -> None:
-    """The rule, after this worker sealed ``run_id``: its staged copies removed, then one prune. Best effort: a
-    failure is logged and the next sealed run prunes again (nothing here changes the run's outcome)."""
+def after_work(config: WorkerConfig, sealed: str | None) -> None:
+    """The rule, after each piece of work: the run this worker just ``sealed`` (if any) loses its staged copies,
+    then one prune (which also clears the staged copies of runs other hosts sealed). Best effort: a failure is
+    logged and the next piece of work prunes again (nothing here changes a run's outcome)."""
     try:
         with open_queue(config.db, url_file=config.queue_url_file) as queue:
-            remove_staged(queue.run_dir(run_id))
+            if sealed is not None:
+                remove_staged(queue.run_dir(sealed))
             records = use_records()
             if not records.is_dir() or not any(not p.name.startswith(".") for p in records.iterdir()):
                 return  # no task image recorded: no engine to ask
@@ -263,6 +273,6 @@ def after_sealed(config: WorkerConfig, run_id: str) -> None:
             finally:
                 client.close()
         if removed:
-            log.info("run %s sealed: pruned %d task images from the sandbox engine", run_id, len(removed))
+            log.info("pruned %d task images from the sandbox engine", len(removed))
     except Exception as exc:
-        log.warning("run %s sealed: pruning failed: %s: %s", run_id, type(exc).__name__, exc)
+        log.warning("pruning failed: %s: %s", type(exc).__name__, exc)
