@@ -60,11 +60,14 @@ def _evidence_files(run_dir: Path) -> Iterator[tuple[str, Path]]:
         raise CheckFailed(f"{evidence}: is a symlink")
     if not evidence.is_dir():
         return
-    for path in sorted(evidence.rglob("*")):
+    # One walk that never enters a linked directory (os.walk without followlinks lists it, never descends it): the
+    # per-file check of every parent it replaces cost 5 s of a 164-task run's 8.5 s export (docs/performance.md).
+    found: list[Path] = []
+    for top, _dirs, names in os.walk(evidence):
+        found.extend(Path(top, name) for name in names)
+    for path in sorted(found):
         # Symlinks (Harbor's trial dirs may hold some) are not evidence: evidence-SHA256SUMS skips them too.
         if path.is_symlink() or not path.is_file():
-            continue
-        if any(parent.is_symlink() for parent in path.parents if evidence in parent.parents):
             continue
         name = path.relative_to(run_dir).as_posix()
         problem = name_problem(name)
