@@ -26,7 +26,7 @@ from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading
 from pipeline.core.errors import CheckFailed
 from pipeline.infra.queue.sql import SqliteQueue
 from pipeline.infra.worker.images import TASK_IMAGE_LABEL
-from pipeline.infra.worker.prune import prune_task_images, remove_staged, task_image_use
+from pipeline.infra.worker.prune import note_staged, prune_task_images, remove_staged, task_image_use
 from tests.fixtures.infra import sandbox_engine
 
 Image = Callable[..., str]
@@ -237,10 +237,11 @@ def test_a_prune_clears_the_staged_copies_of_runs_sealed_elsewhere_and_keeps_tho
     running = _run(queue, make_payload, "RUNNING")
     elsewhere = _run(queue, make_payload, "RUNNING")
     for run_id in (running, elsewhere):
-        with task_image_use(run_id, records):
-            for sub in ("dataset", "batches/0000-a/suite"):
-                (queue.run_dir(run_id) / sub).mkdir(parents=True)
+        (queue.run_dir(run_id) / "dataset").mkdir(parents=True)
+        note_staged(run_id, records)  # as planning does, right after staging
         assert json.loads((records / run_id).read_text()) == {}
+        with task_image_use(run_id, records):
+            (queue.run_dir(run_id) / "batches/0000-a/suite").mkdir(parents=True)
     _seal(queue, elsewhere)  # by "another host": nothing here removed its copies yet
     assert prune_task_images(queue, None, keep=0, records=records) == []
     assert not (queue.run_dir(elsewhere) / "dataset").exists()

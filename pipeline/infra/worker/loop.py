@@ -108,7 +108,7 @@ from pipeline.infra.worker.images import (
     resolve_base_ref,
     sandbox_image,
 )
-from pipeline.infra.worker.prune import after_work, task_image_use
+from pipeline.infra.worker.prune import after_work, note_staged, task_image_use
 from pipeline.infra.worker.task_images import load_task_bases, load_task_images
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
 from pipeline.runner.plan import discover_tasks, plan_trials, select_tasks, suite_grading, task_grading
@@ -332,6 +332,7 @@ def _plan(
         check_runner_agent(client, runner_ref, payload)  # the release's agent, as the payload and policy name it
         # The run's tasks are the staged, re-hashed copy's: nothing the pinned digest does not cover is planned.
         staged = stage_dataset(policy, payload.suite, config.suites_dir, run_dir)
+        note_staged(run_id)  # removed by a prune once the run is sealed, wherever (prune.py)
         tasks = select_tasks(discover_tasks(staged.path), payload.tasks)  # the payload's subset, if it names one
         suite_grading(staged.path, tasks)  # every task graded by exit status; not only canaries (ValidationError)
         specs = plan_trials(run_id, tasks, policy.task_attempts(payload.suite))

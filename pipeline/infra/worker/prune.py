@@ -157,6 +157,13 @@ def task_image_use(run_id: str, records: Path | None = None) -> Iterator[TaskIma
         yield use
 
 
+def note_staged(run_id: str, records: Path | None = None) -> None:
+    """``run_id``'s record created if absent: this host holds a staged copy of it (planning stages one before any
+    batch), which a prune removes once the run is sealed, here or elsewhere."""
+    with task_image_use(run_id, records):
+        pass
+
+
 def _in_flight(queue: Queue, run_id: str) -> bool:
     """Not sealed: a run the queue holds in any state but a terminal one, or one it does not know (kept)."""
     try:
