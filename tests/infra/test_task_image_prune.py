@@ -249,3 +249,23 @@ def test_a_prune_clears_the_staged_copies_of_runs_sealed_elsewhere_and_keeps_tho
     assert not (records / elsewhere).exists()
     assert (queue.run_dir(running) / "dataset").is_dir() and (queue.run_dir(running) / "batches/0000-a/suite").is_dir()
     assert (records / running).is_file()
+
+
+def test_two_batches_of_one_run_recording_at_once_lose_no_image(tmp_path: Path) -> None:
+    """Both hold the shared lock; each update of the run's record is one read-modify-write at a time, or an image
+    one batch uses would drop out of the record and lose its protection."""
+    records = tmp_path / "task-image-use"
+    start = threading.Barrier(2)
+
+    def batch(prefix: str) -> None:
+        start.wait()
+        for i in range(40):
+            with task_image_use("run-shared", records) as use:
+                use.images([f"sha256:{prefix}{i:063x}"])
+
+    threads = [threading.Thread(target=batch, args=(p,)) for p in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(json.loads((records / "run-shared").read_text())) == 80

@@ -53,6 +53,7 @@ from pipeline.infra.worker.containers import _sandbox
 _ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MAX_RECORD = 1 << 20
+_WRITE_LOCK = ".write-lock"  # held briefly by each record update (the prune holds ".lock" exclusively instead)
 _BASES = ".bases"  # {image id: first recorded}: benchseal's base(s) the worker built task images FROM
 
 log = logging.getLogger("benchseal.worker")
@@ -74,9 +75,9 @@ def _private_dir(records: Path) -> Path:
 
 
 @contextmanager
-def _locked(records: Path, how: int) -> Iterator[None]:
+def _locked(records: Path, how: int, name: str = ".lock") -> Iterator[None]:
     # flock locks an open file description: two opens conflict across threads of one process as across processes.
-    fd = os.open(records / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(records / name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, how)
         yield
@@ -123,21 +124,24 @@ class TaskImageUse:
     def images(self, image_ids: Iterable[str]) -> None:
         """Add task image ids to the run's record, now as their last use, before the batch uses them."""
         ids = self._checked(image_ids)
-        exists = os.path.lexists(self._path)
-        if ids or not exists:
-            current = _read(self._path) if exists else {}
-            current.update(dict.fromkeys(ids, time.time()))
-            _write(self._path, current)
+        # Two batches of one run may record at once (both under the shared lock): one read-modify-write at a time.
+        with _locked(self._records, fcntl.LOCK_EX, _WRITE_LOCK):
+            exists = os.path.lexists(self._path)
+            if ids or not exists:
+                current = _read(self._path) if exists else {}
+                current.update(dict.fromkeys(ids, time.time()))
+                _write(self._path, current)
 
     def bases(self, image_ids: Iterable[str]) -> None:
         """Ids a task image may be built FROM (benchseal's base): never pruned here, and where removing a built
         image's intermediate images stops."""
         ids = self._checked(image_ids)
         path = self._records / _BASES
-        current = _read(path) if os.path.lexists(path) else {}
-        if not set(ids) <= set(current):
-            current.update(dict.fromkeys(ids, time.time()))
-            _write(path, current)
+        with _locked(self._records, fcntl.LOCK_EX, _WRITE_LOCK):
+            current = _read(path) if os.path.lexists(path) else {}
+            if not set(ids) <= set(current):
+                current.update(dict.fromkeys(ids, time.time()))
+                _write(path, current)
 
     def _checked(self, image_ids: Iterable[str]) -> list[str]:
         ids = sorted(set(image_ids))
