@@ -18,12 +18,14 @@ from pipeline.core.contracts import (
     BUILDER_RULE,
     CORRELATION_RULE,
     GIT_TAG_RULE,
+    MAX_SUBSET_TASKS,
     MAX_TASK_ATTEMPTS,
     REPOSITORY_RULE,
     RUN_ID_RULE,
     SRI_RULE,
     AgentArtifact,
     DigestsFile,
+    DispatchPayload,
     GradeCounts,
     ImageEntry,
     PayloadSource,
@@ -31,6 +33,7 @@ from pipeline.core.contracts import (
     builder_problem,
     check_score,
     load_model,
+    parse_subset,
     pep503_name,
     run_id_for,
     run_id_problem,
@@ -246,3 +249,38 @@ def test_a_tag_git_refuses_is_refused_in_a_document_by_the_tag_rule(tag: str) ->
 def test_the_builder_ref_rules_apply_to_the_ref_alone() -> None:
     # '..' in a repository or workflow file name is the path pattern's business, not the ref's.
     assert builder_problem("acme/widget..next/.github/workflows/seal..yml@refs/heads/main") is None
+
+
+# --- a run's task subset (DispatchPayload.tasks, parse_subset): one spelling, each name once, bounded.
+
+def test_a_subset_has_one_spelling() -> None:
+    for empty in (None, "", " , ,"):
+        assert parse_subset(empty) is None  # the whole suite
+    assert parse_subset(" b,a ,c") == ("a", "b", "c")
+    assert parse_subset(",".join(f"t{i}" for i in range(MAX_SUBSET_TASKS)), "inputs.tasks") is not None
+
+
+@pytest.mark.parametrize(("text", "rule", "value"), [
+    ("a,B", "each task must be a task directory name ([a-z0-9][a-z0-9_-]{0,63})", "B"),
+    ("a,-b", "each task must be a task directory name ([a-z0-9][a-z0-9_-]{0,63})", "-b"),
+    ("a,b,a,b", "names task 'a' twice", None),
+    (",".join(f"t{i}" for i in range(MAX_SUBSET_TASKS + 1)), f"names at most {MAX_SUBSET_TASKS} tasks",
+     MAX_SUBSET_TASKS + 1),
+])
+def test_a_subset_refusal_names_the_field_the_rule_and_the_task(text: str, rule: str, value: object) -> None:
+    with pytest.raises(ValidationError) as caught:
+        parse_subset(text, "inputs.tasks")
+    assert (caught.value.field, caught.value.rule, caught.value.value) == ("inputs.tasks", rule, value)
+    with pytest.raises(ValidationError) as default:
+        parse_subset(text)
+    assert default.value.field == "--tasks"
+
+
+def test_the_payloads_subset_is_sorted_once_and_empty_is_the_whole_suite() -> None:
+    source = {"repository": "acme/widget", "commit": COMMIT, "tag": "v1"}
+    payload = {"schema": "benchseal.dispatch/v1", "correlation_id": "corr-0001", "source": source,
+               "runner": f"{NAME}@{DIGEST}", "api": f"{NAME}@{DIGEST}"}
+    assert load_model(DispatchPayload, {**payload, "tasks": ["b", "a"]}, "doc").tasks == ("a", "b")
+    assert load_model(DispatchPayload, {**payload, "tasks": []}, "doc").tasks is None
+    refused = _refusal(DispatchPayload, {**payload, "tasks": ["a", "b", "a"]})
+    assert (refused.field, refused.rule) == ("doc: tasks", "names task 'a' twice")

@@ -795,6 +795,7 @@ def test_the_payload_size_bound_is_exact() -> None:
     (b"\xff\xfe{\x00}\x00", "must be ASCII JSON without a byte order mark (starts with a UTF-16 BOM)"),
     (b"\xfe\xff\x00{\x00}", "must be ASCII JSON without a byte order mark (starts with a UTF-16 BOM)"),
     (b'{"a": "\xc3\xa9"}', "must be ASCII JSON (non-ASCII byte at offset 7)"),
+    (b'{"a": "\x7f\xc3"}', "must be ASCII JSON (non-ASCII byte at offset 8)"),  # DEL (0x7f) is ASCII
     (b'{"a": }', "not valid JSON: Expecting value at line 1 column 7"),
     (b'{"a": 1,\n"a": 2}', "duplicate key (each key may appear once per object)"),
 ])
