@@ -30,7 +30,9 @@ from pipeline.infra.queue.postgres import PostgresQueue
 from tests.doubles.postgres import PgCluster, pg_bindir
 from tests.fixtures.infra import proc_hits
 
-PASSWORD = "Queue-pw-7f3c9a1e5b2d"  # the one secret here: checked absent everywhere
+# The one secret here: checked absent everywhere. Per process, so the /proc scan finds only this test's own
+# processes (a neighbour, or another session, running this module holds its own).
+PASSWORD = f"Queue-pw-{os.urandom(8).hex()}"
 
 
 def _ca(name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:

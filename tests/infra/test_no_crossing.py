@@ -120,12 +120,13 @@ def test_a_build_carrying_another_tasks_hash_is_refused_and_a_planted_image_is_n
     beta_env = suite / "beta" / "environment"
     alpha_hash, beta_hash = (_task_context_hash(suite / t / "environment") for t in ("alpha", "beta"))
     hostile = runners[0]
+    hostile_tag = f"hostile-beta-{uuid.uuid4().hex[:8]}"  # this test's own name on the shared engine
     # The hostile run builds beta's exact context first: the worker's build takes no layer of it (no cache).
-    status, answer = hostile.build((beta_env / "Dockerfile").read_text(), "t=hostile-beta",
+    status, answer = hostile.build((beta_env / "Dockerfile").read_text(), f"t={hostile_tag}",
                                    {"marker": (beta_env / "marker").read_text()})
     assert status == 200 and b"Successfully built" in answer, answer[-300:]
     mine = prebuild_task_images(client, suite, records)
-    assert _chain(client, mine["beta"]) & _chain(client, "hostile-beta") == _chain(client, base_id)
+    assert _chain(client, mine["beta"]) & _chain(client, hostile_tag) == _chain(client, base_id)
     evil = f"FROM {base_id}\nRUN echo evil > /marker\n"
     # The attack as found: the build's labels carry another task's hash (any spelling), or the Dockerfile does.
     for labels in ({TASK_IMAGE_LABEL: beta_hash}, {"BenchSeal.Task.Hash": beta_hash}, {"dev.benchseal.agent": "{}"}):
@@ -157,6 +158,7 @@ def test_a_build_carrying_another_tasks_hash_is_refused_and_a_planted_image_is_n
         assert b"beta" in run and b"evil" not in run
     finally:
         client.images.remove(planted.id, force=True)
+        client.images.remove(hostile_tag, force=True)
         for image_id in {mine["alpha"], *again.values()}:
             client.images.remove(image_id, force=True)
 
@@ -164,9 +166,18 @@ def test_a_build_carrying_another_tasks_hash_is_refused_and_a_planted_image_is_n
 def test_warm_runs_reuse_the_workers_own_image_and_a_name_the_worker_uses_is_never_picked_up(
         tmp_path: Path, client: docker.DockerClient, base_id: str, runners: list[Runner]) -> None:
     records = tmp_path / "records"
-    suites = [_suite(tmp_path / f"s{i}", base_id, "warm " + tmp_path.name) for i in range(3)]
+    marker = f"warm {uuid.uuid4().hex}"  # this test's own task hashes (a tmp dir's name repeats across sessions)
+    suites = [_suite(tmp_path / f"s{i}", base_id, marker) for i in range(3)]
     built = prebuild_task_images(client, suites[0], records)
-    images_before = {i.id for i in client.images.list()}
+    # This test's task images: the worker labels what it builds with the task's hash, and these hashes are this
+    # test's own (its marker): the engine is shared, and other tests' images are never counted.
+    hashes = [_task_context_hash(suites[1] / task / "environment") for task in ("alpha", "beta")]
+
+    def task_images() -> set[str]:
+        return {i.id for h in hashes for i in client.images.list(filters={"label": f"{TASK_IMAGE_LABEL}={h}"})}
+
+    assert task_images() == set(built.values())
+    hostile_tag = f"hostile-alpha-{uuid.uuid4().hex[:8]}"
     # A hostile run tags its own image with names that spell the worker's image (its short id, the
     # base's), and builds one labelled like it: none of it is what the next run gets.
     status, answer = runners[0].build(f"FROM {base_id}\nRUN echo evil > /marker\n",
@@ -180,19 +191,21 @@ def test_warm_runs_reuse_the_workers_own_image_and_a_name_the_worker_uses_is_nev
     assert runners[0].call("DELETE", f"/v1.41/images/{short}?force=1")[0] == 200
     assert runners[0].call("DELETE", f"/v1.41/images/{short}?force=1")[0] == 404
     assert client.images.get(built["alpha"]).id == built["alpha"]
-    status, answer = runners[0].build(f"FROM {base_id}\nRUN echo evil > /marker\n", "t=hostile-alpha")
+    status, answer = runners[0].build(f"FROM {base_id}\nRUN echo evil > /marker\n", f"t={hostile_tag}")
     assert status == 200 and b"Successfully built" in answer, answer[-300:]
-    client.images.get("hostile-alpha:latest").tag(short)  # on the engine directly: as if it could
+    client.images.get(f"{hostile_tag}:latest").tag(short)  # on the engine directly: as if it could
     try:
         started = time.perf_counter()
         warm = prebuild_task_images(client, suites[1], records)
         elapsed = time.perf_counter() - started
         assert warm == built  # no rebuild: a nocache build would give another id
-        assert {i.id for i in client.images.list()} - images_before == {client.images.get("hostile-alpha").id}
+        assert task_images() == set(built.values())  # nothing built for this suite's tasks, nothing picked up
+        assert client.images.get(short).id == client.images.get(hostile_tag).id not in task_images()
         assert f'docker_image = "{built["alpha"]}"' in (suites[1] / "alpha" / "task.toml").read_text()
         print(f"warm prebuild of 2 tasks: {elapsed * 1000:.1f} ms")
     finally:
         client.images.remove(short, force=True)
+        client.images.remove(hostile_tag, force=True)
     # Removed behind the worker's back: built again, not trusted.
     client.images.remove(built["alpha"], force=True)
     rebuilt = prebuild_task_images(client, suites[2], records)

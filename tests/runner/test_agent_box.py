@@ -26,7 +26,7 @@ import pytest
 
 from pipeline.imaging.images import APP_DIRS, APP_ROOT
 from pipeline.infra.sandbox import engine as sandbox
-from pipeline.infra.sandbox.engine_proxy import EnginePolicy, EngineProxy
+from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
 from pipeline.infra.worker.images import sandbox_image
 from pipeline.runner import agent_box, agent_host, engine_env
 from tests.fixtures.infra import sandbox_engine
@@ -127,7 +127,9 @@ def test_the_probe_runs_in_a_container_of_the_runner_image(runner_image: str, pr
     assert agent_box.probe_in_box(image, "harbor", "harbor.agents.base:BaseAgent") == {"version": "0.26.0"}
     assert agent_box.probe_in_box(image, "no-such-agent", "x:y") == {"missing": "no-such-agent"}
     assert agent_box.probe_in_box(image, "harbor", "no_such:Agent")["import_error"].startswith("ModuleNotFoundError")
-    left = sandbox_engine().containers.list(all=True, filters={"label": f"com.docker.compose.service={agent_box.PROBE_SERVICE}"})
+    # This test's probes only: the proxy labels what it creates with its token (other workers' probes share the engine).
+    left = sandbox_engine().containers.list(all=True, filters={"label": [
+        f"com.docker.compose.service={agent_box.PROBE_SERVICE}", f"{LABEL}={proxied.policy.token}"]})
     assert left == [], "every probe container is removed"
 
 
