@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shlex
 import shutil
@@ -91,7 +92,7 @@ from pipeline.publish.seal import Sealed, seal_run
 from pipeline.publish.targets import LocalTarget, PublishError
 from pipeline.runner.plan import discover_tasks, select_tasks
 from pipeline.verify.external import builder_image_identity, cosign_commands, image_command_lines, local_benchseal
-from pipeline.verify.gh import gh_commands, gh_path
+from pipeline.verify.gh import gh_commands, gh_image_lines, gh_path
 from pipeline.verify.policy import BENCHMARK_WORKFLOW, RELEASE_WORKFLOW, Builder
 from pipeline.verify.release import verify_release
 
@@ -167,7 +168,8 @@ def run_commands(commands: Sequence[str], cwd: Path, trusted_root: Path | None =
         key = _image_check_key(line, trusted_root)
         if passed_before(key):
             return subprocess.CompletedProcess(line, 0, "", "")
-        done = subprocess.run(shlex.split(line), cwd=cwd, capture_output=True, text=True, check=False)
+        argv = shlex.split(line)
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, check=False, env=_line_env(argv))
         if done.returncode == 0:
             record_pass(key)
         return done
@@ -178,6 +180,16 @@ def run_commands(commands: Sequence[str], cwd: Path, trusted_root: Path | None =
         if done.returncode != 0:
             raise CheckFailed(f"verification command failed in {cwd}: {line}\n{(done.stderr or done.stdout).strip()}")
     return list(commands)
+
+
+def _line_env(argv: Sequence[str]) -> dict[str, str] | None:
+    """The environment a body line runs with: the inherited one, except for gh's ``--bundle-from-oci`` lines.
+    gh insists on a token before it reads a registry's referrers even offline with a custom root, and sends it
+    to no one there: it gets a placeholder through its environment (never argv), never a real token this
+    process may hold."""
+    if "--bundle-from-oci" not in argv or Path(argv[0]).name != "gh":
+        return None
+    return {**os.environ, "GH_TOKEN": "unused-offline", "GITHUB_TOKEN": "unused-offline"}
 
 
 def _image_check_key(line: str, trusted_root: Path | None) -> str | None:
@@ -540,6 +552,8 @@ def _verify(clock: StageClock, release_dir: Path, payload: DispatchPayload, inst
         printed += gh_commands(release_dir, repository=payload.source.repository, tag=payload.source.tag,
                                infra_repository=infra_repository, builder=BUILDER, trusted_root=instance.trusted_root,
                                profile="production", gh=_gh())
+        printed += gh_image_lines(release_dir, repository=payload.source.repository, tag=payload.source.tag,
+                                  builder=BUILDER, trusted_root=instance.trusted_root, profile="production", gh=_gh())
         # The consumer's image checks meanwhile: both only read, and the body's `benchseal verify` (a new
         # interpreter) is the longest of the commands.
         digests = built.digests

@@ -304,8 +304,9 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
     lines += ["```", "", "</details>"]
     if image_commands:
         # Online, against the images' registry: the identity, issuer and the workflow repository, ref
-        # and commit pins benchseal verify-image checks (pipeline.verify.external.image_check_args).
-        lines += ["", "<details><summary>The runner and API images (cosign, from their registry)</summary>", "",
+        # and commit pins benchseal verify-image checks (pipeline.verify.external.image_check_args); then gh's
+        # --bundle-from-oci lines with the same pins (pipeline.verify.gh.gh_image_lines).
+        lines += ["", "<details><summary>The runner and API images (cosign and gh, from their registry)</summary>", "",
                   "```sh"]
         lines += [_code_line(" ".join(c.split("\n"))) for c in image_commands]
         lines += ["```", "", "</details>"]

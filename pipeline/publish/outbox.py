@@ -41,7 +41,7 @@ from pipeline.publish.targets import (
     github_repo,
 )
 from pipeline.verify.external import cosign_commands, image_command_lines, sigstore_commands
-from pipeline.verify.gh import gh_commands
+from pipeline.verify.gh import gh_commands, gh_image_lines
 from pipeline.verify.policy import Builder, parse_builder
 
 log = logging.getLogger(__name__)
@@ -136,9 +136,12 @@ def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_ro
     """The body's cosign lines for the runner and api images (plain ``cosign``, as the consumer's):
     for ``repository`` at ``tag`` and the release's commit, signed by ``builder``'s release.yml
     (without one: the source's tag.yml, as ``benchseal verify-image`` expects by default); and the
-    runner's test-result attestation, sealed by ``builder``'s benchmark.yml for ``infra_repository``."""
-    return image_command_lines(artifacts_dir, repository, tag, binary="cosign", trusted_root=trusted_root,
-                               builder=builder, infra_repository=infra_repository)
+    runner's test-result attestation, sealed by ``builder``'s benchmark.yml for ``infra_repository``; then
+    gh's checks of each image's provenance and SBOM by the same signer (plain ``gh``)."""
+    cosign = image_command_lines(artifacts_dir, repository, tag, binary="cosign", trusted_root=trusted_root,
+                                 builder=builder, infra_repository=infra_repository)
+    return [*cosign, *gh_image_lines(artifacts_dir, repository=repository, tag=tag, builder=builder,
+                                     trusted_root=trusted_root)]
 
 
 def _body_repository(request: PublicationRequest, artifacts: Path) -> str:

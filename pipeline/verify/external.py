@@ -507,6 +507,20 @@ def sigstore_commands(directory: Path, *, repository: str, tag: str, trusted_roo
     return lines
 
 
+def release_image_policy(directory: Path, repository: str, tag: str, *, workflow: str = "tag.yml", ref: str = "tag",
+                         builder: Builder | None = None) -> tuple[ReleaseSummary, ImageIdentityPolicy] | None:
+    """The release's summary.json and who must have signed its images: ``repository`` at ``tag`` and the
+    commit summary.json is bound to, by ``builder``'s release.yml (else the source's own ``workflow``).
+    The one policy the body's cosign and gh image lines pin. No summary.json: None."""
+    summary_path = directory / SUMMARY
+    if not summary_path.is_file():
+        return None
+    summary = load_document(ReleaseSummary, summary_path)
+    policy = (image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
+              if builder is None else builder_image_identity(builder, repository, tag, summary.source.commit, ref=ref))
+    return summary, policy
+
+
 def image_command_lines(directory: Path, repository: str, tag: str, *, binary: str | None = None,
                         trusted_root: Path | None = None, profile: str | None = None, workflow: str = "tag.yml",
                         ref: str = "tag", builder: Builder | None = None,
@@ -526,16 +540,14 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     ``infra_repository`` and ``builder`` name (as for :func:`cosign_commands`; without them under the
     production profile, no such line): the release workflow attaches it once the benchmark succeeded
     (a failed or gated run fails its dispatch: nothing is attached, so nothing is printed)."""
-    summary_path = directory / SUMMARY
-    if not summary_path.is_file():
+    found = release_image_policy(directory, repository, tag, workflow=workflow, ref=ref, builder=builder)
+    if found is None:
         return []
-    summary = load_document(ReleaseSummary, summary_path)
+    summary, policy = found
     # The bundle-format line names the published root (printed_root); the legacy image signatures need the
     # PEM files cosign reads, written beside the instance's root file (not a release asset).
     bundle_root = printed_root(directory, trusted_root, profile)
     trusted_root = instance_root(directory, trusted_root, profile)
-    policy = (image_identity(repository, tag, summary.source.commit, workflow=workflow, ref=ref)
-              if builder is None else builder_image_identity(builder, repository, tag, summary.source.commit, ref=ref))
     binary = binary or ("cosign" if shutil.which("cosign") else str(cosign_path() or "cosign"))
     prefix: list[str] = []
     if trusted_root is not None:

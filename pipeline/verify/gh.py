@@ -35,7 +35,14 @@ from pipeline.core.documents import TEST_RESULT as TEST_RESULT_TYPE
 from pipeline.core.errors import InfrastructureError
 from pipeline.core.fsutil import atomic_write_bytes
 from pipeline.core.layout import MANIFESTS, PROVENANCE_IMAGES, PROVENANCE_SUMMARY, SUMMARY, TEST_RESULT, bundle_name
-from pipeline.verify.external import SLSA_PROVENANCE, ImageIdentityPolicy, command_profile, printed_root
+from pipeline.verify.external import (
+    CYCLONEDX,
+    SLSA_PROVENANCE,
+    ImageIdentityPolicy,
+    command_profile,
+    printed_root,
+    release_image_policy,
+)
 from pipeline.verify.policy import Builder, Expectation, expectation
 
 # gh got ``attestation verify`` in 2.49; Debian 12's 2.23 has none.
@@ -186,3 +193,22 @@ def gh_commands(directory: Path, *, repository: str, tag: str, infra_repository:
                 lines.append(shlex.join([gh, "attestation", "verify", manifest, "--bundle",
                                          bundle_name(PROVENANCE_IMAGES), *pins.flags(), *trust]))
     return lines
+
+
+def gh_image_lines(directory: Path, *, repository: str, tag: str, builder: Builder | None,
+                   trusted_root: Path | None = None, profile: str | None = None, gh: str = "gh") -> list[str]:
+    """The ``gh attestation verify oci://REF --bundle-from-oci`` lines for the release's runner and api
+    images, beside :func:`pipeline.verify.external.image_command_lines`' cosign lines and with the same
+    signer (:func:`pipeline.verify.external.release_image_policy`): each image's SLSA provenance and SBOM,
+    read from its registry. ``trusted_root``: the private instance's root; the lines name the JSON Lines
+    form beside the published root (as :func:`gh_commands`). gh reads GH_TOKEN even offline (it sends it
+    nowhere here): the consumer's own login serves. No summary.json: no lines."""
+    found = release_image_policy(directory, repository, tag, builder=builder)
+    if found is None:
+        return []
+    summary, policy = found
+    root = printed_root(directory, trusted_root, profile)
+    jsonl = root.with_suffix(".jsonl") if root is not None else None
+    return [shlex.join([gh, *gh_image_args(image, policy, predicate_type, trusted_root_jsonl=jsonl)])
+            for image in (summary.images.runner.ref, summary.images.api.ref)
+            for predicate_type in (SLSA_PROVENANCE, CYCLONEDX)]

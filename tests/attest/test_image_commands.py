@@ -31,7 +31,14 @@ from pipeline.core.errors import CheckFailed
 from pipeline.local.release import run_commands
 from pipeline.publish.outbox import publish_request
 from pipeline.publish.targets import LocalTarget
-from pipeline.verify.external import image_check_args, image_identity, result_attestation_args
+from pipeline.verify.external import (
+    CYCLONEDX,
+    SLSA_PROVENANCE,
+    image_check_args,
+    image_identity,
+    result_attestation_args,
+)
+from pipeline.verify.gh import gh_image_args
 from pipeline.verify.policy import expectation
 from tests.attest.test_image_commit_pin import sign_as
 from tests.fixtures.attest import RELEASE_COMMIT
@@ -61,13 +68,25 @@ def _publish(artifacts: Path, dist: Path) -> Path:
     return dist / TAG
 
 
-def _images_section(body: str) -> list[str]:
+def _image_lines(body: str) -> list[str]:
     """The lines of the body's image block: the ```sh block under "The runner and API images" (the evidence
-    logs' line follows in a block of its own)."""
-    section = body.split("The runner and API images", 1)[1].split("</details>", 1)[0]
+    logs' line follows in a block of its own): cosign's, then gh's."""
+    section = body.split("The runner and API images (cosign and gh, from their registry)", 1)[1].split("</details>", 1)[0]
     blocks = [part.split("\n```", 1)[0] for part in section.split("```sh\n")[1:]]
     assert len(blocks) == 1, body
-    return blocks[0].splitlines()
+    lines = blocks[0].splitlines()
+    cosign = [line for line in lines if not line.startswith("gh ")]
+    assert lines[:len(cosign)] == cosign, lines  # gh's lines last
+    return lines
+
+
+def _images_section(body: str) -> list[str]:
+    """The block's cosign lines."""
+    return [line for line in _image_lines(body) if not line.startswith("gh ")]
+
+
+def _gh_lines(body: str) -> list[str]:
+    return [line for line in _image_lines(body) if line.startswith("gh ")]
 
 
 def _image_block(body: str) -> list[str]:
@@ -169,6 +188,35 @@ def test_an_edited_identity_fails(published: Path, old: str, new: str) -> None:
         assert old in line, line
         with pytest.raises(CheckFailed, match="verification command failed"):
             run_commands([line.replace(old, new)], published)
+
+
+# --- gh's lines beside cosign's (issue 37.2) ---------------------------------------------------------
+
+def test_body_prints_gh_lines_for_each_image_and_they_run_as_printed(published: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After cosign's, one `gh attestation verify oci://REF --bundle-from-oci` line per image and attestation
+    (SLSA provenance, CycloneDX SBOM) with the pins cosign's lines state (gh_image_args), naming the published
+    root's JSON Lines twin; run as printed they pass with no token of the caller's (run_commands gives gh its
+    placeholder through the environment), and each edited pin fails."""
+    monkeypatch.delenv("GH_TOKEN", raising=False)
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    lines = _gh_lines((published / "body.md").read_text())
+    policy = image_identity(REPOSITORY, TAG, RELEASE_COMMIT)
+    assert (published / "trusted_root.jsonl").is_file()
+    expected = [shlex.join(["gh", *gh_image_args(ref, policy, predicate_type,
+                                                 trusted_root_jsonl=Path("trusted_root.jsonl"))])
+                for ref in _images(published).values() for predicate_type in (SLSA_PROVENANCE, CYCLONEDX)]
+    assert lines == expected and len(lines) == 4
+    assert not any("TOKEN" in line for line in lines)
+    assert run_commands(lines, published) == lines
+    for old, new in ((f"--source-digest {RELEASE_COMMIT}", f"--source-digest {OTHER}"),
+                     (f"--source-ref refs/tags/{TAG}", "--source-ref refs/heads/main"),
+                     (f"--repo {REPOSITORY}", "--repo fork/widget"),
+                     (f"--predicate-type {SLSA_PROVENANCE}", "--predicate-type https://spdx.dev/Document")):
+        edited = [line.replace(old, new) for line in lines if old in line]
+        assert edited, old
+        with pytest.raises(CheckFailed, match="verification command failed"):
+            run_commands(edited[:1], published)
 
 
 # --- the runner's test-result attestation (issue 26.1) ----------------------------------------------

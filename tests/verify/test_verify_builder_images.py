@@ -95,7 +95,9 @@ def test_images_signed_by_anyone_else_are_refused(case: str, signed_as: dict[str
 
 
 def _image_block(body: str) -> list[str]:
-    return body.split("The runner and API images", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0].splitlines()
+    """The image block's cosign lines (gh's follow them: tests/attest/test_image_commands.py)."""
+    lines = body.split("The runner and API images", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0].splitlines()
+    return [line for line in lines if not line.startswith("gh ")]
 
 
 @pytest.mark.parametrize(("pin", "edited"), [
