@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SOURCE = "acme/widget"
 INFRA = "acme/bench-infra"
 TAG = "v1.0.0"
+# Unique per session: the run id (and so the labels of its containers on the shared engines) is this run's own.
+CORRELATION = f"e2e-widget-v1.0.0-{uuid.uuid4().hex[:8]}"
 LOCKED = "acme/locked"
 NOTES = "## What's new\n\n* faster widgets\n"
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
@@ -96,7 +99,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsFile, s
     # This process, the accept CLI, the worker service and the publisher all share one state dir
     # (and so one private Sigstore instance and trusted root).
     env_patch.setenv("BENCHSEAL_HOME", str(home))
-    correlation = "e2e-widget-v1.0.0-0001"
+    correlation = CORRELATION
     # tag.yml's build job signed and attested both images; the worker checks that with cosign.
     # Signed at the commit the tag resolves to (below): the worker pins the payload's commit.
     trust = sign_release_images(SOURCE, TAG, [e.ref for e in built_images.images.values()],
@@ -208,7 +211,7 @@ def test_run_concluded_with_the_worker(world: World) -> None:
     assert world.state == "SUCCEEDED" and world.score == 1.0
     assert world.dispatch.conclusion == "success"
     run = world.emulator.get_run(INFRA, world.dispatch.run_id)
-    assert run.conclusion == "success" and run.display_title.endswith(" e2e-widget-v1.0.0-0001")
+    assert run.conclusion == "success" and run.display_title.endswith(f" {CORRELATION}")
     # The worker ended with the terminal transition: the publication waited in the outbox.
     (pub,) = world.after_worker["publications"]
     assert pub.state == "PENDING" and pub.request.target == "github" and pub.request.tag == TAG

@@ -27,7 +27,7 @@ import docker
 import pytest
 import yaml
 
-from pipeline.core.contracts import DigestsFile
+from pipeline.core.contracts import DigestsFile, trial_short_id
 from pipeline.core.errors import UsageError, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.evidence.artifacts import build_summary
@@ -419,8 +419,9 @@ def _payload_model(payload: dict[str, Any]) -> Any:
 def test_model_key_never_in_argv_inspect_files_or_queue(right_run: dict[str, Any]) -> None:
     scanner: Scanner = right_run["scanner"]
     assert scanner.scans >= 5
-    names = list(scanner.containers)
-    # The scan saw the runner and the trial containers while they ran.
+    # The scan saw this run's runner and trial containers while they ran (their names carry the run's id or
+    # its trials' short id; other workers' containers on the shared engine are not counted).
+    names = [n for n in scanner.containers if right_run["run_id"] in n or trial_short_id(right_run["run_id"]) in n]
     assert any(n.startswith("/benchseal-infra-") for n in names), names
     assert sum("__" in n or "main" in n for n in names) >= 1, names
     assert scanner.argv_hits == [], scanner.argv_hits[:3]
@@ -766,7 +767,7 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
 
 _ENGINE_PROBE = r"""
 set -u
-base="$1"; victim="$2"; run="$3"; pull="$4"
+base="$1"; victim="$2"; run="$3"; pull="$4"; vol="$5"
 try() { name="$1"; shift; if out=$("$@" 2>&1); then echo "$name=ok"; else echo "$name=refused:$(echo "$out" | grep -c 'benchseal engine proxy')"; fi; }
 try privileged_root docker run --rm --privileged -v /:/host "$base" true
 try bind_root docker run --rm -v /:/host "$base" true
@@ -782,7 +783,7 @@ try exec_other docker exec "$victim" true
 try inspect_other docker container inspect "$victim"
 try kill_other docker kill "$victim"
 try pull docker pull "$pull"
-try bind_volume docker volume create --opt type=none --opt o=bind --opt device=/ escape-vol
+try bind_volume docker volume create --opt type=none --opt o=bind --opt device=/ "$vol"
 mkdir -p "$run/ok"
 try own_run docker run --rm --network none -v "$run/ok:/ok" "$base" sh -c 'echo inside > /ok/out.txt'
 echo "own_out=$(cat "$run/ok/out.txt" 2>/dev/null)"
@@ -802,6 +803,7 @@ def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, loc
     client = docker.from_env()
     victim = client.containers.run(base.ref, ["sleep", "120"], detach=True, network_mode="none",
                                    labels={"benchseal.test": "engine-victim"})
+    escape = f"escape-vol-{SESSION}-{uuid.uuid4().hex[:6]}"  # this test's own name: the engine is shared
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     policy = load_policy(_write_policy(tmp_path, _policy_data()))
@@ -809,7 +811,7 @@ def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, loc
     try:
         output = client.containers.run(
             local_images["runner"].ref, entrypoint=["sh", "-c", _ENGINE_PROBE, "probe"],
-            command=[base.ref, victim.name, str(run_dir), local_images["runner"].ref],
+            command=[base.ref, victim.name, str(run_dir), local_images["runner"].ref, escape],
             volumes={str(run_dir): {"bind": str(run_dir), "mode": "rw"}, **setup.volumes}, network_mode="none",
             environment={"DOCKER_BUILDKIT": "0"}, remove=True, stdout=True, stderr=True).decode()
         refused = list(setup.engine.refused) if setup.engine else []
@@ -827,7 +829,7 @@ def test_runner_engine_access_is_filtered(tmp_path: Path, make_payload: Any, loc
     assert results["own_run"] == "ok" and results["own_out"] == "inside", output
     assert (run_dir / "ok" / "out.txt").read_text() == "inside\n"
     assert any("privileged" in r for r in refused) and any("/etc" in r for r in refused)
-    assert not client.volumes.list(filters={"name": "escape-vol"})
+    assert escape not in [v.name for v in client.volumes.list(filters={"name": escape})]
 
 
 # --- secret files outlive no worker: kill -9 before the runner planned, then recovery -----
