@@ -845,3 +845,26 @@ def test_an_image_refusal_shows_the_whole_reference_given() -> None:
         load_policy().check_image("runner", ref)
     assert (caught.value.field, caught.value.value) == ("runner", ref.ref)
     assert caught.value.rule.startswith("image '127.0.0.1:1/evil/runner' is not an allowed runner image (allowed: ")
+
+
+def test_nesting_too_deep_for_the_decoder_is_refused_as_nesting() -> None:
+    # The decoder's own recursion limit is reached before the shape check sees anything.
+    refused = _parse_refusal(b"[" * 100000 + b"]" * 100000, 10**7)
+    assert (refused.field, refused.rule) == ("payload", f"not valid JSON: nested deeper than {MAX_DEPTH} levels")
+
+
+def test_a_dict_payload_is_measured_in_utf8_bytes(make_payload) -> None:  # type: ignore[no-untyped-def]
+    # 'é' is two bytes in UTF-8 (six as a \\u escape): a payload of exactly the bound passes the size check
+    # (and is refused later, for its unknown key, naming that key); one byte over is refused by its size.
+    policy = load_policy()
+    base = len(json.dumps(make_payload(extra=""), ensure_ascii=False).encode("utf-8"))
+    fits = make_payload(extra="é" * ((policy.max_payload_bytes - base) // 2))
+    size = len(json.dumps(fits, ensure_ascii=False).encode("utf-8"))
+    with pytest.raises(ValidationError) as caught:
+        validate_payload(fits, policy)
+    assert caught.value.field == "payload.extra"
+    over = make_payload(extra=fits["extra"] + "x" * (policy.max_payload_bytes - size + 1))
+    with pytest.raises(ValidationError) as caught:
+        validate_payload(over, policy)
+    assert (caught.value.field, caught.value.rule) == (
+        "payload", f"must be at most {policy.max_payload_bytes} bytes (got {policy.max_payload_bytes + 1})")
