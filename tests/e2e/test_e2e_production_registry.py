@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,7 @@ import yaml
 
 from pipeline.core.paths import REPO_ROOT
 from pipeline.dispatch.client import make_client
+from pipeline.infra.worker.containers import CONTAINER_PREFIX
 from pipeline.infra.worker.loop import LABEL_RUN
 from pipeline.local import authregistry
 from pipeline.local import registry as reg
@@ -53,7 +55,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 SOURCE = "acme/widget"
 INFRA = "acme/bench-infra"
 TAG = "v3.1.4"
-CORRELATION = "e2e-prod-v3.1.4-0001"
+# Unique per session: the run id (and so the labels of its containers on the shared engines) is this run's own.
+CORRELATION = f"e2e-prod-v3.1.4-{uuid.uuid4().hex[:8]}"
 BENCHSEAL = str(Path(sys.executable).with_name("benchseal"))
 PLAIN_REGISTRY = "127.0.0.1:5055"
 # The plain registry's address, not a longer port that starts with the same digits (a client's
@@ -81,7 +84,7 @@ class SecretScanner:
         self.hits: list[str] = []
         self.proc_scans = 0
         self.container_scans = 0
-        self.runner_containers: set[str] = set()  # images of the worker's runner containers inspected
+        self.runner_runs: set[str] = set()  # the run labels of the worker's runner containers inspected (any run's)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -100,8 +103,9 @@ class SecretScanner:
         except docker.errors.DockerException:
             return
         for container in containers:
-            if LABEL_RUN in (container.attrs.get("Config", {}).get("Labels") or {}):
-                self.runner_containers.add(container.attrs["Config"]["Image"])
+            run = (container.attrs.get("Config", {}).get("Labels") or {}).get(LABEL_RUN)
+            if run and container.name.startswith(CONTAINER_PREFIX):
+                self.runner_runs.add(run)
             data = json.dumps(container.attrs).encode()
             if any(n in data for n in needles):
                 self.hits.append(f"container {container.name}")
@@ -387,8 +391,11 @@ def test_no_credential_in_argv_environ_containers_or_outputs(world: World) -> No
     assert world.tokens, "the token server issued no token: the registry was not the one used"
     assert world.scanner.proc_scans > 50 and world.scanner.container_scans > 5, vars(world.scanner)
     assert world.scanner.hits == [], world.scanner.hits
-    # The runner container itself was among those inspected while it existed.
-    assert world.scanner.runner_containers, "the scan never saw the runner container"
+    # This run's runner container itself was among those inspected while it existed (other workers' runners
+    # share the sandbox engine: seeing one of theirs proves nothing).
+    from pipeline.core.contracts import run_id_for
+
+    assert run_id_for(CORRELATION) in world.scanner.runner_runs, "the scan never saw the runner container"
     needles = [s.encode() for s in [*world.secrets, *world.tokens]]
     for path in _files(world.outputs):
         data = path.read_bytes()
