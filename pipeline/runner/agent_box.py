@@ -255,14 +255,7 @@ class _Box:
             if self.dir.exists():
                 shutil.rmtree(self.dir)
             (self.dir / agent_host.LOGS_NAME).mkdir(parents=True)
-            # Bound through the directory's fd: a run dir's path can exceed a socket path's 107 bytes.
-            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                listener.bind(f"/proc/self/fd/{fd}/{agent_host.SOCKET_NAME}")
-                listener.listen(1)
-            finally:
-                os.close(fd)
+            listener = _bind_channel(self.dir / agent_host.SOCKET_NAME)
             self._connected = loop.create_future()
             self._server = await asyncio.start_unix_server(self._accept, sock=listener,
                                                            limit=agent_host.MAX_FRAME_BYTES)
@@ -408,6 +401,25 @@ class _Box:
                     budget -= dst.write(src.read(budget + 1)[:budget])
                 files += 1
             dirs[:] = [d for d in sorted(dirs) if not (Path(root) / d).is_symlink()]
+
+
+def _bind_channel(path: Path) -> socket.socket:
+    """A listening Unix socket at ``path``, bound through a short private link to its directory: a run dir's
+    path can exceed a socket path's 107 bytes. Not through ``/proc/self/fd/N``: a number another thread of
+    this process may close and reuse between open and bind (seen: "Not a directory" under load)."""
+    short = Path(tempfile.mkdtemp(prefix="bsbox-"))  # 0700, this process's user only
+    try:
+        (short / "d").symlink_to(path.parent, target_is_directory=True)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(short / "d" / path.name))
+            listener.listen(1)
+        except OSError:
+            listener.close()
+            raise
+        return listener
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
 
 
 # --- the agent's operations on its one environment ---------------------------------------------
