@@ -42,7 +42,6 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PY = REPO / ".venv" / "bin" / "python"
 HARBOR = REPO / ".venv" / "bin" / "harbor"
-TAG = "v0.0.0-demo"  # the oracle's tag in make demo
 
 
 def _measured(argv: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float, int]:
@@ -103,6 +102,11 @@ def _plain(tasks_dir: Path, jobs: Path, concurrency: int, first: bool, tasks: li
             "work": median_work, "peak_mib": peak / 1024}
 
 
+def _tag(n: int, first: bool) -> str:
+    """A tag of its own per release (a tag is released once, from one commit)."""
+    return f"v0.{int(time.time())}.{n}-bench{'first' if first else 'warm'}"
+
+
 def _benchseal(tasks: list[str], first: bool, dist: Path) -> dict[str, float]:
     home = Path(os.environ.get("BENCHSEAL_HOME", REPO / ".benchseal"))
     if first:
@@ -110,7 +114,7 @@ def _benchseal(tasks: list[str], first: bool, dist: Path) -> dict[str, float]:
         for record in (home / "cache" / "task-images").glob("*"):
             record.unlink()
     env = dict(os.environ, HARBOR_TELEMETRY="0", NO_PROXY="127.0.0.1,localhost")
-    done, wall, peak = _measured([str(PY), "-m", "pipeline", "release", TAG, "--local", "--json", "--agent", "oracle",
+    done, wall, peak = _measured([str(PY), "-m", "pipeline", "release", _tag(len(tasks), first), "--local", "--json", "--agent", "oracle",
                                   "--suite", "humaneval", "--tasks", ",".join(tasks), "--dist", str(dist)], env, REPO)
     if done.returncode != 0:
         sys.exit(f"benchseal release failed ({done.returncode}):\n{done.stderr[-4000:]}")
