@@ -98,6 +98,6 @@ def run(app: typer.Typer) -> None:
         typer.echo(CLI_ERROR_PREFIX + escape_text(f"unexpected {type(exc).__name__}: {first} (a benchseal defect: "
                                                   "rerun with BENCHSEAL_TRACEBACK=1 and report it)"), err=True)
         sys.exit(1)
-    # Under standalone_mode=False a typer.Exit(n) comes back as n; verbs return None otherwise.
-    if type(code) is int and code != 0:
-        sys.exit(code)
+    # Under standalone_mode=False a typer.Exit(n) comes back as n; verbs return None otherwise. Always
+    # SystemExit, as Click's standalone mode ends (callers and tests rely on it).
+    sys.exit(code if type(code) is int else 0)

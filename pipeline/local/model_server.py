@@ -8,7 +8,8 @@ message (``pipeline/local/scripts/<suite>.json``, or for an imported dataset a s
 importer: ``GENERATED_SCRIPTS``, HumanEval's from ``pipeline/datasets/humaneval.py``). The commands really
 run in the task container through the agent's tmux session and the verifier grades
 the result; the ``wrong`` script makes a plausible but incorrect change. A request for a task no
-script covers is refused (HTTP 400, code ``no_script``), never answered with a silent wrong step.
+script covers is refused (a tool call: HTTP 400, code ``no_script``; a plain chat: a stop whose analysis
+says so), never answered with a silent wrong step.
 
 Agents that call tools (Qwen Code, ``examples/hello-agent``, an adopter's own) get the
 same trajectories as OpenAI tool calls. The shell tool is found by its schema, not its
@@ -426,10 +427,16 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         if answer is None:  # terminus-2 (no tools): the step's JSON as the message content
             if script is None:
-                self._refuse(*self._no_script(), task=None, step=step, tools=0, shells=[])
-                return
-            # Past the end the last (task_complete) step repeats: terminus-2 asks to confirm completion.
-            reply = script.steps[min(step, len(script.steps) - 1)]
+                # A plain chat (terminus-2, or a reachability probe through the relay) is answered: with the
+                # reason as its analysis and a stop, so terminus-2's log says why; the server's stream says it too.
+                _, message = self._no_script()
+                stream_ = self.state.errors or sys.stderr
+                stream_.write(message + "\n")
+                stream_.flush()
+                reply: dict[str, Any] = {"analysis": message, "plan": "Stop.", "commands": [], "task_complete": True}
+            else:
+                # Past the end the last (task_complete) step repeats: terminus-2 asks to confirm completion.
+                reply = script.steps[min(step, len(script.steps) - 1)]
             answer = _Answer(content=json.dumps(reply, indent=2))
         stream = body.get("stream") is True
         options = body.get("stream_options")

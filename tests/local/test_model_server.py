@@ -101,9 +101,11 @@ def test_wrong_mode_and_unknown_task(tmp_path: Path) -> None:
     with ModelServer(key=KEY, mode="wrong") as server:
         _, body = _chat(server.base_url, [{"role": "user", "content": _instruction("write-answer")}])
         assert "wc -l" in body["choices"][0]["message"]["content"]
-        # An unscripted task: an error terminus-2's log shows, not a "done" step that would read as the agent's.
+        # An unscripted task: a stop whose analysis terminus-2's log shows, never a step that would read as the agent's.
         status, body = _chat(server.base_url, [{"role": "user", "content": "an unscripted task"}])
-        assert status == 400 and body["error"]["code"] == "no_script", body
+        reply = json.loads(body["choices"][0]["message"]["content"])
+        assert status == 200 and reply["commands"] == [] and reply["task_complete"], body
+        assert "no script of suite 'smoke' matches this task" in reply["analysis"]
     with pytest.raises(ValidationError, match=r"127\.0\.0\.1"):
         ModelServer(key=KEY, host="0.0.0.0")
 

@@ -122,11 +122,16 @@ def test_a_task_without_a_script_is_refused_where_the_agent_log_shows_it() -> No
         errors: list[str] = []
         server.state.errors = type("Lines", (), {"write": lambda _, s: errors.append(s), "flush": lambda _: None})()
         unscripted = "Complete the Python function below.\n\n```python\ndef unknown():\n    pass\n```\n"
-        for body in ({"tools": [SHELL]}, {}):  # a tool-calling agent, and terminus-2 (no tools)
-            status, answer = _post(server.port, {"model": "m", "messages": [{"role": "user", "content": unscripted}],
-                                                 **body})
-            assert status == 400 and answer["error"]["code"] == "no_script", answer
-            assert "no script of suite 'humaneval' matches this task" in answer["error"]["message"]
+        # A tool-calling agent: refused (HTTP 400), which its log shows.
+        status, answer = _post(server.port, {"model": "m", "messages": [{"role": "user", "content": unscripted}],
+                                             "tools": [SHELL]})
+        assert status == 400 and answer["error"]["code"] == "no_script", answer
+        assert "no script of suite 'humaneval' matches this task" in answer["error"]["message"]
+        # terminus-2 (no tools): a stop with the reason as its analysis, never a step of a task.
+        status, answer = _post(server.port, {"model": "m", "messages": [{"role": "user", "content": unscripted}]})
+        reply = json.loads(answer["choices"][0]["message"]["content"])
+        assert status == 200 and reply["commands"] == [] and reply["task_complete"], answer
+        assert "no script of suite 'humaneval' matches this task" in reply["analysis"]
         assert len(errors) == 2 and all("no script" in line for line in errors)
 
 
