@@ -18,20 +18,15 @@ from typing import Any
 import docker
 import docker.errors
 import pytest
-import yaml
 
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.digests import ImageRef, parse_ref
-from pipeline.core.paths import REPO_ROOT
 from pipeline.imaging.base import ensure_local
-from pipeline.infra.intake.accept import accept_payload
-from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import SqliteQueue
-from pipeline.infra.worker.loop import RunOutcome, WorkerConfig, run_once
 from pipeline.infra.worker.prune import use_records
 from pipeline.infra.worker.task_images import config_digest
-from tests.fixtures.datasets import pinned
-from tests.fixtures.infra import built_images_source, sandbox_engine
+from tests.fixtures.datasets import oracle_runs
+from tests.fixtures.infra import sandbox_engine
 from tests.fixtures.tb_mini import TEMPLATE
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -103,24 +98,8 @@ def test_a_task_builds_on_its_registry_base_pulled_by_digest(
     suites = tmp_path / "suites"
     _write_suite(suites / "based", base.ref)
     _write_suite(suites / "tagged", f"{base.name}:latest")  # the same base by tag: refused before anything runs
-    runner, api = built_images.images["runner"], built_images.images["api"]
-    trust = sign_release_images("acme/benchseal", "v9.9.9", [runner.ref, api.ref])
-    data = yaml.safe_load((REPO_ROOT / "policies" / "infra.yaml").read_text())
-    data["sources"] = [built_images_source("acme/benchseal", built_images)]
-    data["suites"] = {name: {"dataset": pinned(suites, name), "timeout_seconds": 300,
-                             "task_image_registries": [base.registry]} for name in ("based", "tagged")}
-    (tmp_path / "infra.yaml").write_text(yaml.safe_dump(data))
-    policy = load_policy(tmp_path / "infra.yaml")
-    db = tmp_path / "queue.sqlite3"
-
-    def run(suite: str) -> RunOutcome | None:
-        accept_payload({
-            "schema": "benchseal.dispatch/v1", "correlation_id": f"task-base-{uuid.uuid4().hex[:12]}",
-            "source": {"repository": "acme/benchseal", "commit": "0123456789abcdef0123456789abcdef01234567",
-                       "tag": "v9.9.9"},
-            "runner": runner.ref, "api": api.ref, "suite": suite, "agent": "oracle"}, db=db, policy=policy)
-        return run_once(WorkerConfig(db=db, policy=policy, suites_dir=suites, image_trust=trust))
-
+    _, db, run = oracle_runs(tmp_path, built_images, sign_release_images, suites, ("based", "tagged"),
+                             base.registry, "task-base")
     refused = run("tagged")
     assert refused is not None and refused.state == "FAILED" and refused.grading is not None
     assert refused.grading.counts.total == 0 and refused.grading.trials == ()  # nothing planned, nothing run
