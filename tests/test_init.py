@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.cli.app import run
 from pipeline.cli.init import CALLER_WORKFLOW, PLACEHOLDER_COMMIT, WORKFLOW_PATH
-from pipeline.cli.main import app
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.project import NpmAgent, PythonAgent, load_project
 from pipeline.local import precheck
+from tests.fixtures.cli import run_benchseal
 
 _GIT_ID = ["-c", "user.name=adopter", "-c", "user.email=adopter@example.invalid", "-c", "commit.gpgsign=false"]
 HEX40 = re.compile(r"\A[0-9a-f]{40}\Z")
@@ -45,19 +44,9 @@ def _python_repo(tmp_path: Path) -> Path:
     return _checkout(repo)
 
 
-def _init(repo: Path, *args: str, monkeypatch: pytest.MonkeyPatch,
+def _init(where: Path, *args: str, monkeypatch: pytest.MonkeyPatch,
           capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    monkeypatch.chdir(repo)
-    monkeypatch.setattr("sys.argv", ["benchseal", "init", *args])
-    code = 0
-    try:
-        run(app)
-    except SystemExit as ended:
-        code = ended.code if isinstance(ended.code, int) else 1
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, out, err
+    return run_benchseal(where, "init", *args, monkeypatch=monkeypatch, capsys=capsys)
 
 
 def _one_line(err: str) -> str:

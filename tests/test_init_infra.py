@@ -12,14 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli.app import run
 from pipeline.cli.init import Detected, github_list
 from pipeline.cli.init_infra import _EXAMPLE_AGENT, _EXAMPLE_SOURCE, EXAMPLE, POLICY_PATH
-from pipeline.cli.main import app
 from pipeline.core.doctor import SETTINGS
 from pipeline.dispatch.doctor import REQUIRED, find_caller
 from pipeline.host.doctor import checkout_place, policy_findings, suites_findings
 from pipeline.infra.intake.policy import ReleaseAgentPolicy, load_policy
+from tests.fixtures.cli import run_benchseal
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -34,17 +33,7 @@ def _checkout(path: Path, files: dict[str, str] | None = None) -> Path:
 
 def _init(where: Path, *args: str, monkeypatch: pytest.MonkeyPatch,
           capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    monkeypatch.chdir(where)
-    monkeypatch.setattr("sys.argv", ["benchseal", "init", *args])
-    code = 0
-    try:
-        run(app)
-    except SystemExit as ended:
-        code = ended.code if isinstance(ended.code, int) else 1
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, out, err
+    return run_benchseal(where, "init", *args, monkeypatch=monkeypatch, capsys=capsys)
 
 
 def test_init_infra_writes_what_doctor_infra_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
