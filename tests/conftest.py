@@ -22,6 +22,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 settings.register_profile("benchseal", max_examples=200, deadline=None)
 settings.load_profile(os.environ.get("BENCHSEAL_HYPOTHESIS_PROFILE", "benchseal"))
 
+# Fixture modules import one another (tests.fixtures.datasets uses tests.fixtures.infra): each is rewritten for
+# pytest's assertion messages whichever imports it first.
+pytest.register_assert_rewrite("tests.fixtures")
 pytest_plugins = sorted(
     f"tests.fixtures.{p.stem}" for p in (Path(__file__).parent / "fixtures").glob("*.py") if p.stem != "__init__"
 )
