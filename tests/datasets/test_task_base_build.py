@@ -26,7 +26,7 @@ from pipeline.infra.queue.sql import SqliteQueue
 from pipeline.infra.worker.prune import use_records
 from pipeline.infra.worker.task_images import config_digest
 from tests.fixtures.datasets import oracle_runs
-from tests.fixtures.infra import sandbox_engine
+from tests.fixtures.infra import remove_build_chain, remove_from_both_engines, sandbox_engine
 from tests.fixtures.tb_mini import TEMPLATE
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -69,23 +69,10 @@ def _remove(base_id: str, built: list[str]) -> None:
     sandboxed = sandbox_engine()
     try:
         for image_id in built:
-            parent = image_id
-            while parent and parent != base_id:
-                try:
-                    following = sandboxed.api.inspect_image(parent).get("Parent") or ""
-                    sandboxed.images.remove(parent, force=True, noprune=True)
-                except docker.errors.ImageNotFound:
-                    break
-                parent = following
+            remove_build_chain(sandboxed, image_id, base_id)
     finally:
         sandboxed.close()
-    for engine in (docker.from_env(timeout=120), sandbox_engine()):
-        try:
-            engine.images.remove(base_id, force=True)
-        except docker.errors.ImageNotFound:
-            pass
-        finally:
-            engine.close()
+    remove_from_both_engines(base_id)
 
 
 def test_a_task_builds_on_its_registry_base_pulled_by_digest(

@@ -21,7 +21,7 @@ from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.imaging.base import ensure_local
 from pipeline.infra.worker.task_images import config_digest
 from tests.fixtures.datasets import oracle_runs
-from tests.fixtures.infra import sandbox_engine
+from tests.fixtures.infra import remove_from_both_engines
 from tests.fixtures.tb_mini import TASKS, TEMPLATE, write_tb_mini
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -47,22 +47,11 @@ def _push_task_image(registry: str, base: ImageRef) -> ImageRef:
     return parse_ref(pushed[0], "pushed task image")
 
 
-def _remove_task_image(image: ImageRef) -> None:
-    """The engines as the test found them: the worker's pull (host) and its copy by id (sandbox) removed."""
-    for engine in (docker.from_env(timeout=120), sandbox_engine()):
-        try:
-            engine.images.remove(config_digest(image), force=True)
-        except docker.errors.ImageNotFound:
-            pass
-        finally:
-            engine.close()
-
-
 def test_a_terminal_bench_style_dataset_runs_on_its_images_pulled_by_digest(
         tmp_path: Path, built_images: DigestsFile, sign_release_images: Any, base_refs: dict[str, ImageRef],
         image_registry: str, request: pytest.FixtureRequest) -> None:
     image = _push_task_image(image_registry, base_refs["base"])
-    request.addfinalizer(lambda: _remove_task_image(image))
+    request.addfinalizer(lambda: remove_from_both_engines(config_digest(image)))
     suites = tmp_path / "suites"
     write_tb_mini(suites / "tb", image.ref)
     write_tb_mini(suites / "tagged", f"{image.name}:latest")  # the same image by tag: refused before anything runs

@@ -19,6 +19,7 @@ from pipeline.infra.intake.policy import InfraPolicy, load_policy
 from pipeline.infra.worker.dataset import check_policy_datasets, stage_dataset
 from pipeline.infra.worker.images import render_suite
 from tests.fixtures.datasets import pinned
+from tests.fixtures.infra import remove_build_chain
 
 REGISTRY = "127.0.0.1:5055"
 BASE_REF = f"{REGISTRY}/benchseal-tests/task-base@sha256:" + "cd" * 32
@@ -133,7 +134,6 @@ def test_a_task_image_is_built_without_a_network(tmp_path: Path, base_refs: dict
     """The worker's build of a task image has no network (only the loopback interface): what it makes is fixed
     by the context and the base it names by id, nothing fetched. The image built here is removed again."""
     import docker
-    import docker.errors
 
     from pipeline.imaging.base import ensure_local
     from pipeline.infra.worker.images import prebuild_task_images, sandbox_image
@@ -153,13 +153,6 @@ def test_a_task_image_is_built_without_a_network(tmp_path: Path, base_refs: dict
         assert list(built) == ["t1"]
     finally:
         for image_id in built.values():
-            parent = image_id
-            while parent and parent != base_id:
-                try:
-                    following = sandboxed.api.inspect_image(parent).get("Parent") or ""
-                    sandboxed.images.remove(parent, force=True, noprune=True)
-                except docker.errors.ImageNotFound:
-                    break
-                parent = following
+            remove_build_chain(sandboxed, image_id, base_id)
         host.close()
         sandboxed.close()
