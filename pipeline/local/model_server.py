@@ -345,10 +345,14 @@ class _Handler(BaseHTTPRequestHandler):
         the server's error stream, and the request's log line with the code."""
         self._log({"status": 400, "error": code, "task": task, "step": step, "tools": tools,
                    "shell_tools": [s.name[:64] for s in shells[:20]]})
-        stream = self.state.errors or sys.stderr  # looked up now: a test's or the CLI's current stderr
+        self._say(message)
+        self._send(400, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
+
+    def _say(self, message: str) -> None:
+        """One line on the server's error stream (looked up now: a test's or the CLI's current stderr)."""
+        stream = self.state.errors or sys.stderr
         stream.write(" ".join(message.split()) + "\n")
         stream.flush()
-        self._send(400, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
 
     def _no_script(self) -> tuple[str, str]:
         """A task no script covers: refused, so the agent's log shows why (a plain answer would read as the
@@ -430,9 +434,7 @@ class _Handler(BaseHTTPRequestHandler):
                 # A plain chat (terminus-2, or a reachability probe through the relay) is answered: with the
                 # reason as its analysis and a stop, so terminus-2's log says why; the server's stream says it too.
                 _, message = self._no_script()
-                stream_ = self.state.errors or sys.stderr
-                stream_.write(message + "\n")
-                stream_.flush()
+                self._say(message)
                 reply: dict[str, Any] = {"analysis": message, "plan": "Stop.", "commands": [], "task_complete": True}
             else:
                 # Past the end the last (task_complete) step repeats: terminus-2 asks to confirm completion.
