@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import stat
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,8 @@ from pipeline.imaging.base import ensure_base
 from pipeline.imaging.names import PREFIX_ENV, ImageNames, configured_names
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.worker.config import ImageRefused, InfraFailure, WorkerConfig
+
+log = logging.getLogger("benchseal.worker")
 
 
 def sandbox_image(host: Any, sandboxed: Any, ref: ImageRef) -> str:
@@ -231,7 +235,14 @@ def _build_task_image(client: Any, env_dir: Path, context_hash: str, task: str) 
     return str(image_id)
 
 
-def prebuild_task_images(client: Any, suite_dir: Path, records: Path | None = None) -> dict[str, str]:
+# Builds at once when the caller names no bound (the worker passes the suite's trial_concurrency): plain Harbor
+# builds one per running trial, 3 at a time at its default concurrency.
+BUILD_CONCURRENCY = 3
+
+
+def prebuild_task_images(client: Any, suite_dir: Path, records: Path | None = None, *,
+                         concurrency: int = BUILD_CONCURRENCY,
+                         record_use: Callable[[Iterable[str]], None] | None = None) -> dict[str, str]:
     """Build each task's environment image once and pin it in the rendered task.toml by image id.
 
     An image is reused only by the id this worker recorded when it built it (``records``, default
@@ -239,24 +250,78 @@ def prebuild_task_images(client: Any, suite_dir: Path, records: Path | None = No
     base by id), after the engine shows that exact id: a warm run builds nothing, and an image
     missing (or a record not the worker's own) is built again. Nothing is looked up by label or tag,
     which any build through the engine proxy could set. Tasks that already name a ``docker_image``
-    or have no Dockerfile are left to Harbor. Returns {task: image id}.
+    or have no Dockerfile are left to Harbor. The missing images are built in parallel, one build per
+    distinct context, at most ``concurrency`` at once. ``record_use`` is handed every id the batch uses
+    before this returns, and, when a build fails, the ids of the others (reused or built) before the
+    first failure (by task name) is raised: nothing built goes unrecorded (the prune's use records).
+    Returns {task: image id}.
     """
     records = _private_records(records or task_image_records())
-    pinned: dict[str, str] = {}
+    contexts: dict[str, list[Path]] = {}  # context hash -> the task.toml files of the tasks built from it
     for task_toml in sorted(suite_dir.glob("*/task.toml")):
-        task_dir = task_toml.parent
-        env_dir = task_dir / "environment"
+        env_dir = task_toml.parent / "environment"
         config = tomllib.loads(task_toml.read_text(encoding="utf-8"))
         if not (env_dir / "Dockerfile").is_file() or (config.get("environment") or {}).get("docker_image"):
             continue
-        digest = _task_context_hash(env_dir)
+        contexts.setdefault(_task_context_hash(env_dir), []).append(task_toml)
+    ids: dict[str, str] = {}
+    missing: dict[str, str] = {}  # context hash -> the first task built from it (named by its failure)
+    for digest, tomls in contexts.items():
         image_id = _recorded_id(records, digest)
-        if image_id is None or not _image_present(client, image_id):
-            image_id = _build_task_image(client, env_dir, digest, task_dir.name)
-            atomic_write_text(records / digest, image_id + "\n", mode=0o600)
-        _pin_docker_image(task_toml, image_id)
-        pinned[task_dir.name] = image_id
+        if image_id is not None and _image_present(client, image_id):
+            ids[digest] = image_id
+        else:
+            missing[digest] = tomls[0].parent.name
+    failures = _build_missing(client, suite_dir, missing, records, ids, concurrency)
+    if record_use is not None:
+        record_use(sorted(set(ids.values())))
+    if failures:
+        raise failures[0]
+    pinned: dict[str, str] = {}
+    for digest, tomls in contexts.items():
+        for task_toml in tomls:
+            _pin_docker_image(task_toml, ids[digest])
+            pinned[task_toml.parent.name] = ids[digest]
     return pinned
+
+
+def _build_and_record(client: Any, env_dir: Path, context_hash: str, task: str, records: Path) -> str:
+    image_id = _build_task_image(client, env_dir, context_hash, task)
+    atomic_write_text(records / context_hash, image_id + "\n", mode=0o600)  # the worker's own record, at once
+    return image_id
+
+
+def _build_missing(client: Any, suite_dir: Path, missing: Mapping[str, str], records: Path, ids: dict[str, str],
+                   concurrency: int) -> list[BaseException]:
+    """Build each missing context (hash -> task), at most ``concurrency`` at once, each recorded in ``records`` as
+    soon as its build is checked (and put into ``ids``); returns the failures, by task name. After a failure no
+    further build starts; those already running finish and are recorded."""
+    if not missing:
+        return []
+    workers = max(1, min(len(missing), concurrency))
+    failures: list[tuple[str, BaseException]] = []
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="task-image-build") as pool:
+        futures = {pool.submit(_build_and_record, client, suite_dir / task / "environment", digest, task, records): digest
+                   for digest, task in sorted(missing.items(), key=lambda item: item[1])}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            for future in done:
+                digest = futures[future]
+                if future.cancelled():
+                    continue
+                failure = future.exception()
+                if failure is not None:
+                    failures.append((missing[digest], failure))
+                    continue
+                ids[digest] = future.result()
+            if failures:
+                for future in pending:
+                    future.cancel()  # not started yet: the batch fails anyway
+    failures.sort(key=lambda item: item[0])
+    for task, failure in failures[1:]:
+        log.error("building the environment image of task %s failed too: %s", task, failure)
+    return [failure for _, failure in failures]
 
 
 def _pin_docker_image(task_toml: Path, image_id: str) -> None:

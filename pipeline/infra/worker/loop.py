@@ -512,7 +512,9 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
         use.images(image.image_id for image in loaded.values())
         recorder.task_images = {task: image.ref.ref for task, image in loaded.items()}
         if config.prebuild_task_images:
-            use.images(prebuild_task_images(sandboxed, out / "suite").values())
+            # Missing images built in parallel (a slot per trial of the batch); every id recorded even if one fails.
+            prebuild_task_images(sandboxed, out / "suite", record_use=use.images,
+                                 concurrency=config.trial_concurrency or policy.trial_concurrency(payload.suite))
     # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's.
     sandbox.grant(out)
     return _Engines(client, sandboxed, runner_id)
