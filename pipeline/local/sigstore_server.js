@@ -87,8 +87,11 @@ class MerkleLog {
     this.publicDer = spkiDer(keyPair.publicKey);
     this.logId = sha256(this.publicDer);
     this.signer = origin;
-    // The tree id: the log id's first 8 bytes as a positive 63-bit integer (stable for one key).
-    this.origin = treeId ? `${origin} - ${this.logId.readBigUInt64BE(0) & 0x7fffffffffffffffn}` : origin;
+    // The tree id: the log id's first 8 bytes as a positive 63-bit integer (stable for one key); entry
+    // IDs start with it as 16 hex digits (Rekor's sharding.TreeIDHexStringLen).
+    const tree = this.logId.readBigUInt64BE(0) & 0x7fffffffffffffffn;
+    this.treeIdHex = tree.toString(16).padStart(16, '0');
+    this.origin = treeId ? `${origin} - ${tree}` : origin;
     this.leaves = [];
     // Some verifiers (sigstore-go) treat log index 0 as "unset": start the log with a
     // genesis leaf so every client entry has an index >= 1.
@@ -167,7 +170,11 @@ function rekorV1Body(proposed) {
   throw new Error(`unsupported entry kind ${proposed.kind}/${proposed.apiVersion}`);
 }
 
-function rekorV1Entry(log, tlog, proposed) {
+// The answer is what real Rekor's createLogEntry gives: 201, the entry keyed by its entry ID (the
+// tree id as 16 hex digits, then the leaf hash), and that ID again as the ETag header and at the end
+// of the Location header. sigstore-go (cosign 3's signer) reads the entry as payload[ETag]: without
+// the header it read a nil entry and cosign panicked.
+function rekorV1Entry(log, tlog, proposed, requestPath) {
   const body = Buffer.from(canonicalize(rekorV1Body(proposed)));
   const index = log.append(body);
   const integratedTime = Math.floor(Date.now() / 1000);
@@ -175,9 +182,9 @@ function rekorV1Entry(log, tlog, proposed) {
   // The mock TLog signs the SET exactly as Rekor does; its key is this log's key.
   const set = tlog.calculateSET({ body, timestamp: integratedTime, logIndex: index, logID });
   const proof = log.proof(index);
-  const uuid = sha256(Buffer.from([0]), body).toString('hex');
-  return {
-    [uuid]: {
+  const entryId = log.treeIdHex + sha256(Buffer.from([0]), body).toString('hex');
+  const entry = {
+    [entryId]: {
       body: body.toString('base64'),
       integratedTime,
       logID: logID.toString('hex'),
@@ -193,6 +200,12 @@ function rekorV1Entry(log, tlog, proposed) {
         signedEntryTimestamp: set.toString('base64'),
       },
     },
+  };
+  return {
+    statusCode: 201,
+    contentType: 'application/json',
+    headers: { ETag: entryId, Location: `${requestPath}/${entryId}` },
+    response: JSON.stringify(entry),
   };
 }
 
@@ -288,7 +301,11 @@ async function timestamp(tsa, der) {
 }
 
 // --- Fulcio front ---------------------------------------------------------------
-async function signingCert(ctx, headers, text) {
+// Fulcio's v2 API (sigstore-python, sigstore-js, cosign 3 through sigstore-go). Real Fulcio answers
+// it 200 (only the legacy v1 route sets 201), and sigstore-go accepts nothing else. A public key
+// must come with its proof of possession: a signature over the token's subject, as Fulcio checks
+// it (``proven``: the v1 front checked its own form of it already).
+async function signingCert(ctx, headers, text, { proven = false } = {}) {
   const auth = headers.authorization || '';
   const match = /^Bearer (\S+)$/.exec(auth);
   const json = JSON.parse(text);
@@ -317,6 +334,9 @@ async function signingCert(ctx, headers, text) {
     if (!(await csr.verify())) {
       return { statusCode: 400, response: JSON.stringify({ message: 'CSR signature (proof of possession) is invalid' }) };
     }
+  } else if (!proven) {
+    const problem = possessionProblem(json.publicKeyRequest, claims.sub);
+    if (problem) return { statusCode: 400, response: JSON.stringify({ message: problem }) };
   }
   // The mock CA reads (does not verify) the token it is given: hand it the verified claims
   // plus the certificate SAN, so it writes the Fulcio extensions (OIDs 1.3.6.1.4.1.57264.1.*)
@@ -330,7 +350,29 @@ async function signingCert(ctx, headers, text) {
     credentials: { oidcIdentityToken: unsignedJwt({ ...certified, [SAN_CLAIM]: san }) },
     ...(pem ? { certificateSigningRequest: pem } : { publicKeyRequest: json.publicKeyRequest }),
   };
-  return ctx.fulcio.fn(JSON.stringify(forwarded));
+  const answer = await ctx.fulcio.fn(JSON.stringify(forwarded));
+  return answer.statusCode === 201 ? { ...answer, statusCode: 200 } : answer;
+}
+
+// Why a v2 publicKeyRequest does not prove possession of its key (null when it does): the request
+// must carry a signature (proofOfPossession, base64) over the token's subject by that key.
+function possessionProblem(request, subject) {
+  const content = request?.publicKey?.content;
+  const proof = request?.proofOfPossession;
+  if (!content || !proof) return 'publicKeyRequest needs publicKey.content and proofOfPossession';
+  let key;
+  try {
+    key = crypto.createPublicKey(content);
+  } catch {
+    return 'publicKeyRequest.publicKey.content is not a PEM public key';
+  }
+  let ok = false;
+  try {
+    ok = crypto.verify('sha256', Buffer.from(String(subject)), key, Buffer.from(proof, 'base64'));
+  } catch {
+    ok = false;
+  }
+  return ok ? null : 'proof of possession (signature over the token subject) is invalid';
 }
 
 const SAN_CLAIM = 'benchseal_certificate_san';
@@ -454,8 +496,8 @@ async function signingCertV1(ctx, headers, text) {
     }
     v2 = { publicKeyRequest: { publicKey: { content: key.export({ format: 'pem', type: 'spki' }).toString() } } };
   }
-  const answer = await signingCert(ctx, headers, JSON.stringify(v2));
-  if (answer.statusCode !== 201) return answer;
+  const answer = await signingCert(ctx, headers, JSON.stringify(v2), { proven: true });
+  if (answer.statusCode !== 200) return answer;
   const chain = JSON.parse(answer.response).signedCertificateEmbeddedSct.chain.certificates;
   return { statusCode: 201, response: chain.join(''), contentType: 'application/pem-certificate-chain' };
 }
@@ -614,7 +656,7 @@ async function route(ctx, req, body) {
         return await signingCert(ctx, req.headers, text);
       case '/rekor/api/v1/log/entries':
         ctx.counts.rekor1 += 1;
-        return json(rekorV1Entry(ctx.rekor1, ctx.rekor1Mock, JSON.parse(text)), 201);
+        return rekorV1Entry(ctx.rekor1, ctx.rekor1Mock, JSON.parse(text), p);
       case '/rekor2/api/v2/log/entries':
         ctx.counts.rekor2 += 1;
         return json(rekorV2Entry(ctx.rekor2, JSON.parse(text)), 201);
@@ -670,8 +712,8 @@ async function main() {
   server.on('request', (req, res) => {
     readBody(req)
       .then((body) => route(ctx, req, body))
-      .then(({ statusCode, response, contentType }) => {
-        res.writeHead(statusCode, { 'Content-Type': contentType || 'application/json' });
+      .then(({ statusCode, response, contentType, headers }) => {
+        res.writeHead(statusCode, { ...(headers || {}), 'Content-Type': contentType || 'application/json' });
         res.end(response);
       })
       .catch((e) => {

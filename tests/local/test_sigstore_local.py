@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import re
 import subprocess
 import sys
 import urllib.error
@@ -95,6 +97,77 @@ def test_fulcio_rejects_a_forged_token(sigstore_instance: object) -> None:
         urllib.request.urlopen(request, timeout=10)
     assert info.value.code == 401
     assert b"identity token rejected" in info.value.read()
+
+
+def _post(url: str, body: dict[str, Any], token: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """POST JSON; (status, headers, body) for any answer, 4xx included."""
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _key_request(key: Any, signed: bytes) -> dict[str, Any]:
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    proof = key.sign(signed, ec.ECDSA(hashes.SHA256()))
+    return {"publicKeyRequest": {"publicKey": {"algorithm": "ECDSA", "content": pem.decode()},
+                                 "proofOfPossession": base64.b64encode(proof).decode()}}
+
+
+def test_fulcio_v2_answers_as_fulcio_does_and_checks_the_proof_of_possession(sigstore_instance: Any) -> None:
+    """Fulcio's v2 signingCert answers 200 (sigstore-go, inside cosign 3 and gh, accepts nothing else; only the
+    legacy v1 route answers 201), and a public key comes with a signature over the token's subject by that key."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    token = sigstore_local.mint_token(sigstore_instance)
+    key = ec.generate_private_key(ec.SECP256R1())
+    url = sigstore_instance.url + "/api/v2/signingCert"
+    status, _, body = _post(url, _key_request(key, sigstore_local.LOCAL_IDENTITY.encode()), token)
+    assert status == 200, body
+    assert json.loads(body)["signedCertificateEmbeddedSct"]["chain"]["certificates"]
+    for proof_of, reason in ((b"someone else", b"proof of possession"), (None, b"needs publicKey.content and proofOfPossession")):
+        request = _key_request(key, proof_of or b"")
+        if proof_of is None:
+            del request["publicKeyRequest"]["proofOfPossession"]
+        status, _, body = _post(url, request, token)
+        assert status == 400 and reason in body, body
+    other = ec.generate_private_key(ec.SECP256R1())  # a proof by another key than the one to certify
+    request = _key_request(key, sigstore_local.LOCAL_IDENTITY.encode())
+    request["publicKeyRequest"]["proofOfPossession"] = _key_request(other, sigstore_local.LOCAL_IDENTITY.encode())[
+        "publicKeyRequest"]["proofOfPossession"]
+    status, _, body = _post(url, request, token)
+    assert status == 400 and b"proof of possession" in body, body
+
+
+def test_rekor_v1_answers_the_entry_id_as_rekor_does(sigstore_instance: Any) -> None:
+    """Rekor's createLogEntry: 201, the entry keyed by its entry ID (the tree id as 16 hex digits, then the leaf
+    hash, 80 hex in all) and that ID as the ETag and at the end of the Location (sigstore-go reads the entry as
+    payload[ETag]; without the header cosign 3 panicked on a nil entry)."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    data = b"rekor v1 entry"
+    pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    proposed = {"apiVersion": "0.0.1", "kind": "hashedrekord", "spec": {
+        "signature": {"content": base64.b64encode(key.sign(data, ec.ECDSA(hashes.SHA256()))).decode(),
+                      "publicKey": {"content": base64.b64encode(pem).decode()}},
+        "data": {"hash": {"algorithm": "sha256", "value": hashlib.sha256(data).hexdigest()}}}}
+    status, headers, body = _post(sigstore_instance.url + "/rekor/api/v1/log/entries", proposed)
+    assert status == 201, body
+    (entry_id, entry), = json.loads(body).items()
+    leaf = hashlib.sha256(b"\x00" + base64.b64decode(entry["body"])).hexdigest()
+    assert len(entry_id) == 80 and entry_id.endswith(leaf) and re.fullmatch(r"[0-9a-f]{16}", entry_id[:16])
+    assert headers["ETag"] == entry_id
+    assert headers["Location"] == f"/rekor/api/v1/log/entries/{entry_id}"
 
 
 def test_signer_reports_an_instance_that_is_gone(tmp_path: Path) -> None:
