@@ -147,8 +147,13 @@ def _started(phase: Any) -> bool:
 
 
 def _one_line(text: Any, limit: int = 200) -> str:
+    """``text`` on one line of at most ``limit`` characters: over it, its head and its tail around " … " (an
+    error names its cause last: a cut end lost the engine's "permission denied" after a long path)."""
     line = " ".join(str(text or "").split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    if len(line) <= limit:
+        return line
+    tail = (limit - 3) // 3
+    return line[: limit - 3 - tail] + " … " + line[len(line) - tail:]
 
 
 def _failure_reason(rewards: Mapping[str, Any], exception_type: str | None, message: Any, why: str | None) -> str:

@@ -160,8 +160,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         except Exception as exc:
             # Before any agent code runs in it (an agent's environment, or a fresh verifier environment):
             # a failure here is the machinery's, so the grader counts it as an infrastructure error.
-            raise EngineFault(f"starting the environment {self.session_id} failed: {type(exc).__name__}: "
-                              f"{exc}") from exc
+            raise EngineFault(f"starting the environment {self.session_id} failed: {_engine_error(exc)}") from exc
         finally:
             self._record("start", started)
 
@@ -477,6 +476,14 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     def _record(self, op: str, started: float) -> None:
         record_timing(Path(self.trial_paths.trial_dir), self.session_id, op, started)
+
+
+def _engine_error(exc: BaseException) -> str:
+    """``exc`` in words that keep the engine's own: an API error as its status and the engine's explanation (the
+    SDK's text leads with the request URL, which pushed the cause past the bound of a trial's reason)."""
+    if isinstance(exc, docker.errors.APIError) and exc.explanation:
+        return f"the engine answered {exc.status_code}: {exc.explanation}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _shutdown(sock: socket.socket) -> None:

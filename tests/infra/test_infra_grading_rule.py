@@ -132,6 +132,21 @@ def test_a_failure_reason_names_what_failed(tmp_path: Path) -> None:
     assert "never trusted" in (grade_result(_with(rewards={"reward": 1})).reason or "")
 
 
+def test_a_long_failure_keeps_its_cause_at_the_end() -> None:
+    """The engine's 400 to a verifier container's create lost its cause to the reason's bound (the SDK's text led
+    with the request URL, the cause came after a long bind path): a long message keeps its head and its tail."""
+    path = "/tmp/pytest-of-root/pytest-1514/popen-gw1/hostile-corpus0/home2/infra/runs/run-790d242633d0c234fbb9" \
+           "/batches/0000-aa5c21f90880/agent"
+    message = (f"starting the environment cli-flag__33d0c234fbb9__verifier__grade failed: the engine answered 400: "
+               f"invalid mount config for type \"bind\": stat {path}: permission denied")
+    graded = grade_result(_with(0.0, exception={"exception_type": "EngineFault", "exception_message": message}))
+    reason = graded.reason or ""
+    assert graded.outcome == "infra_error" and "\n" not in reason, graded
+    assert reason.startswith("infrastructure: EngineFault: starting the environment cli-flag__33d0c234fbb9__verifier")
+    assert reason.endswith("/agent: permission denied") and " … " in reason, reason
+    assert len(reason) <= len("infrastructure: EngineFault: ") + 200
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=6),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),

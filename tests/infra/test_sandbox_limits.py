@@ -29,6 +29,7 @@ from pipeline.imaging.build import ensure_local
 from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
 from pipeline.infra.sandbox.limits import ContainerLimits, enforcement_refusal
+from pipeline.runner.engine_env import _engine_error
 
 pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 HOST_ENGINE = "unix:///var/run/docker.sock"
@@ -167,6 +168,43 @@ def test_asking_past_a_ceiling_or_lifting_a_limit_later_is_refused(proxied, imag
         assert (container.attrs["HostConfig"]["Memory"], container.attrs["HostConfig"]["PidsLimit"]) == (64 << 20, 40)
     finally:
         container.remove(force=True)
+
+
+def test_a_chmod_of_a_parent_mid_batch_does_not_cut_the_engine_off_the_batch(tmp_path, sandbox_client, image):
+    """What the hostile corpus's honest control lost two trials to: its verifier containers' creates were answered
+    400 ``stat <batch>/agent: permission denied``, as another pytest session had chmodded the temp root 0700 (the
+    grant's ACL entry stays, the mask disables it). The proxy gives the grant back before it forwards a request."""
+    s = sbx.default_sandbox()
+    run_dir = tmp_path / "run"
+    batch = run_dir / "batches" / "0000-batch"
+    (batch / "agent").mkdir(parents=True)
+    sbx.grant(batch, s)
+    mount = docker.types.Mount("/opt/benchseal/agent", str(batch / "agent"), type="bind", read_only=True)
+    for keep in (False, True):
+        policy = EnginePolicy(bind_roots=(run_dir,), limits=LIMITS, reachable=(batch,) if keep else (),
+                              reachable_by=sbx.service_uid(s.user) if keep else None)
+        proxy = EngineProxy(tmp_path / f"proxy-{keep}.sock", policy,
+                            upstream=s.url.removeprefix("unix://")).start()
+        client = docker.DockerClient(base_url=f"unix://{tmp_path / f'proxy-{keep}.sock'}", timeout=120)
+        try:
+            tmp_path.chmod(0o700)  # pytest's chmod of its temp root, mid-batch
+            if not keep:  # the engine's answer without the proxy's care, and the cause the trial's reason keeps
+                with pytest.raises(docker.errors.APIError) as refused:
+                    client.containers.create(image, ["true"], mounts=[mount])
+                assert refused.value.status_code == 400, refused.value
+                said = _engine_error(refused.value)
+                assert said.startswith("the engine answered 400: invalid mount config") and said.endswith(
+                    f"{batch / 'agent'}: permission denied"), said
+                continue
+            container = client.containers.create(image, ["true"], mounts=[mount])
+            container.start()
+            assert container.wait(timeout=120)["StatusCode"] == 0
+        finally:
+            client.close()
+            proxy.stop()
+            for made in sandbox_client.containers.list(all=True, filters={"label": f"{LABEL}={policy.token}"}):
+                with contextlib.suppress(docker.errors.APIError):
+                    made.remove(force=True)
 
 
 # --- engines that cannot enforce them are refused --------------------------------------------

@@ -163,6 +163,27 @@ def test_grant_sees_an_entry_the_mask_disabled_as_missing(tmp_path):
     assert _as("nobody", "-x", str(batch)) != 0
 
 
+def test_keep_reachable_gives_back_what_a_chmod_of_a_parent_took(tmp_path):
+    """pytest chmods its temp root to 0700 whenever another session starts: the grant's entries on the way to a
+    batch dir stay, but the mask disables them, and the engine could no longer reach the batch's binds."""
+    s = sbx.default_sandbox()
+    uid = sbx.service_uid(s.user)
+    batch = tmp_path / "run" / "batch"
+    batch.mkdir(parents=True, mode=0o700)
+    sbx.grant(batch, s)
+    # (Each list may also name the temp root: another session may chmod it at any time, which is the point.)
+    assert batch not in sbx.keep_reachable(batch, uid) and _as(s.user, "-w", str(batch)) == 0
+    tmp_path.chmod(0o700)
+    assert _as(s.user, "-w", str(batch)) != 0
+    fixed = sbx.keep_reachable(batch, uid)
+    assert tmp_path in fixed and batch not in fixed and _as(s.user, "-w", str(batch)) == 0, fixed
+    batch.chmod(0o700)  # the batch dir itself: its rwx entry
+    fixed = sbx.keep_reachable(batch, uid)
+    assert batch in fixed and tmp_path not in fixed and _as(s.user, "-w", str(batch)) == 0, fixed
+    assert _as("nobody", "-x", str(batch)) != 0 and _as("nobody", "-x", str(tmp_path)) != 0  # still its alone
+    assert sbx.keep_reachable(tmp_path / "gone", uid) == []  # a batch dir removed: nothing to keep
+
+
 @pytest.mark.parametrize("user", ["root", sbx.SERVICE_USER, "no-such-user-here"])
 def test_a_controller_must_be_an_unprivileged_other_user(user):
     done = subprocess.run([str(Path(sys.executable).with_name("benchseal")), "sandbox", "start", "--controller", user],

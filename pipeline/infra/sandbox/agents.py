@@ -141,7 +141,8 @@ class RunnerAgentSetup:
 def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_dir: Path | None = None,
                          docker_socket: str = "/var/run/docker.sock",
                          pull_repositories: tuple[str, ...] = (), runner_image: str | None = None,
-                         labels: dict[str, str] | None = None, sandbox_user: str | None = None) -> RunnerAgentSetup:
+                         labels: dict[str, str] | None = None, sandbox_user: str | None = None,
+                         granted: Path | None = None) -> RunnerAgentSetup:
     """Secret files, the model relay, the agent arguments and (with ``run_dir``) the filtered engine socket.
 
     With a model and ``runner_image``, the engine proxy starts a model gateway (that image,
@@ -199,7 +200,11 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
             setup.dirs.append(engine)
             setup.engine = EngineProxy(engine / "docker.sock", EnginePolicy(
                 bind_roots=(run_dir,), pull_repositories=pull_repositories, gateway=gateway,
-                labels=dict(labels or {})), upstream=docker_socket)
+                labels=dict(labels or {}),
+                # ``granted``: the batch dir the worker granted the sandbox's user; kept reachable with these dirs.
+                reachable=(*([granted] if granted is not None else []), *setup.dirs),
+                reachable_by=sandbox.service_uid(sandbox_user) if sandbox_user is not None else None),
+                upstream=docker_socket)
             setup.engine.start()
             setup.volumes[str(engine / "docker.sock")] = {"bind": "/var/run/docker.sock", "mode": "rw"}
         if sandbox_user is not None:

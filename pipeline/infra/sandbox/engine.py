@@ -327,6 +327,38 @@ def grant(path: Path, sandbox: Sandbox | None = None) -> None:
                 os.lchown(Path(root, name), account.pw_uid, account.pw_gid)
 
 
+def service_uid(user: str) -> int:
+    """The uid of the sandbox's service user ``user`` (``keep_reachable``'s)."""
+    return pwd.getpwnam(user).pw_uid
+
+
+def keep_reachable(path: Path, uid: int) -> list[Path]:
+    """``grant``'s access to ``path`` for ``uid``, given back where a chmod took it away since; returns what it fixed.
+
+    A named ACL entry counts only through the ACL mask, which is the mode's group bits: any chmod of ``path`` or
+    of a parent to 0700 (an operator's, or pytest's of its temp root whenever another session starts) leaves the
+    entry in place but ineffective, and the engine then answers a container create or start binding something
+    under ``path`` with 400 ``stat ...: permission denied``. Called before each request the engine proxy forwards
+    (``EnginePolicy.reachable``): one lstat per component when nothing changed; getfacl/setfacl only where
+    the mask lost the bits ``grant`` gave (search on the parents, rwx on ``path``)."""
+    path = Path(os.path.abspath(path))
+    fixed: list[Path] = []
+    for target, perm in [*((p, 0o1) for p in reversed(path.parents)), (path, 0o7)]:
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            return fixed  # gone (the batch ended): nothing left to keep
+        if stat.S_ISLNK(st.st_mode) or st.st_uid == uid:
+            continue  # never followed (grant refused it); the uid's own
+        if perm == 0o1 and st.st_mode & 0o001:
+            continue  # searchable by everyone: grant added nothing here
+        if (st.st_mode >> 3) & perm == perm:
+            continue  # the mask still lets grant's entry through
+        _add_user_acl(target, uid, perm)
+        fixed.append(target)
+    return fixed
+
+
 def reclaim(path: Path, sandbox: Sandbox | None = None) -> None:
     """Take back a tree the sandbox engine worked in: every entry under ``path`` (``path`` too) that
     the sandbox's ids own becomes this process's user's again, directories owner-rwx and files

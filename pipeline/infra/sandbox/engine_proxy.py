@@ -86,7 +86,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import h11
 
+from pipeline.core.errors import CheckFailed, InfrastructureError
 from pipeline.core.fsutil import bind_unix
+from pipeline.infra.sandbox.engine import keep_reachable
 from pipeline.infra.sandbox.engine_bodies import (
     _CREATE,
     _EXEC,
@@ -159,6 +161,11 @@ class EnginePolicy:
     labels: dict[str, str] = field(default_factory=dict)
     # Every container's memory, CPU, process and file-size bounds (``limits.enforce``).
     limits: ContainerLimits = field(default_factory=ContainerLimits)
+    # What the worker granted the engine's user (``engine.grant``: the batch dir, the private dirs) and that uid:
+    # kept reachable before each request is forwarded (``engine.keep_reachable``), since a chmod of a parent
+    # mid-batch leaves the grant ineffective and the engine answers 400 ``stat ...: permission denied``.
+    reachable: tuple[Path, ...] = ()
+    reachable_by: int | None = None
 
 
 # --- HTTP: one request per client connection, parsed by h11, re-framed by the proxy ----
@@ -394,6 +401,7 @@ class EngineProxy:
             if request is None:
                 client.close()
                 return
+            self._keep_reachable()
             body, spool, streamed = self._read_body(peer, request)
             body, after = self._check(request, body, spool)
         except Refused as exc:
@@ -460,6 +468,18 @@ class EngineProxy:
             _answer_upgrade(peer, upstream)
         else:
             _answer(peer.sock, upstream)
+
+    def _keep_reachable(self) -> None:
+        uid = self.policy.reachable_by
+        if uid is None:
+            return
+        for path in self.policy.reachable:
+            try:
+                for fixed in keep_reachable(path, uid):
+                    log.warning("engine proxy: %s was no longer reachable by the engine (a chmod narrowed its ACL "
+                                "mask): granted again", fixed)
+            except (OSError, CheckFailed, InfrastructureError) as exc:  # the engine's own answer says the rest
+                log.warning("engine proxy: keeping %s reachable by the engine failed: %s", path, exc)
 
     def _refuse(self, client: socket.socket, message: str, status: int = 403) -> None:
         if status == 403:

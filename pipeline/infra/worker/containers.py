@@ -273,7 +273,8 @@ def _run_container(
                                        docker_socket=sandbox_url(config).removeprefix("unix://"),
                                        runner_image=engines.runner_id,
                                        labels={LABEL_RUN: run_id, LABEL_BATCH: batch.label},
-                                       sandbox_user=sandbox.default_sandbox().user)
+                                       sandbox_user=sandbox.default_sandbox().user,
+                                       granted=batch.out_dir)
     try:
         return _run_started_container(engines, record, runner_ref, run_dir, config, command, agent_setup,
                                       policy.suite_timeout(record.payload.suite), batch)
