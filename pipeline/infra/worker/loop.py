@@ -220,10 +220,30 @@ class _Heartbeat(threading.Thread):
 
 
 class _TrialHeartbeat(_Heartbeat):
+    """Renews a batch's trial lease while it holds a trial: the lease covers the trials not recorded yet, so once
+    the recorder has recorded (or given back) every one there is nothing left to renew, and the queue's "no row"
+    then is no loss. Under load a runner's teardown after its last trial (containers removed, the tree reclaimed)
+    outlasted a beat's period, and every such batch logged "trial lease lost" while nothing was lost. When the
+    batch ended the run's last trial, the run (handed over under a fresh lease, this worker's to grade) is renewed
+    instead until the batch is over and the grader's own heartbeat takes over: nothing renewed it in between."""
+
     _what = "trial "
 
+    def __init__(self, queue: Queue, run_id: str, token: str, lease: float, every: float,
+                 recorder: _BatchRecorder) -> None:
+        super().__init__(queue, run_id, token, lease, every)
+        self._recorder = recorder
+
     def _beat(self) -> bool:
-        return self._queue.heartbeat_trials(self._run_id, self._token, self._lease)
+        with self._recorder.lock:  # a recording in flight ends before the settled check (it cannot race the beat)
+            handed = self._recorder.handed_run()
+            if handed is not None and handed.lease_token:
+                self._what = "grading "
+                return self._queue.heartbeat(self._run_id, handed.lease_token, self._lease)
+            if self._recorder.settled():
+                self.done.set()
+                return True
+            return self._queue.heartbeat_trials(self._run_id, self._token, self._lease)
 
 
 # --- one attempt -----------------------------------------------------------------
@@ -412,7 +432,8 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     recorder = _BatchRecorder(queue, batch, out, policy.lease_seconds,
                               expected_digest=parse_ref(payload.runner, "payload.runner").digest,
                               worker=config.worker_id)
-    beat = _TrialHeartbeat(queue, run_id, token, policy.lease_seconds, config.heartbeat_seconds or policy.lease_seconds / 3)
+    beat = _TrialHeartbeat(queue, run_id, token, policy.lease_seconds, config.heartbeat_seconds or policy.lease_seconds / 3,
+                           recorder)
     beat.start()
     client: Any = None
     sandboxed: Any = None
@@ -533,6 +554,9 @@ class _BatchRecorder:
     worker: str | None = None  # this worker's id, recorded with each trial it ran
     recorded: set[int] = field(default_factory=set)
     handed: list[RunRecord] = field(default_factory=list)
+    # Held across each queue call that ends trials of the batch and the bookkeeping of it (the heartbeat's too).
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    given_back: bool = False  # the batch's unrecorded trials were handed back to the queue (fail_rest)
     # The batch's tamper canaries, from the worker's staged copy of the dataset (never from what the runner wrote).
     canaries: frozenset[str] = frozenset()
     # The content digest of the dataset copy the batch's tasks were rendered from (pipeline.infra.worker.dataset).
@@ -570,11 +594,12 @@ class _BatchRecorder:
                     packed[trial.idx] = evidence
         if not todo:
             return
-        got = self.queue.complete_trials(run_id, self.batch.lease_token, todo, lease_seconds=self.lease_seconds,
-                                         evidence=packed)
-        self.recorded.update(todo)
-        if got is not None:
-            self.handed.append(got)
+        with self.lock:
+            got = self.queue.complete_trials(run_id, self.batch.lease_token, todo, lease_seconds=self.lease_seconds,
+                                             evidence=packed)
+            self.recorded.update(todo)
+            if got is not None:
+                self.handed.append(got)
 
     def on_poll(self, runner: RunnerInfo) -> None:
         """Called while the runner container runs: record the trials that have finished."""
@@ -589,9 +614,15 @@ class _BatchRecorder:
         """An infrastructure failure of the batch: the trials not recorded yet are requeued (bounded)."""
         if len(self.recorded) >= len(self.batch.trials):
             return self.handed_run()
-        got = self.queue.fail_trials(self.batch.run.run_id, self.batch.lease_token, reason,
-                                     lease_seconds=self.lease_seconds)
+        with self.lock:
+            got = self.queue.fail_trials(self.batch.run.run_id, self.batch.lease_token, reason,
+                                         lease_seconds=self.lease_seconds)
+            self.given_back = True
         return got or self.handed_run()
+
+    def settled(self) -> bool:
+        """No trial of the batch is held under its lease any more: each recorded, or handed back (hold ``lock``)."""
+        return self.given_back or len(self.recorded) >= len(self.batch.trials)
 
 
 def _finished(result: Path) -> bool:
