@@ -553,7 +553,8 @@ def _verify(clock: StageClock, release_dir: Path, payload: DispatchPayload, inst
                                infra_repository=infra_repository, builder=BUILDER, trusted_root=instance.trusted_root,
                                profile="production", gh=_gh())
         printed += gh_image_lines(release_dir, repository=payload.source.repository, tag=payload.source.tag,
-                                  builder=BUILDER, trusted_root=instance.trusted_root, profile="production", gh=_gh())
+                                  builder=BUILDER, trusted_root=instance.trusted_root, profile="production", gh=_gh(),
+                                  infra_repository=infra_repository)
         # The consumer's image checks meanwhile: both only read, and the body's `benchseal verify` (a new
         # interpreter) is the longest of the commands.
         digests = built.digests

@@ -137,11 +137,11 @@ def image_commands(artifacts_dir: Path, *, repository: str, tag: str, trusted_ro
     for ``repository`` at ``tag`` and the release's commit, signed by ``builder``'s release.yml
     (without one: the source's tag.yml, as ``benchseal verify-image`` expects by default); and the
     runner's test-result attestation, sealed by ``builder``'s benchmark.yml for ``infra_repository``; then
-    gh's checks of each image's provenance and SBOM by the same signer (plain ``gh``)."""
+    gh's checks of each image's provenance and SBOM by the same signer and of the test result (plain ``gh``)."""
     cosign = image_command_lines(artifacts_dir, repository, tag, binary="cosign", trusted_root=trusted_root,
                                  builder=builder, infra_repository=infra_repository)
     return [*cosign, *gh_image_lines(artifacts_dir, repository=repository, tag=tag, builder=builder,
-                                     trusted_root=trusted_root)]
+                                     trusted_root=trusted_root, infra_repository=infra_repository)]
 
 
 def _body_repository(request: PublicationRequest, artifacts: Path) -> str:

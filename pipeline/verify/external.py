@@ -557,12 +557,25 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     for image in (summary.images.runner.ref, summary.images.api.ref):
         for args in image_check_args(image, policy, offline=trusted_root is not None, trusted_root=bundle_root):
             lines.append(shlex.join([*prefix, binary, *args]))
-    if result_verdict(summary) == "PASSED" and (directory / TEST_RESULT).is_file():
-        try:
-            seal = expectation(None, command_profile(directory, profile), repository=repository, tag=tag,
-                               infra_repository=infra_repository, builder=builder)
-        except ValidationError:
-            return lines  # the production profile without the infra repository and builder: no signer to pin
+    seal = result_signer(directory, summary, repository=repository, tag=tag, profile=profile,
+                         infra_repository=infra_repository, builder=builder)
+    if seal is not None:
         args = result_attestation_args(summary.images.runner.ref, seal, trusted_root=bundle_root)
         lines.append(shlex.join([*prefix, binary, *args]))
     return lines
+
+
+def result_signer(directory: Path, summary: ReleaseSummary, *, repository: str, tag: str, profile: str | None,
+                  infra_repository: str | None, builder: Builder | None) -> Expectation | None:
+    """Who must have signed the runner's test-result attestation, when the body prints its checks (cosign's
+    and gh's): the result is PASSED (a run that SUCCEEDED and passed its regression gate: only then does the
+    release workflow attach it) and the release carries the statement; the signer is the evidence's, named by
+    ``infra_repository`` and ``builder``. None: no such line (under the production profile without them, no
+    signer to pin)."""
+    if result_verdict(summary) != "PASSED" or not (directory / TEST_RESULT).is_file():
+        return None
+    try:
+        return expectation(None, command_profile(directory, profile), repository=repository, tag=tag,
+                           infra_repository=infra_repository, builder=builder)
+    except ValidationError:
+        return None

@@ -42,6 +42,7 @@ from pipeline.verify.external import (
     command_profile,
     printed_root,
     release_image_policy,
+    result_signer,
 )
 from pipeline.verify.policy import Builder, Expectation, expectation
 
@@ -138,6 +139,18 @@ def gh_image_args(ref: str, policy: ImageIdentityPolicy, predicate_type: str, *,
             *trust]
 
 
+def gh_result_args(ref: str, pins: GhPins, *, trusted_root_jsonl: Path | None) -> list[str]:
+    """gh's argv (without the binary) that checks the test-result attestation attached to the runner image
+    ``ref`` (the release's DSSE bundle as an OCI referrer, pipeline.attest.testresult) by the signer that sealed
+    the evidence: ``pins`` are the evidence lines' (``pins_for`` the test-result type: the infra repository as
+    ``--repo``, benchmark.yml at the builder's ref, ``refs/heads/main``), as cosign's
+    :func:`pipeline.verify.external.result_attestation_args` pins them. No ``--source-digest``: the infra
+    repository's commit is no part of the consumer's expectation (cosign's line pins no SHA either)."""
+    image = parse_ref(ref, "runner")
+    trust = ["--custom-trusted-root", str(trusted_root_jsonl)] if trusted_root_jsonl is not None else []
+    return ["attestation", "verify", f"oci://{image.ref}", "--bundle-from-oci", *pins.flags(), *trust]
+
+
 def gh_verify_image(ref: str, policy: ImageIdentityPolicy, predicate_type: str, *,
                     trusted_root_jsonl: Path | None) -> GhOutcome:
     """Run the real gh against the image's attestations in its registry (a loopback registry is plain
@@ -196,19 +209,29 @@ def gh_commands(directory: Path, *, repository: str, tag: str, infra_repository:
 
 
 def gh_image_lines(directory: Path, *, repository: str, tag: str, builder: Builder | None,
-                   trusted_root: Path | None = None, profile: str | None = None, gh: str = "gh") -> list[str]:
+                   trusted_root: Path | None = None, profile: str | None = None, gh: str = "gh",
+                   infra_repository: str | None = None) -> list[str]:
     """The ``gh attestation verify oci://REF --bundle-from-oci`` lines for the release's runner and api
     images, beside :func:`pipeline.verify.external.image_command_lines`' cosign lines and with the same
     signer (:func:`pipeline.verify.external.release_image_policy`): each image's SLSA provenance and SBOM,
-    read from its registry. ``trusted_root``: the private instance's root; the lines name the JSON Lines
-    form beside the published root (as :func:`gh_commands`). gh reads GH_TOKEN even offline (it sends it
-    nowhere here): the consumer's own login serves. No summary.json: no lines."""
+    read from its registry; then, where cosign's line for it is printed
+    (:func:`pipeline.verify.external.result_signer`), the runner's test-result attestation by the evidence's
+    signer (:func:`gh_result_args`; a signer gh cannot pin, the local profile's own identity: no line).
+    ``trusted_root``: the private instance's root; the lines name the JSON Lines form beside the published
+    root (as :func:`gh_commands`). gh reads GH_TOKEN even offline (it sends it nowhere here): the consumer's
+    own login serves. No summary.json: no lines."""
     found = release_image_policy(directory, repository, tag, builder=builder)
     if found is None:
         return []
     summary, policy = found
     root = printed_root(directory, trusted_root, profile)
     jsonl = root.with_suffix(".jsonl") if root is not None else None
-    return [shlex.join([gh, *gh_image_args(image, policy, predicate_type, trusted_root_jsonl=jsonl)])
-            for image in (summary.images.runner.ref, summary.images.api.ref)
-            for predicate_type in (SLSA_PROVENANCE, CYCLONEDX)]
+    lines = [shlex.join([gh, *gh_image_args(image, policy, predicate_type, trusted_root_jsonl=jsonl)])
+             for image in (summary.images.runner.ref, summary.images.api.ref)
+             for predicate_type in (SLSA_PROVENANCE, CYCLONEDX)]
+    seal = result_signer(directory, summary, repository=repository, tag=tag, profile=profile,
+                         infra_repository=infra_repository, builder=builder)
+    pins = pins_for(seal, TEST_RESULT_TYPE) if seal is not None else None
+    if pins is not None:
+        lines.append(shlex.join([gh, *gh_result_args(summary.images.runner.ref, pins, trusted_root_jsonl=jsonl)]))
+    return lines

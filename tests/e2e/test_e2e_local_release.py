@@ -152,18 +152,21 @@ def test_release_local_of_the_example_as_its_own_repository(local_home: Path, tm
                       f"--certificate-github-workflow-ref refs/tags/v0.1.0 --certificate-github-workflow-sha {commit}") == 6
     # sha256sum, 8 blob checks, benchseal verify, 6 image checks, the runner's test-result attestation, gh's
     # checks of the same attestations (the evidence's provenance and test result, each image's provenance), and
-    # gh's of each image's provenance and SBOM from the registry (--bundle-from-oci)
-    assert len(report["verified"]["cosign_commands"]) == 25
+    # gh's of each image's provenance and SBOM and of the runner's test result from the registry (--bundle-from-oci)
+    assert len(report["verified"]["cosign_commands"]) == 26
     gh_lines = [c for c in report["verified"]["cosign_commands"]
                 if " attestation verify " in c and " --bundle-from-oci " not in c]
     assert len(gh_lines) == 4 and all(f"--repo {INFRA} --cert-identity {SEAL_IDENTITY} --source-ref refs/heads/main "
                                       in c for c in gh_lines), gh_lines
     oci_lines = [c for c in report["verified"]["cosign_commands"] if " --bundle-from-oci " in c]
-    assert len(oci_lines) == 4 and all(
+    assert len(oci_lines) == 5 and all(
         f"--repo benchseal-examples/hello-agent --cert-identity {IMAGE_IDENTITY} --source-ref refs/tags/v0.1.0 "
-        f"--source-digest {commit} " in c for c in oci_lines), oci_lines
-    # the four checks, the first again in the short form, and the images' four
-    assert body.count("gh attestation verify ") == 9
+        f"--source-digest {commit} " in c for c in oci_lines[:4]), oci_lines
+    # the runner's test result, by the seal job (run as printed once attached, like the others)
+    assert f"--repo {INFRA} --cert-identity {SEAL_IDENTITY} --source-ref refs/heads/main " in oci_lines[4]
+    assert "--predicate-type https://in-toto.io/attestation/test-result/v0.1 " in oci_lines[4]
+    # the four checks, the first again in the short form, and the images' five
+    assert body.count("gh attestation verify ") == 10
     verified = verify_release(release, repository="benchseal-examples/hello-agent", tag="v0.1.0", profile="production",
                               infra_repository=INFRA, builder=BUILDER, offline=True,
                               trusted_root=local_home / "sigstore" / "trusted_root.json")

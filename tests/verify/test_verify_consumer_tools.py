@@ -187,6 +187,49 @@ def test_each_tool_refuses_a_wrong_pin(published: tuple[Path, dict[str, str]], t
         cwd = copy
     else:
         edited = [_edit(tool, pin, line) for line in lines]
+# --- gh and the runner's test-result referrer (the body's image block) ---------------------------------------
+
+def image_block(body: str) -> list[str]:
+    """The commands of the body's image block (cosign's, then gh's), in order."""
+    section = body.split("<details><summary>The runner and API images", 1)[1]
+    return section.split("```sh\n", 1)[1].split("\n```", 1)[0].splitlines()
+
+
+@pytest.mark.slow
+def test_gh_finds_the_runner_s_test_result_as_printed_and_refuses_a_wrong_pin(
+        published: tuple[Path, dict[str, str]]) -> None:
+    """Issue 37.1/37.2: the image block prints one `gh attestation verify oci://RUNNER --bundle-from-oci` line
+    for the test result the seal job signed (the evidence's pins: --repo the infra repository, benchmark.yml at
+    the builder's ref, refs/heads/main, the test-result type). Once the release's bundle is attached to the runner
+    (what release.yml's attach_result job and the local release do) gh finds it through the registry's referrers
+    and passes as printed; another predicate type or another identity is refused, for its own reason."""
+    from pipeline.attest.testresult import attach_test_result
+    from pipeline.core.documents import ReleaseSummary, load_document
+
+    release, env = published
+    runner = load_document(ReleaseSummary, release / "summary.json").images.runner.ref
+    lines = [c for c in image_block((release / "body.md").read_text())
+             if c.startswith("gh ") and f"--predicate-type {TEST_RESULT} " in c]
+    assert len(lines) == 1, lines
+    (line,) = lines
+    argv = shlex.split(line)
+    assert argv[:5] == ["gh", "attestation", "verify", f"oci://{runner}", "--bundle-from-oci"], argv
+    for pin in (f"--repo {INFRA} ", f"--cert-identity https://github.com/{BUILDER.workflow('benchmark.yml')} ",
+                "--source-ref refs/heads/main ", "--cert-oidc-issuer https://token.actions.githubusercontent.com ",
+                "--custom-trusted-root trusted_root.jsonl"):
+        assert pin in line, pin
+    attach_test_result(release, runner)
+    wrong_type = line.replace(f"--predicate-type {TEST_RESULT} ", "--predicate-type https://spdx.dev/Document ")
+    wrong_identity = line.replace(*_OTHER_IDENTITY)
+    assert line != wrong_type and line != wrong_identity
+    ok, refused_type, refused_identity = run([line, wrong_type, wrong_identity], release, env)
+    assert ok.returncode == 0, f"{line}\n{ok.stderr}{ok.stdout}"
+    assert refused_type.returncode != 0 and re.search(REASONS["gh", "predicate type"], refused_type.stderr), \
+        refused_type.stderr
+    assert refused_identity.returncode != 0 and re.search(_GH_SIGNATURE, refused_identity.stderr), \
+        refused_identity.stderr
+
+
         edited = [new for new, old in zip(edited, lines, strict=True) if new != old]
         cwd = release
     assert edited, f"no {tool} line states the {pin}"
