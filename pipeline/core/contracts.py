@@ -116,6 +116,9 @@ RepositorySlug = Annotated[str, AfterValidator(_repository)]
 Digest = Annotated[str, AfterValidator(_digest)]
 ImageName = Annotated[str, AfterValidator(_name)]
 PinnedRef = Annotated[str, AfterValidator(_ref)]
+# A worker's id (pipeline.infra.worker.config.WorkerConfig.worker_id: <host>-<pid> unless set), as trial records,
+# gradings, summary.json and the test-result statement name the worker that ran a trial or graded a run.
+WorkerId = Annotated[str, Field(min_length=1, max_length=255)]
 
 
 def load_model[M: BaseModel](model: type[M], data: object, source: str) -> M:
@@ -415,6 +418,10 @@ class TrialRecord(_Frozen):
         default=None, exclude_if=lambda v: v is None,
         description="the prebuilt image the trial's task ran on, as its task.toml pinned it (name@sha256:...); "
                     "absent for a task built from its Dockerfile (pipeline.infra.worker.task_images)")
+    worker: WorkerId | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="the worker that ran the trial (its worker id), as the queue's record of the trial names it "
+                    "(pipeline.infra.worker.grading.RecordedTrial.worker); absent when no record names one")
     agent_name: str
     agent_version: str | None = None
     harbor_version: str | None = None
@@ -591,6 +598,10 @@ class Grading(_Frozen):
     api_ref: PinnedRef
     started_at: str
     finished_at: str
+    graded_by: WorkerId | None = Field(
+        default=None,
+        description="the worker that graded the run from its trial rows (its worker id); None when no worker graded "
+                    "planned trials (a run refused or ended before it was planned)")
 
     @model_validator(mode="after")
     def _scored(self) -> Grading:

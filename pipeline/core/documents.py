@@ -55,6 +55,7 @@ from pipeline.core.contracts import (
     PublicationRequest,
     RunOutcome,
     TrialOutcome,
+    WorkerId,
     check_score,
     load_model,
     sri_hex,
@@ -149,6 +150,9 @@ class TrialTiming(_Document):
                                description="why the trial was not resolved, in one line (the grading rule's)")
     canary: bool = Field(default=False, exclude_if=lambda v: not v,
                          description="a tamper canary's trial: never counted in the score")
+    worker: WorkerId | None = Field(default=None, exclude_if=lambda v: v is None,
+                                    description="the worker that ran the trial (its worker id); absent before "
+                                                "it was recorded")
 
 
 class Timings(_Document):
@@ -307,6 +311,10 @@ class ReleaseSummary(_Document):
     correlation_id: CorrelationId
     timings: Timings
     model_usage: ModelUsage | None = None
+    graded_by: WorkerId | None = Field(
+        default=None, exclude_if=lambda v: v is None,
+        description="the worker that graded the run from its trial rows (its worker id; each trial's worker is in "
+                    "timings.trials); absent before it was recorded")
     # The score's 95 % Wilson interval (null when there is no score) and each task's pass counts.
     # Optional: summaries written before they existed omit both (``benchseal verify`` checks them when present).
     interval: ScoreInterval | None = None
@@ -581,6 +589,11 @@ class ResultScore(_Document):
     tasks: dict[_ResultTask, TaskCounts]
     run_id: str = Field(min_length=1, max_length=128)
     source: PayloadSource
+    workers: tuple[WorkerId, ...] | None = Field(
+        default=None, description="the workers that ran the run's trials, sorted (summary.json "
+                                  "timings.trials[].worker: which trial each ran; summary.json is a subject)")
+    graded_by: WorkerId | None = Field(default=None, description="the worker that graded the run "
+                                                                 "(summary.json graded_by)")
 
     @model_validator(mode="after")
     def _scored(self) -> ResultScore:
@@ -613,6 +626,11 @@ def result_verdict(summary: ReleaseSummary) -> Literal["PASSED", "FAILED"]:
     not hold back, FAILED otherwise (the one rule: the writer and ``benchseal verify``)."""
     gated = summary.comparison is not None and summary.comparison.gated
     return "PASSED" if summary.status == "SUCCEEDED" and not gated else "FAILED"
+
+
+def trial_workers(summary: ReleaseSummary) -> tuple[str, ...] | None:
+    """The workers that ran the run's trials, sorted (None when no trial names one: an older summary)."""
+    return tuple(sorted({t.worker for t in summary.timings.trials if t.worker})) or None
 
 
 def task_outcomes(tasks: dict[str, TaskCounts] | None) -> dict[TestOutcome, tuple[str, ...]]:
@@ -693,7 +711,8 @@ class ResultStatement(_Document):
                 SCORE_EXTENSION: ResultScore(
                     status=summary.status, gated=summary.comparison is not None and summary.comparison.gated,
                     score=summary.score, interval=summary.interval, counts=summary.counts, tasks=summary.tasks or {},
-                    run_id=summary.run_id, source=summary.source),
+                    run_id=summary.run_id, source=summary.source, workers=trial_workers(summary),
+                    graded_by=summary.graded_by),
             }),
         )
 

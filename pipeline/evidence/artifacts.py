@@ -89,11 +89,12 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
                             total_seconds=t.total_seconds, agent_seconds=t.agent_seconds,
                             verifier_seconds=t.verifier_seconds, model_calls=t.model_calls,
                             input_tokens=t.input_tokens, output_tokens=t.output_tokens, reason=t.reason,
-                            canary=t.canary)
+                            canary=t.canary, worker=t.worker)
                 for t in grading.trials
             ],
         }),
         model_usage=_model_usage(grading),
+        graded_by=grading.graded_by,  # each trial's worker is in timings.trials
         # The score's noise, by the grading rule's own functions (``benchseal verify`` recomputes both).
         interval=interval,
         tasks=tasks,

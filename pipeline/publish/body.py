@@ -64,6 +64,8 @@ class SectionFacts:
     source_tag: str  # the tag the run benchmarked (summary.json source.tag); a target checks it is ``tag``
     # The score's 95 % Wilson interval (low, high), when summary.json states one (a scored run).
     interval: tuple[float, float] | None = None
+    # Each worker that ran trials (how many) and the one that graded the run (summary.json), one line.
+    workers: str | None = None
     # Per task (task, resolved, attempts), shown when some task ran more than once.
     task_passes: tuple[tuple[str, int, int], ...] = ()
     # The comparison with the repository's previous scored release and the regression gate.
@@ -113,11 +115,25 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         correlation_id=summary.correlation_id,
         source_tag=summary.source.tag,
         interval=(summary.interval.low, summary.interval.high) if summary.interval is not None else None,
+        workers=_workers(summary),
         task_passes=tuple((task, c.resolved, c.attempts) for task, c in sorted((summary.tasks or {}).items())),
         comparison=summary.comparison,
         failed_trials=tuple((t.task, "canary, not scored" if t.canary else t.outcome, t.reason or "no reason recorded")
                             for t in summary.timings.trials if t.outcome != "resolved"),
     )
+
+
+def _workers(summary: ReleaseSummary) -> str | None:
+    """``<worker>: N trials, ...; graded by <worker>`` from summary.json (None before workers were recorded)."""
+    ran: dict[str, int] = {}
+    for trial in summary.timings.trials:
+        if trial.worker:
+            ran[trial.worker] = ran.get(trial.worker, 0) + 1
+    if not ran and summary.graded_by is None:
+        return None
+    items = [f"{worker}: {n} trial{'' if n == 1 else 's'}" for worker, n in sorted(ran.items())]
+    line = _first(items, "summary.json timings.trials") if items else "no trial names its worker"
+    return line + (f"; graded by {summary.graded_by}" if summary.graded_by else "")
 
 
 # GitHub links these after rendering (mentions and emails, issue refs, URL schemes, emoji
@@ -291,6 +307,7 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
         ("Source", f"{markdown_cell(facts.source_repository)} @ {_code(facts.source_commit)}"),
         ("Infra run id", _code(facts.run_id)),
         ("Correlation id", _code(facts.correlation_id)),
+        *([("Workers (trials run; grader)", markdown_cell(facts.workers))] if facts.workers else []),
     ]
     lines = [f"### Benchmark ({markdown_cell(facts.tag)})", "", "| | |", "|---|---|"]
     lines += [f"| {name} | {value} |" for name, value in rows]

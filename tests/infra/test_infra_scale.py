@@ -4,8 +4,9 @@ dataset staged by its digest on each host, Harbor trials in the sandbox engine, 
 
 Each worker is a host of its own: its own state dir (run dirs) and its own copy of the suites root, pinned by
 the policy's content digest. The run names a subset of a HumanEval dataset (4 of the 6 imported tasks, issue
-36.4): only those are planned, each trial records the worker that ran it, exactly one worker grades the run,
-and a run naming a task the dataset lacks is refused in one line with nothing planned."""
+36.4): only those are planned, each trial records the worker that ran it, exactly one worker grades the run
+(summary.json and the test-result statement name both), and a run naming a task the dataset lacks is refused in
+one line with nothing planned."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ import pytest
 import yaml
 
 from pipeline.core.contracts import DigestsFile, DispatchPayload
+from pipeline.core.documents import ResultStatement
 from pipeline.core.paths import REPO_ROOT
 from pipeline.datasets import humaneval
+from pipeline.evidence.artifacts import build_summary
 from pipeline.infra.intake.accept import validate_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.postgres import PostgresQueue
@@ -150,6 +153,13 @@ def test_two_workers_split_one_humaneval_subset_run_and_one_of_them_grades_it(
     graders = [h for h in HOSTS if (homes[h] / "infra" / "runs" / run_id / "grading.json").is_file()]
     assert len(graders) == 1 and [e.event for e in events].count("completed") == 1
     run_dir = homes[graders[0]] / "infra" / "runs" / run_id
+    # The signed evidence names them: summary.json (each trial's worker, the grader) and the test-result statement
+    # derived from it, as the seal builds both from this grading.
+    summary = build_summary(grading, record.payload)
+    assert {t.trial: t.worker for t in summary.timings.trials} == {trial: workers[h] for trial, h in ran.items()}
+    assert grading.graded_by == summary.graded_by == workers[graders[0]]
+    score = ResultStatement.for_summary(summary, "0" * 64).predicate.score
+    assert score.workers == tuple(sorted(workers.values())) and score.graded_by == workers[graders[0]]
     assert sorted(p.name for p in (run_dir / "harbor").iterdir()) == sorted(ran)
     for trial, host in ran.items():
         if host != graders[0]:

@@ -50,9 +50,10 @@ log = logging.getLogger("benchseal.worker")
 
 
 def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None,
-                   started: str) -> RunOutcome:
+                   started: str, *, grader: str | None = None) -> RunOutcome:
     """Grade a run whose trials have all ended, from the queue's trial rows (every trial exactly once),
-    then evidence, finalizer and ONE terminal transaction with the outbox rows."""
+    then evidence, finalizer and ONE terminal transaction with the outbox rows. ``grader``: this worker's id
+    (the grading's ``graded_by``; each trial names the worker its queue record names)."""
     run_id, payload = record.run_id, record.payload
     run_dir = queue.run_dir(run_id)
     if record.state == RunState.CLAIMED:
@@ -76,7 +77,8 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
             trials.append(recorded)
             continue
         _adopt_trial_dir(queue, run_id, run_dir, row.idx, recorded)
-        trials.append(recorded.trial)
+        # Who ran it: the worker that recorded the row (validated again: it goes into the signed evidence).
+        trials.append(TrialRecord.model_validate({**recorded.trial.model_dump(), "worker": recorded.worker}))
         failure = failure or recorded.failure
         meta["agent_version"] = meta.get("agent_version") or recorded.agent_version
         meta["model"] = meta.get("model") or recorded.model
@@ -85,7 +87,8 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
     dataset, mixed = run_dataset(datasets)
     grading = grade_trials(record, policy, tuple(trials), started_at=started, finished_at=now_utc(),
                            failure=failure or mixed, harbor_version=versions[0] if versions else None,
-                           agent_version_pin=meta.get("agent_version"), model=meta.get("model"), dataset_digest=dataset)
+                           agent_version_pin=meta.get("agent_version"), model=meta.get("model"), dataset_digest=dataset,
+                           graded_by=grader)
     if exhausted:
         # The attempt rules, per trial: a trial whose attempts ran out on infrastructure errors ends the
         # run as INFRA_ERROR with no score; the trials that completed are graded as they are.

@@ -199,9 +199,11 @@ def grade_trials(
     agent_version_pin: str | None = None,
     model: str | None = None,
     dataset_digest: str | None = None,
+    graded_by: str | None = None,
 ) -> Grading:
     """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score.
-    ``dataset_digest``: the one content digest of the dataset every trial ran from."""
+    ``dataset_digest``: the one content digest of the dataset every trial ran from; ``graded_by``: the grading
+    worker's id."""
     payload = record.payload
     scored = [t for t in trials if not t.canary]  # a tamper canary never counts (scoring.scored_outcomes)
     counts = count(t.outcome for t in scored)
@@ -237,6 +239,7 @@ def grade_trials(
         api_ref=payload.api,
         started_at=started_at,
         finished_at=finished_at,
+        graded_by=graded_by,
     )
 
 

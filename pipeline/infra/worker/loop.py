@@ -289,7 +289,7 @@ def _run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOut
             beat.start()
             try:
                 if record.phase == "finalize" and record.trials_planned > 0:
-                    return _grade_planned(queue, record, token, policy, finalize, now_utc())
+                    return _grade_planned(queue, record, token, policy, finalize, now_utc(), grader=config.worker_id)
                 if record.phase == "finalize":
                     return _finalize_abandoned(queue, record, token, policy, finalize)
                 planned = _plan(queue, record, token, config, policy, finalize)
@@ -406,7 +406,7 @@ def _work_batches(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy:
                               config.heartbeat_seconds or policy.lease_seconds / 3)
             beat.start()
             try:
-                return _grade_planned(queue, ended, grader_token, policy, finalize, now_utc())
+                return _grade_planned(queue, ended, grader_token, policy, finalize, now_utc(), grader=config.worker_id)
             finally:
                 beat.done.set()
                 beat.join(timeout=5)
