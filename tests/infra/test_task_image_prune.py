@@ -3,9 +3,9 @@
 recently used of the rest kept up to a count, the others removed by id. Never an image of a run in flight,
 never an image found by name or label, never the base a task image was built FROM.
 
-The images are made here, each unique (an imported one-file tar), in the real sandbox engine, and removed
-again; the prune only ever sees the records this test writes, so no other image of the shared engine is at
-stake. The queue is SQLite."""
+The images are made here, each unique (an imported one-file tar, or a tiny image pushed to the local registry
+and pulled by digest on the host engine), in the real engines, and removed again; the prune only ever sees
+the records this test writes, so no other image of the shared engines is at stake. The queue is SQLite."""
 
 from __future__ import annotations
 
@@ -14,20 +14,32 @@ import json
 import os
 import tarfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import docker
 import docker.errors
 import pytest
 
 from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading
+from pipeline.core.digests import ImageRef
 from pipeline.core.errors import CheckFailed
 from pipeline.infra.queue.sql import SqliteQueue
 from pipeline.infra.worker.images import TASK_IMAGE_LABEL
-from pipeline.infra.worker.prune import note_staged, prune_task_images, remove_staged, task_image_use
-from tests.fixtures.infra import sandbox_engine
+from pipeline.infra.worker.prune import (
+    STALE_RECORD_SECONDS,
+    Pruned,
+    note_staged,
+    prune_task_images,
+    remove_staged,
+    task_image_use,
+)
+from pipeline.infra.worker.task_images import load_task_bases
+from tests.fixtures.infra import remove_from_both_engines, sandbox_engine
+from tests.registry.helpers import push_tiny, tiny_image
 
 Image = Callable[..., str]
 
@@ -92,6 +104,13 @@ def _run(queue: SqliteQueue, make_payload: Callable[..., dict[str, Any]], state:
     return run_id
 
 
+def _backdate(record: Path, age: float) -> None:
+    """A use record last written, and naming its images as last used, ``age`` seconds ago."""
+    when = time.time() - age
+    record.write_text(json.dumps(dict.fromkeys(json.loads(record.read_text()), when)))
+    os.utime(record, (when, when))
+
+
 def _seal(queue: SqliteQueue, run_id: str) -> None:
     record = queue.get_run(run_id)
     assert record.lease_token
@@ -118,18 +137,26 @@ def test_a_prune_never_removes_an_image_a_run_in_flight_uses(
             use.images(ids)
 
     # keep=1: the sealed run's most recently used image stays; the other goes; the one a running run shares stays.
-    assert prune_task_images(queue, engine, keep=1, records=records) == [only_sealed]
+    assert prune_task_images(queue, engine, keep=1, records=records).sandbox == [only_sealed]
     assert not present(engine, only_sealed)
     assert all(present(engine, i) for i in (shared, newer, of_running, of_queued, of_unknown, forged))
-    assert prune_task_images(queue, engine, keep=0, records=records) == [newer]
+    assert prune_task_images(queue, engine, keep=0, records=records).sandbox == [newer]
     assert json.loads((records / sealed).read_text()).keys() == {shared}  # what is left of it: the shared image
     assert all(present(engine, i) for i in (shared, of_running, of_queued, of_unknown, forged))
 
     # The running run is sealed: its images are now the prune's, the most recently used first.
     _seal(queue, running)
-    assert prune_task_images(queue, engine, keep=1, records=records) == [shared]
+    assert prune_task_images(queue, engine, keep=1, records=records).sandbox == [shared]
     assert not (records / sealed).exists()  # every image it named is gone: the record too
     assert present(engine, of_running) and present(engine, forged)
+
+    # A week untouched: the unknown run's record is folded away and its image falls under the ranking (the
+    # oldest, so the first to go); the queued run's record is as old and still protects its image.
+    for run_id in ("not-in-this-queue", queued):
+        _backdate(records / run_id, STALE_RECORD_SECONDS + 60)
+    assert prune_task_images(queue, engine, keep=1, records=records).sandbox == [of_unknown]
+    assert not (records / "not-in-this-queue").exists() and (records / queued).is_file()
+    assert present(engine, of_running) and present(engine, of_queued) and present(engine, forged)
 
 
 @pytest.mark.docker
@@ -146,7 +173,7 @@ def test_a_prune_waits_for_a_batch_that_is_picking_its_images(
     removed: list[list[str]] = []
     with task_image_use(running, records) as use:
         pruning = threading.Thread(target=lambda: removed.append(prune_task_images(queue, engine, keep=0,
-                                                                                   records=records)))
+                                                                                   records=records).sandbox))
         pruning.start()
         pruning.join(timeout=1.0)
         assert pruning.is_alive() and not removed  # blocked on the lock, nothing removed
@@ -180,7 +207,7 @@ def test_pruning_a_built_task_image_removes_its_build_steps_and_never_its_base(
         with task_image_use(sealed, records) as use:
             use.bases([base])
             use.images([built[0]])
-        assert prune_task_images(queue, engine, keep=0, records=records) == [built[0]]
+        assert prune_task_images(queue, engine, keep=0, records=records).sandbox == [built[0]]
         assert [i for i in chain if present(engine, i)] == [] and present(engine, base)
     finally:
         for image_id in chain:
@@ -210,6 +237,14 @@ def test_an_untrusted_record_stops_the_prune(tmp_path: Path) -> None:
     os.chmod(records, 0o700)
     with pytest.raises(CheckFailed, match="not sha256"), task_image_use("run-b", records) as use:
         use.images(["benchseal-task:latest"])
+    for name, bad in ((".released", {"sha256:" + "a" * 64: "yesterday"}),
+                      (".host", {"sha256:" + "a" * 64: {"present_before": "no", "refs": []}}),
+                      (".host", {"sha256:" + "a" * 64: {"present_before": False, "refs": ["x:latest"]}})):
+        (records / name).write_text(json.dumps(bad))
+        os.chmod(records / name, 0o600)
+        with pytest.raises(CheckFailed, match="not"):
+            prune_task_images(queue, None, keep=0, records=records, host=object())
+        (records / name).unlink()
 
 
 def test_a_sealed_runs_staged_copies_are_removed_and_its_evidence_kept(tmp_path: Path) -> None:
@@ -243,7 +278,7 @@ def test_a_prune_clears_the_staged_copies_of_runs_sealed_elsewhere_and_keeps_tho
         with task_image_use(run_id, records):
             (queue.run_dir(run_id) / "batches/0000-a/suite").mkdir(parents=True)
     _seal(queue, elsewhere)  # by "another host": nothing here removed its copies yet
-    assert prune_task_images(queue, None, keep=0, records=records) == []
+    assert prune_task_images(queue, None, keep=0, records=records) == Pruned([], [])
     assert not (queue.run_dir(elsewhere) / "dataset").exists()
     assert not (queue.run_dir(elsewhere) / "batches/0000-a/suite").exists()
     assert not (records / elsewhere).exists()
@@ -269,3 +304,100 @@ def test_two_batches_of_one_run_recording_at_once_lose_no_image(tmp_path: Path) 
     for thread in threads:
         thread.join(timeout=60)
     assert len(json.loads((records / "run-shared").read_text())) == 80
+
+
+def test_stale_records_of_sealed_or_unknown_runs_are_folded_and_a_run_in_flight_keeps_its_own(
+        tmp_path: Path, make_payload: Callable[..., dict[str, Any]]) -> None:
+    """A record of a run sealed or unknown to the queue, untouched for STALE_RECORD_SECONDS, goes; its images
+    stay known in .released (ranked with the rest, never lost to the prune). A queued run's record stays at
+    any age, and an unknown run's just short of the age still protects."""
+    records = tmp_path / "task-image-use"
+    queue = SqliteQueue(tmp_path / "queue.sqlite3", runs_dir=tmp_path / "runs")
+    runs = {"sealed_old": _run(queue, make_payload, "SUCCEEDED"), "sealed_new": _run(queue, make_payload, "SUCCEEDED"),
+            "queued_old": _run(queue, make_payload, "QUEUED"), "unknown_old": "unknown-old",
+            "unknown_edge": "unknown-edge", "unknown_new": "unknown-new"}
+    ids = {name: f"sha256:{i:064x}" for i, name in enumerate(runs, 1)}
+    for name, run_id in runs.items():
+        with task_image_use(run_id, records) as use:
+            use.images([ids[name]])
+    for name in ("sealed_old", "queued_old", "unknown_old"):
+        _backdate(records / runs[name], STALE_RECORD_SECONDS + 60)
+    _backdate(records / runs["unknown_edge"], STALE_RECORD_SECONDS - 60)
+    (queue.run_dir(runs["sealed_old"]) / "dataset").mkdir(parents=True)
+
+    assert prune_task_images(queue, None, keep=10, records=records) == Pruned([], [])
+    left = {p.name for p in records.iterdir() if not p.name.startswith(".")}
+    assert left == {runs[n] for n in ("sealed_new", "queued_old", "unknown_edge", "unknown_new")}
+    released = json.loads((records / ".released").read_text())
+    assert released.keys() == {ids["sealed_old"], ids["unknown_old"]}
+    assert not (queue.run_dir(runs["sealed_old"]) / "dataset").exists()  # its staged copies went first
+    assert prune_task_images(queue, None, keep=10, records=records) == Pruned([], [])  # nothing more to fold
+    assert json.loads((records / ".released").read_text()) == released
+
+
+@pytest.mark.docker
+def test_the_host_engines_copies_the_worker_pulled_are_pruned_and_no_one_elses(
+        tmp_path: Path, image_registry: str, make_payload: Callable[..., dict[str, Any]]) -> None:
+    """Task images pulled by digest on the host engine (then moved into the sandbox by id): the worker's own
+    pulls go by the sandbox's ranking; an image the host had before the worker's pull, one an operator has
+    since tagged or pulled under another digest, and one a run in flight names all stay."""
+    from pipeline.imaging.oci import MANIFEST_TYPE, sha256_digest
+    from pipeline.imaging.push import Registry
+
+    records = tmp_path / "task-image-use"
+    queue = SqliteQueue(tmp_path / "queue.sqlite3", runs_dir=tmp_path / "runs")
+    sealed, running = _run(queue, make_payload, "SUCCEEDED"), _run(queue, make_payload, "RUNNING")
+    registry, repository = Registry(image_registry), "benchseal-tests/prune-host"
+    images = {name: tiny_image() for name in ("pulled", "before", "tagged", "renamed", "warm", "in_flight")}
+    refs = {name: ImageRef(f"{image_registry}/{repository}", push_tiny(registry, repository, image))
+            for name, image in images.items()}
+    ids = {name: sha256_digest(image.config) for name, image in images.items()}
+    host, sandboxed = docker.from_env(timeout=120), sandbox_engine()
+    try:
+        # The operator's, before the worker's pull, and with no name (as `docker load` leaves one): the pull
+        # then adds the only name it has, so only the record of its being there keeps it.
+        host.api.pull(refs["before"].name, tag=refs["before"].digest)
+        saved = b"".join(host.api.get_image(ids["before"]))
+        host.images.remove(ids["before"], force=True)
+        host.api.load_image(saved)
+        assert not host.api.inspect_image(ids["before"])["RepoDigests"]
+
+        def load(run_id: str, *names: str) -> None:  # as a batch does (loop._prepare_batch)
+            with task_image_use(run_id, records) as use:
+                use.images(load_task_bases(host, sandboxed, {"t": tuple(refs[n] for n in names)}, use).values())
+
+        load(sealed, "pulled", "before", "tagged", "renamed")
+        # The operator names two of the worker's pulls in the same repository: by a tag, and by an index's
+        # digest (removing either by id would take the operator's name with it). A later batch loading the
+        # image by that index digest adds nothing: the name was there before its pull.
+        host.api.tag(ids["tagged"], f"{image_registry}/{repository}", "operator")
+        index = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.index.v1+json",
+                            "manifests": [{"mediaType": MANIFEST_TYPE, "digest": images["renamed"].digest,
+                                           "size": len(images["renamed"].manifest),
+                                           "platform": {"os": "linux", "architecture": "amd64"}}]}).encode()
+        refs["index"] = ImageRef(refs["renamed"].name, registry.put_manifest(
+            repository, sha256_digest(index), index, "application/vnd.oci.image.index.v1+json"))
+        host.api.pull(refs["index"].name, tag=refs["index"].digest)
+        assert len(host.api.inspect_image(ids["renamed"])["RepoDigests"]) == 2
+        load(sealed, "index")
+        load(sealed, "warm")  # the most recently used
+        load(running, "in_flight")
+        pulls = json.loads((records / ".host").read_text())
+        assert {n: pulls[ids[n]]["present_before"] for n in images} == {n: n == "before" for n in images}
+        assert {n: pulls[ids[n]]["refs"] for n in images} == {n: [refs[n].ref] for n in images}
+
+        pruned = prune_task_images(queue, sandboxed, keep=1, records=records, host=host)
+        assert pruned.host == [ids["pulled"]]
+        assert set(pruned.sandbox) == {ids[n] for n in ("pulled", "before", "tagged", "renamed")}
+        assert [n for n in images if present(host, ids[n])] == ["before", "tagged", "renamed", "warm", "in_flight"]
+        assert prune_task_images(queue, sandboxed, keep=0, records=records, host=host).host == [ids["warm"]]
+        _seal(queue, running)
+        assert prune_task_images(queue, sandboxed, keep=0, records=records, host=host).host == [ids["in_flight"]]
+        assert [n for n in images if present(host, ids[n])] == ["before", "tagged", "renamed"]
+        # Entries go with their images; the others stay, so the operator's images are never taken later either.
+        assert json.loads((records / ".host").read_text()).keys() == {ids[n] for n in ("before", "tagged", "renamed")}
+    finally:
+        host.close()
+        sandboxed.close()
+        for image_id in ids.values():
+            remove_from_both_engines(image_id)

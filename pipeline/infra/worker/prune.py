@@ -16,6 +16,17 @@ The rule (docs/datasets.md "Pruning"), applied after each piece of work (``after
    (``WorkerConfig.keep_task_images``, default ``KEEP_TASK_IMAGES``) are kept and the rest removed by id,
    without force: an image a container still uses, or another image builds on, stays for a later prune.
 
+4. The host engine's copies: a task image or registry base is pulled there first (``task_images``). Before each
+   such pull ``TaskImageUse.host_pull`` records in ``.host`` whether the image (by id) was already there and
+   which reference the pull adds; an image that was there before is never the worker's to remove. The others
+   go by the same ranking (kept while a run in flight names them or among the ``keep`` most recently used),
+   by id without force, and only while every name the image has is one the worker's own pulls gave it (no
+   tag, no other digest: an operator's name on it keeps it).
+5. Records do not outlive their use: a record whose run is sealed or unknown to the queue, untouched for
+   ``STALE_RECORD_SECONDS``, is folded into ``.released`` ({image id: last used} of no run in flight) and
+   removed, so its images stay known and fall under the ranking; a run the queue holds in flight keeps its
+   record whatever its age.
+
 Nothing is found by name, tag or label (anything that can build through the sandbox can set those): only by
 the ids in the worker's own records, whose directory nobody else can write, read against the queue's states.
 A batch holds a shared lock on the records from before it loads or reuses an image until its record names
@@ -36,7 +47,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import docker.errors
 
@@ -47,14 +58,21 @@ from pipeline.core.fsutil import atomic_write_text
 from pipeline.infra.queue.interface import Queue
 from pipeline.infra.queue.records import TERMINAL_STATES
 from pipeline.infra.queue.sql import open_queue
-from pipeline.infra.worker.config import KEEP_TASK_IMAGES, WorkerConfig
-from pipeline.infra.worker.containers import _sandbox
+from pipeline.infra.worker.config import KEEP_TASK_IMAGES, InfraFailure, WorkerConfig
+from pipeline.infra.worker.containers import _docker, _sandbox
 
 _ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _RUN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _MAX_RECORD = 1 << 20
 _WRITE_LOCK = ".write-lock"  # held briefly by each record update (the prune holds ".lock" exclusively instead)
 _BASES = ".bases"  # {image id: first recorded}: benchseal's base(s) the worker built task images FROM
+_RELEASED = ".released"  # {image id: last used}: folded from records of runs sealed or unknown, long untouched
+_HOST = ".host"  # {image id: {"present_before": bool, "refs": [...]}}: the host engine's copies (host_pull)
+_REF_RE = re.compile(r"[^\s@]{1,512}@sha256:[0-9a-f]{64}")
+# A record of a run the queue reports sealed, or does not know (a test's, another queue's, a reset queue's),
+# is folded into .released once untouched this long: a run's batches rewrite its record, and a state home
+# serves one queue, so a week without a write is no run in flight here.
+STALE_RECORD_SECONDS = 7 * 24 * 3600
 
 log = logging.getLogger("benchseal.worker")
 
@@ -91,8 +109,8 @@ def _record_path(records: Path, run_id: str) -> Path:
     return records / run_id
 
 
-def _read(path: Path) -> dict[str, float]:
-    """A use record's {image id: last used}; CheckFailed unless it is a regular file of this user alone."""
+def _load(path: Path) -> tuple[Any, float]:
+    """A record's JSON and its mtime; CheckFailed unless it is a regular file of this user alone."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as handle:
         info = os.fstat(handle.fileno())
@@ -100,13 +118,53 @@ def _read(path: Path) -> dict[str, float]:
             raise CheckFailed(f"{path}: not a task image use record of this worker")
         raw = handle.read(_MAX_RECORD + 1)
     try:
-        data = json.loads(raw) if len(raw) <= _MAX_RECORD else None
+        return (json.loads(raw) if len(raw) <= _MAX_RECORD else None), info.st_mtime
     except ValueError:
-        data = None
+        return None, info.st_mtime
+
+
+def _read(path: Path) -> dict[str, float]:
+    """A use record's {image id: last used}."""
+    return _read_dated(path)[0]
+
+
+def _read_dated(path: Path) -> tuple[dict[str, float], float]:
+    """A use record's {image id: last used} and when it was last written."""
+    data, mtime = _load(path)
     if not isinstance(data, dict) or not all(isinstance(k, str) and _ID_RE.fullmatch(k)
                                              and isinstance(v, int | float) for k, v in data.items()):
         raise CheckFailed(f"{path}: not a task image use record ({{image id: last used}})")
-    return {k: float(v) for k, v in data.items()}
+    return {k: float(v) for k, v in data.items()}, mtime
+
+
+class HostPull(NamedTuple):
+    """An image the worker pulled on the host engine: whether that engine had it (by id) before the worker's
+    first pull of it, and the references the worker's pulls added to it (its RepoDigests)."""
+
+    present_before: bool
+    refs: tuple[str, ...]
+
+
+def _read_host(path: Path) -> dict[str, HostPull]:
+    """The ``.host`` record ({image id: {"present_before": bool, "refs": [name@sha256, ...]}}), or {} if absent."""
+    if not os.path.lexists(path):
+        return {}
+    data, _ = _load(path)
+    found: dict[str, HostPull] = {}
+    for key, value in (data.items() if isinstance(data, dict) else [(None, None)]):
+        refs = value.get("refs") if isinstance(value, dict) else None
+        if not (isinstance(key, str) and _ID_RE.fullmatch(key) and isinstance(value, dict)
+                and set(value) == {"present_before", "refs"} and isinstance(value["present_before"], bool)
+                and isinstance(refs, list) and all(isinstance(r, str) and _REF_RE.fullmatch(r) for r in refs)):
+            raise CheckFailed(f"{path}: not the host engine's pull record "
+                              '({image id: {"present_before": bool, "refs": [name@sha256:<hex>]}})')
+        found[key] = HostPull(value["present_before"], tuple(refs))
+    return found
+
+
+def _write_host(path: Path, pulls: dict[str, HostPull]) -> None:
+    atomic_write_text(path, json.dumps({k: {"present_before": v.present_before, "refs": sorted(v.refs)}
+                                        for k, v in pulls.items()}, sort_keys=True) + "\n", mode=0o600)
 
 
 def _write(path: Path, used: dict[str, float]) -> None:
@@ -143,6 +201,32 @@ class TaskImageUse:
                 current.update(dict.fromkeys(ids, time.time()))
                 _write(path, current)
 
+    def host_pull(self, host: Any, image_id: str, ref: str) -> None:
+        """Called just before the worker pulls ``ref`` (config ``image_id``) on the host engine: records whether
+        the engine had that image before and, if ``ref`` is not yet among its names, that the pull adds it.
+        Checked and written under one lock, so a second batch pulling the same image never mistakes the
+        first batch's pull for an image that was there before."""
+        self._checked([image_id])
+        if not _REF_RE.fullmatch(ref):
+            raise CheckFailed(f"run {self._run_id}: {ref!r} is not name@sha256:<64 hex>")
+        path = self._records / _HOST
+        with _locked(self._records, fcntl.LOCK_EX, _WRITE_LOCK):
+            pulls = _read_host(path)
+            try:
+                names = host.api.inspect_image(image_id).get("RepoDigests") or []
+                present = True
+            except docker.errors.ImageNotFound:
+                names, present = [], False
+            except docker.errors.APIError as exc:
+                raise InfraFailure(f"inspecting {image_id} on the host engine failed: {exc.explanation or exc}") from None
+            # Absent now, this pull is the worker's whatever an older entry said (that image has since gone).
+            entry = (pulls.get(image_id) if present else None) or HostPull(present_before=present, refs=())
+            if ref not in names and ref not in entry.refs:  # this pull gives the image that name
+                entry = entry._replace(refs=(*entry.refs, ref))
+            if pulls.get(image_id) != entry:
+                pulls[image_id] = entry
+                _write_host(path, pulls)
+
     def _checked(self, image_ids: Iterable[str]) -> list[str]:
         ids = sorted(set(image_ids))
         bad = [i for i in ids if not _ID_RE.fullmatch(i)]
@@ -168,51 +252,107 @@ def note_staged(run_id: str, records: Path | None = None) -> None:
         pass
 
 
-def _in_flight(queue: Queue, run_id: str) -> bool:
-    """Not sealed: a run the queue holds in any state but a terminal one, or one it does not know (kept)."""
+def _state(queue: Queue, run_id: str) -> str:
+    """"in flight" (any state the queue holds but a terminal one), "sealed", or "unknown" (not this queue's run)."""
     try:
         state: RunState = queue.get_run(run_id).state
     except ValidationError:
-        return True  # not this queue's run: nothing says it is done
-    return state not in TERMINAL_STATES
+        return "unknown"
+    return "sealed" if state in TERMINAL_STATES else "in flight"
+
+
+class Pruned(NamedTuple):
+    """The ids one prune removed from each engine."""
+
+    sandbox: list[str]
+    host: list[str]
 
 
 def prune_task_images(queue: Queue, sandboxed: Any, keep: int = KEEP_TASK_IMAGES,
-                      records: Path | None = None) -> list[str]:
-    """Apply the rule (module docstring) once; returns the ids removed from ``sandboxed``."""
+                      records: Path | None = None, host: Any | None = None) -> Pruned:
+    """Apply the rule (module docstring) once, to ``sandboxed`` and, when given, to the ``host`` engine's copies."""
     if keep < 0:
         raise CheckFailed(f"keep_task_images must be 0 or more, not {keep}")
     root = _private_dir(records or use_records())
     with _locked(root, fcntl.LOCK_EX):
+        now = time.time()
         protected: set[str] = set()
-        sealed: dict[str, dict[str, float]] = {}
+        done: dict[str, tuple[str, dict[str, float]]] = {}  # run id: (state, record) of runs not in flight
+        stale: set[str] = set()
         for path in sorted(p for p in root.iterdir() if not p.name.startswith(".")):
-            used = _read(path)  # an untrusted record stops the prune: it could be protecting an image
-            if _in_flight(queue, path.name):
-                protected.update(used)
-            else:
-                sealed[path.name] = used
+            used, written = _read_dated(path)  # an untrusted record stops the prune: it could be protecting an image
+            state = _state(queue, path.name)
+            if state == "in flight":
+                protected.update(used)  # whatever its age
+                continue
+            if now - max([written, *used.values()]) >= STALE_RECORD_SECONDS:
+                stale.add(path.name)
+            elif state == "unknown":
+                protected.update(used)  # nothing says it is done: kept until it is stale
+                continue
+            done[path.name] = (state, used)
+        released_path = root / _RELEASED
+        released = _read(released_path) if os.path.lexists(released_path) else {}
         last: dict[str, float] = {}
-        for used in sealed.values():
+        for used in (released, *(u for _, u in done.values())):
             for image_id, when in used.items():
                 if image_id not in protected:
                     last[image_id] = max(when, last.get(image_id, 0.0))
         ranked = sorted(last, key=lambda i: (-last[i], i))
-        bases = root / _BASES
-        stops = protected | set(last) | (set(_read(bases)) if os.path.lexists(bases) else set())
-        removed, gone = _remove(sandboxed, ranked[keep:], frozenset(stops))
-        for run_id, used in sealed.items():
-            try:
-                remove_staged(queue.run_dir(run_id))  # sealed, perhaps by another host: its copies here go
-            except OSError as exc:
-                log.warning("run %s: removing its staged copies failed: %s", run_id, exc)
-                continue  # its record stays: tried again by the next prune
+        bases_path = root / _BASES
+        bases = set(_read(bases_path)) if os.path.lexists(bases_path) else set()
+        removed, gone = _remove(sandboxed, ranked[keep:], frozenset(protected | set(last) | bases))
+        host_removed = [] if host is None else _prune_host(host, root / _HOST,
+                                                          frozenset(protected | bases | set(ranked[:keep])))
+        folded = {i: t for i, t in released.items() if i not in gone}
+        for run_id, (state, used) in done.items():
+            if state == "sealed":  # an unknown run's dir is not this queue's to touch
+                try:
+                    remove_staged(queue.run_dir(run_id))  # sealed, perhaps by another host: its copies here go
+                except OSError as exc:
+                    log.warning("run %s: removing its staged copies failed: %s", run_id, exc)
+                    continue  # its record stays: tried again by the next prune
             left = {i: t for i, t in used.items() if i not in gone}
-            if not left:
+            if run_id in stale:
+                for image_id, when in left.items():  # its images stay known, ranked with the rest
+                    folded[image_id] = max(when, folded.get(image_id, 0.0))
+                os.unlink(root / run_id)
+            elif not left:
                 os.unlink(root / run_id)
             elif left != used:
                 _write(root / run_id, left)
-        return removed
+        if folded != released:
+            _write(released_path, folded)
+        return Pruned(removed, host_removed)
+
+
+def _prune_host(host: Any, path: Path, kept: frozenset[str]) -> list[str]:
+    """The host engine's copies the worker pulled (``.host``), but for ``kept``: each removed by id, without
+    force, while every name it has is one the worker's pulls gave it; returns the ids removed. An entry goes
+    with its image (removed here or by anyone): a later pull records afresh."""
+    pulls = _read_host(path)
+    removed: list[str] = []
+    left = dict(pulls)
+    for image_id, pull in sorted(pulls.items()):
+        try:
+            info = host.api.inspect_image(image_id)
+            if image_id in kept or pull.present_before:
+                continue  # in use or warm; or the operator's: never the worker's to remove
+            foreign = [*(info.get("RepoTags") or []), *(set(info.get("RepoDigests") or []) - set(pull.refs))]
+            if foreign:  # a tag or digest the worker's pulls did not give it: removing by id would take them
+                log.info("host image %s kept: also named %s", image_id, ", ".join(sorted(foreign)))
+                continue
+            host.images.remove(image_id, force=False, noprune=True)
+            removed.append(image_id)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:  # a container uses it, or the engine refused: a later prune retries
+            log.info("host image %s kept: %s", image_id, exc.explanation or exc)
+            continue
+        del left[image_id]
+    if left != pulls:
+        _write_host(path, left)
+    return removed
 
 
 def _remove(client: Any, image_ids: list[str], stops: frozenset[str]) -> tuple[list[str], set[str]]:
@@ -276,14 +416,24 @@ def after_work(config: WorkerConfig, sealed: str | None) -> None:
             if sealed is not None:
                 remove_staged(queue.run_dir(sealed))
             records = use_records()
-            if not records.is_dir() or not any(not p.name.startswith(".") for p in records.iterdir()):
+            if not records.is_dir() or not any(not p.name.startswith(".") or p.name in (_RELEASED, _HOST)
+                                               for p in records.iterdir()):
                 return  # no task image recorded: no engine to ask
             client = _sandbox(config)
+            host = None
             try:
-                removed = prune_task_images(queue, client, config.keep_task_images)
+                if (records / _HOST).exists():
+                    try:
+                        host = _docker()
+                    except InfraFailure as exc:  # the sandbox's prune goes on; the host's waits for the next
+                        log.warning("pruning the host engine's task images skipped: %s", exc)
+                pruned = prune_task_images(queue, client, config.keep_task_images, host=host)
             finally:
                 client.close()
-        if removed:
-            log.info("pruned %d task images from the sandbox engine", len(removed))
+                if host is not None:
+                    host.close()
+        for removed, engine in ((pruned.sandbox, "sandbox"), (pruned.host, "host")):
+            if removed:
+                log.info("pruned %d task images from the %s engine", len(removed), engine)
     except Exception as exc:
         log.warning("pruning failed: %s: %s", type(exc).__name__, exc)

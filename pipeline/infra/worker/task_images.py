@@ -19,7 +19,9 @@ task files the digest covers are at hand: the policy names a dataset by digest, 
   that reference), its id is checked against the config digest of the manifest that digest names
   (fetched and re-hashed here), and it is moved into the sandbox engine by id (``images.sandbox_image``,
   as the runner is). The rendered task.toml then names the image by that id, so the trial runs on
-  exactly those bytes and nothing is ever pulled inside the sandbox.
+  exactly those bytes and nothing is ever pulled inside the sandbox. Given the batch's ``TaskImageUse``,
+  each host pull is recorded first (whether the host engine already had the image), so the prune can
+  remove the host engine's copies the worker made, and only those (``pipeline.infra.worker.prune``).
 
 A task built from ``environment/Dockerfile`` may build FROM a registry image pinned the same way
 (``pipeline.core.datasets.task_bases``; its registry admitted by ``check_task_bases``): ``load_task_bases``
@@ -45,6 +47,7 @@ from pipeline.core.registry_auth import AuthSession, registry_url, scope
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.worker.config import ImageRefused, InfraFailure
 from pipeline.infra.worker.images import sandbox_image
+from pipeline.infra.worker.prune import TaskImageUse
 
 _MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
                    "application/vnd.docker.distribution.manifest.v2+json")
@@ -81,10 +84,14 @@ def check_task_bases(policy: InfraPolicy, suite: str, dataset: Path,
     return found
 
 
-def _load_checked(host: Any, sandboxed: Any, task: str, ref: ImageRef) -> str:
-    """``ref`` pulled by digest, its id checked against its manifest's config, moved into the sandbox: its id."""
+def _load_checked(host: Any, sandboxed: Any, task: str, ref: ImageRef, use: TaskImageUse | None) -> str:
+    """``ref`` pulled by digest, its id checked against its manifest's config, moved into the sandbox: its id.
+    With ``use`` (a batch's), the host engine's copy is recorded first, so a prune may later remove it
+    (``prune.TaskImageUse.host_pull``: never an image the host engine had before)."""
     try:
         expected = config_digest(ref, host)
+        if use is not None:
+            use.host_pull(host, expected, ref.ref)
         image_id = sandbox_image(host, sandboxed, ref)
     except InfraFailure as exc:  # the registry lacks the digest, or cannot be reached: retried
         raise InfraFailure(f"task {task}: {exc}") from None
@@ -94,25 +101,26 @@ def _load_checked(host: Any, sandboxed: Any, task: str, ref: ImageRef) -> str:
     return image_id
 
 
-def load_task_bases(host: Any, sandboxed: Any, refs: dict[str, tuple[ImageRef, ...]]) -> dict[str, str]:
+def load_task_bases(host: Any, sandboxed: Any, refs: dict[str, tuple[ImageRef, ...]],
+                    use: TaskImageUse | None = None) -> dict[str, str]:
     """Each task's registry base (``check_task_bases``) in the sandbox by id: {name@sha256: image id}."""
     ids: dict[str, str] = {}
     for task, bases in sorted(refs.items()):
         for ref in bases:
             if ref.ref not in ids:
-                ids[ref.ref] = _load_checked(host, sandboxed, task, ref)
+                ids[ref.ref] = _load_checked(host, sandboxed, task, ref, use)
     return ids
 
 
-def load_task_images(host: Any, sandboxed: Any, suite_dir: Path,
-                     refs: dict[str, ImageRef]) -> dict[str, LoadedTaskImage]:
+def load_task_images(host: Any, sandboxed: Any, suite_dir: Path, refs: dict[str, ImageRef],
+                     use: TaskImageUse | None = None) -> dict[str, LoadedTaskImage]:
     """Pull each image by digest, check its id against its manifest, move it into the sandbox by id and
     point the rendered task.toml (in ``suite_dir``) at that id. Returns {task: loaded image}."""
     ids: dict[ImageRef, str] = {}
     loaded: dict[str, LoadedTaskImage] = {}
     for task, ref in sorted(refs.items()):
         if ref not in ids:
-            ids[ref] = _load_checked(host, sandboxed, task, ref)
+            ids[ref] = _load_checked(host, sandboxed, task, ref, use)
         set_docker_image(suite_dir / task / "task.toml", ids[ref])
         loaded[task] = LoadedTaskImage(ref=ref, image_id=ids[ref])
     return loaded
