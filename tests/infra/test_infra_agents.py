@@ -685,8 +685,9 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     internet and DNS are refused."""
     from pipeline.core.contracts import DispatchPayload
     from pipeline.imaging.build import ensure_local
+    from pipeline.infra.sandbox.agents import trial_usage
     from pipeline.infra.sandbox.engine_proxy import GATEWAY_LABEL
-    from pipeline.infra.sandbox.relay import GATEWAY_PORT
+    from pipeline.infra.sandbox.relay import GATEWAY_PORT, CallUsage
 
     base = base_refs["base"]
     ensure_local(base)
@@ -707,7 +708,8 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
                 # Started, probed with exec and removed with DELETE, as Harbor's compose does (an
                 # AutoRemove container's gateway goes when the proxy stops). The runner may not touch
                 # the gateway itself.
-                script = ('docker run -d --name "$1" "$2" sleep 300 >/dev/null; echo "run=$?"; '
+                script = ('docker run -d --name "$1" --label com.docker.compose.project="$1" "$2" sleep 300 >/dev/null; '
+                          'echo "run=$?"; '
                           'docker exec "$1" python3 -c "$3" "$4" "$5" "$6" "$7" "$8"; echo "exit=$?"; '
                           'gw=$(docker inspect -f \'{{index .Config.Labels "benchseal.engine-proxy.gateway"}}\' "$1"); '
                           'echo "gateway=$gw"; '
@@ -757,6 +759,11 @@ def test_trial_container_reaches_the_model_and_nothing_else(tmp_path: Path, make
     assert "bridge_exit=125" in output and "benchseal engine proxy" in output, output
     requests = [json.loads(x) for x in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert [(r["path"], r["status"]) for r in requests] == [("/v1/chat/completions", 200)]
+    # The gateway had a relay socket of its own, which counted the call under the container's compose project
+    # (its trial): the usage the model answered with, as the worker records it for a release's own agent.
+    trial = f"egress-trial-{run_label}".lower()
+    assert trial_usage(setup.usage, trial, [trial]) == CallUsage(1, requests[0]["prompt_tokens"],
+                                                                 requests[0]["completion_tokens"])
     # The gateway went with its container (waited for above), and nothing of the run is left.
     assert leftovers == []
     assert not [c for c in client.containers.list(all=True, filters={"label": GATEWAY_LABEL})

@@ -17,8 +17,11 @@
   run dir only, no privileged or host-namespace containers, pulls of the base only.
 
 * Trial containers: the engine proxy gives each one network ``none``, or, for a
-  model-backed agent, the network namespace of its own model gateway (the same
-  relay socket), so the model is ``127.0.0.1:GATEWAY_PORT`` there and nothing else is.
+  model-backed agent, the network namespace of its own model gateway, so the model is
+  ``127.0.0.1:GATEWAY_PORT`` there and nothing else is. Each gateway gets a relay socket of its
+  own (``GatewayRelays``), which counts the model usage it relays under the container's compose
+  project (its trial): the worker records a trial's model calls and tokens from there
+  (``RunnerAgentSetup.usage``), never from what the agent reports.
 
 Private directories (secrets, relay socket, engine socket) are created 0700 in
 the temp dir and held with an exclusive ``flock`` for their lifetime; they are
@@ -34,8 +37,11 @@ import contextlib
 import fcntl
 import logging
 import os
+import pwd
 import shutil
 import tempfile
+import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +50,7 @@ from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
 from pipeline.infra.intake.policy import AgentPolicy, InfraPolicy
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.sandbox.engine_proxy import EnginePolicy, EngineProxy, ModelGateway
-from pipeline.infra.sandbox.relay import UnixToTcpRelay
+from pipeline.infra.sandbox.relay import CallUsage, UnixToTcpRelay, UsageTally
 
 SECRETS_MOUNT = "/run/benchseal/secrets"
 MODEL_MOUNT = "/run/benchseal/model"
@@ -95,6 +101,38 @@ def reap_private_dirs(tmp: Path | None = None) -> list[Path]:
     return removed
 
 
+class GatewayRelays:
+    """A relay socket per model gateway, made when the engine proxy starts one (``ModelGateway.socket_for``), in
+    the relay's private directory: the same endpoint, key and rules as the runner's own socket, its usage counted
+    under the trial container's compose project. ``owner``: (uid, gid) the sockets are given to (the sandbox's
+    service user, which connects as container root)."""
+
+    def __init__(self, sockets: Path, host: str, port: int, *, tls: bool, model_path: str, api_key: str,
+                 usage: UsageTally, owner: tuple[int, int] | None) -> None:
+        self._sockets, self._host, self._port, self._tls = sockets, host, port, tls
+        self._model_path, self._api_key, self._usage, self._owner = model_path, api_key, usage, owner
+        self._lock = threading.Lock()
+        self.relays: list[UnixToTcpRelay] = []
+
+    def __call__(self, project: str) -> str:
+        with self._lock:
+            name = f"gateway-{len(self.relays) + 1}.sock"
+            relay = UnixToTcpRelay(self._sockets / name, self._host, self._port, tls=self._tls,
+                                   model_path=self._model_path, api_key=self._api_key, usage=self._usage,
+                                   usage_key=project.lower())
+            self.relays.append(relay)
+        if self._owner is not None:
+            os.chown(self._sockets / name, *self._owner)
+        relay.start()
+        return name
+
+    def stop(self) -> None:
+        with self._lock:
+            relays, self.relays = self.relays, []
+        for relay in relays:
+            relay.stop()
+
+
 @dataclass
 class RunnerAgentSetup:
     """Extra argv (names and paths only), volumes, and what to tear down afterwards."""
@@ -102,6 +140,9 @@ class RunnerAgentSetup:
     args: list[str] = field(default_factory=list)
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     relay: UnixToTcpRelay | None = None
+    gateways: GatewayRelays | None = None
+    # The model usage every relay of this setup counted, by trial container's compose project ("": the runner's own).
+    usage: UsageTally = field(default_factory=UsageTally)
     engine: EngineProxy | None = None
     dirs: list[Path] = field(default_factory=list)
     locks: list[int] = field(default_factory=list)  # flock'd fds of ``dirs`` (released by close or by death)
@@ -122,6 +163,9 @@ class RunnerAgentSetup:
         if self.relay is not None:
             self.relay.stop()
             self.relay = None
+        if self.gateways is not None:
+            self.gateways.stop()
+            self.gateways = None
         if self.engine is not None:
             self.engine.stop()
             self.engine = None
@@ -138,11 +182,26 @@ class RunnerAgentSetup:
         self.locks.clear()
 
 
+def trial_usage(usage: UsageTally, trial: str, trials: Sequence[str]) -> CallUsage | None:
+    """``trial``'s model usage as its containers' gateways counted it (None when no relay counted: the agent has no
+    model). A count's key is a compose project: the agent box's is the trial's name, the task environment's
+    ``<trial>__env``; each key goes to the one of ``trials`` (the batch's) it names most specifically."""
+    if not usage.counting:
+        return None
+    total = CallUsage()
+    for key, counted in usage.snapshot().items():
+        named = [t for t in trials if key == t.lower() or key.startswith(t.lower() + "__")]
+        if named and max(named, key=len) == trial:
+            total = total.plus(counted)
+    return total
+
+
 def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_dir: Path | None = None,
                          docker_socket: str = "/var/run/docker.sock",
                          pull_repositories: tuple[str, ...] = (), runner_image: str | None = None,
                          labels: dict[str, str] | None = None, sandbox_user: str | None = None,
-                         granted: Path | None = None) -> RunnerAgentSetup:
+                         granted: Path | None = None,
+                         usage: UsageTally | None = None) -> RunnerAgentSetup:
     """Secret files, the model relay, the agent arguments and (with ``run_dir``) the filtered engine socket.
 
     With a model and ``runner_image``, the engine proxy starts a model gateway (that image,
@@ -150,10 +209,11 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
     Everything the runner creates through the proxy carries ``labels`` too (the worker removes it by them).
     With ``sandbox_user`` (the rootless sandbox engine's service user, which is container root
     there), the private dirs' contents are that user's and the dirs get an ACL entry for it alone:
-    still 0700/0400 to everyone else, never world-readable.
+    still 0700/0400 to everyone else, never world-readable. ``usage``: where the relays count the model usage
+    (the caller's, so it outlives the setup; a new one otherwise).
     """
     entry, model = policy.agent(payload.agent, payload.suite)
-    setup = RunnerAgentSetup()
+    setup = RunnerAgentSetup(usage=usage if usage is not None else UsageTally())
     try:
         if isinstance(entry, AgentPolicy):  # a Harbor agent: the runner's Harbor must be that version
             setup.args += ["--agent-version", entry.version]
@@ -186,15 +246,21 @@ def prepare_runner_agent(policy: InfraPolicy, payload: DispatchPayload, *, run_d
             sockets = _private_dir("benchseal-model-", setup.locks)
             setup.dirs.append(sockets)
             host, port, tls = model.host_port
+            setup.usage.counting = True
             setup.relay = UnixToTcpRelay(sockets / MODEL_SOCKET, host, port, tls=tls, model_path=model.path,
-                                         api_key=os.environ[model.key_env])
+                                         api_key=os.environ[model.key_env], usage=setup.usage)
             setup.relay.start()
             setup.volumes[str(sockets)] = {"bind": MODEL_MOUNT, "mode": "rw"}
             setup.args += ["--model-socket", f"{MODEL_MOUNT}/{MODEL_SOCKET}", "--model-path", model.path or "/",
                            "--model-name", model.name]
             if runner_image is not None:
+                account = pwd.getpwnam(sandbox_user) if sandbox_user is not None else None
+                setup.gateways = GatewayRelays(sockets, host, port, tls=tls, model_path=model.path,
+                                               api_key=os.environ[model.key_env], usage=setup.usage,
+                                               owner=(account.pw_uid, account.pw_gid) if account else None)
                 gateway = ModelGateway(image=runner_image, socket_dir=sockets, mount=MODEL_MOUNT,
-                                       socket_name=MODEL_SOCKET, labels=dict(labels or {}))
+                                       socket_name=MODEL_SOCKET, labels=dict(labels or {}),
+                                       socket_for=setup.gateways)
         if run_dir is not None:
             engine = _private_dir("benchseal-engine-", setup.locks)
             setup.dirs.append(engine)

@@ -78,7 +78,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -117,6 +117,7 @@ from pipeline.infra.sandbox.relay import GATEWAY_PORT, _pump, _splice
 log = logging.getLogger("benchseal.engine_proxy")
 
 LABEL = "benchseal.engine-proxy"
+_PROJECT_LABEL = "com.docker.compose.project"  # a trial container's trial (Harbor's compose project, the agent box's)
 GATEWAY_LABEL = "benchseal.engine-proxy.gateway"  # on a gateway: "1"; on a trial container: its gateway's id
 _MAX_HEAD = 65536
 _MAX_BODY = 4 * 1024 * 1024
@@ -149,6 +150,9 @@ class ModelGateway:
 
 
 @dataclass
+    # A socket of the gateway's own, by the container's compose project (the worker counts each one's model usage:
+    # pipeline.infra.sandbox.agents.GatewayRelays); None: every gateway uses ``socket_name``.
+    socket_for: Callable[[str], str] | None = None
 class EnginePolicy:
     """What the runner may do through the proxy."""
 
@@ -605,7 +609,7 @@ class EngineProxy:
         spec["NetworkDisabled"] = False
         host["NetworkMode"] = "none"
         if self.policy.gateway is not None:
-            gateway = self._start_gateway(self.policy.gateway, name)
+            gateway = self._start_gateway(self.policy.gateway, name, str(labels.get(_PROJECT_LABEL) or ""))
             labels[GATEWAY_LABEL] = gateway
             host["NetworkMode"] = f"container:{gateway}"
             # What the engine refuses beside a container network mode (the gateway's namespace has them).
@@ -755,11 +759,12 @@ class EngineProxy:
 
     # --- model gateways ------------------------------------------------------------------
 
-    def _start_gateway(self, gateway: ModelGateway, name: str) -> str:
+    def _start_gateway(self, gateway: ModelGateway, name: str, project: str = "") -> str:
+        socket_name = gateway.socket_for(project) if gateway.socket_for is not None else gateway.socket_name
         spec = {
             "Image": gateway.image,
             "Entrypoint": ["python3", "-m", "pipeline.infra.sandbox.relay"],
-            "Cmd": [f"{gateway.mount}/{gateway.socket_name}", str(GATEWAY_PORT)],
+            "Cmd": [f"{gateway.mount}/{socket_name}", str(GATEWAY_PORT)],
             "Env": ["PYTHONDONTWRITEBYTECODE=1"],
             "Labels": {**gateway.labels, LABEL: self.policy.token, GATEWAY_LABEL: "1"},
             "HostConfig": {"NetworkMode": "none", "Binds": [f"{gateway.socket_dir}:{gateway.mount}:rw"],

@@ -25,6 +25,12 @@ streamed, chunked chat completion) is passed back byte for byte.
 
 The model key lives only here: the sandbox holds a placeholder, the relay drops every credential
 header the request carries and adds the real one (``UnixToTcpRelay(api_key=...)``).
+
+Model usage is counted here too, on the side the agent cannot reach: each answer the upstream sends
+back is also read (``answer_usage``: h11 parses the response, the body's ``usage``, or a stream's last
+event that carries one), and a successful call is added to a ``UsageTally`` under the key its listener
+was made for (a trial container's gateway: its compose project, ``pipeline.infra.sandbox.agents``).
+Whatever the agent says about its own tokens is never read.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +66,102 @@ _NOT_FORWARDED = frozenset({"host", "content-length", "connection", "keep-alive"
 _CREDENTIAL_HEADERS = frozenset({"authorization", "api-key", "x-api-key"})
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+# What of one answer is kept to count its usage (the answer itself is passed on whole, whatever its size).
+MAX_COUNTED_ANSWER = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """Model usage: successful calls, and the tokens of those whose answer reported them (None: none did)."""
+
+    calls: int = 0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    def plus(self, other: CallUsage) -> CallUsage:
+        def add(a: int | None, b: int | None) -> int | None:
+            return None if a is None and b is None else (a or 0) + (b or 0)
+        return CallUsage(self.calls + other.calls, add(self.input_tokens, other.input_tokens),
+                         add(self.output_tokens, other.output_tokens))
+
+
+class UsageTally:
+    """Model usage per key (a trial container's compose project; ``""`` for the runner's own socket), added to by
+    every relay listener that shares it, read by the worker when it records a trial."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_key: dict[str, CallUsage] = {}
+        self.counting = False  # a relay counts into it (the agent is model-backed): no call is then zero calls
+
+    def add(self, key: str, usage: CallUsage) -> None:
+        with self._lock:
+            self._by_key[key] = self._by_key.get(key, CallUsage()).plus(usage)
+
+    def snapshot(self) -> dict[str, CallUsage]:
+        with self._lock:
+            return dict(self._by_key)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _usage_of(document: object) -> tuple[int, int] | None:
+    """(input, output) tokens of a chat completion (or a stream's chunk) that carries ``usage``."""
+    usage = document.get("usage") if isinstance(document, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    inp = _count(usage.get("prompt_tokens", usage.get("input_tokens")))
+    out = _count(usage.get("completion_tokens", usage.get("output_tokens")))
+    return (inp, out) if inp is not None and out is not None else None
+
+
+def answer_usage(answer: bytes) -> CallUsage | None:
+    """The usage of one upstream answer (HTTP/1.x, any framing h11 reads: Content-Length, chunked or up to the
+    close): None unless its status is 2xx; a successful call whose tokens are unknown when its body (a JSON
+    completion, or Server-Sent Events whose last event with a ``usage`` counts) reports none."""
+    conn = h11.Connection(h11.CLIENT)
+    conn.send(h11.Request(method="POST", target="/", headers=[("Host", "model"), ("Content-Length", "0")]))
+    conn.send(h11.EndOfMessage())
+    conn.receive_data(answer)
+    conn.receive_data(b"")
+    status, body = None, bytearray()
+    try:
+        while not isinstance(event := conn.next_event(), (h11.EndOfMessage, h11.ConnectionClosed)):
+            if event is h11.NEED_DATA or event is h11.PAUSED:
+                break
+            if isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                body += event.data
+    except h11.RemoteProtocolError:
+        pass  # a truncated or malformed answer: what was read so far counts
+    if status is None or not 200 <= status < 300:
+        return None
+    found: tuple[int, int] | None = None
+    try:
+        found = _usage_of(json.loads(body))
+    except ValueError:
+        for line in bytes(body).splitlines():
+            data = line.removeprefix(b"data:").strip() if line.startswith(b"data:") else b""
+            if not data or data == b"[DONE]":
+                continue
+            try:
+                found = _usage_of(json.loads(data)) or found
+            except ValueError:
+                continue
+    return CallUsage(1, *found) if found is not None else CallUsage(1)
+
+
+def _pump(src: socket.socket, dst: socket.socket, keep: bytearray | None = None) -> None:
     try:
         while True:
             data = src.recv(_BUF)
             if not data:
                 break
+            if keep is not None and len(keep) < MAX_COUNTED_ANSWER:
+                keep += data[:MAX_COUNTED_ANSWER - len(keep)]
             dst.sendall(data)
     except OSError:
         pass
@@ -321,10 +418,14 @@ class UnixToTcpRelay(_Relay):
     """
 
     def __init__(self, socket_path: Path, host: str, port: int, *, model_path: str, tls: bool = False,
-                 timeout: float = 30.0, api_key: str | None = None) -> None:
+                 timeout: float = 30.0, api_key: str | None = None, usage: UsageTally | None = None,
+                 usage_key: str = "") -> None:
         if api_key is not None and (not api_key or any(ord(c) < 0x21 or ord(c) > 0x7E for c in api_key)):
             raise ValueError("the model key must be printable ASCII without spaces")
         self.api_key = api_key
+        # Each answer's usage goes to ``usage`` under ``usage_key`` (the module docstring); a new tally otherwise.
+        self.usage = usage if usage is not None else UsageTally()
+        self.usage_key = usage_key
         self.model_target = model_path.rstrip("/") + "/chat/completions"
         self.authority = host if port == (443 if tls else 80) else f"{host}:{port}"
         self.refused: list[str] = []  # the rule each refused request broke, in order
@@ -361,14 +462,18 @@ class UnixToTcpRelay(_Relay):
             upstream = self._connect()
         except OSError:
             return
+        answer = bytearray()
         try:
             upstream.sendall(request)
-            _pump(upstream, client)
+            _pump(upstream, client, answer)
         except OSError:
             pass
         finally:
             with contextlib.suppress(OSError):
                 upstream.close()
+        counted = answer_usage(bytes(answer))
+        if counted is not None:
+            self.usage.add(self.usage_key, counted)
 
 
 class TcpToUnixRelay(_Relay):

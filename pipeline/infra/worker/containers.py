@@ -27,6 +27,7 @@ from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.queue.sql import Queue, RunRecord
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.sandbox.agents import RunnerAgentSetup, prepare_runner_agent
+from pipeline.infra.sandbox.relay import UsageTally
 from pipeline.infra.worker.config import InfraFailure, WorkerConfig
 from pipeline.infra.worker.grading import RunnerInfo
 from pipeline.runner.tunings import DISABLE_ENV
@@ -247,6 +248,8 @@ class _BatchRun:
     attempts: int = 1  # trials per task the run was planned with (the suite's ``attempts``)
     # Called about once a second while the container runs, with what it runs (records finished trials).
     on_poll: Callable[[RunnerInfo], None] | None = None
+    # Where the model relays count the batch's model usage (the recorder's: it outlives the relays).
+    usage: UsageTally | None = None
 
 
 def _run_container(
@@ -273,7 +276,7 @@ def _run_container(
                                        docker_socket=sandbox_url(config).removeprefix("unix://"),
                                        runner_image=engines.runner_id,
                                        labels={LABEL_RUN: run_id, LABEL_BATCH: batch.label},
-                                       sandbox_user=sandbox.default_sandbox().user,
+                                       sandbox_user=sandbox.default_sandbox().user, usage=batch.usage,
                                        granted=batch.out_dir)
     try:
         return _run_started_container(engines, record, runner_ref, run_dir, config, command, agent_setup,

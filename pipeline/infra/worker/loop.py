@@ -69,7 +69,8 @@ from pipeline.infra.queue.sql import (
     open_queue,
 )
 from pipeline.infra.sandbox import engine as sandbox
-from pipeline.infra.sandbox.agents import reap_private_dirs
+from pipeline.infra.sandbox.agents import reap_private_dirs, trial_usage
+from pipeline.infra.sandbox.relay import UsageTally
 from pipeline.infra.worker.config import Finalizer, ImageRefused, InfraFailure, RunOutcome, WorkerConfig, now_utc
 from pipeline.infra.worker.containers import (
     LABEL_BATCH,
@@ -450,7 +451,8 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
                 engines, record, runner_ref, run_dir, config, policy,
                 _BatchRun(suite_dir=out / "suite", out_dir=out, name=_batch_container_name(run_id, token),
                           trial_names=names, concurrency=concurrency, label=batch_label(token),
-                          on_poll=recorder.on_poll, attempts=batch_attempts(run_id, batch.trials)))
+                          on_poll=recorder.on_poll, attempts=batch_attempts(run_id, batch.trials),
+                          usage=recorder.usage))
         except (ValidationError, ImageRefused, InfraFailure, CheckFailed, InfrastructureError) as exc:
             log.error("run %s: batch %s failed: %s", run_id, list(names), exc)
             return recorder.fail_rest(f"{type(exc).__name__}: {exc}")
@@ -563,6 +565,8 @@ class _BatchRecorder:
     dataset_digest: str | None = None
     # {task: name@sha256} of the batch's tasks that ran on a prebuilt image (recorded with each trial).
     task_images: dict[str, str] = field(default_factory=dict)
+    # The model usage the batch's relays counted (pipeline.infra.sandbox.agents.trial_usage).
+    usage: UsageTally = field(default_factory=UsageTally)
 
     @property
     def tasks(self) -> set[str]:
@@ -584,6 +588,13 @@ class _BatchRecorder:
             graded = grade_trial(path, trial.task, trial.trial_name, agent, runner,
                                  plan.harbor_version if plan else None, canary=trial.task in self.canaries,
                                  task_image=self.task_images.get(trial.task))
+            if self.batch.run.payload.agent_artifact is not None:
+                # A release's own agent: its model usage as the relays counted it, never what it reported itself.
+                counted = trial_usage(self.usage, trial.trial_name, [t.trial_name for t in self.batch.trials])
+                graded = graded.model_copy(update={
+                    "model_calls": counted.calls if counted else None,
+                    "input_tokens": counted.input_tokens if counted else None,
+                    "output_tokens": counted.output_tokens if counted else None})
             todo[trial.idx] = RecordedTrial(
                 trial=graded, failure=failure if final else None, agent_version=plan.agent_version if plan else None,
                 model=plan.model if plan else None, host=socket.gethostname(), batch_dir=str(self.out),
