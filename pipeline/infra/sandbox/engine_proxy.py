@@ -147,12 +147,12 @@ class ModelGateway:
     mount: str  # where the gateway sees it
     socket_name: str
     labels: dict[str, str] = field(default_factory=dict)  # e.g. the worker's run label (leftover cleanup)
-
-
-@dataclass
     # A socket of the gateway's own, by the container's compose project (the worker counts each one's model usage:
     # pipeline.infra.sandbox.agents.GatewayRelays); None: every gateway uses ``socket_name``.
     socket_for: Callable[[str], str] | None = None
+
+
+@dataclass
 class EnginePolicy:
     """What the runner may do through the proxy."""
 
