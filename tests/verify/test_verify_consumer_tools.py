@@ -187,6 +187,15 @@ def test_each_tool_refuses_a_wrong_pin(published: tuple[Path, dict[str, str]], t
         cwd = copy
     else:
         edited = [_edit(tool, pin, line) for line in lines]
+        edited = [new for new, old in zip(edited, lines, strict=True) if new != old]
+        cwd = release
+    assert edited, f"no {tool} line states the {pin}"
+    for line, done in zip(edited, run(edited, cwd, env), strict=True):
+        output = done.stderr + done.stdout
+        assert done.returncode != 0, f"accepted: {line}\n{output}"
+        assert re.search(REASONS[tool, pin], output, re.DOTALL), f"{line}\n{output}"
+
+
 # --- gh and the runner's test-result referrer (the body's image block) ---------------------------------------
 
 def image_block(body: str) -> list[str]:
@@ -228,15 +237,6 @@ def test_gh_finds_the_runner_s_test_result_as_printed_and_refuses_a_wrong_pin(
         refused_type.stderr
     assert refused_identity.returncode != 0 and re.search(_GH_SIGNATURE, refused_identity.stderr), \
         refused_identity.stderr
-
-
-        edited = [new for new, old in zip(edited, lines, strict=True) if new != old]
-        cwd = release
-    assert edited, f"no {tool} line states the {pin}"
-    for line, done in zip(edited, run(edited, cwd, env), strict=True):
-        output = done.stderr + done.stdout
-        assert done.returncode != 0, f"accepted: {line}\n{output}"
-        assert re.search(REASONS[tool, pin], output, re.DOTALL), f"{line}\n{output}"
 
 
 # --- benchseal sigstore-js: its usage errors, and no pass without the signature over SHA256SUMS --------------
