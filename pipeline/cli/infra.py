@@ -57,12 +57,16 @@ def accept(
     # lazy: pipeline.infra.intake.accept (jsonschema, yaml) costs 62 ms at CLI start (bench/cli.py, 2026-12-03)
     from pipeline.infra.intake.accept import accept_payload
     from pipeline.infra.intake.policy import load_policy
-    from pipeline.infra.intake.policy_home import check_policy_home
+    from pipeline.infra.intake.policy_home import check_loaded_policy, check_policy_home
 
     if policy_digest is not None:
         policy_path = check_policy_home(policy_path, policy_digest)
     policy = load_policy(policy_path)
-    result = accept_payload(_read_payload(payload, policy.max_payload_bytes), db=db, policy=policy)
+    if policy_digest is not None and policy_path is not None:
+        check_loaded_policy(policy, policy_path, policy_digest)  # the bytes parsed are the bytes checked
+    # The checked digest goes with the run: the worker runs and grades it only under that policy.
+    result = accept_payload(_read_payload(payload, policy.max_payload_bytes), db=db, policy=policy,
+                            policy_digest=policy_digest)
     if as_json:
         typer.echo(json.dumps({"run_id": result.run_id, "created": result.created}, sort_keys=True))
     else:

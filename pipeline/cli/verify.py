@@ -1,4 +1,4 @@
-"""``benchseal verify DIR --repo OWNER/NAME --tag TAG [--infra-repo OWNER/INFRA] [--builder OWNER/REPO@REF] [--policy FILE] [--trusted-root FILE] [--offline] [--images]``,
+"""``benchseal verify DIR --repo OWNER/NAME --tag TAG [--infra-repo OWNER/INFRA] [--builder OWNER/REPO@REF] [--policy FILE] [--infra-policy-digest sha256:HEX] [--trusted-root FILE] [--offline] [--images]``,
 or ``benchseal verify OWNER/REPO@TAG [--token-file FILE] ...`` (the same options, without --repo and --tag).
 
 The argument is a directory when that path exists; otherwise ``OWNER/REPO@TAG`` names a GitHub
@@ -54,6 +54,10 @@ _BUILDER = typer.Option(None, "--builder", help="The builder OWNER/REPO@REF: ben
                                                 "its benchmark.yml must have sealed the evidence for --infra-repo "
                                                 "(required by the production profile unless the policy pins "
                                                 "expect.builder), its release.yml signed the --images.")
+_POLICY_DIGEST = typer.Option(None, "--infra-policy-digest", help="sha256:HEX of the infra repository's "
+                                                                     "policies/infra.yaml you expect the run was run and "
+                                                                     "graded under (summary.json policy_digest): "
+                                                                     "another one, or none, is refused.")
 _ROOT = typer.Option(None, "--trusted-root", help="Sigstore trusted_root.json (selects the local profile).")
 _IMAGES = typer.Option(False, "--images", help="Also check, with cosign in their registry, that the runner and api "
                                               "images carry the signature and both attestations of the builder's "
@@ -80,6 +84,7 @@ def verify(
     image_workflow: str | None = _IMAGE_WORKFLOW,
     image_ref: str = _IMAGE_REF,
     token_file: Path | None = _TOKEN_FILE,
+    infra_policy_digest: str | None = _POLICY_DIGEST,
 ) -> None:
     """Verify every bundle, every checksum and the bindings of the release of --repo at --tag (DIR), or of
     the GitHub release OWNER/REPO@TAG; print what was verified and its score."""
@@ -90,7 +95,7 @@ def verify(
               release_tag: str | None) -> tuple[VerifiedRelease, str | None, ReleaseSummary]:
         done = verify_release(directory, repository=repository, tag=release_tag, policy=policy,
                               trusted_root=trusted_root, offline=offline, profile=profile,
-                              infra_repository=infra_repo, builder=builder)
+                              infra_repository=infra_repo, builder=builder, infra_policy_digest=infra_policy_digest)
         images_identity = _verify_images(done, trusted_root, image_workflow, image_ref) if images else None
         return done, images_identity, load_summary(done.directory)  # read only once every check passed
 
@@ -136,7 +141,9 @@ def verify(
                f"  repository: {done.repository}\n"
                f"  tag:        {done.tag}\n"
                f"  commit:     {done.commit}\n"
-               f"  bundles:    {len(done.bundles)} ({done.profile} profile)"
+               f"  bundles:    {len(done.bundles)} ({done.profile} profile)\n"
+               f"  policy:     {done.policy_digest or 'none recorded'} (the infra policy it ran and was graded under"
+               + (", as pinned)" if infra_policy_digest else ")")
                + (f"\n  images:     runner and api by {images_identity}" if images_identity else ""))
     typer.echo(_score_table(summary))
 

@@ -55,7 +55,7 @@ def worker(
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
     # lazy: pipeline.infra.worker.loop (docker, sigstore, harbor) costs 891 ms at CLI start (bench/cli.py, 2026-12-03)
-    from pipeline.infra.intake.policy import load_policy
+    from pipeline.infra.intake.policy_home import PolicySource
     from pipeline.infra.worker.dataset import check_policy_datasets
     from pipeline.infra.worker.loop import WorkerConfig, run_forever, run_once
 
@@ -64,8 +64,10 @@ def worker(
     runs_dir = _open_queue_first(db, queue_url_file)
     engine = _checked_sandbox_engine(sandbox_engine, runs_dir)
 
-    policy = load_policy(policy_path)
-    config = WorkerConfig(db=db, policy=policy, base_ref=base_ref, term_grace_seconds=term_grace,
+    # The installed policy, re-read at every claim: a policy installed later is used without a restart.
+    source = PolicySource(policy_path)
+    policy = source.current()
+    config = WorkerConfig(db=db, policy=policy, policy_source=source, base_ref=base_ref, term_grace_seconds=term_grace,
                           image_trust=sigstore_endpoints(sigstore_url, trusted_root), trial_batch=trial_batch,
                           sandbox_engine=engine)
     if keep_task_images is not None:

@@ -594,6 +594,9 @@ class Grading(_Frozen):
     dataset_digest: Digest | None = None
     # The payload's subset of the dataset's tasks (None: every task), recorded in summary.json and the history key.
     subset: tuple[str, ...] | None = None
+    # The sha256 of the infra policy file the worker loaded to run and grade the run (``InfraPolicy.digest``);
+    # None for a policy not read from a file. Recorded in summary.json, the test result and the release body.
+    policy_digest: Digest | None = None
     runner_ref: PinnedRef
     api_ref: PinnedRef
     started_at: str

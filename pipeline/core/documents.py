@@ -322,6 +322,10 @@ class ReleaseSummary(_Document):
     # The previous scored release of the repository, what changed and the regression gate's verdict
     # (``pipeline.core.history``; ``benchseal verify`` recomputes it). Absent before it existed.
     comparison: Comparison | None = None
+    # The sha256 of the infra policy file the worker loaded to run and grade the run (the infra repository's
+    # policies/infra.yaml: ``sha256sum`` of it, prefixed); absent before it was recorded, or for a policy not read
+    # from a file. ``benchseal verify --infra-policy-digest`` holds it to the consumer's pin.
+    policy_digest: Digest | None = Field(default=None, exclude_if=lambda v: v is None)
 
     @model_validator(mode="after")
     def _scored(self) -> ReleaseSummary:
@@ -646,7 +650,8 @@ def task_outcomes(tasks: dict[str, TaskCounts] | None) -> dict[TestOutcome, tupl
 
 def result_configuration(summary: ReleaseSummary) -> tuple[ResultDescriptor, ...]:
     """What the run was configured with: the suite (its evaluation method and Harbor), the dataset
-    (the suite directory's sha256) and the agent (the release's own by package URL and integrity)."""
+    (the suite directory's sha256), the agent (the release's own by package URL and integrity) and, when
+    summary.json records it, the infra policy the worker ran and graded it under (its file's sha256)."""
     suite_notes = {"evaluationMethod": summary.evaluation_method}
     if summary.harbor_version:
         suite_notes["harborVersion"] = summary.harbor_version
@@ -672,6 +677,9 @@ def result_configuration(summary: ReleaseSummary) -> tuple[ResultDescriptor, ...
                          digest=dataset_digest,
                          annotations=None if dataset_digest is not None or revision is None else {"revision": revision}),
         agent_descriptor,
+        *((ResultDescriptor(name="policy", uri=f"{BENCHSEAL_URI}/policies/infra.yaml",
+                            digest={"sha256": summary.policy_digest.removeprefix("sha256:")}),)
+          if summary.policy_digest is not None else ()),
     )
 
 

@@ -210,6 +210,11 @@ class TestResultMismatch(ReleaseRefused):
     __test__ = False  # a name pytest would otherwise collect
 
 
+class PolicyDigestMismatch(ReleaseRefused):
+    """The consumer pinned the infra policy (``--infra-policy-digest``) and summary.json records another one, or
+    none."""
+
+
 class DatasetRefused(CheckFailed):
     """A dataset directory breaks a rule of ``pipeline.core.datasets`` (a link, a special file, a name,
     no task): one line naming the path and the rule, and nothing of it is run."""
@@ -226,6 +231,12 @@ class DatasetDigestMismatch(DatasetRefused):
     """A staged dataset's bytes are not the ones its pinned digest names."""
 
     what = "dataset"
+
+
+class PolicyRefused(CheckFailed):
+    """The infra policy a worker would run with is not one it may use: the policy file changed and no longer
+    loads (no work is claimed; the policy loaded before is never used instead), or the run was accepted under
+    another policy than the one loaded (the run fails, nothing of it runs)."""
 
 
 class InfrastructureError(Error):

@@ -127,8 +127,17 @@ def _read(path: Path, max_bytes: int, field: str) -> bytes:
 
 def load_yaml(path: Path, *, what: str = "policy", max_bytes: int = MAX_BYTES) -> Any:
     """The one document in ``path``, under every bound of the module docstring."""
+    return load_yaml_bytes(path, what=what, max_bytes=max_bytes)[0]
+
+
+def load_yaml_bytes(path: Path, *, what: str = "policy", max_bytes: int = MAX_BYTES) -> tuple[Any, bytes]:
+    """``load_yaml``, and the exact bytes it parsed (a digest of the document read, not of a second read)."""
     field = f"{what} {path}"
     raw = _read(path, max_bytes, field)
+    return _parse(raw, field), raw
+
+
+def _parse(raw: bytes, field: str) -> Any:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -99,6 +99,7 @@ def build_summary(grading: Grading, payload: DispatchPayload, *, harbor_version:
         interval=interval,
         tasks=tasks,
         comparison=comparison,
+        policy_digest=grading.policy_digest,  # the policy file the worker ran and graded under
     )
 
 

@@ -675,12 +675,13 @@ class _Installer:
     def _policy_step(self) -> str:
         if self.o.infra_checkout is not None:
             changed = any(a.path == POLICY_FILE and a.action in ("created", "updated") for a in self.actions)
-            restart = (" The policy changed: restart the worker, which reads it when it starts "
-                       "(`systemctl try-restart benchseal-worker`)." if changed else "")
+            # The worker hashes the file at every claim and loads a changed one (pipeline.infra.intake.policy_home).
+            reload = (" The policy changed: the running worker uses it from its next claim, without a restart (a "
+                      "policy that does not load stops its claims, named in its log)." if changed else "")
             return (f"The policy {POLICY_FILE} and {SUITES_DIR} are the infra repository's ({self.o.infra_checkout}): "
                     "after each change to policies/infra.yaml or suites/ there, pull and run host install again with "
                     "--infra-checkout (until then accept refuses every run, naming both policy digests). Never edit "
-                    "the host's copy." + restart)
+                    "the host's copy." + reload)
         return (f"Install the infra repository's policy and suites (their one home; accept refuses a policy at "
                 f"{POLICY_FILE} that is not the dispatching commit's): clone the infra repository on this host and "
                 "run host install again with --infra-checkout DIR.")

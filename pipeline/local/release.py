@@ -354,9 +354,11 @@ def _release_local(
     dist = dist or REPO_ROOT / "dist" / "releases"
     work = state_dir("release", tag)
     # The policy this run is accepted, graded, sealed and published under, where the report points at it.
-    policy_record = admission.to_json_dict(admission.write(work)) if admission is not None else None
-    if policy_record is not None:
+    written = admission.write(work) if admission is not None else None
+    policy_record = admission.to_json_dict(written) if admission is not None else None
+    if written is not None and policy_record is not None:
         _say(console, f"Local infra policy written to {policy_record['path']} (sha256 {policy_record['sha256']})")
+        policy = load_policy(written)  # the file written, so the evidence records its digest
     with StageClock(console) as clock, ExitStack() as stack:
         with clock.stage("setup", "Private Sigstore instance"):
             instance = sigstore_local.ensure_running()  # starts the instance unless it answers
@@ -371,7 +373,8 @@ def _release_local(
                                 tasks=tasks)
         source = payload.source.model_dump()
         with clock.stage("dispatch", "Dispatching to infra accept"):
-            accepted = accept_payload(payload.to_json_dict(), policy=policy)
+            # As the production accept step: the run goes with the policy's digest, the worker's must equal it.
+            accepted = accept_payload(payload.to_json_dict(), policy=policy, policy_digest=policy.digest)
         run_id = accepted.run_id
 
         # The worker grades and signs nothing, as the infra host's service does. Then the run is sealed

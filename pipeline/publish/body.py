@@ -72,6 +72,8 @@ class SectionFacts:
     comparison: Comparison | None = None
     # Each trial not resolved: (task, what, the grading rule's one-line reason); a canary's "what" says so.
     failed_trials: tuple[tuple[str, str, str], ...] = ()
+    # The sha256 of the infra policy file the run was run and graded under (summary.json policy_digest).
+    policy_digest: str | None = None
 
 
 def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) -> SectionFacts:
@@ -120,6 +122,7 @@ def facts_from_summary(summary: ReleaseSummary | Mapping[str, Any], tag: str) ->
         comparison=summary.comparison,
         failed_trials=tuple((t.task, "canary, not scored" if t.canary else t.outcome, t.reason or "no reason recorded")
                             for t in summary.timings.trials if t.outcome != "resolved"),
+        policy_digest=summary.policy_digest,
     )
 
 
@@ -306,6 +309,7 @@ def render_section(facts: SectionFacts, verify_commands: Sequence[str] = (), ima
         *([("Agent package", markdown_cell(facts.agent_release))] if facts.agent_release else []),
         ("Source", f"{markdown_cell(facts.source_repository)} @ {_code(facts.source_commit)}"),
         ("Infra run id", _code(facts.run_id)),
+        *([("Infra policy (sha256 of policies/infra.yaml)", _code(facts.policy_digest))] if facts.policy_digest else []),
         ("Correlation id", _code(facts.correlation_id)),
         *([("Workers (trials run; grader)", markdown_cell(facts.workers))] if facts.workers else []),
     ]

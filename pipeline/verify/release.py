@@ -22,7 +22,9 @@ from the release.
    each trial is graded again with the worker's rule (``pipeline.core.scoring``) and summary.json's
    trials, counts and score must be exactly that;
 5. ``test-result.intoto.json``, the result as in-toto's test-result attestation, is what that
-   summary.json gives (``pipeline.verify.testresult``).
+   summary.json gives (``pipeline.verify.testresult``);
+6. when the consumer pins the infra policy (``infra_policy_digest``), summary.json records exactly that
+   digest as the policy the run was run and graded under.
 
 The first failure raises the ``ReleaseRefused`` subclass of its rule (``pipeline.core.errors``), naming the
 file. The Sigstore boundary is typed with sigstore-python's own classes (``Verifier``, ``VerificationPolicy``,
@@ -48,7 +50,7 @@ from sigstore.verify.policy import VerificationPolicy
 from sigstore_models.common.v1 import HashAlgorithm
 
 from pipeline.core import strictjson
-from pipeline.core.digests import ImageRef, parse_ref
+from pipeline.core.digests import ImageRef, parse_ref, validate_digest
 from pipeline.core.documents import DigestSet, ProvenanceStatement, ReleaseSummary, TrialResults, parse_document
 from pipeline.core.errors import (
     BundleInvalid,
@@ -60,6 +62,7 @@ from pipeline.core.errors import (
     EvidenceMissing,
     ImageEvidenceMismatch,
     NotValidJson,
+    PolicyDigestMismatch,
     ProvenanceMismatch,
     ReleaseRefused,
     SignatureRefused,
@@ -102,7 +105,7 @@ from pipeline.verify.archive import verify_evidence_archive
 from pipeline.verify.policy import Builder, Expectation, expectation
 from pipeline.verify.testresult import check_test_result
 
-__all__ = ["VerifiedRelease", "check_summary", "select_profile", "signer_policy", "verify_release"]
+__all__ = ["VerifiedRelease", "check_policy_pin", "check_summary", "select_profile", "signer_policy", "verify_release"]
 
 INTOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 GITHUB_SERVER = "https://github.com"  # the source repository URI's prefix (the identities' too)
@@ -124,13 +127,15 @@ class VerifiedRelease:
     infra_repository: str | None = None
     workflow_repository: str | None = None  # the caller the signer's certificate names (when pinned)
     workflow_ref: str | None = None
+    # The infra policy the run was run and graded under, as the verified summary.json records it.
+    policy_digest: str | None = None
 
     def to_json_dict(self) -> dict[str, object]:
         return {"directory": str(self.directory), "profile": self.profile, "identity": self.identity,
                 "issuer": self.issuer, "repository": self.repository, "tag": self.tag, "commit": self.commit,
                 "bundles": list(self.bundles), "builder": None if self.builder is None else str(self.builder),
                 "infra_repository": self.infra_repository, "workflow_repository": self.workflow_repository,
-                "workflow_ref": self.workflow_ref}
+                "workflow_ref": self.workflow_ref, "policy_digest": self.policy_digest}
 
 
 def select_profile(profile: str | None, trusted_root: Path | None) -> str:
@@ -474,7 +479,7 @@ def verify_trial_results(directory: Path, summary: ReleaseSummary) -> None:
 def verify_release(directory: Path, *, repository: str | None = None, tag: str | None = None,
                    policy: Path | None = None, trusted_root: Path | None = None, offline: bool = False,
                    profile: str | None = None, infra_repository: str | None = None,
-                   builder: str | Builder | None = None) -> VerifiedRelease:
+                   builder: str | Builder | None = None, infra_policy_digest: str | None = None) -> VerifiedRelease:
     """Verify ``directory`` as the release of ``repository`` at ``tag``, sealed for
     ``infra_repository`` by ``builder``'s reusable benchmark.yml when the profile names them
     (production: both required).
@@ -482,8 +487,12 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
     ``repository`` and ``tag`` (or ``expect:`` in ``policy``) are required: without them a
     ValidationError (usage, exit 2) is raised before anything is read. Raise the ``ReleaseRefused``
     subclass of the first rule that fails, naming its file; return what was verified.
+    ``infra_policy_digest``: the consumer's pin of the infra policy (``sha256:HEX`` of the infra repository's
+    policies/infra.yaml) summary.json must record.
     """
     directory = Path(directory)
+    if infra_policy_digest is not None:
+        validate_digest(infra_policy_digest, "--infra-policy-digest")  # usage: before anything is read
     expect = expectation(policy, select_profile(profile, trusted_root), repository=repository, tag=tag,
                          infra_repository=infra_repository, builder=builder)
     if not directory.is_dir():
@@ -512,7 +521,17 @@ def verify_release(directory: Path, *, repository: str | None = None, tag: str |
     verify_consistency(directory, summary, expect.repository, expect.tag, commit)
     verify_trial_results(directory, summary)
     check_test_result(directory, summary, infra_repository=expect.infra_repository)
+    check_policy_pin(summary, infra_policy_digest)
     return VerifiedRelease(directory=directory, profile=expect.profile, identity=expect.identity,
                            issuer=expect.issuer, repository=expect.repository, tag=expect.tag, commit=commit,
                            bundles=tuple(bundles), builder=expect.builder, infra_repository=expect.infra_repository,
-                           workflow_repository=expect.workflow_repository, workflow_ref=expect.workflow_ref)
+                           workflow_repository=expect.workflow_repository, workflow_ref=expect.workflow_ref,
+                           policy_digest=summary.policy_digest)
+
+
+def check_policy_pin(summary: ReleaseSummary, pinned: str | None) -> None:
+    """PolicyDigestMismatch unless summary.json records the consumer's pinned infra policy (no pin: any)."""
+    if pinned is not None and summary.policy_digest != pinned:
+        recorded = summary.policy_digest or "no infra policy digest"
+        raise PolicyDigestMismatch(f"{SUMMARY}: policy_digest: the run was run and graded under {recorded}, not the "
+                                   f"infra policy you pinned ({pinned})", subject=SUMMARY)

@@ -25,6 +25,7 @@ import pytest
 
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.errors import CheckFailed
+from pipeline.infra.intake.policy_home import policy_digest, policy_file
 from pipeline.publish.body import END, START, markdown_cell
 from tests.fixtures.homes import fresh_home
 from tests.fixtures.parallel import POLICY_MODEL_PORT
@@ -65,6 +66,10 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     assert {p.name for p in release.iterdir()} == listed | {"body.md", "SHA256SUMS", "SHA256SUMS.sigstore.json"}
     body = (release / "body.md").read_text()
     assert body.count(START) == 1 and body.count(END) == 1 and report["run_id"] in body
+    # The infra policy the worker ran and graded under, by its file's sha256, in the signed evidence (issue 38.7).
+    policy = "sha256:" + report["policy"]["sha256"] if report.get("policy") else policy_digest(policy_file(None))
+    assert json.loads((release / "summary.json").read_text())["policy_digest"] == policy
+    assert f"| Infra policy (sha256 of policies/infra.yaml) | `{policy}` |" in body
     # A fresh home: the repository's first scored release, nothing to compare with, not gated.
     assert report["comparison"]["previous"] is None and report["comparison"]["gated"] is False
     assert "| Compared with | nothing: the repository's first scored release of this suite |" in body
@@ -99,8 +104,9 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     root = local_home / "sigstore" / "trusted_root.json"
     # Signed exactly as production would be (GitHub Actions identities), under the local root only.
     done = verify_release(release, repository=source_repo, tag=TAG, profile="production", infra_repository=INFRA,
-                          builder=BUILDER, trusted_root=root, offline=True)
+                          builder=BUILDER, trusted_root=root, offline=True, infra_policy_digest=policy)
     assert (done.repository, done.tag, done.commit) == (source_repo, TAG, report["source"]["commit"])
+    assert done.policy_digest == policy
     assert (done.identity, done.workflow_repository, done.workflow_ref) == (SEAL_IDENTITY, INFRA, "refs/heads/main")
     assert done.issuer == "https://token.actions.githubusercontent.com"
     with pytest.raises(CheckFailed):  # the private instance's plain identity is not what signed it

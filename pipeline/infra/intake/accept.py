@@ -171,12 +171,14 @@ def validate_payload(data: bytes | dict[str, Any], policy: InfraPolicy | None = 
 
 
 def accept_payload(
-    data: bytes | dict[str, Any], *, db: Path | None = None, policy: InfraPolicy | None = None
+    data: bytes | dict[str, Any], *, db: Path | None = None, policy: InfraPolicy | None = None,
+    policy_digest: str | None = None,
 ) -> AcceptResult:
-    """Validate ``data`` and enqueue it once; a redelivery returns the existing run (created=False)."""
+    """Validate ``data`` and enqueue it once; a redelivery returns the existing run (created=False).
+    ``policy_digest``: the digest ``policy`` was checked to have (``policy_home``), recorded with the run."""
     policy = policy or load_policy()
     payload = validate_payload(data, policy)
     with open_queue(db) as queue:
         # A redelivery with a different payload is refused (and recorded as refused) by enqueue.
-        run_id, created = queue.enqueue(payload, max_attempts=policy.max_attempts)
+        run_id, created = queue.enqueue(payload, max_attempts=policy.max_attempts, policy_digest=policy_digest)
     return AcceptResult(run_id=run_id, created=created)

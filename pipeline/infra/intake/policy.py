@@ -8,6 +8,7 @@ whose release is written nor, beyond that repository's list, the images that run
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -21,6 +22,7 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
+    PrivateAttr,
     StringConstraints,
     Tag,
     model_validator,
@@ -39,7 +41,7 @@ from pipeline.core.errors import ValidationError
 from pipeline.core.fsutil import name_problem
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.project import version_for_tag
-from pipeline.core.yamlfile import load_yaml
+from pipeline.core.yamlfile import load_yaml_bytes
 
 POLICY_PATH = REPO_ROOT / "policies" / "infra.yaml"
 SCHEMA_PATH = REPO_ROOT / "policies" / "payload.schema.json"
@@ -284,6 +286,13 @@ class InfraPolicy(_Strict):
     secret_env: tuple[Annotated[str, StringConstraints(pattern=_ENV_NAME)], ...] = ()
 
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # The sha256 of the exact bytes ``load_policy`` parsed (``policy_bytes_digest``); None for a policy not read
+    # from a file. What the run's evidence records and what the worker compares with the accepted run's.
+    _digest: str | None = PrivateAttr(default=None)
+
+    @property
+    def digest(self) -> str | None:
+        return self._digest
 
     @model_validator(mode="after")
     def _unique_sources(self) -> InfraPolicy:
@@ -437,6 +446,12 @@ class InfraPolicy(_Strict):
         return infra_errors * 100.0 / total > self.infra_error_threshold_percent
 
 
+def policy_bytes_digest(raw: bytes) -> str:
+    """``sha256:HEX`` of a policy file's bytes (what ``sha256sum policies/infra.yaml`` prints, prefixed): the one
+    digest of a policy (accept's ``--policy-digest`` check, the loaded policy's, the run's evidence)."""
+    return "sha256:" + hashlib.sha256(raw).hexdigest()
+
+
 def load_policy(path: Path | None = None) -> InfraPolicy:
     """Load and validate the infra policy (default: $BENCHSEAL_INFRA_POLICY, else policies/infra.yaml).
 
@@ -448,7 +463,7 @@ def load_policy(path: Path | None = None) -> InfraPolicy:
         if configured is not None and not os.path.isabs(configured):
             raise ValidationError("BENCHSEAL_INFRA_POLICY", "must be an absolute path", configured)
         path = Path(configured) if configured is not None else POLICY_PATH
-    data = load_yaml(path, what="policy", max_bytes=_MAX_POLICY_BYTES)
+    data, raw = load_yaml_bytes(path, what="policy", max_bytes=_MAX_POLICY_BYTES)
     if isinstance(data, dict) and data.get("schema") == "benchseal.infra-policy/v1":
         raise ValidationError(f"policy {path.name}: schema", "benchseal.infra-policy/v1 is no longer accepted: "
                               "v2 lists the allowed images per source repository (sources[].images)")
@@ -458,4 +473,5 @@ def load_policy(path: Path | None = None) -> InfraPolicy:
             for entry in getattr(source.images, role):
                 # Reuse the shared validator: an allowed name must itself be a valid name.
                 ImageRef(name=f"{entry.registry}/{entry.repository}", digest="sha256:" + "0" * 64)
+    policy._digest = policy_bytes_digest(raw)  # of the bytes parsed, never of a second read
     return policy

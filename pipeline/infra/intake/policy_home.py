@@ -7,17 +7,27 @@ that digest. A policy edited on the host but not in the repository (or a reposit
 installed on the host) is refused before anything is queued, in one line naming both digests. The
 suites need no digest of their own: the policy pins each suite's dataset by content digest, which
 the worker checks at start and again for every run.
+
+The worker runs what is installed, without a restart (``PolicySource``): it hashes the file at every claim
+and loads it again when the digest changed; a new file that does not load stops all claims (one line per
+attempt in its log) and the policy loaded before is never used in its place. A run accept checked against a
+digest (recorded in the queue with its ``accepted`` event) is planned, run and graded only under a loaded
+policy of exactly that digest (``check_accepted_policy``); the digest of the policy that graded a run is in
+its grading, summary.json, the test-result statement and the release body.
 """
 
 from __future__ import annotations
 
-import hashlib
+import logging
 import os
+import threading
 from pathlib import Path
 
 from pipeline.core.digests import validate_digest
-from pipeline.core.errors import CheckFailed, ValidationError
-from pipeline.infra.intake.policy import POLICY_PATH
+from pipeline.core.errors import CheckFailed, PolicyRefused, ValidationError
+from pipeline.infra.intake.policy import POLICY_PATH, InfraPolicy, load_policy, policy_bytes_digest
+
+log = logging.getLogger("benchseal.policy")
 
 # The policy model's own bound on the file (policy._MAX_POLICY_BYTES); hashing reads no more.
 _MAX_BYTES = 65536
@@ -41,16 +51,75 @@ def policy_digest(path: Path) -> str:
     except OSError as exc:
         raise ValidationError(f"policy {path.name}", f"cannot be read: {exc.strerror or type(exc).__name__}",
                               str(path)) from None
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return policy_bytes_digest(data)
 
 
 def check_policy_home(path: Path | None, expected: str) -> Path:
     """The policy file that will be read has the dispatching commit's digest ``expected``; CheckFailed otherwise."""
     validate_digest(expected, "--policy-digest")
     file = policy_file(path)
-    actual = policy_digest(file)
+    _refuse_other(file, policy_digest(file), expected)
+    return file
+
+
+def check_loaded_policy(policy: InfraPolicy, file: Path, expected: str) -> None:
+    """``policy``, as loaded from ``file`` after ``check_policy_home``, still has ``expected``: the bytes parsed
+    are the bytes checked (the file was not replaced in between)."""
+    _refuse_other(file, policy.digest, expected)
+
+
+def _refuse_other(file: Path, actual: str | None, expected: str) -> None:
     if actual != expected:
         raise CheckFailed(f"policy: {file} has digest {actual}, not the infra repository's policies/infra.yaml at the "
                           f"dispatching commit ({expected}): install that file on the host "
                           "(docs/host.md 'One home for the policy'); a policy edited on the host alone is never used")
-    return file
+
+
+def accepted_policy_problem(accepted: str | None, policy: InfraPolicy) -> str | None:
+    """Why ``policy`` may not run or grade a run accepted under the digest ``accepted`` (None: it may; a run
+    accepted without a checked digest is not held to one)."""
+    if accepted is None or policy.digest == accepted:
+        return None
+    loaded = policy.digest or "a policy not read from a file"
+    return (f"policy: the run was accepted under infra policy {accepted} and this worker has loaded {loaded}: "
+            "a run is never run or graded under another policy than the one accept checked (dispatch it again)")
+
+
+def check_accepted_policy(accepted: str | None, policy: InfraPolicy) -> None:
+    """PolicyRefused unless ``policy`` is the one the run was accepted under (``accepted_policy_problem``)."""
+    problem = accepted_policy_problem(accepted, policy)
+    if problem is not None:
+        raise PolicyRefused(problem)
+
+
+class PolicySource:
+    """The worker's policy: the installed file, re-read at every claim without a restart.
+
+    ``current()`` hashes the file (``policy_digest``) and returns the policy loaded before while the digest is
+    unchanged; a changed file is loaded and validated again. When it does not load, the first call raises the
+    loader's ValidationError (a worker that starts with a bad policy is a usage error), every later one
+    PolicyRefused: nothing is claimed, and the policy loaded before is never used in its place."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = policy_file(path)
+        self._lock = threading.Lock()  # the worker's claim loops share one source
+        self._policy: InfraPolicy | None = None
+
+    def current(self) -> InfraPolicy:
+        with self._lock:
+            before = self._policy
+            try:
+                if before is not None and policy_digest(self.path) == before.digest:
+                    return before
+                policy = load_policy(self.path)
+            except ValidationError as exc:
+                if before is None:
+                    raise
+                raise PolicyRefused(f"policy {self.path} changed and is refused, so no run is claimed until it loads "
+                                    f"(the policy loaded before, {before.digest}, is not used in its place): "
+                                    f"{exc.diagnostics()}") from None
+            if before is not None:
+                log.warning("policy %s changed: %s -> %s, used from this claim on", self.path, before.digest,
+                            policy.digest)
+            self._policy = policy
+            return policy

@@ -9,8 +9,12 @@ from datetime import datetime
 from pathlib import Path
 
 from pipeline.core.contracts import DispatchPayload, Grading, PublicationRequest, RunState
+from pipeline.core.digests import validate_digest
 from pipeline.core.documents import Comparison, HistoryEntry, PlannedTrial
 from pipeline.infra.queue.records import Event, Publication, QueueStats, RunRecord, ScoredRelease, TrialBatch, TrialRow
+
+# The ``accepted`` event's detail when accept checked a policy digest: this prefix, then ``sha256:HEX``.
+ACCEPTED_POLICY = "policy "
 
 
 class Queue(abc.ABC):
@@ -34,12 +38,22 @@ class Queue(abc.ABC):
         self.close()
 
     @abc.abstractmethod
-    def enqueue(self, payload: DispatchPayload, *, max_attempts: int) -> tuple[str, bool]:
+    def enqueue(self, payload: DispatchPayload, *, max_attempts: int,
+                policy_digest: str | None = None) -> tuple[str, bool]:
         """Insert a run once per correlation id; return (run_id, created).
 
         The same correlation id with a different payload is refused (ValidationError) and
-        recorded as ``redelivery_refused``.
+        recorded as ``redelivery_refused``. ``policy_digest``: the infra policy accept checked the run
+        against (``infra accept --policy-digest``), recorded with its ``accepted`` event.
         """
+
+    def accepted_policy(self, run_id: str) -> str | None:
+        """The policy digest the run was accepted under (``enqueue``'s ``policy_digest``); None when accept
+        checked none. The worker runs and grades the run only under that policy (``policy_home``)."""
+        for event in self.events(run_id):
+            if event.event == "accepted" and event.detail is not None and event.detail.startswith(ACCEPTED_POLICY):
+                return validate_digest(event.detail.removeprefix(ACCEPTED_POLICY), "accepted policy digest")
+        return None
 
     @abc.abstractmethod
     def claim(self, worker: str, lease_seconds: float, now: datetime | None = None) -> RunRecord | None:

@@ -19,10 +19,12 @@ from pipeline.core.contracts import (
     canonical_repository,
     run_id_for,
 )
+from pipeline.core.digests import validate_digest
 from pipeline.core.documents import Comparison, HistoryEntry, PlannedTrial
 from pipeline.core.errors import CheckFailed, ValidationError
 from pipeline.core.history import baseline, tag_key, tag_refusal
 from pipeline.infra.queue.helpers import Cursor, epoch, iso, one_line
+from pipeline.infra.queue.interface import ACCEPTED_POLICY
 from pipeline.infra.queue.records import (
     ACTIVE_STATES,
     MAX_TRIAL_EVIDENCE_BYTES,
@@ -55,8 +57,10 @@ class SqlQueue(SqlBase):
 
     # --- runs --------------------------------------------------------------------
 
-    def enqueue(self, payload: DispatchPayload, *, max_attempts: int) -> tuple[str, bool]:
+    def enqueue(self, payload: DispatchPayload, *, max_attempts: int,
+                policy_digest: str | None = None) -> tuple[str, bool]:
         run_id = run_id_for(payload.correlation_id)
+        accepted = None if policy_digest is None else ACCEPTED_POLICY + validate_digest(policy_digest, "policy_digest")
         encoded = canonical_payload(payload)
         now = time.time()
 
@@ -72,7 +76,7 @@ class SqlQueue(SqlBase):
                 refusal = self._bind_tag(cur, payload, run_id, now)
                 if refusal is not None:
                     raise ValidationError("payload.source.tag", refusal, payload.source.tag)
-                self._event(cur, run_id, "accepted", None, RunState.QUEUED, None, now)
+                self._event(cur, run_id, "accepted", None, RunState.QUEUED, accepted, now)
                 return run_id, True, True
             cur.execute("SELECT run_id, payload FROM runs WHERE correlation_id = ?", (payload.correlation_id,))
             existing = cur.fetchone()

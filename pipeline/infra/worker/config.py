@@ -15,7 +15,8 @@ from pathlib import Path
 from pipeline.attest.images import SigstoreEndpoints
 from pipeline.core.contracts import Grading, PublicationRequest, RunState
 from pipeline.core.paths import REPO_ROOT
-from pipeline.infra.intake.policy import InfraPolicy
+from pipeline.infra.intake.policy import InfraPolicy, load_policy
+from pipeline.infra.intake.policy_home import PolicySource
 from pipeline.infra.queue.sql import RunRecord
 
 Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
@@ -36,6 +37,8 @@ class ImageRefused(Exception):
 class WorkerConfig:
     db: Path | None = None
     policy: InfraPolicy | None = None
+    # The installed policy file, re-read at every claim (``claim_policy``); over ``policy`` when set.
+    policy_source: PolicySource | None = None
     # PostgreSQL queue URL file (else BENCHSEAL_QUEUE_URL[_FILE], else the SQLite file ``db``).
     queue_url_file: Path | None = None
     worker_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -71,6 +74,14 @@ class RunOutcome:
     grading: Grading | None
     reason: str | None
     runner_digest: str | None = None
+
+
+def claim_policy(config: WorkerConfig) -> InfraPolicy:
+    """The policy a claim runs under: the installed file as it is now (``PolicySource``: PolicyRefused when it
+    changed and does not load), else the policy given, else the default file."""
+    if config.policy_source is not None:
+        return config.policy_source.current()
+    return config.policy or load_policy()
 
 
 def now_utc() -> str:

@@ -21,6 +21,7 @@ from pipeline.core.errors import CheckFailed
 from pipeline.core.fsutil import atomic_write_json, sha256_file
 from pipeline.core.layout import ARTIFACTS_DIR, SUMMARY
 from pipeline.infra.intake.policy import InfraPolicy
+from pipeline.infra.intake.policy_home import accepted_policy_problem
 from pipeline.infra.queue.sql import Queue, RunRecord
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.worker.config import Finalizer, RunOutcome, now_utc
@@ -85,8 +86,10 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
         datasets.add(recorded.dataset_digest)
     versions = sorted({t.harbor_version for t in trials if t.harbor_version})
     dataset, mixed = run_dataset(datasets)
+    # Graded only under the policy the run was accepted under: another one fails it (no score).
+    refused = accepted_policy_problem(queue.accepted_policy(run_id), policy)
     grading = grade_trials(record, policy, tuple(trials), started_at=started, finished_at=now_utc(),
-                           failure=failure or mixed, harbor_version=versions[0] if versions else None,
+                           failure=refused or failure or mixed, harbor_version=versions[0] if versions else None,
                            agent_version_pin=meta.get("agent_version"), model=meta.get("model"), dataset_digest=dataset,
                            graded_by=grader)
     if exhausted:
@@ -150,7 +153,7 @@ def exhausted_grading(run_dir: Path, record: RunRecord, policy: InfraPolicy, run
         graded = grade_run(run_dir, record, policy, runner, started_at=started_at, finished_at=now_utc(),
                            failure=reason)
         return graded.model_copy(update={"status": "INFRA_ERROR", "score": None, "reason": reason})
-    return infra_error_grading(record, reason, started_at=started_at, finished_at=now_utc())
+    return infra_error_grading(record, reason, started_at=started_at, finished_at=now_utc(), policy_digest=policy.digest)
 
 
 FINALIZE_CLAIMS_MIN = 3

@@ -235,6 +235,7 @@ def grade_trials(
         model=model,
         dataset_digest=dataset_digest,
         subset=payload.tasks,
+        policy_digest=policy.digest,
         runner_ref=payload.runner,
         api_ref=payload.api,
         started_at=started_at,
@@ -243,7 +244,8 @@ def grade_trials(
     )
 
 
-def infra_error_grading(record: RunRecord, reason: str, *, started_at: str, finished_at: str) -> Grading:
+def infra_error_grading(record: RunRecord, reason: str, *, started_at: str, finished_at: str,
+                        policy_digest: str | None = None) -> Grading:
     """The grading of a run that ended in INFRA_ERROR: counts only, no score."""
     return Grading(
         run_id=record.run_id,
@@ -254,6 +256,7 @@ def infra_error_grading(record: RunRecord, reason: str, *, started_at: str, fini
         counts=GradeCounts(total=0, completed=0, resolved=0, unresolved=0, infra_errors=0),
         score=None,
         subset=record.payload.tasks,
+        policy_digest=policy_digest,
         runner_ref=record.payload.runner,
         api_ref=record.payload.api,
         started_at=started_at,

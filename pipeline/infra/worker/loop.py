@@ -55,9 +55,10 @@ from typing import Any
 from pipeline.attest.images import ImageIdentityPolicy, SigstoreEndpoints, image_identity, verify_image
 from pipeline.core.contracts import DispatchPayload, RunState, trial_attempt
 from pipeline.core.digests import ImageRef, parse_ref
-from pipeline.core.errors import CheckFailed, Error, InfrastructureError, ValidationError
+from pipeline.core.errors import CheckFailed, Error, InfrastructureError, PolicyRefused, ValidationError
 from pipeline.core.fsutil import atomic_write_json
-from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy, load_policy
+from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy
+from pipeline.infra.intake.policy_home import check_accepted_policy
 from pipeline.infra.queue.sql import (
     TERMINAL_STATES,
     PlannedTrial,
@@ -71,7 +72,15 @@ from pipeline.infra.queue.sql import (
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.sandbox.agents import reap_private_dirs, trial_usage
 from pipeline.infra.sandbox.relay import UsageTally
-from pipeline.infra.worker.config import Finalizer, ImageRefused, InfraFailure, RunOutcome, WorkerConfig, now_utc
+from pipeline.infra.worker.config import (
+    Finalizer,
+    ImageRefused,
+    InfraFailure,
+    RunOutcome,
+    WorkerConfig,
+    claim_policy,
+    now_utc,
+)
 from pipeline.infra.worker.containers import (
     LABEL_BATCH,
     LABEL_RUN,
@@ -268,7 +277,7 @@ def _run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOut
     whose batch ends the run's last trial grades and completes it (RunOutcome with the terminal
     state); otherwise the outcome says RUNNING (other workers hold the rest of its trials).
     """
-    policy = config.policy or load_policy()
+    policy = claim_policy(config)  # the installed policy as it is now: a changed file is loaded again, or no claim
     # Secret files and sockets of attempts whose worker died (kill -9) on this host: gone before any claim.
     reap_private_dirs()
     with open_queue(config.db, url_file=config.queue_url_file) as queue:
@@ -341,6 +350,7 @@ def _plan(
     failure: str | None = None
     client: Any = None
     try:
+        check_accepted_policy(queue.accepted_policy(run_id), policy)  # before anything of the run is touched
         runner_ref = parse_ref(payload.runner, "payload.runner")
         source = policy.check_payload(payload)  # the repository and both images, as accept checked them
         client = _docker()
@@ -357,6 +367,8 @@ def _plan(
         tasks = select_tasks(discover_tasks(staged.path), payload.tasks)  # the payload's subset, if it names one
         suite_grading(staged.path, tasks)  # every task graded by exit status; not only canaries (ValidationError)
         specs = plan_trials(run_id, tasks, policy.task_attempts(payload.suite))
+    except PolicyRefused as exc:
+        failure = exc.diagnostics()  # accepted under another policy: nothing of it runs under this one
     except ValidationError as exc:
         failure = f"rejected: {exc.diagnostics()}"  # the payload no longer passes the policy: retrying cannot help
     except ImageRefused as exc:
@@ -440,6 +452,7 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     sandboxed: Any = None
     try:
         try:
+            check_accepted_policy(queue.accepted_policy(run_id), policy)  # requeued (bounded), never run under it
             runner_ref = parse_ref(payload.runner, "payload.runner")
             source = policy.check_payload(payload)
             client = _docker()
