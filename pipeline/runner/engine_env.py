@@ -124,6 +124,11 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._container: str | None = None
         self._built_image: str | None = None
         self._starting: asyncio.Future[Any] | None = None
+        # The log dirs start() owes (Harbor's mount targets, made 0777 as root), run with the first thing done in
+        # the container: merged into Harbor's own next dir command (a verifier environment's first one empties
+        # /logs/verifier), else alone before any other operation. One exec fewer per verifier environment.
+        self._owed_dirs: str | None = None
+        self._owed_lock = asyncio.Lock()
 
     # --- what Harbor asks of an environment ------------------------------------------------
 
@@ -154,7 +159,8 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             self._starting = asyncio.get_running_loop().run_in_executor(_calls, self._create_and_start, image)
             await asyncio.shield(self._starting)
             await self._upload_environment_dir_after_start()
-            await self.ensure_dirs(self._mount_targets(writable_only=True))
+            targets = self._mount_targets(writable_only=True)
+            self._owed_dirs = self._ensure_dirs_command(targets, chmod=True) if targets else None
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:
@@ -172,6 +178,11 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        await self._settle()
+        return await self._exec_command(command, cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+
+    async def _exec_command(self, command: str, *, cwd: str | None = None, env: dict[str, str] | None = None,
+                            timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
         started = time.monotonic()
         try:
             result = await self._exec(["bash", "-c", command], cwd=cwd or self.task_env_config.workdir,
@@ -184,6 +195,16 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
                 for line in (text or "").splitlines(keepends=True):
                     await callback(line, stream)
         return result
+
+    async def ensure_dirs(self, dirs: Any, *, chmod: bool = True) -> ExecResult | None:
+        if not dirs or not chmod:
+            return await super().ensure_dirs(dirs, chmod=chmod)  # not as root: after the owed dirs (exec settles)
+        return await self._dirs_as_root(self._ensure_dirs_command(dirs, chmod=True))
+
+    async def empty_dirs(self, dirs: Any, *, chmod: bool = True) -> ExecResult | None:
+        if not dirs:
+            return None
+        return await self._dirs_as_root(self._empty_dirs_command(dirs, chmod=chmod))
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self._op("upload", self._upload_file, Path(source_path), target_path)
@@ -204,6 +225,37 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def is_file(self, path: str, user: str | int | None = None) -> bool:
         kind = await self._kind_as_root(path, user)
         return kind == "file" if kind is not None else bool(await super().is_file(path, user=user))
+
+    # --- the log dirs start() owes ---------------------------------------------------------------
+
+    async def _settle(self) -> None:
+        """The owed log dirs made (alone) before anything else is done in the container."""
+        if self._owed_dirs is None:
+            return
+        async with self._owed_lock:
+            if self._owed_dirs is not None:
+                await self._owed_exec(self._owed_dirs)
+
+    async def _dirs_as_root(self, command: str) -> ExecResult:
+        """Harbor's dir command (ensure_dirs / empty_dirs, as root), the owed dirs run first in the same exec."""
+        if self._owed_dirs is None:
+            return await self._exec_command(command, user="root")
+        async with self._owed_lock:
+            if self._owed_dirs is None:
+                return await self._exec_command(command, user="root")
+            # As start() ran them: their output and status ignored; Harbor's command's are the exec's.
+            return await self._owed_exec(f"{{ {self._owed_dirs}; }} >/dev/null 2>&1; {command}")
+
+    async def _owed_exec(self, command: str) -> ExecResult:
+        try:
+            result = await self._exec_command(command, user="root")
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as exc:  # start()'s work, before any agent code ran: the machinery's failure
+            raise EngineFault(f"starting the environment {self.session_id} failed: {type(exc).__name__}: "
+                              f"{exc}") from exc
+        self._owed_dirs = None
+        return result
 
     # --- start and stop ----------------------------------------------------------------------
 
@@ -342,6 +394,10 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         if not source.is_dir():
             raise FileNotFoundError(f"Source directory {source} does not exist")
         target = posixpath.normpath(target)
+        if not any(source.iterdir()) and self._stat_kind(target) == "dir":
+            # Nothing to copy into a directory that is there (Harbor re-uploads an agent's empty artifacts dir into
+            # every verifier environment): an archive upload costs the engine a helper process, a stat does not.
+            return
         # Into an existing directory, as `docker cp SRC/. DEST`: its own mode and owner stay.
         if self._put(target, _pack(source, None)):
             return
@@ -437,6 +493,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         """"dir", "file", "other" or "missing" from the archive stat (what root sees); None: ask a shell."""
         if self._resolve_user(user) not in (None, "root", 0, "0"):
             return None
+        await self._settle()
         started = time.monotonic()
         try:
             return await self._call(self._stat_kind, path)
@@ -468,6 +525,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         return await asyncio.get_running_loop().run_in_executor(_calls, fn, *args)
 
     async def _op(self, op: str, fn: Callable[..., None], *args: Any) -> None:
+        await self._settle()
         started = time.monotonic()
         try:
             await self._call(fn, *args)

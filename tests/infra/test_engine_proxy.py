@@ -567,6 +567,43 @@ def test_exec_and_volume_bodies_are_read_as_the_engine_reads_them(real: Real) ->
 
 
 @pytest.mark.docker
+def test_ownership_is_remembered_by_full_id_only(real: Real, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container the proxy found its own is not inspected again for its exec, archive and removal requests (two
+    engine round trips a request, five an exec): by its full id only. A name is looked up every time: once the
+    container is gone, the name can be another's, which stays refused."""
+    name = real.name("memo")
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/create?name={name}",
+                           {"Image": real.image, "Cmd": ["sleep", "60"]})
+    assert status == 201, answer
+    ident = json.loads(answer)["Id"]
+    assert _call(real.proxy, "POST", f"/v1.41/containers/{ident}/start")[0] == 204  # inspected (its binds)
+    inspected: list[str] = []
+    inspect = real.proxy._inspect
+
+    def counted(path: str) -> dict[str, Any]:
+        inspected.append(path)
+        return inspect(path)
+
+    monkeypatch.setattr(real.proxy, "_inspect", counted)
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/{ident}/exec", {"Cmd": ["true"]})
+    assert status == 201, answer
+    exec_id = json.loads(answer)["Id"]
+    assert _call(real.proxy, "POST", f"/v1.41/exec/{exec_id}/start", {"Detach": True})[0] == 200
+    assert _call(real.proxy, "GET", f"/v1.41/exec/{exec_id}/json")[0] == 200
+    assert _call(real.proxy, "HEAD", f"/v1.41/containers/{ident}/archive?path=/etc")[0] == 200
+    assert inspected == [f"/exec/{exec_id}/json"]  # the exec's container once, by its id: never again
+    assert _call(real.proxy, "POST", f"/v1.41/containers/{name}/exec", {"Cmd": ["true"]})[0] == 201
+    assert _call(real.proxy, "POST", f"/v1.41/containers/{name}/exec", {"Cmd": ["true"]})[0] == 201
+    assert inspected[1:] == [f"/containers/{name}/json"] * 2  # by name: looked up each time
+    assert _call(real.proxy, "DELETE", f"/v1.41/containers/{ident}?force=1")[0] == 204
+    other = real.client.containers.create(real.image, ["sleep", "60"], name=name)  # the name, not the proxy's
+    status, answer = _call(real.proxy, "POST", f"/v1.41/containers/{name}/exec", {"Cmd": ["true"]})
+    assert status == 403 and b"not created by this runner" in answer, answer
+    assert _call(real.proxy, "POST", f"/v1.41/containers/{other.id}/exec", {"Cmd": ["true"]})[0] == 403
+    assert real.client.api.inspect_container(other.id)["ExecIDs"] is None
+
+
+@pytest.mark.docker
 @pytest.mark.parametrize("first", [
     b"GET /_ping HTTP/1.1\r\nHost: d\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n",
     b"GET /_ping HTTP/1.1\r\nHost: d\r\nupgrade: h2c\r\nConnection: keep-alive\r\n\r\n",

@@ -72,7 +72,7 @@ def _environment(tmp_path: Path, image: str, name: str, **config: Any) -> engine
 
 
 def _containers(project: str) -> list[Any]:
-    return sandbox_engine().containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"})
+    return list(sandbox_engine().containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"}))
 
 
 def test_start_exec_transfer_and_stop(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
@@ -143,6 +143,85 @@ def test_start_exec_transfer_and_stop(tmp_path: Path, proxied: EngineProxy, base
     ops = [t["op"] for t in timings]
     assert ops.count("start") == 1 and ops.count("stop") == 1 and "build" not in ops
     assert all(t["session"] == env.session_id for t in timings)
+
+
+def test_an_empty_directory_is_uploaded_without_an_archive(tmp_path: Path, proxied: EngineProxy,
+                                                           base_in_sandbox: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Harbor re-uploads an agent's empty artifacts dir into every verifier environment: into a directory that is
+    there, nothing is sent (an archive upload costs the engine a helper process); a missing one is still created."""
+    env = _environment(tmp_path, base_in_sandbox, "emptyup")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    empty.chmod(0o700)
+    puts: list[str] = []
+    put = env._put
+
+    def counted(path: str, data: bytes) -> bool:
+        puts.append(path)
+        return put(path, data)
+
+    monkeypatch.setattr(env, "_put", counted)
+
+    async def scenario() -> Any:
+        await env.start(force_build=False)
+        try:
+            await env.exec("mkdir -p /there && touch /there/kept")
+            await env.upload_dir(empty, "/there")
+            await env.upload_dir(empty, "/new/deep")
+            return await env.exec("ls -A /there; stat -c '%a %u' /new/deep; ls -A /new/deep")
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+
+    result = asyncio.run(scenario())
+    assert result.stdout.splitlines() == ["kept", "700 0"]
+    assert "/there" not in puts and puts[0] == "/new/deep"
+    assert proxied.refused == []
+
+
+def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """start() owes Harbor's log dirs (0777, made as root): a verifier environment's first operation, Harbor's
+    empty_dirs of /logs/verifier, makes them in the same exec (one exec fewer a trial); any other first operation
+    (here an exec as another user) finds them made."""
+    execs: list[tuple[str, str | int | None]] = []
+    exec_ = engine_env.EngineEnvironment._exec
+
+    async def counted(self: engine_env.EngineEnvironment, argv: list[str], **kwargs: Any) -> Any:
+        execs.append((self.session_id, kwargs.get("user")))
+        return await exec_(self, argv, **kwargs)
+
+    monkeypatch.setattr(engine_env.EngineEnvironment, "_exec", counted)
+    (tmp_path / "v").mkdir()
+    (tmp_path / "a").mkdir()
+    verifier = _environment(tmp_path / "v", base_in_sandbox, "owedv")
+    agent = _environment(tmp_path / "a", base_in_sandbox, "oweda")
+    stat = "stat -c '%a %u %n' /logs/agent /logs/verifier /logs/artifacts"
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        await verifier.start(force_build=False)
+        await agent.start(force_build=False)
+        try:
+            seen["at_start"] = list(execs)
+            seen["emptied"] = await verifier.empty_dirs(["/logs/verifier"])
+            seen["verifier"] = list(execs)
+            seen["agent"] = await agent.exec(stat, user="nobody")
+            seen["verifier_dirs"] = await verifier.exec(stat)
+        finally:
+            for env in (verifier, agent):
+                await env.stop(delete=True)
+            await envshared.drain_teardowns()
+        return seen
+
+    seen = asyncio.run(scenario())
+    dirs = ["777 0 /logs/agent", "777 0 /logs/verifier", "777 0 /logs/artifacts"]
+    assert seen["at_start"] == []
+    assert seen["verifier"] == [(verifier.session_id, "root")]  # one exec: the owed dirs rode on Harbor's
+    assert seen["emptied"].return_code == 0
+    assert seen["agent"].stdout.splitlines() == dirs and seen["verifier_dirs"].stdout.splitlines() == dirs
+    assert [user for session, user in execs if session == agent.session_id] == ["root", "nobody"]
+    assert proxied.refused == []
 
 
 def test_agent_files_are_bound_read_only(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:

@@ -124,6 +124,9 @@ _MAX_BODY = 4 * 1024 * 1024
 _MAX_CONTEXT = 1 << 30  # a build context is spooled to disk to be read before it is forwarded
 _VERSION = re.compile(r"^/v[0-9.]+(?=/)")
 _ID = r"([^/]+)"
+# An engine object's full id: what the ownership memo is keyed by (a name can be taken by another container later).
+_FULL_ID = re.compile(r"[0-9a-f]{64}")
+_MEMO_MAX = 1 << 16  # entries of either memo before it starts again (a bound on memory, not on correctness)
 
 
 class _UnixHTTPConnection(http.client.HTTPConnection):
@@ -368,6 +371,13 @@ class EngineProxy:
         self.refused: list[str] = []
         self.built: set[str] = set()  # image tags built through this proxy (compose removes them on down)
         self.gateways: set[str] = set()  # ids of the gateway containers this proxy started and not yet removed
+        # What the ownership check found, by full id, so that the exec, archive and removal requests of a trial
+        # do not each inspect the same container again (two engine round trips an exec request, five an exec).
+        # Sound because what it rests on never changes: a container's labels are fixed at create (no endpoint
+        # this proxy forwards changes them), an exec belongs to one container for its life, and a full id is
+        # never given to another object. Only positive findings are kept; a start still inspects (its binds).
+        self._owned: dict[str, str] = {}  # container id -> its gateway's id ("" without one)
+        self._exec_owner: dict[str, str] = {}  # exec id -> its (owned) container's id
         self._lock = threading.Lock()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         bind_unix(self._listener, socket_path)  # a deep temp dir: through /proc/self/fd
@@ -515,8 +525,12 @@ class EngineProxy:
         match = re.fullmatch(r"/containers/" + _ID, path)
         if method != "DELETE" or not match:
             return None
-        info = self._inspect(f"/containers/{quote(match.group(1), safe='')}/json")
-        gateway = str(((info.get("Config") or {}).get("Labels") or {}).get(GATEWAY_LABEL) or "")
+        ident = match.group(1)
+        with self._lock:
+            gateway = self._owned.get(ident)
+        if gateway is None:
+            info = self._inspect(f"/containers/{quote(ident, safe='')}/json")
+            gateway = str(((info.get("Config") or {}).get("Labels") or {}).get(GATEWAY_LABEL) or "")
         return gateway if gateway in self.gateways else None
 
     def _rule(self, request: _Request, body: bytes | None, spool: IO[bytes] | None) -> bytes | None:
@@ -553,8 +567,7 @@ class EngineProxy:
             return self._container_call(request, body, match.group(1), match.group(2) or "")
         match = re.fullmatch(r"/exec/" + _ID + r"/(start|resize|json)", path)
         if match:
-            info = self._inspect(f"/exec/{quote(match.group(1), safe='')}/json")
-            self._require_owned_container(str(info.get("ContainerID", "")), what)
+            self._require_owned_exec(match.group(1), what)
             if match.group(2) == "start" and body:
                 return _dump(_canon(_load_json(body, what), _EXEC_START, "exec start"))
             return body
@@ -564,9 +577,10 @@ class EngineProxy:
         what = f"{request.method} {request.path}"
         if request.method not in _CONTAINER_CALLS.get(call, ()):
             raise Refused(f"{what} is not allowed")
-        info = self._require_owned_container(ident, what)
         if call in ("/start", "/restart"):
-            self._check_started_binds(info, what)
+            self._check_started_binds(self._require_owned_container(ident, what), what)
+        else:
+            self._require_owned(ident, what)
         if call == "" and request.method == "DELETE":
             # Its anonymous volumes go with it (nothing of a run is left for a later one to find).
             request.set_query([*((k, v) for k, vs in request.query.items() if k != "v" for v in vs), ("v", "1")])
@@ -821,7 +835,15 @@ class EngineProxy:
         result: dict[str, Any] = json.loads(data)
         return result
 
+    def _require_owned(self, ident: str, what: str) -> None:
+        """``_require_owned_container``, answered from the memo when ``ident`` is a full id found owned before."""
+        with self._lock:
+            if ident in self._owned:
+                return
+        self._require_owned_container(ident, what)
+
     def _require_owned_container(self, ident: str, what: str) -> dict[str, Any]:
+        """The container's inspect, or Refused: it must carry this proxy's token and not be a model gateway."""
         if not ident:
             raise Refused(f"{what}: no container")
         info = self._inspect(f"/containers/{quote(ident, safe='')}/json")
@@ -830,4 +852,25 @@ class EngineProxy:
             raise Refused(f"{what}: container {ident} was not created by this runner")
         if labels.get(GATEWAY_LABEL) == "1":
             raise Refused(f"{what}: container {ident} is a model gateway")
+        if _FULL_ID.fullmatch(ident) and info.get("Id") == ident:  # by its id, never by a name
+            self._remember(self._owned, ident, str(labels.get(GATEWAY_LABEL) or ""))
         return info
+
+    def _require_owned_exec(self, ident: str, what: str) -> None:
+        """The exec must belong to a container this proxy may address (its owner, from the memo or inspected)."""
+        with self._lock:
+            owner = self._exec_owner.get(ident)
+        if owner is not None:
+            self._require_owned(owner, what)
+            return
+        info = self._inspect(f"/exec/{quote(ident, safe='')}/json")
+        owner = str(info.get("ContainerID", ""))
+        self._require_owned(owner, what)
+        if _FULL_ID.fullmatch(ident) and info.get("ID") == ident and _FULL_ID.fullmatch(owner):
+            self._remember(self._exec_owner, ident, owner)
+
+    def _remember(self, memo: dict[str, str], key: str, value: str) -> None:
+        with self._lock:
+            if len(memo) >= _MEMO_MAX:
+                memo.clear()
+            memo[key] = value
