@@ -537,10 +537,10 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
 
 
 def _engine_error(exc: BaseException) -> str:
-    """``exc`` in words that keep the engine's own: an API error as its status and the engine's explanation (the
-    SDK's text leads with the request URL, which pushed the cause past the bound of a trial's reason)."""
+    """``exc`` in words that keep the engine's own: an API error as its type, status and the engine's explanation
+    (the SDK's text leads with the request URL, which pushed the cause past the bound of a trial's reason)."""
     if isinstance(exc, docker.errors.APIError) and exc.explanation:
-        return f"the engine answered {exc.status_code}: {exc.explanation}"
+        return f"{type(exc).__name__}: the engine answered {exc.status_code}: {exc.explanation}"
     return f"{type(exc).__name__}: {exc}"
 
 

@@ -137,7 +137,7 @@ def test_a_long_failure_keeps_its_cause_at_the_end() -> None:
     with the request URL, the cause came after a long bind path): a long message keeps its head and its tail."""
     path = "/tmp/pytest-of-root/pytest-1514/popen-gw1/hostile-corpus0/home2/infra/runs/run-790d242633d0c234fbb9" \
            "/batches/0000-aa5c21f90880/agent"
-    message = (f"starting the environment cli-flag__33d0c234fbb9__verifier__grade failed: the engine answered 400: "
+    message = (f"starting the environment cli-flag__33d0c234fbb9__verifier__grade failed: APIError: the engine answered 400: "
                f"invalid mount config for type \"bind\": stat {path}: permission denied")
     graded = grade_result(_with(0.0, exception={"exception_type": "EngineFault", "exception_message": message}))
     reason = graded.reason or ""

@@ -193,7 +193,7 @@ def test_a_chmod_of_a_parent_mid_batch_does_not_cut_the_engine_off_the_batch(tmp
                     client.containers.create(image, ["true"], mounts=[mount])
                 assert refused.value.status_code == 400, refused.value
                 said = _engine_error(refused.value)
-                assert said.startswith("the engine answered 400: invalid mount config") and said.endswith(
+                assert said.startswith("APIError: the engine answered 400: invalid mount config") and said.endswith(
                     f"{batch / 'agent'}: permission denied"), said
                 continue
             container = client.containers.create(image, ["true"], mounts=[mount])
