@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+import posixpath
 import re
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
+from harbor.models.task.artifacts import normalize_artifact_entries
+from harbor.models.task.config import VerifierEnvironmentMode
+from harbor.models.task.verifier_mode import resolve_task_verifier_mode
 from harbor.models.trial.config import AgentConfig, EnvironmentConfig, TaskConfig, TrialConfig, VerifierConfig
+from harbor.trial.single_step import SingleStepTrial
 from harbor.trial.trial import Trial
 
 from pipeline.core.contracts import AgentArtifact
@@ -183,8 +188,39 @@ async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: s
         # benchseal's verifier: the test command's exit status, never a reward file (pipeline.runner.grader).
         verifier=VerifierConfig(import_path=GRADER_IMPORT_PATH),
     )
-    trial = await Trial.create(config)
+    trial = await create_trial(config)
     await trial.run()
+
+
+async def create_trial(config: TrialConfig) -> Any:
+    """Harbor's trial for ``config``, without the work nothing uses (``agent_logs_unread``)."""
+    trial = await Trial.create(config)
+    if agent_logs_unread(trial):
+        trial._upload_agent_logs = _nothing
+    return trial
+
+
+async def _nothing() -> None:
+    return None
+
+
+def agent_logs_unread(trial: Any) -> bool:
+    """Whether nothing reads the agent's environment's ``/logs/agent`` after the agent phase, so Harbor's copy of
+    the trial's agent logs back into it (one archive upload a trial, for a verifier in that environment) is skipped:
+    one step, one agent, a separate verifier (which gets the artifacts only), no collect hook (a command run there
+    before the artifacts are taken), and no artifact at, under or above ``/logs/agent``. The environment is removed
+    right after its artifacts are taken; nothing leaves it or is checked differently."""
+    if not isinstance(trial, SingleStepTrial) or trial.user_agent is not None:
+        return False
+    config = trial.task.config
+    if resolve_task_verifier_mode(config) != VerifierEnvironmentMode.SEPARATE or config.verifier.collect:
+        return False
+    logs = PurePosixPath(str(trial.agent_env_paths.agent_dir))
+    for artifact in normalize_artifact_entries([*config.artifacts, *trial.config.artifacts]):
+        source = PurePosixPath(posixpath.normpath(str(artifact.source)))
+        if not source.is_absolute() or source == logs or logs in source.parents or source in logs.parents:
+            return False
+    return True
 
 
 def environment_import_path() -> str:
