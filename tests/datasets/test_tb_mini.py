@@ -8,6 +8,7 @@ by tag is refused when its run is planned: FAILED, nothing planned or run."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from pipeline.core.contracts import DigestsFile
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.imaging.base import ensure_local
+from pipeline.infra.worker.prune import use_records
 from pipeline.infra.worker.task_images import config_digest
 from tests.fixtures.datasets import oracle_runs
 from tests.fixtures.infra import remove_from_both_engines
@@ -35,7 +37,8 @@ def _push_task_image(registry: str, base: ImageRef) -> ImageRef:
     repository, tag = f"{registry}/benchseal-tests/tb-mini", f"t{uuid.uuid4().hex[:12]}"
     try:
         image, _ = client.images.build(path=str(TEMPLATE / "count-lines" / "environment"), buildargs={"BASE": base.ref},
-                                       tag=f"{repository}:{tag}", rm=True, pull=False)
+                                       tag=f"{repository}:{tag}", rm=True, pull=False,
+                                       labels={"benchseal-tests.run": tag})  # an id of this run's alone
         for chunk in client.api.push(repository, tag=tag, stream=True, decode=True):
             assert "error" not in chunk, chunk
         image.reload()
@@ -70,3 +73,7 @@ def test_a_terminal_bench_style_dataset_runs_on_its_images_pulled_by_digest(
     assert grading.dataset_digest == policy.suites["tb"].dataset.digest
     assert sorted(t.task for t in grading.trials) == list(TASKS)
     assert {t.task_image for t in grading.trials} == {image.ref}  # the evidence names the image by digest
+    # The host engine did not have the image before the worker pulled it: the worker's own copy, which its prune
+    # may remove there once no run in flight names it (pipeline.infra.worker.prune).
+    pulls = json.loads((use_records() / ".host").read_text())
+    assert pulls[config_digest(image)] == {"present_before": False, "refs": [image.ref]}

@@ -537,14 +537,15 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
     with task_image_use(run_id) as use:
         use.bases([base_id])
         # Registry bases of Dockerfile-built tasks: pulled by digest, checked, in the sandbox by id (task_images).
-        bases = load_task_bases(client, sandboxed, {t: r for t, r in staged.task_bases.items() if t in recorder.tasks})
+        bases = load_task_bases(client, sandboxed, {t: r for t, r in staged.task_bases.items() if t in recorder.tasks},
+                                use)
         use.images(bases.values())
         # A planned task that is not in the staged copy is refused here (render_suite): never run.
         render_suite(staged.path, out / "suite", base, tasks={t.task for t in batch.trials}, from_image=base_id,
                      bases=bases)
         # Prebuilt task images: pulled by digest, checked, moved into the sandbox by id (task_images).
         loaded = load_task_images(client, sandboxed, out / "suite",
-                                  {t: r for t, r in staged.task_images.items() if t in recorder.tasks})
+                                  {t: r for t, r in staged.task_images.items() if t in recorder.tasks}, use)
         use.images(image.image_id for image in loaded.values())
         recorder.task_images = {task: image.ref.ref for task, image in loaded.items()}
         if config.prebuild_task_images:
