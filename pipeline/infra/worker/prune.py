@@ -12,10 +12,10 @@ The rule (docs/datasets.md "Pruning"), applied after each piece of work (``after
    ``<state>/cache/task-image-use/<run id>`` (``task_image_use``), with the time it last used each; the
    worker's runner and benchseal base are not task images and are never pruned here.
 3. An image named by the record of a run that is not sealed in the queue (QUEUED, CLAIMED, RUNNING, or a run
-   the queue does not know) is kept, whatever else names it. Of the others, the ``keep`` most recently used
-   (``WorkerConfig.keep_task_images``, default ``KEEP_TASK_IMAGES``) are kept and the rest removed by id,
-   without force: an image a container still uses, or another image builds on, stays for a later prune.
-
+   the queue does not know, until its record is stale: 5.) is kept, whatever else names it. Of the others,
+   the ``keep`` most recently used (``WorkerConfig.keep_task_images``, default ``KEEP_TASK_IMAGES``) are kept
+   and the rest removed by id, without force: an image a container still uses, or another image builds on,
+   stays for a later prune.
 4. The host engine's copies: a task image or registry base is pulled there first (``task_images``). Before each
    such pull ``TaskImageUse.host_pull`` records in ``.host`` whether the image (by id) was already there and
    which reference the pull adds; an image that was there before is never the worker's to remove. The others
