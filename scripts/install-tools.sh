@@ -1,139 +1,168 @@
 #!/usr/bin/env bash
-# Extra tools from Debian 13 packages:
-#   cosign (2.5.x): the evidence stage's independent verifier;
+# Extra tools from Debian packages:
+#   cosign (3.1.x): the evidence stage's signer of images and independent verifier. Debian 12 and 13
+#                 ship 2.5 at most, which ignores --type with --new-bundle-format (GHSA-w6c6-c85g-mmv6)
+#                 and whose `cosign tree` shows no OCI referrers: it comes from the newer suite
+#                 $COSIGN_SUITE (default forky);
 #   docker-buildx (0.13.x): BuildKit's client, for the adopter's own Dockerfile images
 #                 (pipeline/imaging/buildkit.py; it drives the engine's embedded BuildKit).
-# Run by scripts/setup.sh. Idempotent and fast once done: it returns at once when
-# the tools dir already holds a working cosign and docker-buildx.
-#   Debian 13: apt-get install the missing ones, linked into the tools dir.
-#   Debian 12: apt-get download them from a trixie list derived from this machine's
-#              own apt sources (private apt state; the system's lists stay untouched),
-#              then dpkg -x into the tools dir. Both are Go binaries that need only
-#              libc6 >= 2.34, which bookworm has.
+# Run by scripts/setup.sh. Idempotent and fast once done: it returns at once when the tools dir
+# already holds a working cosign of the wanted series (its recorded package version) and docker-buildx.
+#   docker-buildx: Debian 13 apt-get installs it, linked into the tools dir; Debian 12 downloads it
+#                  from a trixie list.
+#   cosign:        downloaded on either from a $COSIGN_SUITE list.
+# Such a list is derived from this machine's own apt sources (the entries of its own suite, with the
+# suite renamed; private apt state under the tools dir, the system's sources and lists stay untouched);
+# the .deb is unpacked with dpkg -x. Both are Go binaries that need only libc6 >= 2.34 (Debian 12 has
+# 2.36), so a newer suite's package runs on Debian 12 and 13 alike.
 set -euo pipefail
+shopt -s inherit_errexit  # a failure inside $(fetch_debs ...) stops the script too
 cd "$(dirname "$0")/.."
 STATE=${BENCHSEAL_HOME:-$PWD/.benchseal}
 TOOLS=$STATE/tools
 BIN=$TOOLS/bin
+COSIGN_SUITE=${COSIGN_SUITE:-forky}
+COSIGN_SERIES=3.1.  # the package version cosign.version must start with
 log() { printf '[install-tools] %s\n' "$*" >&2; }
 
-# APT_ETC (default /etc/apt) and --print-trixie-sources exist for the tests of the
-# source-list derivation; setup never passes them.
+# APT_ETC (default /etc/apt), --print-trixie-sources and --print-sources FROM TO exist for the tests
+# of the source-list derivation; setup never passes them.
 APT_ETC=${APT_ETC:-/etc/apt}
-PRINT_ONLY=0
-[ "${1:-}" = "--print-trixie-sources" ] && PRINT_ONLY=1
+PRINT_FROM=""
+PRINT_TO=""
+case "${1:-}" in
+  --print-trixie-sources) PRINT_FROM=bookworm PRINT_TO=trixie ;;
+  --print-sources) PRINT_FROM=${2:?--print-sources FROM TO} PRINT_TO=${3:?--print-sources FROM TO} ;;
+  "") ;;
+  *) log "usage: install-tools.sh [--print-trixie-sources | --print-sources FROM TO]"; exit 2 ;;
+esac
 
-cosign_ready() { [ -x "$BIN/cosign" ] && [ -s "$TOOLS/cosign.version" ] && "$BIN/cosign" version >/dev/null 2>&1; }
+# derive_sources FROM TO DIR: DIR/sources.list and DIR/sources.list.d/*.sources hold the machine's
+# entries for suite FROM (plain FROM only: not FROM-updates or FROM-security), renamed to suite TO.
+derive_sources() {
+  local from=$1 to=$2 dir=$3 f
+  mkdir -p "$dir/sources.list.d"
+  : > "$dir/sources.list"
+  # deb822 (*.sources): keep stanzas of Types deb whose Suites include FROM; write them with
+  # Suites: TO and the same URIs, Components and Signed-By.
+  for f in "$APT_ETC"/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk -v from="$from" -v to="$to" -v out="$dir/sources.list.d/$to-$(basename "$f")" '
+      function flush() {
+        if (types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " from " ") && uris != "") {
+          printf "Types: deb\nURIs: %s\nSuites: %s\nComponents: %s\n", uris, to, comps >> out
+          if (signed != "") printf "Signed-By: %s\n", signed >> out
+          printf "\n" >> out
+        }
+        types = ""; suites = ""; uris = ""; comps = ""; signed = ""
+      }
+      /^[[:space:]]*$/ { flush(); next }
+      /^[[:space:]]*#/ { next }
+      {
+        key = $1; sub(/:$/, "", key); val = $0; sub(/^[^:]*:[[:space:]]*/, "", val)
+        if (key == "Types") types = val
+        else if (key == "Suites") suites = val
+        else if (key == "URIs") uris = val
+        else if (key == "Components") comps = val
+        else if (key == "Signed-By") signed = val
+      }
+      END { flush() }
+    ' "$f"
+  done
+  # One-line format (sources.list and *.list): "deb [opts] URI FROM COMPONENTS".
+  for f in "$APT_ETC"/sources.list "$APT_ETC"/sources.list.d/*.list; do
+    [ -f "$f" ] || continue
+    awk -v from="$from" -v to="$to" '$1 == "deb" {
+           for (i = 2; i <= NF; i++) if ($i == from) { $i = to; print; break }
+         }' "$f" >> "$dir/sources.list"
+  done
+  if ! grep -qs . "$dir/sources.list" "$dir"/sources.list.d/*.sources; then
+    log "error: no $from entry in the machine's apt sources to derive a $to list from"
+    return 1
+  fi
+}
+
+if [ -n "$PRINT_FROM" ]; then
+  dir=$(mktemp -d)
+  derive_sources "$PRINT_FROM" "$PRINT_TO" "$dir" || { rm -rf "$dir"; exit 1; }
+  cat "$dir/sources.list" "$dir"/sources.list.d/*.sources 2>/dev/null || true
+  rm -rf "$dir"
+  exit 0
+fi
+
+cosign_ready() {
+  [ -x "$BIN/cosign" ] && [ -s "$TOOLS/cosign.version" ] && [[ "$(cat "$TOOLS/cosign.version")" == "$COSIGN_SERIES"* ]] &&
+    "$BIN/cosign" version >/dev/null 2>&1
+}
 buildx_ready() { [ -x "$BIN/docker-buildx" ] && "$BIN/docker-buildx" version >/dev/null 2>&1; }
-if [ "$PRINT_ONLY" = 0 ] && cosign_ready && buildx_ready; then
+if cosign_ready && buildx_ready; then
   exit 0
 fi
 mkdir -p "$BIN"
-codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-# Debian package of each tool that is still missing.
-wanted=()
-cosign_ready || wanted+=(cosign)
-buildx_ready || wanted+=(docker-buildx)
-# Where each package puts its binary.
-binary_of() { case "$1" in cosign) echo usr/bin/cosign ;; docker-buildx) echo usr/libexec/docker/cli-plugins/docker-buildx ;; esac; }
-tool_of() { case "$1" in cosign) echo cosign ;; docker-buildx) echo docker-buildx ;; esac; }
+codename=$(. "${OS_RELEASE:-/etc/os-release}" && echo "${VERSION_CODENAME:-}")
+[ -n "$codename" ] || { log "error: no VERSION_CODENAME in /etc/os-release"; exit 1; }
 
-if [ "$PRINT_ONLY" = 0 ] && [ "$codename" != "bookworm" ]; then
-  # Debian 13 (or later) carries both itself.
-  missing=()
-  for pkg in "${wanted[@]}"; do
-    [ -x "/$(binary_of "$pkg")" ] || missing+=("$pkg")
-  done
-  if ((${#missing[@]})); then
-    log "installing with apt: ${missing[*]}"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || {
-      apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; }
-  fi
-  for pkg in "${wanted[@]}"; do
-    ln -sf "/$(binary_of "$pkg")" "$BIN/$(tool_of "$pkg")"
-    "$BIN/$(tool_of "$pkg")" version >/dev/null
-    log "$pkg ready: $BIN/$(tool_of "$pkg")"
-  done
-  if [[ " ${wanted[*]} " == *" cosign "* ]]; then
-    dpkg-query -W -f='${Version}\n' cosign > "$TOOLS/cosign.version"
-  fi
-  exit 0
-fi
+# fetch_debs SUITE PKG...: download the packages from a SUITE list derived from the machine's own suite
+# (private apt state under $TOOLS/apt-SUITE); prints the .deb paths, one a line, in argument order.
+fetch_debs() {
+  local suite=$1; shift
+  local apt=$TOOLS/apt-$suite pkg
+  rm -rf "$apt"
+  mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/pkg"
+  derive_sources "$codename" "$suite" "$apt"
+  local opts=(
+    -o "Dir::Etc::SourceList=$apt/sources.list"
+    -o "Dir::Etc::SourceParts=$apt/sources.list.d"
+    -o "Dir::State::Lists=$apt/lists"
+    -o "Dir::Cache=$apt/cache"
+    -o "Dir::State::status=/dev/null"
+    -o "APT::Get::List-Cleanup=0"
+  )
+  log "fetching the $suite package list (private apt state under $apt)"
+  apt-get "${opts[@]}" update -qq >"$apt/update.log" 2>&1 || { cat "$apt/update.log" >&2; return 1; }
+  (cd "$apt/pkg" && apt-get "${opts[@]}" download "$@" >"$apt/download.log" 2>&1) ||
+    { cat "$apt/download.log" >&2; return 1; }
+  # Keep only the downloaded packages; the lists are large and not needed again.
+  rm -rf "$apt/lists" "$apt/cache"
+  for pkg in "$@"; do ls "$apt"/pkg/"${pkg}"_*.deb; done
+}
 
-# --- Debian 12: derive a trixie source list from the configured bookworm entries ----
-APT=$TOOLS/apt-trixie
-[ "$PRINT_ONLY" = 1 ] && APT=$(mktemp -d)
-rm -rf "$APT"
-mkdir -p "$APT/sources.list.d" "$APT/lists/partial" "$APT/cache/archives/partial" "$APT/pkg"
-: > "$APT/sources.list"
-
-# deb822 (*.sources): keep stanzas of Types deb whose Suites include plain "bookworm";
-# write them with Suites: trixie and the same URIs, Components and Signed-By.
-for f in "$APT_ETC"/sources.list.d/*.sources; do
-  [ -f "$f" ] || continue
-  awk -v out="$APT/sources.list.d/trixie-$(basename "$f")" '
-    function flush() {
-      if (types ~ /(^| )deb( |$)/ && suites ~ /(^| )bookworm( |$)/ && uris != "") {
-        printf "Types: deb\nURIs: %s\nSuites: trixie\nComponents: %s\n", uris, comps >> out
-        if (signed != "") printf "Signed-By: %s\n", signed >> out
-        printf "\n" >> out
-      }
-      types = ""; suites = ""; uris = ""; comps = ""; signed = ""
-    }
-    /^[[:space:]]*$/ { flush(); next }
-    /^[[:space:]]*#/ { next }
-    {
-      key = $1; sub(/:$/, "", key); val = $0; sub(/^[^:]*:[[:space:]]*/, "", val)
-      if (key == "Types") types = val
-      else if (key == "Suites") suites = val
-      else if (key == "URIs") uris = val
-      else if (key == "Components") comps = val
-      else if (key == "Signed-By") signed = val
-    }
-    END { flush() }
-  ' "$f"
-done
-# One-line format (sources.list and *.list): "deb [opts] URI bookworm COMPONENTS".
-for f in "$APT_ETC"/sources.list "$APT_ETC"/sources.list.d/*.list; do
-  [ -f "$f" ] || continue
-  awk '$1 == "deb" {
-         for (i = 2; i <= NF; i++) if ($i == "bookworm") { $i = "trixie"; print; break }
-       }' "$f" >> "$APT/sources.list"
-done
-if ! grep -qs . "$APT/sources.list" "$APT"/sources.list.d/*.sources; then
-  log "error: no bookworm entry in the machine's apt sources to derive a trixie list from"
-  exit 1
-fi
-
-if [ "$PRINT_ONLY" = 1 ]; then
-  cat "$APT/sources.list" "$APT"/sources.list.d/*.sources 2>/dev/null || true
-  rm -rf "$APT"
-  exit 0
-fi
-
-apt_opts=(
-  -o "Dir::Etc::SourceList=$APT/sources.list"
-  -o "Dir::Etc::SourceParts=$APT/sources.list.d"
-  -o "Dir::State::Lists=$APT/lists"
-  -o "Dir::Cache=$APT/cache"
-  -o "Dir::State::status=/dev/null"
-  -o "APT::Get::List-Cleanup=0"
-)
-log "fetching the trixie package list (private apt state under $APT)"
-apt-get "${apt_opts[@]}" update -qq >"$APT/update.log" 2>&1 || { cat "$APT/update.log" >&2; exit 1; }
-(cd "$APT/pkg" && apt-get "${apt_opts[@]}" download "${wanted[@]}" >"$APT/download.log" 2>&1) ||
-  { cat "$APT/download.log" >&2; exit 1; }
-for pkg in "${wanted[@]}"; do
-  deb=$(ls "$APT"/pkg/"${pkg}"_*.deb)
-  tool=$(tool_of "$pkg")
+# unpack DEB TOOL PATH: the package's files under $TOOLS/TOOL-root, its binary PATH linked as $BIN/TOOL.
+unpack() {
+  local deb=$1 tool=$2 binary=$3
   rm -rf "$TOOLS/$tool-root"
   dpkg -x "$deb" "$TOOLS/$tool-root"
-  ln -sf "$TOOLS/$tool-root/$(binary_of "$pkg")" "$BIN/$tool"
+  ln -sf "$TOOLS/$tool-root/$binary" "$BIN/$tool"
   "$BIN/$tool" version >/dev/null
+  log "$tool ready: $BIN/$tool ($(basename "$deb"))"
+}
+
+if ! buildx_ready; then
+  if [ "$codename" = "bookworm" ]; then
+    deb=$(fetch_debs trixie docker-buildx)
+    unpack "$deb" docker-buildx usr/libexec/docker/cli-plugins/docker-buildx
+  else
+    # Debian 13 (or later) carries it itself.
+    if [ ! -x /usr/libexec/docker/cli-plugins/docker-buildx ]; then
+      log "installing with apt: docker-buildx"
+      export DEBIAN_FRONTEND=noninteractive
+      apt-get install -y -qq --no-install-recommends docker-buildx >/dev/null 2>&1 || {
+        apt-get update -qq && apt-get install -y -qq --no-install-recommends docker-buildx >/dev/null; }
+    fi
+    ln -sf /usr/libexec/docker/cli-plugins/docker-buildx "$BIN/docker-buildx"
+    "$BIN/docker-buildx" version >/dev/null
+    log "docker-buildx ready: $BIN/docker-buildx"
+  fi
+fi
+
+if ! cosign_ready; then
+  deb=$(fetch_debs "$COSIGN_SUITE" cosign)
+  version=$(dpkg-deb -f "$deb" Version)
+  if [[ "$version" != "$COSIGN_SERIES"* ]]; then
+    log "error: $COSIGN_SUITE carries cosign $version, not ${COSIGN_SERIES}x (set COSIGN_SUITE to a suite that does)"
+    exit 1
+  fi
+  unpack "$deb" cosign usr/bin/cosign
   # cosign built by Debian reports "devel": record the package version beside it.
-  if [ "$pkg" = cosign ]; then dpkg-deb -f "$deb" Version > "$TOOLS/cosign.version"; fi
-  log "$pkg ready: $BIN/$tool ($(basename "$deb"))"
-done
-# Keep only the unpacked packages; the lists are large and not needed again.
-rm -rf "$APT/lists" "$APT/cache"
+  printf '%s\n' "$version" > "$TOOLS/cosign.version"
+fi

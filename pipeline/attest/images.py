@@ -2,7 +2,8 @@
 
 For every image digest the release workflow's keyless identity makes:
 
-* a Sigstore signature (``cosign sign``, in cosign's tag scheme ``sha256-<hex>.sig``);
+* a Sigstore signature (``cosign sign``, cosign 3's bundle format: a DSSE bundle of predicate
+  ``https://sigstore.dev/cosign/sign/v1`` attached as an OCI referrer beside the attestations);
 * an SLSA v1 build provenance attestation (in-toto Statement v1, predicate
   ``https://slsa.dev/provenance/v1``, build type ``IMAGE_BUILD_TYPE``, docs/build-types.md) whose
   builder and invocation are the workflow run that built the image;
@@ -50,10 +51,10 @@ from pipeline.core.contracts import AgentArtifact, builder_problem, sri_hex
 from pipeline.core.digests import ImageRef, parse_ref
 from pipeline.core.documents import STATEMENT_TYPE, agent_purl
 from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationError
-from pipeline.core.fsutil import atomic_write_bytes, canonical_json
+from pipeline.core.fsutil import atomic_write_bytes, atomic_write_json, canonical_json
 from pipeline.evidence.provenance import BUILD_TYPE as IMAGE_BUILD_TYPE
 from pipeline.evidence.sbom import write_sbom
-from pipeline.evidence.signing import Signer, certificate_identity, private_trust_config
+from pipeline.evidence.signing import Signer, certificate_identity, private_signing_config, private_trust_config
 from pipeline.verify.external import (
     ATTESTATION_TYPES,
     CYCLONEDX,
@@ -76,14 +77,14 @@ _COSIGN_TIMEOUT = 180
 class SigstoreEndpoints:
     """Where cosign gets certificates and logs entries, and which root it trusts.
 
-    ``public_good()`` is production (cosign's own defaults, its TUF root). ``private()`` names an
-    instance of our own: its URLs, and its trusted_root.json handed to cosign as the PEM files
-    cosign reads from ``SIGSTORE_ROOT_FILE`` / ``SIGSTORE_CT_LOG_PUBLIC_KEY_FILE`` /
-    ``SIGSTORE_REKOR_PUBLIC_KEY`` (``cosign sign`` has no --trusted-root).
+    ``public_good()`` is production (cosign's own defaults: the signing config and trusted root of
+    its TUF repository). ``private()`` names an instance of our own: cosign signs with its signing
+    config (``--signing-config``: Fulcio's v2 API, Rekor v1, the TSA) and checks against its
+    ``--trusted-root``; verifiers get the same root (and, for the blob and legacy forms, the PEM files
+    of :meth:`environ`).
     """
 
     fulcio_url: str | None = None
-    rekor_url: str | None = None
     trusted_root: Path | None = None
 
     @classmethod
@@ -99,19 +100,21 @@ class SigstoreEndpoints:
     def private(cls, url: str, trusted_root: Path) -> SigstoreEndpoints:
         if not re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}", url):
             raise ValidationError("sigstore url", "a private instance must be http://127.0.0.1:PORT", url)
-        return cls(fulcio_url=url, rekor_url=f"{url}/rekor", trusted_root=trusted_root)
+        return cls(fulcio_url=url, trusted_root=trusted_root)
 
     @property
     def is_private(self) -> bool:
         return self.trusted_root is not None
 
-    def sign_flags(self) -> list[str]:
-        flags = []
-        if self.fulcio_url:
-            flags += ["--fulcio-url", self.fulcio_url]
-        if self.rekor_url:
-            flags += ["--rekor-url", self.rekor_url]
-        return flags
+    def sign_flags(self, workdir: Path) -> list[str]:
+        """``cosign sign``'s service flags: none for public-good; for a private instance its signing
+        config (written into ``workdir``) and trusted root. cosign 3 refuses --fulcio-url/--rekor-url
+        beside a signing config, and takes its signing config from TUF unless given one."""
+        if self.fulcio_url is None or self.trusted_root is None:
+            return []
+        config = workdir / "signing_config.json"
+        atomic_write_json(config, private_signing_config(self.fulcio_url))
+        return ["--signing-config", str(config), "--trusted-root", str(self.trusted_root)]
 
     def environ(self, workdir: Path) -> dict[str, str]:
         """Environment for cosign: the private root as PEM files (nothing for public-good)."""
@@ -244,9 +247,11 @@ class ImageSigner:
         credential = self._credential_env()
         with tempfile.TemporaryDirectory(prefix="benchseal-attest-") as tmp:
             work = Path(tmp)
-            common = ["--yes", "--oidc-provider", "github-actions", *self.endpoints.sign_flags(), *self._registry_flags()]
-            env = {**self.endpoints.environ(work), **credential}
-            # cosign rewrites the digest's .sig tag whole: one writer at a time (pipeline.attest.taglock).
+            common = ["--yes", "--oidc-provider", "github-actions", *self.endpoints.sign_flags(work),
+                      *self._registry_flags()]
+            env = dict(credential)  # the trust root travels as --trusted-root (sign_flags)
+            # cosign rewrites the digest's referrers fallback index whole: one writer at a time
+            # (pipeline.attest.taglock).
             with digest_tags_locked(image):
                 _cosign(["sign", *common, image.ref], env, f"signing {image.ref}")
             try:

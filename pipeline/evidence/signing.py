@@ -171,30 +171,32 @@ def private_trust_config(url: str, trusted_root: Path) -> ClientTrustConfig:
     """The client trust config of a private instance named explicitly (``--sigstore-url`` and
     ``--trusted-root``, loopback only): its Fulcio, Rekor v1 and TSA at ``url``, trusting
     ``trusted_root``. What the ambient signer uses in place of public-good in tests."""
-
-
-    if not re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}", url):
-        raise ValidationError("--sigstore-url", "a private instance must be http://127.0.0.1:PORT", url)
+    signing = private_signing_config(url)
     try:
         root = json.loads(trusted_root.read_text("utf-8"))
     except (OSError, ValueError) as exc:
         raise ValidationError("--trusted-root", f"must be a readable trusted_root.json ({exc})", str(trusted_root)) from None
+    config = {"mediaType": "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json", "trustedRoot": root,
+              "signingConfig": signing}
+    return ClientTrustConfig.from_json(json.dumps(config))
+
+
+def private_signing_config(url: str) -> dict[str, Any]:
+    """The signing config (v0.2) of a private instance at ``url`` (loopback only): its Fulcio, Rekor v1
+    and TSA. sigstore-python's (inside :func:`private_trust_config`) and cosign's ``--signing-config``."""
+    if not re.fullmatch(r"http://127\.0\.0\.1:\d{1,5}", url):
+        raise ValidationError("--sigstore-url", "a private instance must be http://127.0.0.1:PORT", url)
 
     def service(path: str) -> dict[str, object]:
         return {"url": url + path, "majorApiVersion": 1, "validFor": {"start": "2020-01-01T00:00:00Z"},
                 "operator": "benchseal.local"}
 
-    config = {
-        "mediaType": "application/vnd.dev.sigstore.clienttrustconfig.v0.1+json",
-        "trustedRoot": root,
-        "signingConfig": {
-            "mediaType": "application/vnd.dev.sigstore.signingconfig.v0.2+json",
-            "caUrls": [service("")], "oidcUrls": [service("/oidc")], "rekorTlogUrls": [service("/rekor")],
-            "rekorTlogConfig": {"selector": "ANY"}, "tsaUrls": [service("/tsa/api/v1/timestamp")],
-            "tsaConfig": {"selector": "ANY"},
-        },
+    return {
+        "mediaType": "application/vnd.dev.sigstore.signingconfig.v0.2+json",
+        "caUrls": [service("")], "oidcUrls": [service("/oidc")], "rekorTlogUrls": [service("/rekor")],
+        "rekorTlogConfig": {"selector": "ANY"}, "tsaUrls": [service("/tsa/api/v1/timestamp")],
+        "tsaConfig": {"selector": "ANY"},
     }
-    return ClientTrustConfig.from_json(json.dumps(config))
 
 
 def default_signer() -> Signer:

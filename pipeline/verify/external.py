@@ -170,10 +170,12 @@ def image_check_args(ref: str, policy: ImageIdentityPolicy, *, offline: bool,
     ``ref`` by ``policy``: what ``benchseal verify-image`` and the worker run, and what the release
     body prints. A loopback registry is plain HTTP.
 
-    The signature is cosign's own (``cosign sign``, its tag scheme); the attestations are Sigstore
-    bundles attached as OCI referrers (pipeline.attest.images), checked in cosign's new bundle format
-    with their predicate type's URI and, for a private instance, its ``trusted_root`` (public-good:
-    cosign's TUF root). The legacy ``.att`` attestations are not read: no fallback between the two."""
+    The signature (``cosign sign``) and the attestations (pipeline.attest.images) are Sigstore bundles
+    attached as OCI referrers, checked in cosign 3's bundle format (its default) against, for a private
+    instance, its ``trusted_root`` (public-good: cosign's TUF root); each attestation with its predicate
+    type's URI, which cosign 3.1 compares (2.5 did not: GHSA-w6c6-c85g-mmv6). cosign 3's ``verify`` of
+    an image with bundles accepts any bundle of the signer about the digest (a signature's or an
+    attestation's). The legacy ``.sig`` / ``.att`` forms are not read: no fallback between the two."""
     image = parse_ref(ref, "image")
     unknown = [a for a in attestations if a not in ATTESTATION_TYPES]
     if unknown:
@@ -181,7 +183,7 @@ def image_check_args(ref: str, policy: ImageIdentityPolicy, *, offline: bool,
     http = ["--allow-http-registry"] if allow_http_registry or is_loopback_registry(image.ref) else []
     offline_flag = ["--offline"] if offline else []
     trust = ["--trusted-root", str(trusted_root)] if trusted_root is not None else []
-    return [["verify", *policy.flags(), *offline_flag, *http, image.ref],
+    return [["verify", *policy.flags(), *trust, *offline_flag, *http, image.ref],
             *(["verify-attestation", "--new-bundle-format", "--type", ATTESTATION_TYPES[kind], *policy.flags(),
                *trust, *offline_flag, *http, image.ref] for kind in attestations)]
 

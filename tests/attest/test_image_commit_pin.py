@@ -160,7 +160,8 @@ def test_a_certificate_without_the_extension_is_refused(claim: str, flag: str, s
     with pytest.raises(CheckFailed, match="not verified"):
         _verify_image_cli(images["runner"], sigstore_instance, "--commit", COMMIT)
     # Without that one pin the same signature verifies: the missing extension is the refusal.
-    (signature, *_) = image_check_args(images["runner"], image_identity(SOURCE, TAG, COMMIT), offline=True)
+    (signature, *_) = image_check_args(images["runner"], image_identity(SOURCE, TAG, COMMIT), offline=True,
+                                       trusted_root=endpoints.trusted_root)
     at = signature.index(flag)
     unpinned = signature[:at] + signature[at + 2:]
     done = subprocess.run([str(cosign_bin), *unpinned], env=cosign_environment(endpoints.environ(tmp_path)),
@@ -178,7 +179,7 @@ def test_a_signature_of_the_commit_with_attestations_of_another_is_refused(
                          actions_env=sigstore_local.open_actions_session(sigstore_instance, job).environ())
     env = {**endpoints.environ(tmp_path), **signer._credential_env()}
     for image in images.values():
-        run_cosign(["sign", "--yes", "--oidc-provider", "github-actions", *endpoints.sign_flags(), "--allow-http-registry",
+        run_cosign(["sign", "--yes", "--oidc-provider", "github-actions", *endpoints.sign_flags(tmp_path), "--allow-http-registry",
                  image], env, f"signing {image}")
     sign_as(sigstore_instance, endpoints, tmp_path, images, ref=f"refs/tags/{TAG}", sha=OTHER)
     with pytest.raises(ImageRefused, match=r"https://slsa.dev/provenance/v1 attestation by .* at commit " + COMMIT):

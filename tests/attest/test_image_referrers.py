@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from pipeline.attest.images import (
     image_statement,
     provenance_predicate,
 )
-from pipeline.attest.referrers import BUNDLE_MEDIA_TYPE, attach_bundle
+from pipeline.attest.referrers import BUNDLE_MEDIA_TYPE, OCI_INDEX, OCI_MANIFEST, attach_bundle
 from pipeline.core.digests import parse_ref
 from pipeline.core.documents import TEST_RESULT
 from pipeline.core.errors import CheckFailed
@@ -47,6 +48,7 @@ INVOCATION = BuildInvocation(repository="acme/app", ref="refs/tags/v2.0.0", comm
                              workflow_ref="acme/app/.github/workflows/tag.yml@refs/tags/v2.0.0",
                              run_url="https://github.com/acme/app/actions/runs/7/attempts/1")
 POLICY = image_identity("acme/app", "v2.0.0", COMMIT)
+COSIGN_SIGN = "https://sigstore.dev/cosign/sign/v1"  # the predicate of cosign 3's image signature bundle
 SBOM = {"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1, "components": []}
 
 
@@ -93,10 +95,24 @@ def _statement(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return json.loads(base64.b64decode(envelope["payload"]))  # type: ignore[no-any-return]
 
 
-def _registry_get(ref: str, kind: str, reference: str) -> requests.Response:
+def _registry_get(ref: str, kind: str, reference: str, accept: str = OCI_INDEX) -> requests.Response:
     image = parse_ref(ref)
     return requests.get(f"http://{image.registry}/v2/{image.repository}/{kind}/{reference}", timeout=10,
-                        headers={"Accept": "application/vnd.oci.image.index.v1+json"})
+                        headers={"Accept": accept})
+
+
+def _referrers(ref: str) -> set[tuple[str, str]]:
+    """(predicate type, referrer manifest digest) of each entry of the image's fallback index, read from the
+    referrer manifest itself: go-containerregistry (inside cosign) indexes cosign's own signature bundle with
+    no annotations and the config's media type as its ``artifactType``."""
+    index = _registry_get(ref, "manifests", parse_ref(ref).digest.replace(":", "-")).json()
+    found = set()
+    for entry in index["manifests"]:
+        manifest = _registry_get(ref, "manifests", entry["digest"], accept=OCI_MANIFEST).json()
+        assert manifest["artifactType"] == BUNDLE_MEDIA_TYPE
+        assert manifest["subject"]["digest"] == parse_ref(ref).digest
+        found.add((manifest["annotations"]["dev.sigstore.bundle.predicateType"], entry["digest"]))
+    return found
 
 
 def test_cosign_finds_both_as_bundles_and_the_provenance_is_clean_slsa_v1(
@@ -119,15 +135,14 @@ def test_they_are_referrers_in_the_fallback_index_and_no_legacy_att_exists(
     digest = parse_ref(signed).digest
     # This registry (distribution 2.8) has no referrers API: the tag schema's index holds them.
     assert _registry_get(signed, "referrers", digest).status_code == 404
-    index = _registry_get(signed, "manifests", digest.replace(":", "-")).json()
-    types = sorted(entry["annotations"]["dev.sigstore.bundle.predicateType"] for entry in index["manifests"])
-    assert types == [CYCLONEDX, SLSA_PROVENANCE]
-    assert {entry["artifactType"] for entry in index["manifests"]} == {BUNDLE_MEDIA_TYPE}
+    types = sorted(kind for kind, _ in _referrers(signed))
+    assert types == sorted([CYCLONEDX, SLSA_PROVENANCE, COSIGN_SIGN])  # cosign 3 signs in the bundle format too
     tags = _registry_get(signed, "tags", "list").json()["tags"]
-    assert digest.replace(":", "-") + ".att" not in tags
-    # No silent fallback: cosign's legacy form finds nothing to verify.
+    assert digest.replace(":", "-") + ".att" not in tags and digest.replace(":", "-") + ".sig" not in tags
+    # No silent fallback: cosign's legacy form (cosign 3: asked for explicitly) finds nothing to verify.
     legacy = [a for a in _attestation_args(signed, SLSA_PROVENANCE, endpoints)
               if a not in ("--new-bundle-format", "--trusted-root", str(endpoints.trusted_root))]
+    legacy.insert(1, "--new-bundle-format=false")
     done = _cosign(cosign_bin, legacy, endpoints, tmp_path)
     assert done.returncode != 0 and "no matching attestations" in done.stderr
 
@@ -160,6 +175,33 @@ def test_wrong_pins_are_refused_by_cosign_and_gh(signed: str, endpoints: Sigstor
     assert done.returncode != 0 and reasons[0] in done.stderr, done.stderr
     outcome = gh_verify_image(signed, policy, predicate_type, trusted_root_jsonl=root_jsonl)
     assert not outcome.ok and reasons[1] in outcome.output, outcome.output
+
+
+def test_cosign_tree_shows_every_referrer_from_the_fallback_index(
+        sigstore_instance: Any, endpoints: SigstoreEndpoints, cosign_bin: Path, tmp_path: Path) -> None:
+    """Issue 37.2: ``cosign tree`` (cosign 3: OCI referrers by default, read through the tag schema's fallback
+    index on this registry's 404) lists the runner's signature, SLSA provenance, SBOM and test result, each as
+    the referrer manifest the index names."""
+    runner = parse_ref(push_unique_image("benchseal-attest-test/referrers", "tree"))
+    sbom = tmp_path / "sbom.cdx.json"
+    sbom.write_text(json.dumps(SBOM))
+    signer = _signer(sigstore_instance, endpoints)
+    signer.sign_and_attest(runner.ref, provenance=provenance_predicate(runner, "runner", INVOCATION), sbom=sbom)
+    statement = tmp_path / "test-result.intoto.json"
+    statement.write_bytes(image_statement(runner, TEST_RESULT, {"result": "PASSED", "configuration": []}))
+    bundle_signer = signer._bundle_signer(signer._credential_env())
+    try:
+        bundle = bundle_signer.sign_statement(statement).read_bytes()
+    finally:
+        bundle_signer.close()
+    attach_bundle(runner, bundle, TEST_RESULT)
+    expected = _referrers(runner.ref)
+    assert {kind for kind, _ in expected} == {COSIGN_SIGN, SLSA_PROVENANCE, CYCLONEDX, TEST_RESULT}
+    done = subprocess.run([str(cosign_bin), "tree", "--allow-http-registry", runner.ref], env=cosign_environment({}),
+                          capture_output=True, text=True, check=False, timeout=120)
+    assert done.returncode == 0, done.stderr
+    shown = set(re.findall(r"(\S+) artifacts via OCI referrer: \S+@(sha256:[0-9a-f]{64})", done.stdout))
+    assert shown == expected, done.stdout
 
 
 def test_a_bundle_about_another_digest_is_refused(sigstore_instance: Any, endpoints: SigstoreEndpoints,
@@ -195,7 +237,7 @@ def test_the_worker_check_refuses_an_image_without_the_bundles(sigstore_instance
     env = {**endpoints.environ(tmp_path), **signer._credential_env()}
     from pipeline.attest.images import _cosign as run_cosign
 
-    run_cosign(["sign", "--yes", "--oidc-provider", "github-actions", *endpoints.sign_flags(), "--allow-http-registry",
+    run_cosign(["sign", "--yes", "--oidc-provider", "github-actions", *endpoints.sign_flags(tmp_path), "--allow-http-registry",
                 ref], env, "signing")
     verify_image(ref, POLICY, endpoints, allow_http_registry=True, attestations=())
     with pytest.raises(CheckFailed, match=f"{SLSA_PROVENANCE} attestation by .*not verified"):

@@ -1,4 +1,4 @@
-"""scripts/install-tools.sh: the trixie list is derived from the machine's own sources; cosign works."""
+"""scripts/install-tools.sh: the trixie and forky lists are derived from the machine's own sources; cosign 3.1 works."""
 
 from __future__ import annotations
 
@@ -34,13 +34,37 @@ def test_trixie_sources_derived_from_configured_bookworm_entries(tmp_path: Path)
     assert out.count("trixie") == 2
 
 
+def test_a_newer_suite_is_derived_from_the_machines_own_suite(tmp_path: Path) -> None:
+    """cosign's suite (forky) from either Debian 12's or 13's entries: only the plain suite is renamed."""
+    etc = tmp_path / "apt"
+    (etc / "sources.list.d").mkdir(parents=True)
+    (etc / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.invalid/debian\nSuites: trixie trixie-updates\nComponents: main\n"
+        "Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+        "Types: deb\nURIs: http://mirror.invalid/debian-security\nSuites: trixie-security\nComponents: main\n")
+    (etc / "sources.list").write_text("deb http://mirror2.invalid/debian trixie main\n")
+    env = {**os.environ, "APT_ETC": str(etc), "BENCHSEAL_HOME": str(tmp_path / "home")}
+    done = subprocess.run(["bash", str(SCRIPT), "--print-sources", "trixie", "forky"], capture_output=True, text=True,
+                          check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "deb http://mirror2.invalid/debian forky main\n" in done.stdout
+    assert "URIs: http://mirror.invalid/debian\nSuites: forky\nComponents: main\n" in done.stdout
+    assert "trixie" not in done.stdout and "debian-security" not in done.stdout
+    # No entry of the named suite: one clear line, no list.
+    done = subprocess.run(["bash", str(SCRIPT), "--print-sources", "bookworm", "forky"], capture_output=True, text=True,
+                          check=False, env=env)
+    assert done.returncode == 1 and done.stdout == ""
+    assert "no bookworm entry in the machine's apt sources to derive a forky list from" in done.stderr
+
+
 def test_cosign_installed_and_rerun_is_a_no_op() -> None:
     cosign = cosign_path()
     assert cosign is not None, "run scripts/install-tools.sh"
     assert "GitVersion:" in subprocess.run([str(cosign), "version"], capture_output=True, text=True, check=True).stdout
     # Debian's build reports "devel"; the script records the package version.
     recorded = (cosign.parent.parent / "cosign.version").read_text().strip()
-    assert recorded.startswith("2.5."), recorded
+    # 3.1: the first series that compares --type with a bundle's predicate type (GHSA-w6c6-c85g-mmv6).
+    assert recorded.startswith("3.1."), recorded
     lists = set(os.listdir("/var/lib/apt/lists")) if os.path.isdir("/var/lib/apt/lists") else set()
     done = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -48,5 +72,5 @@ def test_cosign_installed_and_rerun_is_a_no_op() -> None:
     after = set(os.listdir("/var/lib/apt/lists")) if os.path.isdir("/var/lib/apt/lists") else set()
     assert after == lists
     if Path("/etc/debian_version").read_text().startswith("12"):
-        # the private trixie lists never reached the system's apt state
-        assert not any("trixie" in name for name in after)
+        # the private trixie and forky lists never reached the system's apt state
+        assert not any("trixie" in name or "forky" in name for name in after)
