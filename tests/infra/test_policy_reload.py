@@ -61,8 +61,9 @@ def test_the_loaded_policy_carries_the_sha256_of_the_bytes_it_parsed(tmp_path: P
     # One digest: what `sha256sum` prints (benchmark.yml's accept step), accept's check and the loaded policy's.
     assert policy.digest == _sha256(path) == policy_digest(path)
     assert load_policy(_policy_file(tmp_path / "other.yaml")).digest == _sha256(tmp_path / "other.yaml") != policy.digest
-    # A policy not read from a file has none (it is never taken for a file's).
-    assert InfraPolicy.model_validate(yaml.safe_load(SHIPPED)).digest is None
+    # A policy not read from a file has none (it is never taken for a file's); policies still compare by content.
+    in_memory = InfraPolicy.model_validate(yaml.safe_load(SHIPPED))
+    assert in_memory.digest is None and in_memory == policy
 
 
 def test_accept_refuses_a_policy_whose_parsed_bytes_are_not_the_checked_ones(tmp_path: Path) -> None:
