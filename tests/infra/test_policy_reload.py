@@ -64,6 +64,9 @@ def test_the_loaded_policy_carries_the_sha256_of_the_bytes_it_parsed(tmp_path: P
     # A policy not read from a file has none (it is never taken for a file's); policies still compare by content.
     in_memory = InfraPolicy.model_validate(yaml.safe_load(SHIPPED))
     assert in_memory.digest is None and in_memory == policy
+    # A copy is the same file's policy; a changed copy is not (the evidence never claims the file for it).
+    assert policy.model_copy().digest == policy.digest
+    assert policy.model_copy(update={"lease_seconds": 5.0}).digest is None
 
 
 def test_accept_refuses_a_policy_whose_parsed_bytes_are_not_the_checked_ones(tmp_path: Path) -> None:

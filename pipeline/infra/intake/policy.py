@@ -11,8 +11,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -293,6 +294,12 @@ class InfraPolicy(_Strict):
     @property
     def digest(self) -> str | None:
         return self._digest
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied._digest = None  # changed: no longer the policy the file's bytes say
+        return copied
 
     def __eq__(self, other: object) -> bool:
         # Equal by content, as before the digest: which bytes a policy was read from is not what it says.
