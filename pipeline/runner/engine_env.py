@@ -129,6 +129,10 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         # /logs/verifier), else alone before any other operation. One exec fewer per verifier environment.
         self._owed_dirs: str | None = None
         self._owed_lock = asyncio.Lock()
+        # Made by start() itself instead (the runner sets it on a trial's agent environment, whose first operation
+        # is never Harbor's dir command): their exec stays in Harbor's environment setup, as with Harbor's own
+        # environments, and is not counted in the agent's phase.
+        self.eager_dirs = False
 
     # --- what Harbor asks of an environment ------------------------------------------------
 
@@ -160,7 +164,11 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             await asyncio.shield(self._starting)
             await self._upload_environment_dir_after_start()
             targets = self._mount_targets(writable_only=True)
-            self._owed_dirs = self._ensure_dirs_command(targets, chmod=True) if targets else None
+            dirs = self._ensure_dirs_command(targets, chmod=True) if targets else None
+            if dirs is not None and self.eager_dirs:
+                await self._exec_command(dirs, user="root")
+            else:
+                self._owed_dirs = dirs
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:

@@ -38,6 +38,7 @@ from pipeline.runner.agent_box import agent_image as box_image
 from pipeline.runner.agent_box import model_base_url, set_agent_image
 from pipeline.runner.agent_check import AGENT_COPY, mount_agent_files, release_agent
 from pipeline.runner.cli_agent import IMPORT_PATH as CLI_AGENT_IMPORT_PATH
+from pipeline.runner.engine_env import EngineEnvironment
 from pipeline.runner.envshared import drain_teardowns
 from pipeline.runner.grader import IMPORT_PATH as GRADER_IMPORT_PATH
 from pipeline.runner.plan import TRIALS_FILE, TrialSpec, discover_tasks, plan_trials, select_trials, task_grading
@@ -197,6 +198,8 @@ async def create_trial(config: TrialConfig) -> Any:
     trial = await Trial.create(config)
     if agent_logs_unread(trial):
         trial._upload_agent_logs = _nothing
+    if isinstance(trial.agent_environment, EngineEnvironment):
+        trial.agent_environment.eager_dirs = True  # its log dirs in its setup (EngineEnvironment.eager_dirs)
     return trial
 
 

@@ -47,3 +47,10 @@ def _trial(tmp_path: Path, toml: str) -> Any:
 def test_agent_logs_are_copied_back_only_where_something_reads_them(tmp_path: Path, toml: str, skipped: bool) -> None:
     trial = _trial(tmp_path, toml)
     assert (trial._upload_agent_logs.__name__ == "_nothing") is skipped
+
+
+def test_the_agent_environment_makes_its_log_dirs_in_its_setup(tmp_path: Path) -> None:
+    """Where Harbor's own environments make them (EngineEnvironment.eager_dirs): the exec is counted in the trial's
+    environment setup, not in the agent's phase (the benchmark compares the two with plain Harbor)."""
+    trial = _trial(tmp_path, SEPARATE)
+    assert trial.agent_environment.eager_dirs is True

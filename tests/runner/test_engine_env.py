@@ -183,7 +183,8 @@ def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied:
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """start() owes Harbor's log dirs (0777, made as root): a verifier environment's first operation, Harbor's
     empty_dirs of /logs/verifier, makes them in the same exec (one exec fewer a trial); any other first operation
-    (here an exec as another user) finds them made."""
+    (here an exec as another user) finds them made. An agent's environment (``eager_dirs``, set by the runner)
+    makes them in start(), where Harbor's own environments do."""
     execs: list[tuple[str, str | int | None]] = []
     exec_ = engine_env.EngineEnvironment._exec
 
@@ -196,6 +197,7 @@ def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied:
     (tmp_path / "a").mkdir()
     verifier = _environment(tmp_path / "v", base_in_sandbox, "owedv")
     agent = _environment(tmp_path / "a", base_in_sandbox, "oweda")
+    agent.eager_dirs = True
     stat = "stat -c '%a %u %n' /logs/agent /logs/verifier /logs/artifacts"
 
     async def scenario() -> dict[str, Any]:
@@ -205,7 +207,7 @@ def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied:
         try:
             seen["at_start"] = list(execs)
             seen["emptied"] = await verifier.empty_dirs(["/logs/verifier"])
-            seen["verifier"] = list(execs)
+            seen["verifier"] = [e for e in execs if e[0] == verifier.session_id]
             seen["agent"] = await agent.exec(stat, user="nobody")
             seen["verifier_dirs"] = await verifier.exec(stat)
         finally:
@@ -216,7 +218,7 @@ def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied:
 
     seen = asyncio.run(scenario())
     dirs = ["777 0 /logs/agent", "777 0 /logs/verifier", "777 0 /logs/artifacts"]
-    assert seen["at_start"] == []
+    assert seen["at_start"] == [(agent.session_id, "root")]  # the agent's, in its start(); the verifier owes its
     assert seen["verifier"] == [(verifier.session_id, "root")]  # one exec: the owed dirs rode on Harbor's
     assert seen["emptied"].return_code == 0
     assert seen["agent"].stdout.splitlines() == dirs and seen["verifier_dirs"].stdout.splitlines() == dirs
