@@ -146,6 +146,16 @@ def test_release_local_of_the_example_as_its_own_repository(local_home: Path, tm
     release = dist / "v0.1.0"
     summary = json.loads((release / "summary.json").read_text())
     assert summary["agent"]["release"]["source_commit"] == commit
+    # The agent's model usage as the worker's relay counted it (never the agent's own report; it was None here):
+    # each trial called the model (a tool call, then its answer; the tamper canary's trial too, never scored),
+    # and the totals are the trials'.
+    usage, trials = summary["model_usage"], summary["timings"]["trials"]
+    assert usage is not None and usage["trials"] == len(trials) == summary["counts"]["total"] + 1, usage
+    assert all(t["model_calls"] >= 2 and t["input_tokens"] > t["output_tokens"] > 0 for t in trials), trials
+    assert [usage[k] for k in ("model_calls", "input_tokens", "output_tokens")] == [
+        sum(t[k] for t in trials) for k in ("model_calls", "input_tokens", "output_tokens")]
+    assert markdown_cell(f"{usage['model_calls']} model calls, {usage['input_tokens']} input / "
+                         f"{usage['output_tokens']} output tokens") in (release / "body.md").read_text()
     body = (release / "body.md").read_text()
     assert (f"benchseal verify . --repo benchseal-examples/hello-agent --tag v0.1.0 --infra-repo {INFRA} "
             f"--builder {BUILDER} ") in body

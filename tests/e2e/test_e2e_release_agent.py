@@ -319,8 +319,8 @@ def test_qwen_code_release_scores_one_and_records_its_package(qwen_right: dict[s
     body = (release / "body.md").read_text()
     row = markdown_cell(f"npm {QWEN_PACKAGE}@0.24.4, {QWEN_INTEGRITY}, built from {commit}")
     assert f"| Agent package | {row} |" in body
-    # Token usage: Qwen Code's --output-format json result, per trial (Harbor's context), is exactly what the
-    # model server counted for the calls that reached it through the relay.
+    # Token usage: what the worker's relay counted per trial from the model's answers (never Qwen Code's report of
+    # itself), exactly what the model server counted for the calls that reached it through the relay.
     trials = summary["timings"]["trials"]
     # Three scored tasks and the tamper canary (never scored, but the agent ran it and called the model too).
     assert len(trials) == 4 and [t["task"] for t in trials if t.get("canary")] == ["dedupe-lines"]
