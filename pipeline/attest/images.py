@@ -271,7 +271,7 @@ class ImageSigner:
 
     def _bundle_signer(self, credential: Mapping[str, str]) -> Signer:
         """sigstore-python's signer (pipeline.evidence.signing) for the job's ambient token: public-good,
-        or the private instance the endpoints name (Rekor v1: cosign 2.5 verifies no Rekor v2 entry)."""
+        or the private instance the endpoints name (Rekor v1: a consumer's cosign 2.5 verifies no Rekor v2 entry)."""
         first = actions_token(credential)
         identity, issuer = certificate_identity(first)
         tokens = iter([first])

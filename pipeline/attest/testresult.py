@@ -5,7 +5,7 @@ The seal job signs ``test-result.intoto.json`` as a DSSE Sigstore bundle (releas
 ``test-result.intoto.json.sigstore.json``). That same bundle, byte for byte, is pushed to the
 runner image's repository as an OCI referrer (pipeline.attest.referrers: the one mechanism that also
 attaches the images' provenance and SBOM; referrers API or the tag schema's fallback index).
-cosign 2.5's ``verify-attestation --new-bundle-format`` and ``gh attestation verify --bundle-from-oci``
+cosign's ``verify-attestation --new-bundle-format`` and ``gh attestation verify --bundle-from-oci``
 read either, so
 
     cosign verify-attestation --new-bundle-format --type https://in-toto.io/attestation/test-result/v0.1 \\

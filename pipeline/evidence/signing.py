@@ -5,8 +5,8 @@ Production: ``ambient_signer()`` takes the ambient GitHub Actions OIDC token
 Local and tests: ``pipeline.local.signing.local_signer()`` signs against the private instance on
 127.0.0.1 (``pipeline.local.sigstore``).
 
-Bundles use Rekor v1 unless asked otherwise: cosign 2.5 (the Debian 13 package,
-one of the three verifiers consumers use) cannot verify Rekor v2 entries.
+Bundles use Rekor v1 unless asked otherwise: cosign 2.5 (Debian 12's and 13's package, which
+consumers may have) cannot verify Rekor v2 entries; the cosign 3.1 setup installs can.
 """
 
 from __future__ import annotations

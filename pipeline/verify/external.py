@@ -202,8 +202,8 @@ def result_attestation_args(ref: str, expect: Expectation, *, trusted_root: Path
 def cosign_trust_env(trusted_root: Path, workdir: Path) -> dict[str, str]:
     """A private instance's trusted_root.json as the PEM files cosign reads from
     ``SIGSTORE_ROOT_FILE`` / ``SIGSTORE_CT_LOG_PUBLIC_KEY_FILE`` / ``SIGSTORE_REKOR_PUBLIC_KEY``
-    (``cosign sign`` has no --trusted-root, and cosign 2.5's ``verify`` of an image still asks TUF
-    for the Rekor and CT keys when given one), written into ``workdir``; returns the variables."""
+    (what cosign 2.5 needed for a ``.sig`` image signature; cosign 3, given ``--trusted-root`` on every
+    image line, does not read them), written into ``workdir``; returns the variables."""
     root = json.loads(trusted_root.read_text())
     fulcio = b"".join(
         x509.load_der_x509_certificate(base64.b64decode(cert["rawBytes"])).public_bytes(serialization.Encoding.PEM)
