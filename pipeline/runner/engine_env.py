@@ -260,8 +260,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:  # start()'s work, before any agent code ran: the machinery's failure
-            raise EngineFault(f"starting the environment {self.session_id} failed: {type(exc).__name__}: "
-                              f"{exc}") from exc
+            raise EngineFault(f"starting the environment {self.session_id} failed: {_engine_error(exc)}") from exc
         self._owed_dirs = None
         return result
 
