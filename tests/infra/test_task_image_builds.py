@@ -1,0 +1,136 @@
+"""A batch's missing task images are built in parallel (issue 36.5), on the real sandbox engine.
+
+Shown by the engine, not by timing: each build's RUN step waits for a file only this test writes, and the
+test writes it only once the engine has reported every build's RUN container started; builds one after
+another would never get there. A failing build fails with its task named, after the builds beside it
+finished and were recorded: the next call reuses their ids and builds nothing."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import docker.errors
+import pytest
+
+from pipeline.imaging.build import ensure_local
+from pipeline.infra.sandbox import engine as sbx
+from pipeline.infra.worker.config import InfraFailure
+from pipeline.infra.worker.images import _task_context_hash, prebuild_task_images
+from tests.fixtures.infra import remove_build_chain, sandbox_engine
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.needs_root("the sandbox engine is set up by root")]
+
+GATED = ("alpha", "beta", "gamma")
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[docker.DockerClient]:
+    client = sandbox_engine()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def base_id(engine: docker.DockerClient, base_refs: dict[str, Any]) -> str:
+    """The project's base, copied into the sandbox by id (as the worker does)."""
+    ref = base_refs["base"]
+    ensure_local(ref)
+    host = docker.from_env()
+    try:
+        return sbx.copy_image(host, engine, host.images.get(ref.ref).id)
+    finally:
+        host.close()
+
+
+def _task(suite: Path, task: str, dockerfile: str) -> None:
+    env = suite / task / "environment"
+    env.mkdir(parents=True)
+    (env / "Dockerfile").write_text(dockerfile)
+    (suite / task / "task.toml").write_text('version = "1.0"\n\n[environment]\n')
+
+
+def _go() -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        archive.addfile(tarfile.TarInfo("go"), io.BytesIO(b""))
+    return out.getvalue()
+
+
+def test_missing_task_images_build_at_once_and_a_failing_build_names_its_task_after_the_others_are_recorded(
+        tmp_path: Path, engine: docker.DockerClient, base_id: str) -> None:
+    token = uuid.uuid4().hex[:12]  # this test's own: the engine is shared
+    suite, records = tmp_path / "suite", tmp_path / "records"
+
+    def gated(task: str) -> str:
+        return f"FROM {base_id}\nRUN echo {token}-{task} && while [ ! -e /go ]; do sleep 0.1; done\n"
+
+    for task in GATED:
+        _task(suite, task, gated(task))
+    _task(suite, "delta", gated("alpha"))  # alpha's context exactly: one build for both
+    _task(suite, "broken", f"FROM {base_id}\nRUN echo {token}-broken && exit 3\n")
+    used: list[str] = []
+    outcome: dict[str, Any] = {}
+
+    def build() -> None:
+        try:
+            outcome["pinned"] = prebuild_task_images(engine, suite, records, concurrency=4, record_use=used.extend)
+        except Exception as exc:
+            outcome["error"] = exc
+
+    since = int(time.time()) - 1
+    worker = threading.Thread(target=build)
+    worker.start()
+    running: dict[str, str] = {}  # RUN container id -> the task whose build it is
+    built: set[str] = set()
+    try:
+        for event in engine.events(since=since, until=int(time.time()) + 180, decode=True,
+                                   filters={"type": "container", "event": "start"}):
+            try:
+                cmd = " ".join(engine.api.inspect_container(event["id"])["Config"]["Cmd"] or [])
+            except docker.errors.NotFound:
+                continue  # gone already: not one of the gated builds, which cannot end before the test says so
+            whose = next((t for t in GATED if f"echo {token}-{t} " in cmd), None)
+            if whose is not None:
+                running[event["id"]] = whose
+            if set(running.values()) == set(GATED):
+                break
+        # Every gated build's RUN step was running at once, one per distinct context (delta is alpha's).
+        assert sorted(running.values()) == sorted(GATED), (running, outcome)
+    finally:
+        for container in running:
+            try:
+                engine.api.put_archive(container, "/", _go())
+            except docker.errors.APIError:
+                pass
+        worker.join(timeout=300)
+        built = {path.read_text().strip() for path in records.iterdir()} if records.is_dir() else set()
+        try:
+            assert not worker.is_alive(), "the builds did not end once released"
+            error = outcome.get("error")
+            assert isinstance(error, InfraFailure), outcome
+            line = str(error)
+            assert "task broken" in line and "\n" not in line, line
+            # The three builds beside it were checked, recorded (the worker's records and the prune's use
+            # records) and are in the engine.
+            assert {path.name for path in records.iterdir()} == {_task_context_hash(suite / t / "environment")
+                                                                 for t in GATED}
+            assert sorted(used) == sorted(built) and len(built) == 3
+            assert all(engine.images.get(image_id).id == image_id for image_id in built)
+            # Without the broken task, the next call builds nothing: it reuses exactly those ids, delta on alpha's.
+            shutil.rmtree(suite / "broken")
+            pinned = prebuild_task_images(engine, suite, records)
+            assert set(pinned) == {*GATED, "delta"} and set(pinned.values()) == built
+            assert pinned["delta"] == pinned["alpha"]
+            assert f'docker_image = "{pinned["gamma"]}"' in (suite / "gamma" / "task.toml").read_text()
+        finally:
+            for image_id in built:
+                remove_build_chain(engine, image_id, base_id)
