@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic import ValidationError as PydanticValidationError
 
-from pipeline.core.contracts import MODEL_CALLS_KEY, Digest, GradeCounts, Grading, TrialRecord
+from pipeline.core.contracts import MODEL_CALLS_KEY, Digest, GradeCounts, Grading, TrialRecord, WorkerId
 from pipeline.core.documents import TrialsPlan, load_document
 from pipeline.core.errors import ValidationError
 from pipeline.core.scoring import AGENT_EXCEPTIONS, count, grade_result, score_of
@@ -89,7 +89,7 @@ class RecordedTrial(BaseModel):
     host: str = Field(min_length=1, max_length=255)
     batch_dir: str = Field(min_length=1, max_length=4096)
     # The worker that ran the trial (WorkerConfig.worker_id): with a queue shared by several workers, who ran what.
-    worker: str | None = Field(default=None, min_length=1, max_length=255)
+    worker: WorkerId | None = None
     # The content digest of the staged dataset copy the trial's task came from (pipeline.infra.worker.dataset).
     dataset_digest: Digest | None = None
 
