@@ -106,14 +106,15 @@ def test_every_field_of_the_section_stays_in_its_cell_and_section(value: str) ->
     # The release's own agent gets its own row ("Agent package") whenever the summary names one.
     package = ["Agent package"] if value else []
     workers = ["Workers (trials run; grader)"] if value else []  # shown when the summary names them
-    assert [len(r) for r in rows] == [2] * (16 + len(package) + len(workers)), rendered
+    policy = ["Infra policy (sha256 of policies/infra.yaml)"] if value else []  # shown when the summary records it
+    assert [len(r) for r in rows] == [2] * (16 + len(package) + len(workers) + len(policy)), rendered
     labels = ["Status", "Score", "Suite", "Dataset / content digest", "Evaluation method", "Completed / total", "Resolved",
               "Unresolved", "Infrastructure errors", "Runner image", "API image", "Harbor version", "Agent", *package,
-              "Source", "Infra run id", "Correlation id", *workers]
+              "Source", "Infra run id", *policy, "Correlation id", *workers]
     assert [r[0] for r in rows] == labels
     # Every cell of a plain value (the Source row joins two with " @ "; the agent package is one value).
     for label in ("Status", "Suite", "Dataset / content digest", "Evaluation method", "Runner image", "API image",
-                  "Harbor version", "Agent", *package, "Infra run id", "Correlation id", *workers):
+                  "Harbor version", "Agent", *package, "Infra run id", *policy, "Correlation id", *workers):
         _check_inert(rows[labels.index(label)][1], value)
     # The heading holds the tag and nothing else; the commands stay in their one fenced block.
     heading = re.search(r"<h3>(.*?)</h3>", rendered, re.DOTALL)
