@@ -193,18 +193,13 @@ def _line_env(argv: Sequence[str]) -> dict[str, str] | None:
 
 
 def _image_check_key(line: str, trusted_root: Path | None) -> str | None:
-    """The passed-check key of a body line that is cosign's check of an image (``env NAME=VALUE... cosign
-    verify[-attestation] ... REF``, as ``image_command_lines`` prints it), else None (always run). The env
-    prefix is the private root as PEM files: such a line is keyed only when the caller names that root
-    (``trusted_root``), a line without one only under public-good (``trusted_root`` None)."""
+    """The passed-check key of a body line that is cosign's check of an image (``cosign verify[-attestation]
+    ... REF``, as ``image_command_lines`` prints it), else None (always run). A line naming a private root
+    (``--trusted-root``) is keyed only when the caller names that root (``trusted_root``), a line without one
+    only under public-good (``trusted_root`` None)."""
     argv = shlex.split(line)
-    private = argv[:1] == ["env"]
-    if private != (trusted_root is not None):
+    if ("--trusted-root" in argv) != (trusted_root is not None):
         return None
-    if private:
-        argv = argv[1:]
-        while argv and "=" in argv[0]:
-            argv = argv[1:]
     if len(argv) < 2 or Path(argv[0]).name != "cosign" or argv[1] not in ("verify", "verify-attestation"):
         return None
     binary = shutil.which(argv[0])

@@ -532,10 +532,9 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     release's summary.json is bound to: exactly the argv ``benchseal verify-image`` runs
     (``image_check_args``). With ``builder``, the images were signed by its reusable release.yml
     for the source (:func:`builder_image_identity`); else by the source's own ``workflow``. A
-    private instance's root reaches cosign as PEM files written beside ``trusted_root`` and named
-    through ``env`` (cosign has no --trusted-root for image signatures in the old format) and, for the
-    attestations (Sigstore bundles as OCI referrers), as the published root (``printed_root``);
-    public-good needs none. No summary.json: no image lines.
+    private instance's root reaches cosign as ``--trusted-root`` naming the published root
+    (``printed_root``: a release asset, named relative to the release directory, so no line carries a
+    host path); public-good needs none. No summary.json: no image lines.
 
     Then, when the result is PASSED (a run that SUCCEEDED and passed its regression gate), the runner's
     test-result attestation (:func:`result_attestation_args`) by the signer of the evidence, which
@@ -546,24 +545,18 @@ def image_command_lines(directory: Path, repository: str, tag: str, *, binary: s
     if found is None:
         return []
     summary, policy = found
-    # The bundle-format line names the published root (printed_root); the legacy image signatures need the
-    # PEM files cosign reads, written beside the instance's root file (not a release asset).
+    # Every image check is of a Sigstore bundle (cosign 3's format): the published root is all cosign needs.
     bundle_root = printed_root(directory, trusted_root, profile)
-    trusted_root = instance_root(directory, trusted_root, profile)
     binary = binary or ("cosign" if shutil.which("cosign") else str(cosign_path() or "cosign"))
-    prefix: list[str] = []
-    if trusted_root is not None:
-        env = cosign_trust_env(trusted_root, trusted_root.parent / "cosign-trust")
-        prefix = ["env", *(f"{name}={value}" for name, value in sorted(env.items()))]
     lines = []
     for image in (summary.images.runner.ref, summary.images.api.ref):
-        for args in image_check_args(image, policy, offline=trusted_root is not None, trusted_root=bundle_root):
-            lines.append(shlex.join([*prefix, binary, *args]))
+        for args in image_check_args(image, policy, offline=bundle_root is not None, trusted_root=bundle_root):
+            lines.append(shlex.join([binary, *args]))
     seal = result_signer(directory, summary, repository=repository, tag=tag, profile=profile,
                          infra_repository=infra_repository, builder=builder)
     if seal is not None:
         args = result_attestation_args(summary.images.runner.ref, seal, trusted_root=bundle_root)
-        lines.append(shlex.join([*prefix, binary, *args]))
+        lines.append(shlex.join([binary, *args]))
     return lines
 
 
