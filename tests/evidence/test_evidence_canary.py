@@ -100,12 +100,20 @@ def published(tmp_path_factory: pytest.TempPathFactory, evidence_images: dict[st
     return artifacts, Path(result.location)
 
 
-def test_nothing_published_carries_the_host_path_or_the_secret(published: tuple[Path, Path]) -> None:
+def test_nothing_published_carries_the_host_path_or_the_secret(published: tuple[Path, Path],
+                                                               tmp_path_factory: pytest.TempPathFactory,
+                                                               sigstore_instance: object) -> None:
     artifacts, release = published
     files = sorted(p for p in release.iterdir())
     assert {EVIDENCE_ARCHIVE, NESTED_SUMS, TRUSTED_ROOT, TRUSTED_ROOT_LINES, CLIENT_TRUST_CONFIG} <= {p.name for p in files}
+    # Beyond the seeded canary, every other host directory this release was made from: the test's temp root (the
+    # run dir, the publish root) and the Sigstore instance's state (its root file's directory).
+    host_dirs = [str(tmp_path_factory.getbasetemp()),
+                 str(Path(sigstore_instance.trusted_root).parent)]  # type: ignore[attr-defined]
     for path in files:  # every asset, SHA256SUMS and the bundles, and body.md
         assert path.is_file() and not _leaks(path.read_bytes()), (path.name, _leaks(path.read_bytes()))
+        found = [d for d in host_dirs if d.encode() in path.read_bytes()]
+        assert not found, (path.name, found)
     with tarfile.open(release / EVIDENCE_ARCHIVE, mode="r:gz") as tar:
         members = tar.getmembers()
         for member in members:
