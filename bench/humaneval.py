@@ -20,7 +20,7 @@ tree's largest process (containers not counted: neither side's), and the ratio b
 It needs the machine to itself (the sandbox engine and the host engine both work at full concurrency) and the
 ``humaneval`` suite imported where the worker reads it (``make demo SUITE=humaneval`` does both).
 
-Usage: .venv/bin/python bench/humaneval.py [--sizes 10,40,164] [--concurrency 4] [--keep]
+Usage: .venv/bin/python bench/humaneval.py [--sizes 10,40,164] [--runs first,warm] [--concurrency 4] [--keep]
 """
 
 from __future__ import annotations
@@ -137,9 +137,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,40,164", help="task counts, comma-separated")
     parser.add_argument("--concurrency", type=int, default=4, help="trials at once on both sides (the suite's)")
+    parser.add_argument("--runs", default="first,warm", help="which runs per size: first (task images absent), warm")
     parser.add_argument("--keep", action="store_true", help="keep the scratch dir (Harbor's jobs, the releases)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    runs = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if not runs or set(runs) - {"first", "warm"}:
+        parser.error("--runs: must name first, warm or both, comma-separated")
     scratch = Path(tempfile.mkdtemp(prefix="benchseal-bench-humaneval-"))
     base = _base_ref()
     subprocess.run(["docker", "pull", "-q", base], check=True, capture_output=True)
@@ -150,15 +154,17 @@ def main() -> None:
             tasks = _import(n, tasks_dir)
             for dockerfile in tasks_dir.glob("*/environment/Dockerfile"):  # the worker's render: base by digest
                 dockerfile.write_text(dockerfile.read_text().replace("FROM benchseal-base", f"FROM {base}", 1))
-            for first in (True, False):
-                kind = "first" if first else "warm"
+            for kind in runs:
+                first = kind == "first"
                 print(f"[N={n} {kind}] plain harbor run ...", flush=True)
                 plain = _plain(tasks_dir, scratch / "jobs", args.concurrency, first, tasks)
+                lines.append(_row(f"N={n} {kind}: plain harbor", plain, args.concurrency))
+                print(lines[-1], flush=True)  # each figure as soon as it is measured: a later failure keeps it
                 print(f"[N={n} {kind}] benchseal release --local ...", flush=True)
                 sealed = _benchseal(tasks, first, scratch / f"dist-{n}-{kind}")
-                lines.append(_row(f"N={n} {kind}: plain harbor", plain, args.concurrency))
                 lines.append(_row(f"N={n} {kind}: benchseal", sealed, args.concurrency))
                 lines.append(f"{'':<26}{'ratio (benchseal / plain) wall':>40} {sealed['wall'] / plain['wall']:.2f}")
+                print(*lines[-2:], sep="\n", flush=True)
     finally:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
