@@ -24,6 +24,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -142,6 +143,10 @@ def _model_port(policy: Path) -> tuple[int, str]:
 # --- the canary watch: both engines' containers and the host's processes, while the run is in flight --
 
 
+# A container's full id, as its processes' cgroup paths name it (either engine's cgroupfs driver).
+_CONTAINER_ID = re.compile(r"[0-9a-f]{64}")
+
+
 def _pid_namespace(pid: str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/pid")
@@ -153,7 +158,8 @@ class Watch:
     """Polls until stopped, each poll in its own thread (~every 0.2 s):
 
     * host ``/proc/*/cmdline`` of every process, and ``/proc/*/environ`` of every process in another
-      pid namespace than this one (every container's processes, on either engine);
+      pid namespace than this one (every container's processes, on either engine; each counted under the
+      container ids its cgroup names, so a test can tell its own run's containers from another's);
     * ``docker inspect`` of every container on the sandbox engine and on the host engine;
     * in every running runner, trial and gateway container of the sandbox engine, ``docker exec``
       of ``cat /proc/*/cmdline /proc/*/environ``, and the runner's logs.
@@ -173,7 +179,7 @@ class Watch:
         self.placeholder_in: set[str] = set()
         self.agent_in: set[str] = set()
         self.proc_scans = 0
-        self.foreign_environs = 0  # environments of container processes read
+        self.environs_of: dict[str, int] = {}  # container id -> environments of its processes read
         self.container_scans = 0
         self._mine = _pid_namespace("self")
         self._engines = {"sandbox": sandbox_engine(), "host": docker.from_env(timeout=60)}
@@ -207,8 +213,10 @@ class Watch:
                     self.hits.append(f"host /proc/{entry.name}/cmdline")
                 namespace = _pid_namespace(entry.name)
                 if namespace is not None and namespace != self._mine:
-                    self.foreign_environs += 1
-                    if self.needle in Path(f"/proc/{entry.name}/environ").read_bytes():
+                    environ = Path(f"/proc/{entry.name}/environ").read_bytes()
+                    for ident in set(_CONTAINER_ID.findall(Path(f"/proc/{entry.name}/cgroup").read_text())):
+                        self.environs_of[ident] = self.environs_of.get(ident, 0) + 1
+                    if self.needle in environ:
                         self.hits.append(f"host /proc/{entry.name}/environ (pid namespace {namespace})")
             except OSError:
                 continue  # exited meanwhile
@@ -356,7 +364,11 @@ def test_the_model_key_reaches_the_model_and_nothing_else(qwen_right: dict[str, 
     assert len(runners) == 1 and len(gateways) >= 1 and trials, containers
     assert runners & set(watch.exec_scans) and trials & set(watch.exec_scans), watch.exec_scans
     assert trials & watch.placeholder_in and trials & watch.agent_in, (watch.placeholder_in, watch.agent_in)
-    assert watch.proc_scans >= 10 and watch.container_scans >= 3 and watch.foreign_environs > 0
+    # The host scan read the environment of this run's own trial containers' processes (by the id in their
+    # cgroup), not merely of some process in another pid namespace (the sandbox engine's own, another run's).
+    own = {containers[k]["id"] for k in trials}
+    assert watch.proc_scans >= 10 and watch.container_scans >= 3 and own & set(watch.environs_of), \
+        (own, sorted(watch.environs_of))
 
     # What the release left: its run dir (Harbor's trial dirs, the agent's output, logs), the queue DB,
     # the sealed evidence, the local registries' and Sigstore's state, the published release, the
