@@ -24,11 +24,11 @@ import docker.errors
 import pytest
 
 from pipeline.core.errors import CheckFailed
-from pipeline.imaging.build import ensure_local
 from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.sandbox.engine_proxy import EnginePolicy, EngineProxy
 from pipeline.infra.worker.containers import LABEL_BATCH, LABEL_RUN, kill_leftovers, remove_batch_objects
 from pipeline.infra.worker.images import TASK_IMAGE_LABEL, _task_context_hash, prebuild_task_images
+from tests.fixtures.infra import base_in_sandbox
 from tests.infra.test_engine_proxy import _call
 
 pytestmark = [pytest.mark.docker, pytest.mark.needs_root("the sandbox engine is set up by root")]
@@ -45,10 +45,7 @@ def client() -> Iterator[docker.DockerClient]:
 @pytest.fixture(scope="module")
 def base_id(client: docker.DockerClient, base_refs: dict[str, Any]) -> str:
     """The project's base, admitted on the host and copied into the sandbox by id (as the worker does)."""
-    ref = base_refs["base"]
-    ensure_local(ref)
-    host = docker.from_env()
-    return sbx.copy_image(host, client, host.images.get(ref.ref).id)
+    return base_in_sandbox(client, base_refs)
 
 
 def _suite(root: Path, base: str, marker: str) -> Path:

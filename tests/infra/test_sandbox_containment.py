@@ -24,8 +24,8 @@ from typing import Any
 import docker
 import pytest
 
-from pipeline.imaging.build import ensure_local
 from pipeline.infra.sandbox import engine as sbx
+from tests.fixtures.infra import base_in_sandbox
 
 pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 
@@ -57,13 +57,7 @@ def sandbox_client() -> Iterator[docker.DockerClient]:
 @pytest.fixture(scope="module")
 def image(sandbox_client: docker.DockerClient, base_refs: dict[str, Any]) -> str:
     """The project's base image (python3, coreutils), admitted on the host and copied by id."""
-    ensure_local(base_refs["base"])
-    host = docker.from_env()
-    try:
-        image_id = host.images.get(base_refs["base"].ref).id
-        return sbx.copy_image(host, sandbox_client, image_id)
-    finally:
-        host.close()
+    return base_in_sandbox(sandbox_client, base_refs)
 
 
 def _run(client: docker.DockerClient, image: str, script: str, **extra: Any) -> tuple[int, str]:

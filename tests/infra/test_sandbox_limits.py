@@ -25,11 +25,11 @@ import pytest
 
 from pipeline.core.errors import CheckFailed
 from pipeline.core.polling import poll_until
-from pipeline.imaging.build import ensure_local
 from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
 from pipeline.infra.sandbox.limits import ContainerLimits, enforcement_refusal
 from pipeline.runner.engine_env import _engine_error
+from tests.fixtures.infra import base_in_sandbox
 
 pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 HOST_ENGINE = "unix:///var/run/docker.sock"
@@ -75,12 +75,7 @@ def sandbox_client() -> Iterator[docker.DockerClient]:
 
 @pytest.fixture(scope="module")
 def image(sandbox_client: docker.DockerClient, base_refs: dict[str, Any]) -> str:
-    ensure_local(base_refs["base"])
-    host = docker.from_env()
-    try:
-        return sbx.copy_image(host, sandbox_client, host.images.get(base_refs["base"].ref).id)
-    finally:
-        host.close()
+    return base_in_sandbox(sandbox_client, base_refs)
 
 
 @pytest.fixture

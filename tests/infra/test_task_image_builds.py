@@ -21,11 +21,9 @@ import docker
 import docker.errors
 import pytest
 
-from pipeline.imaging.build import ensure_local
-from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.worker.config import InfraFailure
 from pipeline.infra.worker.images import _task_context_hash, prebuild_task_images
-from tests.fixtures.infra import remove_build_chain, sandbox_engine
+from tests.fixtures.infra import base_in_sandbox, remove_build_chain, sandbox_engine
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.needs_root("the sandbox engine is set up by root")]
 
@@ -42,13 +40,7 @@ def engine() -> Iterator[docker.DockerClient]:
 @pytest.fixture(scope="module")
 def base_id(engine: docker.DockerClient, base_refs: dict[str, Any]) -> str:
     """The project's base, copied into the sandbox by id (as the worker does)."""
-    ref = base_refs["base"]
-    ensure_local(ref)
-    host = docker.from_env()
-    try:
-        return sbx.copy_image(host, engine, host.images.get(ref.ref).id)
-    finally:
-        host.close()
+    return base_in_sandbox(engine, base_refs)
 
 
 def _task(suite: Path, task: str, dockerfile: str) -> None:

@@ -54,13 +54,9 @@ def _grading(images: dict[str, str]) -> tuple[Grading, Any]:
 @pytest.fixture(scope="module")
 def attempts_release(tmp_path_factory: pytest.TempPathFactory, evidence_images: dict[str, str],
                      signer_v1: object) -> Path:
-    from pipeline.evidence.writer import write_evidence
-    from tests.fixtures.trials import evidence_for
+    from tests.fixtures.sigstore import write_signed_release
 
-    run_dir = tmp_path_factory.mktemp("attempts-run")
-    grading, payload = _grading(evidence_images)
-    evidence_for(grading, run_dir / "artifacts" / "evidence")
-    return write_evidence(run_dir, grading, payload, signer=signer_v1).artifacts  # type: ignore[arg-type]
+    return write_signed_release(tmp_path_factory, *_grading(evidence_images), signer_v1, name="attempts-run")
 
 
 @pytest.fixture()

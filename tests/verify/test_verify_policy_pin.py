@@ -72,13 +72,9 @@ def test_the_pin_accepts_the_recorded_policy_and_refuses_another_or_none() -> No
 def pinned_release(tmp_path_factory: pytest.TempPathFactory, evidence_images: dict[str, str],
                    signer_v1: object) -> Path:
     """A signed release whose grading records POLICY."""
-    from pipeline.evidence.writer import write_evidence
-    from tests.fixtures.trials import evidence_for
+    from tests.fixtures.sigstore import write_signed_release
 
-    run_dir = tmp_path_factory.mktemp("run")
-    grading, payload = _inputs(evidence_images)
-    evidence_for(grading, run_dir / "artifacts" / "evidence")
-    return write_evidence(run_dir, grading, payload, signer=signer_v1).artifacts  # type: ignore[arg-type]
+    return write_signed_release(tmp_path_factory, *_inputs(evidence_images), signer_v1)
 
 
 def _cli(release: Path, root: Path, *extra: str) -> subprocess.CompletedProcess[str]:
