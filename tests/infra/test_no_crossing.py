@@ -28,7 +28,7 @@ from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.sandbox.engine_proxy import EnginePolicy, EngineProxy
 from pipeline.infra.worker.containers import LABEL_BATCH, LABEL_RUN, kill_leftovers, remove_batch_objects
 from pipeline.infra.worker.images import TASK_IMAGE_LABEL, _task_context_hash, prebuild_task_images
-from tests.fixtures.infra import base_in_sandbox
+from tests.fixtures.infra import base_in_sandbox, sandbox_engine
 from tests.infra.test_engine_proxy import _call
 
 pytestmark = [pytest.mark.docker, pytest.mark.needs_root("the sandbox engine is set up by root")]
@@ -36,8 +36,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.needs_root("the sandbox engine is 
 
 @pytest.fixture(scope="module")
 def client() -> Iterator[docker.DockerClient]:
-    sbx.start()
-    engine = docker.DockerClient(base_url=sbx.default_sandbox().url, timeout=120)
+    engine = sandbox_engine()  # started if needed
     yield engine
     engine.close()
 

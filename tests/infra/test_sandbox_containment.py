@@ -25,7 +25,7 @@ import docker
 import pytest
 
 from pipeline.infra.sandbox import engine as sbx
-from tests.fixtures.infra import base_in_sandbox
+from tests.fixtures.infra import base_in_sandbox, sandbox_engine
 
 pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 
@@ -48,8 +48,7 @@ HOSTILE: dict[str, Any] = {
 
 @pytest.fixture(scope="module")
 def sandbox_client() -> Iterator[docker.DockerClient]:
-    sbx.start()
-    client = docker.DockerClient(base_url=sbx.default_sandbox().url, timeout=120)
+    client = sandbox_engine()  # started if needed
     yield client
     client.close()
 

@@ -29,7 +29,7 @@ from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
 from pipeline.infra.sandbox.limits import ContainerLimits, enforcement_refusal
 from pipeline.runner.engine_env import _engine_error
-from tests.fixtures.infra import base_in_sandbox
+from tests.fixtures.infra import base_in_sandbox, sandbox_engine
 
 pytestmark = pytest.mark.needs_root("the sandbox engine is set up by root")
 HOST_ENGINE = "unix:///var/run/docker.sock"
@@ -67,8 +67,7 @@ except OSError as exc:
 
 @pytest.fixture(scope="module")
 def sandbox_client() -> Iterator[docker.DockerClient]:
-    sbx.start()
-    client = docker.DockerClient(base_url=sbx.default_sandbox().url, timeout=120)
+    client = sandbox_engine()  # started if needed
     yield client
     client.close()
 
