@@ -314,6 +314,24 @@ def _docker_login(job: JobRun, inputs: Mapping[str, str]) -> None:
     job.env["DOCKER_CONFIG"] = str(config)
 
 
+def _cosign_installer(job: JobRun, inputs: Mapping[str, str]) -> None:
+    # The machine's cosign (scripts/install-tools.sh) stands in for the release the step asks for, only when the
+    # two are the same upstream release: a workflow pinning another cosign is not run as if it had this one.
+    from pipeline.verify.external import cosign_path
+
+    want = _required(inputs, "cosign-release")
+    cosign = cosign_path()
+    # install-tools.sh records the Debian package's version in the tools dir the binary is unpacked under.
+    records = [d / "cosign.version" for d in (cosign.resolve().parents if cosign else ()) if (d / "cosign.version").is_file()]
+    have = "v" + records[0].read_text("utf-8").strip().split("-", 1)[0] if records else None
+    if cosign is None or have != want:
+        raise StepFailed(f"sigstore/cosign-installer: cosign-release {want}, this machine has {have} (make setup)")
+    bindir = job.dir / "cosign-bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "cosign").symlink_to(cosign.resolve())
+    job.path.insert(0, str(bindir))
+
+
 ACTIONS: dict[str, Action] = {
     "actions/checkout": Action(
         "`git clone` of `repository` (default github.repository: Runner.source; another one: "
@@ -333,6 +351,10 @@ ACTIONS: dict[str, Action] = {
         "checks the credentials against Runner.registry_auth (ghcr.io: the job's GITHUB_TOKEN with "
         "packages: write, standing in Runner.ghcr), writes a DOCKER_CONFIG for the job",
         _docker_login, frozenset({"registry", "username", "password"})),
+    "sigstore/cosign-installer": Action(
+        "puts the machine's cosign (scripts/install-tools.sh) first on the job's PATH when it is the "
+        "`cosign-release` asked for, else fails the step",
+        _cosign_installer, frozenset({"cosign-release"})),
 }
 
 HOST: dict[str, str] = {

@@ -245,7 +245,7 @@ def test_key_value_files_follow_the_runner_format(tmp_path: Path) -> None:
 
 def test_the_table_documents_every_action() -> None:
     assert set(ACTIONS) == {"actions/checkout", "actions/setup-python", "actions/upload-artifact",
-                            "actions/download-artifact", "docker/login-action"}
+                            "actions/download-artifact", "docker/login-action", "sigstore/cosign-installer"}
     assert all(a.equivalent for a in ACTIONS.values())
 
 
@@ -950,3 +950,28 @@ def test_a_call_the_harness_cannot_run_fails_loudly(tmp_path: Path, source: tupl
     with pytest.raises(HarnessError, match=message):
         _call(tmp_path, source, f"on: push\njobs:\n  call:\n    uses: {uses}{extra}\n", called,
               runner={"repositories": {"acme/builder": builder[0]}})
+
+
+COSIGN_INSTALLER = "sigstore/cosign-installer@6f9f17788090df1f26f669e9d70d6ae9567deba6"
+
+
+def test_the_cosign_installer_stands_in_only_for_the_machines_own_release(tmp_path: Path,
+                                                                          source: tuple[Path, str]) -> None:
+    run = _run(tmp_path, source, f"""
+        on: push
+        jobs:
+          c:
+            runs-on: ubuntu-24.04
+            steps:
+              - uses: {COSIGN_INSTALLER}
+                with: {{cosign-release: v3.1.1}}
+              - id: found
+                shell: bash
+                run: echo "cosign=$(command -v cosign)" >> "$GITHUB_OUTPUT"
+              - uses: {COSIGN_INSTALLER}
+                with: {{cosign-release: v2.5.0}}
+        """)
+    steps = run.jobs["c"].legs[0]
+    assert [s.conclusion for s in steps] == ["success", "success", "failure"], run.describe()
+    assert run.jobs["c"].step("found").outputs["cosign"].endswith("/cosign-bin/cosign")
+    assert "cosign-release v2.5.0, this machine has v3.1.1" in steps[2].log

@@ -290,6 +290,13 @@ def test_the_signing_job_receives_only_the_built_digests() -> None:
     [sign] = [r for r in runs if "attest --digests" in r]
     assert 'benchseal --project-dir builder attest --digests "digests/digests-$IMAGE.json"' in sign
     assert len(runs) == 2  # nothing else runs there
+    # The cosign it signs with: 3.1 (bundle-format image signatures, --type enforced), by the installer's commit,
+    # installed before the signing step.
+    names = [s.get("name") for s in steps(attest)]
+    [install] = [s for s in steps(attest) if str(s.get("uses", "")).startswith("sigstore/cosign-installer@")]
+    assert re.fullmatch(r"sigstore/cosign-installer@[0-9a-f]{40}", install["uses"])
+    assert re.fullmatch(r"v3\.1\.[0-9]+", str(install["with"]["cosign-release"]))
+    assert names.index(install["name"]) < names.index("Sign and attest the image (keyless, as this reusable workflow)")
     # the build no longer signs
     assert not any("attest" in str(s.get("run", "")) for s in steps(jobs["build"]))
 
