@@ -315,8 +315,8 @@ def _docker_login(job: JobRun, inputs: Mapping[str, str]) -> None:
 
 
 def _cosign_installer(job: JobRun, inputs: Mapping[str, str]) -> None:
-    # The machine's cosign (scripts/install-tools.sh) stands in for the release the step asks for, only when the
-    # two are the same upstream release: a workflow pinning another cosign is not run as if it had this one.
+    # The machine's cosign (scripts/install-tools.sh) stands in for the release the step asks for only within its
+    # series (install-tools takes whatever 3.1.x Debian ships): a workflow pinning another series fails the step.
     from pipeline.verify.external import cosign_path
 
     want = _required(inputs, "cosign-release")
@@ -324,7 +324,7 @@ def _cosign_installer(job: JobRun, inputs: Mapping[str, str]) -> None:
     # install-tools.sh records the Debian package's version in the tools dir the binary is unpacked under.
     records = [d / "cosign.version" for d in (cosign.resolve().parents if cosign else ()) if (d / "cosign.version").is_file()]
     have = "v" + records[0].read_text("utf-8").strip().split("-", 1)[0] if records else None
-    if cosign is None or have != want:
+    if cosign is None or have is None or have.rsplit(".", 1)[0] != want.rsplit(".", 1)[0]:
         raise StepFailed(f"sigstore/cosign-installer: cosign-release {want}, this machine has {have} (make setup)")
     bindir = job.dir / "cosign-bin"
     bindir.mkdir(exist_ok=True)
@@ -352,8 +352,8 @@ ACTIONS: dict[str, Action] = {
         "packages: write, standing in Runner.ghcr), writes a DOCKER_CONFIG for the job",
         _docker_login, frozenset({"registry", "username", "password"})),
     "sigstore/cosign-installer": Action(
-        "puts the machine's cosign (scripts/install-tools.sh) first on the job's PATH when it is the "
-        "`cosign-release` asked for, else fails the step",
+        "puts the machine's cosign (scripts/install-tools.sh) first on the job's PATH when it is of the "
+        "`cosign-release` asked for's series (v3.1.x), else fails the step",
         _cosign_installer, frozenset({"cosign-release"})),
 }
 
