@@ -128,6 +128,12 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         # the container: merged into Harbor's own next dir command (a verifier environment's first one empties
         # /logs/verifier), else alone before any other operation. One exec fewer per verifier environment.
         self._owed_dirs: str | None = None
+        # Harbor's own dir commands (empty_dirs / ensure_dirs as root) issued while the log dirs are still owed, so
+        # before anything else was done in the container: run with them, in one exec, just before the next other
+        # operation (a verifier environment's empty_dirs of /logs/verifier, /logs/artifacts and /app: three execs
+        # become one); the dirs they make, where an empty directory's upload then needs nothing sent.
+        self._deferred: list[str] = []
+        self._deferred_dirs: set[str] = set()
         self._owed_lock = asyncio.Lock()
         # Made by start() itself instead (the runner sets it on a trial's agent environment, whose first operation
         # is never Harbor's dir command): their exec stays in Harbor's environment setup, as with Harbor's own
@@ -207,18 +213,56 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def ensure_dirs(self, dirs: Any, *, chmod: bool = True) -> ExecResult | None:
         if not dirs or not chmod:
             return await super().ensure_dirs(dirs, chmod=chmod)  # not as root: after the owed dirs (exec settles)
-        return await self._dirs_as_root(self._ensure_dirs_command(dirs, chmod=True))
+        return await self._dirs_as_root(self._ensure_dirs_command(dirs, chmod=True), dirs)
 
     async def empty_dirs(self, dirs: Any, *, chmod: bool = True) -> ExecResult | None:
         if not dirs:
             return None
-        return await self._dirs_as_root(self._empty_dirs_command(dirs, chmod=chmod))
+        return await self._dirs_as_root(self._empty_dirs_command(dirs, chmod=chmod), dirs)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
         await self._op("upload", self._upload_file, Path(source_path), target_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
-        await self._op("upload", self._upload_dir, Path(source_dir), target_dir)
+        source = Path(source_dir)
+        if (self._owed_dirs is not None and posixpath.normpath(target_dir) in self._deferred_dirs
+                and source.is_dir() and not any(source.iterdir())):
+            # Nothing to copy into a directory a deferred dir command makes (Harbor re-uploads an agent's empty
+            # artifacts dir into every verifier environment): no engine operation at all, and none recorded.
+            return
+        await self._op("upload", self._upload_dir, source, target_dir)
+
+    async def upload_root_only(self, source_dir: Path, target_dir: str, root_dirs: tuple[str, ...] = ()) -> None:
+        """``source_dir`` as a fresh ``target_dir`` that only root can use, and each of ``root_dirs`` made (if
+        missing) root's with mode 0755, in one archive upload: its entries are owned by root and carry no group or
+        other permission bits (``chmod -R go-rwx``), ``target_dir`` mode 0700. What ``target_dir`` held before (a
+        task image's own) is removed first, by an exec only when a stat finds something there. The grader's tests
+        (``pipeline.runner.grader``): one stat and one upload where a mkdir, the upload and a chown/chmod exec were."""
+        await self._settle()
+        target = posixpath.normpath(target_dir)
+        if target == "/" or any(posixpath.normpath(d) in ("/", target) for d in root_dirs):
+            raise ValueError(f"upload_root_only: {target_dir} / {root_dirs} would replace the root or overlap")
+        started = time.monotonic()
+        try:
+            kind = await self._call(self._stat_kind, target)
+        finally:
+            self._record("stat", started)
+        if kind != "missing":
+            started = time.monotonic()
+            try:
+                result = await self._exec(["rm", "-rf", "--", target], cwd=None, env=None, user="root",
+                                          timeout_sec=None)
+            finally:
+                self._record("exec", started)
+            if result.return_code != 0:
+                raise RuntimeError(f"rm -rf {target} failed in {self.session_id}: {result.stderr or result.stdout}")
+        started = time.monotonic()
+        try:
+            data = _pack_root_only(source_dir, target.lstrip("/"), tuple(d.strip("/") for d in root_dirs))
+            if not await self._call(self._put, "/", data):
+                raise RuntimeError(f"could not upload into / of {self.session_id}")
+        finally:
+            self._record("upload", started)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         await self._op("download", self._download_file, source_path, Path(target_path))
@@ -237,22 +281,35 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
     # --- the log dirs start() owes ---------------------------------------------------------------
 
     async def _settle(self) -> None:
-        """The owed log dirs made (alone) before anything else is done in the container."""
+        """The owed log dirs, and Harbor's dir commands deferred with them, made in one exec as root before anything
+        else is done in the container. Nothing but root dir commands ran there yet (no agent code, no upload): a
+        failure is the machinery's (EngineFault), raised here, where Harbor itself would have gone on regardless."""
         if self._owed_dirs is None:
             return
         async with self._owed_lock:
-            if self._owed_dirs is not None:
-                await self._owed_exec(self._owed_dirs)
+            if self._owed_dirs is None:
+                return
+            deferred = " && ".join(f"{{ {command}; }}" for command in self._deferred)
+            # As start() ran them: the log dirs' output and status ignored; the deferred commands' are checked.
+            command = f"{{ {self._owed_dirs}; }} >/dev/null 2>&1; {deferred}" if deferred else self._owed_dirs
+            result = await self._owed_exec(command)
+            if deferred and result.return_code != 0:
+                raise EngineFault(f"preparing the environment {self.session_id} failed: its directory commands "
+                                  f"exited {result.return_code}: {(result.stderr or result.stdout or '').strip()[:300]}")
+            self._deferred.clear()
+            self._deferred_dirs.clear()
 
-    async def _dirs_as_root(self, command: str) -> ExecResult:
-        """Harbor's dir command (ensure_dirs / empty_dirs, as root), the owed dirs run first in the same exec."""
+    async def _dirs_as_root(self, command: str, dirs: Any) -> ExecResult:
+        """Harbor's dir command (ensure_dirs / empty_dirs, as root): deferred to the next other operation while the
+        log dirs are owed (its status is then checked there: what Harbor gets back here is a success), else run."""
         if self._owed_dirs is None:
             return await self._exec_command(command, user="root")
         async with self._owed_lock:
             if self._owed_dirs is None:
                 return await self._exec_command(command, user="root")
-            # As start() ran them: their output and status ignored; Harbor's command's are the exec's.
-            return await self._owed_exec(f"{{ {self._owed_dirs}; }} >/dev/null 2>&1; {command}")
+            self._deferred.append(command)
+            self._deferred_dirs.update(posixpath.normpath(str(d)) for d in dirs)
+            return ExecResult(stdout=None, stderr=None, return_code=0)
 
     async def _owed_exec(self, command: str) -> ExecResult:
         try:
@@ -605,6 +662,28 @@ def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     return info
+
+
+def _pack_root_only(source: Path, root: str, root_dirs: tuple[str, ...]) -> bytes:
+    """A tar to extract at ``/``: ``root_dirs`` (directories, mode 0755), then ``source``'s tree under ``root`` (mode
+    0700), every entry owned by root and without group or other bits. The engine applies each entry's owner and
+    mode, to a directory that is already there too. Links are archived as links, never followed."""
+    buffer = io.BytesIO()
+    now = int(time.time())
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name in root_dirs:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, now
+            tar.addfile(_root_owned(info))
+        tar.add(source, arcname=root, recursive=False, filter=lambda info: _root_only(info, 0o700))
+        for path in sorted(source.rglob("*")):
+            tar.add(path, arcname=f"{root}/{path.relative_to(source).as_posix()}", recursive=False, filter=_root_only)
+    return buffer.getvalue()
+
+
+def _root_only(info: tarfile.TarInfo, mode: int | None = None) -> tarfile.TarInfo:
+    info.mode = info.mode & ~0o077 if mode is None else mode
+    return _root_owned(info)
 
 
 def _pack(source: Path, root: str | None) -> bytes:

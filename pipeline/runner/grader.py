@@ -12,7 +12,10 @@ This verifier, given to every trial as Harbor's ``verifier.import_path``, reads 
    a fresh ``/tests``, owned by root and closed to everyone else (``chmod -R go-rwx``): code run as
    the candidate user cannot read the expected answers;
 2. ``/logs/verifier`` is made root's and not writable by others (the candidate cannot plant files
-   in the trial dir through it);
+   in the trial dir through it). On benchseal's engine environment 1 and 2 are one archive upload
+   whose entries carry the owner and modes (``EngineEnvironment.upload_root_only``), after a stat
+   (and an ``rm -rf`` only when the image has a ``/tests``); elsewhere a mkdir exec, the upload and
+   a chown/chmod exec;
 3. ``bash /tests/test.sh`` runs as root with the task's verifier env and a timeout of its own,
    shorter than Harbor's (so a hang is this verifier's verdict, not Harbor's exception);
 4. the result is the test command's **exit status, read from the engine** (exec inspect, outside
@@ -43,6 +46,7 @@ from harbor.models.verifier.result import VerifierResult
 from harbor.verifier.base import BaseVerifier
 
 from pipeline.core.scoring import GRADER_EXIT_KEY, GRADER_TIMEOUT_KEY, REWARD_KEY
+from pipeline.runner.engine_env import EngineEnvironment
 
 IMPORT_PATH = "pipeline.runner.grader:ExitStatusVerifier"
 GRADER_DIR = "grader"  # in the trial dir; never bind-mounted into a container
@@ -73,13 +77,22 @@ class ExitStatusVerifier(BaseVerifier):  # type: ignore[misc]  # Harbor ships no
         env_paths = EnvironmentPaths.for_os(self.environment.os)
         tests = str(env_paths.tests_dir)
         verifier_dir = str(env_paths.verifier_dir)
-        await self._as_root(f"rm -rf {tests} && mkdir -p {tests} {verifier_dir}", "preparing /tests")
-        try:
-            await self.environment.upload_dir(source_dir=self.task.paths.tests_dir, target_dir=tests)
-        except Exception as exc:
-            raise GraderFault(f"uploading the suite's tests failed: {type(exc).__name__}: {exc}") from exc
-        await self._as_root(f"chown -R 0:0 {tests} && chmod -R go-rwx {tests} && chown 0:0 {verifier_dir} "
-                            f"&& chmod 0755 {verifier_dir}", "closing /tests")
+        if isinstance(self.environment, EngineEnvironment):
+            # The same /tests and verifier dir in one archive upload, its entries carrying root and the modes.
+            try:
+                await self.environment.upload_root_only(self.task.paths.tests_dir, tests, (verifier_dir,))
+            except (asyncio.CancelledError, TimeoutError):
+                raise
+            except Exception as exc:
+                raise GraderFault(f"uploading the suite's tests failed: {type(exc).__name__}: {exc}") from exc
+        else:
+            await self._as_root(f"rm -rf {tests} && mkdir -p {tests} {verifier_dir}", "preparing /tests")
+            try:
+                await self.environment.upload_dir(source_dir=self.task.paths.tests_dir, target_dir=tests)
+            except Exception as exc:
+                raise GraderFault(f"uploading the suite's tests failed: {type(exc).__name__}: {exc}") from exc
+            await self._as_root(f"chown -R 0:0 {tests} && chmod -R go-rwx {tests} && chown 0:0 {verifier_dir} "
+                                f"&& chmod 0755 {verifier_dir}", "closing /tests")
         limit = verifier_timeout(self.task.config.verifier.timeout_sec)
         env = {**self.task.config.verifier.env, **(self.verifier_env or {}), **self.override_env} or None
         started = time.monotonic()

@@ -179,12 +179,15 @@ def test_an_empty_directory_is_uploaded_without_an_archive(tmp_path: Path, proxi
     assert proxied.refused == []
 
 
-def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """start() owes Harbor's log dirs (0777, made as root): a verifier environment's first operation, Harbor's
-    empty_dirs of /logs/verifier, makes them in the same exec (one exec fewer a trial); any other first operation
-    (here an exec as another user) finds them made. An agent's environment (``eager_dirs``, set by the runner)
-    makes them in start(), where Harbor's own environments do."""
+def test_the_log_dirs_and_harbors_dir_commands_are_one_exec(tmp_path: Path, proxied: EngineProxy,
+                                                            base_in_sandbox: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """start() owes Harbor's log dirs (0777, made as root); Harbor's dir commands issued while they are owed (a
+    verifier environment's empty_dirs of /logs/verifier, /logs/artifacts and /app) are deferred and run with them in
+    ONE exec, just before the next other operation (three execs fewer a trial); the agent's empty artifacts dir
+    uploaded into a dir they make sends nothing. What they do is done: the image's files in an emptied dir are gone,
+    the upload lands in the emptied dir. Any other first operation (here an exec as another user) finds the dirs
+    made. An agent's environment (``eager_dirs``, set by the runner) makes them in start(), where Harbor's own
+    environments do, and its dir commands run at once."""
     execs: list[tuple[str, str | int | None]] = []
     exec_ = engine_env.EngineEnvironment._exec
 
@@ -198,6 +201,11 @@ def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied:
     verifier = _environment(tmp_path / "v", base_in_sandbox, "owedv")
     agent = _environment(tmp_path / "a", base_in_sandbox, "oweda")
     agent.eager_dirs = True
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "solution.py").write_text("print(1)\n")
     stat = "stat -c '%a %u %n' /logs/agent /logs/verifier /logs/artifacts"
 
     async def scenario() -> dict[str, Any]:
@@ -206,10 +214,16 @@ def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied:
         await agent.start(force_build=False)
         try:
             seen["at_start"] = list(execs)
-            seen["emptied"] = await verifier.empty_dirs(["/logs/verifier"])
+            seen["emptied"] = [await verifier.empty_dirs(["/logs/verifier"]),
+                               await verifier.empty_dirs(["/logs/artifacts"])]
+            await verifier.upload_dir(empty, "/logs/artifacts")
+            seen["emptied"].append(await verifier.empty_dirs(["/etc/skel"]))  # a dir of the image, with files
+            seen["deferred"] = [e for e in execs if e[0] == verifier.session_id]
+            await verifier.upload_dir(app, "/etc/skel")
             seen["verifier"] = [e for e in execs if e[0] == verifier.session_id]
             seen["agent"] = await agent.exec(stat, user="nobody")
-            seen["verifier_dirs"] = await verifier.exec(stat)
+            seen["agent_skel"] = await agent.exec("ls -A /etc/skel")
+            seen["verifier_dirs"] = await verifier.exec(stat + " /etc/skel; ls -A /etc/skel /logs/artifacts")
         finally:
             for env in (verifier, agent):
                 await env.stop(delete=True)
@@ -219,11 +233,41 @@ def test_the_log_dirs_ride_on_harbors_first_dir_command(tmp_path: Path, proxied:
     seen = asyncio.run(scenario())
     dirs = ["777 0 /logs/agent", "777 0 /logs/verifier", "777 0 /logs/artifacts"]
     assert seen["at_start"] == [(agent.session_id, "root")]  # the agent's, in its start(); the verifier owes its
-    assert seen["verifier"] == [(verifier.session_id, "root")]  # one exec: the owed dirs rode on Harbor's
-    assert seen["emptied"].return_code == 0
-    assert seen["agent"].stdout.splitlines() == dirs and seen["verifier_dirs"].stdout.splitlines() == dirs
-    assert [user for session, user in execs if session == agent.session_id] == ["root", "nobody"]
+    assert seen["deferred"] == []  # nothing run yet: three dir commands and an empty upload deferred
+    assert seen["verifier"] == [(verifier.session_id, "root")]  # one exec, before the upload that needed them
+    assert [r.return_code for r in seen["emptied"]] == [0, 0, 0]
+    assert seen["agent"].stdout.splitlines() == dirs
+    assert seen["agent_skel"].stdout.strip()  # the image has files there: the emptying below is not vacuous
+    assert seen["verifier_dirs"].stdout.splitlines() == [*dirs, "777 0 /etc/skel", "/etc/skel:", "solution.py", "",
+                                                         "/logs/artifacts:"]
+    assert [user for session, user in execs if session == agent.session_id] == ["root", "nobody", None]
+    timings = [json.loads(line) for line in (tmp_path / "v" / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
+    assert [t["op"] for t in timings if t["session"] == verifier.session_id] == ["start", "exec", "upload", "exec", "stop"]
     assert proxied.refused == []
+
+
+def test_a_deferred_dir_command_that_fails_is_the_machinerys_failure(tmp_path: Path, proxied: EngineProxy,
+                                                                     base_in_sandbox: str) -> None:
+    """A deferred dir command's status is checked where it runs: the next operation fails with EngineFault (an
+    infrastructure error), never goes on as if the directory were emptied (Harbor ignores the status)."""
+    verifier = _environment(tmp_path, base_in_sandbox, "owedfail")
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "solution.py").write_text("print(1)\n")
+
+    async def scenario() -> None:
+        await verifier.start(force_build=False)
+        try:
+            await verifier.empty_dirs(["/sys/kernel"])  # read-only in every container: rm and chmod fail
+            await verifier.upload_dir(app, "/app")
+        finally:
+            await verifier.stop(delete=True)
+            await envshared.drain_teardowns()
+
+    with pytest.raises(engine_env.EngineFault, match="directory commands exited"):
+        asyncio.run(scenario())
+    ops = [json.loads(line)["op"] for line in (tmp_path / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
+    assert "upload" not in ops
 
 
 def test_agent_files_are_bound_read_only(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:

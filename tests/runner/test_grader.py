@@ -47,11 +47,17 @@ def _task(root: Path, test_sh: str, timeout: float = 20.0) -> Task:
                                     '[metadata.benchseal]\ngrading = "exit-status"\n')
     (task / "tests" / "test.sh").write_text("#!/bin/bash\n" + test_sh)
     (task / "tests" / "expected.txt").write_text("the answer only root may read\n")
+    (task / "tests" / "data").mkdir()
+    (task / "tests" / "data" / "cases.txt").write_text("more answers\n")
+    for path, mode in ((task / "tests" / "test.sh", 0o755), (task / "tests" / "data", 0o777),
+                       (task / "tests" / "data" / "cases.txt", 0o666)):
+        path.chmod(mode)  # open on the worker's side: closed in the verifier all the same
     return Task(task)
 
 
 def _grade(tmp_path: Path, image: str, test_sh: str, *, app: dict[str, str] | None = None,
-           timeout: float = 20.0, stop_first: bool = False) -> tuple[dict[str, Any], dict[str, Any], str]:
+           timeout: float = 20.0, stop_first: bool = False,
+           before: str | None = None) -> tuple[dict[str, Any], dict[str, Any], str]:
     """Run the grader on a fresh environment whose /app holds ``app``; (rewards, verdict, test output)."""
     task = _task(tmp_path, test_sh, timeout)
     env = _environment(tmp_path, image, "grader")
@@ -65,6 +71,8 @@ def _grade(tmp_path: Path, image: str, test_sh: str, *, app: dict[str, str] | No
                 source.parent.mkdir(parents=True, exist_ok=True)
                 source.write_text(text)
                 await env.upload_file(source, f"/app/{name}")
+            if before is not None:
+                assert (await env.exec(before, user="root")).return_code == 0
             if stop_first:
                 await env.stop(delete=True)
                 await envshared.drain_teardowns()
@@ -107,9 +115,40 @@ def test_tests_and_the_verifier_dir_are_closed_to_the_candidate(tmp_path: Path, 
                f"if {CANDIDATE} ls /tests; then exit 11; fi\n"
                f"if {CANDIDATE} touch /logs/verifier/reward.json; then exit 12; fi\n"
                "[ \"$(stat -c '%a %u' /tests /logs/verifier)\" = \"$(printf '700 0\\n755 0')\" ] || exit 13\n"
+               # Every entry root's, none with a group or other bit (the suite's files were 0755, 0777, 0666).
+               "[ -z \"$(find /tests -perm /077 -o ! -uid 0 -o ! -gid 0)\" ] || exit 14\n"
+               "[ \"$(stat -c '%a' /tests/test.sh /tests/data /tests/data/cases.txt)\" = \"$(printf '700\\n700\\n600')\" ] "
+               "|| exit 15\n"
                "exit 0\n")
     rewards, _, output = _grade(tmp_path, base_in_sandbox, test_sh)
     assert rewards[REWARD_KEY] == 1, output
+
+
+def test_the_tests_dir_is_fresh_whatever_the_image_had_there(tmp_path: Path, proxied: EngineProxy,
+                                                             base_in_sandbox: str) -> None:
+    """A /tests the verifier's image holds (files, an open mode) is removed before the suite's tests go in; a
+    verifier dir that is there and open (Harbor's 0777) is made root's 0755."""
+    before = ("mkdir -p /tests/planted && echo stale > /tests/planted/old.txt && echo stale > /tests/expected.txt "
+              "&& chmod -R 777 /tests && chmod 777 /logs/verifier")
+    test_sh = ("[ ! -e /tests/planted ] || exit 10\n"
+               "[ \"$(cat /tests/expected.txt)\" = 'the answer only root may read' ] || exit 11\n"
+               "[ \"$(ls -A /tests | tr '\\n' ' ')\" = 'data expected.txt test.sh ' ] || exit 12\n"
+               "[ \"$(stat -c '%a %u' /tests /logs/verifier)\" = \"$(printf '700 0\\n755 0')\" ] || exit 13\n"
+               "exit 0\n")
+    rewards, _, output = _grade(tmp_path, base_in_sandbox, test_sh, before=before)
+    assert rewards[REWARD_KEY] == 1, output
+    ops = [json.loads(line)["op"] for line in (tmp_path / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
+    assert ops[-5:] == ["stat", "exec", "upload", "exec", "stop"]  # the rm of what was there, then as usual
+
+
+def test_the_graders_tests_are_one_stat_and_one_upload(tmp_path: Path, proxied: EngineProxy,
+                                                      base_in_sandbox: str) -> None:
+    """What the grader asks of the engine environment before its test command: a stat (nothing at /tests) and one
+    archive upload carrying /tests and the verifier dir with their owners and modes; no exec."""
+    rewards, _, output = _grade(tmp_path, base_in_sandbox, "exit 0\n", app={"solution.py": "print(1)\n"})
+    assert rewards[REWARD_KEY] == 1, output
+    ops = [json.loads(line)["op"] for line in (tmp_path / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
+    assert ops == ["start", "exec", "upload", "stat", "upload", "exec", "stop"]  # log dirs, /app, tests, test.sh
 
 
 def test_a_hanging_test_command_is_reward_zero_within_the_graders_limit(tmp_path: Path, proxied: EngineProxy,
