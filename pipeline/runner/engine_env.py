@@ -24,6 +24,15 @@ SDK from the runner process itself (the engine proxy's socket is the runner's
   member: absolute paths, links leaving the target and device files are skipped); ``is_dir`` /
   ``is_file`` as root are a ``HEAD`` of the same resource (no process in the container; an archive
   upload is not cheaper than an exec: the engine extracts it in a re-executed helper process);
+  downloads under the log dirs' parent (``/logs``) read one archive of it, taken by the first and kept
+  until anything else is done in the container (Harbor's copies of the agent's log file, ``/logs/agent``
+  and the ``/logs/artifacts`` artifact: one download where there were three and a stat); a path whose
+  entries could differ from the engine's own archive of it (a link, a hard link leaving it) and a
+  snapshot over the download bounds go to the engine;
+* Harbor's dir commands (as root) issued before anything else was done in a started container run
+  with the log dirs in one exec before the next other operation (a verifier environment's three
+  ``empty_dirs``), and ``upload_root_only`` gives the grader a fresh root-only ``/tests`` in one
+  archive upload whose entries carry the owners and modes;
 * ``stop``: the container (and a built image) removed with force (SIGKILL) in a background task
   (``envshared.drain_teardowns`` awaits them all before the runner exits).
 
@@ -50,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import docker
 import docker.errors
@@ -135,6 +144,13 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._deferred: list[str] = []
         self._deferred_dirs: set[str] = set()
         self._owed_lock = asyncio.Lock()
+        # One archive of the log dirs' parent (/logs), taken by the first download under it and read by the next
+        # ones (Harbor's copies of the agent's log file, /logs/agent and the /logs/artifacts artifact, and their
+        # is_dir) until anything else is done in the container (an exec, an upload, stop): one engine download where
+        # there were three and a stat. Each path's entries are those the engine's own archive of it would hold.
+        self._snapshot: IO[bytes] | None = None
+        self._snapshot_refused = False  # over the download bounds, or not there: each path asked of the engine
+        self._snapshot_lock = threading.Lock()
         # Made by start() itself instead (the runner sets it on a trial's agent environment, whose first operation
         # is never Harbor's dir command): their exec stays in Harbor's environment setup, as with Harbor's own
         # environments, and is not counted in the agent's phase.
@@ -185,6 +201,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             self._record("start", started)
 
     async def stop(self, delete: bool) -> None:
+        self._forget_snapshot()
         if "async-stop" in self._tunings:
             spawn_teardown(self._stop_now(), f"teardown-{self.session_id}")
         else:
@@ -197,6 +214,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     async def _exec_command(self, command: str, *, cwd: str | None = None, env: dict[str, str] | None = None,
                             timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        self._forget_snapshot()
         started = time.monotonic()
         try:
             result = await self._exec(["bash", "-c", command], cwd=cwd or self.task_env_config.workdir,
@@ -221,9 +239,11 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         return await self._dirs_as_root(self._empty_dirs_command(dirs, chmod=chmod), dirs)
 
     async def upload_file(self, source_path: Path | str, target_path: str) -> None:
+        self._forget_snapshot()
         await self._op("upload", self._upload_file, Path(source_path), target_path)
 
     async def upload_dir(self, source_dir: Path | str, target_dir: str) -> None:
+        self._forget_snapshot()
         source = Path(source_dir)
         if (self._owed_dirs is not None and posixpath.normpath(target_dir) in self._deferred_dirs
                 and source.is_dir() and not any(source.iterdir())):
@@ -238,6 +258,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         other permission bits (``chmod -R go-rwx``), ``target_dir`` mode 0700. What ``target_dir`` held before (a
         task image's own) is removed first, by an exec only when a stat finds something there. The grader's tests
         (``pipeline.runner.grader``): one stat and one upload where a mkdir, the upload and a chown/chmod exec were."""
+        self._forget_snapshot()
         await self._settle()
         target = posixpath.normpath(target_dir)
         if target == "/" or any(posixpath.normpath(d) in ("/", target) for d in root_dirs):
@@ -265,10 +286,20 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             self._record("upload", started)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
-        await self._op("download", self._download_file, source_path, Path(target_path))
+        await self._download(self._download_file, source_path, Path(target_path))
 
     async def download_dir(self, source_dir: str, target_dir: Path | str) -> None:
-        await self._op("download", self._download_dir, source_dir, Path(target_dir))
+        await self._download(self._download_dir, source_dir, Path(target_dir))
+
+    async def _download(self, fn: Callable[[str, Path], bool], source: str, target: Path) -> None:
+        await self._settle()
+        started = time.monotonic()
+        fetched = True
+        try:
+            fetched = await self._call(fn, source, target)
+        finally:
+            # "snapshot": served from the snapshot already held, no engine request.
+            self._record("download" if fetched else "snapshot", started)
 
     async def is_dir(self, path: str, user: str | int | None = None) -> bool:
         kind = await self._kind_as_root(path, user)
@@ -502,12 +533,13 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         if result.return_code != 0:
             raise RuntimeError(f"mkdir -p {path} failed in {self.session_id}: {result.stderr or result.stdout}")
 
-    def _download_file(self, source: str, target: Path) -> None:
+    def _download_file(self, source: str, target: Path) -> bool:
+        """``source`` (a regular file) written to ``target``; whether the engine was asked (no snapshot served it)."""
         if target.is_dir():
             target = target / PurePosixPath(source).name
         target.parent.mkdir(parents=True, exist_ok=True)
-        with self._archive(source) as tar:
-            member = tar.next()
+        with self._archive_of(source) as (tar, members, fetched):
+            member = next(iter(members), None)
             if member is None or not member.isfile():
                 raise RuntimeError(f"{source} in {self.session_id} is not a regular file")
             extracted = tar.extractfile(member)
@@ -516,13 +548,15 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             with extracted, target.open("wb") as out:
                 while chunk := extracted.read(1 << 20):
                     out.write(chunk)
+        return fetched
 
-    def _download_dir(self, source: str, target: Path) -> None:
+    def _download_dir(self, source: str, target: Path) -> bool:
+        """``source``'s contents extracted into ``target``; whether the engine was asked (no snapshot served it)."""
         target.mkdir(parents=True, exist_ok=True)
         refused: list[str] = []
-        with self._archive(source.rstrip("/") or "/") as tar:
-            _check_bounds(tar, source)
-            for member in tar:
+        with self._archive_of(source.rstrip("/") or "/") as (tar, members, fetched):
+            _check_bounds(members, source)
+            for member in members:
                 # The archive is rooted at the source's own name; its contents go into target.
                 rest = member.name.partition("/")[2]
                 if not rest:
@@ -536,22 +570,117 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
                     refused.append(str(exc))
         if refused:
             self.logger.warning(f"Skipped {len(refused)} unsafe entries downloading {source}, e.g. {refused[0]}")
+        return fetched
 
     @contextlib.contextmanager
-    def _archive(self, path: str) -> Iterator[tarfile.TarFile]:
+    def _archive_of(self, path: str) -> Iterator[tuple[tarfile.TarFile, Any, bool]]:
+        """(tar, its members, whether the engine was asked) for ``path``: from the snapshot of the log dirs' parent
+        when it holds ``path`` as the engine's archive would, else the engine's archive of ``path`` itself."""
+        with self._snapshot_lock:
+            view = self._snapshot_view(path)
+            if view is not None:
+                tar, members, fetched = view
+                with tar:
+                    yield tar, members, fetched
+                return
+        with tempfile.TemporaryFile() as spool:
+            self._spool(path, spool)
+            with tarfile.open(fileobj=spool, mode="r:") as tar:
+                yield tar, tar, True
+
+    def _spool(self, path: str, spool: IO[bytes]) -> None:
+        """The engine's archive of ``path`` written to ``spool`` (rewound), or DownloadTooLarge."""
         api = engine()
         chunks, _ = api.get_archive(self._require_container(), path, chunk_size=1 << 20)
-        with tempfile.TemporaryFile() as spool:
-            spooled = 0
-            for chunk in chunks:
-                spooled += len(chunk)
-                if spooled > 2 * MAX_DOWNLOAD_BYTES:  # the members' bound plus room for the tar's own headers
-                    raise DownloadTooLarge(f"{path} in {self.session_id} is larger than {MAX_DOWNLOAD_BYTES >> 20} MiB: "
-                                           "not copied out")
-                spool.write(chunk)
-            spool.seek(0)
-            with tarfile.open(fileobj=spool, mode="r:") as tar:
-                yield tar
+        spooled = 0
+        for chunk in chunks:
+            spooled += len(chunk)
+            if spooled > 2 * MAX_DOWNLOAD_BYTES:  # the members' bound plus room for the tar's own headers
+                raise DownloadTooLarge(f"{path} in {self.session_id} is larger than {MAX_DOWNLOAD_BYTES >> 20} MiB: "
+                                       "not copied out")
+            spool.write(chunk)
+        spool.seek(0)
+
+    # --- the snapshot of the log dirs' parent ------------------------------------------------------
+
+    def _logs_root(self) -> str | None:
+        """The one parent of the environment's log dirs (``/logs``), or None."""
+        parents = {posixpath.dirname(posixpath.normpath(d)) for d in self._mount_targets(writable_only=True)}
+        return parents.pop() if len(parents) == 1 and "/" not in parents else None
+
+    def _forget_snapshot(self) -> None:
+        """Something is about to be done in the container: what the snapshot holds may change."""
+        with self._snapshot_lock:
+            if self._snapshot is not None:
+                self._snapshot.close()
+            self._snapshot = None
+            self._snapshot_refused = False
+
+    def _snapshot_view(self, path: str) -> tuple[tarfile.TarFile, list[tarfile.TarInfo], bool] | None:
+        """(tar, ``path``'s entries renamed as the engine's archive of ``path`` names them, whether the engine was
+        asked now), the snapshot taken if none is held; None: ask the engine for ``path`` itself (not under the log
+        dirs' parent; the snapshot over the download bounds; ``path`` missing there, a link, or holding a hard link
+        to outside it, where the engine's own archive would differ). Called with the snapshot lock held."""
+        root = self._logs_root()
+        path = posixpath.normpath(path)
+        if root is None or not path.startswith(root + "/") or self._snapshot_refused:
+            return None
+        fetched = False
+        if self._snapshot is None:
+            spool = tempfile.TemporaryFile()
+            try:
+                self._spool(root, spool)
+                with tarfile.open(fileobj=spool, mode="r:") as whole:
+                    _check_bounds(whole, root)  # every entry, so reading any part of it stays within the bounds
+            except (DownloadTooLarge, docker.errors.NotFound):
+                spool.close()
+                self._snapshot_refused = True
+                return None
+            except BaseException:
+                spool.close()
+                raise
+            self._snapshot, fetched = spool, True
+        self._snapshot.seek(0)
+        tar = tarfile.open(fileobj=self._snapshot, mode="r:")
+        prefix = posixpath.basename(root) + path[len(root):]
+        base = posixpath.basename(path)
+        members = [m for m in tar if m.name == prefix or m.name.startswith(prefix + "/")]
+        if (not members or members[0].name != prefix or not (members[0].isdir() or members[0].isfile())
+                or any(m.islnk() and not m.linkname.startswith(prefix + "/") for m in members)):
+            tar.close()
+            return None  # (a snapshot just taken stays, for the paths it can serve)
+        for member in members:
+            member.name = base + member.name[len(prefix):]
+            if member.islnk():
+                member.linkname = base + member.linkname[len(prefix):]
+        return tar, members, fetched
+
+    def _snapshot_kind(self, path: str) -> str | None:
+        """``_stat_kind``'s answer from a snapshot already held, when it can tell; None: ask the engine."""
+        root = self._logs_root()
+        path = posixpath.normpath(path)
+        with self._snapshot_lock:
+            if self._snapshot is None or root is None or not path.startswith(root + "/"):
+                return None
+            self._snapshot.seek(0)
+            with tarfile.open(fileobj=self._snapshot, mode="r:") as tar:
+                entries = {m.name: m for m in tar}
+        name = posixpath.basename(root) + path[len(root):]
+        member = entries.get(name)
+        if member is None:
+            # Missing only when every directory on the way is one in the snapshot (not a link the engine follows).
+            parent = posixpath.dirname(name)
+            while parent:
+                found = entries.get(parent)
+                if found is None or not found.isdir():
+                    return None
+                parent = posixpath.dirname(parent)
+            return "missing"
+        if member.isdir():
+            return "dir"
+        if member.isfile() or member.islnk():
+            return "file"
+        return None if member.issym() else "other"
 
     async def _kind_as_root(self, path: str, user: str | int | None) -> str | None:
         """"dir", "file", "other" or "missing" from the archive stat (what root sees); None: ask a shell."""
@@ -559,10 +688,12 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             return None
         await self._settle()
         started = time.monotonic()
+        kind = None
         try:
-            return await self._call(self._stat_kind, path)
+            kind = await self._call(self._snapshot_kind, path)
+            return kind if kind is not None else await self._call(self._stat_kind, path)
         finally:
-            self._record("stat", started)
+            self._record("snapshot" if kind is not None else "stat", started)
 
     def _stat_kind(self, path: str) -> str | None:
         api = engine()
@@ -617,10 +748,10 @@ class DownloadTooLarge(RuntimeError):
     """What a container holds at a path is more than one download may bring out (``MAX_DOWNLOAD_BYTES``)."""
 
 
-def _check_bounds(tar: tarfile.TarFile, source: str) -> None:
-    """Refuse, before anything is extracted, an archive over the download bounds (apparent sizes)."""
+def _check_bounds(entries: Any, source: str) -> None:
+    """Refuse, before anything is extracted, an archive (its entries) over the download bounds (apparent sizes)."""
     total = members = 0
-    for member in tar:
+    for member in entries:
         members += 1
         total += max(0, member.size)
         if members > MAX_DOWNLOAD_MEMBERS or total > MAX_DOWNLOAD_BYTES:

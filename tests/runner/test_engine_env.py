@@ -270,6 +270,106 @@ def test_a_deferred_dir_command_that_fails_is_the_machinerys_failure(tmp_path: P
     assert "upload" not in ops
 
 
+def _tree(root: Path) -> dict[str, Any]:
+    """Every entry under ``root``: a link's target, a file's bytes and mode, a directory as such."""
+    out: dict[str, Any] = {}
+    for path in sorted(root.rglob("*")):
+        key = path.relative_to(root).as_posix()
+        out[key] = (("link", os.readlink(path)) if path.is_symlink() else ("dir",) if path.is_dir()
+                    else ("file", path.read_bytes(), path.stat().st_mode & 0o777, path.stat().st_nlink))
+    return out
+
+
+def test_downloads_under_the_log_dirs_read_one_snapshot_until_the_container_is_touched(
+        tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the agent phase Harbor copies the agent's log file, /logs/agent and the /logs/artifacts artifact (with an
+    is_dir first): one archive of /logs serves them all, each path getting exactly the entries the engine's own
+    archive of it holds (checked against those archives, asked again after an exec: anything done in the container
+    drops the snapshot, so nothing stale is read). A hard link to outside the path, a link in place of a dir, or a
+    snapshot over the download bounds (filled from a dir nobody downloads) send that path to the engine."""
+    env = _environment(tmp_path, base_in_sandbox, "snapshot")
+    gets: list[str] = []
+    get_archive = engine_env.EngineEnvironment._spool
+
+    def counted(self: engine_env.EngineEnvironment, path: str, spool: Any) -> None:
+        gets.append(path)
+        get_archive(self, path, spool)
+
+    monkeypatch.setattr(engine_env.EngineEnvironment, "_spool", counted)
+    fill = ("mkdir -p /logs/agent/sub /logs/artifacts/deep /outside && echo log > /logs/agent/agent.log "
+            "&& chmod 640 /logs/agent/agent.log && echo s > /logs/agent/sub/s.txt && ln -s ../agent.log /logs/agent/sub/up "
+            "&& ln -s /etc/passwd /logs/agent/evil && echo a > /logs/artifacts/deep/a && ln /logs/agent/agent.log "
+            "/logs/agent/hard && ln /logs/agent/sub/s.txt /logs/artifacts/deep/h && echo v > /logs/verifier/v")
+    paths = ("agent", "artifacts")
+
+    async def collect(into: Path) -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        await env.download_file("/logs/agent/agent.log", into / "file.log")
+        for name in paths:
+            seen[f"is_dir {name}"] = await env.is_dir(f"/logs/{name}")
+            await env.download_dir(f"/logs/{name}", into / name)
+        seen["is_file"] = [await env.is_file("/logs/agent/agent.log"), await env.is_dir("/logs/agent/none"),
+                           await env.is_file("/logs/agent/evil")]
+        return seen
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        await env.start(force_build=False)
+        try:
+            await env.exec(fill)
+            gets.clear()
+            seen["snap"] = await collect(tmp_path / "snap")
+            seen["snap_gets"] = list(gets)
+            await env.exec("echo new > /logs/agent/new.txt")  # drops the snapshot
+            gets.clear()
+            seen["again"] = await collect(tmp_path / "again")
+            seen["again_gets"] = list(gets)
+            # What the engine's own archive of each path holds (no snapshot): one GET a path.
+            with monkeypatch.context() as patch:
+                patch.setattr(env, "_logs_root", lambda: None)
+                gets.clear()
+                await collect(tmp_path / "engine")
+                seen["engine_gets"] = list(gets)
+            # A snapshot over the bounds (a dir nobody downloads filled): refused, each path asked of the engine.
+            await env.exec("for i in $(seq 1 30); do : > /logs/verifier/f$i; done")
+            with monkeypatch.context() as patch:
+                patch.setattr(engine_env, "MAX_DOWNLOAD_MEMBERS", 25)
+                gets.clear()
+                await collect(tmp_path / "bounded")
+                seen["bounded_gets"] = list(gets)
+            # A directory replaced by a link: the snapshot cannot say what the engine's archive of it would be.
+            await env.exec("rm -rf /logs/artifacts && ln -s /outside /logs/artifacts && echo o > /outside/o")
+            gets.clear()
+            await env.download_dir("/logs/agent", tmp_path / "linked" / "agent")
+            seen["linked_is_dir"] = await env.is_dir("/logs/artifacts")
+            seen["linked_gets"] = list(gets)
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["snap"] == {"is_dir agent": True, "is_dir artifacts": True, "is_file": [True, False, True]}  # evil: `test -f` follows it
+    assert len({(tmp_path / side / "file.log").read_bytes() for side in ("snap", "engine", "bounded")}) == 1
+    for name in paths:
+        engine, bounded = ({k: v for k, v in _tree(tmp_path / side / name).items() if k != "new.txt"}
+                           for side in ("engine", "bounded"))
+        assert _tree(tmp_path / "snap" / name) == engine == bounded, name
+    assert "new.txt" in _tree(tmp_path / "again" / "agent")  # read after the exec: not the stale snapshot
+    assert (tmp_path / "snap" / "file.log").read_bytes() == b"log\n"
+    agent = _tree(tmp_path / "snap" / "agent")
+    assert agent["agent.log"][1:3] == (b"log\n", 0o640) and agent["sub/up"] == ("link", "../agent.log")
+    assert "evil" not in agent and "v" not in agent  # a link leaving the dir skipped; nothing of another dir
+    assert _tree(tmp_path / "snap" / "artifacts")["deep/h"][1] == b"s\n"  # a hard link to /logs/agent: its bytes
+    # The hard link to outside /logs/artifacts: that one path asked of the engine, as without a snapshot.
+    assert seen["snap_gets"] == ["/logs", "/logs/artifacts"] and seen["again_gets"] == ["/logs", "/logs/artifacts"]
+    assert seen["engine_gets"] == ["/logs/agent/agent.log", "/logs/agent", "/logs/artifacts"]
+    assert seen["bounded_gets"] == ["/logs", "/logs/agent/agent.log", "/logs/agent", "/logs/artifacts"]
+    assert seen["linked_gets"] == ["/logs"] and seen["linked_is_dir"] is True  # the link followed, as the shell does
+    assert _tree(tmp_path / "linked" / "agent")["agent.log"][1] == b"log\n"
+    assert proxied.refused == []
+
+
 def test_agent_files_are_bound_read_only(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
     agent = tmp_path / "agent-copy"
     agent.mkdir()

@@ -32,15 +32,16 @@ TASK = "humaneval-0"
 AGENT_OPS = {"start": 1, "stop": 1,
              "exec": 3,  # the log dirs (setup); the oracle's chmod and solve.sh
              "upload": 1,  # the oracle's solution
-             "download": 4,  # the oracle's log; /logs/agent; the artifacts /logs/artifacts and /app
-             "stat": 2}  # is_dir of each artifact
+             "download": 2,  # /logs (for the oracle's log), then the artifact /app
+             "snapshot": 3,  # /logs/agent, the artifact /logs/artifacts and its is_dir: from that /logs, no request
+             "stat": 1}  # is_dir of /app
 VERIFIER_OPS = {"start": 1, "stop": 1,
                 "exec": 2,  # the log dirs with Harbor's three empty_dirs; the test command
                 "upload": 2,  # /app; /tests with the verifier dir (owners and modes in the archive)
                 "stat": 1}  # /tests absent, so nothing to remove
 # Engine requests through the proxy: an exec is 3 (create, start, inspect), a start 2 (create, start), the oracle's
 # /solution upload 2 (into a missing dir: a 404, then its parent), any other operation 1.
-ENGINE_REQUESTS = 32
+ENGINE_REQUESTS = 29
 
 
 def test_a_humaneval_oracle_trial_makes_the_pinned_engine_operations(tmp_path: Path, proxied: EngineProxy,
