@@ -89,6 +89,9 @@ _GO_MODE_TYPE = (1 << 31) | (1 << 27) | (1 << 26) | (1 << 25) | (1 << 24) | (1 <
 # collection is best effort, so the verifier then sees the task's own /app and the trial fails as the agent's.
 MAX_DOWNLOAD_BYTES = 64 << 20
 MAX_DOWNLOAD_MEMBERS = 20_000
+# The snapshot of /logs (downloads under it read one archive of it) only while it is this small: logs are, and a
+# download of one small path must not bring a large /logs out each time (a bigger one: each path asked of the engine).
+SNAPSHOT_MAX_BYTES = 8 << 20
 # Each stream of one exec's output kept in memory (an agent printing gigabytes must not exhaust the runner).
 MAX_EXEC_OUTPUT = 16 << 20
 _T = TypeVar("_T")
@@ -588,14 +591,15 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             with tarfile.open(fileobj=spool, mode="r:") as tar:
                 yield tar, tar, True
 
-    def _spool(self, path: str, spool: IO[bytes]) -> None:
-        """The engine's archive of ``path`` written to ``spool`` (rewound), or DownloadTooLarge."""
+    def _spool(self, path: str, spool: IO[bytes], limit: int | None = None) -> None:
+        """The engine's archive of ``path`` written to ``spool`` (rewound), or DownloadTooLarge (over ``limit``)."""
         api = engine()
         chunks, _ = api.get_archive(self._require_container(), path, chunk_size=1 << 20)
         spooled = 0
         for chunk in chunks:
             spooled += len(chunk)
-            if spooled > 2 * MAX_DOWNLOAD_BYTES:  # the members' bound plus room for the tar's own headers
+            # By default the members' bound plus room for the tar's own headers.
+            if spooled > (2 * MAX_DOWNLOAD_BYTES if limit is None else limit):
                 raise DownloadTooLarge(f"{path} in {self.session_id} is larger than {MAX_DOWNLOAD_BYTES >> 20} MiB: "
                                        "not copied out")
             spool.write(chunk)
@@ -629,7 +633,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         if self._snapshot is None:
             spool = tempfile.TemporaryFile()
             try:
-                self._spool(root, spool)
+                self._spool(root, spool, SNAPSHOT_MAX_BYTES)
                 with tarfile.open(fileobj=spool, mode="r:") as whole:
                     _check_bounds(whole, root)  # every entry, so reading any part of it stays within the bounds
             except (DownloadTooLarge, docker.errors.NotFound):

@@ -291,9 +291,9 @@ def test_downloads_under_the_log_dirs_read_one_snapshot_until_the_container_is_t
     gets: list[str] = []
     get_archive = engine_env.EngineEnvironment._spool
 
-    def counted(self: engine_env.EngineEnvironment, path: str, spool: Any) -> None:
+    def counted(self: engine_env.EngineEnvironment, path: str, spool: Any, *limit: int | None) -> None:
         gets.append(path)
-        get_archive(self, path, spool)
+        get_archive(self, path, spool, *limit)
 
     monkeypatch.setattr(engine_env.EngineEnvironment, "_spool", counted)
     fill = ("mkdir -p /logs/agent/sub /logs/artifacts/deep /outside && echo log > /logs/agent/agent.log "
@@ -337,6 +337,12 @@ def test_downloads_under_the_log_dirs_read_one_snapshot_until_the_container_is_t
                 gets.clear()
                 await collect(tmp_path / "bounded")
                 seen["bounded_gets"] = list(gets)
+            with monkeypatch.context() as patch:
+                patch.setattr(engine_env, "SNAPSHOT_MAX_BYTES", 4096)  # /logs is larger: each path on its own
+                await env.exec("true")
+                gets.clear()
+                await collect(tmp_path / "small")
+                seen["small_gets"] = list(gets)
             # A directory replaced by a link: the snapshot cannot say what the engine's archive of it would be.
             await env.exec("rm -rf /logs/artifacts && ln -s /outside /logs/artifacts && echo o > /outside/o")
             gets.clear()
@@ -350,11 +356,11 @@ def test_downloads_under_the_log_dirs_read_one_snapshot_until_the_container_is_t
 
     seen = asyncio.run(scenario())
     assert seen["snap"] == {"is_dir agent": True, "is_dir artifacts": True, "is_file": [True, False, True]}  # evil: `test -f` follows it
-    assert len({(tmp_path / side / "file.log").read_bytes() for side in ("snap", "engine", "bounded")}) == 1
+    assert len({(tmp_path / side / "file.log").read_bytes() for side in ("snap", "engine", "bounded", "small")}) == 1
     for name in paths:
-        engine, bounded = ({k: v for k, v in _tree(tmp_path / side / name).items() if k != "new.txt"}
-                           for side in ("engine", "bounded"))
-        assert _tree(tmp_path / "snap" / name) == engine == bounded, name
+        engine, bounded, small = ({k: v for k, v in _tree(tmp_path / side / name).items() if k != "new.txt"}
+                                  for side in ("engine", "bounded", "small"))
+        assert _tree(tmp_path / "snap" / name) == engine == bounded == small, name
     assert "new.txt" in _tree(tmp_path / "again" / "agent")  # read after the exec: not the stale snapshot
     assert (tmp_path / "snap" / "file.log").read_bytes() == b"log\n"
     agent = _tree(tmp_path / "snap" / "agent")
@@ -365,6 +371,7 @@ def test_downloads_under_the_log_dirs_read_one_snapshot_until_the_container_is_t
     assert seen["snap_gets"] == ["/logs", "/logs/artifacts"] and seen["again_gets"] == ["/logs", "/logs/artifacts"]
     assert seen["engine_gets"] == ["/logs/agent/agent.log", "/logs/agent", "/logs/artifacts"]
     assert seen["bounded_gets"] == ["/logs", "/logs/agent/agent.log", "/logs/agent", "/logs/artifacts"]
+    assert seen["small_gets"] == seen["bounded_gets"]
     assert seen["linked_gets"] == ["/logs"] and seen["linked_is_dir"] is True  # the link followed, as the shell does
     assert _tree(tmp_path / "linked" / "agent")["agent.log"][1] == b"log\n"
     assert proxied.refused == []
