@@ -31,6 +31,7 @@ def run(
     attempts: Annotated[int, typer.Option("--attempts", min=1, max=MAX_TASK_ATTEMPTS, help="Trials per task (the suite's attempts in the infra policy).")] = 1,
     trial: Annotated[list[str] | None, typer.Option("--trial", help="Run only this planned trial (repeatable): a worker's batch.")] = None,
     agent_image: Annotated[str | None, typer.Option("--agent-image", help="This runner's own image (id): a Python release agent runs in a container of it.")] = None,
+    ready_dir: Annotated[Path | None, typer.Option("--ready-dir", help="The worker's readiness dir: a task's trials start once it holds a file named for the task.")] = None,
 ) -> None:
     """Run every task --attempts times (default once); grade later from the trials' result.json files."""
     # lazy: pipeline.runner.trial (harbor) costs 178 ms at CLI start (bench/cli.py, 2026-12-03)
@@ -50,7 +51,7 @@ def run(
         expected = load_model(AgentArtifact, data, "--expect-agent")
     specs = run_suite(suite_dir, out, run_id=run_id, agent=agent, secret_env=tuple(secret_env or ()), concurrency=concurrency,
                       secret_dir=secret_dir, agent_version=agent_version, model=model, expect_agent=expected,
-                      attempts=attempts, trials=tuple(trial) if trial is not None else None, agent_image=agent_image)
+                      attempts=attempts, trials=tuple(trial) if trial is not None else None, agent_image=agent_image, ready_dir=ready_dir)
     typer.echo(f"ran {len(specs)} trials into {out / 'harbor'}")
 
 

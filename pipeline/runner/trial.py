@@ -42,6 +42,7 @@ from pipeline.runner.engine_env import EngineEnvironment
 from pipeline.runner.envshared import drain_teardowns
 from pipeline.runner.grader import IMPORT_PATH as GRADER_IMPORT_PATH
 from pipeline.runner.plan import TRIALS_FILE, TrialSpec, discover_tasks, plan_trials, select_trials, task_grading
+from pipeline.runner.readiness import ReadyTasks
 from pipeline.runner.tunings import enabled_tunings
 
 # The trial environments (import paths: Harbor imports the one it is given when a trial creates it).
@@ -77,6 +78,7 @@ def run_suite(
     attempts: int = 1,
     trials: tuple[str, ...] | None = None,
     agent_image: str | None = None,
+    ready_dir: Path | None = None,
 ) -> list[TrialSpec]:
     """Run every task of ``suite_dir`` ``attempts`` times with ``agent`` (only the trials ``trials``
     names, when given: a worker's batch); return the planned trials.
@@ -85,6 +87,8 @@ def run_suite(
     (``manifest_path``) and that must report exactly its version, checked before any trial.
     ``agent_image``: the runner's own image (by id), which a Python release agent runs in, a container
     of its own per trial (``pipeline.runner.agent_box``).
+    ``ready_dir``: a task's trials start only once the worker marked the task ready there (its image built
+    and named in its task.toml; ``pipeline.runner.readiness``), so they run while other images still build.
     """
     for name in secret_env:
         if not ENV_NAME_RE.match(name):
@@ -105,6 +109,8 @@ def run_suite(
         os.environ["OPENAI_API_KEY"] = PLACEHOLDER_KEY
     if concurrency < 1:
         raise ValidationError("concurrency", "must be >= 1", concurrency)
+    if ready_dir is not None and not ready_dir.is_dir():
+        raise ValidationError("--ready-dir", "must be an existing directory (the worker's readiness marks)", str(ready_dir))
     enabled_tunings()  # a bad BENCHSEAL_HARBOR_DISABLE is a usage error before any trial starts
     os.environ["HARBOR_TELEMETRY"] = "0"
     suite_dir = suite_dir.resolve()
@@ -130,7 +136,8 @@ def run_suite(
         relay.start()
         api_base = f"http://127.0.0.1:{relay.port}{model.path.rstrip('/')}"
     try:
-        asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency, model, api_base, release))
+        asyncio.run(_run_all(suite_dir, trials_dir, specs, agent, secret_env, concurrency, model, api_base, release,
+                             ReadyTasks(ready_dir) if ready_dir is not None else None))
     finally:
         if relay is not None:
             relay.stop()
@@ -155,10 +162,13 @@ async def _run_all(
     model: ModelAccess | None = None,
     api_base: str | None = None,
     release: AgentManifest | None = None,
+    ready: ReadyTasks | None = None,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
 
     async def one(spec: TrialSpec) -> None:
+        if ready is not None:
+            await ready.wait(spec.task)  # before taking a slot: a ready task's trial never queues behind a build
         async with gate:
             await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env, model, api_base,
                              release)

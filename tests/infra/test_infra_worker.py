@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -601,6 +603,93 @@ def test_prebuilt_task_images_are_reused_and_pinned_by_id(infra_setup, tmp_path)
 
     with pytest.raises(CheckFailed, match="symlink"):
         prebuild_task_images(client, fourth, records)
+
+
+def _finished_tasks(run_dir: Path) -> set[str]:
+    """The tasks of a run whose trials Harbor has finished (result.json with finished_at), as the runner writes them."""
+    done: set[str] = set()
+    for result in run_dir.glob("batches/*/harbor/*/result.json"):
+        try:
+            data = json.loads(result.read_text())
+        except (OSError, ValueError):
+            continue  # being written
+        if isinstance(data, dict) and data.get("finished_at"):
+            done.add(result.parent.name.partition("__")[0])
+    return done
+
+
+def _go_archive() -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as archive:
+        archive.addfile(tarfile.TarInfo("go"), io.BytesIO(b""))
+    return out.getvalue()
+
+
+def test_trials_of_ready_tasks_run_while_another_task_image_builds(infra_setup, tmp_path):
+    """Issue 36.5: a batch's missing task images build off the critical path. One task's build waits for a file
+    only this test writes, and the test writes it only once every other task's trial has finished: with the
+    builds before the first trial, none of them could finish and the test fails at its wait. The gated task's
+    trial starts only once its image is built and pinned, and the run is graded whole."""
+    token = uuid.uuid4().hex[:12]  # this test's own build: the engine is shared, and a new context is built
+    suites = tmp_path / "suites"
+    shutil.copytree(infra_setup["suites"] / "smoke", suites / "gated")
+    dockerfile = suites / "gated" / "fix-mean" / "environment" / "Dockerfile"
+    dockerfile.write_text(dockerfile.read_text() + f"RUN echo {token} && while [ ! -e /go ]; do sleep 0.1; done\n")
+    data = yaml.safe_load(infra_setup["policy_path"].read_text())
+    # One batch of all four tasks, three at a time: the three ready tasks' trials can all end while the gate holds.
+    data["suites"]["gated"] = {"timeout_seconds": 600, "dataset": pinned(suites, "gated"), "trial_concurrency": 3,
+                               "trial_batch": 4}
+    policy_path = tmp_path / "gated.yaml"
+    policy_path.write_text(yaml.safe_dump(data))
+    setup = {**infra_setup, "suites": suites, "policy_path": policy_path, "policy": load_policy(policy_path)}
+    db = tmp_path / "queue.sqlite3"
+    accepted = accept_payload(_payload(setup, f"gated-run-{SESSION}", suite="gated"), db=db, policy=setup["policy"])
+    with SqliteQueue(db) as q:
+        run_dir = q.run_dir(accepted.run_id)
+    others = set(discover_tasks(suites / "gated")) - {"fix-mean"}
+    engine = sandbox_engine()
+    outcome: dict[str, Any] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = run_once(_config(setup, db))
+        except Exception as exc:
+            outcome["error"] = exc
+
+    since = int(time.time()) - 1
+    worker = threading.Thread(target=work)
+    worker.start()
+    gate: str | None = None
+    try:
+        for event in engine.events(since=since, until=int(time.time()) + 300, decode=True,
+                                   filters={"type": "container", "event": "start"}):
+            try:
+                cmd = " ".join(engine.api.inspect_container(event["id"])["Config"]["Cmd"] or [])
+            except docker.errors.NotFound:
+                continue  # gone already: not the gated build, which cannot end before the test says so
+            if f"echo {token} " in cmd:
+                gate = event["id"]
+                break
+        assert gate is not None, ("the gated build never started", outcome)
+        wait_for(lambda: others <= _finished_tasks(run_dir) or not worker.is_alive(),
+                 "every other task's trial to finish while fix-mean's image builds", limit=300)
+        assert others <= _finished_tasks(run_dir), outcome
+        # The gated task's trial has not started: its image is not built, so the worker has not marked it ready.
+        assert not list(run_dir.glob("batches/*/harbor/fix-mean__*")), "fix-mean's trial started before its image"
+        assert not list(run_dir.glob("batches/*/ready/fix-mean"))
+    finally:
+        if gate is not None:
+            try:
+                engine.api.put_archive(gate, "/", _go_archive())
+            except docker.errors.APIError:
+                pass
+        worker.join(timeout=600)
+    assert not worker.is_alive() and "error" not in outcome, outcome
+    result = outcome["result"]
+    assert result.state == "SUCCEEDED", result.reason
+    assert result.grading.counts.total == 3 and result.grading.counts.resolved == 3  # dedupe-lines is a canary
+    assert {t.task for t in result.grading.trials} == {*others, "fix-mean"}
+    assert _runner_containers(accepted.run_id) == [] and _trial_containers(accepted.run_id) == []
 
 
 def test_sweep_removes_the_runner_container_of_a_batch_that_lost_its_lease_only(infra_setup, tmp_path):

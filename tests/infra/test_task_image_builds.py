@@ -117,8 +117,17 @@ def test_missing_task_images_build_at_once_and_a_failing_build_names_its_task_af
                                                                  for t in GATED}
             assert sorted(used) == sorted(built) and len(built) == 3
             assert all(engine.images.get(image_id).id == image_id for image_id in built)
-            # Without the broken task, the next call builds nothing: it reuses exactly those ids, delta on alpha's.
+            # Each was pinned as its build was checked (its trials may start while the others build):
+            # delta on alpha's.
+            for task in (*GATED, "delta"):
+                text = (suite / task / "task.toml").read_text()
+                assert sum(f'docker_image = "{image_id}"' in text for image_id in built) == 1, (task, text)
+            assert "docker_image" not in (suite / "broken" / "task.toml").read_text()
+            # Rendered again without the broken task, the next call builds nothing: it reuses exactly those
+            # ids, delta on alpha's.
             shutil.rmtree(suite / "broken")
+            for task in (*GATED, "delta"):
+                (suite / task / "task.toml").write_text('version = "1.0"\n\n[environment]\n')
             pinned = prebuild_task_images(engine, suite, records)
             assert set(pinned) == {*GATED, "delta"} and set(pinned.values()) == built
             assert pinned["delta"] == pinned["alpha"]

@@ -250,6 +250,11 @@ class _BatchRun:
     on_poll: Callable[[RunnerInfo], None] | None = None
     # Where the model relays count the batch's model usage (the recorder's: it outlives the relays).
     usage: UsageTally | None = None
+    # The worker's readiness marks (``pipeline.runner.readiness``): a task's trials wait for its mark. None: all
+    # of the batch's task images were ready before the runner started.
+    ready_dir: Path | None = None
+    # Polled with on_poll: a reason to stop the runner now (a task image's build failed), or None.
+    abort: Callable[[], str | None] | None = None
 
 
 def _run_container(
@@ -264,6 +269,8 @@ def _run_container(
         # The batch's suite dir says which tasks it runs, not which of their attempts: name them. Left out
         # with one attempt per task, so the command is what a runner from before attempts accepts.
         command += ["--attempts", str(batch.attempts), *(arg for name in batch.trial_names for arg in ("--trial", name))]
+    if batch.ready_dir is not None:
+        command += ["--ready-dir", str(batch.ready_dir)]
     artifact = record.payload.agent_artifact
     if artifact is not None and artifact.kind == "python":
         # A Python release agent runs in a container of its own, of this same image (pipeline.runner.agent_box).
@@ -344,6 +351,11 @@ def _run_started_container(
                 pass
             if batch.on_poll is not None and running is not None:
                 batch.on_poll(running)
+            stop = batch.abort() if batch.abort is not None else None
+            if stop is not None:
+                container.kill()
+                failure = stop
+                break
             if (out / "trials.json").is_file():
                 agent_setup.drop_secrets()  # read by `trial run` before it plans: no longer on disk
             now = time.monotonic()

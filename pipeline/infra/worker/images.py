@@ -17,7 +17,7 @@ import shutil
 import stat
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -242,7 +242,8 @@ BUILD_CONCURRENCY = 3
 
 def prebuild_task_images(client: Any, suite_dir: Path, records: Path | None = None, *,
                          concurrency: int = BUILD_CONCURRENCY,
-                         record_use: Callable[[Iterable[str]], None] | None = None) -> dict[str, str]:
+                         record_use: Callable[[Iterable[str]], None] | None = None,
+                         on_ready: Callable[[Iterable[str]], None] | None = None) -> dict[str, str]:
     """Build each task's environment image once and pin it in the rendered task.toml by image id.
 
     An image is reused only by the id this worker recorded when it built it (``records``, default
@@ -251,37 +252,50 @@ def prebuild_task_images(client: Any, suite_dir: Path, records: Path | None = No
     missing (or a record not the worker's own) is built again. Nothing is looked up by label or tag,
     which any build through the engine proxy could set. Tasks that already name a ``docker_image``
     or have no Dockerfile are left to Harbor. The missing images are built in parallel, one build per
-    distinct context, at most ``concurrency`` at once. ``record_use`` is handed every id the batch uses
-    before this returns, and, when a build fails, the ids of the others (reused or built) before the
-    first failure (by task name) is raised: nothing built goes unrecorded (the prune's use records).
+    distinct context, at most ``concurrency`` at once. ``record_use`` is handed each id the batch uses as
+    soon as it is known (reused, or built and checked), before any task is pinned to it, so when a build
+    fails the others' ids are recorded before the first failure (by task name) is raised: nothing built
+    goes unrecorded (the prune's use records). ``on_ready`` is handed the tasks that may start, as they
+    may: at once those this leaves to Harbor, then each context's tasks once their task.toml names its
+    image (written atomically: a runner reading it concurrently sees the old file or the pinned one).
     Returns {task: image id}.
     """
     records = _private_records(records or task_image_records())
     contexts: dict[str, list[Path]] = {}  # context hash -> the task.toml files of the tasks built from it
+    left: list[str] = []  # tasks with an image of their own, or none to build: Harbor's, ready at once
     for task_toml in sorted(suite_dir.glob("*/task.toml")):
         env_dir = task_toml.parent / "environment"
         config = tomllib.loads(task_toml.read_text(encoding="utf-8"))
         if not (env_dir / "Dockerfile").is_file() or (config.get("environment") or {}).get("docker_image"):
+            left.append(task_toml.parent.name)
             continue
         contexts.setdefault(_task_context_hash(env_dir), []).append(task_toml)
+    if on_ready is not None and left:
+        on_ready(left)
+    pinned: dict[str, str] = {}
+
+    def use(digest: str, image_id: str) -> None:
+        """``image_id`` (checked) serves context ``digest``: recorded, its tasks pinned to it, then ready."""
+        if record_use is not None:
+            record_use([image_id])
+        for task_toml in contexts[digest]:
+            _pin_docker_image(task_toml, image_id)
+            pinned[task_toml.parent.name] = image_id
+        if on_ready is not None:
+            on_ready(task_toml.parent.name for task_toml in contexts[digest])
+
     ids: dict[str, str] = {}
     missing: dict[str, str] = {}  # context hash -> the first task built from it (named by its failure)
     for digest, tomls in contexts.items():
         image_id = _recorded_id(records, digest)
         if image_id is not None and _image_present(client, image_id):
             ids[digest] = image_id
+            use(digest, image_id)
         else:
             missing[digest] = tomls[0].parent.name
-    failures = _build_missing(client, suite_dir, missing, records, ids, concurrency)
-    if record_use is not None:
-        record_use(sorted(set(ids.values())))
+    failures = _build_missing(client, suite_dir, missing, records, ids, concurrency, on_built=use)
     if failures:
         raise failures[0]
-    pinned: dict[str, str] = {}
-    for digest, tomls in contexts.items():
-        for task_toml in tomls:
-            _pin_docker_image(task_toml, ids[digest])
-            pinned[task_toml.parent.name] = ids[digest]
     return pinned
 
 
@@ -292,10 +306,11 @@ def _build_and_record(client: Any, env_dir: Path, context_hash: str, task: str, 
 
 
 def _build_missing(client: Any, suite_dir: Path, missing: Mapping[str, str], records: Path, ids: dict[str, str],
-                   concurrency: int) -> list[BaseException]:
+                   concurrency: int, on_built: Callable[[str, str], None]) -> list[BaseException]:
     """Build each missing context (hash -> task), at most ``concurrency`` at once, each recorded in ``records`` as
-    soon as its build is checked (and put into ``ids``); returns the failures, by task name. After a failure no
-    further build starts; those already running finish and are recorded."""
+    soon as its build is checked (and put into ``ids``, then handed to ``on_built`` in this thread); returns the
+    failures, by task name. After a failure no further build starts; those already running finish and are
+    recorded."""
     if not missing:
         return []
     workers = max(1, min(len(missing), concurrency))
@@ -305,7 +320,7 @@ def _build_missing(client: Any, suite_dir: Path, missing: Mapping[str, str], rec
                    for digest, task in sorted(missing.items(), key=lambda item: item[1])}
         pending = set(futures)
         while pending:
-            done, pending = wait(pending, return_when=FIRST_EXCEPTION)
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)  # each handed on as it ends
             for future in done:
                 digest = futures[future]
                 if future.cancelled():
@@ -315,6 +330,7 @@ def _build_missing(client: Any, suite_dir: Path, missing: Mapping[str, str], rec
                     failures.append((missing[digest], failure))
                     continue
                 ids[digest] = future.result()
+                on_built(digest, ids[digest])
             if failures:
                 for future in pending:
                     future.cancel()  # not started yet: the batch fails anyway
@@ -337,7 +353,7 @@ def _pin_docker_image(task_toml: Path, image_id: str) -> None:
         text = "".join(lines)
     if tomllib.loads(text).get("environment", {}).get("docker_image") != image_id:
         raise CheckFailed(f"{task_toml}: could not pin docker_image")
-    task_toml.write_text(text, encoding="utf-8")
+    atomic_write_text(task_toml, text, mode=0o644)  # the runner may be reading it: the old file or this one
 
 
 def check_runner_agent(client: Any, ref: ImageRef, payload: DispatchPayload) -> None:

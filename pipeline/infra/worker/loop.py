@@ -122,6 +122,7 @@ from pipeline.infra.worker.prune import after_work, note_staged, task_image_use
 from pipeline.infra.worker.task_images import load_task_bases, load_task_images
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
 from pipeline.runner.plan import discover_tasks, plan_trials, select_tasks, suite_grading, task_grading
+from pipeline.runner.readiness import make_ready_dir, mark_ready
 
 # What callers and tests import from here: the worker's names from before it was split into
 # config.py, images.py, containers.py and finalize.py.
@@ -450,6 +451,7 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
     beat.start()
     client: Any = None
     sandboxed: Any = None
+    builds: _TaskImageBuilds | None = None
     try:
         try:
             check_accepted_policy(queue.accepted_policy(run_id), policy)  # requeued (bounded), never run under it
@@ -457,15 +459,18 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
             source = policy.check_payload(payload)
             client = _docker()
             sandboxed = _sandbox(config)
-            engines = _prepare_batch(client, sandboxed, batch, out, runner_ref, source, config, policy, recorder,
-                                     run_dir)
+            engines, builds = _prepare_batch(client, sandboxed, batch, out, runner_ref, source, config, policy,
+                                             recorder, run_dir)
             concurrency = min(len(batch.trials), config.trial_concurrency or policy.trial_concurrency(payload.suite))
             runner, failure, released = _run_container(
                 engines, record, runner_ref, run_dir, config, policy,
                 _BatchRun(suite_dir=out / "suite", out_dir=out, name=_batch_container_name(run_id, token),
                           trial_names=names, concurrency=concurrency, label=batch_label(token),
                           on_poll=recorder.on_poll, attempts=batch_attempts(run_id, batch.trials),
-                          usage=recorder.usage))
+                          usage=recorder.usage, ready_dir=builds.ready_dir if builds else None,
+                          abort=builds.failure if builds else None))
+            if builds is not None:
+                builds.finish()  # a failed build: the batch's unrecorded trials are requeued, as any infra failure
         except (ValidationError, ImageRefused, InfraFailure, CheckFailed, InfrastructureError) as exc:
             log.error("run %s: batch %s failed: %s", run_id, list(names), exc)
             return recorder.fail_rest(f"{type(exc).__name__}: {exc}")
@@ -473,6 +478,8 @@ def _run_batch(queue: Queue, batch: TrialBatch, config: WorkerConfig, policy: In
             log.exception("run %s: unexpected error in batch %s", run_id, list(names))
             return recorder.fail_rest(f"{type(exc).__name__}: {exc}")
         finally:
+            if builds is not None:
+                builds.join()  # never close the engine under a build still running
             for engine in (client, sandboxed):
                 if engine is not None:
                     engine.close()
@@ -516,17 +523,17 @@ def batch_attempts(run_id: str, trials: Sequence[TrialClaim]) -> int:
 
 def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, runner_ref: ImageRef,
                    source: SourcePolicy, config: WorkerConfig, policy: InfraPolicy, recorder: _BatchRecorder,
-                   run_dir: Path) -> _Engines:
+                   run_dir: Path) -> tuple[_Engines, _TaskImageBuilds | None]:
     """Ready the batch's runner container: leftovers of earlier batches of its trials removed, the runner pulled by
-    digest and the images' signatures checked (on every host, before it runs anything), the runner and the base
-    in the sandbox by id, the run's dataset staged by its digest and the batch's tasks rendered from that copy onto
-    the base (and prebuilt) in ``out/suite``."""
+    digest and the images' signatures checked (on every host, before it runs anything), the base in the sandbox by
+    id, the run's dataset staged by its digest and the batch's tasks rendered from that copy onto the base (and
+    prebuilt) in ``out/suite``, the runner in the sandbox by id. Missing task images build in the background
+    (``_TaskImageBuilds``) while the runner copies in and runs the trials of the tasks that are ready."""
     run_id, payload = batch.run.run_id, batch.run.payload
     for name in kill_trial_leftovers(sandboxed, run_id, tuple(t.trial_name for t in batch.trials)):
         log.warning("run %s: removed leftover container %s", run_id, name)
     pull_by_digest(client, runner_ref)
     require_signed_images(payload, source, config.image_trust)  # every host checks before it runs anything
-    runner_id = sandbox_image(client, sandboxed, runner_ref)
     base = resolve_base_ref(config, runner_ref)
     base_id = sandbox_image(client, sandboxed, base)
     staged = stage_dataset(policy, payload.suite, config.suites_dir, run_dir)
@@ -548,13 +555,62 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
                                   {t: r for t, r in staged.task_images.items() if t in recorder.tasks}, use)
         use.images(image.image_id for image in loaded.values())
         recorder.task_images = {task: image.ref.ref for task, image in loaded.items()}
-        if config.prebuild_task_images:
-            # Missing images built in parallel (a slot per trial of the batch); every id recorded even if one fails.
-            prebuild_task_images(sandboxed, out / "suite", record_use=use.images,
-                                 concurrency=config.trial_concurrency or policy.trial_concurrency(payload.suite))
-    # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's.
+    # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's. Granted
+    # before the builds start, so what they write next (pins, readiness marks) stays the worker's.
     sandbox.grant(out)
-    return _Engines(client, sandboxed, runner_id)
+    builds = None
+    if config.prebuild_task_images:
+        builds = _TaskImageBuilds(sandboxed, run_id, out, config.trial_concurrency or policy.trial_concurrency(payload.suite))
+        builds.start()
+    try:
+        runner_id = sandbox_image(client, sandboxed, runner_ref)
+    except BaseException:
+        if builds is not None:
+            builds.join()
+        raise
+    return _Engines(client, sandboxed, runner_id), builds
+
+
+class _TaskImageBuilds:
+    """A batch's missing task images, built in a thread of their own while its runner runs (issue 36.5).
+
+    Each task is marked ready (``pipeline.runner.readiness``) once its task.toml names its image, which was
+    recorded under the run first (``task_image_use``: a prune waits); the runner starts a task's trials only
+    then. A failed build is ``failure()`` (the worker stops the runner, ``_run_started_container``) and is
+    raised by ``finish()``."""
+
+    def __init__(self, sandboxed: Any, run_id: str, out: Path, concurrency: int) -> None:
+        self.ready_dir = make_ready_dir(out)
+        self._sandboxed, self._run_id, self._suite, self._concurrency = sandboxed, run_id, out / "suite", concurrency
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._build, name=f"task-images-{run_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _build(self) -> None:
+        try:
+            with task_image_use(self._run_id) as use:
+                # Missing images built in parallel (a slot per trial of the batch); every id recorded even if one fails.
+                prebuild_task_images(self._sandboxed, self._suite, record_use=use.images,
+                                     on_ready=lambda tasks: mark_ready(self.ready_dir, tasks),
+                                     concurrency=self._concurrency)
+        except BaseException as exc:  # handed to the batch (finish), which requeues its unrecorded trials
+            self._error = exc
+
+    def failure(self) -> str | None:
+        """Why the batch must stop now (a build failed), or None."""
+        error = self._error
+        return None if error is None else f"building task images failed: {type(error).__name__}: {error}"
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def finish(self) -> None:
+        """Wait for the builds; raise the first failure."""
+        self.join()
+        if self._error is not None:
+            raise self._error
 
 
 @dataclass
