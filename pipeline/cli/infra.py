@@ -110,7 +110,8 @@ def _stats_json(stats: object) -> dict[str, object]:
         "by_state": dict(sorted(stats.by_state.items())),
         "workers": [{"worker": w.worker, "run_id": w.run_id,
                      "last_heartbeat": w.last_seen.isoformat().replace("+00:00", "Z"),
-                     "age_seconds": round((now - w.last_seen).total_seconds(), 1)} for w in stats.workers],
+                     "age_seconds": round((now - w.last_seen).total_seconds(), 1),
+                     **({"problem": w.problem} if w.problem else {})} for w in stats.workers],
     }
 
 

@@ -239,6 +239,11 @@ class PolicyRefused(CheckFailed):
     another policy than the one loaded (the run fails, nothing of it runs)."""
 
 
+class PolicyNotLoaded(PolicyRefused):
+    """The installed policy file changed and does not load: this worker claims nothing until it does (its log
+    says so once per distinct failure; ``benchseal infra status`` and ``doctor host`` show it at the worker)."""
+
+
 class InfrastructureError(Error):
     """Something the pipeline depends on (engine, registry, network) failed."""
 

@@ -293,9 +293,15 @@ def _worker_heartbeat(prefix: Path, now: float | None = None) -> Finding:
     if not workers:
         return missing("host", check, "no worker has ever polled the queue", fix)
     newest = max(workers, key=lambda w: w.last_seen)
-    age = (time.time() if now is None else now) - newest.last_seen.timestamp()
+    clock = time.time() if now is None else now
+    age = clock - newest.last_seen.timestamp()
     if age > WORKER_SILENT_SECONDS:
         return missing("host", check, f"the newest heartbeat ({newest.worker}) is {age:.0f} s old", fix)
+    # A worker that polls but claims nothing says why beside its heartbeat (its installed policy does not load).
+    stuck = [w for w in workers if w.problem and clock - w.last_seen.timestamp() <= WORKER_SILENT_SECONDS]
+    if stuck:
+        return missing("host", check, f"{stuck[0].worker} claims nothing: {stuck[0].problem}",
+                       f"{_INSTALL_INFRA}; the worker loads {POLICY_FILE} at its next claim, no restart")
     return ok("host", check, f"{newest.worker}, {max(age, 0):.0f} s ago")
 
 

@@ -130,6 +130,26 @@ def test_an_installed_host_passes_and_each_removed_piece_is_found(host: Path, si
     assert policy.startswith("MISSING host: policy: ") and "-> fix: correct /etc/benchseal/infra.yaml" in policy
 
 
+@pytest.mark.needs_root("host install creates users and root-owned files")
+def test_a_worker_that_polls_but_claims_nothing_is_found_with_why(host: Path) -> None:
+    why = ("policy /etc/benchseal/infra.yaml changed and is refused, so no run is claimed until it loads (the policy "
+           "loaded before, sha256:" + "1" * 64 + ", is not used in its place): invalid policy infra.yaml: ...")
+    queue = SqliteQueue(host / "var/lib/benchseal/infra/queue.sqlite3")
+    try:
+        queue.worker_problem("worker-1", why)  # what the worker records when its installed policy does not load
+        found = [f.line() for f in check_host(HostOptions(prefix=host, offline=True))
+                 if f.check == "worker polling the queue"]
+        assert found == [f"MISSING host: worker polling the queue: worker-1 claims nothing: {why} -> fix: run "
+                         "`benchseal host install --runner-user RUNNER --infra-checkout DIR` with a checkout of the "
+                         "infra repository (docs/host.md step 2); the worker loads /etc/benchseal/infra.yaml at its "
+                         "next claim, no restart"]
+        queue.claim("worker-1", 60)  # the file loads again: its next claim attempt clears it
+        assert [f.status for f in check_host(HostOptions(prefix=host, offline=True))
+                if f.check == "worker polling the queue"] == ["ok"]
+    finally:
+        queue.close()
+
+
 def test_an_empty_root_and_an_unreachable_sigstore_exit_1_and_usage_errors_exit_2(tmp_path: Path) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))

@@ -307,7 +307,7 @@ def test_stats_show_depth_claims_in_flight_and_worker_heartbeats(make_payload, q
         assert q.heartbeat(claim.run_id, claim.lease_token, 60)
         q.claim("host-c-3", 60, now=datetime.now(UTC) - timedelta(seconds=120))
         stats = q.stats()
-        assert stats.backend == queue_spec.backend and stats.schema_version == SCHEMA_VERSION == 6
+        assert stats.backend == queue_spec.backend and stats.schema_version == SCHEMA_VERSION == 7
         assert stats.depth == 0 and stats.in_flight == 3 and stats.by_state == {"CLAIMED": 3}
         assert stats.expired_leases == 1  # host-c-3 claimed two minutes ago with a 60 s lease
         beats = {w.worker: w for w in stats.workers}
@@ -317,6 +317,22 @@ def test_stats_show_depth_claims_in_flight_and_worker_heartbeats(make_payload, q
         # An idle poll is a heartbeat too, with no run.
         assert q.claim("host-d-4", 60) is None
         assert next(w for w in q.stats().workers if w.worker == "host-d-4").run_id is None
+
+
+def test_a_worker_that_claims_nothing_says_why_beside_its_heartbeat_until_its_next_claim(queue_spec: QueueSpec) -> None:
+    why = "policy /etc/benchseal/infra.yaml changed and is refused, ...: invalid lease_secs: extra field"
+    with queue_spec.open() as q:
+        assert q.claim("host-a-1", 60) is None
+        before = next(w for w in q.stats().workers if w.worker == "host-a-1")
+        assert before.problem is None
+        q.worker_problem("host-a-1", why)
+        q.worker_problem("host-new-2", "x" * 5000)  # a worker whose first poll is refused has a row too
+        beats = {w.worker: w for w in q.stats().workers}
+        assert beats["host-a-1"].problem == why and beats["host-a-1"].last_seen >= before.last_seen
+        assert beats["host-a-1"].run_id is None and beats["host-new-2"].problem == "x" * 2000  # one line, bounded
+        assert q.claim("host-a-1", 60) is None  # its next claim attempt: the policy loads again
+        beats = {w.worker: w for w in q.stats().workers}
+        assert beats["host-a-1"].problem is None and beats["host-new-2"].problem is not None
 
 
 def test_infra_status_and_migrate_cli(make_payload, queue_spec, tmp_path):

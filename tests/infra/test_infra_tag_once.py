@@ -226,7 +226,8 @@ def test_complete_refuses_a_history_entry_of_another_commit_than_the_tags(make_p
 def _as_version_5(q: Any) -> None:
     def work(cur: Any) -> None:
         cur.execute("DROP TABLE release_tags")
-        cur.execute("DELETE FROM schema_migrations WHERE version = 6")
+        cur.execute("ALTER TABLE workers DROP COLUMN problem")  # version 7
+        cur.execute("DELETE FROM schema_migrations WHERE version >= 6")
 
     q._transaction(work)
 
@@ -243,7 +244,7 @@ def test_the_migration_binds_every_queued_tag_to_its_oldest_runs_commit(make_pay
                         " '2999-01-01T00:00:00Z')", (payload.correlation_id, json.dumps(payload.to_json_dict())))
 
         q._transaction(smuggle)
-        assert q.migrate() == (5, 6)
+        assert q.migrate() == (5, 7)
 
         def bound(cur: Any) -> list[Any]:
             cur.execute("SELECT repository, tag_key, tag, source_commit FROM release_tags ORDER BY tag_key")

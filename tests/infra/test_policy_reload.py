@@ -24,7 +24,7 @@ import yaml
 
 from pipeline.core.contracts import TrialRecord, trial_name
 from pipeline.core.documents import PlannedTrial
-from pipeline.core.errors import CheckFailed, PolicyRefused, ValidationError
+from pipeline.core.errors import CheckFailed, PolicyNotLoaded, PolicyRefused, ValidationError
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
@@ -163,6 +163,34 @@ def test_a_new_policy_that_does_not_load_is_refused_and_the_old_one_never_used(t
     assert source.current().digest == _sha256(path)
 
 
+def test_each_distinct_refusal_is_logged_once_and_so_is_the_file_loading_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = _policy_file(tmp_path / "infra.yaml")
+    source = PolicySource(path)
+    source.current()
+
+    def attempts(n: int) -> list[str]:
+        caplog.clear()
+        for _ in range(n):
+            try:
+                source.current()
+            except PolicyNotLoaded:
+                pass
+        return [r.getMessage() for r in caplog.records if r.name == "benchseal.policy"]
+
+    _policy_file(path, SHIPPED.replace("lease_seconds:", "lease_secs:"))
+    (first,) = attempts(5)  # the claim loops poll every 2 s: one line, not one a poll
+    assert first.startswith(f"policy {path} changed and is refused") and "lease_seconds: Field required" in first and "\n" not in first
+    _policy_file(path, "sources: [\n")  # another failure: its own line, once
+    (second,) = attempts(3)
+    assert second != first and second.startswith(f"policy {path} changed and is refused")
+    _policy_file(path, SHIPPED + "# fixed\n")
+    assert attempts(3) == [f"policy {path} loads again ({_sha256(path)}): claims resume"]
+    _policy_file(path, "sources: [\n")  # broken again after it loaded: said again, once
+    (third,) = attempts(2)
+    assert third.startswith(f"policy {path} changed and is refused") and "not valid YAML" in third
+
+
 def test_a_worker_started_with_a_policy_that_does_not_load_is_a_usage_error(tmp_path: Path) -> None:
     with pytest.raises(ValidationError) as refused:
         PolicySource(_policy_file(tmp_path / "infra.yaml", "sources: [\n")).current()
@@ -188,6 +216,9 @@ def test_the_worker_claims_under_the_installed_policy_and_never_runs_a_run_accep
     with SqliteQueue(queue_db) as queue:
         record = queue.get_run(run_id)
         assert (record.state, record.attempts) == ("QUEUED", 0)
+        # Why, beside the worker's heartbeat (what `infra status` and `doctor host` show).
+        (beat,) = [w for w in queue.stats().workers if w.worker == config.worker_id]
+        assert beat.problem is not None and beat.problem.startswith(f"policy {path} changed and is refused")
 
     # A new policy that loads is used from this claim on: the run, accepted under the old one, fails with
     # that reason and nothing of it runs.
@@ -201,6 +232,7 @@ def test_the_worker_claims_under_the_installed_policy_and_never_runs_a_run_accep
     with SqliteQueue(queue_db) as queue:
         assert queue.get_run(run_id).reason == outcome.reason
         assert queue.trials(run_id) == []  # never planned
+        assert [w.problem for w in queue.stats().workers if w.worker == config.worker_id] == [None]  # it claims again
     assert not (queue.run_dir(run_id) / "batches").exists()
 
 

@@ -9,8 +9,10 @@ suites need no digest of their own: the policy pins each suite's dataset by cont
 the worker checks at start and again for every run.
 
 The worker runs what is installed, without a restart (``PolicySource``): it hashes the file at every claim
-and loads it again when the digest changed; a new file that does not load stops all claims (one line per
-attempt in its log) and the policy loaded before is never used in its place. A run accept checked against a
+and loads it again when the digest changed; a new file that does not load stops all claims and the policy
+loaded before is never used in its place. Its log says so once per distinct failure (and once when the file
+loads again); the worker records the line with its heartbeat, where ``benchseal infra status`` and
+``benchseal doctor host`` show it. A run accept checked against a
 digest (recorded in the queue with its ``accepted`` event) is planned, run and graded only under a loaded
 policy of exactly that digest (``check_accepted_policy``); the digest of the policy that graded a run is in
 its grading, summary.json, the test-result statement and the release body.
@@ -24,7 +26,7 @@ import threading
 from pathlib import Path
 
 from pipeline.core.digests import validate_digest
-from pipeline.core.errors import CheckFailed, PolicyRefused, ValidationError
+from pipeline.core.errors import CheckFailed, PolicyNotLoaded, PolicyRefused, ValidationError
 from pipeline.infra.intake.policy import POLICY_PATH, InfraPolicy, load_policy, policy_bytes_digest
 
 log = logging.getLogger("benchseal.policy")
@@ -98,12 +100,14 @@ class PolicySource:
     ``current()`` hashes the file (``policy_digest``) and returns the policy loaded before while the digest is
     unchanged; a changed file is loaded and validated again. When it does not load, the first call raises the
     loader's ValidationError (a worker that starts with a bad policy is a usage error), every later one
-    PolicyRefused: nothing is claimed, and the policy loaded before is never used in its place."""
+    PolicyNotLoaded: nothing is claimed, and the policy loaded before is never used in its place. Each distinct
+    refusal is logged once, and so is the file loading again: the claim loops poll every few seconds."""
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = policy_file(path)
         self._lock = threading.Lock()  # the worker's claim loops share one source
         self._policy: InfraPolicy | None = None
+        self._refused: str | None = None  # the refusal logged last (None: the file loads)
 
     def current(self) -> InfraPolicy:
         with self._lock:
@@ -115,10 +119,17 @@ class PolicySource:
             except ValidationError as exc:
                 if before is None:
                     raise
-                raise PolicyRefused(f"policy {self.path} changed and is refused, so no run is claimed until it loads "
-                                    f"(the policy loaded before, {before.digest}, is not used in its place): "
-                                    f"{exc.diagnostics()}") from None
-            if before is not None:
+                refused = PolicyNotLoaded(f"policy {self.path} changed and is refused, so no run is claimed until it "
+                                          f"loads (the policy loaded before, {before.digest}, is not used in its "
+                                          f"place): {exc.diagnostics()}")
+                if str(refused) != self._refused:
+                    log.error("%s", refused)
+                    self._refused = str(refused)
+                raise refused from None
+            if self._refused is not None:
+                log.warning("policy %s loads again (%s): claims resume", self.path, policy.digest)
+                self._refused = None
+            elif before is not None:
                 log.warning("policy %s changed: %s -> %s, used from this claim on", self.path, before.digest,
                             policy.digest)
             self._policy = policy

@@ -99,6 +99,11 @@ class Queue(abc.ABC):
     def comparison(self, run_id: str) -> Comparison | None: ...
 
     @abc.abstractmethod
+    def worker_problem(self, worker: str, problem: str, now: datetime | None = None) -> None:
+        """``worker`` polls but claims nothing, because of ``problem`` (one line): recorded with its heartbeat,
+        shown by ``stats`` (``infra status``, ``doctor host``) until its next claim attempt clears it."""
+
+    @abc.abstractmethod
     def record_summary(self, run_id: str, summary_digest: str) -> None:
         """The sealed summary.json's digest of ``run_id``'s release: from then on it can be compared with."""
 

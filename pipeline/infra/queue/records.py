@@ -156,6 +156,7 @@ class WorkerBeat:
     worker: str
     last_seen: datetime
     run_id: str | None
+    problem: str | None = None  # why it claims nothing (``Queue.worker_problem``); None once it claims again
 
 
 @dataclass(frozen=True)

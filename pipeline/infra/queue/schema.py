@@ -188,6 +188,11 @@ FROM runs WHERE {src_repository} IS NOT NULL AND {src_tag} IS NOT NULL AND {src_
 ORDER BY created_at, run_id
 ON CONFLICT DO NOTHING
 """,
+    # Version 7: why a polling worker claims nothing (its installed infra policy does not load), beside its
+    # heartbeat: ``benchseal infra status`` and ``doctor host`` show it; its next claim attempt clears it.
+    """
+ALTER TABLE workers ADD COLUMN problem TEXT;
+""",
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 

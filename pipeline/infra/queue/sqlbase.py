@@ -36,6 +36,7 @@ from pipeline.infra.queue.schema import PUB_COLUMNS, RUN_COLUMNS, sql_list, sql_
 _QUEUED, _ACTIVE = sql_text(RunState.QUEUED), sql_list(ACTIVE_STATES)
 _TRIAL_RUNNING = sql_text(TrialState.RUNNING)
 _PENDING, _DELIVERED = sql_text(PublicationState.PENDING), sql_text(PublicationState.DELIVERED)
+_PROBLEM_CHARS = 2000  # a worker's problem is one line for an operator, not a log
 
 
 class SqlBase(Queue):
@@ -168,9 +169,22 @@ class SqlBase(Queue):
     def _beat(cur: Cursor, worker: str, run_id: str | None, at: float) -> None:
         cur.execute(
             "INSERT INTO workers (worker, last_seen, run_id) VALUES (?, ?, ?)"
-            " ON CONFLICT (worker) DO UPDATE SET last_seen = excluded.last_seen, run_id = excluded.run_id",
+            " ON CONFLICT (worker) DO UPDATE SET last_seen = excluded.last_seen, run_id = excluded.run_id,"
+            " problem = NULL",  # a claim attempt: whatever stopped its claims before is over
             (worker, at, run_id),
         )
+
+    def worker_problem(self, worker: str, problem: str, now: datetime | None = None) -> None:
+        at = epoch(now)
+
+        def work(cur: Cursor) -> None:
+            cur.execute(
+                "INSERT INTO workers (worker, last_seen, run_id, problem) VALUES (?, ?, NULL, ?)"
+                " ON CONFLICT (worker) DO UPDATE SET last_seen = excluded.last_seen, run_id = NULL,"
+                " problem = excluded.problem",
+                (worker, at, problem[:_PROBLEM_CHARS]))
+
+        self._transaction(work)
 
     def get_run(self, run_id: str) -> RunRecord:
         row = self._read(lambda cur: self._row(cur, run_id))
@@ -205,7 +219,7 @@ class SqlBase(Queue):
             expired = int(cur.fetchone()[0])
             cur.execute(f"SELECT COUNT(*) FROM publications WHERE state = {_PENDING}")  # noqa: S608
             outbox = int(cur.fetchone()[0])
-            cur.execute("SELECT worker, last_seen, run_id FROM workers ORDER BY worker")
+            cur.execute("SELECT worker, last_seen, run_id, problem FROM workers ORDER BY worker")
             workers = cur.fetchall()
             cur.execute("SELECT state, COUNT(*) FROM trials GROUP BY state")
             trials = {str(s): int(n) for s, n in cur.fetchall()}
@@ -220,7 +234,8 @@ class SqlBase(Queue):
             in_flight=sum(by_state.get(state, 0) for state in ACTIVE_STATES), expired_leases=expired,
             outbox_pending=outbox, trials_queued=trials.get(TrialState.QUEUED, 0), trials_in_flight=trials.get(TrialState.RUNNING, 0),
             workers=tuple(WorkerBeat(worker=str(w), last_seen=datetime.fromtimestamp(float(s), UTC),
-                                     run_id=None if r is None else str(r)) for w, s, r in workers),
+                                     run_id=None if r is None else str(r), problem=None if p is None else str(p))
+                          for w, s, r, p in workers),
         )
 
     # --- publication outbox ------------------------------------------------------

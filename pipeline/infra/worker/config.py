@@ -14,10 +14,11 @@ from pathlib import Path
 
 from pipeline.attest.images import SigstoreEndpoints
 from pipeline.core.contracts import Grading, PublicationRequest, RunState
+from pipeline.core.errors import PolicyNotLoaded
 from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.policy import InfraPolicy, load_policy
 from pipeline.infra.intake.policy_home import PolicySource
-from pipeline.infra.queue.sql import RunRecord
+from pipeline.infra.queue.sql import RunRecord, open_queue
 
 Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
 
@@ -77,10 +78,17 @@ class RunOutcome:
 
 
 def claim_policy(config: WorkerConfig) -> InfraPolicy:
-    """The policy a claim runs under: the installed file as it is now (``PolicySource``: PolicyRefused when it
-    changed and does not load), else the policy given, else the default file."""
+    """The policy a claim runs under: the installed file as it is now (``PolicySource``: PolicyNotLoaded when it
+    changed and does not load, recorded beside this worker's heartbeat), else the policy given, else the default
+    file."""
     if config.policy_source is not None:
-        return config.policy_source.current()
+        try:
+            return config.policy_source.current()
+        except PolicyNotLoaded as exc:
+            # Where `infra status` and `doctor host` look (the log says it once); its next claim attempt clears it.
+            with open_queue(config.db, url_file=config.queue_url_file) as queue:
+                queue.worker_problem(config.worker_id, str(exc))
+            raise
     return config.policy or load_policy()
 
 

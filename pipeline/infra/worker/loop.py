@@ -55,7 +55,14 @@ from typing import Any
 from pipeline.attest.images import ImageIdentityPolicy, SigstoreEndpoints, image_identity, verify_image
 from pipeline.core.contracts import DispatchPayload, RunState, trial_attempt
 from pipeline.core.digests import ImageRef, parse_ref
-from pipeline.core.errors import CheckFailed, Error, InfrastructureError, PolicyRefused, ValidationError
+from pipeline.core.errors import (
+    CheckFailed,
+    Error,
+    InfrastructureError,
+    PolicyNotLoaded,
+    PolicyRefused,
+    ValidationError,
+)
 from pipeline.core.fsutil import atomic_write_json
 from pipeline.infra.intake.policy import InfraPolicy, SourcePolicy
 from pipeline.infra.intake.policy_home import check_accepted_policy
@@ -751,6 +758,8 @@ def run_forever(config: WorkerConfig, concurrency: int = 1, finalize: Finalizer 
         while not config.stop.is_set():
             try:
                 outcome = run_once(config, finalize)
+            except PolicyNotLoaded:  # the policy source logs each distinct refusal once, not every poll
+                outcome = None
             except Error as exc:
                 log.error("worker: %s", exc.diagnostics())
                 outcome = None
