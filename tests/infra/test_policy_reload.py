@@ -6,15 +6,20 @@ file at every claim and loads it again only when that digest changed; a new file
 every claim (the policy loaded before is never used instead); a run accepted under one policy is neither run
 nor graded under another (FAILED, or its batches refused), and the grading records the digest it ran under.
 
-The worker cases run the real claim loop on a SQLite queue of their own; they touch the sandbox engine only to
-look for their own runs' containers (none: nothing of these runs ever starts).
+The worker cases run the real claim loop (one of them the `benchseal worker` process itself) on a SQLite queue
+of their own; they touch the sandbox engine only to look for their own runs' containers (none: nothing of these
+runs ever starts).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,6 +45,7 @@ from pipeline.infra.worker.finalize import _grade_planned
 from pipeline.infra.worker.grading import RecordedTrial
 from pipeline.infra.worker.loop import _run_once
 from tests.fixtures.cli import run_benchseal
+from tests.fixtures.infra import wait_for
 
 SHIPPED = (REPO_ROOT / "policies" / "infra.yaml").read_text(encoding="utf-8")
 
@@ -295,3 +301,78 @@ def test_a_run_is_graded_only_under_the_policy_it_was_accepted_under(
         assert refused.reason is not None and refused.reason.startswith(
             f"policy: the run was accepted under infra policy {accepted_under.digest} and this worker has loaded "
             f"{other.digest}"), refused.reason
+
+
+# --- the worker as `benchseal worker` starts it -------------------------------------------------------
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_worker_cli_claims_under_the_policy_installed_after_it_started(
+        tmp_path: Path, make_payload: Callable[..., dict[str, Any]], queue_db: Path) -> None:
+    """The CLI's own wiring (pipeline.cli.worker), not a source built by the test: a long-running worker whose
+    policy file is edited after it started refuses claims while the file does not load, then claims under the
+    file as it is now. A worker wired to a policy loaded once claims the run under the policy it started with
+    (and records no refusal): both waits below then fail."""
+    path = _policy_file(tmp_path / "infra.yaml")
+    started_with = _sha256(path)
+    accepted_under = load_policy(_policy_file(tmp_path / "accepted.yaml", SHIPPED + "# accepted under\n"))
+    log_file = tmp_path / "worker.log"
+    # Its own state home: the prune after a sealed run never looks at the shared sandbox's task images.
+    env = {**os.environ, "BENCHSEAL_HOME": str(tmp_path / "home")}
+    with log_file.open("wb") as log:
+        worker = subprocess.Popen([sys.executable, "-m", "pipeline", "worker", "--db", str(queue_db), "--policy",
+                                   str(path)], stdout=log, stderr=subprocess.STDOUT, env=env)
+    worker_id = f"{socket.gethostname()}-{worker.pid}"
+
+    def beat() -> Any:
+        assert worker.poll() is None, log_file.read_text()
+        if not queue_db.exists():
+            return None
+        with SqliteQueue(queue_db) as queue:
+            return next((w for w in queue.stats().workers if w.worker == worker_id), None)
+
+    try:
+        wait_for(lambda: beat() is not None, "the worker's first poll", limit=120)
+        _policy_file(path, SHIPPED.replace("lease_seconds:", "lease_secs:"))
+        wait_for(lambda: beat().problem is not None, "the worker to refuse its claims", limit=60)
+        run_id = accept_payload(make_payload(correlation_id="policy-cli-reload-0001"), db=queue_db,
+                                policy=accepted_under, policy_digest=accepted_under.digest).run_id
+        enqueued = beat().last_seen
+        # A poll after the run was queued: refused too, the run untouched.
+        wait_for(lambda: beat().last_seen > enqueued, "a poll after the run was queued", limit=60)
+        with SqliteQueue(queue_db) as queue:
+            record = queue.get_run(run_id)
+            assert (record.state, record.attempts) == ("QUEUED", 0)
+        status = subprocess.run([sys.executable, "-m", "pipeline", "infra", "status", "--db", str(queue_db),
+                                 "--summary"], capture_output=True, text=True, check=True, env=env)
+        (shown,) = [w for w in json.loads(status.stdout)["queue"]["workers"] if w["worker"] == worker_id]
+        assert shown["problem"].startswith(f"policy {path} changed and is refused") and started_with in shown["problem"]
+        assert "lease_seconds: Field required" in shown["problem"]  # the rule that failed
+
+        _policy_file(path, SHIPPED + "# installed after the worker started\n")
+        edited = _sha256(path)
+
+        def ended() -> bool:
+            assert worker.poll() is None, log_file.read_text()
+            with SqliteQueue(queue_db) as queue:
+                return queue.get_run(run_id).state != "QUEUED" and queue.get_run(run_id).state != "CLAIMED"
+
+        wait_for(ended, "the run to be claimed under the edited policy", limit=120)
+        with SqliteQueue(queue_db) as queue:
+            record = queue.get_run(run_id)
+        assert record.state == "FAILED" and record.reason is not None, record
+        assert record.reason.startswith(f"policy: the run was accepted under infra policy {accepted_under.digest} "
+                                        f"and this worker has loaded {edited}:"), record.reason
+        assert beat().problem is None
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+    assert worker.returncode == 0, log_file.read_text()
+    lines = log_file.read_text().splitlines()
+    # Said once, not at every poll (it polled at least twice while refused), and once when it loaded again.
+    assert sum("changed and is refused" in line for line in lines) == 1, lines
+    assert sum(f"loads again ({edited}): claims resume" in line for line in lines) == 1, lines
