@@ -603,8 +603,8 @@ class Grading(_Frozen):
     finished_at: str
     graded_by: WorkerId | None = Field(
         default=None,
-        description="the worker that graded the run from its trial rows (its worker id); None when no worker graded "
-                    "planned trials (a run refused or ended before it was planned)")
+        description="the worker that decided the run's outcome (its worker id): graded it from its trial rows, or "
+                    "refused it at planning or ended it as INFRA_ERROR; None in gradings from before it was recorded")
 
     @model_validator(mode="after")
     def _scored(self) -> Grading:

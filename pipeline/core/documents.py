@@ -313,8 +313,9 @@ class ReleaseSummary(_Document):
     model_usage: ModelUsage | None = None
     graded_by: WorkerId | None = Field(
         default=None, exclude_if=lambda v: v is None,
-        description="the worker that graded the run from its trial rows (its worker id; each trial's worker is in "
-                    "timings.trials); absent before it was recorded")
+        description="the worker that decided the run's outcome (its worker id): graded it from its trial rows (each "
+                    "trial's worker is in timings.trials), or refused it at planning or ended it as INFRA_ERROR; "
+                    "absent before it was recorded")
     # The score's 95 % Wilson interval (null when there is no score) and each task's pass counts.
     # Optional: summaries written before they existed omit both (``benchseal verify`` checks them when present).
     interval: ScoreInterval | None = None
@@ -596,7 +597,7 @@ class ResultScore(_Document):
     workers: tuple[WorkerId, ...] | None = Field(
         default=None, description="the workers that ran the run's trials, sorted (summary.json "
                                   "timings.trials[].worker: which trial each ran; summary.json is a subject)")
-    graded_by: WorkerId | None = Field(default=None, description="the worker that graded the run "
+    graded_by: WorkerId | None = Field(default=None, description="the worker that decided the run's outcome "
                                                                  "(summary.json graded_by)")
 
     @model_validator(mode="after")

@@ -135,7 +135,9 @@ def _workers(summary: ReleaseSummary) -> str | None:
     if not ran and summary.graded_by is None:
         return None
     items = [f"{worker}: {n} trial{'' if n == 1 else 's'}" for worker, n in sorted(ran.items())]
-    line = _first(items, "summary.json timings.trials") if items else "no trial names its worker"
+    # A run refused at planning or ended as INFRA_ERROR before any trial ran still names the worker that decided it.
+    line = (_first(items, "summary.json timings.trials") if items else
+            "no trial names its worker" if summary.timings.trials else "no trial ran")
     return line + (f"; graded by {summary.graded_by}" if summary.graded_by else "")
 
 

@@ -93,3 +93,24 @@ def test_a_worker_id_is_one_to_255_characters(worker: str) -> None:
     grading, _ = make_inputs({"runner": RUNNER, "api": API})
     with pytest.raises(ValidationError, match="graded_by"):
         load_model(Grading, {**grading.model_dump(mode="json"), "graded_by": worker}, "grading")
+
+
+@pytest.mark.parametrize("status", ["FAILED", "INFRA_ERROR"])
+def test_a_run_ended_before_any_trial_ran_names_the_worker_that_decided_it(tmp_path: Path, status: str) -> None:
+    """Refused at planning (another policy digest, a payload the policy no longer admits) or ended as INFRA_ERROR
+    (attempts used up): no trial ran, and the worker that decided is in summary.json, the statement (held to it by
+    verify) and the body."""
+    grading, payload = make_inputs({"runner": RUNNER, "api": API})
+    ended = load_model(Grading, {**grading.model_dump(mode="json"), "status": status, "score": None, "trials": [],
+                                 "reason": "policy: the run was accepted under infra policy sha256:…",
+                                 "counts": {"total": 0, "completed": 0, "resolved": 0, "unresolved": 0,
+                                            "infra_errors": 0},
+                                 "graded_by": GRADER}, "grading")
+    summary = build_summary(ended, payload)
+    path = write_summary(tmp_path, summary)
+    data = json.loads(path.read_text())
+    assert data["graded_by"] == GRADER and data["timings"]["trials"] == [] and data["status"] == status
+    write_test_result(tmp_path, summary, path)
+    score = check_test_result(tmp_path, summary).predicate.score
+    assert score.graded_by == GRADER and score.workers is None
+    assert facts_from_summary(summary, "v9.9.9").workers == f"no trial ran; graded by {GRADER}"

@@ -26,7 +26,7 @@ from pipeline.core.paths import REPO_ROOT
 from pipeline.infra.intake.accept import accept_payload
 from pipeline.infra.intake.policy import load_policy
 from pipeline.infra.queue.sql import RunRecord, SqliteQueue
-from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, exhausted_grading, run_once
+from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, _run_once, exhausted_grading, run_once
 from pipeline.runner.plan import TRIALS_FILE, plan_trials
 from tests.fixtures.datasets import pinned
 from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
@@ -139,6 +139,7 @@ def test_kill_9_on_the_final_attempt_is_finalized_once_with_what_completed(tmp_p
     assert outcome is not None and outcome.run_id == run_id and outcome.state == "INFRA_ERROR"
     grading = outcome.grading
     assert grading is not None and grading.score is None and "final attempt" in (grading.reason or "")
+    assert grading.graded_by == config.worker_id  # the worker that ended it, not the dead one
     assert (grading.counts.total, grading.counts.completed, grading.counts.resolved, grading.counts.infra_errors) == (3, 2, 2, 1)
     assert [state for state, _ in finalize.calls] == ["RUNNING"] and finalize.calls[0][1] == grading
     # Exactly once: nothing left to claim, and the terminal transaction carried the outbox row.
@@ -211,6 +212,22 @@ def crash_setup(tmp_path_factory: pytest.TempPathFactory, built_images: DigestsF
     policy_path.write_text(yaml.safe_dump(data))
     return {"root": root, "policy_path": policy_path, "policy": load_policy(policy_path), "suites": suites,
             "runner": runner.ref, "api": api.ref, "trust": trust}
+
+
+@pytest.mark.docker
+def test_a_run_whose_planning_attempts_are_used_up_names_the_worker_that_ended_it(tmp_path, make_payload):
+    _, policy = _policy(tmp_path)
+    db = tmp_path / "planning" / "queue.sqlite3"
+    with SqliteQueue(db) as q:  # its runner's digest is in no registry: pulling it is an infrastructure error
+        run_id, _ = q.enqueue(DispatchPayload.model_validate(make_payload(correlation_id="planning-infra-000001")),
+                              max_attempts=1)
+        run_dir = q.run_dir(run_id)
+    config = WorkerConfig(db=db, policy=policy, worker_id="host-p-303")
+    outcome = _run_once(config)  # not run_once: no prune of the shared sandbox after it
+    assert outcome is not None and outcome.run_id == run_id and outcome.state == "INFRA_ERROR", outcome
+    assert outcome.reason is not None and outcome.reason.startswith("attempts exhausted (1)"), outcome.reason
+    assert outcome.grading is not None and outcome.grading.graded_by == "host-p-303"
+    assert Grading.model_validate_json((run_dir / "grading.json").read_text()).graded_by == "host-p-303"
 
 
 @pytest.mark.docker

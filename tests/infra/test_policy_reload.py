@@ -235,6 +235,7 @@ def test_the_worker_claims_under_the_installed_policy_and_never_runs_a_run_accep
                               f"worker has loaded {_sha256(path)}: a run is never run or graded under another policy "
                               "than the one accept checked (dispatch it again)")
     assert outcome.grading is not None and outcome.grading.policy_digest == _sha256(path)
+    assert outcome.grading.graded_by == config.worker_id  # the worker that refused it, in its evidence
     with SqliteQueue(queue_db) as queue:
         assert queue.get_run(run_id).reason == outcome.reason
         assert queue.trials(run_id) == []  # never planned

@@ -133,7 +133,7 @@ def _grade_planned(queue: Queue, record: RunRecord, token: str, policy: InfraPol
 
 def _infra(
     queue: Queue, record: RunRecord, token: str, reason: str, started: str, finalize: Finalizer | None, run_dir: Path,
-    policy: InfraPolicy, runner: RunnerInfo | None = None,
+    policy: InfraPolicy, runner: RunnerInfo | None = None, *, grader: str | None = None,
 ) -> RunOutcome:
     log.error("run %s attempt %d: %s", record.run_id, record.attempts, reason)
     _copy_evidence(run_dir)
@@ -143,17 +143,19 @@ def _infra(
     # Attempts used up: this worker keeps its lease and finalizes the run now.
     reason = f"attempts exhausted ({record.attempts}); last error: {reason}"
     queue.begin_finalize(record.run_id, token, reason)
-    return _finalize(queue, record, token, policy, finalize, reason, started, runner, run_dir)
+    return _finalize(queue, record, token, policy, finalize, reason, started, runner, run_dir, grader=grader)
 
 
 def exhausted_grading(run_dir: Path, record: RunRecord, policy: InfraPolicy, runner: RunnerInfo, reason: str,
-                      *, started_at: str) -> Grading:
-    """INFRA_ERROR, no score; the trials of the last attempt that completed are graded as they are."""
+                      *, started_at: str, grader: str | None = None) -> Grading:
+    """INFRA_ERROR, no score; the trials of the last attempt that completed are graded as they are. ``grader``:
+    the worker that ends the run (its ``graded_by``)."""
     if read_plan(run_dir):
         graded = grade_run(run_dir, record, policy, runner, started_at=started_at, finished_at=now_utc(),
-                           failure=reason)
+                           failure=reason, graded_by=grader)
         return graded.model_copy(update={"status": "INFRA_ERROR", "score": None, "reason": reason})
-    return infra_error_grading(record, reason, started_at=started_at, finished_at=now_utc(), policy_digest=policy.digest)
+    return infra_error_grading(record, reason, started_at=started_at, finished_at=now_utc(), policy_digest=policy.digest,
+                               graded_by=grader)
 
 
 FINALIZE_CLAIMS_MIN = 3
@@ -166,11 +168,11 @@ def finalize_claims(record: RunRecord) -> int:
 
 def _finalize(
     queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None, reason: str,
-    started: str, runner: RunnerInfo | None, run_dir: Path,
+    started: str, runner: RunnerInfo | None, run_dir: Path, *, grader: str | None = None,
 ) -> RunOutcome:
     """End a run whose attempts are used up, like every other terminal run: grading, evidence, finalizer, ONE complete."""
     grading = exhausted_grading(run_dir, record, policy, runner or RunnerInfo(image_id=None, digest=None), reason,
-                                started_at=started)
+                                started_at=started, grader=grader)
     atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
     _copy_evidence(run_dir)
     publications: list[PublicationRequest] = []
@@ -203,7 +205,8 @@ def _leftover_runner(engines: _Engines, run_id: str, runner: str) -> RunnerInfo:
 
 
 def _finalize_abandoned(
-    queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None
+    queue: Queue, record: RunRecord, token: str, policy: InfraPolicy, finalize: Finalizer | None, *,
+    grader: str | None = None,
 ) -> RunOutcome:
     """A run whose final attempt's worker died (or whose finalizer failed): stop what is left of it, then finalize."""
     run_id = record.run_id
@@ -230,7 +233,7 @@ def _finalize_abandoned(
         if client is not None:
             client.close()
     reason = record.reason or f"attempts exhausted ({record.attempts})"
-    return _finalize(queue, record, token, policy, finalize, reason, started, runner, run_dir)
+    return _finalize(queue, record, token, policy, finalize, reason, started, runner, run_dir, grader=grader)
 
 
 def _ran_here(run_dir: Path, recorded: RecordedTrial) -> bool:

@@ -161,8 +161,10 @@ def grade_run(
     started_at: str,
     finished_at: str,
     failure: str | None = None,
+    graded_by: str | None = None,
 ) -> Grading:
-    """Grade ``run_dir``; ``failure`` (timeout, runner usage error) forces FAILED with no score."""
+    """Grade ``run_dir``; ``failure`` (timeout, runner usage error) forces FAILED with no score; ``graded_by``:
+    the worker that decided the outcome."""
     payload = record.payload
     plan = read_plan(run_dir)
     harbor_version = plan.harbor_version if plan else None
@@ -174,7 +176,7 @@ def grade_run(
     )
     return grade_trials(record, policy, trials, started_at=started_at, finished_at=finished_at, failure=failure,
                         harbor_version=harbor_version, agent_version_pin=plan.agent_version if plan else None,
-                        model=plan.model if plan else None)
+                        model=plan.model if plan else None, graded_by=graded_by)
 
 
 def run_dataset(recorded: Iterable[str | None]) -> tuple[str | None, str | None]:
@@ -202,8 +204,8 @@ def grade_trials(
     graded_by: str | None = None,
 ) -> Grading:
     """Grade a run from its graded trials (each exactly once); ``failure`` forces FAILED with no score.
-    ``dataset_digest``: the one content digest of the dataset every trial ran from; ``graded_by``: the grading
-    worker's id."""
+    ``dataset_digest``: the one content digest of the dataset every trial ran from; ``graded_by``: the id of the
+    worker that decided the outcome (graded the trials, or failed the run before any ran)."""
     payload = record.payload
     scored = [t for t in trials if not t.canary]  # a tamper canary never counts (scoring.scored_outcomes)
     counts = count(t.outcome for t in scored)
@@ -245,8 +247,9 @@ def grade_trials(
 
 
 def infra_error_grading(record: RunRecord, reason: str, *, started_at: str, finished_at: str,
-                        policy_digest: str | None = None) -> Grading:
-    """The grading of a run that ended in INFRA_ERROR: counts only, no score."""
+                        policy_digest: str | None = None, graded_by: str | None = None) -> Grading:
+    """The grading of a run that ended in INFRA_ERROR: counts only, no score; ``graded_by``: the worker that
+    ended it."""
     return Grading(
         run_id=record.run_id,
         status="INFRA_ERROR",
@@ -261,4 +264,5 @@ def infra_error_grading(record: RunRecord, reason: str, *, started_at: str, fini
         api_ref=record.payload.api,
         started_at=started_at,
         finished_at=finished_at,
+        graded_by=graded_by,
     )

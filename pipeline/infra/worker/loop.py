@@ -309,7 +309,7 @@ def _run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOut
                 if record.phase == "finalize" and record.trials_planned > 0:
                     return _grade_planned(queue, record, token, policy, finalize, now_utc(), grader=config.worker_id)
                 if record.phase == "finalize":
-                    return _finalize_abandoned(queue, record, token, policy, finalize)
+                    return _finalize_abandoned(queue, record, token, policy, finalize, grader=config.worker_id)
                 planned = _plan(queue, record, token, config, policy, finalize)
             finally:
                 beat.done.set()
@@ -382,16 +382,19 @@ def _plan(
     except ImageRefused as exc:
         failure = f"refused by policy: {exc}"
     except (InfraFailure, CheckFailed, InfrastructureError) as exc:
-        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir, policy)
+        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir, policy,
+                      grader=config.worker_id)
     except Exception as exc:  # an unexpected engine/SDK error is still an infrastructure error, never a stuck run
         log.exception("run %s: unexpected error", run_id)
-        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir, policy)
+        return _infra(queue, record, token, f"{type(exc).__name__}: {exc}", started, finalize, run_dir, policy,
+                      grader=config.worker_id)
     finally:
         if client is not None:
             client.close()
     if failure is not None:
         runner = RunnerInfo(image_id=None, digest=None)
-        grading = grade_run(run_dir, record, policy, runner, started_at=started, finished_at=now_utc(), failure=failure)
+        grading = grade_run(run_dir, record, policy, runner, started_at=started, finished_at=now_utc(), failure=failure,
+                            graded_by=config.worker_id)  # the worker that refused it decided its outcome
         atomic_write_json(run_dir / "grading.json", grading.model_dump(mode="json"))
         _copy_evidence(run_dir)
         try:
@@ -399,7 +402,7 @@ def _plan(
         except Exception as exc:
             log.exception("run %s: finalize failed", run_id)
             return _infra(queue, record, token, f"finalize failed: {type(exc).__name__}: {exc}", started, finalize,
-                          run_dir, policy)
+                          run_dir, policy, grader=config.worker_id)
         queue.complete(run_id, token, grading, publications)
         return RunOutcome(run_id=run_id, state=RunState(grading.status), grading=grading, reason=grading.reason)
     batch = queue.plan_trials(
