@@ -14,8 +14,12 @@ them), Harbor's oracle agent, the same trial concurrency on both sides, first ru
   so it builds it again.
 
 Printed per side and N: wall seconds, trials per minute, per-trial overhead (wall x concurrency / trials minus the
-median of the trials' agent + verifier phases, from Harbor's own result.json), peak RSS of the driving process
-tree's largest process (containers not counted: neither side's), and the ratio benchseal / plain.
+median of the trials' agent + verifier phases, from Harbor's own result.json: it spreads everything outside the
+trials over them), the in-trial overhead (the median of each trial's wall minus its agent and verifier phases:
+Harbor's own overhead per trial, the figure issue 36 quotes), the seconds outside the trials (wall minus the span
+from the first trial's start to the last one's end: setup, builds, sealing, signing, verification), peak RSS of
+the driving process tree's largest process (containers not counted: neither side's), and the ratio benchseal /
+plain.
 
 It needs the machine to itself (the sandbox engine and the host engine both work at full concurrency) and the
 ``humaneval`` suite imported where the worker reads it (``make demo SUITE=humaneval`` does both).
@@ -64,17 +68,30 @@ def _seconds(phase: Any) -> float | None:
     return (datetime.fromisoformat(phase["finished_at"]) - datetime.fromisoformat(phase["started_at"])).total_seconds()
 
 
-def _trial_phases(results: list[Path]) -> tuple[float, list[float]]:
-    """The median of agent + verifier seconds per trial, and each trial's reward (Harbor's result.json)."""
+def _trial_phases(results: list[Path]) -> dict[str, Any]:
+    """From Harbor's result.json of each trial: the median agent + verifier seconds ("work"), the median of each
+    trial's own wall minus those ("in_trial": Harbor's overhead per trial, what issue 36 quotes), the span from
+    the first trial's start to the last one's end, and each trial's reward."""
     work: list[float] = []
+    in_trial: list[float] = []
     rewards: list[float] = []
+    starts: list[datetime] = []
+    ends: list[datetime] = []
     for result in results:
         data = json.loads(result.read_text())
-        spent = [_seconds(data.get(phase)) for phase in ("agent_execution", "verifier")]
-        work.append(sum(s for s in spent if s is not None))
+        spent = sum(s for s in (_seconds(data.get(phase)) for phase in ("agent_execution", "verifier")) if s is not None)
+        work.append(spent)
+        whole = _seconds(data)
+        if whole is not None:
+            in_trial.append(whole - spent)
+            starts.append(datetime.fromisoformat(data["started_at"]))
+            ends.append(datetime.fromisoformat(data["finished_at"]))
         verdict = (data.get("verifier_result") or {}).get("rewards") or {}
         rewards.append(float(verdict.get("reward", 0.0)))
-    return (statistics.median(work) if work else 0.0), rewards
+    return {"work": statistics.median(work) if work else 0.0,
+            "in_trial": statistics.median(in_trial) if in_trial else 0.0,
+            "span": (max(ends) - min(starts)).total_seconds() if starts else 0.0,
+            "rewards": rewards}
 
 
 def _base_ref() -> str:
@@ -97,9 +114,11 @@ def _plain(tasks_dir: Path, jobs: Path, concurrency: int, first: bool, tasks: li
                                   "-n", str(concurrency), "-o", str(jobs), "--job-name", name, "-q", "-y"], env, REPO)
     if done.returncode != 0:
         sys.exit(f"plain harbor run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
-    median_work, rewards = _trial_phases(sorted((jobs / name).glob("*/result.json")))
+    phases = _trial_phases(sorted((jobs / name).glob("*/result.json")))
+    rewards = phases["rewards"]
     return {"wall": wall, "trials": float(len(rewards)), "score": statistics.fmean(rewards) if rewards else 0.0,
-            "work": median_work, "peak_mib": peak / 1024}
+            "work": phases["work"], "in_trial": phases["in_trial"], "outside": wall - phases["span"],
+            "peak_mib": peak / 1024}
 
 
 def _tag(n: int, first: bool) -> str:
@@ -120,17 +139,18 @@ def _benchseal(tasks: list[str], first: bool, dist: Path) -> dict[str, float]:
         sys.exit(f"benchseal release failed ({done.returncode}):\n{done.stderr[-4000:]}")
     report: dict[str, Any] = json.loads(done.stdout)
     results = sorted((home / "infra" / "runs" / report["run_id"] / "harbor").glob("*/result.json"))
-    median_work, rewards = _trial_phases(results)
-    return {"wall": wall, "trials": float(len(rewards)), "score": float(report.get("score") or 0.0),
-            "work": median_work, "peak_mib": peak / 1024}
+    phases = _trial_phases(results)
+    return {"wall": wall, "trials": float(len(phases["rewards"])), "score": float(report.get("score") or 0.0),
+            "work": phases["work"], "in_trial": phases["in_trial"], "outside": wall - phases["span"],
+            "peak_mib": peak / 1024}
 
 
 def _row(label: str, side: dict[str, float], concurrency: int) -> str:
     trials = side["trials"] or 1.0
     per_minute = 60.0 * trials / side["wall"]
     overhead = side["wall"] * concurrency / trials - side["work"]
-    return (f"{label:<26}{side['wall']:>9.1f}{per_minute:>10.1f}{overhead:>11.2f}{side['peak_mib']:>10.0f}"
-            f"{side['score']:>7.2f}")
+    return (f"{label:<26}{side['wall']:>9.1f}{per_minute:>10.1f}{overhead:>11.2f}{side['in_trial']:>10.2f}"
+            f"{side['outside']:>10.1f}{side['peak_mib']:>10.0f}{side['score']:>7.2f}")
 
 
 def main() -> None:
@@ -169,8 +189,10 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
     print(f"\nHumanEval, oracle agent, concurrency {args.concurrency}; overhead = wall x concurrency / trials - median "
-          "(agent + verifier) per trial; peak = largest driving process (MiB)")
-    print(f"{'':<26}{'wall s':>9}{'trials/m':>10}{'overhead s':>11}{'peak MiB':>10}{'score':>7}")
+          "(agent + verifier) per trial; in-trial = median per trial of its wall - agent - verifier (Harbor's own "
+          "overhead); outside = wall - (last trial's end - first trial's start); peak = largest driving process (MiB)")
+    print(f"{'':<26}{'wall s':>9}{'trials/m':>10}{'overhead s':>11}{'in-trial':>10}{'outside':>10}{'peak MiB':>10}"
+          f"{'score':>7}")
     for line in lines:
         print(line)
     print(f"children's user+sys CPU: {resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime:.0f} s; "
