@@ -75,6 +75,7 @@ from harbor.environments.definition import (
 from harbor.models.trial.config import ResourceMode
 
 from pipeline.infra.sandbox.limits import DEFAULT_FSIZE, TRIAL_PIDS
+from pipeline.runner import rootonly
 from pipeline.runner.envshared import agent_mount, record_timing, spawn_teardown
 from pipeline.runner.tunings import enabled_tunings
 
@@ -257,9 +258,9 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     async def upload_root_only(self, source_dir: Path, target_dir: str, root_dirs: tuple[str, ...] = ()) -> None:
         """``source_dir`` as a fresh ``target_dir`` that only root can use, and each of ``root_dirs`` made (if
-        missing) root's with mode 0755, in one archive upload: its entries are owned by root and carry no group or
-        other permission bits (``chmod -R go-rwx``), ``target_dir`` mode 0700. What ``target_dir`` held before (a
-        task image's own) is removed first, by an exec only when a stat finds something there. The grader's tests
+        missing) root's, in one archive upload whose entries carry the owners and modes of the grader's root-only
+        rule (``pipeline.runner.rootonly``, shared with the grader's chmod path). What ``target_dir`` held before
+        (a task image's own) is removed first, by an exec only when a stat finds something there. The grader's tests
         (``pipeline.runner.grader``): one stat and one upload where a mkdir, the upload and a chown/chmod exec were."""
         self._forget_snapshot()
         await self._settle()
@@ -800,25 +801,28 @@ def _root_owned(info: tarfile.TarInfo) -> tarfile.TarInfo:
 
 
 def _pack_root_only(source: Path, root: str, root_dirs: tuple[str, ...]) -> bytes:
-    """A tar to extract at ``/``: ``root_dirs`` (directories, mode 0755), then ``source``'s tree under ``root`` (mode
-    0700), every entry owned by root and without group or other bits. The engine applies each entry's owner and
-    mode, to a directory that is already there too. Links are archived as links, never followed."""
+    """A tar to extract at ``/``: ``root_dirs`` (directories), then ``source``'s tree under ``root``, owners and
+    modes as ``pipeline.runner.rootonly`` rules (``root`` TESTS_MODE, each entry under it closed_mode, each of
+    ``root_dirs`` VERIFIER_DIR_MODE). The engine applies each entry's owner and mode, to a directory that is already
+    there too. Links are archived as links, never followed."""
     buffer = io.BytesIO()
     now = int(time.time())
     with tarfile.open(fileobj=buffer, mode="w") as tar:
         for name in root_dirs:
             info = tarfile.TarInfo(name)
-            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, now
-            tar.addfile(_root_owned(info))
-        tar.add(source, arcname=root, recursive=False, filter=lambda info: _root_only(info, 0o700))
+            info.type, info.mtime = tarfile.DIRTYPE, now
+            tar.addfile(_root_only(info, rootonly.VERIFIER_DIR_MODE))
+        tar.add(source, arcname=root, recursive=False, filter=lambda info: _root_only(info, rootonly.TESTS_MODE))
         for path in sorted(source.rglob("*")):
             tar.add(path, arcname=f"{root}/{path.relative_to(source).as_posix()}", recursive=False, filter=_root_only)
     return buffer.getvalue()
 
 
 def _root_only(info: tarfile.TarInfo, mode: int | None = None) -> tarfile.TarInfo:
-    info.mode = info.mode & ~0o077 if mode is None else mode
-    return _root_owned(info)
+    info.mode = rootonly.closed_mode(info.mode) if mode is None else mode
+    info.uid, info.gid = rootonly.OWNER
+    info.uname = info.gname = ""
+    return info
 
 
 def _pack(source: Path, root: str | None) -> bytes:

@@ -15,7 +15,7 @@ This verifier, given to every trial as Harbor's ``verifier.import_path``, reads 
    in the trial dir through it). On benchseal's engine environment 1 and 2 are one archive upload
    whose entries carry the owner and modes (``EngineEnvironment.upload_root_only``), after a stat
    (and an ``rm -rf`` only when the image has a ``/tests``); elsewhere a mkdir exec, the upload and
-   a chown/chmod exec;
+   a chown/chmod exec. Both apply the one rule in ``pipeline.runner.rootonly``;
 3. ``bash /tests/test.sh`` runs as root with the task's verifier env and a timeout of its own,
    shorter than Harbor's (so a hang is this verifier's verdict, not Harbor's exception);
 4. the result is the test command's **exit status, read from the engine** (exec inspect, outside
@@ -46,6 +46,7 @@ from harbor.models.verifier.result import VerifierResult
 from harbor.verifier.base import BaseVerifier
 
 from pipeline.core.scoring import GRADER_EXIT_KEY, GRADER_TIMEOUT_KEY, REWARD_KEY
+from pipeline.runner import rootonly
 from pipeline.runner.engine_env import EngineEnvironment
 
 IMPORT_PATH = "pipeline.runner.grader:ExitStatusVerifier"
@@ -78,7 +79,7 @@ class ExitStatusVerifier(BaseVerifier):  # type: ignore[misc]  # Harbor ships no
         tests = str(env_paths.tests_dir)
         verifier_dir = str(env_paths.verifier_dir)
         if isinstance(self.environment, EngineEnvironment):
-            # The same /tests and verifier dir in one archive upload, its entries carrying root and the modes.
+            # The same /tests and verifier dir in one archive upload, its entries carrying the rule's owner and modes.
             try:
                 await self.environment.upload_root_only(self.task.paths.tests_dir, tests, (verifier_dir,))
             except (asyncio.CancelledError, TimeoutError):
@@ -91,8 +92,7 @@ class ExitStatusVerifier(BaseVerifier):  # type: ignore[misc]  # Harbor ships no
                 await self.environment.upload_dir(source_dir=self.task.paths.tests_dir, target_dir=tests)
             except Exception as exc:
                 raise GraderFault(f"uploading the suite's tests failed: {type(exc).__name__}: {exc}") from exc
-            await self._as_root(f"chown -R 0:0 {tests} && chmod -R go-rwx {tests} && chown 0:0 {verifier_dir} "
-                                f"&& chmod 0755 {verifier_dir}", "closing /tests")
+            await self._as_root(rootonly.close_command(tests, verifier_dir), "closing /tests")
         limit = verifier_timeout(self.task.config.verifier.timeout_sec)
         env = {**self.task.config.verifier.env, **(self.verifier_env or {}), **self.override_env} or None
         started = time.monotonic()

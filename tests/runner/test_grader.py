@@ -55,13 +55,25 @@ def _task(root: Path, test_sh: str, timeout: float = 20.0) -> Task:
     return Task(task)
 
 
+class _AnyEnvironment:
+    """The same real container, reached through an object that is not an EngineEnvironment: the grader takes the
+    path it takes on any other environment (Harbor's compose one), its mkdir and chown/chmod commands."""
+
+    def __init__(self, env: Any) -> None:
+        self._env = env
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+
 def _grade(tmp_path: Path, image: str, test_sh: str, *, app: dict[str, str] | None = None,
-           timeout: float = 20.0, stop_first: bool = False,
-           before: str | None = None) -> tuple[dict[str, Any], dict[str, Any], str]:
+           timeout: float = 20.0, stop_first: bool = False, before: str | None = None,
+           chmod_path: bool = False) -> tuple[dict[str, Any], dict[str, Any], str]:
     """Run the grader on a fresh environment whose /app holds ``app``; (rewards, verdict, test output)."""
     task = _task(tmp_path, test_sh, timeout)
     env = _environment(tmp_path, image, "grader")
-    verifier = grader.ExitStatusVerifier(task=task, trial_paths=env.trial_paths, environment=env)
+    verifier = grader.ExitStatusVerifier(task=task, trial_paths=env.trial_paths,
+                                         environment=_AnyEnvironment(env) if chmod_path else env)
 
     async def scenario() -> dict[str, Any]:
         await env.start(force_build=False)
@@ -108,8 +120,12 @@ def test_reward_files_and_printed_passes_never_decide(tmp_path: Path, proxied: E
     assert verdict["exit_status"] == 1 and "OK: all tests passed" in output
 
 
+@pytest.mark.parametrize("chmod_path", [False, True], ids=["archive-entries", "chmod-command"])
 def test_tests_and_the_verifier_dir_are_closed_to_the_candidate(tmp_path: Path, proxied: EngineProxy,
-                                                               base_in_sandbox: str) -> None:
+                                                               base_in_sandbox: str, chmod_path: bool) -> None:
+    """Both paths of the one rule (pipeline.runner.rootonly): the engine environment's archive entries and the
+    chown/chmod command used on any other environment. The modes are written out here, not read from the rule:
+    weakening the rule fails both."""
     # Exit 0 only if the candidate user can read nothing under /tests and write nothing in /logs/verifier.
     test_sh = (f"if {CANDIDATE} cat /tests/expected.txt; then exit 10; fi\n"
                f"if {CANDIDATE} ls /tests; then exit 11; fi\n"
@@ -120,8 +136,12 @@ def test_tests_and_the_verifier_dir_are_closed_to_the_candidate(tmp_path: Path, 
                "[ \"$(stat -c '%a' /tests/test.sh /tests/data /tests/data/cases.txt)\" = \"$(printf '700\\n700\\n600')\" ] "
                "|| exit 15\n"
                "exit 0\n")
-    rewards, _, output = _grade(tmp_path, base_in_sandbox, test_sh)
+    rewards, _, output = _grade(tmp_path, base_in_sandbox, test_sh, chmod_path=chmod_path)
     assert rewards[REWARD_KEY] == 1, output
+    ops = [json.loads(line)["op"] for line in (tmp_path / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
+    # The path taken (after the log dirs' exec): a mkdir exec, the upload and the chown/chmod exec; else a stat and
+    # one archive upload. Then the test command.
+    assert ops == ["start", "exec", *(["exec", "upload", "exec"] if chmod_path else ["stat", "upload"]), "exec", "stop"]
 
 
 def test_the_tests_dir_is_fresh_whatever_the_image_had_there(tmp_path: Path, proxied: EngineProxy,
