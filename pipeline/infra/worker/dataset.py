@@ -77,11 +77,12 @@ def stage_dataset(policy: InfraPolicy, suite: str, suites_root: Path, run_dir: P
         entries = dataset_entries(source)
         scratch = run_dir / f".{STAGED}-{uuid.uuid4().hex}"
         try:
+            made: set[Path] = set()  # each directory made once, not once per file (a dataset has thousands)
             for entry in entries:
-                _copy_file(source / entry.path, scratch / entry.path, entry.executable)
+                _copy_file(source / entry.path, scratch, entry.path, entry.executable, made)
             # Readable by the runner (another uid in the sandbox) whatever the worker's umask (its unit's is 077):
-            # directories as files are, 755, set explicitly.
-            for directory in (scratch, *(p for p in scratch.rglob("*") if p.is_dir() and not p.is_symlink())):
+            # directories as files are, 755, set explicitly on every directory the copy made.
+            for directory in sorted(made):
                 os.chmod(directory, 0o755)  # noqa: S103 - read by the runner's uid, as the files are
             verify_staged(scratch, dataset.digest)
             try:
@@ -102,8 +103,12 @@ def stage_dataset(policy: InfraPolicy, suite: str, suites_root: Path, run_dir: P
                          task_bases=check_task_bases(policy, suite, target))
 
 
-def _copy_file(source: Path, target: Path, executable: bool) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _copy_file(source: Path, root: Path, rel: str, executable: bool, made: set[Path]) -> None:
+    """Copy one entry to ``root/rel``; ``made``: the directories under ``root`` (and ``root``) made so far."""
+    target = root / rel
+    if target.parent not in made:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        made.update((target.parent, *(d for d in target.parent.parents if d.is_relative_to(root))))
     fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as reader:
         if not stat.S_ISREG(os.fstat(reader.fileno()).st_mode):

@@ -214,6 +214,7 @@ def import_run(source: IO[bytes], dest: Path, run_id: str) -> Path:
 def _unpack(source: IO[bytes], dest: Path, run_id: str) -> None:
     tree = NameTree()
     seen: set[str] = set()
+    made: set[Path] = set()  # each directory made once, not once per member (a 164-task run has thousands)
     total = 0
     try:
         with tarfile.open(fileobj=source, mode="r|") as tar:
@@ -231,7 +232,9 @@ def _unpack(source: IO[bytes], dest: Path, run_id: str) -> None:
                     raise CheckFailed(f"export: {name!r} has no data")
                 target = dest / name
                 try:
-                    target.parent.mkdir(parents=True, exist_ok=True)
+                    if target.parent not in made:
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        made.add(target.parent)
                     # O_EXCL | O_NOFOLLOW: nothing already there is written through (NameTree rules it out too).
                     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
                 except OSError as exc:
