@@ -209,7 +209,8 @@ async def create_trial(config: TrialConfig) -> Any:
     if agent_logs_unread(trial):
         trial._upload_agent_logs = _nothing
     if isinstance(trial.agent_environment, EngineEnvironment):
-        trial.agent_environment.eager_dirs = True  # its log dirs in its setup (EngineEnvironment.eager_dirs)
+        # Its log dirs in its setup, or riding its first upload (EngineEnvironment.eager_dirs).
+        trial.agent_environment.eager_dirs = True
     return trial
 
 
