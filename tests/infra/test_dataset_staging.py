@@ -239,9 +239,9 @@ def test_a_comparison_with_a_release_of_another_dataset_is_refused() -> None:
 
 def test_staging_makes_each_directory_once_each_readable_under_a_strict_umask(tmp_path: Path, suites: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    """The copy makes each directory once, not once per file (HumanEval's 1,148 files were 1,509 mkdir calls, 0.5 s
-    of a release under load), and every directory it made is 755 whatever the worker's umask (the runner is
-    another uid); the copy is still re-hashed against the pin."""
+    """The copy asks for each directory once, not once per file (HumanEval's 1,148 files: 1,479 mkdir calls, now 823;
+    the time is in the 657 directories made, so the calls saved cost little), and every directory it made is 755
+    whatever the worker's umask (the runner is another uid); the copy is still re-hashed against the pin."""
     policy = _policy(tmp_path, suites)
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -120,8 +120,8 @@ def test_destination_must_be_new_or_empty_and_the_run_id_well_formed(tmp_path: P
 
 
 def test_unpacking_makes_each_directory_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A directory is made once, not once per member in it (a 164-task run's export has thousands of members:
-    a mkdir call each was 0.4 s of a 40-trial seal under load); every member still lands, written O_EXCL."""
+    """A directory is asked for once, not once per member in it (a 164-task run's export has thousands of members);
+    every member still lands, written O_EXCL."""
     trials = [(f"artifacts/evidence/harbor/t{i}/{name}", b"{}", tarfile.REGTYPE)
               for i in range(3) for name in ("result.json", "config.json", "trial.log")]
     attempts: list[str] = []
