@@ -36,6 +36,7 @@ import re
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,10 +334,26 @@ def verify_image(ref: str, policy: ImageIdentityPolicy, endpoints: SigstoreEndpo
         return
     with tempfile.TemporaryDirectory(prefix="benchseal-verify-image-") as tmp:
         env = endpoints.environ(Path(tmp))
-        for args, key in pending:
+
+        def check(args: list[str], key: str | None) -> None:
             what = "signature" if args[0] == "verify" else f"{args[args.index('--type') + 1]} attestation"
             _check(args, env, f"{image.ref}: {what} by {policy.describe()}")
             record_pass(key)
+
+        # The signature first: a refusal (unsigned, another identity) costs one cosign run. The attestation checks
+        # then run side by side (independent reads of the registry, each still required: the first failing one in
+        # the argv's order is raised once all have ended).
+        first = [item for item in pending if item[0][0] == "verify"]
+        for args, key in first:
+            check(args, key)
+        rest = [item for item in pending if item[0][0] != "verify"]
+        if len(rest) > 1:
+            with ThreadPoolExecutor(max_workers=len(rest)) as pool:
+                futures = [pool.submit(check, args, key) for args, key in rest]
+            for future in futures:
+                future.result()
+        elif rest:
+            check(*rest[0])
 
 
 def verify_images(images: Mapping[str, str], policy: ImageIdentityPolicy, endpoints: SigstoreEndpoints) -> None:

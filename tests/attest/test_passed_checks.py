@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +15,7 @@ import pytest
 
 import pipeline.attest.images as images_module
 import pipeline.attest.passed as passed
-from pipeline.attest.images import SigstoreEndpoints, image_identity, verify_image
+from pipeline.attest.images import ATTESTATION_TYPES, SigstoreEndpoints, image_identity, verify_image
 from pipeline.core.errors import CheckFailed
 from tests.attest.test_image_attestations import COMMIT, JOB, _as_job, _sign, _unique_image
 
@@ -116,3 +118,41 @@ def test_only_a_digest_pinned_check_has_a_key(tmp_path: Path) -> None:
     assert passed.check_key([], cosign, None) is None
     passed.record_pass(None)  # nothing to record
     assert not passed.passed_before(None)
+
+
+def test_the_attestation_checks_run_side_by_side_and_each_is_required(home: Path, signed: tuple[str, SigstoreEndpoints],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the signature, an image's attestation checks run at once (issue 36.6: the worker's and the release's
+    six cosign runs were one after another); each is still required: one refused (here the CycloneDX check asked
+    of another identity, real cosign refusing it) fails the check, naming it, and only the passes are remembered."""
+    ref, endpoints = signed
+    real = images_module._run
+    lock = threading.Lock()
+    running: list[int] = [0, 0]  # now, most at once
+    runs: list[str] = []
+
+    def refusing_cyclonedx(args: list[str], env: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+        with lock:
+            running[0] += 1
+            running[1] = max(running)
+            runs.append(args[0] if args[0] == "verify" else args[args.index("--type") + 1])
+        try:
+            if ATTESTATION_TYPES["cyclonedx"] in args:
+                i = args.index("--certificate-identity")
+                args = [*args[:i + 1], args[i + 1].replace("acme/app", "acme/other"), *args[i + 2:]]
+            time.sleep(0.2)  # each run overlaps the next one started at once, however fast cosign answers
+            return real(args, env)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(images_module, "_run", refusing_cyclonedx)
+    with pytest.raises(CheckFailed, match=r"cyclonedx\.org/bom attestation by .*not verified"):
+        verify_image(ref, POLICY, endpoints, allow_http_registry=True)
+    assert runs[0] == "verify" and sorted(runs[1:]) == sorted(ATTESTATION_TYPES.values())
+    assert running[1] == 2  # the two attestation checks at once, after the signature alone
+    assert len(list((home / "cache" / "image-checks").glob("*.json"))) == 2  # the signature and the provenance
+    runs.clear()
+    monkeypatch.setattr(images_module, "_run", real)
+    verify_image(ref, POLICY, endpoints, allow_http_registry=True)  # only the refused check runs again, and passes
+    assert len(list((home / "cache" / "image-checks").glob("*.json"))) == 3
