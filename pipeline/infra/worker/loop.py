@@ -266,11 +266,11 @@ class _TrialHeartbeat(_Heartbeat):
 
 # --- one attempt -----------------------------------------------------------------
 
-def run_once(config: WorkerConfig, finalize: Finalizer | None = None) -> RunOutcome | None:
+def run_once(config: WorkerConfig, finalize: Finalizer | None = None, *, prune: bool = True) -> RunOutcome | None:
     """``_run_once``; then runs sealed (here or on another host) leave the sandbox as the worker found them
-    (``prune.after_work``)."""
+    (``prune.after_work``). ``prune=False``: the caller runs ``after_work`` itself (the local release, beside sealing)."""
     outcome = _run_once(config, finalize)
-    if outcome is not None:
+    if outcome is not None and prune:
         after_work(config, outcome.run_id if outcome.state in TERMINAL_STATES else None)
     return outcome
 
