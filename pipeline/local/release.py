@@ -29,6 +29,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -66,6 +67,7 @@ from pipeline.infra.queue.sql import TERMINAL_STATES, SqliteQueue
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.worker.export import export_run, import_run
 from pipeline.infra.worker.loop import WorkerConfig, run_once
+from pipeline.infra.worker.prune import after_work
 from pipeline.local import sigstore as sigstore_local
 from pipeline.local.admission import LocalAdmission, admit_adopter
 from pipeline.local.agents import check_npm_resolvable, local_npm_registry
@@ -386,7 +388,12 @@ def _release_local(
                                             workflow_sha=builder_commit(), caller_workflow_file=INFRA_CALLER_WORKFLOW)
 
         queue = stack.enter_context(SqliteQueue())
-        grading = _grade(clock, queue, run_id, suite=suite, agent=agent, endpoints=built.endpoints, policy=policy)
+        grading, pruning = _grade(clock, queue, run_id, suite=suite, agent=agent, endpoints=built.endpoints,
+                                  policy=policy)
+        # The worker's prune of the run it just sealed (its staged dataset copy, task images past the rule) runs
+        # beside sealing, publishing and verifying (none reads the staged copies or the task images); the
+        # release waits for it before it ends, on every path, so it still leaves the sandbox as it found it.
+        stack.callback(_finish_prune, clock, pruning)
         sealed = _seal(clock, queue, run_id, work, seal_job, policy)
         publication = _publish(clock, dist, tag, run_id, payload, sealed.evidence.artifacts, instance,
                                infra_repository, policy)
@@ -468,26 +475,42 @@ def _build_and_attest(clock: StageClock, tag: str, names: ImageNames, work: Path
 
 
 def _grade(clock: StageClock, queue: SqliteQueue, run_id: str, *, suite: str, agent: str,
-           endpoints: SigstoreEndpoints, policy: InfraPolicy) -> Grading:
-    """The worker's grading of ``run_id`` (CheckFailed unless it reached a terminal state)."""
+           endpoints: SigstoreEndpoints, policy: InfraPolicy) -> tuple[Grading, threading.Thread | None]:
+    """The worker's grading of ``run_id`` (CheckFailed unless it reached a terminal state), and the worker's
+    prune after it (``after_work``), started and still running: the caller joins it (``_finish_prune``)."""
     grading: Grading | None = None
+    pruning: threading.Thread | None = None
     with clock.stage("worker", f"Running the {suite} suite ({agent}) in the runner image"):
         # The worker checks the images' signatures against the private instance, as it would
         # against public-good in production.
         config = WorkerConfig(image_trust=endpoints, policy=policy)
         sandbox.start()  # the rootless engine the runner runs on (no-op when ours answers)
         for _ in range(20):  # other queued runs may be ahead of ours; infra errors requeue ours
-            outcome = run_once(config)
+            outcome = run_once(config, prune=False)
             if outcome is None:
                 break
-            if outcome.run_id == run_id and outcome.state in TERMINAL_STATES:
+            sealed = outcome.run_id if outcome.state in TERMINAL_STATES else None
+            if outcome.run_id == run_id and sealed is not None:
                 grading = outcome.grading
+                pruning = threading.Thread(target=after_work, args=(config, sealed), name=f"prune-{run_id}")
+                pruning.start()
                 break
+            after_work(config, sealed)  # another run's piece of work: pruned before ours is taken, as the worker does
     if grading is None:
+        if pruning is not None:  # pragma: no cover - a terminal outcome of ours always carries its grading
+            pruning.join()
         record = queue.get_run(run_id)
         raise CheckFailed(f"the worker did not finish run {run_id} (state {record.state}: {record.reason})")
     clock.add("queue_wait", _queue_wait(queue.events(run_id)))
-    return grading
+    return grading, pruning
+
+
+def _finish_prune(clock: StageClock, pruning: threading.Thread | None) -> None:
+    """Wait for the worker's prune; the wait left after sealing, publishing and verifying is the ``prune`` stage."""
+    if pruning is None:
+        return
+    with clock.stage("prune", "Pruning the sandbox after the run (staged copies, task images)"):
+        pruning.join()
 
 
 def _trial_seconds(grading: Grading) -> dict[str, float]:

@@ -81,7 +81,12 @@ def test_release_local_twice(local_home: Path, tmp_path: Path) -> None:
     assert len(image_lines) == 6 and sum(" verify-attestation --new-bundle-format --type " in c for c in image_lines) == 4
     assert body.count("--certificate-github-workflow-sha") == 6
     assert set(report["stages"]) >= {"build", "push", "dispatch", "worker", "evidence", "signing", "publication",
-                                     "verification"}
+                                     "verification", "prune"}
+    # The worker's prune ran beside sealing and verifying (issue 36.6), and the release waited for it (the prune
+    # stage): the run's staged copies are gone when it returns.
+    run_dir = local_home / "infra" / "runs" / report["run_id"]
+    assert (run_dir / "grading.json").is_file() and not (run_dir / "dataset").exists()
+    assert not list(run_dir.glob("batches/*/suite"))
 
     # Nothing changed: same digests, nothing pushed, a new benchmark run, the same release dir updated.
     second = _release(local_home, dist)
