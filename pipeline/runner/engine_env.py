@@ -31,8 +31,10 @@ SDK from the runner process itself (the engine proxy's socket is the runner's
   snapshot over the download bounds go to the engine;
 * Harbor's dir commands (as root) issued before anything else was done in a started container run
   with the log dirs in one exec before the next other operation (a verifier environment's three
-  ``empty_dirs``), and ``upload_root_only`` gives the grader a fresh root-only ``/tests`` in one
-  archive upload whose entries carry the owners and modes;
+  ``empty_dirs``); an agent's environment whose image has no ``/logs`` sends its log dirs as archive
+  entries with its first upload into ``/`` (the oracle's ``/solution``: no exec for them); and
+  ``upload_root_only`` gives the grader a fresh root-only ``/tests`` in one archive upload whose
+  entries carry the owners and modes (``pipeline.runner.rootonly``);
 * ``stop``: the container (and a built image) removed with force (SIGKILL) in a background task
   (``envshared.drain_teardowns`` awaits them all before the runner exits).
 
@@ -157,8 +159,12 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         self._snapshot_lock = threading.Lock()
         # Made by start() itself instead (the runner sets it on a trial's agent environment, whose first operation
         # is never Harbor's dir command): their exec stays in Harbor's environment setup, as with Harbor's own
-        # environments, and is not counted in the agent's phase.
+        # environments, and is not counted in the agent's phase. Unless a stat there finds no log dirs' parent
+        # (/logs): then what the command would make is known (the parent root's 0755, each dir root's 0777) and
+        # rides as archive entries with the first upload into / (the oracle's /solution), no exec at all; any other
+        # first operation settles them with the exec first, as a verifier environment's.
         self.eager_dirs = False
+        self._owed_entries: tuple[tuple[str, int], ...] | None = None
 
     # --- what Harbor asks of an environment ------------------------------------------------
 
@@ -191,10 +197,11 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             await self._upload_environment_dir_after_start()
             targets = self._mount_targets(writable_only=True)
             dirs = self._ensure_dirs_command(targets, chmod=True) if targets else None
-            if dirs is not None and self.eager_dirs:
+            entries = await self._log_dir_entries(targets) if dirs is not None and self.eager_dirs else None
+            if dirs is not None and self.eager_dirs and entries is None:
                 await self._exec_command(dirs, user="root")
             else:
-                self._owed_dirs = dirs
+                self._owed_dirs, self._owed_entries = dirs, entries
         except (asyncio.CancelledError, TimeoutError):
             raise
         except Exception as exc:
@@ -254,7 +261,31 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             # Nothing to copy into a directory a deferred dir command makes (Harbor re-uploads an agent's empty
             # artifacts dir into every verifier environment): no engine operation at all, and none recorded.
             return
+        if self._owed_entries is not None and source.is_dir() and self._clear_of_logs(target_dir):
+            async with self._owed_lock:
+                entries = self._owed_entries
+                if entries is not None and not self._deferred:
+                    await self._upload_dir_with_log_dirs(source, target_dir, entries)
+                    return
         await self._op("upload", self._upload_dir, source, target_dir)
+
+    async def _upload_dir_with_log_dirs(self, source: Path, target: str, entries: tuple[tuple[str, int], ...]) -> None:
+        """The upload, the owed log dirs riding in its archive when it lands in ``/`` (a missing target dir there).
+        Into an existing dir they stay owed (its archive goes there): the next operation settles them, still before
+        any agent code (only an exec runs any, and ``target`` is clear of the log dirs). A failure is the
+        machinery's (EngineFault), as the exec's in start() would have been."""
+        started = time.monotonic()
+        try:
+            rode = await self._call(self._upload_dir, source, target, entries)
+        except (asyncio.CancelledError, TimeoutError):
+            raise
+        except Exception as exc:
+            raise EngineFault(f"preparing the environment {self.session_id} failed: uploading {target} with its "
+                              f"log dirs: {_engine_error(exc)}") from exc
+        finally:
+            self._record("upload", started)
+        if rode:
+            self._owed_dirs = self._owed_entries = None
 
     async def upload_root_only(self, source_dir: Path, target_dir: str, root_dirs: tuple[str, ...] = ()) -> None:
         """``source_dir`` as a fresh ``target_dir`` that only root can use, and each of ``root_dirs`` made (if
@@ -346,6 +377,29 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             self._deferred_dirs.update(posixpath.normpath(str(d)) for d in dirs)
             return ExecResult(stdout=None, stderr=None, return_code=0)
 
+    async def _log_dir_entries(self, targets: list[str]) -> tuple[tuple[str, int], ...] | None:
+        """The archive entries that make exactly what ``mkdir -p TARGETS && chmod 777 TARGETS`` (as root, umask
+        022) would: when the log dirs' one parent is a dir of ``/`` that a stat finds missing, that parent root's
+        0755 and each target root's 0777. None (the exec, then): anything there (an image's own /logs, a link)."""
+        root = self._logs_root()
+        if root is None or posixpath.dirname(root) != "/" or root == "/":
+            return None
+        started = time.monotonic()
+        try:
+            kind = await self._call(self._stat_kind, root)
+        finally:
+            self._record("stat", started)
+        if kind != "missing":
+            return None
+        return ((root.lstrip("/"), 0o755),
+                *((posixpath.normpath(t).lstrip("/"), 0o777) for t in dict.fromkeys(targets)))
+
+    def _clear_of_logs(self, target: str) -> bool:
+        """Whether an upload into ``target`` cannot touch the log dirs' parent (neither it, under it, nor above)."""
+        root, target = self._logs_root(), posixpath.normpath(target)
+        return (root is not None and target != "/" and target != root and not target.startswith(root + "/")
+                and not root.startswith(target + "/"))
+
     async def _owed_exec(self, command: str) -> ExecResult:
         try:
             result = await self._exec_command(command, user="root")
@@ -353,7 +407,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             raise
         except Exception as exc:  # start()'s work, before any agent code ran: the machinery's failure
             raise EngineFault(f"starting the environment {self.session_id} failed: {_engine_error(exc)}") from exc
-        self._owed_dirs = None
+        self._owed_dirs = self._owed_entries = None
         return result
 
     # --- start and stop ----------------------------------------------------------------------
@@ -489,19 +543,22 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
 
     # --- archives ------------------------------------------------------------------------------
 
-    def _upload_dir(self, source: Path, target: str) -> None:
+    def _upload_dir(self, source: Path, target: str, leading: tuple[tuple[str, int], ...] = ()) -> bool:
+        """Whether ``leading`` (root's dirs, (name, mode), to extract at ``/``) went with it: only into ``/``."""
         if not source.is_dir():
             raise FileNotFoundError(f"Source directory {source} does not exist")
         target = posixpath.normpath(target)
         if not any(source.iterdir()) and self._stat_kind(target) == "dir":
             # Nothing to copy into a directory that is there (Harbor re-uploads an agent's empty artifacts dir into
             # every verifier environment): an archive upload costs the engine a helper process, a stat does not.
-            return
+            return False
         # Into an existing directory, as `docker cp SRC/. DEST`: its own mode and owner stay.
         if self._put(target, _pack(source, None)):
-            return
+            return False
         parent, name = posixpath.split(target)
-        self._put_creating(parent, _pack(source, name))
+        rides = bool(leading) and parent == "/"
+        self._put_creating(parent, _pack(source, name, leading if rides else ()))
+        return rides
 
     def _upload_file(self, source: Path, target: str) -> None:
         if not source.is_file():
@@ -724,7 +781,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def _call(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(_calls, fn, *args)
 
-    async def _op(self, op: str, fn: Callable[..., None], *args: Any) -> None:
+    async def _op(self, op: str, fn: Callable[..., object], *args: Any) -> None:
         await self._settle()
         started = time.monotonic()
         try:
@@ -825,12 +882,18 @@ def _root_only(info: tarfile.TarInfo, mode: int | None = None) -> tarfile.TarInf
     return info
 
 
-def _pack(source: Path, root: str | None) -> bytes:
-    """``source``'s tree as a tar: its contents, under the entry ``root`` (with the dir's own mode) when given.
+def _pack(source: Path, root: str | None, leading: tuple[tuple[str, int], ...] = ()) -> bytes:
+    """``source``'s tree as a tar: its contents, under the entry ``root`` (with the dir's own mode) when given,
+    after the directory entries ``leading`` ((name, mode), owned by root).
 
     Links are archived as links, never followed; owners are root."""
     buffer = io.BytesIO()
+    now = int(time.time())
     with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, mode in leading:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.mtime = tarfile.DIRTYPE, mode, now
+            tar.addfile(_root_owned(info))
         if root is not None:
             tar.add(source, arcname=root, recursive=False, filter=_root_owned)
         for path in sorted(source.rglob("*")):

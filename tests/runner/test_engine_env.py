@@ -186,8 +186,9 @@ def test_the_log_dirs_and_harbors_dir_commands_are_one_exec(tmp_path: Path, prox
     ONE exec, just before the next other operation (three execs fewer a trial); the agent's empty artifacts dir
     uploaded into a dir they make sends nothing. What they do is done: the image's files in an emptied dir are gone,
     the upload lands in the emptied dir. Any other first operation (here an exec as another user) finds the dirs
-    made. An agent's environment (``eager_dirs``, set by the runner) makes them in start(), where Harbor's own
-    environments do, and its dir commands run at once."""
+    made. An agent's environment (``eager_dirs``, set by the runner) whose image has no /logs owes them as archive
+    entries for its first upload into / (test_an_agents_log_dirs_ride_with_its_first_upload); its first operation
+    here is an exec, which finds them made by an exec just before it."""
     execs: list[tuple[str, str | int | None]] = []
     exec_ = engine_env.EngineEnvironment._exec
 
@@ -232,7 +233,7 @@ def test_the_log_dirs_and_harbors_dir_commands_are_one_exec(tmp_path: Path, prox
 
     seen = asyncio.run(scenario())
     dirs = ["777 0 /logs/agent", "777 0 /logs/verifier", "777 0 /logs/artifacts"]
-    assert seen["at_start"] == [(agent.session_id, "root")]  # the agent's, in its start(); the verifier owes its
+    assert seen["at_start"] == []  # the agent's are owed too (no /logs in the image), and so the verifier's
     assert seen["deferred"] == []  # nothing run yet: three dir commands and an empty upload deferred
     assert seen["verifier"] == [(verifier.session_id, "root")]  # one exec, before the upload that needed them
     assert [r.return_code for r in seen["emptied"]] == [0, 0, 0]
@@ -244,6 +245,115 @@ def test_the_log_dirs_and_harbors_dir_commands_are_one_exec(tmp_path: Path, prox
     timings = [json.loads(line) for line in (tmp_path / "v" / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
     assert [t["op"] for t in timings if t["session"] == verifier.session_id] == ["start", "exec", "upload", "exec", "stop"]
     assert proxied.refused == []
+
+
+LOG_DIRS_STAT = "stat -c '%a %u %g %F %n' /logs /logs/agent /logs/verifier /logs/artifacts"
+
+
+@pytest.mark.slow
+def test_an_agents_log_dirs_ride_with_its_first_upload(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent's environment (``eager_dirs``) whose image has no /logs: a stat at start, then the log dirs go as
+    archive entries with its first upload into / (the oracle's /solution), and no exec makes them. What they make is
+    exactly what the exec makes: compared with an environment whose first operation is an exec (the owed dirs made
+    by an exec before it), and written out. An image with a /logs of its own (here /logs/agent owned by 65534) gets
+    the exec at start, which leaves that owner as it is (an archive entry would make it root's). A dir command of
+    Harbor's deferred before the upload, or an upload into /logs itself, settle them with an exec first instead:
+    the command still runs before the upload, /logs keeps the mode mkdir gave it."""
+    execs: list[tuple[str, str | int | None]] = []
+    exec_ = engine_env.EngineEnvironment._exec
+
+    async def counted(self: engine_env.EngineEnvironment, argv: list[str], **kwargs: Any) -> Any:
+        execs.append((self.session_id, kwargs.get("user")))
+        return await exec_(self, argv, **kwargs)
+
+    monkeypatch.setattr(engine_env.EngineEnvironment, "_exec", counted)
+    engine = sandbox_engine()
+    maker = engine.containers.create(base_in_sandbox, ["sh", "-c", "mkdir -p /logs/agent && chown 65534:65534 /logs/agent"],
+                                     network_mode="none")
+    try:
+        maker.start()
+        assert maker.wait()["StatusCode"] == 0
+        own = maker.commit()
+    finally:
+        maker.remove(force=True)
+    envs = {}
+    for name in ("rode", "execd", "own", "deferred", "intologs"):
+        (tmp_path / name).mkdir()
+        envs[name] = _environment(tmp_path / name, own.id if name == "own" else base_in_sandbox, name)
+        envs[name].eager_dirs = True
+    solution = tmp_path / "solution"
+    solution.mkdir()
+    (solution / "solve.sh").write_text("echo solved\n")
+    closed = tmp_path / "closed"  # a source dir whose own mode would show on /logs, were it /logs's entry
+    closed.mkdir(mode=0o700)
+    (closed / "solve.sh").write_text("echo solved\n")
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        try:
+            for name, env in envs.items():
+                await env.start(force_build=False)
+                seen[f"{name}_at_start"] = [user for session, user in execs if session == env.session_id]
+            await envs["rode"].upload_dir(solution, "/solution")
+            await envs["own"].upload_dir(solution, "/solution")
+            seen["rode_upload"] = [user for session, user in execs if session == envs["rode"].session_id]
+            await envs["deferred"].empty_dirs(["/etc/skel"])  # a dir of the image, with files
+            await envs["deferred"].upload_dir(solution, "/etc/skel")
+            await envs["intologs"].upload_dir(closed, "/logs")
+            for name in ("deferred", "intologs"):
+                seen[f"{name}_upload"] = [user for session, user in execs if session == envs[name].session_id]
+            seen["skel"] = await envs["deferred"].exec("ls -A /etc/skel", user="root")
+            seen["logs_file"] = await envs["intologs"].exec("cat /logs/solve.sh", user="root")
+            for name, env in envs.items():
+                seen[name] = await env.exec(LOG_DIRS_STAT + "; cat /solution/solve.sh", user="root")
+        finally:
+            for env in envs.values():
+                await env.stop(delete=True)
+            await envshared.drain_teardowns()
+            engine.images.remove(own.id, force=True)
+        return seen
+
+    seen = asyncio.run(scenario())
+    made = ["755 0 0 directory /logs", "777 0 0 directory /logs/agent", "777 0 0 directory /logs/verifier",
+            "777 0 0 directory /logs/artifacts"]
+    assert seen["rode_at_start"] == seen["execd_at_start"] == [] and seen["rode_upload"] == []
+    assert seen["execd"].stdout.splitlines()[:4] == made  # the exec's, made before the first exec
+    assert seen["rode"].stdout.splitlines() == [*made, "echo solved"]  # the archive's: the same, and the upload landed
+    assert seen["deferred_upload"] == seen["intologs_upload"] == ["root"]  # the exec, before the upload
+    assert seen["skel"].stdout.splitlines() == ["solve.sh"]  # emptied, then the upload
+    assert seen["deferred"].stdout.splitlines() == made  # (no /solution there)
+    assert seen["intologs"].stdout.splitlines() == made and seen["logs_file"].stdout == "echo solved\n"
+    assert seen["own_at_start"] == ["root"]
+    assert seen["own"].stdout.splitlines() == ["755 0 0 directory /logs", "777 65534 65534 directory /logs/agent",
+                                               *made[2:], "echo solved"]
+    ops = [json.loads(line)["op"] for line in (tmp_path / "rode" / "trial" / envshared.TIMINGS_FILE).read_text().splitlines()]
+    assert ops[:3] == ["stat", "start", "upload"]  # the stat is within start (recorded as it ends)
+    assert proxied.refused == []
+
+
+def test_an_upload_carrying_the_log_dirs_that_fails_is_the_machinerys_failure(tmp_path: Path, proxied: EngineProxy,
+                                                                             base_in_sandbox: str) -> None:
+    """The upload the log dirs ride with fails (the container gone behind the environment's back): EngineFault, an
+    infrastructure error, as the exec's failure in start() would have been, never a trial that goes on."""
+    env = _environment(tmp_path, base_in_sandbox, "ridefail")
+    env.eager_dirs = True
+    solution = tmp_path / "solution"
+    solution.mkdir()
+    (solution / "solve.sh").write_text("echo solved\n")
+
+    async def scenario() -> None:
+        await env.start(force_build=False)
+        try:
+            assert env._owed_entries is not None  # the ride is what fails below, not an exec
+            sandbox_engine().containers.get(env._container).remove(force=True)
+            await env.upload_dir(solution, "/solution")
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+
+    with pytest.raises(engine_env.EngineFault, match=r"preparing the environment .* uploading /solution with its log"):
+        asyncio.run(scenario())
 
 
 def test_a_deferred_dir_command_that_fails_is_the_machinerys_failure(tmp_path: Path, proxied: EngineProxy,

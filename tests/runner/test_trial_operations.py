@@ -30,18 +30,18 @@ REPO = Path(__file__).resolve().parents[2]
 TASK = "humaneval-0"
 # Per environment, by operation (start and stop are the container's create + start and its removal).
 AGENT_OPS = {"start": 1, "stop": 1,
-             "exec": 3,  # the log dirs (setup); the oracle's chmod and solve.sh
-             "upload": 1,  # the oracle's solution
+             "exec": 2,  # the oracle's chmod and solve.sh
+             "upload": 1,  # the oracle's solution, the log dirs riding in its archive (no /logs in the image)
              "download": 2,  # /logs (for the oracle's log), then the artifact /app
              "snapshot": 3,  # /logs/agent, the artifact /logs/artifacts and its is_dir: from that /logs, no request
-             "stat": 1}  # is_dir of /app
+             "stat": 2}  # /logs missing (setup), so the log dirs ride; is_dir of /app
 VERIFIER_OPS = {"start": 1, "stop": 1,
                 "exec": 2,  # the log dirs with Harbor's three empty_dirs; the test command
                 "upload": 2,  # /app; /tests with the verifier dir (owners and modes in the archive)
                 "stat": 1}  # /tests absent, so nothing to remove
 # Engine requests through the proxy: an exec is 3 (create, start, inspect), a start 2 (create, start), the oracle's
 # /solution upload 2 (into a missing dir: a 404, then its parent), any other operation 1.
-ENGINE_REQUESTS = 29
+ENGINE_REQUESTS = 27
 
 
 def test_a_humaneval_oracle_trial_makes_the_pinned_engine_operations(tmp_path: Path, proxied: EngineProxy,
