@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 import uuid
@@ -45,7 +43,14 @@ from pipeline.runner.envshared import TIMINGS_FILE
 from pipeline.runner.plan import discover_tasks
 from pipeline.verify.external import cosign_path
 from tests.fixtures.datasets import pinned
-from tests.fixtures.infra import built_images_source, sandbox_engine, wait_for
+from tests.fixtures.infra import (
+    built_images_source,
+    gated_run_step,
+    gated_steps_started,
+    open_gates,
+    sandbox_engine,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -618,13 +623,6 @@ def _finished_tasks(run_dir: Path) -> set[str]:
     return done
 
 
-def _go_archive() -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as archive:
-        archive.addfile(tarfile.TarInfo("go"), io.BytesIO(b""))
-    return out.getvalue()
-
-
 def test_trials_of_ready_tasks_run_while_another_task_image_builds(infra_setup, tmp_path):
     """Issue 36.5: a batch's missing task images build off the critical path. One task's build waits for a file
     only this test writes, and the test writes it only once every other task's trial has finished: with the
@@ -634,7 +632,7 @@ def test_trials_of_ready_tasks_run_while_another_task_image_builds(infra_setup, 
     suites = tmp_path / "suites"
     shutil.copytree(infra_setup["suites"] / "smoke", suites / "gated")
     dockerfile = suites / "gated" / "fix-mean" / "environment" / "Dockerfile"
-    dockerfile.write_text(dockerfile.read_text() + f"RUN echo {token} && while [ ! -e /go ]; do sleep 0.1; done\n")
+    dockerfile.write_text(dockerfile.read_text() + gated_run_step(token))
     data = yaml.safe_load(infra_setup["policy_path"].read_text())
     # One batch of all four tasks, three at a time: the three ready tasks' trials can all end while the gate holds.
     data["suites"]["gated"] = {"timeout_seconds": 600, "dataset": pinned(suites, "gated"), "trial_concurrency": 3,
@@ -659,18 +657,10 @@ def test_trials_of_ready_tasks_run_while_another_task_image_builds(infra_setup, 
     since = int(time.time()) - 1
     worker = threading.Thread(target=work)
     worker.start()
-    gate: str | None = None
+    gates: dict[str, str] = {}
     try:
-        for event in engine.events(since=since, until=int(time.time()) + 300, decode=True,
-                                   filters={"type": "container", "event": "start"}):
-            try:
-                cmd = " ".join(engine.api.inspect_container(event["id"])["Config"]["Cmd"] or [])
-            except docker.errors.NotFound:
-                continue  # gone already: not the gated build, which cannot end before the test says so
-            if f"echo {token} " in cmd:
-                gate = event["id"]
-                break
-        assert gate is not None, ("the gated build never started", outcome)
+        gates = gated_steps_started(engine, since, [token])
+        assert gates, ("the gated build never started", outcome)
         wait_for(lambda: others <= _finished_tasks(run_dir) or not worker.is_alive(),
                  "every other task's trial to finish while fix-mean's image builds", limit=300)
         assert others <= _finished_tasks(run_dir), outcome
@@ -678,11 +668,7 @@ def test_trials_of_ready_tasks_run_while_another_task_image_builds(infra_setup, 
         assert not list(run_dir.glob("batches/*/harbor/fix-mean__*")), "fix-mean's trial started before its image"
         assert not list(run_dir.glob("batches/*/ready/fix-mean"))
     finally:
-        if gate is not None:
-            try:
-                engine.api.put_archive(gate, "/", _go_archive())
-            except docker.errors.APIError:
-                pass
+        open_gates(engine, gates)
         worker.join(timeout=600)
     assert not worker.is_alive() and "error" not in outcome, outcome
     result = outcome["result"]

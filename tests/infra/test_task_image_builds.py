@@ -7,9 +7,7 @@ finished and were recorded: the next call reuses their ids and builds nothing.""
 
 from __future__ import annotations
 
-import io
 import shutil
-import tarfile
 import threading
 import time
 import uuid
@@ -23,7 +21,14 @@ import pytest
 
 from pipeline.infra.worker.config import InfraFailure
 from pipeline.infra.worker.images import _task_context_hash, prebuild_task_images
-from tests.fixtures.infra import base_in_sandbox, remove_build_chain, sandbox_engine
+from tests.fixtures.infra import (
+    base_in_sandbox,
+    gated_run_step,
+    gated_steps_started,
+    open_gates,
+    remove_build_chain,
+    sandbox_engine,
+)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.needs_root("the sandbox engine is set up by root")]
 
@@ -50,20 +55,13 @@ def _task(suite: Path, task: str, dockerfile: str) -> None:
     (suite / task / "task.toml").write_text('version = "1.0"\n\n[environment]\n')
 
 
-def _go() -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as archive:
-        archive.addfile(tarfile.TarInfo("go"), io.BytesIO(b""))
-    return out.getvalue()
-
-
 def test_missing_task_images_build_at_once_and_a_failing_build_names_its_task_after_the_others_are_recorded(
         tmp_path: Path, engine: docker.DockerClient, base_id: str) -> None:
     token = uuid.uuid4().hex[:12]  # this test's own: the engine is shared
     suite, records = tmp_path / "suite", tmp_path / "records"
 
     def gated(task: str) -> str:
-        return f"FROM {base_id}\nRUN echo {token}-{task} && while [ ! -e /go ]; do sleep 0.1; done\n"
+        return f"FROM {base_id}\n" + gated_run_step(f"{token}-{task}")
 
     for task in GATED:
         _task(suite, task, gated(task))
@@ -84,25 +82,12 @@ def test_missing_task_images_build_at_once_and_a_failing_build_names_its_task_af
     running: dict[str, str] = {}  # RUN container id -> the task whose build it is
     built: set[str] = set()
     try:
-        for event in engine.events(since=since, until=int(time.time()) + 180, decode=True,
-                                   filters={"type": "container", "event": "start"}):
-            try:
-                cmd = " ".join(engine.api.inspect_container(event["id"])["Config"]["Cmd"] or [])
-            except docker.errors.NotFound:
-                continue  # gone already: not one of the gated builds, which cannot end before the test says so
-            whose = next((t for t in GATED if f"echo {token}-{t} " in cmd), None)
-            if whose is not None:
-                running[event["id"]] = whose
-            if set(running.values()) == set(GATED):
-                break
+        markers = {f"{token}-{t}": t for t in GATED}
+        running = {cid: markers[m] for cid, m in gated_steps_started(engine, since, markers, limit=180).items()}
         # Every gated build's RUN step was running at once, one per distinct context (delta is alpha's).
         assert sorted(running.values()) == sorted(GATED), (running, outcome)
     finally:
-        for container in running:
-            try:
-                engine.api.put_archive(container, "/", _go())
-            except docker.errors.APIError:
-                pass
+        open_gates(engine, running)
         worker.join(timeout=300)
         built = {path.read_text().strip() for path in records.iterdir()} if records.is_dir() else set()
         try:
