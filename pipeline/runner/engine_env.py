@@ -426,7 +426,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         tag = f"{self._project}-main"
         api = engine()
         output = api.build(path=str(self.environment_dir), dockerfile=DOCKERFILE_NAME, tag=tag, rm=True,
-                           forcerm=True, pull=False, decode=True, networkmode="none")
+                           forcerm=True, pull=False, decode=True, network_mode="none")
         for chunk in output:
             if "error" in chunk:
                 raise RuntimeError(f"building the environment image of {self.environment_name} failed: "

@@ -565,3 +565,27 @@ def test_what_leaves_a_container_is_bounded(tmp_path: Path, proxied: EngineProxy
     assert (tmp_path / "down" / "small" / "a").read_text() == "ok\n"
     out = seen["loud"].stdout
     assert out.startswith("x" * (1 << 20)) and out.endswith(f"[... {3_000_000 - (1 << 20)} more bytes of output dropped ...]\n")
+
+
+def test_a_task_environment_without_an_image_is_built_through_the_proxy_without_a_network(
+        tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
+    """A task Harbor gets unpinned (no worker prebuilt it: ``trial run`` on its own) is built through the proxy from
+    its environment/Dockerfile, with no network in its RUN steps, and the trial's container runs on that image."""
+    env_dir = tmp_path / "task" / "environment"
+    env_dir.mkdir(parents=True)
+    (env_dir / "Dockerfile").write_text(
+        f"FROM {base_in_sandbox}\nRUN (cat /sys/class/net/*/operstate 2>/dev/null; ls /sys/class/net) > /net.txt\n")
+    env = _environment(tmp_path, None, "built")  # type: ignore[arg-type]  # no docker_image: Harbor builds
+
+    async def scenario() -> str:
+        try:
+            await env.start(force_build=False)
+            result = await env.exec("cat /net.txt")
+            return str(result.stdout)
+        finally:
+            await env.stop(delete=True)
+            await envshared.drain_teardowns()
+
+    seen = asyncio.run(scenario())
+    assert seen.split() == ["unknown", "lo"], seen  # only the loopback device during the build
+    assert not proxied.refused, proxied.refused
