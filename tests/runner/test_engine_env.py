@@ -75,6 +75,19 @@ def _containers(project: str) -> list[Any]:
     return list(sandbox_engine().containers.list(all=True, filters={"label": f"com.docker.compose.project={project}"}))
 
 
+def _count_execs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | int | None]]:
+    """Every exec an engine environment makes from now on, as (its session, the user it runs as), in order."""
+    execs: list[tuple[str, str | int | None]] = []
+    exec_ = engine_env.EngineEnvironment._exec
+
+    async def counted(self: engine_env.EngineEnvironment, argv: list[str], **kwargs: Any) -> Any:
+        execs.append((self.session_id, kwargs.get("user")))
+        return await exec_(self, argv, **kwargs)
+
+    monkeypatch.setattr(engine_env.EngineEnvironment, "_exec", counted)
+    return execs
+
+
 def test_start_exec_transfer_and_stop(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
     env = _environment(tmp_path, base_in_sandbox, "lifecycle", cpus=1, memory_mb=512)
     project = env._project
@@ -189,14 +202,7 @@ def test_the_log_dirs_and_harbors_dir_commands_are_one_exec(tmp_path: Path, prox
     made. An agent's environment (``eager_dirs``, set by the runner) whose image has no /logs owes them as archive
     entries for its first upload into / (test_an_agents_log_dirs_ride_with_its_first_upload); its first operation
     here is an exec, which finds them made by an exec just before it."""
-    execs: list[tuple[str, str | int | None]] = []
-    exec_ = engine_env.EngineEnvironment._exec
-
-    async def counted(self: engine_env.EngineEnvironment, argv: list[str], **kwargs: Any) -> Any:
-        execs.append((self.session_id, kwargs.get("user")))
-        return await exec_(self, argv, **kwargs)
-
-    monkeypatch.setattr(engine_env.EngineEnvironment, "_exec", counted)
+    execs = _count_execs(monkeypatch)
     (tmp_path / "v").mkdir()
     (tmp_path / "a").mkdir()
     verifier = _environment(tmp_path / "v", base_in_sandbox, "owedv")
@@ -260,14 +266,7 @@ def test_an_agents_log_dirs_ride_with_its_first_upload(tmp_path: Path, proxied: 
     the exec at start, which leaves that owner as it is (an archive entry would make it root's). A dir command of
     Harbor's deferred before the upload, or an upload into /logs itself, settle them with an exec first instead:
     the command still runs before the upload, /logs keeps the mode mkdir gave it."""
-    execs: list[tuple[str, str | int | None]] = []
-    exec_ = engine_env.EngineEnvironment._exec
-
-    async def counted(self: engine_env.EngineEnvironment, argv: list[str], **kwargs: Any) -> Any:
-        execs.append((self.session_id, kwargs.get("user")))
-        return await exec_(self, argv, **kwargs)
-
-    monkeypatch.setattr(engine_env.EngineEnvironment, "_exec", counted)
+    execs = _count_execs(monkeypatch)
     engine = sandbox_engine()
     maker = engine.containers.create(base_in_sandbox, ["sh", "-c", "mkdir -p /logs/agent && chown 65534:65534 /logs/agent"],
                                      network_mode="none")
