@@ -40,7 +40,10 @@ def mark_ready(ready_dir: Path, tasks: Iterable[str]) -> None:
             fd = os.open(ready_dir / task, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         except FileExistsError:
             continue
-        os.close(fd)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the worker's umask: the sandbox reads the dir as others
+        finally:
+            os.close(fd)
 
 
 class ReadyTasks:

@@ -310,11 +310,12 @@ def _add_user_acl(path: Path, uid: int, perm: int) -> None:
         raise InfrastructureError(f"setfacl {path}: {done.stderr.strip() or 'failed'}")
 
 
-def grant(path: Path, sandbox: Sandbox | None = None) -> None:
+def grant(path: Path, sandbox: Sandbox | None = None, *, keep: tuple[str, ...] = ()) -> None:
     """Let the sandbox engine (the service user, container root there) use ``path``: its parents get
     search permission for that uid alone, ``path`` itself an ACL entry rwx for it (its owner and mode
     stay: 0700 is still private to everyone else), everything under it is chowned to it (modes kept,
-    so a 0400 secret stays 0400)."""
+    so a 0400 secret stays 0400), except the entries ``keep`` names directly under ``path`` (and what is
+    under them): those stay the worker's, for the sandbox to read only as far as their modes let others."""
     account = pwd.getpwnam((sandbox or default_sandbox()).user)
     path = Path(os.path.abspath(path))
     _traverse(path.parent, account.pw_uid)
@@ -323,6 +324,9 @@ def grant(path: Path, sandbox: Sandbox | None = None) -> None:
     _add_user_acl(path, account.pw_uid, 0o7)
     if path.is_dir():
         for root, dirs, files in os.walk(path):
+            if root == str(path):
+                dirs[:] = [name for name in dirs if name not in keep]
+                files = [name for name in files if name not in keep]
             for name in dirs + files:
                 os.lchown(Path(root, name), account.pw_uid, account.pw_gid)
 

@@ -44,8 +44,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import socket
+import stat
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -565,9 +567,11 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
                                   {t: r for t, r in staged.task_images.items() if t in recorder.tasks}, use)
         use.images(image.image_id for image in loaded.values())
         recorder.task_images = {task: image.ref.ref for task, image in loaded.items()}
-    # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's. Granted
-    # before the builds start, so what they write next (pins, readiness marks) stays the worker's.
-    sandbox.grant(out)
+    # The sandbox engine (the service user) works in this batch's dir and nowhere else of the run's. The rendered
+    # suite stays the worker's (readable by others: the infra's dataset, no secret), so the builds below can pin
+    # its task.toml files while the runner reads them; the readiness dir is made after the grant, the worker's too.
+    _readable_by_others(out / "suite")
+    sandbox.grant(out, keep=("suite",))
     builds = None
     if config.prebuild_task_images:
         builds = _TaskImageBuilds(sandboxed, run_id, out, config.trial_concurrency or policy.trial_concurrency(payload.suite))
@@ -579,6 +583,18 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
             builds.join()
         raise
     return _Engines(client, sandboxed, runner_id), builds
+
+
+def _readable_by_others(tree: Path) -> None:
+    """Directories 0755 and files 0644 (0755 with an exec bit) under ``tree``, whatever the worker's umask: the
+    sandbox reads the rendered suite as others. A link is never followed (render_suite writes none)."""
+    for root, _dirs, files in os.walk(tree):
+        os.chmod(root, 0o755)  # noqa: S103 - the infra's dataset, read by the sandbox; written by the worker only
+        for name in files:
+            entry = Path(root, name)
+            info = entry.lstat()
+            if stat.S_ISREG(info.st_mode):
+                os.chmod(entry, 0o755 if info.st_mode & 0o111 else 0o644)
 
 
 class _TaskImageBuilds:
