@@ -298,11 +298,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         target = posixpath.normpath(target_dir)
         if target == "/" or any(posixpath.normpath(d) in ("/", target) for d in root_dirs):
             raise ValueError(f"upload_root_only: {target_dir} / {root_dirs} would replace the root or overlap")
-        started = time.monotonic()
-        try:
-            kind = await self._call(self._stat_kind, target)
-        finally:
-            self._record("stat", started)
+        kind = await self._stat(target)
         if kind != "missing":
             started = time.monotonic()
             try:
@@ -319,6 +315,14 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
                 raise RuntimeError(f"could not upload into / of {self.session_id}")
         finally:
             self._record("upload", started)
+
+    async def _stat(self, path: str) -> str | None:
+        """What ``path`` is in the container (``_stat_kind``), one engine request recorded as a "stat"."""
+        started = time.monotonic()
+        try:
+            return await self._call(self._stat_kind, path)
+        finally:
+            self._record("stat", started)
 
     async def download_file(self, source_path: str, target_path: Path | str) -> None:
         await self._download(self._download_file, source_path, Path(target_path))
@@ -384,11 +388,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         root = self._logs_root()
         if root is None or posixpath.dirname(root) != "/" or root == "/":
             return None
-        started = time.monotonic()
-        try:
-            kind = await self._call(self._stat_kind, root)
-        finally:
-            self._record("stat", started)
+        kind = await self._stat(root)
         if kind != "missing":
             return None
         return ((root.lstrip("/"), 0o755),
