@@ -51,6 +51,7 @@ def worker(
     sigstore_url: Annotated[str | None, typer.Option("--sigstore-url", envvar="BENCHSEAL_SIGSTORE_URL", help="Check image signatures against a private Sigstore instance (http://127.0.0.1:PORT); default public-good.")] = None,
     trusted_root: Annotated[Path | None, typer.Option("--trusted-root", envvar="BENCHSEAL_TRUSTED_ROOT", help="The private instance's trusted_root.json (with --sigstore-url).")] = None,
     keep_task_images: Annotated[int | None, typer.Option("--keep-task-images", min=0, help="Task images of sealed runs kept in the sandbox engine, most recently used first; the rest are pruned after each sealed run (default 200; docs/datasets.md, Pruning).")] = None,
+    keep_runner_images: Annotated[int | None, typer.Option("--keep-runner-images", min=0, help="Runner images of sealed runs kept in the sandbox engine, most recently used first; the rest are pruned after each sealed run (default 3; docs/datasets.md, Pruning).")] = None,
     sandbox_engine: Annotated[str | None, typer.Option("--sandbox-engine", envvar="BENCHSEAL_SANDBOX_ENGINE", help="The rootless engine everything under test runs on (unix://PATH; default: benchseal sandbox's socket). Refused unless it answers and is rootless.")] = None,
 ) -> None:
     """Run the worker loop (SIGTERM/SIGINT: finish or release the current run, then exit)."""
@@ -72,6 +73,8 @@ def worker(
                           sandbox_engine=engine)
     if keep_task_images is not None:
         config = dataclasses.replace(config, keep_task_images=keep_task_images)
+    if keep_runner_images is not None:
+        config = dataclasses.replace(config, keep_runner_images=keep_runner_images)
     if suites_dir is not None:
         config = dataclasses.replace(config, suites_dir=suites_dir)
     check_policy_datasets(policy, config.suites_dir)  # each suite's dataset is the bytes its digest pins, or no work

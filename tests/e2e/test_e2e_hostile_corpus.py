@@ -50,6 +50,7 @@ from pipeline.core.contracts import DigestsFile
 from pipeline.core.documents import ReleaseSummary, TrialResults, load_document
 from pipeline.core.paths import REPO_ROOT
 from pipeline.core.scoring import grade_result, is_result_name
+from pipeline.infra.sandbox.engine import default_sandbox
 from pipeline.local.npmregistry import LocalNpmRegistry, npm_pack
 from tests.fixtures.homes import shared_home
 
@@ -315,10 +316,20 @@ def test_the_limits_held_and_each_run_was_sealed(corpus: dict[str, Released]) ->
         assert said["memory"]["status"] != 0 and not said["memory"]["out"].startswith("allocated"), (task, said)
     for task, said in corpus["npm-disk"].outputs.items():
         assert not said["sparse"].startswith("0\n"), (task, said)  # a 2 GiB sparse file is refused (EFBIG)
+        _no_full_disk(said["huge"])
         assert said["huge"].startswith("153\n"), (task, said)  # a write past 1 GiB is stopped (SIGXFSZ)
     for task, said in corpus["py-limits"].outputs.items():
         assert said["memory"]["exit"] != 0 and "allocated" not in said["memory"]["out"], (task, said)
+        _no_full_disk(said["huge"]["out"])
         assert said["sparse"]["out"].startswith("153\n") and said["huge"]["out"].startswith("153\n"), (task, said)
+
+
+def _no_full_disk(out: str) -> None:
+    """A write stopped by a full disk says nothing of the file-size bound: the machine, not the rule, is named."""
+    if "No space left on device" in out:
+        free = shutil.disk_usage(default_sandbox().data_dir).free >> 30
+        pytest.fail(f"the sandbox engine's disk filled before the 1 GiB file-size bound was reached ({free} GiB free "
+                    f"now; the corpus writes about 8 GiB at once): free space on this machine, then run again ({out!r})")
 
 
 def test_a_stateful_trick_does_not_pass_the_canary(corpus: dict[str, Released]) -> None:

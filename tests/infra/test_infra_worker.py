@@ -38,7 +38,7 @@ from pipeline.infra.queue.sql import RunRecord, SqliteQueue
 from pipeline.infra.worker.containers import CONTAINER_PREFIX, LABEL_BATCH
 from pipeline.infra.worker.dataset import STAGED
 from pipeline.infra.worker.loop import LABEL_RUN, WorkerConfig, run_once
-from pipeline.infra.worker.prune import use_records
+from pipeline.infra.worker.prune import runner_use_records, use_records
 from pipeline.runner.envshared import TIMINGS_FILE
 from pipeline.runner.plan import discover_tasks
 from pipeline.verify.external import cosign_path
@@ -211,6 +211,13 @@ def test_oracle_run_succeeds_with_score_one(oracle_probe_run, infra_setup):
     # No runner container left behind.
     client = sandbox_engine()
     assert client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={outcome.run_id}"}) == []
+    # The runner the run used is named under it in the runner images' records (kept: among the most recent), and
+    # the host engine's copy is recorded as there before the worker (built on this host): never the prune's.
+    runner_id = docker.from_env().images.get(infra_setup["runner"]).id
+    assert runner_id in json.loads((runner_use_records() / outcome.run_id).read_text())
+    host_pulls = json.loads((runner_use_records() / ".host").read_text())
+    assert host_pulls[runner_id]["present_before"] is True
+    assert client.images.get(runner_id).id == runner_id
 
 
 def test_secret_reaches_agent_but_never_argv_logs_or_artifacts(oracle_probe_run):

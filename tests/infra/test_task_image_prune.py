@@ -9,6 +9,7 @@ the records this test writes, so no other image of the shared engines is at stak
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -28,16 +29,21 @@ from pipeline.core.contracts import DispatchPayload, GradeCounts, Grading
 from pipeline.core.digests import ImageRef
 from pipeline.core.errors import CheckFailed
 from pipeline.infra.queue.sql import SqliteQueue
-from pipeline.infra.worker.images import TASK_IMAGE_LABEL
+from pipeline.infra.worker.config import WorkerConfig
+from pipeline.infra.worker.images import TASK_IMAGE_LABEL, sandbox_image
 from pipeline.infra.worker.prune import (
     STALE_RECORD_SECONDS,
     Pruned,
+    after_work,
     note_staged,
     prune_task_images,
     remove_staged,
+    runner_image_use,
+    runner_use_records,
     task_image_use,
+    use_records,
 )
-from pipeline.infra.worker.task_images import load_task_bases
+from pipeline.infra.worker.task_images import load_task_bases, pull_recorded
 from tests.fixtures.infra import remove_from_both_engines, sandbox_engine
 from tests.registry.helpers import push_tiny, tiny_image
 
@@ -401,3 +407,75 @@ def test_the_host_engines_copies_the_worker_pulled_are_pruned_and_no_one_elses(
         sandboxed.close()
         for image_id in ids.values():
             remove_from_both_engines(image_id)
+
+
+@pytest.mark.docker
+def test_runner_images_are_pruned_by_their_own_count_after_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: Any, image: Image,
+        make_payload: Callable[..., dict[str, Any]]) -> None:
+    """Each agent release brings a runner of its own: the worker records the runner under its run in records of
+    their own (``runner_image_use``), and ``after_work`` prunes them by ``keep_runner_images``, apart from the
+    task images' count; a runner of a run in flight stays whatever the count."""
+    monkeypatch.setenv("BENCHSEAL_HOME", str(tmp_path / "home"))
+    db = tmp_path / "queue.sqlite3"
+    queue = SqliteQueue(db, runs_dir=tmp_path / "runs")
+    old, new, in_flight, task = (_run(queue, make_payload, s) for s in ("SUCCEEDED", "SUCCEEDED", "RUNNING", "SUCCEEDED"))
+    runners = {run_id: image() for run_id in (old, new, in_flight)}
+    for run_id, runner_id in runners.items():  # one after another: "new" is used after "old"
+        with runner_image_use(run_id) as use:
+            use.images([runner_id])
+    task_image = image()
+    with task_image_use(task) as use:
+        use.images([task_image])
+    assert runner_use_records() != use_records() and (runner_use_records() / old).is_file()
+    config = WorkerConfig(db=db, keep_runner_images=1, keep_task_images=1)
+    after_work(config, None)
+    assert not present(engine, runners[old])  # the oldest runner of a sealed run: beyond the count of 1
+    assert present(engine, runners[new]) and present(engine, runners[in_flight]) and present(engine, task_image)
+    assert not (runner_use_records() / old).exists()  # its only image gone: the record goes with it
+    after_work(dataclasses.replace(config, keep_runner_images=0), None)
+    assert not present(engine, runners[new]) and present(engine, runners[in_flight]) and present(engine, task_image)
+
+
+@pytest.mark.docker
+def test_a_runner_the_worker_pulled_is_recorded_before_the_pull_and_pruned_from_both_engines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, image_registry: str,
+        make_payload: Callable[..., dict[str, Any]]) -> None:
+    """``pull_recorded`` (the runner's pull in ``loop._prepare_batch``): the run's record names the runner's id and
+    ``.host`` says the host engine lacked it, both before the pull; once the run is sealed and beyond the count,
+    ``after_work`` removes the worker's pull from the host engine and its copy from the sandbox. A runner the
+    host engine already held under its digest is recorded as there before."""
+    from pipeline.imaging.oci import sha256_digest
+    from pipeline.imaging.push import Registry
+
+    monkeypatch.setenv("BENCHSEAL_HOME", str(tmp_path / "home"))
+    db = tmp_path / "queue.sqlite3"
+    queue = SqliteQueue(db, runs_dir=tmp_path / "runs")
+    run_id = _run(queue, make_payload, "RUNNING")
+    registry, repository = Registry(image_registry), "benchseal-tests/prune-runner"
+    tiny = tiny_image()
+    ref = ImageRef(f"{image_registry}/{repository}", push_tiny(registry, repository, tiny))
+    runner_id = sha256_digest(tiny.config)
+    host, sandboxed = docker.from_env(timeout=120), sandbox_engine()
+    try:
+        with runner_image_use(run_id) as use:
+            assert pull_recorded(host, ref, use) == runner_id
+        assert json.loads((runner_use_records() / ".host").read_text()) == {
+            runner_id: {"present_before": False, "refs": [ref.ref]}}
+        assert runner_id in json.loads((runner_use_records() / run_id).read_text())
+        assert sandbox_image(host, sandboxed, ref) == runner_id
+        config = WorkerConfig(db=db, keep_runner_images=0)
+        after_work(config, None)  # in flight: both copies stay
+        assert present(host, runner_id) and present(sandboxed, runner_id)
+        _seal(queue, run_id)
+        after_work(config, None)
+        assert not present(host, runner_id) and not present(sandboxed, runner_id)
+        # Held under its digest by someone else before the worker's pull: recorded so, and never the prune's.
+        host.api.pull(ref.name, tag=ref.digest)
+        with runner_image_use("run-2") as use:
+            assert pull_recorded(host, ref, use) == runner_id
+        assert json.loads((runner_use_records() / ".host").read_text())[runner_id]["present_before"] is True
+    finally:
+        host.close()
+        sandboxed.close()
+        remove_from_both_engines(runner_id)

@@ -24,6 +24,9 @@ Finalizer = Callable[[RunRecord, Grading, Path], Sequence[PublicationRequest]]
 
 
 KEEP_TASK_IMAGES = 200  # HumanEval's 164 task images stay warm between its runs
+# Runner images (one per agent release, each some hundred MB of layers of its own) of sealed runs kept in
+# the sandbox engine: a re-run of the last few releases starts warm, and the engine does not grow per release.
+KEEP_RUNNER_IMAGES = 3
 
 
 class InfraFailure(Exception):
@@ -60,6 +63,8 @@ class WorkerConfig:
     prebuild_task_images: bool = True
     # Task images of sealed runs kept in the sandbox engine, most recently used first (pipeline.infra.worker.prune).
     keep_task_images: int = KEEP_TASK_IMAGES
+    # Runner images of sealed runs kept in the sandbox engine, most recently used first (the same rule).
+    keep_runner_images: int = KEEP_RUNNER_IMAGES
     # Names of pipeline.runner.trial.TUNINGS to turn off in the runner (bench ablation only).
     harbor_disable: tuple[str, ...] = ()
     # Where the images' keyless signatures are checked: public-good unless a private instance

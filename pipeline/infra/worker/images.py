@@ -50,23 +50,29 @@ def sandbox_image(host: Any, sandboxed: Any, ref: ImageRef) -> str:
     return sandbox.copy_image(host, sandboxed, image_id)
 
 
+def local_id(client: Any, ref: ImageRef) -> str | None:
+    """The id of the image the engine holds under exactly ``ref`` (in its RepoDigests), or None."""
+    try:
+        image = client.images.get(ref.ref)
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.APIError as exc:
+        raise InfraFailure(f"inspecting {ref.ref} failed: {exc.explanation or exc}") from exc
+    image_id: str = image.id
+    return image_id if ref.ref in (image.attrs.get("RepoDigests") or []) else None
+
+
 def pull_by_digest(client: Any, ref: ImageRef) -> str:
     """Pull ``ref`` by digest; return the local image id once RepoDigests contains exactly ``ref``."""
 
     # Same credentials as the push, handed to the engine in the X-Registry-Auth header (never argv);
     # {} rather than None so the SDK does not look credentials up on its own.
     auth_config = docker_auth_config(ref.registry, ref.repository)
-    try:
-        # Already in the engine under exactly this digest: content-addressed, nothing to fetch
-        # (saves a registry round trip per image on every run).
-        image = client.images.get(ref.ref)
-        if ref.ref in (image.attrs.get("RepoDigests") or []):
-            image_id: str = image.id
-            return image_id
-    except docker.errors.ImageNotFound:
-        pass
-    except docker.errors.APIError as exc:
-        raise InfraFailure(f"inspecting {ref.ref} failed: {exc.explanation or exc}") from exc
+    # Already in the engine under exactly this digest: content-addressed, nothing to fetch
+    # (saves a registry round trip per image on every run).
+    present = local_id(client, ref)
+    if present is not None:
+        return present
     try:
         client.api.pull(ref.name, tag=ref.digest, auth_config=auth_config)
         image = client.images.get(ref.ref)

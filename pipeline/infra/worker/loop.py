@@ -127,8 +127,8 @@ from pipeline.infra.worker.images import (
     resolve_base_ref,
     sandbox_image,
 )
-from pipeline.infra.worker.prune import after_work, note_staged, task_image_use
-from pipeline.infra.worker.task_images import load_task_bases, load_task_images
+from pipeline.infra.worker.prune import after_work, note_staged, runner_image_use, task_image_use
+from pipeline.infra.worker.task_images import load_task_bases, load_task_images, pull_recorded
 from pipeline.infra.worker.trial_evidence import pack_trial_dir
 from pipeline.runner.plan import discover_tasks, plan_trials, select_tasks, suite_grading, task_grading
 from pipeline.runner.readiness import make_ready_dir, mark_ready
@@ -544,7 +544,10 @@ def _prepare_batch(client: Any, sandboxed: Any, batch: TrialBatch, out: Path, ru
     run_id, payload = batch.run.run_id, batch.run.payload
     for name in kill_trial_leftovers(sandboxed, run_id, tuple(t.trial_name for t in batch.trials)):
         log.warning("run %s: removed leftover container %s", run_id, name)
-    pull_by_digest(client, runner_ref)
+    # The runner is recorded under the run before it is pulled or reused (prune.runner_image_use), so a prune
+    # never removes it while the run is in flight, and removes it once sealed runs no longer keep it warm.
+    with runner_image_use(run_id) as use:
+        pull_recorded(client, runner_ref, use)
     require_signed_images(payload, source, config.image_trust)  # every host checks before it runs anything
     base = resolve_base_ref(config, runner_ref)
     base_id = sandbox_image(client, sandboxed, base)

@@ -9,8 +9,11 @@ The rule (docs/datasets.md "Pruning"), applied after each piece of work (``after
 2. Task images are the images the worker itself put into the sandbox engine for a run's tasks: each
    task's prebuilt ``docker_image`` and registry base (pulled by digest, ``task_images``) and each image it
    built from a task's Dockerfile (``images.prebuild_task_images``). Each batch records the ids it used in
-   ``<state>/cache/task-image-use/<run id>`` (``task_image_use``), with the time it last used each; the
-   worker's runner and benchseal base are not task images and are never pruned here.
+   ``<state>/cache/task-image-use/<run id>`` (``task_image_use``), with the time it last used each; benchseal's
+   base is never pruned. Runner images (the one a run names, pulled by digest and put into the sandbox by id)
+   follow the same rule in records of their own, ``<state>/cache/runner-image-use`` (``runner_image_use``),
+   with their own count (``WorkerConfig.keep_runner_images``): each agent release brings a runner of its own,
+   so without this the sandbox engine grew by one runner per release, without bound.
 3. An image named by the record of a run that is not sealed in the queue (QUEUED, CLAIMED, RUNNING, or a run
    the queue does not know, until its record is stale: 5.) is kept, whatever else names it. Of the others,
    the ``keep`` most recently used (``WorkerConfig.keep_task_images``, default ``KEEP_TASK_IMAGES``) are kept
@@ -45,7 +48,7 @@ import shutil
 import stat
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -80,6 +83,11 @@ log = logging.getLogger("benchseal.worker")
 def use_records() -> Path:
     """``<state home>/cache/task-image-use``: one file per run, {image id: last used (epoch seconds)}."""
     return paths.home() / "cache" / "task-image-use"
+
+
+def runner_use_records() -> Path:
+    """``<state home>/cache/runner-image-use``: the runner images' records, in the task images' format."""
+    return paths.home() / "cache" / "runner-image-use"
 
 
 def _private_dir(records: Path) -> Path:
@@ -245,6 +253,11 @@ def task_image_use(run_id: str, records: Path | None = None) -> Iterator[TaskIma
         yield use
 
 
+def runner_image_use(run_id: str) -> AbstractContextManager[TaskImageUse]:
+    """``task_image_use`` on the runner images' records: held while a batch pulls or reuses its runner."""
+    return task_image_use(run_id, runner_use_records())
+
+
 def note_staged(run_id: str, records: Path | None = None) -> None:
     """``run_id``'s record created if absent: this host holds a staged copy of it (planning stages one before any
     batch), which a prune removes once the run is sealed, here or elsewhere."""
@@ -270,9 +283,10 @@ class Pruned(NamedTuple):
 
 def prune_task_images(queue: Queue, sandboxed: Any, keep: int = KEEP_TASK_IMAGES,
                       records: Path | None = None, host: Any | None = None) -> Pruned:
-    """Apply the rule (module docstring) once, to ``sandboxed`` and, when given, to the ``host`` engine's copies."""
+    """Apply the rule (module docstring) once to the images of one set of ``records`` (default: the task images'),
+    in ``sandboxed`` and, when given, the ``host`` engine's copies."""
     if keep < 0:
-        raise CheckFailed(f"keep_task_images must be 0 or more, not {keep}")
+        raise CheckFailed(f"the number of images kept must be 0 or more, not {keep}")
     root = _private_dir(records or use_records())
     with _locked(root, fcntl.LOCK_EX):
         now = time.time()
@@ -415,25 +429,30 @@ def after_work(config: WorkerConfig, sealed: str | None) -> None:
         with open_queue(config.db, url_file=config.queue_url_file) as queue:
             if sealed is not None:
                 remove_staged(queue.run_dir(sealed))
-            records = use_records()
-            if not records.is_dir() or not any(not p.name.startswith(".") or p.name in (_RELEASED, _HOST)
-                                               for p in records.iterdir()):
-                return  # no task image recorded: no engine to ask
+            kinds = [(kind, records, keep) for kind, records, keep in (
+                ("task", use_records(), config.keep_task_images),
+                ("runner", runner_use_records(), config.keep_runner_images))
+                if records.is_dir() and any(not p.name.startswith(".") or p.name in (_RELEASED, _HOST)
+                                            for p in records.iterdir())]
+            if not kinds:
+                return  # no image recorded: no engine to ask
             client = _sandbox(config)
             host = None
             try:
-                if (records / _HOST).exists():
+                if any((records / _HOST).exists() for _, records, _ in kinds):
                     try:
                         host = _docker()
                     except InfraFailure as exc:  # the sandbox's prune goes on; the host's waits for the next
-                        log.warning("pruning the host engine's task images skipped: %s", exc)
-                pruned = prune_task_images(queue, client, config.keep_task_images, host=host)
+                        log.warning("pruning the host engine's images skipped: %s", exc)
+                pruned = [(kind, prune_task_images(queue, client, keep, records=records, host=host))
+                          for kind, records, keep in kinds]
             finally:
                 client.close()
                 if host is not None:
                     host.close()
-        for removed, engine in ((pruned.sandbox, "sandbox"), (pruned.host, "host")):
-            if removed:
-                log.info("pruned %d task images from the %s engine", len(removed), engine)
+        for kind, each in pruned:
+            for removed, engine in ((each.sandbox, "sandbox"), (each.host, "host")):
+                if removed:
+                    log.info("pruned %d %s images from the %s engine", len(removed), kind, engine)
     except Exception as exc:
         log.warning("pruning failed: %s: %s", type(exc).__name__, exc)

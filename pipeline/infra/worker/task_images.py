@@ -46,7 +46,7 @@ from pipeline.core.errors import CheckFailed, InfrastructureError, ValidationErr
 from pipeline.core.registry_auth import AuthSession, registry_url, scope
 from pipeline.infra.intake.policy import InfraPolicy
 from pipeline.infra.worker.config import ImageRefused, InfraFailure
-from pipeline.infra.worker.images import sandbox_image
+from pipeline.infra.worker.images import local_id, pull_by_digest, sandbox_image
 from pipeline.infra.worker.prune import TaskImageUse
 
 _MANIFEST_TYPES = ("application/vnd.oci.image.manifest.v1+json",
@@ -98,6 +98,20 @@ def _load_checked(host: Any, sandboxed: Any, task: str, ref: ImageRef, use: Task
     if image_id != expected:
         raise ImageRefused(f"task {task}: image {ref.ref} loaded as {image_id}, but its manifest names the "
                            f"config {expected}")
+    return image_id
+
+
+def pull_recorded(host: Any, ref: ImageRef, use: TaskImageUse) -> str:
+    """``ref`` pulled by digest on the host engine (its id checked against its manifest's config), named in the
+    run's record before the pull, as is whether the host engine had it before (``TaskImageUse.host_pull``: an
+    image it had is never pruned there). An image the engine holds under ``ref`` is used as it is, with no
+    registry round trip (as ``pull_by_digest`` does). Returns the id."""
+    expected = local_id(host, ref) or config_digest(ref, host)
+    use.host_pull(host, expected, ref.ref)
+    use.images([expected])
+    image_id = pull_by_digest(host, ref)
+    if image_id != expected:
+        raise ImageRefused(f"image {ref.ref} pulled as {image_id}, but its manifest names the config {expected}")
     return image_id
 
 
