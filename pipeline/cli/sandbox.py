@@ -1,7 +1,7 @@
 """``benchseal sandbox start|stop|status``: the rootless sandbox engine (pipeline/infra/sandbox/engine.py).
 
-Exit codes: 0 ok; 1 the engine did not start / does not answer / is not confined / enforces no limits; 2 bad input
-(not root, a bad ``$BENCHSEAL_SANDBOX_DIR``).
+Exit codes: 0 ok; 1 the engine did not start / does not answer / is not confined / enforces no limits / has no disk
+of its own; 2 bad input (not root, a bad ``$BENCHSEAL_SANDBOX_DIR`` or ``$BENCHSEAL_SANDBOX_DISK_GIB``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def status(
     url: bool = typer.Option(False, "--url", help="Print only the engine's unix:// URL."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Show whether the sandbox engine answers, is confined to a user namespace and enforces limits; exit 1 if not."""
+    """Show whether the sandbox engine answers, is confined to a user namespace, enforces limits and has its own
+    disk (a file system of a fixed size on its data root); exit 1 if not."""
     s = sbx.default_sandbox()
     info = sbx.status(s)
     if url:
@@ -48,7 +49,7 @@ def status(
         typer.echo(json.dumps(info))
     else:
         typer.echo(" ".join(f"{k}={v}" for k, v in info.items()))
-    if not (info["answers"] and info["confined"] and info["limits"]):
+    if not (info["answers"] and info["confined"] and info["limits"] and info["disk_own"]):
         raise typer.Exit(1)
 
 

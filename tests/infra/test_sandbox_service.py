@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.core.errors import CheckFailed, InfrastructureError
+from pipeline.infra.sandbox import disk
 from pipeline.infra.sandbox import engine as sbx
 from pipeline.infra.worker import loop as worker
 
@@ -49,6 +50,8 @@ def test_the_running_sandbox_is_confined_enforcing_and_ours():
     sbx.start(s)
     info = sbx.status(s)
     assert info["answers"] and info["confined"] and info["limits"] and info["pid"]
+    # Its data root is its own file system, of a fixed size (pipeline/infra/sandbox/disk.py).
+    assert info["disk_own"] is True and disk.MIN_GIB - 0.1 <= float(str(info["disk_gib"])) <= disk.DEFAULT_MAX_GIB + 0.1
     # The engine process runs as the service user, never root.
     assert Path(f"/proc/{info['pid']}").stat().st_uid == sbx.pwd.getpwnam(sbx.SERVICE_USER).pw_uid
 
@@ -203,3 +206,57 @@ def test_the_running_sandbox_records_what_it_shares_and_refuses_other_sockets(tm
     for url in (HOST_ENGINE, "unix:///a.sock", f"unix://{tmp_path}/engine/run/docker.sock"):
         with pytest.raises(CheckFailed):
             sbx.require_sees(url, shared)
+
+
+def test_an_engine_whose_data_root_is_not_its_own_disk_is_refused():
+    """The worker's check (``engine_refusal``): the engine's data root must be the mount of its sandbox's disk file;
+    anything else (the host's disk, a mount of another file) could let a trial fill the host's disk."""
+    s = sbx.default_sandbox()
+    sbx.start(s)
+    info = sbx.engine_info(s.url)
+    assert info is not None and sbx.disk_refusal(s.url, info) is None
+    for root in ("/var/lib/docker", str(s.engine_dir), str(s.data_dir / "docker")):
+        refused = sbx.disk_refusal(s.url, {**info, "DockerRootDir": root})
+        assert refused is not None and "host's disk" in refused, root
+    other = s.data_dir.parent / "not-the-disk.ext4"
+    assert not disk.is_own_mount(s.data_dir, other)
+
+
+def test_the_disk_file_bounds_what_is_written_and_keeps_the_engine_data_across_mounts(tmp_path):
+    """The mechanism on a small file: a write past the file system's size ends in ENOSPC while the host's free
+    space shrinks by at most that size; the engine's data from before is removed when the file is made, and what
+    was written stays across an unmount and a mount of the same file."""
+    data, image = tmp_path / "data", tmp_path / disk.DISK_FILE
+    data.mkdir()
+    (data / "old-engine-data").mkdir()
+    (data / "old-engine-data" / "layer").write_bytes(b"x" * 1024)
+    account = pwd.getpwnam("nobody")
+    free_before = sbx.shutil.disk_usage(tmp_path).free
+    disk.mount_data_root(data, image, account.pw_uid, account.pw_gid, size=256 << 20)
+    try:
+        assert disk.is_own_mount(data, image) and os.path.ismount(data)
+        assert sorted(p.name for p in data.iterdir()) == ["lost+found"]  # the old data went, not hidden
+        info = data.stat()
+        assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (account.pw_uid, account.pw_gid, 0o700)
+        assert stat.S_IMODE(image.stat().st_mode) == 0o600 and image.stat().st_uid == 0
+        written = subprocess.run(["sh", "-c", f"for i in 1 2 3; do head -c 200M /dev/zero > {data}/f$i; done"],
+                                 capture_output=True, text=True, timeout=120)
+        assert written.returncode != 0 and "No space left on device" in written.stderr, written
+        assert free_before - sbx.shutil.disk_usage(tmp_path).free <= (256 + 16) << 20
+        (data / "f1").unlink()
+        (data / "kept").write_text("warm")
+        disk.unmount_data_root(data, image)
+        assert not os.path.ismount(data) and image.is_file()
+        disk.mount_data_root(data, image, account.pw_uid, account.pw_gid, size=256 << 20)
+        assert (data / "kept").read_text() == "warm"
+    finally:
+        disk.unmount_data_root(data, image)
+    assert not os.path.ismount(data)
+
+
+@pytest.mark.parametrize(("value", "why"), [("lots", "not a number of GiB"), ("2", "below the 8 GiB")])
+def test_a_bad_disk_size_is_refused_in_one_line(tmp_path, monkeypatch, value, why):
+    monkeypatch.setenv(disk.DISK_ENV, value)
+    with pytest.raises(sbx.UsageError, match=why) as raised:
+        disk.chosen_size(tmp_path)
+    assert disk.DISK_ENV in str(raised.value) and "\n" not in str(raised.value)

@@ -20,10 +20,10 @@ from harbor.models.trial.paths import TrialPaths
 
 from pipeline.infra.sandbox import engine as sandbox
 from pipeline.infra.sandbox.engine_proxy import LABEL, EnginePolicy, EngineProxy
-from pipeline.infra.worker.images import sandbox_image
 from pipeline.runner import engine_env, envshared
 from pipeline.runner.trial import COMPOSE_IMPORT_PATH, ENGINE_IMPORT_PATH, environment_import_path
 from pipeline.runner.tunings import DISABLE_ENV
+from tests.fixtures.infra import base_in_sandbox as copy_base
 from tests.fixtures.infra import proc_hits, sandbox_engine
 
 pytestmark = [pytest.mark.docker]
@@ -34,7 +34,7 @@ CANARY = "canary-" + os.urandom(8).hex()
 @pytest.fixture(scope="module")
 def base_in_sandbox(base_refs: Any) -> str:
     """The base image (bash, coreutils) in the sandbox engine, by id."""
-    return sandbox_image(docker.from_env(), sandbox_engine(), base_refs["base"])
+    return copy_base(sandbox_engine(), base_refs)
 
 
 @pytest.fixture
@@ -310,7 +310,7 @@ def test_an_agents_log_dirs_ride_with_its_first_upload(tmp_path: Path, proxied: 
             for env in envs.values():
                 await env.stop(delete=True)
             await envshared.drain_teardowns()
-            engine.images.remove(own.id, force=True)
+            engine.images.remove(own.id, force=True, noprune=True)  # never its parent, the shared base
         return seen
 
     seen = asyncio.run(scenario())

@@ -52,6 +52,7 @@ from pipeline.core import paths
 from pipeline.core.errors import CheckFailed, InfrastructureError, UsageError
 from pipeline.core.fsutil import atomic_write_text
 from pipeline.core.polling import poll_until
+from pipeline.infra.sandbox import disk
 from pipeline.infra.sandbox.limits import enforcement_refusal
 
 if TYPE_CHECKING:
@@ -137,6 +138,11 @@ class Sandbox:
     @property
     def url(self) -> str:
         return f"unix://{self.socket}"
+
+    @property
+    def disk_file(self) -> Path:
+        """The file holding the engine's own file system, mounted on its data root (``disk``)."""
+        return self.base / disk.DISK_FILE
 
     @property
     def child_path(self) -> Path:
@@ -537,7 +543,18 @@ def engine_refusal(url: str, info: dict[str, object]) -> str | None:
     if confinement is not None:
         return confinement
     refusal = enforcement_refusal(info)
-    return None if refusal is None else f"it cannot enforce a trial's declared limits: {refusal}"
+    if refusal is not None:
+        return f"it cannot enforce a trial's declared limits: {refusal}"
+    return disk_refusal(url, info)
+
+
+def disk_refusal(url: str, info: dict[str, object]) -> str | None:
+    """Why the engine's data root is not bounded (None: it is its sandbox's own file system, ``disk``)."""
+    root, own = info.get("DockerRootDir"), Sandbox.at(url)
+    if not isinstance(root, str) or Path(root) != own.data_dir or not disk.is_own_mount(own.data_dir, own.disk_file):
+        return (f"its data root {root} is not the file system in {own.disk_file} (a trial could fill the host's "
+                "disk)")
+    return None
 
 
 def require_sandbox_engine(url: str) -> None:
@@ -710,6 +727,7 @@ def _start_locked(sandbox: Sandbox, uids: list[int], wait_seconds: float) -> str
         raise InfrastructureError(f"the sandbox engine needs {', '.join(missing)} (apt packages: {' '.join(PACKAGES)})")
     account = ensure_user(sandbox.user)
     _prepare_dirs(sandbox, account)
+    disk.mount_data_root(sandbox.data_dir, sandbox.disk_file, account.pw_uid, account.pw_gid)
     cgroup_parent, cgroup_joins = prepare_cgroups(sandbox, account)
     share = shared_paths()
     for path in share:
@@ -776,9 +794,12 @@ def stop(sandbox: Sandbox | None = None, wait_seconds: float = 30.0) -> str:
     sandbox = sandbox or default_sandbox()
     pid = _recorded_pid(sandbox)
     if pid is None:
-        return "not ours" if answers(sandbox) else "stopped"
-    _terminate(sandbox, pid, wait_seconds)
-    sandbox.pid_path.unlink(missing_ok=True)
+        if engine_info(sandbox.url, timeout=3.0) is not None:
+            return "not ours"
+    else:
+        _terminate(sandbox, pid, wait_seconds)
+        sandbox.pid_path.unlink(missing_ok=True)
+    disk.unmount_data_root(sandbox.data_dir, sandbox.disk_file)  # busy (an engine we did not start): kept
     return "stopped"
 
 
@@ -792,7 +813,13 @@ def status(sandbox: Sandbox | None = None) -> dict[str, object]:
         "limits": info is not None and enforcement_refusal(info) is None,
         "pid": _recorded_pid(sandbox),
         "user": sandbox.user,
+        **({"disk_own": False} if not sandbox.data_dir.is_dir() else _disk_status(sandbox)),
     }
+
+
+def _disk_status(sandbox: Sandbox) -> dict[str, object]:
+    found = disk.state(sandbox.data_dir, sandbox.disk_file)
+    return {"disk_own": found.own, "disk_gib": found.size_gib, "disk_free_gib": found.free_gib}
 
 
 # --- images -----------------------------------------------------------------------------
