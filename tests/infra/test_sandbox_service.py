@@ -235,6 +235,8 @@ def test_the_disk_file_bounds_what_is_written_and_keeps_the_engine_data_across_m
     disk.mount_data_root(data, image, account.pw_uid, account.pw_gid, size=256 << 20)
     try:
         assert disk.is_own_mount(data, image) and os.path.ismount(data)
+        device = disk._mounted_source(data)
+        assert device is not None and Path(f"/sys/block/{Path(device).name}/loop/dio").read_text().strip() == "1"
         assert sorted(p.name for p in data.iterdir()) == ["lost+found"]  # the old data went, not hidden
         info = data.stat()
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (account.pw_uid, account.pw_gid, 0o700)
@@ -252,6 +254,7 @@ def test_the_disk_file_bounds_what_is_written_and_keeps_the_engine_data_across_m
     finally:
         disk.unmount_data_root(data, image)
     assert not os.path.ismount(data)
+    assert not Path(f"/sys/block/{Path(device).name}/loop/backing_file").exists()  # the device went with the mount
 
 
 @pytest.mark.parametrize(("value", "why"), [("lots", "not a number of GiB"), ("2", "below the 8 GiB")])

@@ -15,7 +15,8 @@ The rule:
   space of the file system that holds it, at most ``DEFAULT_MAX_GIB``; below ``MIN_GIB`` start is
   refused in one line naming the variable;
 * it is sparse and mounted with ``discard``: the host holds what the engine uses, freed again as the
-  engine deletes (an image removed, a container gone);
+  engine deletes (an image removed, a container gone); its loop device reads and writes it with direct
+  I/O, so no page of it is cached twice (a container's memory cgroup would be charged for both);
 * the engine's data from before it had a file system of its own is removed when the file is made (its
   images come back by id, task images are rebuilt), never anything else;
 * ``stop`` unmounts it once the engine is gone; a size changed later applies to a new file (stop,
@@ -125,7 +126,18 @@ def mount_data_root(data_dir: Path, disk_file: Path, uid: int, gid: int, size: i
             _run("mkfs.ext4", "-q", "-F", "-m", "0", "-L", "benchseal-sbx",
                  "-E", f"root_owner={uid}:{gid},nodiscard", str(fresh))
             os.replace(fresh, disk_file)
-        _run("mount", "-o", "loop,discard", str(disk_file), str(data_dir))
+        # Direct I/O on the file: its pages are not cached a second time (under the file system's own cache),
+        # where the kernel would charge them to the memory cgroup of the container reading, on top of its own.
+        attached = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", str(disk_file)],
+                                  capture_output=True, text=True, check=False)
+        if attached.returncode != 0:
+            raise InfrastructureError(f"losetup failed: {(attached.stderr or attached.stdout).strip()}")
+        device = attached.stdout.strip()
+        try:
+            _run("mount", "-o", "discard", device, str(data_dir))
+        finally:
+            # Detached now if the mount failed, else when it is unmounted (the kernel's autoclear of a busy device).
+            subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
     os.chown(data_dir, uid, gid)
     os.chmod(data_dir, 0o700)
 
