@@ -32,6 +32,8 @@ declare -A NEEDED=(
   [slirp4netns]=slirp4netns
   [fuse-overlayfs]=fuse-overlayfs
   [setfacl]=acl                    # the sandbox user's ACL entries on run dirs (pipeline/infra/sandbox/engine.py grant)
+  [mkfs.ext4]=e2fsprogs            # the sandbox engine's own disk (pipeline/infra/sandbox/disk.py)
+  [losetup]=mount
   [chromium]=chromium              # the results page's real-browser test (tests/api/test_results_browser.py)
 )
 missing=()

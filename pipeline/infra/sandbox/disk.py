@@ -95,10 +95,12 @@ def chosen_size(holder: Path) -> int:
     return size
 
 
-def _run(*argv: str) -> None:
+def _run(*argv: str) -> str:
+    """Run a system tool; its stdout, stripped, or InfrastructureError naming the tool and what it said."""
     done = subprocess.run(list(argv), capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise InfrastructureError(f"{argv[0]} failed: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()
 
 
 def mount_data_root(data_dir: Path, disk_file: Path, uid: int, gid: int, size: int | None = None) -> None:
@@ -128,11 +130,7 @@ def mount_data_root(data_dir: Path, disk_file: Path, uid: int, gid: int, size: i
             os.replace(fresh, disk_file)
         # Direct I/O on the file: its pages are not cached a second time (under the file system's own cache),
         # where the kernel would charge them to the memory cgroup of the container reading, on top of its own.
-        attached = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", str(disk_file)],
-                                  capture_output=True, text=True, check=False)
-        if attached.returncode != 0:
-            raise InfrastructureError(f"losetup failed: {(attached.stderr or attached.stdout).strip()}")
-        device = attached.stdout.strip()
+        device = _run("losetup", "--find", "--show", "--direct-io=on", str(disk_file))
         try:
             _run("mount", "-o", "discard", device, str(data_dir))
         finally:

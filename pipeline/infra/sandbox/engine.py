@@ -62,7 +62,7 @@ SERVICE_USER = "benchseal-sandbox"
 SANDBOX_DIR_ENV = "BENCHSEAL_SANDBOX_DIR"
 DEFAULT_DIR = Path("/var/lib/benchseal-sandbox")
 SUBID_COUNT = 65536
-PACKAGES = ("rootlesskit", "slirp4netns", "uidmap", "fuse-overlayfs", "acl")
+PACKAGES = ("rootlesskit", "slirp4netns", "uidmap", "fuse-overlayfs", "acl", "e2fsprogs", "mount")
 
 # Runs as root in the sandbox's user namespace (rootlesskit's child, after ``unshare --net``).
 _CHILD = """\
@@ -277,7 +277,8 @@ def subid_range(user: str = SERVICE_USER) -> tuple[int, int]:
 
 
 def missing_tools() -> list[str]:
-    return [tool for tool in ("rootlesskit", "newuidmap", "newgidmap", "dockerd", "unshare", "ip", "setpriv", "setfacl", "getfacl")
+    return [tool for tool in ("rootlesskit", "newuidmap", "newgidmap", "dockerd", "unshare", "ip", "setpriv", "setfacl", "getfacl",
+                              "mkfs.ext4", "losetup", "mount", "umount")
             if shutil.which(tool) is None]
 
 
