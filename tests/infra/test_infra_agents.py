@@ -891,6 +891,56 @@ def test_reaper_spares_a_live_attempts_dirs_and_takes_a_dead_ones(tmp_path: Path
     assert reap_private_dirs() == [dead] and not dead.exists() and foreign.is_dir()
 
 
+def test_reaper_takes_a_dead_workers_dir_whose_lock_a_forked_child_still_holds(private_tmp: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker killed while a child it forked has not exec'd yet: the child holds the lock (the same open
+    file), the owner named in the directory's name is gone, so the directory goes; a held dir whose name
+    says another pid namespace is kept (a pid there says nothing here), as is one without a name tag."""
+    import fcntl
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.infra.sandbox import agents
+
+    private = private_tmp
+    monkeypatch.setattr(tempfile, "tempdir", str(private))
+    code = ("import os, signal, sys, time\nfrom pipeline.infra.sandbox.agents import _private_dir\n"
+            "d = _private_dir('benchseal-secrets-', [])\n(d / 'K').write_text(sys.argv[1])\n"
+            "r, w = os.pipe()\nif os.fork() == 0:\n    os.close(r); os.close(w); time.sleep(600); os._exit(0)\n"
+            "print(d, flush=True)\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    worker = subprocess.Popen([sys.executable, "-c", code, CANARY], env={**os.environ, "TMPDIR": str(private)},
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert worker.stdout is not None
+        dead = Path(worker.stdout.readline().strip())
+        assert worker.wait(timeout=60) == -9
+        probe = os.open(dead, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(BlockingIOError):  # still held: by the forked child, which lives on
+                fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(probe)
+        # Held dirs this process made: one named for another pid namespace (the same dead pid), one untagged.
+        elsewhere = private / dead.name.replace(f"-{agents._pid_namespace()}.", f"-{agents._pid_namespace() + 1}.")
+        untagged = private / "benchseal-secrets-plain"
+        locks = []
+        for path in (elsewhere, untagged):
+            path.mkdir(mode=0o700)
+            (path / agents.LOCK_MARKER).touch()
+            locks.append(os.open(path, os.O_RDONLY | os.O_DIRECTORY))
+            fcntl.flock(locks[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        try:
+            assert agents.reap_private_dirs() == [dead] and not dead.exists()
+            assert elsewhere.is_dir() and untagged.is_dir()
+        finally:
+            for fd in locks:
+                os.close(fd)
+        assert set(agents.reap_private_dirs()) == {elsewhere, untagged}  # their locks free now: the ordinary case
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+
+
 @pytest.mark.docker
 @pytest.mark.slow
 def test_worker_killed_9_before_planning_leaves_no_secret_after_recovery(agent_setup: dict[str, Any],
