@@ -59,7 +59,7 @@ from pipeline.core.project import AGENT_MANIFEST_PATH, PLACEHOLDER_KEY, AgentMan
 from pipeline.infra.sandbox.relay import GATEWAY_PORT
 from pipeline.runner import agent_host
 from pipeline.runner.engine_env import engine
-from pipeline.runner.envshared import record_timing
+from pipeline.runner.envshared import EngineAnswerError, created_id, record_timing
 
 IMPORT_PATH = "pipeline.runner.agent_box:IsolatedPythonAgent"
 BOX_DIR = "agent-box"  # in the trial dir, removed when the trial's agent phase ends
@@ -128,9 +128,9 @@ def probe_in_box(image: str, package: str, import_path: str) -> dict[str, str]:
                                        command=["probe", package, import_path], environment={"HOME": BOX_TMP},
                                        labels={"com.docker.compose.service": PROBE_SERVICE}, stop_signal="SIGKILL",
                                        host_config=host)
-    except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        ident = created_id(created, "probe container")
+    except (docker.errors.DockerException, requests.exceptions.RequestException, EngineAnswerError) as exc:
         raise ChannelFault(f"could not create the agent's probe container from {image}: {exc}") from None
-    ident = str(created["Id"])
     try:
         api.start(ident)
         try:
@@ -261,7 +261,7 @@ class _Box:
                                                            limit=agent_host.MAX_FRAME_BYTES)
             self.container = await _call(self._create)
             await _call(engine().start, self.container)
-        except (OSError, docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+        except (OSError, docker.errors.DockerException, requests.exceptions.RequestException, EngineAnswerError) as exc:
             raise ChannelFault(f"could not start the agent's container: {exc}") from None
         self._exited = loop.run_in_executor(_calls, self._wait)
         self._exited.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
@@ -283,7 +283,7 @@ class _Box:
             self.image, entrypoint=["python3", "-m", "pipeline.runner.agent_host"],
             command=["serve", f"{agent_host.BOX_MOUNT}/{agent_host.SOCKET_NAME}"], name=self.name,
             environment=env, labels=labels, working_dir=BOX_TMP, stop_signal="SIGKILL", host_config=host)
-        return str(created["Id"])
+        return created_id(created, "agent box container")
 
     def _wait(self) -> int:
         return int(engine().wait(self.container, timeout=None)["StatusCode"])

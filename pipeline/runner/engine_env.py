@@ -78,7 +78,7 @@ from harbor.models.trial.config import ResourceMode
 
 from pipeline.infra.sandbox.limits import DEFAULT_FSIZE, TRIAL_PIDS
 from pipeline.runner import rootonly
-from pipeline.runner.envshared import agent_mount, record_timing, spawn_teardown
+from pipeline.runner.envshared import agent_mount, created_id, record_timing, spawn_teardown
 from pipeline.runner.tunings import enabled_tunings
 
 ENGINE_ENV = "DOCKER_HOST"  # the runner's is unset: the SDK's default, /var/run/docker.sock (the proxy)
@@ -468,7 +468,7 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         created = api.create_container(image, command=["sh", "-c", "sleep infinity"], name=f"{self._project}-main-1",
                                        labels=labels, stop_signal="SIGKILL", stop_timeout=1,
                                        host_config=api.create_host_config(**host))
-        self._container = str(created["Id"])
+        self._container = created_id(created, "container")
         api.start(self._container)
 
     async def _stop_now(self) -> None:
@@ -514,9 +514,9 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
                    user: str | int | None = None,
                    on_stream: Callable[[Callable[[], None]], None] | None = None) -> ExecResult:
         api = engine()
-        exec_id = api.exec_create(self._require_container(), argv, stdout=True, stderr=True,
-                                  environment=[f"{k}={v}" for k, v in (env or {}).items()] or None,
-                                  workdir=cwd or None, user="" if user is None else str(user))["Id"]
+        exec_id = created_id(api.exec_create(self._require_container(), argv, stdout=True, stderr=True,
+                                             environment=[f"{k}={v}" for k, v in (env or {}).items()] or None,
+                                             workdir=cwd or None, user="" if user is None else str(user)), "exec")
         # exec_start(socket=True) returns the raw socket, past http.client's buffer: bytes read with the
         # 101 head would be lost. Read the frames from the response's buffered reader instead.
         response = api._post_json(api._url("/exec/{0}/start", exec_id), data={"Tty": False, "Detach": False},

@@ -4,13 +4,16 @@
 * teardowns handed off the critical path by ``stop()`` and awaited by ``drain_teardowns()``
   before ``run_suite`` returns, so no trial container outlives the runner;
 * the per-operation timings file of each trial dir (``TIMINGS_FILE``; names only, never a command
-  line or a value).
+  line or a value);
+* ``created_id``: the id in the engine's answer to a create, checked (a 2xx answer without one is
+  named, never a bare ``KeyError``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Coroutine
 from pathlib import Path
@@ -49,6 +52,22 @@ async def drain_teardowns() -> None:
             if isinstance(result, BaseException):
                 # The environments log their own failures; this is what escaped them (runner.log).
                 print(f"{task.get_name()}: {type(result).__name__}: {result}", flush=True)
+
+
+_ENGINE_ID = re.compile(r"[0-9a-f]{64}")
+
+
+class EngineAnswerError(RuntimeError):
+    """The engine answered a create with success but without the id of what it created."""
+
+
+def created_id(answer: object, what: str) -> str:
+    """The engine's id of what it just created (``{"Id": <64 hex>, ...}``); ``EngineAnswerError`` naming the
+    answer otherwise."""
+    ident = answer.get("Id") if isinstance(answer, dict) else None
+    if not isinstance(ident, str) or not _ENGINE_ID.fullmatch(ident):
+        raise EngineAnswerError(f"the engine's answer to the {what} create has no id: {str(answer)[:300]!r}")
+    return ident
 
 
 def record_timing(trial_dir: Path, session: str, op: str, started: float) -> None:

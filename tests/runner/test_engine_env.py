@@ -88,6 +88,16 @@ def _count_execs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str | int |
     return execs
 
 
+def test_a_create_answer_without_an_id_is_named_not_a_key_error() -> None:
+    ident = "a" * 64
+    assert envshared.created_id({"Id": ident, "Warnings": []}, "container") == ident
+    for answer in ({"ID": ident}, {"Id": "a" * 12}, {"Id": ident.upper()}, {"Id": None}, [ident], "ok", None):
+        with pytest.raises(envshared.EngineAnswerError, match="the engine's answer to the container create has no id"):
+            envshared.created_id(answer, "container")
+    with pytest.raises(envshared.EngineAnswerError, match="'ApiVersion': '1.41'"):
+        envshared.created_id({"ApiVersion": "1.41"}, "container")
+
+
 def test_start_exec_transfer_and_stop(tmp_path: Path, proxied: EngineProxy, base_in_sandbox: str) -> None:
     env = _environment(tmp_path, base_in_sandbox, "lifecycle", cpus=1, memory_mb=512)
     project = env._project

@@ -317,12 +317,17 @@ def _discard(client: socket.socket, upstream: socket.socket) -> None:
 
 
 def _answer(client: socket.socket, upstream: socket.socket, first: bytes = b"") -> None:
-    """The engine's answer to the client, then both closed."""
-    threading.Thread(target=_discard, args=(client, upstream), daemon=True).start()
+    """The engine's answer to the client, then both closed: only once the discarding thread is done with them
+    (the shutdown wakes its read), so it never reads from or shuts down a number a later connection reuses."""
+    discard = threading.Thread(target=_discard, args=(client, upstream), daemon=True)
+    discard.start()
     with contextlib.suppress(OSError):
         if first:
             client.sendall(first)
         _pump(upstream, client)
+    with contextlib.suppress(OSError):
+        client.shutdown(socket.SHUT_RDWR)
+    discard.join(timeout=10)
     for s in (client, upstream):
         with contextlib.suppress(OSError):
             s.close()
