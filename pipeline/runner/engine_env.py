@@ -165,6 +165,8 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
         # first operation settles them with the exec first, as a verifier environment's.
         self.eager_dirs = False
         self._owed_entries: tuple[tuple[str, int], ...] | None = None
+        # ``prestart``'s start, begun before the trial's turn (the runner's lookahead), and its force_build.
+        self._prestarted: tuple[asyncio.Task[None], bool] | None = None
 
     # --- what Harbor asks of an environment ------------------------------------------------
 
@@ -188,7 +190,26 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
             raise ValueError(f"{self.environment_dir / COMPOSE_FILE_NAME}: compose task environments (several "
                              "services) are not supported by benchseal's engine environment")
 
+    def prestart(self, force_build: bool) -> None:
+        """Begin ``start(force_build)`` now, in the background: the runner's lookahead, for a trial still waiting for
+        its slot. Harbor's own ``start`` then waits for that same start (its failure surfaces there, as ever), and
+        ``stop`` removes what it made, also where the trial never ran."""
+        if self._prestarted is None:
+            task = asyncio.get_running_loop().create_task(self._start(force_build), name=f"prestart-{self.session_id}")
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved by start or stop
+            self._prestarted = (task, force_build)
+
     async def start(self, force_build: bool) -> None:
+        if self._prestarted is None:
+            await self._start(force_build)
+            return
+        task, prestarted_with = self._prestarted
+        if prestarted_with != force_build:
+            raise EngineFault(f"starting the environment {self.session_id} failed: it was started ahead with "
+                              f"force_build={prestarted_with}, and Harbor asks for force_build={force_build}")
+        await asyncio.shield(task)  # a timeout cancels this wait, not the start: stop removes what it made
+
+    async def _start(self, force_build: bool) -> None:
         started = time.monotonic()
         try:
             image = await self._image(force_build)
@@ -474,6 +495,9 @@ class EngineEnvironment(BaseEnvironment):  # type: ignore[misc]
     async def _stop_now(self) -> None:
         started = time.monotonic()
         try:
+            if self._prestarted is not None:
+                with contextlib.suppress(BaseException):
+                    await self._prestarted[0]  # begun ahead: its container (or its failure) first
             if self._starting is not None:
                 with contextlib.suppress(BaseException):
                     await self._starting  # a start still creating its container: remove what it made

@@ -49,6 +49,8 @@ from pipeline.runner.tunings import enabled_tunings
 ENGINE_IMPORT_PATH = "pipeline.runner.engine_env:EngineEnvironment"
 COMPOSE_IMPORT_PATH = "pipeline.runner.harbor_env:SecretSafeDockerEnvironment"  # the benchmark's "before" only
 
+# Trials whose agent environment starts ahead, while they wait for a slot (the "prestart" tuning).
+LOOKAHEAD = 2
 ENV_NAME_RE = re.compile(r"\A[A-Z_][A-Z0-9_]{0,63}\Z")
 @dataclass(frozen=True)
 class ModelAccess:
@@ -165,13 +167,29 @@ async def _run_all(
     ready: ReadyTasks | None = None,
 ) -> None:
     gate = asyncio.Semaphore(concurrency)
+    # The next LOOKAHEAD trials' agent environments start while they wait for a slot: a freed slot's next trial
+    # finds its container up (its start off the trial's critical path), never more than this many idle.
+    lookahead = LOOKAHEAD if "prestart" in enabled_tunings() else 0
+    ahead = asyncio.Semaphore(concurrency + lookahead)
 
     async def one(spec: TrialSpec) -> None:
         if ready is not None:
             await ready.wait(spec.task)  # before taking a slot: a ready task's trial never queues behind a build
-        async with gate:
-            await _run_trial(suite_dir / spec.task, trials_dir, spec.trial_name, agent, secret_env, model, api_base,
-                             release)
+        async with ahead:
+            trial = await create_trial(_trial_config(suite_dir / spec.task, trials_dir, spec.trial_name, agent,
+                                                     secret_env, model, api_base, release))
+            environment = trial.agent_environment
+            prestarted = lookahead > 0 and isinstance(environment, EngineEnvironment)
+            if prestarted:
+                environment.prestart(force_build=trial.config.environment.force_build)
+            ran = False
+            try:
+                async with gate:
+                    ran = True
+                    await trial.run()  # stops its environment, whatever happens in it
+            finally:
+                if prestarted and not ran:  # cancelled while waiting for a slot: its container goes
+                    await asyncio.shield(environment.stop(delete=True))
 
     try:
         results = await asyncio.gather(*(one(s) for s in specs), return_exceptions=True)
@@ -187,10 +205,10 @@ async def _run_all(
             print(f"trial {spec.trial_name}: {type(result).__name__}: {result}", flush=True)
 
 
-async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...],
-                     model: ModelAccess | None = None, api_base: str | None = None,
-                     release: AgentManifest | None = None) -> None:
-    config = TrialConfig(
+def _trial_config(task_dir: Path, trials_dir: Path, trial_name: str, agent: str, secret_env: tuple[str, ...],
+                  model: ModelAccess | None = None, api_base: str | None = None,
+                  release: AgentManifest | None = None) -> TrialConfig:
+    return TrialConfig(
         task=TaskConfig(path=task_dir),
         trial_name=trial_name,
         trials_dir=trials_dir,
@@ -199,8 +217,6 @@ async def _run_trial(task_dir: Path, trials_dir: Path, trial_name: str, agent: s
         # benchseal's verifier: the test command's exit status, never a reward file (pipeline.runner.grader).
         verifier=VerifierConfig(import_path=GRADER_IMPORT_PATH),
     )
-    trial = await create_trial(config)
-    await trial.run()
 
 
 async def create_trial(config: TrialConfig) -> Any:

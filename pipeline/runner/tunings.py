@@ -13,8 +13,9 @@ from pipeline.core.errors import ValidationError
 
 # engine-api: benchseal's engine environment (pipeline.runner.engine_env) instead of Harbor's compose one
 # (pipeline.runner.harbor_env); the compose one alone reads stop-signal, never-pull and no-predown (the engine
-# environment always removes with SIGKILL, never pulls, never removes before it creates); both read async-stop.
-TUNINGS = ("engine-api", "stop-signal", "never-pull", "no-predown", "async-stop")
+# environment always removes with SIGKILL, never pulls, never removes before it creates); both read async-stop;
+# prestart (the engine environment's): the next trials' agent environments start while they wait for a slot.
+TUNINGS = ("engine-api", "stop-signal", "never-pull", "no-predown", "async-stop", "prestart")
 DISABLE_ENV = "BENCHSEAL_HARBOR_DISABLE"
 
 
