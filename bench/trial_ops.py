@@ -7,9 +7,11 @@ engine proxy in front of the sandbox engine (the runner's path without its conta
 round by round, so both meet the same load. Printed per side, medians over every trial: the trial's wall, each
 phase (environment setup, agent, agent's end to verifier, verifier; from Harbor's result.json) with the engine
 operations that ended in it (from env-timings.jsonl; a removal and a ``snapshot`` read are not operations), the
-execs, and the engine requests a trial made (counted at the proxy; the client's version check is once a process).
+execs, and the engine requests a trial made (counted at the proxy; the client's version check is once a process);
+and each round's span, its first trial's start to its last one's end (the throughput, whatever moved between phases).
 
 Usage: .venv/bin/python bench/trial_ops.py [--before REV] [--after REV] [--tasks 8] [--concurrency 4] [--rounds 3]
+[--agent-wait SECONDS]
 (default: HEAD~1 against HEAD). Needs the sandbox engine and the local registry (the base image) running.
 """
 
@@ -31,8 +33,9 @@ REPO = Path(__file__).resolve().parent.parent
 PHASES = ("setup", "agent", "gap", "verifier")
 
 
-def _child(out: Path, tasks: int, concurrency: int) -> None:
-    """Run the trials with whichever ``pipeline`` comes first on sys.path (the side's export)."""
+def _child(out: Path, tasks: int, concurrency: int, agent_wait: float) -> None:
+    """Run the trials with whichever ``pipeline`` comes first on sys.path (the side's export). ``agent_wait``: seconds
+    the oracle sleeps before it solves (a model's latency: an agent that waits, the CPU idle meanwhile)."""
     import docker
 
     from pipeline.imaging.build import ensure_base, ensure_local
@@ -59,6 +62,11 @@ def _child(out: Path, tasks: int, concurrency: int) -> None:
                    key=lambda name: int(name.rsplit("-", 1)[1]))[:tasks]
     suite = out / "suite"
     render_suite(REPO / "suites" / "humaneval", suite, ref, tasks=set(names), from_image=base_id)
+    if agent_wait > 0:
+        for name in names:
+            solve = suite / name / "solution" / "solve.sh"
+            shebang, _, rest = solve.read_text().partition("\n")
+            solve.write_text(f"{shebang}\nsleep {agent_wait}\n{rest}")
     records = out.parent / "task-image-records"
     records.mkdir(mode=0o700, exist_ok=True)
     prebuild_task_images(engine, suite, records)
@@ -113,6 +121,13 @@ def _trials(out: Path) -> list[dict[str, float]]:
     return rows
 
 
+def _span(out: Path) -> float:
+    """A round's trials from the first one's start to the last one's end: the run's throughput, whatever moved
+    between the phases (a container started ahead of its trial is in it, not in any trial's wall)."""
+    results = [json.loads((trial / "result.json").read_text()) for trial in (out / "run" / "harbor").iterdir()]
+    return max(_ts(r["finished_at"]) for r in results) - min(_ts(r["started_at"]) for r in results)
+
+
 def _export(rev: str, into: Path) -> Path:
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "pipeline"], capture_output=True, check=True)
@@ -129,10 +144,12 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--child", nargs=3, metavar=("OUT", "TASKS", "CONCURRENCY"), help=argparse.SUPPRESS)
+    parser.add_argument("--agent-wait", type=float, default=0.0,
+                        help="seconds the oracle sleeps before it solves (a model's latency; default 0)")
+    parser.add_argument("--child", nargs=4, metavar=("OUT", "TASKS", "CONCURRENCY", "WAIT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(Path(args.child[0]), int(args.child[1]), int(args.child[2]))
+        _child(Path(args.child[0]), int(args.child[1]), int(args.child[2]), float(args.child[3]))
         return
     with tempfile.TemporaryDirectory(prefix="trial-ops-") as tmp:
         root = Path(tmp)
@@ -144,12 +161,13 @@ def main() -> None:
                 out.mkdir()
                 env = dict(os.environ, PYTHONPATH=str(code), HARBOR_TELEMETRY="0")
                 done = subprocess.run([sys.executable, "-P", __file__, "--child", str(out), str(args.tasks),
-                                       str(args.concurrency)], env=env, capture_output=True, text=True, check=False)
+                                       str(args.concurrency), str(args.agent_wait)], env=env, capture_output=True,
+                                      text=True, check=False)
                 if done.returncode != 0:
                     raise SystemExit(f"{side}, round {round_ + 1} failed:\n{done.stderr[-3000:]}")
                 runs[side].append(out)
         print(f"{args.tasks} HumanEval oracle trials at concurrency {args.concurrency}, {args.rounds} rounds, "
-              f"{args.before} against {args.after}; medians per trial")
+              f"the oracle waiting {args.agent_wait} s first, {args.before} against {args.after}; medians per trial")
         table: dict[str, dict[str, float]] = {}
         for side, outs in runs.items():
             rows = [row for out in outs for row in _trials(out)]
@@ -157,7 +175,9 @@ def main() -> None:
             table[side]["requests"] = statistics.median(len(json.loads((out / "requests.json").read_text()))
                                                         / len(_trials(out)) for out in outs)
             loads = [json.loads((out / "load.json").read_text())[0] for out in outs]
-            print(f"{side}: {len(rows)} trials, load {min(loads):.1f}-{max(loads):.1f}")
+            spans = [round(_span(out), 2) for out in outs]
+            print(f"{side}: {len(rows)} trials, load {min(loads):.1f}-{max(loads):.1f}, the rounds' spans {spans} s "
+                  f"(first trial's start to last one's end)")
         for key in table["before"]:
             print(f"  {key:>14}  {table['before'][key]:8.3f}  {table['after'][key]:8.3f}")
 
