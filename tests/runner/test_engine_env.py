@@ -94,7 +94,7 @@ def test_a_create_answer_without_an_id_is_named_not_a_key_error() -> None:
     for answer in ({"ID": ident}, {"Id": "a" * 12}, {"Id": ident.upper()}, {"Id": None}, [ident], "ok", None):
         with pytest.raises(envshared.EngineAnswerError, match="the engine's answer to the container create has no id"):
             envshared.created_id(answer, "container")
-    with pytest.raises(envshared.EngineAnswerError, match="'ApiVersion': '1.41'"):
+    with pytest.raises(envshared.EngineAnswerError, match=r"'ApiVersion': '1\.41'"):
         envshared.created_id({"ApiVersion": "1.41"}, "container")
 
 
