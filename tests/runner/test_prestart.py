@@ -61,6 +61,22 @@ def _creates(proxied: EngineProxy, monkeypatch: pytest.MonkeyPatch) -> list[str]
     return names
 
 
+async def _environment(suite: Path, trials_dir: Path, trial_name: str) -> engine_env.EngineEnvironment:
+    """The agent environment Harbor's trial of ``suite``'s task makes (as ``run_suite`` creates the trial)."""
+    made = await create_trial(trial._trial_config(suite / TASK, trials_dir, trial_name, "oracle", ()))
+    environment = made.agent_environment
+    assert isinstance(environment, engine_env.EngineEnvironment)
+    return environment
+
+
+def _one_trial(tmp_path: Path) -> tuple[str, Path]:
+    """A planned trial's name and the trials dir it writes into."""
+    [spec] = plan_trials("run-" + os.urandom(10).hex(), [TASK])
+    trials_dir = tmp_path / "out" / "harbor"
+    trials_dir.mkdir(parents=True)
+    return spec.trial_name, trials_dir
+
+
 def _left(token: str, *, running: bool = False) -> list[str]:
     """Containers the proxy (``token``: its policy's) made that the sandbox engine still has (running ones only)."""
     api = sandbox_engine().api
@@ -134,14 +150,10 @@ def test_an_early_start_that_fails_says_why_at_harbors_start_and_stop_still_work
     environment's own EngineFault naming the engine's answer; a start with another force_build is refused; stop
     removes nothing and raises nothing."""
     suite = _suite(tmp_path, "benchseal-tests/absent@sha256:" + "0" * 64)
-    [spec] = plan_trials("run-" + os.urandom(10).hex(), [TASK])
-    trials_dir = tmp_path / "out" / "harbor"
-    trials_dir.mkdir(parents=True)
+    trial_name, trials_dir = _one_trial(tmp_path)
 
     async def scenario() -> None:
-        made = await create_trial(trial._trial_config(suite / TASK, trials_dir, spec.trial_name, "oracle", ()))
-        environment = made.agent_environment
-        assert isinstance(environment, engine_env.EngineEnvironment)
+        environment = await _environment(suite, trials_dir, trial_name)
         environment.prestart(force_build=False)
         environment.prestart(force_build=False)  # once: a second call starts nothing more
         with pytest.raises(engine_env.EngineFault, match=r"starting the environment .* failed: .*(No such image|404)"):
@@ -172,17 +184,14 @@ def test_a_stop_right_after_the_early_start_began_removes_what_it_made(tmp_path:
 
     monkeypatch.setattr(engine_env.EngineEnvironment, "_image", slow_image)
     suite = _suite(tmp_path, base_in_sandbox)
-    [spec] = plan_trials("run-" + os.urandom(10).hex(), [TASK])
-    trials_dir = tmp_path / "out" / "harbor"
-    trials_dir.mkdir(parents=True)
+    trial_name, trials_dir = _one_trial(tmp_path)
 
     async def scenario() -> None:
-        made = await create_trial(trial._trial_config(suite / TASK, trials_dir, spec.trial_name, "oracle", ()))
-        environment = made.agent_environment
+        environment = await _environment(suite, trials_dir, trial_name)
         environment.prestart(force_build=False)
         await environment.stop(delete=True)
         await envshared.drain_teardowns()
 
     asyncio.run(scenario())
-    ops = [json.loads(line)["op"] for line in (trials_dir / spec.trial_name / "env-timings.jsonl").read_text().splitlines()]
+    ops = [json.loads(line)["op"] for line in (trials_dir / trial_name / "env-timings.jsonl").read_text().splitlines()]
     assert ops == ["stat", "start", "stop"] and _left(proxied.policy.token) == []
