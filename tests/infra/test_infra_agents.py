@@ -915,6 +915,7 @@ def test_reaper_takes_a_dead_workers_dir_whose_lock_a_forked_child_still_holds(p
         assert worker.stdout is not None
         dead = Path(worker.stdout.readline().strip())
         assert worker.wait(timeout=60) == -9
+        assert dead.name.startswith(f"benchseal-secrets-{agents._pid_namespace()}.{worker.pid}."), dead.name
         probe = os.open(dead, os.O_RDONLY | os.O_DIRECTORY)
         try:
             with pytest.raises(BlockingIOError):  # still held: by the forked child, which lives on

@@ -79,9 +79,15 @@ def _start_time(pid: int) -> int | None:
 
 
 def _owner_tag() -> str:
-    """``<pid namespace>.<pid>.<start time>.``: the process a private dir's name says made it."""
+    """``<pid namespace>.<pid>.<start time>.``: the process a private dir's name says made it ("" without a /proc
+    that says: the dir's lock alone counts then)."""
     pid = os.getpid()
-    return f"{_pid_namespace()}.{pid}.{_start_time(pid)}."
+    started = _start_time(pid)
+    try:
+        namespace = _pid_namespace()
+    except OSError:
+        return ""
+    return f"{namespace}.{pid}.{started}." if started is not None else ""
 
 
 _OWNER = re.compile(r"(\d+)\.(\d+)\.(\d+)\.[a-z0-9_]+")
