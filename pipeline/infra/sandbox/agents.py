@@ -93,11 +93,11 @@ def _owner_tag() -> str:
 _OWNER = re.compile(r"(\d+)\.(\d+)\.(\d+)\.[a-z0-9_]+")
 
 
-def _owner_gone(name: str) -> bool:
-    """Whether the process that made private dir ``name`` (``_owner_tag``) is provably gone: in this pid
-    namespace, and no process of that pid started at that time. Anything else (no tag, another namespace,
-    a /proc that does not answer) is not proof."""
-    match = _OWNER.fullmatch(name.split("-", 2)[-1])
+def _owner_gone(suffix: str) -> bool:
+    """Whether the process that made a private dir (``suffix``: its name after the prefix, ``_owner_tag`` and
+    mkdtemp's random part) is provably gone: in this pid namespace, and no process of that pid started at that
+    time. Anything else (no tag, another namespace, a /proc that does not answer) is not proof."""
+    match = _OWNER.fullmatch(suffix)
     if match is None:
         return False
     namespace, pid, started = map(int, match.groups())
@@ -146,7 +146,7 @@ def reap_private_dirs(tmp: Path | None = None) -> list[Path]:
             except OSError:
                 continue
             try:
-                if not _lock_free(fd) and not _owner_gone(path.name):
+                if not _lock_free(fd) and not _owner_gone(path.name[len(prefix):]):
                     continue  # held: a live worker's attempt
                 shutil.rmtree(path, ignore_errors=True)
                 if not path.exists():
