@@ -12,6 +12,9 @@ A reference is ``<registry>/<repository>@sha256:<64 lowercase hex>``:
 * no whitespace, no uppercase hex, no other length.
 
 Patterns end in ``\\Z``, never ``$``: ``$`` also matches before a trailing newline.
+
+The engine names its own objects (a container, an exec) by such a hex alone: ``ENGINE_ID_PATTERN``, the full id
+the engine proxy remembers ownership by and the runner takes from the engine's answer to a create.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pipeline.core.errors import CheckFailed, ValidationError
 
 DIGEST_PATTERN = r"sha256:[0-9a-f]{64}"
+ENGINE_ID_PATTERN = r"[0-9a-f]{64}"
 _DIGEST_RE = re.compile(rf"\A{DIGEST_PATTERN}\Z")
 # A DNS name or IPv4 address, optionally with a port. Lowercase only: registries
 # are case-insensitive, and one spelling per host keeps references comparable.

@@ -19,6 +19,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.digests import ENGINE_ID_PATTERN
+
 # One JSON object per engine operation (or compose command) and per start/stop, in each trial dir.
 TIMINGS_FILE = "env-timings.jsonl"
 # Teardowns started by stop() and not finished yet (all environments of this process).
@@ -54,7 +56,7 @@ async def drain_teardowns() -> None:
                 print(f"{task.get_name()}: {type(result).__name__}: {result}", flush=True)
 
 
-_ENGINE_ID = re.compile(r"[0-9a-f]{64}")
+_ENGINE_ID = re.compile(ENGINE_ID_PATTERN)
 
 
 class EngineAnswerError(RuntimeError):

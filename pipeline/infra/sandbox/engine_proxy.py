@@ -86,6 +86,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 import h11
 
+from pipeline.core.digests import ENGINE_ID_PATTERN
 from pipeline.core.errors import CheckFailed, InfrastructureError
 from pipeline.core.fsutil import bind_unix
 from pipeline.infra.sandbox.engine import keep_reachable
@@ -125,7 +126,7 @@ _MAX_CONTEXT = 1 << 30  # a build context is spooled to disk to be read before i
 _VERSION = re.compile(r"^/v[0-9.]+(?=/)")
 _ID = r"([^/]+)"
 # An engine object's full id: what the ownership memo is keyed by (a name can be taken by another container later).
-_FULL_ID = re.compile(r"[0-9a-f]{64}")
+_FULL_ID = re.compile(ENGINE_ID_PATTERN)
 _MEMO_MAX = 1 << 16  # entries of either memo before it starts again (a bound on memory, not on correctness)
 
 
